@@ -1,0 +1,15 @@
+#include "messages/registry.hpp"
+
+#include <caf/actor_system_config.hpp>
+
+#include "messages/types.hpp"
+
+namespace starling::messages {
+
+void register_types(caf::actor_system_config& cfg) {
+  // Keep one line per type; the string is the wire name and must never change.
+  cfg.add_message_type<ping_msg>("starling.ping");
+  cfg.add_message_type<blob_msg>("starling.blob");
+}
+
+} // namespace starling::messages
