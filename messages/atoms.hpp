@@ -12,5 +12,9 @@ using put_atom = caf::atom_constant<caf::atom("put")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using status_atom = caf::atom_constant<caf::atom("status")>;
+using resolve_atom = caf::atom_constant<caf::atom("resolve")>;
+using join_atom = caf::atom_constant<caf::atom("join")>;
+using metric_atom = caf::atom_constant<caf::atom("metric")>;
+using list_atom = caf::atom_constant<caf::atom("list")>;
 
 } // namespace starling

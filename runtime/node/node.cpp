@@ -1,0 +1,212 @@
+#include "runtime/node/node.hpp"
+
+#include <map>
+#include <set>
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+
+#include "messages/atoms.hpp"
+#include "messages/registry.hpp"
+#include "runtime/log/log.hpp"
+#include "runtime/node/address.hpp"
+
+namespace starling::runtime {
+
+void configure_system(caf::actor_system_config& cfg, const caf_options& opts, bool middleman) {
+  messages::register_types(cfg);
+  cfg.set("scheduler.policy", opts.scheduler_policy == "sharing" ? caf::atom("sharing")
+                                                                  : caf::atom("stealing"));
+  cfg.set("scheduler.max-threads", static_cast<size_t>(opts.max_threads));
+  cfg.set("logger.verbosity", caf::atom("quiet"));
+  cfg.set("logger.console", caf::atom("none"));
+  if (middleman) {
+    cfg.load<caf::io::middleman>();
+    cfg.set("middleman.heartbeat-interval", caf::timespan{opts.heartbeat_interval});
+    cfg.set("middleman.connection-timeout", caf::timespan{opts.connection_timeout});
+    // Without this, every remote actor's termination is only seen when someone talks to it.
+    cfg.set("middleman.enable-automatic-connections", false);
+  }
+}
+
+caf::actor spawn_directory(caf::actor_system& sys) {
+  return sys.spawn([](caf::event_based_actor* self) -> caf::behavior {
+    auto names = std::make_shared<std::map<std::string, caf::actor>>();
+    // Entries disappear with their actors, so a lookup never returns a dead handle.
+    self->set_down_handler([names](const caf::down_msg& dm) {
+      for (auto i = names->begin(); i != names->end();)
+        i = i->second.address() == dm.source ? names->erase(i) : std::next(i);
+    });
+    return {
+      [=](put_atom, const std::string& name, const caf::actor& who) {
+        self->monitor(who);
+        (*names)[name] = who;
+      },
+      [=](get_atom, const std::string& name) -> caf::result<caf::actor> {
+        auto i = names->find(name);
+        if (i == names->end())
+          return caf::make_error(caf::sec::remote_lookup_failed, "no actor named '" + name + "'");
+        return i->second;
+      },
+      [=](list_atom) {
+        std::vector<std::string> out;
+        for (auto& kv : *names)
+          out.push_back(kv.first);
+        return out;
+      },
+    };
+  });
+}
+
+caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directory,
+                                  std::string own_endpoint, caf::timespan timeout) {
+  auto mm = sys.has_middleman() ? caf::actor_cast<caf::actor>(sys.middleman().actor_handle())
+                                : caf::actor{};
+  return sys.spawn([=](caf::event_based_actor* self) -> caf::behavior {
+    auto dirs = std::make_shared<std::map<std::string, caf::actor>>();
+    self->set_down_handler([dirs](const caf::down_msg& dm) {
+      for (auto i = dirs->begin(); i != dirs->end();)
+        i = i->second.address() == dm.source ? dirs->erase(i) : std::next(i);
+    });
+    auto ask = [=](caf::actor dir, std::string name, caf::typed_response_promise<caf::actor> rp) {
+      self->request(dir, timeout, get_atom::value, name)
+        .then([rp](const caf::actor& a) mutable { rp.deliver(a); },
+              [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+    };
+    return {
+      [=](resolve_atom, const std::string& text) -> caf::result<caf::actor> {
+        auto addr = peer_address::parse(text);
+        if (!addr)
+          return caf::make_error(caf::sec::invalid_argument, addr.error().what);
+        auto rp = self->make_response_promise<caf::actor>();
+        auto ep = addr->endpoint();
+        if (ep == own_endpoint) {
+          ask(own_directory, addr->name, rp);
+          return rp;
+        }
+        if (auto i = dirs->find(ep); i != dirs->end()) {
+          ask(i->second, addr->name, rp);
+          return rp;
+        }
+        if (!mm)
+          return caf::make_error(caf::sec::runtime_error, "no middleman: cannot reach " + ep);
+        self->request(mm, timeout, caf::connect_atom::value, addr->host, addr->port)
+          .then(
+            [=](const caf::node_id&, caf::strong_actor_ptr& ptr,
+                const std::set<std::string>&) mutable {
+              if (!ptr) {
+                rp.deliver(caf::make_error(caf::sec::cannot_connect_to_node,
+                                           "no directory published at " + ep));
+                return;
+              }
+              auto dir = caf::actor_cast<caf::actor>(ptr);
+              self->monitor(dir);
+              (*dirs)[ep] = dir;
+              ask(dir, addr->name, rp);
+            },
+            [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
+    };
+  });
+}
+
+namespace {
+
+/// Watches one remote directory; reports its loss once.
+caf::behavior watcher(caf::event_based_actor* self, caf::actor target, std::string endpoint,
+                      node::down_callback cb) {
+  self->monitor(target);
+  self->set_down_handler([=](const caf::down_msg& dm) {
+    auto reason = self->system().render(dm.reason);
+    if (cb)
+      cb(endpoint, reason);
+    self->quit();
+  });
+  return {[](stop_atom) {}};
+}
+
+} // namespace
+
+result<std::unique_ptr<node>> node::start(const caf_options& caf_opts, const node_options& opts,
+                                          std::string name) {
+  auto ep = parse_endpoint(opts.listen);
+  if (!ep)
+    return ep.error();
+  std::unique_ptr<node> n{new node};
+  n->name_ = std::move(name);
+  n->host_ = ep->first;
+  n->timeout_ = caf::timespan{caf_opts.connection_timeout};
+  n->cfg_ = std::make_unique<caf::actor_system_config>();
+  configure_system(*n->cfg_, caf_opts, true);
+  n->sys_ = std::make_unique<caf::actor_system>(*n->cfg_);
+  n->directory_ = std::make_unique<caf::actor>(spawn_directory(*n->sys_));
+  auto port = n->sys_->middleman().publish(*n->directory_, ep->second, n->host_.c_str(), true);
+  if (!port) {
+    auto why = n->sys_->render(port.error());
+    n->shutdown();
+    return fail(fmt::format("cannot listen on {}: {}", opts.listen, why));
+  }
+  n->port_ = *port;
+  n->resolver_ = std::make_unique<caf::actor>(
+    spawn_cluster_resolver(*n->sys_, *n->directory_, n->endpoint(), n->timeout_));
+  return n;
+}
+
+node::~node() {
+  shutdown();
+}
+
+caf::actor_system& node::system() {
+  return *sys_;
+}
+
+std::string node::endpoint() const {
+  return fmt::format("{}:{}", host_, port_);
+}
+
+caf::actor node::directory() const {
+  return *directory_;
+}
+
+caf::actor node::resolver() const {
+  return *resolver_;
+}
+
+void node::register_actor(const std::string& name, const caf::actor& handle) {
+  caf::anon_send(*directory_, put_atom::value, name, handle);
+  owned_.push_back(handle);
+}
+
+result<caf::actor> node::join(const std::string& endpoint, down_callback cb) {
+  auto ep = parse_endpoint(endpoint);
+  if (!ep)
+    return ep.error();
+  auto dir = sys_->middleman().remote_actor(ep->first, ep->second);
+  if (!dir)
+    return fail(fmt::format("cannot join {}: {}", endpoint, sys_->render(dir.error())));
+  owned_.push_back(sys_->spawn(watcher, *dir, endpoint, std::move(cb)));
+  return *dir;
+}
+
+void node::shutdown() {
+  if (stopped_ || !sys_)
+    return;
+  stopped_ = true;
+  for (auto& a : owned_)
+    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  owned_.clear();
+  if (resolver_)
+    caf::anon_send_exit(*resolver_, caf::exit_reason::user_shutdown);
+  if (directory_) {
+    if (port_ != 0)
+      sys_->middleman().unpublish(*directory_, port_);
+    caf::anon_send_exit(*directory_, caf::exit_reason::user_shutdown);
+  }
+  directory_.reset();
+  resolver_.reset();
+  sys_.reset(); // waits for the node's actors, which have all been told to exit
+  cfg_.reset();
+}
+
+} // namespace starling::runtime

@@ -1,0 +1,84 @@
+// A starling node: an actor system with the middleman, a published directory of named actors,
+// a resolver that turns peer addresses into handles, and a watcher that reports dead peers.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <caf/fwd.hpp>
+#include <caf/actor.hpp>
+
+#include "kernels/result.hpp"
+#include "runtime/config/config.hpp"
+
+namespace starling::runtime {
+
+/// Applies starling's settings to a CAF config: message types, scheduler, middleman heartbeat
+/// and connection timeout (off by default in CAF 0.17.6). `middleman` is false in simulation.
+void configure_system(caf::actor_system_config& cfg, const caf_options& opts, bool middleman);
+
+/// Spawns a directory actor: `(put_atom, name, actor)` registers, `(get_atom, name) -> actor`
+/// looks up (an error names the missing actor), `(list_atom) -> vector<string>` lists names.
+caf::actor spawn_directory(caf::actor_system& sys);
+
+/// Spawns the cluster resolver: `(resolve_atom, "host:port/name") -> actor`. It connects to the
+/// node through the middleman (once per endpoint), asks that node's directory for the name, and
+/// fails with a clear error within `timeout`.
+caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directory,
+                                  std::string own_endpoint, caf::timespan timeout);
+
+/// One node process (or one of several nodes in a test process).
+class node {
+public:
+  /// Called (on an actor thread) when a watched peer node is lost: endpoint and reason.
+  using down_callback = std::function<void(const std::string&, const std::string&)>;
+
+  /// Starts the actor system and publishes the directory on `opts.listen`.
+  static result<std::unique_ptr<node>> start(const caf_options& caf, const node_options& opts,
+                                             std::string name);
+
+  ~node();
+  node(const node&) = delete;
+  node& operator=(const node&) = delete;
+
+  /// The node's actor system.
+  caf::actor_system& system();
+  /// The port the directory is published on (the OS's choice when 0 was asked).
+  uint16_t port() const { return port_; }
+  /// `host:port` of this node.
+  std::string endpoint() const;
+  /// The node's name for logs.
+  const std::string& name() const { return name_; }
+  /// The directory actor (published on `port()`).
+  caf::actor directory() const;
+  /// The resolver every actor of this node uses.
+  caf::actor resolver() const;
+
+  /// Registers `handle` under `name` in this node's directory; the node stops it on shutdown.
+  void register_actor(const std::string& name, const caf::actor& handle);
+
+  /// Connects to the node at `endpoint` and watches it; `cb` fires when it is lost.
+  /// Returns the peer's directory, or why the connection failed.
+  result<caf::actor> join(const std::string& endpoint, down_callback cb);
+
+  /// Stops every actor of the node and the system's network layer. Idempotent.
+  void shutdown();
+
+private:
+  node() = default;
+
+  std::string name_;
+  std::string host_;
+  uint16_t port_ = 0;
+  caf::timespan timeout_{};
+  std::unique_ptr<caf::actor_system_config> cfg_;
+  std::unique_ptr<caf::actor_system> sys_;
+  std::unique_ptr<caf::actor> directory_;
+  std::unique_ptr<caf::actor> resolver_;
+  std::vector<caf::actor> owned_;
+  bool stopped_ = false;
+};
+
+} // namespace starling::runtime

@@ -1,0 +1,56 @@
+#include "runtime/sim/network_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace starling::runtime::sim {
+
+network_model::network_model(link_options defaults, uint64_t seed)
+  : defaults_(defaults), rng_(seed) {
+  // nop
+}
+
+void network_model::set_link(int from, int to, const link_options& opts) {
+  links_[{from, to}] = opts;
+}
+
+const link_options& network_model::link(int from, int to) const {
+  auto i = links_.find({from, to});
+  return i == links_.end() ? defaults_ : i->second;
+}
+
+void network_model::partition(int a, int b) {
+  cut_.insert({std::min(a, b), std::max(a, b)});
+}
+
+void network_model::heal(int a, int b) {
+  cut_.erase({std::min(a, b), std::max(a, b)});
+}
+
+bool network_model::partitioned(int a, int b) const {
+  return cut_.count({std::min(a, b), std::max(a, b)}) > 0;
+}
+
+transfer_result network_model::transfer(int from, int to, uint64_t bytes, int64_t now_ns) {
+  if (partitioned(from, to))
+    return {0, drop_reason::partition};
+  const auto& l = link(from, to);
+  if (l.loss > 0) {
+    // Draw only when loss is configured so that lossless runs consume no randomness.
+    std::uniform_real_distribution<double> u{0.0, 1.0};
+    if (u(rng_) < l.loss)
+      return {0, drop_reason::loss};
+  }
+  auto& busy = busy_until_[{from, to}];
+  auto start = std::max(busy, now_ns);
+  auto tx = static_cast<int64_t>(std::llround(static_cast<double>(bytes) * 1e9 / l.bandwidth));
+  busy = start + tx;
+  return {busy + l.latency.count(), drop_reason::none};
+}
+
+void network_model::reset_node(int n) {
+  for (auto i = busy_until_.begin(); i != busy_until_.end();)
+    i = (i->first.first == n || i->first.second == n) ? busy_until_.erase(i) : std::next(i);
+}
+
+} // namespace starling::runtime::sim

@@ -1,0 +1,59 @@
+// The simulated network: per-link latency, bandwidth (links queue), loss and partitions.
+// Pure: no CAF, time is passed in as nanoseconds since the start of the simulation.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <utility>
+
+#include "runtime/config/config.hpp"
+
+namespace starling::runtime::sim {
+
+/// Why a transfer did not happen.
+enum class drop_reason { none, loss, partition, node_down };
+
+/// Outcome of one transfer request.
+struct transfer_result {
+  /// Arrival time in ns since start; meaningful when `reason == drop_reason::none`.
+  int64_t arrival_ns = 0;
+  drop_reason reason = drop_reason::none;
+};
+
+/// Directed links between numbered nodes; unspecified links use the defaults.
+class network_model {
+public:
+  /// Uses `defaults` for every link and `seed` for loss decisions.
+  network_model(link_options defaults, uint64_t seed);
+
+  /// Overrides the link from `from` to `to` (one direction).
+  void set_link(int from, int to, const link_options& opts);
+  /// The settings of the link from `from` to `to`.
+  const link_options& link(int from, int to) const;
+
+  /// Cuts both directions between `a` and `b`.
+  void partition(int a, int b);
+  /// Restores both directions between `a` and `b`.
+  void heal(int a, int b);
+  /// True while `a` and `b` are partitioned.
+  bool partitioned(int a, int b) const;
+
+  /// Sends `bytes` from `from` to `to` at `now_ns`: the transfer starts when the link is free,
+  /// takes bytes / bandwidth, then latency. Loss and partitions drop it (queue unchanged).
+  transfer_result transfer(int from, int to, uint64_t bytes, int64_t now_ns);
+
+  /// Forgets queued transfers on links touching `n` (its sockets are gone).
+  void reset_node(int n);
+
+private:
+  link_options defaults_;
+  std::map<std::pair<int, int>, link_options> links_;
+  std::map<std::pair<int, int>, int64_t> busy_until_;
+  std::set<std::pair<int, int>> cut_;
+  std::mt19937_64 rng_;
+};
+
+} // namespace starling::runtime::sim

@@ -1,0 +1,514 @@
+#include "runtime/sim/world.hpp"
+
+#include <fstream>
+#include <stdexcept>
+
+#include <caf/all.hpp>
+#include <caf/scheduler/test_coordinator.hpp>
+#include <nlohmann/json.hpp>
+
+#include "messages/atoms.hpp"
+#include "runtime/node/address.hpp"
+#include "runtime/node/node.hpp"
+
+namespace starling::runtime::sim {
+
+namespace {
+
+const char* drop_name(drop_reason r) {
+  switch (r) {
+    case drop_reason::loss:
+      return "loss";
+    case drop_reason::partition:
+      return "partition";
+    case drop_reason::node_down:
+      return "node_down";
+    default:
+      return "none";
+  }
+}
+
+/// "Actor `target` as seen from node `from`": relays every message to the target through the
+/// network model, replacing the sender by the sender as seen from the target's node, and keeping
+/// the message id so that responses find their requests. Keeps no per-request state.
+/// Overrides `consume`, which CAF 0.17.6 marks internal (recheck on any CAF upgrade).
+class link_proxy : public caf::event_based_actor {
+public:
+  link_proxy(caf::actor_config& cfg, world* w, int from, int to, caf::actor target)
+    : caf::event_based_actor(cfg), world_(w), from_(from), to_(to), target_(std::move(target)) {
+    // nop
+  }
+
+  caf::behavior make_behavior() override {
+    monitor(target_);
+    // A behavior only so the actor stays alive; `consume` handles every message.
+    return {[](stop_atom) {}};
+  }
+
+  caf::invoke_message_result consume(caf::mailbox_element& x) override {
+    auto& content = x.content();
+    if (content.match_elements<caf::down_msg>()) {
+      auto& dm = content.get_as<caf::down_msg>(0);
+      if (dm.source == target_.address()) {
+        quit(dm.reason);
+        return caf::invoke_message_result::consumed;
+      }
+    }
+    if (content.match_elements<caf::exit_msg>()) {
+      quit(content.get_as<caf::exit_msg>(0).reason);
+      return caf::invoke_message_result::consumed;
+    }
+    auto msg = x.move_content_to_message();
+    uint64_t bytes = 0;
+    std::string error;
+    auto from_name = world_->node(from_).name();
+    auto to_name = world_->node(to_).name();
+    if (!world_->serialized_size(msg, bytes, error)) {
+      world_->record("unserializable", from_name, to_name, 0, error);
+      if (x.mid.is_request() && x.sender) {
+        // A message that cannot cross a node boundary is a bug: fail the request at once.
+        auto err = caf::make_error(caf::sec::unknown_type, error);
+        x.sender->enqueue(caf::make_mailbox_element(nullptr, x.mid.response_id(), {},
+                                                    caf::make_message(std::move(err))),
+                          context());
+      }
+      return caf::invoke_message_result::consumed;
+    }
+    auto now = clock().now();
+    auto r = world_->network().transfer(from_, to_, bytes, world_->elapsed().count());
+    if (!world_->node(to_).alive())
+      r.reason = drop_reason::node_down;
+    if (r.reason != drop_reason::none) {
+      world_->record("drop", from_name, to_name, bytes,
+                     std::string{drop_name(r.reason)} + " " + world_->type_names(msg));
+      return caf::invoke_message_result::consumed;
+    }
+    caf::strong_actor_ptr sender = x.sender;
+    if (sender) {
+      auto sender_node = world_->node_of(sender->address());
+      if (sender_node >= 0 && sender_node != to_)
+        sender = caf::actor_cast<caf::strong_actor_ptr>(
+          world_->proxy(to_, caf::actor_cast<caf::actor>(sender)));
+    }
+    world_->record("send", from_name, to_name, bytes,
+                   std::to_string(r.arrival_ns) + " " + world_->type_names(msg));
+    auto due = now + std::chrono::nanoseconds{r.arrival_ns - world_->elapsed().count()};
+    clock().schedule_message(due, caf::actor_cast<caf::strong_actor_ptr>(target_),
+                             caf::make_mailbox_element(std::move(sender), x.mid,
+                                                       std::move(x.stages), std::move(msg)));
+    return caf::invoke_message_result::consumed;
+  }
+
+private:
+  world* world_;
+  int from_;
+  int to_;
+  caf::actor target_;
+};
+
+/// The simulated resolver of one node: answers from the world's registry with link proxies.
+caf::behavior sim_resolver(caf::event_based_actor* self, world* w, int from) {
+  return {
+    [=](resolve_atom, const std::string& address) -> caf::result<caf::actor> {
+      auto r = w->resolve(from, address);
+      if (!r)
+        return std::move(r.error());
+      return *r;
+    },
+  };
+}
+
+} // namespace
+
+// -- sim_node ---------------------------------------------------------------------------------
+
+sim_node::sim_node(world* w, std::string name, int index, std::string identity)
+  : world_(w), name_(std::move(name)), index_(index), identity_(std::move(identity)) {
+  // nop
+}
+
+std::string sim_node::endpoint() const {
+  return name_ + ":1";
+}
+
+void sim_node::adopt(const std::string& name, const caf::actor& a) {
+  world_->track(index_, a);
+  actors_.push_back(a);
+  if (!name.empty())
+    named_[name] = a;
+}
+
+void sim_node::on_start(std::function<void(sim_node&)> hook) {
+  hooks_.push_back(hook);
+  if (alive_)
+    hook(*this);
+}
+
+caf::actor sim_node::lookup(const std::string& name) const {
+  auto i = named_.find(name);
+  return i == named_.end() ? caf::actor{} : i->second;
+}
+
+// -- world ------------------------------------------------------------------------------------
+
+world::world(world_options opts)
+  : opts_(std::move(opts)),
+    net_(opts_.network.defaults, opts_.seed ^ 0x9e3779b97f4a7c15ULL),
+    rng_(opts_.seed) {
+  cfg_ = std::make_unique<caf::actor_system_config>();
+  caf_options caf_opts;
+  configure_system(*cfg_, caf_opts, false);
+  cfg_->set("scheduler.policy", caf::atom("testing"));
+  cfg_->set("logger.inline-output", true);
+  sys_ = std::make_unique<caf::actor_system>(*cfg_);
+  start_ = sched().clock().now();
+}
+
+world::~world() {
+  for (auto& n : nodes_) {
+    for (auto& a : n->actors_)
+      caf::anon_send_exit(a, caf::exit_reason::kill);
+    if (n->resolver_)
+      caf::anon_send_exit(n->resolver_, caf::exit_reason::kill);
+  }
+  for (auto& kv : proxies_)
+    caf::anon_send_exit(kv.second, caf::exit_reason::kill);
+  proxies_.clear();
+  sched().run();
+  // Pending delayed messages and request timeouts hold references; drop them before teardown.
+  sched().clock().cancel_all();
+  sched().run();
+  for (auto& n : nodes_) {
+    n->actors_.clear();
+    n->named_.clear();
+    n->resolver_ = nullptr;
+  }
+  sys_.reset();
+}
+
+caf::scheduler::test_coordinator& world::sched() {
+  return dynamic_cast<caf::scheduler::test_coordinator&>(sys_->scheduler());
+}
+
+sim_node& world::add_node(const std::string& name) {
+  for (auto& n : nodes_)
+    if (n->name() == name)
+      throw std::invalid_argument("duplicate simulated node name: " + name);
+  auto index = static_cast<int>(nodes_.size());
+  // The identity is derived from the seed so that replays name nodes identically.
+  std::mt19937_64 gen{opts_.seed * 1000003ULL + static_cast<uint64_t>(index)};
+  auto identity = fmt::format("{:016x}{:016x}", gen(), gen());
+  nodes_.emplace_back(new sim_node(this, name, index, identity));
+  auto& n = *nodes_.back();
+  for (auto& l : opts_.network.links) {
+    for (auto& other : nodes_) {
+      if (l.from == name && l.to == other->name())
+        net_.set_link(index, other->index(), l.link);
+      if (l.to == name && l.from == other->name())
+        net_.set_link(other->index(), index, l.link);
+    }
+  }
+  start_node(n);
+  return n;
+}
+
+void world::start_node(sim_node& n) {
+  n.alive_ = true;
+  n.resolver_ = sys_->spawn(sim_resolver, this, n.index());
+  track(n.index(), n.resolver_);
+  for (auto& h : n.hooks_)
+    h(n);
+}
+
+sim_node& world::node(const std::string& name) {
+  for (auto& n : nodes_)
+    if (n->name() == name)
+      return *n;
+  throw std::out_of_range("no simulated node named " + name);
+}
+
+sim_node& world::node(int index) {
+  return *nodes_.at(static_cast<size_t>(index));
+}
+
+int world::node_of(const caf::actor_addr& a) const {
+  auto i = actor_node_.find(a.id());
+  return i == actor_node_.end() ? -1 : i->second;
+}
+
+void world::track(int node, const caf::actor& a) {
+  actor_node_[a.id()] = node;
+}
+
+int64_t world::now_ns() const {
+  auto& self = const_cast<world&>(*this);
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(self.sched().clock().now() - start_)
+    .count();
+}
+
+std::chrono::nanoseconds world::elapsed() const {
+  return std::chrono::nanoseconds{now_ns()};
+}
+
+void world::run() {
+  sched().run();
+}
+
+void world::apply_due_faults() {
+  while (!pending_.empty() && pending_.begin()->first <= now_ns()) {
+    auto action = std::move(pending_.begin()->second.second);
+    pending_.erase(pending_.begin());
+    action();
+    sched().run();
+  }
+}
+
+void world::run_for(std::chrono::nanoseconds d) {
+  auto target = now_ns() + d.count();
+  for (;;) {
+    sched().run();
+    apply_due_faults();
+    auto& clk = sched().clock();
+    int64_t next = INT64_MAX;
+    if (clk.has_pending_timeout())
+      next = std::chrono::duration_cast<std::chrono::nanoseconds>(
+               clk.schedule().begin()->first - start_)
+               .count();
+    if (!pending_.empty())
+      next = std::min(next, pending_.begin()->first);
+    if (next == INT64_MAX || next > target)
+      break;
+    auto now = now_ns();
+    if (next > now)
+      clk.advance_time(std::chrono::nanoseconds{next - now});
+    else if (clk.has_pending_timeout()
+             && clk.schedule().begin()->first <= clk.now())
+      clk.trigger_timeout();
+  }
+  auto now = now_ns();
+  if (target > now)
+    sched().clock().advance_time(std::chrono::nanoseconds{target - now});
+  sched().run();
+  apply_due_faults();
+}
+
+bool world::run_until(const std::function<bool()>& pred, std::chrono::nanoseconds limit) {
+  auto deadline = now_ns() + limit.count();
+  sched().run();
+  while (!pred()) {
+    auto& clk = sched().clock();
+    int64_t next = INT64_MAX;
+    if (clk.has_pending_timeout())
+      next = std::chrono::duration_cast<std::chrono::nanoseconds>(
+               clk.schedule().begin()->first - start_)
+               .count();
+    if (!pending_.empty())
+      next = std::min(next, pending_.begin()->first);
+    if (next == INT64_MAX || next > deadline) {
+      auto now = now_ns();
+      if (deadline > now)
+        clk.advance_time(std::chrono::nanoseconds{deadline - now});
+      sched().run();
+      return pred();
+    }
+    run_for(std::chrono::nanoseconds{std::max<int64_t>(0, next - now_ns())});
+  }
+  return true;
+}
+
+void world::kill_node(const std::string& name, std::chrono::nanoseconds restart_after) {
+  auto& n = node(name);
+  if (!n.alive_)
+    return;
+  n.alive_ = false;
+  record("kill_node", name, "", 0,
+         restart_after.count() >= 0 ? fmt::format("restart in {} ns", restart_after.count())
+                                    : "no restart");
+  for (auto& a : n.actors_)
+    caf::anon_send_exit(a, caf::exit_reason::kill);
+  caf::anon_send_exit(n.resolver_, caf::exit_reason::kill);
+  // Proxies held on behalf of the node's actors die with it.
+  for (auto i = proxies_.begin(); i != proxies_.end();) {
+    if (i->first.first == n.index()) {
+      caf::anon_send_exit(i->second, caf::exit_reason::kill);
+      i = proxies_.erase(i);
+    } else {
+      ++i;
+    }
+  }
+  n.actors_.clear();
+  n.named_.clear();
+  n.resolver_ = nullptr;
+  net_.reset_node(n.index());
+  sched().run();
+  if (restart_after.count() >= 0)
+    at(elapsed() + restart_after, "restart " + name, [this, name] { restart_node(name); });
+}
+
+void world::restart_node(const std::string& name) {
+  auto& n = node(name);
+  if (n.alive_)
+    return;
+  record("restart_node", name, "", 0, "");
+  start_node(n);
+  sched().run();
+}
+
+void world::kill_actor(const std::string& node_name, const std::string& actor) {
+  auto& n = node(node_name);
+  auto a = n.lookup(actor);
+  if (!a)
+    return;
+  record("kill_actor", node_name, actor, 0, "");
+  caf::anon_send_exit(a, caf::exit_reason::kill);
+  n.named_.erase(actor);
+  sched().run();
+}
+
+void world::partition(const std::string& a, const std::string& b) {
+  record("partition", a, b, 0, "");
+  net_.partition(node(a).index(), node(b).index());
+}
+
+void world::heal(const std::string& a, const std::string& b) {
+  record("heal", a, b, 0, "");
+  net_.heal(node(a).index(), node(b).index());
+}
+
+void world::at(std::chrono::nanoseconds when, std::string what, std::function<void()> action) {
+  pending_.emplace(when.count(), std::make_pair(std::move(what), std::move(action)));
+}
+
+void world::schedule_faults(const fault_options& faults, std::chrono::nanoseconds horizon) {
+  for (auto& ev : faults.schedule) {
+    auto restart = ev.restart_after.count() == -1 ? faults.restart_delay : ev.restart_after;
+    if (ev.action == "kill_node")
+      at(ev.at, ev.action, [=] { kill_node(ev.target, restart); });
+    else if (ev.action == "restart_node")
+      at(ev.at, ev.action, [=] { restart_node(ev.target); });
+    else if (ev.action == "kill_actor")
+      at(ev.at, ev.action, [=] {
+        auto slash = ev.target.find('/');
+        if (slash != std::string::npos)
+          kill_actor(ev.target.substr(0, slash), ev.target.substr(slash + 1));
+      });
+    else if (ev.action == "partition")
+      at(ev.at, ev.action, [=] { partition(ev.target, ev.peer); });
+    else if (ev.action == "heal")
+      at(ev.at, ev.action, [=] { heal(ev.target, ev.peer); });
+  }
+  if (faults.preemptions_per_hour <= 0)
+    return;
+  // Each node is preempted by a Poisson process; times come from the world's seeded generator.
+  std::exponential_distribution<double> gap{faults.preemptions_per_hour / 3600.0};
+  for (auto& n : nodes_) {
+    double t = 0;
+    for (;;) {
+      t += gap(rng_);
+      auto when = std::chrono::nanoseconds{static_cast<int64_t>(t * 1e9)};
+      if (when > horizon)
+        break;
+      auto name = n->name();
+      auto restart = faults.restart_delay;
+      at(elapsed() + when, "preempt " + name, [=] { kill_node(name, restart); });
+    }
+  }
+}
+
+caf::actor world::proxy(int from, const caf::actor& target) {
+  auto key = std::make_pair(from, target.id());
+  if (auto i = proxies_.find(key); i != proxies_.end())
+    return i->second;
+  auto to = node_of(target.address());
+  auto p = sys_->spawn<link_proxy>(this, from, to, target);
+  track(from, p);
+  proxies_.emplace(key, p);
+  return p;
+}
+
+bool world::serialized_size(const caf::message& msg, uint64_t& bytes, std::string& error) {
+  if (msg.empty()) {
+    bytes = 0;
+    return true;
+  }
+  std::vector<char> buf;
+  caf::binary_serializer sink{*sys_, buf};
+  auto err = caf::message::save(sink, msg.content());
+  if (err) {
+    error = sys_->render(err) + " (" + type_names(msg) + ")";
+    return false;
+  }
+  bytes = buf.size();
+  return true;
+}
+
+std::string world::type_names(const caf::message& msg) const {
+  std::string out;
+  for (size_t i = 0; i < msg.size(); ++i) {
+    if (!out.empty())
+      out += ",";
+    auto rtti = msg.type(i);
+    const auto& name = sys_->types().portable_name(rtti);
+    out += name.empty() ? std::string{"?"} : name;
+  }
+  return out;
+}
+
+caf::expected<caf::actor> world::resolve(int from, const std::string& address) {
+  auto addr = peer_address::parse(address);
+  if (!addr)
+    return caf::make_error(caf::sec::invalid_argument, addr.error().what);
+  for (auto& n : nodes_) {
+    if (n->endpoint() != addr->endpoint())
+      continue;
+    if (!n->alive_ || net_.partitioned(from, n->index()))
+      return caf::make_error(caf::sec::cannot_connect_to_node, "cannot reach " + n->endpoint());
+    auto a = n->lookup(addr->name);
+    if (!a)
+      return caf::make_error(caf::sec::remote_lookup_failed,
+                             "no actor named '" + addr->name + "' on " + n->name());
+    if (n->index() == from)
+      return a;
+    return proxy(from, a);
+  }
+  return caf::make_error(caf::sec::cannot_connect_to_node, "no node at " + addr->endpoint());
+}
+
+void world::record(std::string kind, std::string from, std::string to, uint64_t bytes,
+                   std::string detail) {
+  trace_.push_back(trace_event{now_ns(), std::move(kind), std::move(from), std::move(to), bytes,
+                               std::move(detail)});
+}
+
+void world::write_trace_jsonl(const std::string& path) const {
+  std::ofstream out{path};
+  for (auto& e : trace_) {
+    nlohmann::json j{{"t_ns", e.t_ns}, {"kind", e.kind},   {"from", e.from},
+                     {"to", e.to},     {"bytes", e.bytes}, {"detail", e.detail}};
+    out << j.dump() << '\n';
+  }
+}
+
+uint64_t world::trace_digest() const {
+  // FNV-1a over every field: cheap, order-sensitive, enough to tell two runs apart.
+  uint64_t h = 1469598103934665603ULL;
+  auto mix = [&](const std::string& s) {
+    for (unsigned char c : s) {
+      h ^= c;
+      h *= 1099511628211ULL;
+    }
+    h ^= 0xff;
+    h *= 1099511628211ULL;
+  };
+  for (auto& e : trace_) {
+    mix(std::to_string(e.t_ns));
+    mix(e.kind);
+    mix(e.from);
+    mix(e.to);
+    mix(std::to_string(e.bytes));
+    mix(e.detail);
+  }
+  return h;
+}
+
+} // namespace starling::runtime::sim

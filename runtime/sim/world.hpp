@@ -1,0 +1,198 @@
+// The deterministic simulation driver: one actor system under CAF's testing scheduler, virtual
+// time, simulated nodes with their own directories and resolvers, link proxies that carry every
+// inter-node message through the network model, a fault injector and an event trace.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <caf/fwd.hpp>
+#include <caf/actor.hpp>
+#include <caf/actor_system.hpp>
+
+#include "runtime/config/config.hpp"
+#include "runtime/sim/network_model.hpp"
+
+namespace starling::runtime::sim {
+
+class world;
+
+/// One line of the simulation trace (also written as JSONL).
+struct trace_event {
+  /// Virtual time in ns since the start.
+  int64_t t_ns = 0;
+  /// `send`, `drop`, `unserializable`, `kill_node`, `restart_node`, `kill_actor`, `partition`,
+  /// `heal`, or a kind recorded by a test or workload through `world::record`.
+  std::string kind;
+  std::string from;
+  std::string to;
+  uint64_t bytes = 0;
+  /// Arrival time for `send`, reason for `drop`, message types, free text otherwise.
+  std::string detail;
+};
+
+/// Settings of a simulation.
+struct world_options {
+  uint64_t seed = 42;
+  network_options network;
+  /// Timeout of the simulated resolver's lookups.
+  caf::timespan resolve_timeout = std::chrono::seconds(5);
+};
+
+/// A simulated node: a name, an index in the network model, an identity, and the actors
+/// spawned on it. Killing the node kills them all; restarting runs its start hooks again.
+class sim_node {
+public:
+  /// The node's name (also its host in peer addresses: `name:1/actor`).
+  const std::string& name() const { return name_; }
+  /// Index in the network model.
+  int index() const { return index_; }
+  /// `name:1`, the endpoint used in peer addresses.
+  std::string endpoint() const;
+  /// A stable per-node identity (hex), derived from the world seed and the index.
+  const std::string& identity() const { return identity_; }
+  /// False between a kill and a restart.
+  bool alive() const { return alive_; }
+  /// The node's resolver: `(resolve_atom, "host:port/name") -> actor` (a link proxy when the
+  /// target lives on another node).
+  caf::actor resolver() const { return resolver_; }
+
+  /// Spawns an actor on this node and registers it under `name` (empty = unnamed).
+  template <class F, class... Ts>
+  caf::actor spawn(const std::string& name, F fun, Ts&&... xs);
+
+  /// Records an actor spawned elsewhere as living on this node.
+  void adopt(const std::string& name, const caf::actor& a);
+
+  /// Registers a hook that (re)creates the node's actors; runs now if the node is alive and
+  /// again after every restart.
+  void on_start(std::function<void(sim_node&)> hook);
+
+  /// The actor registered under `name`, or an invalid handle.
+  caf::actor lookup(const std::string& name) const;
+
+private:
+  friend class world;
+  sim_node(world* w, std::string name, int index, std::string identity);
+
+  world* world_;
+  std::string name_;
+  int index_;
+  std::string identity_;
+  bool alive_ = true;
+  caf::actor resolver_;
+  std::map<std::string, caf::actor> named_;
+  std::vector<caf::actor> actors_;
+  std::vector<std::function<void(sim_node&)>> hooks_;
+};
+
+/// The simulation. Tests create one per case; it kills every actor it knows on destruction.
+class world {
+public:
+  explicit world(world_options opts);
+  ~world();
+  world(const world&) = delete;
+  world& operator=(const world&) = delete;
+
+  caf::actor_system& system() { return *sys_; }
+
+  // -- nodes --------------------------------------------------------------------------------
+
+  /// Adds a node named `name` (unique).
+  sim_node& add_node(const std::string& name);
+  /// The node named `name`; throws std::out_of_range if there is none.
+  sim_node& node(const std::string& name);
+  /// The node at `index`.
+  sim_node& node(int index);
+  size_t num_nodes() const { return nodes_.size(); }
+  /// The node an actor was spawned on, or -1.
+  int node_of(const caf::actor_addr& a) const;
+
+  // -- time ---------------------------------------------------------------------------------
+
+  /// Virtual time since the start.
+  std::chrono::nanoseconds elapsed() const;
+  /// Runs every runnable job without advancing time.
+  void run();
+  /// Advances virtual time by `d`, delivering messages, timeouts and faults in order.
+  void run_for(std::chrono::nanoseconds d);
+  /// Runs until `pred()` holds (checked after each step) or `limit` of virtual time passes.
+  /// Returns whether `pred()` held.
+  bool run_until(const std::function<bool()>& pred, std::chrono::nanoseconds limit);
+
+  // -- faults -------------------------------------------------------------------------------
+
+  /// Kills every actor of the node now; restarts it after `restart_after` (negative = never).
+  void kill_node(const std::string& name, std::chrono::nanoseconds restart_after);
+  /// Restarts a dead node: fresh resolver, start hooks run again.
+  void restart_node(const std::string& name);
+  /// Kills one named actor of a node.
+  void kill_actor(const std::string& node, const std::string& actor);
+  void partition(const std::string& a, const std::string& b);
+  void heal(const std::string& a, const std::string& b);
+  /// Queues the explicit schedule and, with a positive rate, seeded random preemptions of
+  /// every node over `horizon`.
+  void schedule_faults(const fault_options& faults, std::chrono::nanoseconds horizon);
+  /// Queues one action at virtual time `at` (since start).
+  void at(std::chrono::nanoseconds at, std::string what, std::function<void()> action);
+
+  // -- observation --------------------------------------------------------------------------
+
+  network_model& network() { return net_; }
+  /// The world's seeded generator (for tests and workloads that need randomness).
+  std::mt19937_64& rng() { return rng_; }
+  const std::vector<trace_event>& trace() const { return trace_; }
+  /// Appends an event at the current virtual time.
+  void record(std::string kind, std::string from, std::string to, uint64_t bytes,
+              std::string detail);
+  /// Writes the trace as JSON lines.
+  void write_trace_jsonl(const std::string& path) const;
+  /// A hash of the whole trace, to compare runs cheaply.
+  uint64_t trace_digest() const;
+
+  // -- used by link proxies and resolvers ---------------------------------------------------
+
+  /// A proxy for `target` as seen from node `from` (cached while the target lives).
+  caf::actor proxy(int from, const caf::actor& target);
+  /// Serialized size of a message, or an error text if it does not serialize.
+  bool serialized_size(const caf::message& msg, uint64_t& bytes, std::string& error);
+  /// Looks up `host:port/name` as seen from node `from`; errors say why.
+  caf::expected<caf::actor> resolve(int from, const std::string& address);
+  /// The type names of a message's elements, for the trace.
+  std::string type_names(const caf::message& msg) const;
+
+private:
+  friend class sim_node;
+  void track(int node, const caf::actor& a);
+  void start_node(sim_node& n);
+  void apply_due_faults();
+  int64_t now_ns() const;
+  caf::scheduler::test_coordinator& sched();
+
+  world_options opts_;
+  std::unique_ptr<caf::actor_system_config> cfg_;
+  std::unique_ptr<caf::actor_system> sys_;
+  network_model net_;
+  std::mt19937_64 rng_;
+  std::vector<std::unique_ptr<sim_node>> nodes_;
+  std::map<caf::actor_id, int> actor_node_;
+  std::map<std::pair<int, caf::actor_id>, caf::actor> proxies_;
+  std::multimap<int64_t, std::pair<std::string, std::function<void()>>> pending_;
+  std::vector<trace_event> trace_;
+  caf::actor_clock::time_point start_;
+};
+
+template <class F, class... Ts>
+caf::actor sim_node::spawn(const std::string& name, F fun, Ts&&... xs) {
+  auto a = world_->system().spawn(fun, std::forward<Ts>(xs)...);
+  adopt(name, a);
+  return a;
+}
+
+} // namespace starling::runtime::sim
