@@ -1,11 +1,191 @@
 #include "runtime/cli/cli.hpp"
 
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <pthread.h>
+
+#include <CLI/CLI.hpp>
+#include <caf/all.hpp>
 #include <fmt/format.h>
+
+#include "messages/atoms.hpp"
+#include "messages/types.hpp"
+#include "runtime/config/config.hpp"
+#include "runtime/log/log.hpp"
+#include "runtime/metrics/metrics.hpp"
+#include "runtime/node/node.hpp"
+#include "runtime/run/workload.hpp"
+
+#ifndef STARLING_VERSION
+#  define STARLING_VERSION "0.1.0"
+#endif
 
 namespace starling::runtime {
 
+namespace {
+
+/// Prints one clear line and returns the failure exit code.
+int die(const std::string& what) {
+  fmt::print(stderr, "starling: error: {}\n", what);
+  return 2;
+}
+
+int cmd_run(const std::string& file, bool sim, std::optional<uint64_t> seed,
+            const std::string& out_opt) {
+  auto cfg = load_experiment(file);
+  if (!cfg)
+    return die(cfg.error().what);
+  if (seed)
+    cfg->experiment.seed = *seed;
+  set_log_level(parse_log_level(cfg->experiment.log_level));
+  const auto& table = workloads();
+  auto i = table.find(cfg->experiment.kind);
+  if (i == table.end()) {
+    std::string known;
+    for (auto& kv : table)
+      known += (known.empty() ? "" : ", ") + kv.first;
+    return die(fmt::format("{}: experiment.kind: unknown kind '{}' (known: {})", file,
+                           cfg->experiment.kind, known));
+  }
+  run_context ctx;
+  ctx.simulate = sim || cfg->experiment.mode == "sim";
+  ctx.out_dir = out_opt.empty() ? default_out_dir(cfg->experiment.name) : out_opt;
+  std::string why;
+  if (!make_dirs(ctx.out_dir, why))
+    return die(why);
+  std::filesystem::copy_file(file, ctx.out_dir + "/experiment.yaml",
+                             std::filesystem::copy_options::overwrite_existing);
+  fmt::print("starling {}: running '{}' ({}, {} mode, seed {}), output in {}\n",
+             STARLING_VERSION, cfg->experiment.name, cfg->experiment.kind,
+             ctx.simulate ? "sim" : cfg->experiment.mode, cfg->experiment.seed, ctx.out_dir);
+  try {
+    return i->second.run(*cfg, ctx);
+  } catch (const config_error& e) {
+    return die(e.what());
+  }
+}
+
+int cmd_node(const std::string& listen, const std::vector<std::string>& join,
+             const std::string& config_file, const std::string& name_opt) {
+  caf_options caf_opts;
+  node_options node_opts;
+  if (!config_file.empty()) {
+    auto cfg = load_experiment(config_file);
+    if (!cfg)
+      return die(cfg.error().what);
+    caf_opts = cfg->caf;
+    node_opts = cfg->node;
+  }
+  if (!listen.empty()) {
+    if (auto ep = parse_endpoint(listen); !ep)
+      return die(fmt::format("--listen: {}", ep.error().what));
+    node_opts.listen = listen;
+  }
+  for (auto& j : join) {
+    auto ep = parse_endpoint(j);
+    if (!ep || ep->second == 0)
+      return die(fmt::format("--join: expected HOST:PORT with a port in [1, 65535], got \"{}\"",
+                             j));
+    node_opts.join.push_back(j);
+  }
+  // Block the shutdown signals in every thread (CAF's threads inherit the mask) and wait for
+  // them synchronously below: no async-signal-safety concerns, no hang on exit.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  auto name = name_opt.empty() ? std::string{"node"} : name_opt;
+  auto n = node::start(caf_opts, node_opts, name);
+  if (!n)
+    return die(n.error().what);
+  auto& nd = **n;
+  nd.register_actor("ping", nd.system().spawn([name](caf::event_based_actor*) -> caf::behavior {
+    return {[=](const messages::ping_msg& m) { return messages::ping_msg{m.seq, name}; }};
+  }));
+  fmt::print("node {} listening on {}\n", name, nd.endpoint());
+  std::fflush(stdout);
+  for (auto& ep : node_opts.join) {
+    auto joined = nd.join(ep, [](const std::string& who, const std::string& reason) {
+      fmt::print("peer {} down: {}\n", who, reason);
+      std::fflush(stdout);
+    });
+    if (!joined) {
+      fmt::print(stderr, "starling: warning: {}\n", joined.error().what);
+      continue;
+    }
+    caf::scoped_actor self{nd.system()};
+    auto timeout = caf::timespan{caf_opts.connection_timeout};
+    auto t0 = std::chrono::steady_clock::now();
+    self->request(nd.resolver(), timeout, resolve_atom::value, ep + "/ping")
+      .receive(
+        [&](const caf::actor& peer) {
+          self->request(peer, timeout, messages::ping_msg{1, name})
+            .receive(
+              [&](const messages::ping_msg& reply) {
+                auto ms = std::chrono::duration<double, std::milli>(
+                            std::chrono::steady_clock::now() - t0)
+                            .count();
+                fmt::print("ping {}: reply from {} in {:.2f} ms\n", ep, reply.origin, ms);
+              },
+              [&](caf::error& e) {
+                fmt::print("ping {}: failed: {}\n", ep, nd.system().render(e));
+              });
+        },
+        [&](caf::error& e) { fmt::print("ping {}: failed: {}\n", ep, nd.system().render(e)); });
+    std::fflush(stdout);
+  }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  fmt::print("node {} shutting down ({})\n", name, sig == SIGINT ? "SIGINT" : "SIGTERM");
+  std::fflush(stdout);
+  nd.shutdown();
+  return 0;
+}
+
+} // namespace
+
 int cli_main(int argc, char** argv) {
-  fmt::print("starling\n");
+  CLI::App app{"starling: decentralized training on unreliable, heterogeneous peers "
+               "(SWARM, BTARD, MASHA, DeDLOC) on CAF actors"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Show help for every subcommand");
+
+  auto* run = app.add_subcommand("run", "Run an experiment file (configs/*.yaml)");
+  std::string run_file;
+  bool run_sim = false;
+  std::optional<uint64_t> run_seed;
+  std::string run_out;
+  run->add_option("experiment", run_file, "Experiment YAML file")->required();
+  run->add_flag("--sim", run_sim, "Simulate: virtual time and the network model");
+  run->add_option("--seed", run_seed, "Override experiment.seed");
+  run->add_option("--out", run_out, "Output folder (default runs/<timestamp>-<name>)");
+
+  auto* nodec = app.add_subcommand("node", "Run a cluster node until SIGINT/SIGTERM");
+  std::string listen;
+  std::vector<std::string> join;
+  std::string node_config;
+  std::string node_name;
+  nodec->add_option("--listen", listen, "HOST:PORT to listen on (port 0: the OS chooses)");
+  nodec->add_option("--join", join, "HOST:PORT of a node to connect to (repeatable)");
+  nodec->add_option("--config", node_config, "Experiment file with caf/node settings");
+  nodec->add_option("--name", node_name, "Node name for logs");
+
+  app.add_subcommand("version", "Print the version");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0)
+      return app.exit(e);
+    return die(e.what());
+  }
+  if (run->parsed())
+    return cmd_run(run_file, run_sim, run_seed, run_out);
+  if (nodec->parsed())
+    return cmd_node(listen, join, node_config, node_name);
+  fmt::print("starling {}\n", STARLING_VERSION);
   return 0;
 }
 

@@ -1,0 +1,15 @@
+#include "runtime/run/workload.hpp"
+
+#include "runtime/run/ping_workload.hpp"
+
+namespace starling::runtime {
+
+const std::map<std::string, workload>& workloads() {
+  // The one table of experiment kinds; each entry lives in its own file.
+  static const std::map<std::string, workload> table{
+    {"ping", {"nodes exchange timed pings through the network model or loopback", run_ping}},
+  };
+  return table;
+}
+
+} // namespace starling::runtime

@@ -1,0 +1,93 @@
+#include <doctest/doctest.h>
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+
+#include "messages/atoms.hpp"
+#include "messages/types.hpp"
+#include "runtime/node/node.hpp"
+
+using namespace starling;
+using namespace starling::runtime;
+using namespace std::chrono_literals;
+using starling::messages::ping_msg;
+
+namespace {
+
+caf_options fast_caf() {
+  caf_options o;
+  o.heartbeat_interval = 100ms;
+  o.connection_timeout = 1s;
+  return o;
+}
+
+caf::behavior ponger(caf::event_based_actor*, std::string origin) {
+  return {[=](const ping_msg& m) { return ping_msg{m.seq + 1, origin}; }};
+}
+
+} // namespace
+
+TEST_CASE("two actor systems in one process exchange a registered message over loopback") {
+  node_options na;
+  na.listen = "127.0.0.1:0";
+  auto a = node::start(fast_caf(), na, "a");
+  auto b = node::start(fast_caf(), na, "b");
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  (*a)->register_actor("ponger", (*a)->system().spawn(ponger, "a"));
+  auto address = fmt::format("127.0.0.1:{}/ponger", (*a)->port());
+  caf::scoped_actor self{(*b)->system()};
+  caf::actor peer;
+  self->request((*b)->resolver(), 5s, resolve_atom::value, address)
+    .receive([&](const caf::actor& h) { peer = h; },
+             [&](caf::error& e) { FAIL("resolve failed: " << (*b)->system().render(e)); });
+  REQUIRE(peer);
+  // The handle is a proxy for an actor of the other system: the message crossed BASP.
+  CHECK(peer.node() != (*b)->system().node());
+  ping_msg reply;
+  self->request(peer, 5s, ping_msg{41, "b"})
+    .receive([&](const ping_msg& m) { reply = m; },
+             [&](caf::error& e) { FAIL("ping failed: " << (*b)->system().render(e)); });
+  CHECK(reply.seq == 42);
+  CHECK(reply.origin == "a");
+  // Unknown names give a clear error, not a hang.
+  std::string why;
+  self->request((*b)->resolver(), 5s, resolve_atom::value,
+                fmt::format("127.0.0.1:{}/nobody", (*a)->port()))
+    .receive([&](const caf::actor&) {}, [&](caf::error& e) { why = (*b)->system().render(e); });
+  CHECK(why.find("no actor named 'nobody'") != std::string::npos);
+  self->request((*b)->resolver(), 5s, resolve_atom::value, std::string{"not-an-address"})
+    .receive([&](const caf::actor&) {}, [&](caf::error& e) { why = (*b)->system().render(e); });
+  CHECK(why.find("expected HOST:PORT/NAME") != std::string::npos);
+}
+
+TEST_CASE("a node that shuts down is reported down by the node watching it") {
+  node_options na;
+  auto a = node::start(fast_caf(), na, "a");
+  auto b = node::start(fast_caf(), na, "b");
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  std::mutex m;
+  std::condition_variable cv;
+  std::string lost;
+  auto joined = (*b)->join((*a)->endpoint(), [&](const std::string& ep, const std::string&) {
+    std::lock_guard<std::mutex> g{m};
+    lost = ep;
+    cv.notify_all();
+  });
+  REQUIRE(joined.ok());
+  auto endpoint = (*a)->endpoint();
+  a->reset(); // shuts node a down
+  std::unique_lock<std::mutex> g{m};
+  // Bounded wait for an event, not a sleep: returns as soon as the callback fires.
+  CHECK(cv.wait_for(g, 10s, [&] { return !lost.empty(); }));
+  CHECK(lost == endpoint);
+}
+
+TEST_CASE("listening on a bad address fails with a clear error") {
+  node_options bad;
+  bad.listen = "127.0.0.1";
+  auto n = node::start(fast_caf(), bad, "x");
+  REQUIRE_FALSE(n.ok());
+  CHECK(n.error().what.find("expected HOST:PORT") != std::string::npos);
+}

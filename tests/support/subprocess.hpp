@@ -1,0 +1,44 @@
+// A child process with its stdout read line by line, for multi-process tests.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <sys/types.h>
+
+namespace starling::testing {
+
+/// Starts `argv` with stdout (and stderr, if `merge_stderr`) on a pipe; kills it on destruction.
+class subprocess {
+public:
+  explicit subprocess(const std::vector<std::string>& argv, bool merge_stderr = true);
+  ~subprocess();
+  subprocess(const subprocess&) = delete;
+  subprocess& operator=(const subprocess&) = delete;
+
+  /// The next line of output, or nothing if none came before `timeout` (or the pipe closed).
+  std::optional<std::string> read_line(std::chrono::milliseconds timeout);
+  /// Reads lines until one contains `needle`; returns it, or nothing at timeout/EOF.
+  std::optional<std::string> wait_for(const std::string& needle,
+                                      std::chrono::milliseconds timeout);
+  /// Sends a signal.
+  void signal(int sig);
+  /// Waits for the exit; the exit status (or 128 + signal), or nothing at timeout.
+  std::optional<int> wait_exit(std::chrono::milliseconds timeout);
+  /// Everything read so far.
+  const std::string& output() const { return seen_; }
+  pid_t pid() const { return pid_; }
+
+private:
+  void drain();
+
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  bool exited_ = false;
+  std::string buf_;
+  std::string seen_;
+};
+
+} // namespace starling::testing
