@@ -2,6 +2,7 @@
 
 #include <caf/actor_system_config.hpp>
 
+#include "messages/tensor_msg.hpp"
 #include "messages/types.hpp"
 
 namespace starling::messages {
@@ -10,6 +11,7 @@ void register_types(caf::actor_system_config& cfg) {
   // Keep one line per type; the string is the wire name and must never change.
   cfg.add_message_type<ping_msg>("starling.ping");
   cfg.add_message_type<blob_msg>("starling.blob");
+  cfg.add_message_type<tensor_msg>("starling.tensor");
 }
 
 } // namespace starling::messages

@@ -1,0 +1,74 @@
+// The tensor as a CAF message: a torch::Tensor moved by reference inside a process and encoded
+// to Cap'n Proto (with the chosen codec) only when CAF serializes it for another node.
+#pragma once
+
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <caf/deserializer.hpp>
+#include <caf/error.hpp>
+#include <caf/meta/type_name.hpp>
+#include <caf/sec.hpp>
+#include <caf/serializer.hpp>
+
+#include "kernels/compress/codec.hpp"
+#include "kernels/result.hpp"
+
+namespace starling::messages {
+
+/// A tensor plus the codec it travels with when it leaves the process. Inside one process CAF
+/// messages are shared, so the tensor is never encoded; across nodes `inspect` encodes it.
+/// A receiver must check `ok()`: a payload that failed validation arrives with `error` set and an
+/// undefined tensor instead of killing the connection or the actor.
+struct tensor_msg {
+  /// The tensor (any supported dtype and shape; on the receiving node a CPU tensor).
+  at::Tensor tensor;
+  /// Codec used when serialized.
+  kernels::codec_id codec = kernels::codec_id::none;
+  /// Codec parameters used when serialized.
+  kernels::codec_params params;
+  /// Why decoding failed on the receiving side; empty when the tensor is valid.
+  std::string error;
+
+  /// True when the tensor arrived intact (or never left the process).
+  bool ok() const noexcept { return error.empty(); }
+};
+
+/// Encodes `x` (tensor and codec) as a Cap'n Proto `Tensor` flat array into `out`.
+status save_tensor(const tensor_msg& x, std::vector<char>& out);
+
+/// Decodes an untrusted flat array into `x` (tensor, codec and params); never throws.
+status load_tensor(const std::vector<char>& bytes, tensor_msg& x);
+
+/// One line describing the message (dtype, shape, codec) for logs; never the values.
+std::string describe(const tensor_msg& x);
+
+/// CAF 0.17 inspect: serializers encode, deserializers decode (a failed decode is stored in
+/// `x.error`), other inspectors (to_string) see a description.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, tensor_msg& x) {
+  if constexpr (std::is_base_of<caf::serializer, Inspector>::value) {
+    std::vector<char> buf;
+    if (auto st = save_tensor(x, buf); !st)
+      return caf::make_error(caf::sec::invalid_argument, "tensor_msg: " + st.what());
+    return f(caf::meta::type_name("tensor_msg"), buf);
+  } else if constexpr (std::is_base_of<caf::deserializer, Inspector>::value) {
+    std::vector<char> buf;
+    if (auto err = f(caf::meta::type_name("tensor_msg"), buf))
+      return err;
+    if (auto st = load_tensor(buf, x); !st) {
+      x.tensor = at::Tensor{};
+      x.error = st.what();
+    } else {
+      x.error.clear();
+    }
+    return caf::none;
+  } else {
+    auto text = describe(x);
+    return f(caf::meta::type_name("tensor_msg"), text);
+  }
+}
+
+} // namespace starling::messages

@@ -1,0 +1,77 @@
+// Cap'n Proto on the wire, without torch or CAF: writing tensor headers into builders and reading
+// untrusted flat arrays (alignment, traversal limit, kj exceptions, header and payload checks).
+// This is the layer the fuzzer exercises.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <capnp/message.h>
+
+#include "kernels/compress/format.hpp"
+#include "kernels/result.hpp"
+#include "messages/envelope.capnp.h"
+#include "messages/tensor.capnp.h"
+
+namespace starling::messages {
+
+/// The wire protocol version this build speaks (Envelope.protocolVersion).
+inline constexpr uint16_t protocol_version = 1;
+
+/// Largest flat array accepted from the network (BASP carries at most ~2 GB per message anyway).
+inline constexpr size_t max_message_bytes = size_t{1} << 31;
+
+/// A tensor header and its contiguous payload, read from an untrusted `Tensor` and checked by
+/// `kernels::check_payload`: decoding it cannot read out of bounds.
+struct tensor_view {
+  /// The validated header.
+  kernels::tensor_header header;
+  /// Start of the payload: inside the message when it was one chunk, else `gathered.data()`.
+  const uint8_t* data = nullptr;
+  /// Payload bytes.
+  size_t size = 0;
+  /// Owns the payload when it had to be gathered from several chunks (or copied).
+  std::vector<uint8_t> gathered;
+};
+
+/// Writes `header` into `b` and allocates its payload chunks; returns writable pointers to them,
+/// in order, whose sizes sum to `kernels::payload_bytes` of the header.
+std::vector<kj::ArrayPtr<kj::byte>> write_tensor(wire::Tensor::Builder b,
+                                                 const kernels::tensor_header& header);
+
+/// Reads and checks a `Tensor` from an untrusted message into `out` (which may then point into
+/// the message: use it while the message lives). kj exceptions become a failure.
+status read_tensor(wire::Tensor::Reader r, tensor_view& out);
+
+/// Runs `f` on a reader over untrusted flat-array bytes: checks the size (non-empty, a multiple of
+/// 8, at most `max_message_bytes`), copies into aligned words when `bytes` is not 8-byte aligned,
+/// bounds traversal by the message size, and turns every kj or std exception into a failure.
+status read_flat(const char* bytes, size_t size,
+                 const std::function<status(capnp::MessageReader&)>& f);
+
+/// Serializes a built message into `out` (replacing its content) as one flat array.
+void write_flat(capnp::MessageBuilder& msg, std::vector<char>& out);
+
+/// The contents of an Envelope, copied out of the message.
+struct envelope_view {
+  /// The sender's protocol version (equal to `protocol_version` after a successful read).
+  uint16_t version = 0;
+  /// The experiment id.
+  std::string experiment_id;
+  /// The sender's peer id.
+  std::vector<uint8_t> sender;
+  /// Which payload the envelope carries.
+  wire::Envelope::Payload::Which kind = wire::Envelope::Payload::PING;
+  /// Ping sequence number (kind == PING).
+  uint64_t ping_seq = 0;
+  /// The checked tensor (kind == TENSOR); its payload is always owned by `tensor.gathered`.
+  tensor_view tensor;
+};
+
+/// Reads and fully checks an Envelope from untrusted bytes.
+status read_envelope(const char* bytes, size_t size, envelope_view& out);
+
+} // namespace starling::messages
