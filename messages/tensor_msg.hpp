@@ -51,14 +51,19 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, tensor_msg& x) {
   if constexpr (std::is_base_of<caf::serializer, Inspector>::value) {
     std::vector<char> buf;
-    if (auto st = save_tensor(x, buf); !st)
-      return caf::make_error(caf::sec::invalid_argument, "tensor_msg: " + st.what());
+    // An undefined tensor (a default-constructed message) travels as an empty buffer.
+    if (x.tensor.defined())
+      if (auto st = save_tensor(x, buf); !st)
+        return caf::make_error(caf::sec::invalid_argument, "tensor_msg: " + st.what());
     return f(caf::meta::type_name("tensor_msg"), buf);
   } else if constexpr (std::is_base_of<caf::deserializer, Inspector>::value) {
     std::vector<char> buf;
     if (auto err = f(caf::meta::type_name("tensor_msg"), buf))
       return err;
-    if (auto st = load_tensor(buf, x); !st) {
+    if (buf.empty()) {
+      x.tensor = at::Tensor{};
+      x.error.clear();
+    } else if (auto st = load_tensor(buf, x); !st) {
       x.tensor = at::Tensor{};
       x.error = st.what();
     } else {
