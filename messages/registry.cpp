@@ -3,6 +3,7 @@
 #include <caf/actor_system_config.hpp>
 
 #include "messages/types.hpp"
+#include "messages/vi.hpp"
 
 namespace starling::messages {
 
@@ -10,6 +11,10 @@ void register_types(caf::actor_system_config& cfg) {
   // Keep one line per type; the string is the wire name and must never change.
   cfg.add_message_type<ping_msg>("starling.ping");
   cfg.add_message_type<blob_msg>("starling.blob");
+  cfg.add_message_type<vi_vector>("starling.vi_vector");
+  cfg.add_message_type<vi_uplink>("starling.vi_uplink");
+  cfg.add_message_type<vi_downlink>("starling.vi_downlink");
+  cfg.add_message_type<vi_report>("starling.vi_report");
 }
 
 } // namespace starling::messages
