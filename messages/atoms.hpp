@@ -17,4 +17,11 @@ using join_atom = caf::atom_constant<caf::atom("join")>;
 using metric_atom = caf::atom_constant<caf::atom("metric")>;
 using list_atom = caf::atom_constant<caf::atom("list")>;
 
+/// vi (MASHA): server → worker, "apply this downlink (if any) and send your next uplink".
+using vi_step_atom = caf::atom_constant<caf::atom("vi_step")>;
+/// vi (MASHA): server → worker, "apply the last downlink and report your state".
+using vi_finish_atom = caf::atom_constant<caf::atom("vi_finish")>;
+/// vi (MASHA): client → server, "run this many iterations".
+using vi_run_atom = caf::atom_constant<caf::atom("vi_run")>;
+
 } // namespace starling

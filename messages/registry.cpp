@@ -4,6 +4,7 @@
 
 #include "messages/tensor_msg.hpp"
 #include "messages/types.hpp"
+#include "messages/vi.hpp"
 
 namespace starling::messages {
 
@@ -12,6 +13,10 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<ping_msg>("starling.ping");
   cfg.add_message_type<blob_msg>("starling.blob");
   cfg.add_message_type<tensor_msg>("starling.tensor");
+  cfg.add_message_type<vi_vector>("starling.vi_vector");
+  cfg.add_message_type<vi_uplink>("starling.vi_uplink");
+  cfg.add_message_type<vi_downlink>("starling.vi_downlink");
+  cfg.add_message_type<vi_report>("starling.vi_report");
 }
 
 } // namespace starling::messages
