@@ -14,8 +14,7 @@ status check_flat(const torch::Tensor& flat, const std::vector<torch::Tensor>& p
   auto n = total_numel(params);
   if (!flat.defined() || flat.dim() != 1 || !flat.is_floating_point() || flat.numel() != n)
     return fail(fmt::format("expected a 1-D float vector of {} elements, got {}", n,
-                            flat.defined() ? fmt::format("{} {}",
-                                                         c10::toString(flat.scalar_type()),
+                            flat.defined() ? fmt::format("{} {}", c10::toString(flat.scalar_type()),
                                                          c10::str(flat.sizes()))
                                            : std::string{"undefined"}));
   return {};

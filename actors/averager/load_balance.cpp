@@ -116,8 +116,8 @@ result<std::vector<int64_t>> balance_parts(const std::vector<double>& bandwidths
   }
 }
 
-double communication_time(const std::vector<double>& bandwidths,
-                          const std::vector<int64_t>& parts, int64_t size) {
+double communication_time(const std::vector<double>& bandwidths, const std::vector<int64_t>& parts,
+                          int64_t size) {
   const double coeff = static_cast<double>(bandwidths.size()) - 2.0;
   double worst = 0;
   for (size_t i = 0; i < bandwidths.size(); ++i) {

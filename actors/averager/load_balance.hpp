@@ -25,8 +25,8 @@ starling::result<std::vector<int64_t>> balance_parts(const std::vector<double>& 
 
 /// Communication time of the slowest peer with bandwidth > 0 for the given parts, in units of
 /// "vector sizes per bandwidth unit": max_i (1 + (n - 2) parts_i / size) / b_i.
-double communication_time(const std::vector<double>& bandwidths,
-                          const std::vector<int64_t>& parts, int64_t size);
+double communication_time(const std::vector<double>& bandwidths, const std::vector<int64_t>& parts,
+                          int64_t size);
 
 /// Largest-remainder (Hamilton) rounding of `fractions` of `size` to whole numbers summing to
 /// `size`; ties go to the lower index.

@@ -29,8 +29,8 @@ double throughput_in(const std::vector<stage_report>& stages, const migration_ca
                      size_t target) {
   auto& from = stages.at(me.stage);
   auto& to = stages.at(target);
-  if (target == me.stage || from.peers <= 0 || to.peers <= 0 || from.throughput <= 0
-      || to.throughput <= 0)
+  if (target == me.stage || from.peers <= 0 || to.peers <= 0 || from.throughput <= 0 ||
+      to.throughput <= 0)
     return me.throughput;
   auto per_peer_from = from.throughput / static_cast<double>(from.peers);
   auto per_peer_to = to.throughput / static_cast<double>(to.peers);

@@ -18,8 +18,7 @@ double throughput_ema::value() const noexcept {
   return raw_ / (1.0 - decay_);
 }
 
-wiring_policy::wiring_policy(size_t stages, wiring_options opts)
-  : opts_(opts), stages_(stages) {}
+wiring_policy::wiring_policy(size_t stages, wiring_options opts) : opts_(opts), stages_(stages) {}
 
 double wiring_policy::min_load(const stage_state& s) const {
   if (!s.ready.empty())
@@ -98,8 +97,7 @@ void wiring_policy::readmit_expired(stage_state& s, double now) {
   }
 }
 
-std::optional<std::string> wiring_policy::pick(size_t stage, pass dir, double samples,
-                                               double now) {
+std::optional<std::string> wiring_policy::pick(size_t stage, pass dir, double samples, double now) {
   auto& s = stages_.at(stage);
   readmit_expired(s, now);
   if (s.ready.empty())
@@ -112,8 +110,8 @@ std::optional<std::string> wiring_policy::pick(size_t stage, pass dir, double sa
   return id;
 }
 
-void wiring_policy::report_success(size_t stage, const std::string& peer, pass dir,
-                                   double samples, double seconds) {
+void wiring_policy::report_success(size_t stage, const std::string& peer, pass dir, double samples,
+                                   double seconds) {
   auto& s = stages_.at(stage);
   auto it = s.peers.find(peer);
   if (it == s.peers.end() || !(seconds > 0.0) || !(samples > 0.0))

@@ -13,7 +13,7 @@
 namespace starling::kernels {
 
 corpus::corpus(std::string text, double held_out_fraction, std::string source)
-  : text_(std::move(text)), source_(std::move(source)) {
+    : text_(std::move(text)), source_(std::move(source)) {
   auto n = static_cast<int64_t>(text_.size());
   auto held = static_cast<int64_t>(static_cast<double>(n) * held_out_fraction);
   train_size_ = n - held;
@@ -102,14 +102,14 @@ result<corpus> load_corpus(const corpus_options& opts) {
   }
   auto text = read_fallback(opts.fallback_dir);
   if (!text)
-    return fail(fmt::format("no corpus: `{}` gave no text and {}", opts.bible_command,
-                            text.error().what));
+    return fail(
+        fmt::format("no corpus: `{}` gave no text and {}", opts.bible_command, text.error().what));
   return corpus(std::move(*text), opts.held_out_fraction, opts.fallback_dir);
 }
 
 text_sampler::text_sampler(const corpus& c, int64_t begin, int64_t end, int64_t batch,
                            int64_t seq_len)
-  : corpus_(&c), begin_(begin), end_(end), batch_(batch), seq_len_(seq_len) {}
+    : corpus_(&c), begin_(begin), end_(end), batch_(batch), seq_len_(seq_len) {}
 
 result<text_sampler> text_sampler::make(const corpus& c, int64_t shard, int64_t shards,
                                         int64_t batch, int64_t seq_len) {
@@ -159,8 +159,8 @@ result<std::vector<text_batch>> held_out_batches(const corpus& c, int64_t batch,
       for (int64_t t = 0; t <= seq_len; ++t)
         w[b * (seq_len + 1) + t] = bytes[s + t];
     }
-    out.push_back({window.narrow(1, 0, seq_len).contiguous(),
-                   window.narrow(1, 1, seq_len).contiguous()});
+    out.push_back(
+        {window.narrow(1, 0, seq_len).contiguous(), window.narrow(1, 1, seq_len).contiguous()});
   }
   return out;
 }

@@ -52,8 +52,8 @@ public:
   }
 
   status check_input(const torch::Tensor& x) const override {
-    if (x.scalar_type() != torch::kLong || x.dim() != 2 || x.size(1) > cfg_.seq_len
-        || x.size(1) < 1)
+    if (x.scalar_type() != torch::kLong || x.dim() != 2 || x.size(1) > cfg_.seq_len ||
+        x.size(1) < 1)
       return fail(fmt::format("expected int64 tokens [B, 1..{}], got {} {}", cfg_.seq_len,
                               c10::toString(x.scalar_type()), c10::str(x.sizes())));
     if (x.numel() > 0 && (x.min().item<int64_t>() < 0 || x.max().item<int64_t>() >= cfg_.vocab))
@@ -91,8 +91,8 @@ public:
 
   torch::Tensor forward(const torch::Tensor& x) override {
     auto training = is_training();
-    auto h = x + torch::dropout(proj_->forward(attention(ln1_->forward(x))), cfg_.dropout,
-                                training);
+    auto h =
+        x + torch::dropout(proj_->forward(attention(ln1_->forward(x))), cfg_.dropout, training);
     auto m = out_->forward(torch::gelu(fc_->forward(ln2_->forward(h))));
     return h + torch::dropout(m, cfg_.dropout, training);
   }
@@ -124,7 +124,7 @@ public:
   explicit gpt_head(const gpt_config& cfg) : cfg_(cfg) {
     ln_ = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({cfg.width})));
     logits_ = register_module(
-      "logits", torch::nn::Linear(torch::nn::LinearOptions(cfg.width, cfg.vocab).bias(false)));
+        "logits", torch::nn::Linear(torch::nn::LinearOptions(cfg.width, cfg.vocab).bias(false)));
     torch::NoGradGuard no_grad;
     auto gen = seeded_generator(mix_seed(cfg.seed, head_tag));
     logits_->weight.normal_(0.0, 0.02, gen);

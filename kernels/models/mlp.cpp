@@ -15,8 +15,7 @@ uint64_t mix(uint64_t seed, uint64_t tag) {
 /// Linear layer (optionally followed by tanh) initialized from its own seed.
 class mlp_layer : public stage_layer {
 public:
-  mlp_layer(int64_t in, int64_t out, bool activate, uint64_t seed)
-    : in_(in), activate_(activate) {
+  mlp_layer(int64_t in, int64_t out, bool activate, uint64_t seed) : in_(in), activate_(activate) {
     linear_ = register_module("linear", torch::nn::Linear(in, out));
     torch::NoGradGuard no_grad;
     auto gen = seeded_generator(seed);
@@ -59,8 +58,8 @@ result<std::shared_ptr<stage_module>> make_mlp_stage(const mlp_config& cfg, int6
     input = std::make_shared<mlp_layer>(cfg.inputs, cfg.width, true, mix(cfg.seed, 1));
   std::vector<std::shared_ptr<stage_layer>> blocks;
   for (auto i = begin; i < end; ++i)
-    blocks.push_back(
-      std::make_shared<mlp_layer>(cfg.width, cfg.width, true, cfg.seed + static_cast<uint64_t>(i)));
+    blocks.push_back(std::make_shared<mlp_layer>(cfg.width, cfg.width, true,
+                                                 cfg.seed + static_cast<uint64_t>(i)));
   std::shared_ptr<stage_layer> head;
   if (end == cfg.layers)
     head = std::make_shared<mlp_layer>(cfg.width, cfg.classes, false, mix(cfg.seed, 2));

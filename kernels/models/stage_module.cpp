@@ -8,11 +8,11 @@ namespace starling::kernels {
 stage_module::stage_module(int64_t depth, int64_t begin, std::shared_ptr<stage_layer> input,
                            std::vector<std::shared_ptr<stage_layer>> blocks,
                            std::shared_ptr<stage_layer> head)
-  : depth_(depth),
-    begin_(begin),
-    input_(std::move(input)),
-    blocks_(std::move(blocks)),
-    head_(std::move(head)) {
+    : depth_(depth),
+      begin_(begin),
+      input_(std::move(input)),
+      blocks_(std::move(blocks)),
+      head_(std::move(head)) {
   TORCH_CHECK(begin_ >= 0 && end() <= depth_, "stage blocks [", begin_, ", ", end(),
               ") outside a model of depth ", depth_);
   TORCH_CHECK((begin_ == 0) == (input_ != nullptr), "the input layer belongs to stage 0 only");
@@ -43,8 +43,8 @@ status stage_module::check(const torch::Tensor& input, const torch::Tensor& targ
   if (!is_first() || input.is_floating_point())
     expected.pop_back();
   if (targets.sizes().vec() != expected)
-    return fail(fmt::format("targets must have shape {}, got {}", c10::str(c10::IntArrayRef(expected)),
-                            c10::str(targets.sizes())));
+    return fail(fmt::format("targets must have shape {}, got {}",
+                            c10::str(c10::IntArrayRef(expected)), c10::str(targets.sizes())));
   return {};
 }
 
@@ -116,16 +116,14 @@ result<stage_gradients> stage_module::backward_checked(const torch::Tensor& inpu
 
 torch::Tensor mean_cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) {
   auto classes = logits.size(-1);
-  return torch::nn::functional::cross_entropy(logits.reshape({-1, classes}),
-                                              targets.reshape({-1}));
+  return torch::nn::functional::cross_entropy(logits.reshape({-1, classes}), targets.reshape({-1}));
 }
 
 at::Generator seeded_generator(uint64_t seed) {
   return at::detail::createCPUGenerator(seed);
 }
 
-result<std::vector<std::pair<int64_t, int64_t>>> even_stage_ranges(int64_t depth,
-                                                                   int64_t stages) {
+result<std::vector<std::pair<int64_t, int64_t>>> even_stage_ranges(int64_t depth, int64_t stages) {
   if (stages < 1 || stages > depth)
     return fail(fmt::format("cannot cut {} blocks into {} stages", depth, stages));
   std::vector<std::pair<int64_t, int64_t>> out;

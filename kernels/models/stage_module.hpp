@@ -40,11 +40,10 @@ struct stage_gradients {
 /// `named_parameters()` match the unsplit model's for the same layers.
 class stage_module : public torch::nn::Module {
 public:
-  /// A stage over blocks `[begin, begin + blocks.size())` of a model of `depth` blocks; `input` must
-  /// be given iff `begin == 0` and `head` iff the stage ends at `depth`.
+  /// A stage over blocks `[begin, begin + blocks.size())` of a model of `depth` blocks; `input`
+  /// must be given iff `begin == 0` and `head` iff the stage ends at `depth`.
   stage_module(int64_t depth, int64_t begin, std::shared_ptr<stage_layer> input,
-               std::vector<std::shared_ptr<stage_layer>> blocks,
-               std::shared_ptr<stage_layer> head);
+               std::vector<std::shared_ptr<stage_layer>> blocks, std::shared_ptr<stage_layer> head);
 
   /// True when the stage holds the input layer (takes the model's raw input).
   bool is_first() const noexcept { return input_ != nullptr; }

@@ -5,16 +5,15 @@
 namespace starling::kernels {
 
 lamb::lamb(std::vector<torch::Tensor> params, lamb_options defaults)
-  : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
-                            std::make_unique<lamb_options>(defaults)) {
+    : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
+                              std::make_unique<lamb_options>(defaults)) {
   TORCH_CHECK(defaults.lr() >= 0, "LAMB: invalid learning rate ", defaults.lr());
   TORCH_CHECK(defaults.eps() >= 0, "LAMB: invalid epsilon ", defaults.eps());
   TORCH_CHECK(defaults.beta1() >= 0 && defaults.beta1() < 1, "LAMB: invalid beta1 ",
               defaults.beta1());
   TORCH_CHECK(defaults.beta2() >= 0 && defaults.beta2() < 1, "LAMB: invalid beta2 ",
               defaults.beta2());
-  TORCH_CHECK(defaults.weight_decay() >= 0, "LAMB: invalid weight decay ",
-              defaults.weight_decay());
+  TORCH_CHECK(defaults.weight_decay() >= 0, "LAMB: invalid weight decay ", defaults.weight_decay());
 }
 
 torch::Tensor lamb::step(LossClosure closure) {

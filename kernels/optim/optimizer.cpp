@@ -10,25 +10,25 @@ namespace starling::kernels {
 
 result<std::unique_ptr<torch::optim::Optimizer>>
 make_optimizer(const optimizer_options& opts, const std::vector<torch::Tensor>& params) {
-  if (!(opts.lr >= 0) || !(opts.eps >= 0) || !(opts.weight_decay >= 0)
-      || !(opts.beta1 >= 0 && opts.beta1 < 1) || !(opts.beta2 >= 0 && opts.beta2 < 1))
+  if (!(opts.lr >= 0) || !(opts.eps >= 0) || !(opts.weight_decay >= 0) ||
+      !(opts.beta1 >= 0 && opts.beta1 < 1) || !(opts.beta2 >= 0 && opts.beta2 < 1))
     return fail(fmt::format("invalid optimizer values: lr {}, betas ({}, {}), eps {}, "
                             "weight_decay {}",
                             opts.lr, opts.beta1, opts.beta2, opts.eps, opts.weight_decay));
   if (opts.kind == "adam") {
     auto o = torch::optim::AdamOptions(opts.lr)
-               .betas({opts.beta1, opts.beta2})
-               .eps(opts.eps)
-               .weight_decay(opts.weight_decay);
+                 .betas({opts.beta1, opts.beta2})
+                 .eps(opts.eps)
+                 .weight_decay(opts.weight_decay);
     return std::unique_ptr<torch::optim::Optimizer>(
-      std::make_unique<torch::optim::Adam>(params, o));
+        std::make_unique<torch::optim::Adam>(params, o));
   }
   if (opts.kind == "lamb") {
     auto o = lamb_options(opts.lr)
-               .beta1(opts.beta1)
-               .beta2(opts.beta2)
-               .eps(opts.eps)
-               .weight_decay(opts.weight_decay);
+                 .beta1(opts.beta1)
+                 .beta2(opts.beta2)
+                 .eps(opts.eps)
+                 .weight_decay(opts.weight_decay);
     return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<lamb>(params, o));
   }
   return fail(fmt::format("optimizer kind must be \"adam\" or \"lamb\", got \"{}\"", opts.kind));

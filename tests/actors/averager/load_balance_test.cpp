@@ -144,8 +144,8 @@ TEST_CASE("fuzz: sizes are non-negative, sum to the vector, respect the minimum,
       for (size_t i = 0; i < n; ++i)
         if (b[i] > 0)
           slack = std::max(slack, std::max(0.0, n - 2.0) / (static_cast<double>(size) * b[i]));
-      CHECK(communication_time(b, *parts, size)
-            <= communication_time(b, uniform, size) + slack + 1e-12);
+      CHECK(communication_time(b, *parts, size) <=
+            communication_time(b, uniform, size) + slack + 1e-12);
     }
   }
   CHECK(errors < 10); // most trials have a server; the error branch is still exercised below

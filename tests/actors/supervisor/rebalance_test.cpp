@@ -12,9 +12,9 @@ namespace {
 /// A simulated swarm: each peer has a speed; a stage's cost factor scales the samples/second any
 /// peer achieves there (a "slow" stage holds heavier layers).
 struct swarm {
-  std::vector<double> stage_cost;   // throughput multiplier per stage
-  std::vector<size_t> peer_stage;   // current stage of each peer
-  std::vector<double> peer_speed;   // base speed of each peer
+  std::vector<double> stage_cost; // throughput multiplier per stage
+  std::vector<size_t> peer_stage; // current stage of each peer
+  std::vector<double> peer_speed; // base speed of each peer
 
   double peer_throughput(size_t p) const { return peer_speed[p] * stage_cost[peer_stage[p]]; }
 
@@ -29,9 +29,9 @@ struct swarm {
 
   double min_throughput() const {
     auto r = reports();
-    return std::min_element(r.begin(), r.end(), [](auto& a, auto& b) {
-             return a.throughput < b.throughput;
-           })->throughput;
+    return std::min_element(r.begin(), r.end(),
+                            [](auto& a, auto& b) { return a.throughput < b.throughput; })
+        ->throughput;
   }
 
   /// One rebalancing period: peers decide in order on fresh reports; at most one peer leaves any

@@ -62,9 +62,8 @@ corpus unique_windows_corpus(int64_t n, double held_out) {
 TEST_CASE("verse references are stripped from every line") {
   auto text = strip_verse_prefixes("Ge1:1 In the beginning God.\n1Cor13:4 Charity suffereth long."
                                    "\nPsa23:1 The LORD is my shepherd.\nnot a ref: here\n");
-  CHECK(text
-        == "In the beginning God.\nCharity suffereth long.\nThe LORD is my shepherd.\n"
-           "not a ref: here\n");
+  CHECK(text == "In the beginning God.\nCharity suffereth long.\nThe LORD is my shepherd.\n"
+                "not a ref: here\n");
 }
 
 TEST_CASE("the Bible comes from the injected command with prefixes stripped") {

@@ -54,7 +54,8 @@ double pipeline_step(std::vector<std::shared_ptr<stage_module>>& stages, const t
   auto loss = must(stages.back()->forward(inputs.back(), y)).item<double>();
   torch::Tensor grad;
   for (size_t i = stages.size(); i-- > 0;) {
-    auto g = must(stages[i]->backward(inputs[i], grad, i + 1 == stages.size() ? y : torch::Tensor{}));
+    auto g =
+        must(stages[i]->backward(inputs[i], grad, i + 1 == stages.size() ? y : torch::Tensor{}));
     grad = g.grad_input;
     if (i + 1 == stages.size())
       CHECK(g.output.item<double>() == doctest::Approx(loss).epsilon(1e-6));
@@ -156,7 +157,7 @@ TEST_CASE("backward on another peer of the same stage gives the same gradients")
                            flatten_parameters(peer_b->ordered_parameters())));
   REQUIRE(unflatten_parameters(flatten_parameters(peer_a->ordered_parameters()),
                                peer_b->ordered_parameters())
-            .ok());
+              .ok());
 
   // Peer a serves a forward first (inference only: leaves no gradient, keeps no state).
   must(peer_a->forward(act));
@@ -166,8 +167,7 @@ TEST_CASE("backward on another peer of the same stage gives the same gradients")
   auto gb = must(peer_b->backward(act, grad_out));
   CHECK(max_abs_diff(ga.grad_input, gb.grad_input) == 0.0);
   CHECK(max_abs_diff(flatten_gradients(peer_a->ordered_parameters()),
-                     flatten_gradients(peer_b->ordered_parameters()))
-        == 0.0);
+                     flatten_gradients(peer_b->ordered_parameters())) == 0.0);
 
   // A second backward accumulates: gradients double.
   auto before = flatten_gradients(peer_a->ordered_parameters());
@@ -187,9 +187,9 @@ TEST_CASE("stages reject malformed inputs with a failure") {
   CHECK_FALSE(middle->forward(torch::zeros({2, 8, 31})).ok());              // wrong width
   CHECK_FALSE(middle->forward(torch::Tensor{}).ok());
   auto act = torch::zeros({2, 8, 32});
-  CHECK_FALSE(middle->backward(act, torch::zeros({2, 8, 16})).ok());  // wrong grad shape
-  CHECK_FALSE(last->forward(act).ok());                               // no targets
-  CHECK_FALSE(last->forward(act, torch::zeros({2, 7}, torch::kLong)).ok()); // wrong shape
+  CHECK_FALSE(middle->backward(act, torch::zeros({2, 8, 16})).ok());            // wrong grad shape
+  CHECK_FALSE(last->forward(act).ok());                                         // no targets
+  CHECK_FALSE(last->forward(act, torch::zeros({2, 7}, torch::kLong)).ok());     // wrong shape
   CHECK_FALSE(last->forward(act, torch::full({2, 8}, 300, torch::kLong)).ok()); // bad class
   CHECK(last->forward(act, tokens).ok());
   CHECK(first->forward(tokens).ok());
