@@ -1,5 +1,7 @@
 #include "kernels/optim/lamb.hpp"
 
+#include <torch/optim/serialize.h>
+
 #include <cmath>
 
 namespace starling::kernels {
@@ -61,6 +63,44 @@ torch::Tensor lamb::step(LossClosure closure) {
     }
   }
   return loss;
+}
+
+void lamb_options::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, lr);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, beta1);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, beta2);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, eps);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, weight_decay);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(double, max_weight_norm);
+}
+
+void lamb_options::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(lr);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(beta1);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(beta2);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(eps);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(weight_decay);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(max_weight_norm);
+}
+
+void lamb_param_state::serialize(torch::serialize::InputArchive& archive) {
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(int64_t, step);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg);
+  _TORCH_OPTIM_DESERIALIZE_TORCH_ARG(torch::Tensor, exp_avg_sq);
+}
+
+void lamb_param_state::serialize(torch::serialize::OutputArchive& archive) const {
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(step);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg);
+  _TORCH_OPTIM_SERIALIZE_TORCH_ARG(exp_avg_sq);
+}
+
+void lamb::save(torch::serialize::OutputArchive& archive) const {
+  torch::optim::serialize<lamb_param_state, lamb_options>(archive, *this);
+}
+
+void lamb::load(torch::serialize::InputArchive& archive) {
+  torch::optim::serialize<lamb_param_state, lamb_options>(archive, *this);
 }
 
 } // namespace starling::kernels

@@ -28,6 +28,10 @@ struct lamb_options : public torch::optim::OptimizerCloneableOptions<lamb_option
   TORCH_ARG(double, max_weight_norm) = 10.0;
 
 public:
+  /// Reads the options from an optimizer checkpoint.
+  void serialize(torch::serialize::InputArchive& archive) override;
+  /// Writes the options into an optimizer checkpoint.
+  void serialize(torch::serialize::OutputArchive& archive) const override;
   /// For learning-rate schedulers.
   double get_lr() const override { return lr(); }
   /// For learning-rate schedulers.
@@ -42,6 +46,12 @@ struct lamb_param_state : public torch::optim::OptimizerCloneableParamState<lamb
   TORCH_ARG(torch::Tensor, exp_avg);
   /// Second moment estimate.
   TORCH_ARG(torch::Tensor, exp_avg_sq);
+
+public:
+  /// Reads the state from an optimizer checkpoint.
+  void serialize(torch::serialize::InputArchive& archive) override;
+  /// Writes the state into an optimizer checkpoint.
+  void serialize(torch::serialize::OutputArchive& archive) const override;
 };
 
 /// LAMB as a `torch::optim::Optimizer`, interchangeable with `torch::optim::Adam`.
@@ -52,6 +62,12 @@ public:
 
   /// One update from the parameters' current gradients; parameters without a gradient are skipped.
   torch::Tensor step(LossClosure closure = nullptr) override;
+
+  /// Writes options and per-parameter state (what `torch::save` of an optimizer writes).
+  void save(torch::serialize::OutputArchive& archive) const override;
+
+  /// Reads what `save` wrote; the parameters are matched by position.
+  void load(torch::serialize::InputArchive& archive) override;
 
   /// The trust ratio applied to each parameter (in order) at the last step, for diagnostics.
   const std::vector<double>& last_trust_ratios() const noexcept { return trust_ratios_; }

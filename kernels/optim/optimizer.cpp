@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <sstream>
 
 namespace starling::kernels {
 
@@ -59,6 +60,53 @@ double clipped_step(torch::optim::Optimizer& opt, const std::vector<torch::Tenso
   auto norm = clip_by_global_norm(params, opts.max_grad_norm);
   opt.step();
   return norm;
+}
+
+result<std::string> save_optimizer_state(const torch::optim::Optimizer& opt) {
+  try {
+    torch::serialize::OutputArchive archive;
+    opt.save(archive);
+    std::ostringstream out;
+    archive.save_to(out);
+    return out.str();
+  } catch (const c10::Error& e) {
+    return fail(fmt::format("cannot save optimizer state: {}", e.what_without_backtrace()));
+  }
+}
+
+status load_optimizer_state(torch::optim::Optimizer& opt, const std::string& bytes) {
+  std::vector<torch::Tensor> params;
+  for (auto& g : opt.param_groups())
+    for (auto& p : g.params())
+      params.push_back(p);
+  // Loading replaces state as it goes: keep the current state to put back on a mismatch.
+  auto before = save_optimizer_state(opt);
+  if (!before)
+    return fail(before.error().what);
+  try {
+    std::istringstream in(bytes);
+    torch::serialize::InputArchive archive;
+    archive.load_from(in);
+    opt.load(archive);
+  } catch (const c10::Error& e) {
+    return fail(fmt::format("cannot load optimizer state: {}", e.what_without_backtrace()));
+  }
+  // LibTorch matches state to parameters by position only: check the shapes it brought.
+  for (auto& p : params) {
+    auto it = opt.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    if (it == opt.state().end())
+      continue;
+    auto* adam = dynamic_cast<torch::optim::AdamParamState*>(it->second.get());
+    auto* lmb = dynamic_cast<lamb_param_state*>(it->second.get());
+    auto moment = adam ? adam->exp_avg() : lmb ? lmb->exp_avg() : torch::Tensor{};
+    if (moment.defined() && moment.sizes() != p.sizes()) {
+      auto restored = load_optimizer_state(opt, *before);
+      (void)restored; // `before` was saved from this very optimizer: it fits
+      return fail(fmt::format("optimizer state of shape {} does not fit a parameter of shape {}",
+                              c10::str(moment.sizes()), c10::str(p.sizes())));
+    }
+  }
+  return {};
 }
 
 } // namespace starling::kernels

@@ -44,4 +44,13 @@ double clip_by_global_norm(const std::vector<torch::Tensor>& params, double max_
 double clipped_step(torch::optim::Optimizer& opt, const std::vector<torch::Tensor>& params,
                     const optimizer_options& opts);
 
+/// The optimizer's state (moments, step counts, options) as bytes, so a newly spawned stage peer
+/// can download it from a live one.
+result<std::string> save_optimizer_state(const torch::optim::Optimizer& opt);
+
+/// Loads bytes from `save_optimizer_state` into an optimizer of the same kind over parameters of
+/// the same shapes in the same order; fails on malformed bytes or a mismatch, leaving the state
+/// as it was after a shape mismatch.
+status load_optimizer_state(torch::optim::Optimizer& opt, const std::string& bytes);
+
 } // namespace starling::kernels

@@ -1,4 +1,6 @@
+#include "kernels/flat.hpp"
 #include "kernels/models/gpt.hpp"
+#include "kernels/models/mlp.hpp"
 #include "kernels/models/stage_module.hpp"
 #include "kernels/optim/lamb.hpp"
 #include "kernels/optim/optimizer.hpp"
@@ -113,4 +115,68 @@ TEST_CASE("Adam and LAMB with clipping lower a tiny GPT's loss on a fixed batch"
     auto after = model->forward(x, y).value().item<double>();
     CHECK(after < 0.8 * first);
   }
+}
+
+TEST_CASE("optimizer state saved by one peer continues identically on another") {
+  for (std::string kind : {"adam", "lamb"}) {
+    CAPTURE(kind);
+    mlp_config cfg;
+    auto a = make_mlp(cfg).value();
+    cfg.seed = 77;
+    auto b = make_mlp(cfg).value();
+    auto pa = a->ordered_parameters(), pb = b->ordered_parameters();
+    optimizer_options o;
+    o.kind = kind;
+    o.lr = 1e-2;
+    auto opt_a = std::move(make_optimizer(o, pa)).value();
+    auto gen = seeded_generator(9);
+    auto x = torch::randn({8, cfg.inputs}, gen);
+    auto y = torch::randint(0, cfg.classes, {8}, gen, torch::kLong);
+    for (int i = 0; i < 3; ++i) {
+      opt_a->zero_grad();
+      a->compute(x, y).backward();
+      opt_a->step();
+    }
+    // Peer b downloads parameters and optimizer state.
+    REQUIRE(unflatten_parameters(flatten_parameters(pa), pb).ok());
+    auto opt_b = std::move(make_optimizer(o, pb)).value();
+    auto bytes = save_optimizer_state(*opt_a);
+    REQUIRE(bytes.ok());
+    auto loaded = load_optimizer_state(*opt_b, *bytes);
+    REQUIRE_MESSAGE(loaded.ok(), loaded.what());
+    // Peer c gets the parameters only, with a fresh optimizer: the control.
+    auto c = make_mlp(cfg).value();
+    auto pc = c->ordered_parameters();
+    REQUIRE(unflatten_parameters(flatten_parameters(pa), pc).ok());
+    auto opt_c = std::move(make_optimizer(o, pc)).value();
+    for (auto [m, opt] : {std::pair{a.get(), opt_a.get()}, std::pair{b.get(), opt_b.get()},
+                          std::pair{c.get(), opt_c.get()}}) {
+      opt->zero_grad();
+      m->compute(x, y).backward();
+      opt->step();
+    }
+    CHECK(torch::equal(flatten_parameters(pa), flatten_parameters(pb)));
+    CHECK_FALSE(torch::equal(flatten_parameters(pa), flatten_parameters(pc)));
+  }
+}
+
+TEST_CASE("malformed or mismatched optimizer state is a failure") {
+  auto w = torch::zeros({3}).requires_grad_(true);
+  auto v = torch::zeros({5}).requires_grad_(true);
+  optimizer_options o;
+  auto opt_w = std::move(make_optimizer(o, {w})).value();
+  w.mutable_grad() = torch::ones({3});
+  opt_w->step();
+  auto opt_v = std::move(make_optimizer(o, {v})).value();
+  CHECK_FALSE(load_optimizer_state(*opt_v, "not a checkpoint").ok());
+  v.mutable_grad() = torch::ones({5});
+  opt_v->step();
+  auto moment = [&] {
+    auto& st = opt_v->state().at(c10::guts::to_string(v.unsafeGetTensorImpl()));
+    return static_cast<torch::optim::AdamParamState&>(*st).exp_avg().clone();
+  };
+  auto v_moment = moment();
+  CHECK_FALSE(load_optimizer_state(*opt_v, *save_optimizer_state(*opt_w)).ok());
+  // The mismatch left v's own state in place.
+  CHECK(torch::equal(moment(), v_moment));
 }
