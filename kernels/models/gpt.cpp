@@ -48,7 +48,7 @@ public:
   torch::Tensor forward(const torch::Tensor& x) override {
     auto pos = torch::arange(x.size(1), x.options().dtype(torch::kLong));
     auto h = tokens_->forward(x) + positions_->forward(pos).unsqueeze(0);
-    return torch::dropout(h, cfg_.dropout, is_training());
+    return dropout(h, cfg_.dropout);
   }
 
   status check_input(const torch::Tensor& x) const override {
@@ -90,11 +90,9 @@ public:
   }
 
   torch::Tensor forward(const torch::Tensor& x) override {
-    auto training = is_training();
-    auto h =
-        x + torch::dropout(proj_->forward(attention(ln1_->forward(x))), cfg_.dropout, training);
+    auto h = x + dropout(proj_->forward(attention(ln1_->forward(x))), cfg_.dropout);
     auto m = out_->forward(torch::gelu(fc_->forward(ln2_->forward(h))));
-    return h + torch::dropout(m, cfg_.dropout, training);
+    return h + dropout(m, cfg_.dropout);
   }
 
   status check_input(const torch::Tensor& x) const override {
@@ -109,7 +107,7 @@ private:
     auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
     auto future = torch::ones({t, t}, x.options().dtype(torch::kBool)).triu(1);
     scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
-    auto weights = torch::dropout(torch::softmax(scores, -1), cfg_.dropout, is_training());
+    auto weights = dropout(torch::softmax(scores, -1), cfg_.dropout);
     return torch::matmul(weights, v).transpose(1, 2).reshape({b, t, d});
   }
 

@@ -21,8 +21,8 @@ struct gpt_config {
   int64_t heads = 4;
   /// Longest sequence (size of the position embedding).
   int64_t seq_len = 128;
-  /// Dropout on attention weights and residual branches. Recomputation in `backward` is exact only
-  /// with 0 (dropout draws from LibTorch's global generator).
+  /// Dropout on the embedding, attention weights and residual branches; masks come from the
+  /// per-call seed given to `stage_module`, so the recomputation in `backward` is exact.
   double dropout = 0.0;
   /// Block i is initialized from a generator seeded with `seed + i`; the embedding and head from
   /// seeds mixed from `seed`, so every stage of a split gets the unsplit model's parameters.

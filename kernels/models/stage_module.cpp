@@ -48,22 +48,59 @@ status stage_module::check(const torch::Tensor& input, const torch::Tensor& targ
   return {};
 }
 
-torch::Tensor stage_module::compute(const torch::Tensor& input, const torch::Tensor& targets) {
-  auto x = input_ ? input_->forward(input) : input;
-  for (auto& b : blocks_)
-    x = b->forward(x);
+namespace {
+
+/// splitmix64 of (seed, tag): independent dropout streams per layer.
+uint64_t layer_seed(uint64_t seed, uint64_t tag) {
+  uint64_t z = seed + (tag + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+constexpr uint64_t input_tag = ~uint64_t{0};
+constexpr uint64_t head_tag = ~uint64_t{0} - 1;
+
+} // namespace
+
+void stage_layer::reseed_dropout(uint64_t seed) {
+  dropout_gen_ = seeded_generator(seed);
+}
+
+torch::Tensor stage_layer::dropout(const torch::Tensor& x, double p) {
+  if (!is_training() || p <= 0.0)
+    return x;
+  if (!dropout_gen_)
+    reseed_dropout(0);
+  // Masks are drawn on the CPU from our generator (device generators differ), then moved.
+  auto keep = torch::empty(x.sizes(), torch::kFloat).bernoulli_(1.0 - p, *dropout_gen_);
+  return x * keep.to(x.options()) / (1.0 - p);
+}
+
+torch::Tensor stage_module::compute(const torch::Tensor& input, const torch::Tensor& targets,
+                                    uint64_t dropout_seed) {
+  torch::Tensor x = input;
+  if (input_) {
+    input_->reseed_dropout(layer_seed(dropout_seed, input_tag));
+    x = input_->forward(input);
+  }
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    blocks_[i]->reseed_dropout(layer_seed(dropout_seed, static_cast<uint64_t>(begin_) + i));
+    x = blocks_[i]->forward(x);
+  }
   if (!head_)
     return x;
+  head_->reseed_dropout(layer_seed(dropout_seed, head_tag));
   return mean_cross_entropy(head_->forward(x), targets);
 }
 
 result<torch::Tensor> stage_module::forward(const torch::Tensor& input,
-                                            const torch::Tensor& targets) {
+                                            const torch::Tensor& targets, uint64_t dropout_seed) {
   if (auto st = check(input, targets); !st)
     return fail(st.what());
   torch::NoGradGuard no_grad;
   try {
-    return compute(input, targets);
+    return compute(input, targets, dropout_seed);
   } catch (const c10::Error& e) {
     // Checks cover shapes and dtypes; values (e.g. a target out of range) are caught here.
     return fail(fmt::format("stage forward failed: {}", e.what_without_backtrace()));
@@ -72,11 +109,12 @@ result<torch::Tensor> stage_module::forward(const torch::Tensor& input,
 
 result<stage_gradients> stage_module::backward(const torch::Tensor& input,
                                                const torch::Tensor& grad_output,
-                                               const torch::Tensor& targets) {
+                                               const torch::Tensor& targets,
+                                               uint64_t dropout_seed) {
   if (auto st = check(input, targets); !st)
     return fail(st.what());
   try {
-    return backward_checked(input, grad_output, targets);
+    return backward_checked(input, grad_output, targets, dropout_seed);
   } catch (const c10::Error& e) {
     return fail(fmt::format("stage backward failed: {}", e.what_without_backtrace()));
   }
@@ -84,7 +122,8 @@ result<stage_gradients> stage_module::backward(const torch::Tensor& input,
 
 result<stage_gradients> stage_module::backward_checked(const torch::Tensor& input,
                                                        const torch::Tensor& grad_output,
-                                                       const torch::Tensor& targets) {
+                                                       const torch::Tensor& targets,
+                                                       uint64_t dropout_seed) {
   torch::AutoGradMode grad_on(true);
   // A leaf copy of the input, so its gradient is ours alone even if the caller's tensor is shared.
   auto leaf = input;
@@ -92,7 +131,7 @@ result<stage_gradients> stage_module::backward_checked(const torch::Tensor& inpu
     leaf = input.detach().clone();
     leaf.set_requires_grad(true);
   }
-  auto out = compute(leaf, targets);
+  auto out = compute(leaf, targets, dropout_seed);
   if (is_last()) {
     if (grad_output.defined() && grad_output.numel() != 1)
       return fail(fmt::format("the last stage's grad_output must be a scalar scale, got shape {}",

@@ -23,6 +23,18 @@ public:
   /// Checks that `x` is an acceptable input (dtype, rank, sizes), so untrusted input from the
   /// network becomes a failure rather than a LibTorch exception deep inside the layer.
   virtual status check_input(const torch::Tensor& x) const = 0;
+
+  /// Restarts the layer's dropout stream from `seed`: the same seed gives the same masks, which is
+  /// what makes a recomputed forward equal the original one.
+  void reseed_dropout(uint64_t seed);
+
+protected:
+  /// Inverted dropout with masks from the layer's own generator; identity when not training or
+  /// `p == 0`.
+  torch::Tensor dropout(const torch::Tensor& x, double p);
+
+private:
+  c10::optional<at::Generator> dropout_gen_;
 };
 
 /// What `stage_module::backward` returns.
@@ -60,19 +72,25 @@ public:
   /// Number of blocks of the whole model.
   int64_t depth() const noexcept { return depth_; }
 
-  /// Inference pass without autograd: returns the stage's output activations, or for the last
-  /// stage the scalar mean loss against `targets` (required there, ignored elsewhere).
-  result<torch::Tensor> forward(const torch::Tensor& input, const torch::Tensor& targets = {});
+  /// Pass without autograd: returns the stage's output activations, or for the last stage the
+  /// scalar mean loss against `targets` (required there, ignored elsewhere). Dropout (in training
+  /// mode) draws its masks from `dropout_seed`: the microbatch's trainer picks it and sends it with
+  /// both the forward and the backward request.
+  result<torch::Tensor> forward(const torch::Tensor& input, const torch::Tensor& targets = {},
+                                uint64_t dropout_seed = 0);
 
   /// Recomputes the forward with autograd on and back-propagates `grad_output` (for the last stage:
   /// a scalar scale of the loss, undefined meaning 1). Parameter gradients accumulate into
   /// `.grad()`; returns the gradient with respect to `input` (undefined for the first stage).
   result<stage_gradients> backward(const torch::Tensor& input, const torch::Tensor& grad_output,
-                                   const torch::Tensor& targets = {});
+                                   const torch::Tensor& targets = {}, uint64_t dropout_seed = 0);
 
   /// The forward with autograd as the caller's grad mode says, without input checks: what the
   /// unsplit model uses for training in one process.
-  torch::Tensor compute(const torch::Tensor& input, const torch::Tensor& targets = {});
+  /// Each layer's dropout stream is seeded from (`dropout_seed`, the layer's place in the whole
+  /// model), so a split model draws the same masks as the unsplit one.
+  torch::Tensor compute(const torch::Tensor& input, const torch::Tensor& targets = {},
+                        uint64_t dropout_seed = 0);
 
   /// All parameters in a stable order (input, blocks in order, head): the order of flat vectors.
   std::vector<torch::Tensor> ordered_parameters() const { return parameters(true); }
@@ -81,7 +99,7 @@ private:
   status check(const torch::Tensor& input, const torch::Tensor& targets) const;
   result<stage_gradients> backward_checked(const torch::Tensor& input,
                                            const torch::Tensor& grad_output,
-                                           const torch::Tensor& targets);
+                                           const torch::Tensor& targets, uint64_t dropout_seed);
 
   int64_t depth_;
   int64_t begin_;

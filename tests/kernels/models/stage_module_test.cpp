@@ -215,3 +215,34 @@ TEST_CASE("even stage ranges cover every block once") {
   CHECK_FALSE(even_stage_ranges(2, 3).ok());
   CHECK_FALSE(even_stage_ranges(2, 0).ok());
 }
+
+TEST_CASE("with dropout, a seeded split equals the whole model and backward recomputes exactly") {
+  auto cfg = small_gpt();
+  cfg.dropout = 0.2;
+  auto gen = seeded_generator(17);
+  auto x = torch::randint(0, 256, {2, 16}, gen, torch::kLong);
+  auto y = torch::randint(0, 256, {2, 16}, gen, torch::kLong);
+  const uint64_t seed = 4242;
+  auto whole = must(make_gpt(cfg));
+  auto s0 = must(make_gpt_stage(cfg, 0, 3)), s1 = must(make_gpt_stage(cfg, 3, 6));
+
+  auto whole_loss = whole->compute(x, y, seed);
+  whole_loss.backward();
+  auto act = must(s0->forward(x, {}, seed));
+  auto loss = must(s1->forward(act, y, seed));
+  CHECK(std::abs(loss.item<double>() - whole_loss.item<double>()) <= 1e-5);
+  auto g1 = must(s1->backward(act, {}, y, seed));
+  CHECK(g1.output.item<double>() == loss.item<double>()); // recomputed with the same masks
+  must(s0->backward(x, g1.grad_input, {}, seed));
+  std::map<std::string, torch::Tensor> expected = grads_by_name(*whole);
+  for (auto* s : {s0.get(), s1.get()})
+    for (auto& [name, g] : grads_by_name(*s))
+      CHECK_MESSAGE(max_abs_diff(g, expected[name]) <= 1e-5, name);
+
+  // Dropout is really on: another seed gives another loss; eval mode turns it off.
+  CHECK(must(s1->forward(act, y, seed + 1)).item<double>() != loss.item<double>());
+  auto plain = small_gpt();
+  auto no_dropout = must(make_gpt(plain));
+  whole->eval();
+  CHECK(max_abs_diff(must(whole->forward(x, y, seed)), must(no_dropout->forward(x, y))) == 0.0);
+}
