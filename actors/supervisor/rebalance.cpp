@@ -1,0 +1,71 @@
+#include "actors/supervisor/rebalance.hpp"
+
+#include <algorithm>
+
+namespace starling::actors::supervisor {
+
+namespace {
+
+size_t bottleneck(const std::vector<stage_report>& stages) {
+  size_t best = 0;
+  for (size_t i = 1; i < stages.size(); ++i)
+    if (stages[i].throughput < stages[best].throughput)
+      best = i;
+  return best;
+}
+
+double minimum(const std::vector<stage_report>& stages) {
+  return stages[bottleneck(stages)].throughput;
+}
+
+int64_t at_or_below(const std::vector<stage_report>& stages, double level) {
+  return std::count_if(stages.begin(), stages.end(),
+                       [&](const stage_report& s) { return s.throughput <= level; });
+}
+
+} // namespace
+
+double throughput_in(const std::vector<stage_report>& stages, const migration_candidate& me,
+                     size_t target) {
+  auto& from = stages.at(me.stage);
+  auto& to = stages.at(target);
+  if (target == me.stage || from.peers <= 0 || to.peers <= 0 || from.throughput <= 0 ||
+      to.throughput <= 0)
+    return me.throughput;
+  auto per_peer_from = from.throughput / static_cast<double>(from.peers);
+  auto per_peer_to = to.throughput / static_cast<double>(to.peers);
+  return me.throughput * per_peer_to / per_peer_from;
+}
+
+std::optional<size_t> decide_migration(const std::vector<stage_report>& stages,
+                                       const migration_candidate& me,
+                                       const rebalance_options& opts) {
+  if (stages.size() < 2 || me.stage >= stages.size() || !(me.throughput > 0))
+    return std::nullopt;
+  auto target = bottleneck(stages);
+  if (target == me.stage)
+    return std::nullopt;
+  auto old_min = minimum(stages);
+  auto after = stages;
+  after[me.stage].throughput = std::max(0.0, after[me.stage].throughput - me.throughput);
+  after[me.stage].peers -= 1;
+  after[target].throughput += throughput_in(stages, me, target);
+  after[target].peers += 1;
+  auto new_min = minimum(after);
+  auto band = old_min * (1.0 + opts.threshold);
+  if (new_min > band)
+    return target;
+  // Ties: the minimum is held by several stages. Relieving one of them does not raise the
+  // minimum yet, but it is progress as long as the minimum does not drop.
+  if (new_min >= old_min && at_or_below(after, band) < at_or_below(stages, band))
+    return target;
+  return std::nullopt;
+}
+
+std::optional<size_t> stage_for_new_peer(const std::vector<stage_report>& stages) {
+  if (stages.empty())
+    return std::nullopt;
+  return bottleneck(stages);
+}
+
+} // namespace starling::actors::supervisor

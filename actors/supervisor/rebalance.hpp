@@ -1,0 +1,52 @@
+// Adaptive rebalancing (SWARM): should a stage peer migrate to the bottleneck stage? Pure: the
+// supervisor feeds it throughputs read from the DHT and acts on the answer.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+namespace starling::actors::supervisor {
+
+/// What the DHT says about one stage.
+struct stage_report {
+  /// Sum of the live peers' throughputs, samples/second.
+  double throughput = 0.0;
+  /// Live peers.
+  int64_t peers = 0;
+};
+
+/// Tunables of the rebalancing decision.
+struct rebalance_options {
+  /// A move must raise the pipeline's minimum stage throughput by more than this fraction of it
+  /// (measurements are noisy; small gains are not worth a state download).
+  double threshold = 0.05;
+};
+
+/// The peer considering a move.
+struct migration_candidate {
+  /// Its current stage.
+  size_t stage = 0;
+  /// Its measured throughput there, samples/second.
+  double throughput = 0.0;
+};
+
+/// The candidate's expected throughput in `target`: its current throughput scaled by the ratio of
+/// the two stages' per-peer throughputs (stages cost differently per sample); unchanged when
+/// either stage has no peers to compare with.
+double throughput_in(const std::vector<stage_report>& stages, const migration_candidate& me,
+                     size_t target);
+
+/// The stage `me` should move to, or nullopt to stay. It moves only to the bottleneck stage (the
+/// slowest; the lowest index among ties) and only if, once moved, the minimum stage throughput
+/// rises by more than `threshold` of it, or stays no lower while fewer stages sit within the
+/// threshold of the minimum (so several tied bottlenecks are resolved one at a time). Each move
+/// thus strictly improves (minimum, -stages at the minimum): repeated decisions cannot cycle.
+std::optional<size_t> decide_migration(const std::vector<stage_report>& stages,
+                                       const migration_candidate& me,
+                                       const rebalance_options& opts = {});
+
+/// The stage a newly joining peer should serve: the bottleneck; nullopt when there are no stages.
+std::optional<size_t> stage_for_new_peer(const std::vector<stage_report>& stages);
+
+} // namespace starling::actors::supervisor

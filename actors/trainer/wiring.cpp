@@ -1,0 +1,155 @@
+#include "actors/trainer/wiring.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace starling::actors::trainer {
+
+void throughput_ema::add(double sample) {
+  raw_ = (1.0 - alpha_) * raw_ + alpha_ * sample;
+  decay_ *= 1.0 - alpha_;
+  ++count_;
+}
+
+double throughput_ema::value() const noexcept {
+  if (count_ == 0)
+    return 0.0;
+  return raw_ / (1.0 - decay_);
+}
+
+wiring_policy::wiring_policy(size_t stages, wiring_options opts) : opts_(opts), stages_(stages) {}
+
+double wiring_policy::min_load(const stage_state& s) const {
+  if (!s.ready.empty())
+    return s.ready.begin()->first;
+  // Nobody is ready: fall back to the least loaded peer overall, so a returning peer does not
+  // undercut the others' history.
+  double m = std::numeric_limits<double>::infinity();
+  for (auto& [id, p] : s.peers)
+    m = std::min(m, p.load);
+  return std::isfinite(m) ? m : 0.0;
+}
+
+void wiring_policy::add_peer(size_t stage, const std::string& peer) {
+  auto& s = stages_.at(stage);
+  if (s.peers.count(peer))
+    return;
+  peer_state p{min_load(s), throughput_ema{opts_.alpha}, throughput_ema{opts_.alpha}, {}};
+  s.ready.emplace(p.load, peer);
+  s.peers.emplace(peer, std::move(p));
+}
+
+void wiring_policy::remove_peer(size_t stage, const std::string& peer) {
+  auto& s = stages_.at(stage);
+  auto it = s.peers.find(peer);
+  if (it == s.peers.end())
+    return;
+  s.ready.erase({it->second.load, peer});
+  s.peers.erase(it);
+}
+
+void wiring_policy::refresh(size_t stage, const std::vector<std::string>& peers) {
+  auto& s = stages_.at(stage);
+  std::set<std::string> wanted(peers.begin(), peers.end());
+  std::vector<std::string> gone;
+  for (auto& [id, p] : s.peers)
+    if (!wanted.count(id))
+      gone.push_back(id);
+  for (auto& id : gone)
+    remove_peer(stage, id);
+  for (auto& id : peers)
+    add_peer(stage, id);
+}
+
+double wiring_policy::expected_seconds(const stage_state& s, const peer_state& p, pass dir,
+                                       double samples) const {
+  double forward = 0.0;
+  if (p.forward.measured()) {
+    forward = p.forward.value();
+  } else {
+    // An unmeasured peer is assumed as fast as the stage's measured peers on average.
+    double sum = 0.0;
+    int n = 0;
+    for (auto& [id, q] : s.peers)
+      if (q.forward.measured()) {
+        sum += q.forward.value();
+        ++n;
+      }
+    forward = n > 0 ? sum / n : opts_.default_throughput;
+  }
+  if (dir == pass::forward)
+    return samples / forward;
+  if (p.backward.measured())
+    return samples / p.backward.value();
+  return opts_.backward_factor * samples / forward;
+}
+
+void wiring_policy::readmit_expired(stage_state& s, double now) {
+  for (auto& [id, p] : s.peers) {
+    if (!p.excluded_until || *p.excluded_until > now)
+      continue;
+    p.excluded_until.reset();
+    // Re-enter at the current minimum: its load did not grow while excluded, and it should not
+    // get a burst of requests for that.
+    p.load = std::max(p.load, min_load(s));
+    s.ready.emplace(p.load, id);
+  }
+}
+
+std::optional<std::string> wiring_policy::pick(size_t stage, pass dir, double samples, double now) {
+  auto& s = stages_.at(stage);
+  readmit_expired(s, now);
+  if (s.ready.empty())
+    return std::nullopt;
+  auto [load, id] = *s.ready.begin();
+  s.ready.erase(s.ready.begin());
+  auto& p = s.peers.at(id);
+  p.load = load + expected_seconds(s, p, dir, samples);
+  s.ready.emplace(p.load, id);
+  return id;
+}
+
+void wiring_policy::report_success(size_t stage, const std::string& peer, pass dir, double samples,
+                                   double seconds) {
+  auto& s = stages_.at(stage);
+  auto it = s.peers.find(peer);
+  if (it == s.peers.end() || !(seconds > 0.0) || !(samples > 0.0))
+    return;
+  (dir == pass::forward ? it->second.forward : it->second.backward).add(samples / seconds);
+}
+
+void wiring_policy::exclude(size_t stage, const std::string& peer, double until) {
+  auto& s = stages_.at(stage);
+  auto it = s.peers.find(peer);
+  if (it == s.peers.end())
+    return;
+  auto& p = it->second;
+  if (!p.excluded_until)
+    s.ready.erase({p.load, peer});
+  p.excluded_until = std::max(until, p.excluded_until.value_or(until));
+}
+
+bool wiring_policy::excluded(size_t stage, const std::string& peer, double now) const {
+  auto& s = stages_.at(stage);
+  auto it = s.peers.find(peer);
+  return it != s.peers.end() && it->second.excluded_until && *it->second.excluded_until > now;
+}
+
+std::optional<double> wiring_policy::throughput(size_t stage, const std::string& peer,
+                                                pass dir) const {
+  auto& s = stages_.at(stage);
+  auto it = s.peers.find(peer);
+  if (it == s.peers.end())
+    return std::nullopt;
+  return 1.0 / expected_seconds(s, it->second, dir, 1.0);
+}
+
+std::vector<std::string> wiring_policy::peers(size_t stage) const {
+  std::vector<std::string> out;
+  for (auto& [id, p] : stages_.at(stage).peers)
+    out.push_back(id);
+  return out;
+}
+
+} // namespace starling::actors::trainer

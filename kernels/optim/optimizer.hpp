@@ -1,0 +1,56 @@
+// Choosing and configuring a stage's optimizer (Adam or LAMB) and clipping by global norm.
+#pragma once
+
+#include "kernels/result.hpp"
+
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace starling::kernels {
+
+/// Which optimizer and its hyper-parameters.
+struct optimizer_options {
+  /// "adam" or "lamb".
+  std::string kind = "adam";
+  /// Learning rate.
+  double lr = 1e-3;
+  /// First moment decay.
+  double beta1 = 0.9;
+  /// Second moment decay.
+  double beta2 = 0.999;
+  /// Denominator epsilon.
+  double eps = 1e-8;
+  /// Weight decay (L2 for Adam, decoupled for LAMB).
+  double weight_decay = 0.0;
+  /// Gradients are clipped to this global L2 norm before each step; <= 0 disables clipping.
+  double max_grad_norm = 1.0;
+};
+
+/// Builds the optimizer `opts` names over `params`; fails on an unknown kind or invalid values.
+result<std::unique_ptr<torch::optim::Optimizer>>
+make_optimizer(const optimizer_options& opts, const std::vector<torch::Tensor>& params);
+
+/// Global L2 norm of the gradients of `params` (absent gradients count as zero).
+double gradient_norm(const std::vector<torch::Tensor>& params);
+
+/// Scales all gradients of `params` so their global L2 norm is at most `max_norm`; returns the
+/// norm before clipping. Does nothing when `max_norm <= 0`.
+double clip_by_global_norm(const std::vector<torch::Tensor>& params, double max_norm);
+
+/// Clips by `opts.max_grad_norm`, then steps `opt`; returns the norm before clipping.
+double clipped_step(torch::optim::Optimizer& opt, const std::vector<torch::Tensor>& params,
+                    const optimizer_options& opts);
+
+/// The optimizer's state (moments, step counts, options) as bytes, so a newly spawned stage peer
+/// can download it from a live one.
+result<std::string> save_optimizer_state(const torch::optim::Optimizer& opt);
+
+/// Loads bytes from `save_optimizer_state` into an optimizer of the same kind over parameters of
+/// the same shapes in the same order; fails on malformed bytes or a mismatch, leaving the state
+/// as it was after a shape mismatch.
+status load_optimizer_state(torch::optim::Optimizer& opt, const std::string& bytes);
+
+} // namespace starling::kernels

@@ -1,0 +1,182 @@
+#include "kernels/flat.hpp"
+#include "kernels/models/gpt.hpp"
+#include "kernels/models/mlp.hpp"
+#include "kernels/models/stage_module.hpp"
+#include "kernels/optim/lamb.hpp"
+#include "kernels/optim/optimizer.hpp"
+
+#include <doctest/doctest.h>
+
+using namespace starling::kernels;
+
+namespace {
+
+/// f(w) = 0.5 * ||A w - b||^2 with a well-conditioned random A.
+struct quadratic {
+  torch::Tensor a, b;
+  explicit quadratic(uint64_t seed) {
+    auto gen = seeded_generator(seed);
+    a = torch::eye(20) + 0.1 * torch::randn({20, 20}, gen);
+    b = torch::randn({20}, gen);
+  }
+  torch::Tensor operator()(const torch::Tensor& w) const {
+    return 0.5 * (torch::mv(a, w) - b).pow(2).sum();
+  }
+};
+
+} // namespace
+
+TEST_CASE("LAMB decreases a quadratic") {
+  quadratic f(4);
+  auto gen = seeded_generator(8);
+  auto w = torch::randn({20}, gen).requires_grad_(true);
+  lamb opt({w}, lamb_options(0.01));
+  auto initial = f(w).item<double>();
+  double last = initial;
+  for (int i = 0; i < 300; ++i) {
+    opt.zero_grad();
+    auto loss = f(w);
+    loss.backward();
+    opt.step();
+    last = loss.item<double>();
+  }
+  CHECK(last < 0.01 * initial);
+  REQUIRE(opt.last_trust_ratios().size() == 1);
+  CHECK(opt.last_trust_ratios()[0] > 0.0);
+}
+
+TEST_CASE("LAMB scales each tensor's step by its trust ratio") {
+  // One step from zero moments: the Adam direction is sign(g) (up to eps), so the step's norm is
+  // lr * ||w||, whatever the gradient's magnitude.
+  auto w = torch::full({4}, 3.0).requires_grad_(true); // ||w|| = 6
+  lamb opt({w}, lamb_options(0.1).eps(0));
+  w.mutable_grad() = torch::tensor({1e-3, -5.0, 2.0, 7.0});
+  auto before = w.detach().clone();
+  opt.step();
+  auto step = (w.detach() - before).norm().item<double>();
+  CHECK(step == doctest::Approx(0.1 * 6.0).epsilon(1e-5));
+}
+
+TEST_CASE("clipping by global norm bounds the gradients' norm") {
+  auto a = torch::zeros({3}).requires_grad_(true);
+  auto b = torch::zeros({4}).requires_grad_(true);
+  auto c = torch::zeros({2}).requires_grad_(true); // no gradient: counts as zero
+  a.mutable_grad() = torch::full({3}, 2.0);
+  b.mutable_grad() = torch::full({4}, 2.0);
+  std::vector<torch::Tensor> ps{a, b, c};
+  auto norm = clip_by_global_norm(ps, 1.0);
+  CHECK(norm == doctest::Approx(std::sqrt(7.0 * 4.0)));
+  CHECK(gradient_norm(ps) == doctest::Approx(1.0).epsilon(1e-4));
+  // Ratios between gradients are kept.
+  CHECK(a.grad()[0].item<double>() == doctest::Approx(b.grad()[0].item<double>()));
+  // Below the bound nothing changes.
+  auto small = gradient_norm(ps);
+  CHECK(clip_by_global_norm(ps, 10.0) == doctest::Approx(small));
+  CHECK(gradient_norm(ps) == doctest::Approx(small));
+}
+
+TEST_CASE("make_optimizer builds Adam and LAMB and rejects bad options") {
+  auto w = torch::zeros({2}).requires_grad_(true);
+  optimizer_options o;
+  CHECK(make_optimizer(o, {w}).ok());
+  o.kind = "lamb";
+  CHECK(make_optimizer(o, {w}).ok());
+  o.kind = "sgd!";
+  CHECK_FALSE(make_optimizer(o, {w}).ok());
+  o.kind = "adam";
+  o.beta1 = 1.0;
+  CHECK_FALSE(make_optimizer(o, {w}).ok());
+}
+
+TEST_CASE("Adam and LAMB with clipping lower a tiny GPT's loss on a fixed batch") {
+  gpt_config cfg;
+  cfg.layers = 2;
+  cfg.width = 32;
+  cfg.heads = 2;
+  cfg.seq_len = 16;
+  auto gen = seeded_generator(1);
+  auto x = torch::randint(0, 256, {4, 16}, gen, torch::kLong);
+  auto y = torch::roll(x, -1, 1);
+  for (std::string kind : {"adam", "lamb"}) {
+    CAPTURE(kind);
+    auto model = make_gpt(cfg).value();
+    auto params = model->ordered_parameters();
+    optimizer_options o;
+    o.kind = kind;
+    // LAMB steps each tensor by lr * ||w||: it wants a larger lr than Adam.
+    o.lr = kind == "adam" ? 3e-3 : 5e-2;
+    auto opt = std::move(make_optimizer(o, params)).value();
+    auto first = model->forward(x, y).value().item<double>();
+    for (int i = 0; i < 30; ++i) {
+      opt->zero_grad();
+      model->compute(x, y).backward();
+      clipped_step(*opt, params, o);
+    }
+    auto after = model->forward(x, y).value().item<double>();
+    CHECK(after < 0.8 * first);
+  }
+}
+
+TEST_CASE("optimizer state saved by one peer continues identically on another") {
+  for (std::string kind : {"adam", "lamb"}) {
+    CAPTURE(kind);
+    mlp_config cfg;
+    auto a = make_mlp(cfg).value();
+    cfg.seed = 77;
+    auto b = make_mlp(cfg).value();
+    auto pa = a->ordered_parameters(), pb = b->ordered_parameters();
+    optimizer_options o;
+    o.kind = kind;
+    o.lr = 1e-2;
+    auto opt_a = std::move(make_optimizer(o, pa)).value();
+    auto gen = seeded_generator(9);
+    auto x = torch::randn({8, cfg.inputs}, gen);
+    auto y = torch::randint(0, cfg.classes, {8}, gen, torch::kLong);
+    for (int i = 0; i < 3; ++i) {
+      opt_a->zero_grad();
+      a->compute(x, y).backward();
+      opt_a->step();
+    }
+    // Peer b downloads parameters and optimizer state.
+    REQUIRE(unflatten_parameters(flatten_parameters(pa), pb).ok());
+    auto opt_b = std::move(make_optimizer(o, pb)).value();
+    auto bytes = save_optimizer_state(*opt_a);
+    REQUIRE(bytes.ok());
+    auto loaded = load_optimizer_state(*opt_b, *bytes);
+    REQUIRE_MESSAGE(loaded.ok(), loaded.what());
+    // Peer c gets the parameters only, with a fresh optimizer: the control.
+    auto c = make_mlp(cfg).value();
+    auto pc = c->ordered_parameters();
+    REQUIRE(unflatten_parameters(flatten_parameters(pa), pc).ok());
+    auto opt_c = std::move(make_optimizer(o, pc)).value();
+    for (auto [m, opt] : {std::pair{a.get(), opt_a.get()}, std::pair{b.get(), opt_b.get()},
+                          std::pair{c.get(), opt_c.get()}}) {
+      opt->zero_grad();
+      m->compute(x, y).backward();
+      opt->step();
+    }
+    CHECK(torch::equal(flatten_parameters(pa), flatten_parameters(pb)));
+    CHECK_FALSE(torch::equal(flatten_parameters(pa), flatten_parameters(pc)));
+  }
+}
+
+TEST_CASE("malformed or mismatched optimizer state is a failure") {
+  auto w = torch::zeros({3}).requires_grad_(true);
+  auto v = torch::zeros({5}).requires_grad_(true);
+  optimizer_options o;
+  auto opt_w = std::move(make_optimizer(o, {w})).value();
+  w.mutable_grad() = torch::ones({3});
+  opt_w->step();
+  auto opt_v = std::move(make_optimizer(o, {v})).value();
+  CHECK_FALSE(load_optimizer_state(*opt_v, "not a checkpoint").ok());
+  v.mutable_grad() = torch::ones({5});
+  opt_v->step();
+  auto moment = [&] {
+    auto& st = opt_v->state().at(c10::guts::to_string(v.unsafeGetTensorImpl()));
+    return static_cast<torch::optim::AdamParamState&>(*st).exp_avg().clone();
+  };
+  auto v_moment = moment();
+  CHECK_FALSE(load_optimizer_state(*opt_v, *save_optimizer_state(*opt_w)).ok());
+  // The mismatch left v's own state in place.
+  CHECK(torch::equal(moment(), v_moment));
+}
