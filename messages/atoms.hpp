@@ -16,6 +16,9 @@ using resolve_atom = caf::atom_constant<caf::atom("resolve")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using metric_atom = caf::atom_constant<caf::atom("metric")>;
 using list_atom = caf::atom_constant<caf::atom("list")>;
+using state_atom = caf::atom_constant<caf::atom("state")>;
+using ready_atom = caf::atom_constant<caf::atom("ready")>;
+using report_atom = caf::atom_constant<caf::atom("report")>;
 
 /// vi (MASHA): server → worker, "apply this downlink (if any) and send your next uplink".
 using vi_step_atom = caf::atom_constant<caf::atom("vi_step")>;

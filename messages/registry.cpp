@@ -2,6 +2,7 @@
 
 #include <caf/actor_system_config.hpp>
 
+#include "messages/swarm.hpp"
 #include "messages/tensor_msg.hpp"
 #include "messages/types.hpp"
 #include "messages/vi.hpp"
@@ -13,6 +14,10 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<ping_msg>("starling.ping");
   cfg.add_message_type<blob_msg>("starling.blob");
   cfg.add_message_type<tensor_msg>("starling.tensor");
+  cfg.add_message_type<stage_forward>("starling.stage_forward");
+  cfg.add_message_type<stage_backward>("starling.stage_backward");
+  cfg.add_message_type<stage_backward_reply>("starling.stage_backward_reply");
+  cfg.add_message_type<stage_state>("starling.stage_state");
   cfg.add_message_type<vi_vector>("starling.vi_vector");
   cfg.add_message_type<vi_uplink>("starling.vi_uplink");
   cfg.add_message_type<vi_downlink>("starling.vi_downlink");

@@ -131,6 +131,15 @@ result<std::string> render_svg(const line_plot& plot) {
                      left + pw + 10, ly, left + pw + 30, color, left + pw + 36,
                      escape(plot.lines[i].name));
   }
+  for (const auto& [mx, label] : plot.markers) {
+    const double px = plot.log_x ? (mx > 0 ? std::log10(mx) : x_lo - 1) : mx;
+    if (px < x_lo || px > x_hi)
+      continue;
+    o << fmt::format("<line x1=\"{0:.1f}\" y1=\"{1}\" x2=\"{0:.1f}\" y2=\"{2}\" "
+                     "stroke=\"#888\" stroke-dasharray=\"4 3\"/><text x=\"{0:.1f}\" y=\"{3}\" "
+                     "text-anchor=\"middle\" font-size=\"9\" fill=\"#666\">{4}</text>\n",
+                     sx(px), top, top + ph, top - 3, escape(label));
+  }
   o << "</svg>\n";
   return o.str();
 }

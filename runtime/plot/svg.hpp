@@ -36,6 +36,8 @@ struct line_plot {
   int height = 500;
   /// The data.
   std::vector<series> lines;
+  /// Vertical dashed lines at x positions (data coordinates) with a short label, e.g. faults.
+  std::vector<std::pair<double, std::string>> markers;
 };
 
 /// Renders the plot as an SVG document; fails when no series has a drawable point.

@@ -1,6 +1,7 @@
 #include "runtime/run/workload.hpp"
 
 #include "runtime/run/ping_workload.hpp"
+#include "runtime/run/swarm_workload.hpp"
 
 namespace starling::runtime {
 
@@ -8,6 +9,7 @@ const std::map<std::string, workload>& workloads() {
   // The one table of experiment kinds; each entry lives in its own file.
   static const std::map<std::string, workload> table{
     {"ping", {"nodes exchange timed pings through the network model or loopback", run_ping}},
+    {"swarm", {"SWARM pipeline training of a byte-level GPT with preemptions", run_swarm}},
   };
   return table;
 }

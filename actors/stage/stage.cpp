@@ -1,0 +1,244 @@
+#include "actors/stage/stage.hpp"
+
+#include <map>
+#include <random>
+
+#include <caf/all.hpp>
+#include <torch/torch.h>
+
+#include "kernels/flat.hpp"
+#include "kernels/models/stage_module.hpp"
+#include "messages/atoms.hpp"
+#include "messages/swarm.hpp"
+
+namespace starling::actors::stage {
+
+namespace {
+
+using messages::stage_backward;
+using messages::stage_backward_reply;
+using messages::stage_forward;
+using messages::stage_state;
+using messages::tensor_msg;
+
+struct stage_peer {
+  stage_options opts;
+  caf::actor board;
+  std::shared_ptr<kernels::stage_module> module;
+  std::unique_ptr<torch::optim::Optimizer> optim;
+  std::vector<torch::Tensor> params;
+  int64_t pending_samples = 0;
+  uint64_t steps = 0;
+  uint64_t samples = 0;
+  bool ready = false;
+  std::mt19937_64 rng;
+  /// Replies held back to emulate a slower device, by ticket.
+  std::map<uint64_t, std::function<void()>> held;
+  uint64_t next_ticket = 0;
+};
+
+caf::error to_error(const failure& f) {
+  return caf::make_error(caf::sec::runtime_error, f.what);
+}
+
+/// Replies now (speed 1) or after the compute time stretched to compute / speed.
+template <class Self>
+void reply_later(Self* self, stage_peer& st, double compute_s, std::function<void()> deliver) {
+  if (st.opts.speed >= 1.0) {
+    deliver();
+    return;
+  }
+  auto extra = compute_s * (1.0 / st.opts.speed - 1.0);
+  auto ticket = st.next_ticket++;
+  st.held.emplace(ticket, std::move(deliver));
+  self->delayed_send(self, std::chrono::duration_cast<caf::timespan>(
+                             std::chrono::duration<double>(extra)),
+                     tick_atom::value, ticket);
+}
+
+stage_state snapshot(stage_peer& st) {
+  stage_state s;
+  s.params.tensor = kernels::flatten_parameters(st.params);
+  s.params.codec = kernels::codec_id::none;
+  if (auto bytes = kernels::save_optimizer_state(*st.optim); bytes.ok())
+    s.optimizer.assign(bytes->begin(), bytes->end());
+  s.steps = st.steps;
+  s.samples = st.samples;
+  return s;
+}
+
+void load(stage_peer& st, const stage_state& s) {
+  if (!s.params.ok() || !s.params.tensor.defined())
+    return;
+  torch::NoGradGuard guard;
+  if (!kernels::unflatten_parameters(s.params.tensor, st.params).ok())
+    return;
+  if (!s.optimizer.empty())
+    kernels::load_optimizer_state(*st.optim, std::string{s.optimizer.begin(), s.optimizer.end()});
+  st.steps = s.steps;
+}
+
+/// Averages parameters with a sibling's (gossip): peers of a stage that step independently stay
+/// close without a synchronous round, and a failed partner costs nothing.
+void average_with(stage_peer& st, const stage_state& other) {
+  if (!other.params.ok() || !other.params.tensor.defined())
+    return;
+  torch::NoGradGuard guard;
+  auto mine = kernels::flatten_parameters(st.params);
+  if (mine.numel() != other.params.tensor.numel())
+    return;
+  auto avg = (mine + other.params.tensor.to(mine.dtype())) * 0.5;
+  kernels::unflatten_parameters(avg, st.params);
+}
+
+caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options opts,
+                          caf::actor board) {
+  auto& st = self->state;
+  st.opts = opts;
+  st.board = board;
+  st.rng.seed(opts.seed);
+  auto module = kernels::make_gpt_stage(opts.model, opts.begin, opts.end);
+  if (!module) {
+    self->quit(to_error(module.error()));
+    return {};
+  }
+  st.module = *module;
+  st.params = st.module->ordered_parameters();
+  auto optim = kernels::make_optimizer(opts.optimizer, st.params);
+  if (!optim) {
+    self->quit(to_error(optim.error()));
+    return {};
+  }
+  st.optim = std::move(*optim);
+  auto announce = [=] {
+    self->state.ready = true;
+    self->send(self->state.board, put_atom::value, self->state.opts.stage, self->state.opts.name,
+               caf::actor_cast<caf::actor>(self));
+  };
+  // Download the stage's state from a live peer before serving; the first peer of a stage
+  // starts from the seeded initialization.
+  self->request(board, opts.timeout, get_atom::value, opts.stage)
+    .then(
+      [=](const std::vector<std::string>&, const std::vector<caf::actor>& peers) {
+        if (peers.empty()) {
+          announce();
+          return;
+        }
+        auto remaining = std::make_shared<size_t>(peers.size());
+        auto done = std::make_shared<bool>(false);
+        // Ask every live peer at once; the first complete state wins.
+        for (auto& p : peers)
+          self->request(p, self->state.opts.timeout, get_atom::value, state_atom::value)
+            .then(
+              [=](const stage_state& s) {
+                --*remaining;
+                if (*done)
+                  return;
+                *done = true;
+                load(self->state, s);
+                announce();
+              },
+              [=](caf::error&) {
+                if (--*remaining == 0 && !*done) {
+                  *done = true;
+                  announce(); // every donor failed: serve from the seeded initialization
+                }
+              });
+      },
+      [=](caf::error&) { announce(); });
+  auto gossip = [=] {
+    self->request(self->state.board, self->state.opts.timeout, get_atom::value,
+                  self->state.opts.stage)
+      .then(
+        [=](const std::vector<std::string>& names, const std::vector<caf::actor>& peers) {
+          std::vector<caf::actor> others;
+          for (size_t i = 0; i < peers.size(); ++i)
+            if (names[i] != self->state.opts.name)
+              others.push_back(peers[i]);
+          if (others.empty())
+            return;
+          std::uniform_int_distribution<size_t> pick{0, others.size() - 1};
+          self->request(others[pick(self->state.rng)], self->state.opts.timeout, get_atom::value,
+                        state_atom::value)
+            .then([=](const stage_state& s) { average_with(self->state, s); },
+                  [](caf::error&) {});
+        },
+        [](caf::error&) {});
+  };
+  return {
+    [=](const stage_forward& req) -> caf::result<tensor_msg> {
+      auto& s = self->state;
+      if (!req.input.ok())
+        return caf::make_error(caf::sec::invalid_argument, "bad input: " + req.input.error);
+      auto t0 = std::chrono::steady_clock::now();
+      auto out = s.module->forward(req.input.tensor, req.targets.tensor, req.seed);
+      if (!out)
+        return to_error(out.error());
+      auto dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      tensor_msg reply{*out, s.opts.codec, {}, {}};
+      if (s.module->is_last())
+        reply.codec = kernels::codec_id::none;
+      auto rp = self->make_response_promise<tensor_msg>();
+      reply_later(self, s, dt, [rp, reply]() mutable { rp.deliver(reply); });
+      return rp;
+    },
+    [=](const stage_backward& req) -> caf::result<stage_backward_reply> {
+      auto& s = self->state;
+      if (!req.input.ok() || !req.grad_output.ok())
+        return caf::make_error(caf::sec::invalid_argument, "bad input or gradient");
+      auto t0 = std::chrono::steady_clock::now();
+      auto g = s.module->backward(req.input.tensor, req.grad_output.tensor, req.targets.tensor,
+                                  req.seed);
+      if (!g)
+        return to_error(g.error());
+      auto batch = req.input.tensor.size(0);
+      s.pending_samples += batch;
+      s.samples += static_cast<uint64_t>(batch);
+      bool stepped = false;
+      if (s.pending_samples >= s.opts.local_batch) {
+        // Gradients were summed over microbatches of mean losses: scale to a mean.
+        auto micro = static_cast<double>(s.pending_samples) / static_cast<double>(batch);
+        for (auto& p : s.params)
+          if (p.grad().defined())
+            p.grad().div_(micro);
+        kernels::clipped_step(*s.optim, s.params, s.opts.optimizer);
+        s.optim->zero_grad();
+        s.pending_samples = 0;
+        s.steps++;
+        stepped = true;
+      }
+      auto dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      stage_backward_reply reply;
+      if (g->grad_input.defined())
+        reply.grad_input = tensor_msg{g->grad_input, s.opts.codec, {}, {}};
+      if (s.module->is_last())
+        reply.loss = g->output.item<double>();
+      auto rp = self->make_response_promise<stage_backward_reply>();
+      reply_later(self, s, dt, [rp, reply]() mutable { rp.deliver(reply); });
+      if (stepped)
+        gossip();
+      return rp;
+    },
+    [=](get_atom, state_atom) -> caf::result<stage_state> {
+      if (!self->state.ready)
+        return caf::make_error(caf::sec::runtime_error, "stage peer is still starting");
+      return snapshot(self->state);
+    },
+    [=](tick_atom, uint64_t ticket) {
+      auto i = self->state.held.find(ticket);
+      if (i == self->state.held.end())
+        return;
+      auto deliver = std::move(i->second);
+      self->state.held.erase(i);
+      deliver();
+    },
+  };
+}
+
+} // namespace
+
+caf::actor spawn_stage(caf::actor_system& sys, stage_options opts, caf::actor board) {
+  return sys.spawn(stage_actor, std::move(opts), std::move(board));
+}
+
+} // namespace starling::actors::stage
