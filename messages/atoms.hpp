@@ -16,5 +16,7 @@ using resolve_atom = caf::atom_constant<caf::atom("resolve")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using metric_atom = caf::atom_constant<caf::atom("metric")>;
 using list_atom = caf::atom_constant<caf::atom("list")>;
+/// Asks a DHT actor for its Ed25519 public key.
+using dht_key_atom = caf::atom_constant<caf::atom("dhtkey")>;
 
 } // namespace starling
