@@ -1,6 +1,8 @@
 #include "actors/dht/dht.hpp"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
@@ -130,7 +132,10 @@ public:
                 else
                   ok(resp);
               },
-              [this, address, err](caf::error&) {
+              [this, address, err](caf::error& e) {
+                if (std::getenv("STARLING_DHT_DEBUG") != nullptr)
+                  std::fprintf(stderr, "dht %s: rpc to %s failed: %s\n", opts_.address.c_str(),
+                               address.c_str(), self_->system().render(e).c_str());
                 handles_.erase(address);
                 err();
               });
@@ -146,7 +151,12 @@ public:
               handles_[address] = h;
               send(h);
             },
-            [err](caf::error&) { err(); });
+            [this, address, err](caf::error& e) {
+              if (std::getenv("STARLING_DHT_DEBUG") != nullptr)
+                std::fprintf(stderr, "dht %s: resolving %s failed: %s\n", opts_.address.c_str(),
+                             address.c_str(), self_->system().render(e).c_str());
+              err();
+            });
   }
 
   // -- incoming RPC -------------------------------------------------------------------------
@@ -406,8 +416,12 @@ private:
 caf::behavior dht_actor(caf::event_based_actor* self, caf::actor resolver, dht_options opts) {
   auto impl = std::make_shared<dht_impl>(self, std::move(resolver), std::move(opts));
   // The shell is the actor's only owner of the impl; it dies with the behaviour.
+  // A request, not a send: a failed join must come back as a response (an unsolicited error
+  // message would reach the default error handler and stop the actor).
   for (auto& addr : impl->options().bootstrap)
-    self->send(self, join_atom::value, addr);
+    self->request(caf::actor_cast<caf::actor>(self), 30 * impl->options().rpc_timeout,
+                  join_atom::value, addr)
+        .then([](uint32_t) {}, [](caf::error&) {});
   return {
       [impl](dht_request& req) { return impl->handle(req); },
       [impl, self](dht_put& p) {
