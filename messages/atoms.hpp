@@ -26,5 +26,7 @@ using vi_step_atom = caf::atom_constant<caf::atom("vi_step")>;
 using vi_finish_atom = caf::atom_constant<caf::atom("vi_finish")>;
 /// vi (MASHA): client → server, "run this many iterations".
 using vi_run_atom = caf::atom_constant<caf::atom("vi_run")>;
+/// Asks a DHT actor for its Ed25519 public key.
+using dht_key_atom = caf::atom_constant<caf::atom("dhtkey")>;
 
 } // namespace starling

@@ -3,6 +3,7 @@
 #include <caf/actor_system_config.hpp>
 
 #include "messages/swarm.hpp"
+#include "messages/dht.hpp"
 #include "messages/tensor_msg.hpp"
 #include "messages/types.hpp"
 #include "messages/vi.hpp"
@@ -22,6 +23,16 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<vi_uplink>("starling.vi_uplink");
   cfg.add_message_type<vi_downlink>("starling.vi_downlink");
   cfg.add_message_type<vi_report>("starling.vi_report");
+  cfg.add_message_type<dht_peer>("starling.dht_peer");
+  cfg.add_message_type<dht_record>("starling.dht_record");
+  cfg.add_message_type<std::vector<dht_peer>>("starling.dht_peer_list");
+  cfg.add_message_type<std::vector<dht_record>>("starling.dht_record_list");
+  cfg.add_message_type<dht_request>("starling.dht_request");
+  cfg.add_message_type<dht_response>("starling.dht_response");
+  cfg.add_message_type<dht_put>("starling.dht_put");
+  cfg.add_message_type<dht_put_result>("starling.dht_put_result");
+  cfg.add_message_type<dht_get_result>("starling.dht_get_result");
+  cfg.add_message_type<dht_stats>("starling.dht_stats");
 }
 
 } // namespace starling::messages

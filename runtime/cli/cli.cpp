@@ -11,6 +11,7 @@
 
 #include "messages/atoms.hpp"
 #include "messages/types.hpp"
+#include "runtime/cli/dht_cmd.hpp"
 #include "runtime/config/config.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/metrics/metrics.hpp"
@@ -172,6 +173,27 @@ int cli_main(int argc, char** argv) {
   nodec->add_option("--config", node_config, "Experiment file with caf/node settings");
   nodec->add_option("--name", node_name, "Node name for logs");
 
+  auto* dhtc = app.add_subcommand("dht", "Run a standalone DHT node, or get/store through one");
+  std::string dht_listen;
+  std::string dht_join;
+  dhtc->add_option("--listen", dht_listen, "HOST:PORT to listen on (runs a node until SIGINT)");
+  dhtc->add_option("--join", dht_join, "HOST:PORT of a DHT node to bootstrap from");
+  dhtc->require_subcommand(0, 1);
+  auto* dht_get = dhtc->add_subcommand("get", "Read a key through a running DHT node");
+  std::string dht_node;
+  std::string dht_key;
+  dht_get->add_option("--node", dht_node, "HOST:PORT of the DHT node")->required();
+  dht_get->add_option("key", dht_key, "Key")->required();
+  auto* dht_store = dhtc->add_subcommand("store", "Store a value through a running DHT node");
+  std::string dht_value;
+  std::string dht_subkey;
+  std::string dht_ttl = "60s";
+  dht_store->add_option("--node", dht_node, "HOST:PORT of the DHT node")->required();
+  dht_store->add_option("key", dht_key, "Key")->required();
+  dht_store->add_option("value", dht_value, "Value")->required();
+  dht_store->add_option("--subkey", dht_subkey, "Store as this sub-key of a dictionary record");
+  dht_store->add_option("--ttl", dht_ttl, "Time to live (60s, 5m, 500ms)");
+
   app.add_subcommand("version", "Print the version");
 
   try {
@@ -185,6 +207,15 @@ int cli_main(int argc, char** argv) {
     return cmd_run(run_file, run_sim, run_seed, run_out);
   if (nodec->parsed())
     return cmd_node(listen, join, node_config, node_name);
+  if (dhtc->parsed()) {
+    if (dht_get->parsed())
+      return cmd_dht_get(dht_node, dht_key);
+    if (dht_store->parsed())
+      return cmd_dht_store(dht_node, dht_key, dht_value, dht_subkey, dht_ttl);
+    if (dht_listen.empty())
+      return die("dht: expected --listen HOST:PORT, or a get/store subcommand");
+    return cmd_dht_serve(dht_listen, dht_join);
+  }
   fmt::print("starling {}\n", STARLING_VERSION);
   return 0;
 }
