@@ -16,5 +16,6 @@ using resolve_atom = caf::atom_constant<caf::atom("resolve")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using metric_atom = caf::atom_constant<caf::atom("metric")>;
 using list_atom = caf::atom_constant<caf::atom("list")>;
+using transfer_atom = caf::atom_constant<caf::atom("transfer")>;
 
 } // namespace starling
