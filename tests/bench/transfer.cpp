@@ -10,7 +10,10 @@
 // freed memory instead of unmapping it (mallopt), as a buffer pool would: fresh pages fault in
 // at ~4 GB/s otherwise, which costs CAF's copies of each chunk more than the socket itself.
 //
-// usage: bench_transfer [--default-malloc] [reps]   (default 5)
+// Scheduler: `sharing` by default (idle work-stealing workers poll and steal the 2 cores from
+// the I/O threads); --stealing uses CAF's default policy.
+//
+// usage: bench_transfer [--default-malloc] [--stealing] [reps]   (default 5)
 #include <algorithm>
 #include <arpa/inet.h>
 #include <chrono>
@@ -121,10 +124,13 @@ struct socket_pair {
 
 int main(int argc, char** argv) {
   bool default_malloc = false;
+  bool stealing = false;
   int reps = 5;
   for (int i = 1; i < argc; ++i) {
     if (std::string{argv[i]} == "--default-malloc")
       default_malloc = true;
+    else if (std::string{argv[i]} == "--stealing")
+      stealing = true;
     else
       reps = std::max(1, std::atoi(argv[i]));
   }
@@ -141,6 +147,8 @@ int main(int argc, char** argv) {
     messages::register_types(*cfg);
     cfg->set("middleman.workers", 0);
     cfg->set("scheduler.max-threads", 2);
+    if (!stealing)
+      cfg->set("scheduler.policy", caf::atom("sharing"));
     cfg->set("logger.verbosity", caf::atom("quiet"));
   }
   caf::actor_system a{cfg_a};
@@ -170,8 +178,10 @@ int main(int argc, char** argv) {
   caf::scoped_actor self{a};
   socket_pair sockets;
 
-  std::printf("tensor transfer over loopback, median of %d after a warm-up; malloc: %s\n", reps,
-              default_malloc ? "glibc defaults" : "no unmapping (pool-like)");
+  std::printf("tensor transfer over loopback, median of %d after a warm-up; malloc: %s; "
+              "scheduler: %s\n",
+              reps, default_malloc ? "glibc defaults" : "no unmapping (pool-like)",
+              stealing ? "stealing" : "sharing");
   std::printf("%8s %12s %12s %8s %12s %8s\n", "MiB", "raw TCP GB/s", "1 msg GB/s", "% raw",
               "chunked GB/s", "% raw");
   bool failed = false;

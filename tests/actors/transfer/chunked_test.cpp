@@ -80,7 +80,7 @@ TEST_CASE("the chunked path delivers a 10 MB tensor intact between two actor sys
   CHECK(*out.reply > uint64_t{10} << 20);
   REQUIRE(out.delivered);
   CHECK(out.delivered->ok());
-  CHECK(out.delivered->tensor.sizes() == x.sizes());
+  CHECK((out.delivered->tensor.sizes() == x.sizes()));
   CHECK(torch::equal(out.delivered->tensor, x));
 }
 
@@ -93,7 +93,7 @@ TEST_CASE("a window of one with small chunks still delivers the tensor intact") 
   auto out = send_between_nodes(x, o, {});
   REQUIRE_MESSAGE(out.reply, caf::to_string(out.reply.error()));
   REQUIRE(out.delivered);
-  CHECK(out.delivered->tensor.scalar_type() == torch::kFloat64);
+  CHECK((out.delivered->tensor.scalar_type() == torch::kFloat64));
   CHECK(torch::equal(out.delivered->tensor, x));
 }
 
