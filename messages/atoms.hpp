@@ -28,5 +28,6 @@ using vi_finish_atom = caf::atom_constant<caf::atom("vi_finish")>;
 using vi_run_atom = caf::atom_constant<caf::atom("vi_run")>;
 /// Asks a DHT actor for its Ed25519 public key.
 using dht_key_atom = caf::atom_constant<caf::atom("dhtkey")>;
+using transfer_atom = caf::atom_constant<caf::atom("transfer")>;
 
 } // namespace starling

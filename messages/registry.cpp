@@ -4,6 +4,7 @@
 
 #include "messages/swarm.hpp"
 #include "messages/dht.hpp"
+#include "messages/chunked.hpp"
 #include "messages/tensor_msg.hpp"
 #include "messages/types.hpp"
 #include "messages/vi.hpp"
@@ -33,6 +34,8 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<dht_put_result>("starling.dht_put_result");
   cfg.add_message_type<dht_get_result>("starling.dht_get_result");
   cfg.add_message_type<dht_stats>("starling.dht_stats");
+  cfg.add_message_type<chunk_msg>("starling.chunk");
+  cfg.add_message_type<chunk_ack_msg>("starling.chunk_ack");
 }
 
 } // namespace starling::messages

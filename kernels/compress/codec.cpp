@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -207,31 +208,109 @@ status encode_quantile8(const float* x, int64_t n, const codec_params& p, uint8_
   return {};
 }
 
-status encode_topk(const at::Tensor& flat, int64_t n, const codec_params& p, uint8_t* out) {
-  const float* x = flat.data_ptr<float>();
+// Indices (increasing) of the k largest |x|; among equal magnitudes the smaller index wins, so
+// the result is a pure function of x and k. A seeded sample of magnitudes gives a threshold that
+// a little more than k elements reach; one parallel pass collects those candidates and an exact
+// selection on them keeps k. When the sample misled (fewer than k candidates), all elements are
+// candidates: slower, still exact.
+std::vector<int64_t> topk_indices(const float* x, int64_t n, int64_t k, uint64_t seed) {
+  std::vector<int64_t> out;
+  if (k >= n) {
+    out.resize(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i)
+      out[static_cast<size_t>(i)] = i;
+    return out;
+  }
+  constexpr int64_t sample_size = int64_t{1} << 16;
+  float threshold = -1.0f; // every |x| >= -1: all elements are candidates
+  if (n > 4 * sample_size) {
+    uint64_t state = seed ^ 0x2545f4914f6cdd1dull;
+    auto next = [&state] { // SplitMix64
+      uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      return z ^ (z >> 31);
+    };
+    std::vector<float> sample(static_cast<size_t>(sample_size));
+    for (auto& v : sample) {
+      // Multiply-shift draw in [0, n): its tiny bias only moves the threshold estimate.
+      auto i = static_cast<uint64_t>((static_cast<unsigned __int128>(next()) * n) >> 64);
+      v = std::fabs(x[i]);
+    }
+    // Expected sample hits above the true threshold, plus ~4 standard deviations of slack.
+    double hits = static_cast<double>(sample_size) * static_cast<double>(k) / n;
+    auto rank = static_cast<int64_t>(std::ceil(hits + 4.0 * std::sqrt(hits) + 8.0));
+    if (rank < sample_size) {
+      std::nth_element(sample.begin(), sample.begin() + (rank - 1), sample.end(),
+                       std::greater<float>{});
+      threshold = sample[static_cast<size_t>(rank - 1)];
+    }
+  }
+  struct candidate {
+    float mag;
+    int64_t index;
+  };
+  auto collect = [&](float t) {
+    int64_t count = (n + work_chunk - 1) / work_chunk;
+    std::vector<std::vector<candidate>> parts(static_cast<size_t>(count));
+    for_ranges(n, work_chunk, [&](int64_t b, int64_t e) {
+      auto& part = parts[static_cast<size_t>(b / work_chunk)];
+      for (int64_t i = b; i < e; ++i) {
+        float m = std::fabs(x[i]);
+        if (m >= t)
+          part.push_back({m, i});
+      }
+    });
+    std::vector<candidate> all;
+    size_t total = 0;
+    for (const auto& p : parts)
+      total += p.size();
+    all.reserve(total);
+    for (const auto& p : parts)
+      all.insert(all.end(), p.begin(), p.end());
+    return all;
+  };
+  auto cand = collect(threshold);
+  if (static_cast<int64_t>(cand.size()) < k)
+    cand = collect(-1.0f);
+  // Strict order: larger magnitude first, then smaller index.
+  auto before = [](const candidate& a, const candidate& b) {
+    return a.mag > b.mag || (a.mag == b.mag && a.index < b.index);
+  };
+  out.reserve(static_cast<size_t>(k));
+  if (static_cast<int64_t>(cand.size()) == k) {
+    for (const auto& c : cand)
+      out.push_back(c.index);
+    return out;
+  }
+  auto sorted = cand;
+  std::nth_element(sorted.begin(), sorted.begin() + (k - 1), sorted.end(), before);
+  auto last = sorted[static_cast<size_t>(k - 1)];
+  // Candidates are in index order: keeping those not after the k-th preserves that order.
+  for (const auto& c : cand)
+    if (!before(last, c))
+      out.push_back(c.index);
+  return out;
+}
+
+status encode_topk(const float* x, int64_t n, const codec_params& p, uint8_t* out) {
   if (!parallel_all_finite(x, n))
     return not_finite(codec_id::topk);
   auto k = static_cast<int64_t>(p.k);
   if (k == 0)
     return {};
-  at::Tensor idx;
-  if (k == n) {
-    idx = at::arange(n, at::kLong);
-  } else {
-    idx = std::get<1>(at::topk(flat.abs(), k, 0, true, false));
-    idx = std::get<0>(idx.sort());
-  }
-  const int64_t* ip = idx.data_ptr<int64_t>();
+  auto idx = topk_indices(x, n, k, p.seed);
   size_t ib = p.index_bits / 8;
   uint8_t* vals = out + static_cast<size_t>(k) * ib;
   for (int64_t i = 0; i < k; ++i) {
+    auto j = idx[static_cast<size_t>(i)];
     if (ib == 4) {
-      auto v = static_cast<int32_t>(ip[i]);
+      auto v = static_cast<int32_t>(j);
       std::memcpy(out + 4 * i, &v, 4);
     } else {
-      std::memcpy(out + 8 * i, ip + i, 8);
+      std::memcpy(out + 8 * i, &j, 8);
     }
-    store_f32(vals + 4 * i, x[ip[i]]);
+    store_f32(vals + 4 * i, x[j]);
   }
   return {};
 }
@@ -246,82 +325,81 @@ status encode_randk(const float* x, int64_t n, const codec_params& p, uint8_t* o
 }
 
 // Decodes a checked payload into `y` (n floats).
-void decode_into(const tensor_header& h, int64_t n, const uint8_t* data, float* y) {
+void decode_floats(const tensor_header& h, int64_t n, const uint8_t* data, float* y) {
   const auto& p = h.params;
   switch (h.codec) {
-    case codec_id::none:
-      if (n > 0)
-        std::memcpy(y, data, 4 * static_cast<size_t>(n));
-      break;
-    case codec_id::fp16:
-    case codec_id::bf16:
-      read_aligned<uint16_t>(data, static_cast<size_t>(n), [&](const uint16_t* in) {
-        for_ranges(n, work_chunk, [&](int64_t b, int64_t e) {
-          auto len = static_cast<size_t>(e - b);
-          if (h.codec == codec_id::fp16)
-            detail::from_fp16(in + b, y + b, len);
-          else
-            detail::from_bf16(in + b, y + b, len);
-        });
-      });
-      break;
-    case codec_id::uniform8: {
-      float lo = load_f32(data);
-      float step = load_f32(data + 4);
+  case codec_id::none:
+    if (n > 0)
+      std::memcpy(y, data, 4 * static_cast<size_t>(n));
+    break;
+  case codec_id::fp16:
+  case codec_id::bf16:
+    read_aligned<uint16_t>(data, static_cast<size_t>(n), [&](const uint16_t* in) {
       for_ranges(n, work_chunk, [&](int64_t b, int64_t e) {
-        detail::uniform8_decode(data + 8 + b, y + b, static_cast<size_t>(e - b), lo, step);
+        auto len = static_cast<size_t>(e - b);
+        if (h.codec == codec_id::fp16)
+          detail::from_fp16(in + b, y + b, len);
+        else
+          detail::from_bf16(in + b, y + b, len);
       });
-      break;
-    }
-    case codec_id::blockwise8: {
-      int64_t block = p.block_size;
-      int64_t blocks = (n + block - 1) / block;
-      auto* codes = reinterpret_cast<const int8_t*>(data + 4 * blocks);
-      for_ranges(blocks, std::max<int64_t>(1, work_chunk / block), [&](int64_t b0, int64_t b1) {
-        for (int64_t b = b0; b < b1; ++b) {
-          int64_t begin = b * block;
-          auto len = static_cast<size_t>(std::min(n, begin + block) - begin);
-          detail::blockwise8_decode_block(codes + begin, y + begin, len, load_f32(data + 4 * b));
-        }
-      });
-      break;
-    }
-    case codec_id::quantile8: {
-      float table[256];
-      std::memcpy(table, data, sizeof table);
-      for_ranges(n, work_chunk, [&](int64_t b, int64_t e) {
-        detail::quantile8_decode(data + sizeof table + b, y + b, static_cast<size_t>(e - b),
-                                 table);
-      });
-      break;
-    }
-    case codec_id::topk: {
-      std::fill(y, y + n, 0.0f);
-      auto k = static_cast<int64_t>(p.k);
-      size_t ib = p.index_bits / 8;
-      const uint8_t* vals = data + static_cast<size_t>(k) * ib;
-      for (int64_t i = 0; i < k; ++i) {
-        int64_t idx;
-        if (ib == 4) {
-          int32_t v;
-          std::memcpy(&v, data + 4 * i, 4);
-          idx = v;
-        } else {
-          std::memcpy(&idx, data + 8 * i, 8);
-        }
-        y[idx] = load_f32(vals + 4 * i);
+    });
+    break;
+  case codec_id::uniform8: {
+    float lo = load_f32(data);
+    float step = load_f32(data + 4);
+    for_ranges(n, work_chunk, [&](int64_t b, int64_t e) {
+      detail::uniform8_decode(data + 8 + b, y + b, static_cast<size_t>(e - b), lo, step);
+    });
+    break;
+  }
+  case codec_id::blockwise8: {
+    int64_t block = p.block_size;
+    int64_t blocks = (n + block - 1) / block;
+    auto* codes = reinterpret_cast<const int8_t*>(data + 4 * blocks);
+    for_ranges(blocks, std::max<int64_t>(1, work_chunk / block), [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        int64_t begin = b * block;
+        auto len = static_cast<size_t>(std::min(n, begin + block) - begin);
+        detail::blockwise8_decode_block(codes + begin, y + begin, len, load_f32(data + 4 * b));
       }
-      break;
+    });
+    break;
+  }
+  case codec_id::quantile8: {
+    float table[256];
+    std::memcpy(table, data, sizeof table);
+    for_ranges(n, work_chunk, [&](int64_t b, int64_t e) {
+      detail::quantile8_decode(data + sizeof table + b, y + b, static_cast<size_t>(e - b), table);
+    });
+    break;
+  }
+  case codec_id::topk: {
+    std::fill(y, y + n, 0.0f);
+    auto k = static_cast<int64_t>(p.k);
+    size_t ib = p.index_bits / 8;
+    const uint8_t* vals = data + static_cast<size_t>(k) * ib;
+    for (int64_t i = 0; i < k; ++i) {
+      int64_t idx;
+      if (ib == 4) {
+        int32_t v;
+        std::memcpy(&v, data + 4 * i, 4);
+        idx = v;
+      } else {
+        std::memcpy(&idx, data + 8 * i, 8);
+      }
+      y[idx] = load_f32(vals + 4 * i);
     }
-    case codec_id::randk: {
-      std::fill(y, y + n, 0.0f);
-      auto k = static_cast<int64_t>(p.k);
-      auto idx = randk_indices(n, k, p.seed);
-      auto scale = static_cast<float>(static_cast<double>(n) / static_cast<double>(k));
-      for (size_t i = 0; i < idx.size(); ++i)
-        y[idx[i]] = load_f32(data + 4 * i) * scale;
-      break;
-    }
+    break;
+  }
+  case codec_id::randk: {
+    std::fill(y, y + n, 0.0f);
+    auto k = static_cast<int64_t>(p.k);
+    auto idx = randk_indices(n, k, p.seed);
+    auto scale = static_cast<float>(static_cast<double>(n) / static_cast<double>(k));
+    for (size_t i = 0; i < idx.size(); ++i)
+      y[idx[i]] = load_f32(data + 4 * i) * scale;
+    break;
+  }
   }
 }
 
@@ -336,60 +414,59 @@ uint64_t encoded_tensor::payload_bytes() const noexcept {
 
 result<wire_dtype> to_wire_dtype(c10::ScalarType t) {
   switch (t) {
-    case at::kFloat:
-      return wire_dtype::float32;
-    case at::kHalf:
-      return wire_dtype::float16;
-    case at::kBFloat16:
-      return wire_dtype::bfloat16;
-    case at::kDouble:
-      return wire_dtype::float64;
-    case at::kByte:
-      return wire_dtype::uint8;
-    case at::kChar:
-      return wire_dtype::int8;
-    case at::kShort:
-      return wire_dtype::int16;
-    case at::kInt:
-      return wire_dtype::int32;
-    case at::kLong:
-      return wire_dtype::int64;
-    case at::kBool:
-      return wire_dtype::boolean;
-    default:
-      return fail(std::string{"unsupported dtype "} + c10::toString(t)
-                  + " (expected a float, integer or bool dtype)");
+  case at::kFloat:
+    return wire_dtype::float32;
+  case at::kHalf:
+    return wire_dtype::float16;
+  case at::kBFloat16:
+    return wire_dtype::bfloat16;
+  case at::kDouble:
+    return wire_dtype::float64;
+  case at::kByte:
+    return wire_dtype::uint8;
+  case at::kChar:
+    return wire_dtype::int8;
+  case at::kShort:
+    return wire_dtype::int16;
+  case at::kInt:
+    return wire_dtype::int32;
+  case at::kLong:
+    return wire_dtype::int64;
+  case at::kBool:
+    return wire_dtype::boolean;
+  default:
+    return fail(std::string{"unsupported dtype "} + c10::toString(t) +
+                " (expected a float, integer or bool dtype)");
   }
 }
 
 c10::ScalarType to_scalar_type(wire_dtype d) noexcept {
   switch (d) {
-    case wire_dtype::float32:
-      return at::kFloat;
-    case wire_dtype::float16:
-      return at::kHalf;
-    case wire_dtype::bfloat16:
-      return at::kBFloat16;
-    case wire_dtype::float64:
-      return at::kDouble;
-    case wire_dtype::uint8:
-      return at::kByte;
-    case wire_dtype::int8:
-      return at::kChar;
-    case wire_dtype::int16:
-      return at::kShort;
-    case wire_dtype::int32:
-      return at::kInt;
-    case wire_dtype::int64:
-      return at::kLong;
-    case wire_dtype::boolean:
-      return at::kBool;
+  case wire_dtype::float32:
+    return at::kFloat;
+  case wire_dtype::float16:
+    return at::kHalf;
+  case wire_dtype::bfloat16:
+    return at::kBFloat16;
+  case wire_dtype::float64:
+    return at::kDouble;
+  case wire_dtype::uint8:
+    return at::kByte;
+  case wire_dtype::int8:
+    return at::kChar;
+  case wire_dtype::int16:
+    return at::kShort;
+  case wire_dtype::int32:
+    return at::kInt;
+  case wire_dtype::int64:
+    return at::kLong;
+  case wire_dtype::boolean:
+    return at::kBool;
   }
   return at::kFloat;
 }
 
-result<tensor_header> make_header(const at::Tensor& t, codec_id codec,
-                                  const codec_params& params) {
+result<tensor_header> make_header(const at::Tensor& t, codec_id codec, const codec_params& params) {
   if (!t.defined())
     return fail("cannot encode an undefined tensor");
   auto dt = to_wire_dtype(t.scalar_type());
@@ -419,34 +496,34 @@ status encode_into(const at::Tensor& t, const tensor_header& h, uint8_t* out, si
     auto flat = as_float_contiguous(t).view({n});
     const float* x = flat.data_ptr<float>();
     switch (h.codec) {
-      case codec_id::none:
-        if (n > 0)
-          std::memcpy(out, x, 4 * static_cast<size_t>(n));
-        return {};
-      case codec_id::fp16:
-      case codec_id::bf16: {
-        bool ok = write_aligned<uint16_t>(out, static_cast<size_t>(n), [&](uint16_t* o) {
-          return all_ranges(n, work_chunk, [&](int64_t b, int64_t e) {
-            auto len = static_cast<size_t>(e - b);
-            return h.codec == codec_id::fp16 ? detail::to_fp16(x + b, o + b, len)
-                                             : detail::to_bf16(x + b, o + b, len);
-          });
+    case codec_id::none:
+      if (n > 0)
+        std::memcpy(out, x, 4 * static_cast<size_t>(n));
+      return {};
+    case codec_id::fp16:
+    case codec_id::bf16: {
+      bool ok = write_aligned<uint16_t>(out, static_cast<size_t>(n), [&](uint16_t* o) {
+        return all_ranges(n, work_chunk, [&](int64_t b, int64_t e) {
+          auto len = static_cast<size_t>(e - b);
+          return h.codec == codec_id::fp16 ? detail::to_fp16(x + b, o + b, len)
+                                           : detail::to_bf16(x + b, o + b, len);
         });
-        if (!ok)
-          return fail(std::string{to_string(h.codec)}
-                      + ": input has inf or NaN, or a value beyond the format's range");
-        return {};
-      }
-      case codec_id::uniform8:
-        return encode_uniform8(x, n, out);
-      case codec_id::blockwise8:
-        return encode_blockwise8(x, n, h.params.block_size, out);
-      case codec_id::quantile8:
-        return encode_quantile8(x, n, h.params, out);
-      case codec_id::topk:
-        return encode_topk(flat, n, h.params, out);
-      case codec_id::randk:
-        return encode_randk(x, n, h.params, out);
+      });
+      if (!ok)
+        return fail(std::string{to_string(h.codec)} +
+                    ": input has inf or NaN, or a value beyond the format's range");
+      return {};
+    }
+    case codec_id::uniform8:
+      return encode_uniform8(x, n, out);
+    case codec_id::blockwise8:
+      return encode_blockwise8(x, n, h.params.block_size, out);
+    case codec_id::quantile8:
+      return encode_quantile8(x, n, h.params, out);
+    case codec_id::topk:
+      return encode_topk(x, n, h.params, out);
+    case codec_id::randk:
+      return encode_randk(x, n, h.params, out);
     }
     return fail("unknown codec");
   } catch (const std::exception& e) {
@@ -481,34 +558,21 @@ result<encoded_tensor> encode(const at::Tensor& t, codec_id codec, const codec_p
   return out;
 }
 
-result<at::Tensor> decode_payload(const tensor_header& h, const uint8_t* data, size_t size) {
-  try {
-    if (auto st = check_payload(h, data, size); !st)
-      return fail(st.what());
-    auto n = *checked_numel(h.shape);
-    auto y = at::empty({n}, at::kFloat);
-    decode_into(h, n, data, y.data_ptr<float>());
-    y = y.view(h.shape);
-    auto st = to_scalar_type(h.dtype);
-    if (st == at::kFloat)
-      return y;
-    if (st == at::kBool)
-      return y.ne(0);
-    if (at::isIntegralType(st, false))
-      return y.round_().to(st);
-    return y.to(st);
-  } catch (const std::exception& e) {
-    return fail(std::string{"decode failed: "} + e.what());
-  }
+namespace {
+
+// Converts decoded fp32 values to `st` the way decode restores integer and bool dtypes.
+at::Tensor restore_dtype(at::Tensor y, c10::ScalarType st) {
+  if (st == at::kFloat)
+    return y;
+  if (st == at::kBool)
+    return y.ne(0);
+  if (at::isIntegralType(st, false))
+    return y.round_().to(st);
+  return y.to(st);
 }
 
-result<at::Tensor> decode(const encoded_tensor& e) {
-  for (const auto& c : e.chunks)
-    if (c.size() > e.header.params.chunk_bytes)
-      return fail("a payload chunk of " + std::to_string(c.size())
-                  + " bytes exceeds chunk_bytes = " + std::to_string(e.header.params.chunk_bytes));
-  if (e.chunks.size() == 1)
-    return decode_payload(e.header, e.chunks[0].data(), e.chunks[0].size());
+// Gathers the chunks of `e` into one buffer after checking sizes against the header.
+result<std::vector<uint8_t>> gather(const encoded_tensor& e) {
   uint64_t total = e.payload_bytes();
   if (auto st = validate(e.header, total); !st)
     return fail(st.what());
@@ -516,7 +580,77 @@ result<at::Tensor> decode(const encoded_tensor& e) {
   whole.reserve(total);
   for (const auto& c : e.chunks)
     whole.insert(whole.end(), c.begin(), c.end());
-  return decode_payload(e.header, whole.data(), whole.size());
+  return whole;
+}
+
+status check_chunk_sizes(const encoded_tensor& e) {
+  for (const auto& c : e.chunks)
+    if (c.size() > e.header.params.chunk_bytes)
+      return fail("a payload chunk of " + std::to_string(c.size()) +
+                  " bytes exceeds chunk_bytes = " + std::to_string(e.header.params.chunk_bytes));
+  return {};
+}
+
+} // namespace
+
+result<at::Tensor> decode_payload(const tensor_header& h, const uint8_t* data, size_t size) {
+  try {
+    if (auto st = check_payload(h, data, size); !st)
+      return fail(st.what());
+    auto n = *checked_numel(h.shape);
+    auto y = at::empty({n}, at::kFloat);
+    decode_floats(h, n, data, y.data_ptr<float>());
+    return restore_dtype(y.view(h.shape), to_scalar_type(h.dtype));
+  } catch (const std::exception& e) {
+    return fail(std::string{"decode failed: "} + e.what());
+  }
+}
+
+result<at::Tensor> decode(const encoded_tensor& e) {
+  if (auto st = check_chunk_sizes(e); !st)
+    return fail(st.what());
+  if (e.chunks.size() == 1)
+    return decode_payload(e.header, e.chunks[0].data(), e.chunks[0].size());
+  auto whole = gather(e);
+  if (!whole)
+    return whole.error();
+  return decode_payload(e.header, whole->data(), whole->size());
+}
+
+status decode_into(const tensor_header& h, const uint8_t* data, size_t size, at::Tensor& out) {
+  try {
+    if (auto st = check_payload(h, data, size); !st)
+      return st;
+    auto n = *checked_numel(h.shape);
+    auto st = to_scalar_type(h.dtype);
+    if (!out.defined() || !out.device().is_cpu() || !out.is_contiguous() ||
+        out.scalar_type() != st || out.sizes().vec() != h.shape)
+      return fail(std::string{"decode_into: the output must be a contiguous CPU tensor of dtype "} +
+                  c10::toString(st) + " and the header's shape");
+    if (st == at::kFloat) {
+      decode_floats(h, n, data, out.data_ptr<float>());
+      return {};
+    }
+    auto y = at::empty({n}, at::kFloat);
+    decode_floats(h, n, data, y.data_ptr<float>());
+    out.copy_(restore_dtype(y.view(h.shape), st));
+    return {};
+  } catch (const std::exception& e) {
+    return fail(std::string{"decode failed: "} + e.what());
+  }
+}
+
+status decode_into(const encoded_tensor& e, at::Tensor& out) {
+  if (auto st = check_chunk_sizes(e); !st)
+    return st;
+  if (e.chunks.size() == 1)
+    return decode_into(e.header, e.chunks[0].data(), e.chunks[0].size(), out);
+  if (e.chunks.empty())
+    return decode_into(e.header, nullptr, 0, out);
+  auto whole = gather(e);
+  if (!whole)
+    return fail(whole.error().what);
+  return decode_into(e.header, whole->data(), whole->size(), out);
 }
 
 } // namespace starling::kernels

@@ -31,8 +31,7 @@ result<wire_dtype> to_wire_dtype(c10::ScalarType t);
 c10::ScalarType to_scalar_type(wire_dtype d) noexcept;
 
 /// The header `encode` would produce for `t` (dtype, shape, resolved parameters).
-result<tensor_header> make_header(const at::Tensor& t, codec_id codec,
-                                  const codec_params& params);
+result<tensor_header> make_header(const at::Tensor& t, codec_id codec, const codec_params& params);
 
 /// Encodes `t` into exactly `payload_bytes(numel, ...)` bytes at `out` (any alignment), using
 /// a header made by `make_header` for the same tensor. Fails on non-finite input (except for
@@ -49,6 +48,15 @@ result<at::Tensor> decode_payload(const tensor_header& header, const uint8_t* da
 
 /// Decodes an encoded tensor (chunks are gathered when there is more than one).
 result<at::Tensor> decode(const encoded_tensor& e);
+
+/// Decodes a contiguous payload (any alignment) into `out`, a tensor the caller allocated once
+/// and reuses: it must be a defined, contiguous CPU tensor of the header's dtype and shape.
+/// For float32 output the codec writes straight into `out` (no allocation, no page faults on a
+/// warm tensor); other dtypes go through an fp32 temporary. Same checks as `decode_payload`.
+status decode_into(const tensor_header& header, const uint8_t* data, size_t size, at::Tensor& out);
+
+/// Decodes an encoded tensor into `out` (see the payload overload for the requirements on it).
+status decode_into(const encoded_tensor& e, at::Tensor& out);
 
 /// Error feedback (EF) around a codec: each round encodes `x + residual` and keeps what the codec
 /// dropped as the next residual, so over many rounds everything is transmitted. Meant for

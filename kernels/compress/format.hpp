@@ -74,7 +74,8 @@ struct codec_params {
   double ratio = 0.01;
   /// topk/randk: number of coordinates kept; 0 means ⌈ratio · numel⌉ (at least 1 if numel > 0).
   uint64_t k = 0;
-  /// randk: the shared seed choosing the coordinates; quantile8: the seed choosing the sample.
+  /// randk: the shared seed choosing the coordinates; quantile8: the seed choosing the sample;
+  /// topk: the seed of the sample that estimates the threshold (the result does not depend on it).
   uint64_t seed = 0;
   /// blockwise8: elements per block (≥ 1).
   uint32_t block_size = 4096;

@@ -4,16 +4,16 @@
 #include <cstring>
 
 #if defined(__x86_64__)
-#  include <immintrin.h>
+#include <immintrin.h>
 #endif
 
 // GCC's -O2 cost model ("very cheap") skips loops that need an epilogue; these loops are the hot
 // path, so they get the dynamic cost model and an AVX2 clone picked at load time.
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#  define STARLING_VECTORIZE                                                                    \
-    __attribute__((target_clones("avx2", "default"), optimize("vect-cost-model=dynamic")))
+#define STARLING_VECTORIZE                                                                         \
+  __attribute__((target_clones("avx2", "default"), optimize("vect-cost-model=dynamic")))
 #else
-#  define STARLING_VECTORIZE
+#define STARLING_VECTORIZE
 #endif
 
 namespace starling::kernels::detail {
@@ -82,12 +82,38 @@ __attribute__((target("avx2,f16c"))) size_t to_fp16_f16c(const float* x, uint16_
   return i;
 }
 
-__attribute__((target("avx2,f16c"))) size_t from_fp16_f16c(const uint16_t* in, float* x,
-                                                           size_t n) {
+__attribute__((target("avx2,f16c"))) size_t from_fp16_f16c(const uint16_t* in, float* x, size_t n) {
   size_t i = 0;
   for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(x + i, _mm256_cvtph_ps(
-                              _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+    _mm256_storeu_ps(x + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+  return i;
+}
+
+// Same arithmetic as the scalar loop (sub, mul, clamp, +0.5, truncate) on 8 elements.
+__attribute__((target("avx2"))) inline __m256i uniform8_codes(const float* p, __m256 lo,
+                                                              __m256 inv_step) {
+  __m256 v = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(p), lo), inv_step);
+  v = _mm256_min_ps(_mm256_max_ps(v, _mm256_setzero_ps()), _mm256_set1_ps(255.0f));
+  return _mm256_cvttps_epi32(_mm256_add_ps(v, _mm256_set1_ps(0.5f)));
+}
+
+// 32 elements a step; returns how many were encoded.
+__attribute__((target("avx2"))) size_t uniform8_encode_avx2(const float* x, uint8_t* out, size_t n,
+                                                            float lo, float inv_step) {
+  const __m256 vlo = _mm256_set1_ps(lo);
+  const __m256 vinv = _mm256_set1_ps(inv_step);
+  // packs/packus interleave 128-bit lanes; this restores element order per 4-byte group.
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    __m256i ab =
+        _mm256_packs_epi32(uniform8_codes(x + i, vlo, vinv), uniform8_codes(x + i + 8, vlo, vinv));
+    __m256i cd = _mm256_packs_epi32(uniform8_codes(x + i + 16, vlo, vinv),
+                                    uniform8_codes(x + i + 24, vlo, vinv));
+    __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(ab, cd), order);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), bytes);
+  }
   return i;
 }
 
@@ -193,8 +219,9 @@ STARLING_VECTORIZE float absmax_or_negative(const float* x, size_t n) {
   return zs == 0.0f ? r : -1.0f;
 }
 
-STARLING_VECTORIZE void uniform8_encode(const float* __restrict x, uint8_t* __restrict out,
-                                        size_t n, float lo, float inv_step) {
+static STARLING_VECTORIZE void uniform8_encode_scalar(const float* __restrict x,
+                                                      uint8_t* __restrict out, size_t n, float lo,
+                                                      float inv_step) {
   for (size_t i = 0; i < n; ++i) {
     float v = (x[i] - lo) * inv_step;
     v = v < 0.0f ? 0.0f : v;
@@ -203,8 +230,18 @@ STARLING_VECTORIZE void uniform8_encode(const float* __restrict x, uint8_t* __re
   }
 }
 
-STARLING_VECTORIZE void uniform8_decode(const uint8_t* __restrict in, float* __restrict x,
-                                        size_t n, float lo, float step) {
+void uniform8_encode(const float* x, uint8_t* out, size_t n, float lo, float inv_step) {
+  size_t i = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+  // The narrowing float -> int32 -> uint8 of the scalar loop vectorizes poorly (17% of memcpy).
+  if (__builtin_cpu_supports("avx2"))
+    i = uniform8_encode_avx2(x, out, n, lo, inv_step);
+#endif
+  uniform8_encode_scalar(x + i, out + i, n - i, lo, inv_step);
+}
+
+STARLING_VECTORIZE void uniform8_decode(const uint8_t* __restrict in, float* __restrict x, size_t n,
+                                        float lo, float step) {
   for (size_t i = 0; i < n; ++i)
     x[i] = lo + static_cast<float>(in[i]) * step;
 }
@@ -282,8 +319,8 @@ STARLING_VECTORIZE bool to_bf16(const float* __restrict x, uint16_t* __restrict 
     std::memcpy(&u, x + i, 4);
     uint32_t r = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
     // Non-finite input, or rounding that overflowed to infinity.
-    bad |= static_cast<uint32_t>((u & 0x7F800000u) == 0x7F800000u)
-           | static_cast<uint32_t>((r & 0x7F80u) == 0x7F80u);
+    bad |= static_cast<uint32_t>((u & 0x7F800000u) == 0x7F800000u) |
+           static_cast<uint32_t>((r & 0x7F80u) == 0x7F80u);
     out[i] = static_cast<uint16_t>(r);
   }
   return bad == 0;

@@ -14,9 +14,9 @@ using namespace starling::kernels;
 
 namespace {
 
-const codec_id all_codecs[] = {codec_id::none,       codec_id::fp16,      codec_id::bf16,
-                               codec_id::uniform8,   codec_id::blockwise8, codec_id::quantile8,
-                               codec_id::topk,       codec_id::randk};
+const codec_id all_codecs[] = {codec_id::none,     codec_id::fp16,       codec_id::bf16,
+                               codec_id::uniform8, codec_id::blockwise8, codec_id::quantile8,
+                               codec_id::topk,     codec_id::randk};
 
 at::Tensor round_trip(const at::Tensor& t, codec_id c, codec_params p = {}) {
   auto e = encode(t, c, p);
@@ -52,6 +52,76 @@ TEST_CASE("top-k keeps exactly the k largest magnitudes and zeroes the rest") {
   CHECK(y.ne(0).sum().item<int64_t>() == 37);
   auto thresh = std::get<0>(x.abs().topk(37)).min().item<float>();
   CHECK(torch::equal(y, torch::where(x.abs() >= thresh, x, torch::zeros_like(x))));
+}
+
+TEST_CASE("top-k on a large tensor keeps exactly the k largest magnitudes (sampled threshold)") {
+  torch::manual_seed(2);
+  auto x = torch::randn({1 << 20}); // above the size where a sample picks the threshold
+  codec_params p;
+  p.k = 5000;
+  auto y = round_trip(x, codec_id::topk, p);
+  CHECK(y.ne(0).sum().item<int64_t>() == 5000);
+  auto thresh = std::get<0>(x.abs().topk(5000)).min().item<float>();
+  CHECK(torch::equal(y, torch::where(x.abs() >= thresh, x, torch::zeros_like(x))));
+}
+
+TEST_CASE("top-k resolves equal magnitudes in favour of the smaller index") {
+  torch::manual_seed(3);
+  // Values in {-2, -1, 0, 1, 2}: ties everywhere, small and large (sampled) sizes.
+  for (int64_t n : {int64_t{1000}, int64_t{1} << 19}) {
+    CAPTURE(n);
+    auto x = torch::randint(-2, 3, {n}).to(torch::kFloat);
+    int64_t k = n / 2;
+    codec_params p;
+    p.k = static_cast<uint64_t>(k);
+    auto y = round_trip(x, codec_id::topk, p);
+    auto mag = x.abs();
+    auto greater = mag.gt(1.0f).sum().item<int64_t>(); // |x| = 2: all kept
+    REQUIRE(greater < k);
+    auto ones = mag.eq(1.0f).nonzero().flatten();
+    REQUIRE(ones.numel() >= k - greater);
+    auto expected = torch::where(mag.gt(1.0f), x, torch::zeros_like(x));
+    auto first = ones.slice(0, 0, k - greater);
+    expected.index_put_({first}, x.index({first}));
+    CHECK(torch::equal(y, expected));
+  }
+}
+
+TEST_CASE("decode_into fills a caller-provided tensor exactly like decode") {
+  torch::manual_seed(4);
+  for (auto dt : {torch::kFloat32, torch::kFloat16, torch::kFloat64}) {
+    auto x = torch::randn({64, 513}).to(dt);
+    for (auto c : all_codecs) {
+      CAPTURE(to_string(c));
+      codec_params p;
+      p.ratio = 0.1;
+      p.chunk_bytes = 10000; // several chunks
+      auto e = encode(x, c, p);
+      REQUIRE(e.ok());
+      auto expected = decode(*e);
+      REQUIRE(expected.ok());
+      auto out = torch::full({64, 513}, 7.0).to(dt);
+      REQUIRE(decode_into(*e, out).ok());
+      CHECK(torch::equal(out, *expected));
+      // Reused: a second decode into the same tensor overwrites everything.
+      REQUIRE(decode_into(*e, out).ok());
+      CHECK(torch::equal(out, *expected));
+    }
+  }
+}
+
+TEST_CASE("decode_into rejects an output of the wrong dtype, shape or layout") {
+  auto x = torch::randn({8, 16});
+  auto e = encode(x, codec_id::uniform8, {});
+  REQUIRE(e.ok());
+  auto wrong_dtype = torch::empty({8, 16}, torch::kFloat64);
+  auto wrong_shape = torch::empty({16, 8});
+  auto strided = torch::empty({16, 8}).t();
+  at::Tensor undefined;
+  CHECK_FALSE(decode_into(*e, wrong_dtype).ok());
+  CHECK_FALSE(decode_into(*e, wrong_shape).ok());
+  CHECK_FALSE(decode_into(*e, strided).ok());
+  CHECK_FALSE(decode_into(*e, undefined).ok());
 }
 
 TEST_CASE("payload_bytes is exact for every codec") {
@@ -107,8 +177,8 @@ TEST_CASE("integer and bool tensors come back with their dtype and values") {
   CHECK(torch::equal(y, i));
   auto b = torch::arange(0, 10).remainder(3).eq(0);
   CHECK(torch::equal(round_trip(b, codec_id::fp16), b));
-  CHECK((round_trip(torch::arange(0, 9, torch::kInt64), codec_id::blockwise8).scalar_type()
-         == torch::kInt64));
+  CHECK((round_trip(torch::arange(0, 9, torch::kInt64), codec_id::blockwise8).scalar_type() ==
+         torch::kInt64));
 }
 
 TEST_CASE("a non-contiguous tensor encodes its logical values") {
