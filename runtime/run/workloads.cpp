@@ -1,5 +1,6 @@
 #include "runtime/run/workload.hpp"
 
+#include "runtime/run/masha_workload.hpp"
 #include "runtime/run/ping_workload.hpp"
 
 namespace starling::runtime {
@@ -7,7 +8,9 @@ namespace starling::runtime {
 const std::map<std::string, workload>& workloads() {
   // The one table of experiment kinds; each entry lives in its own file.
   static const std::map<std::string, workload> table{
-    {"ping", {"nodes exchange timed pings through the network model or loopback", run_ping}},
+      {"masha",
+       {"extragradient, MASHA1 and MASHA2 on a bilinear saddle point, as actors", run_masha}},
+      {"ping", {"nodes exchange timed pings through the network model or loopback", run_ping}},
   };
   return table;
 }
