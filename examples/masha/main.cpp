@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
              problem->mean_square_lipschitz(), problem->mu());
   std::vector<runtime::masha_outcome> outcomes;
   for (const auto& e : runtime::masha_entries(*problem, {})) {
-    auto r = actors::vi::run_pure(problem, e.options, {400000, target});
+    auto r = actors::vi::run_pure(problem, e.options, {200000, target});
     if (!r) {
       fmt::print(stderr, "example_masha: {}: {}\n", e.label, r.error().what);
       return 1;

@@ -31,7 +31,7 @@ struct masha_workload_options {
   /// Relative error ‖z − z*‖²/‖z0 − z*‖² at which a method stops.
   double target = 1e-6;
   /// A method that has not reached `target` after this many iterations stops there.
-  int64_t max_iterations = 400000;
+  int64_t max_iterations = 200000;
   /// What the server does when a worker is lost.
   actors::vi::worker_loss_policy on_worker_loss = actors::vi::worker_loss_policy::fail;
   /// How long the server waits for a worker's reply.
