@@ -103,6 +103,11 @@ int run_masha(const experiment_config& cfg, const run_context& ctx) {
     read_options(section, opts);
     section.finish();
   }
+  if (ctx.simulate) {
+    log(log_level::error, "masha",
+        "the masha workload runs in local mode only (experiment.mode: local, no --sim)");
+    return 1;
+  }
   actors::vi::bilinear_options bo;
   bo.dim_per_player = static_cast<std::size_t>(opts.dim);
   bo.workers = static_cast<std::size_t>(opts.workers);
