@@ -77,8 +77,8 @@ std::string masha_table(const std::vector<masha_outcome>& outcomes, double targe
   for (const auto& o : outcomes) {
     double up = 0, all = 0;
     if (!bits_to(o, target, up, all)) {
-      s += fmt::format("  {:<32} {:>8} {:>12} {:>12} {:>9} {:>9}\n", o.label, o.iterations,
-                       "not reached", "-", "-", "-");
+      s += fmt::format("  {:<32} {:>8} {:>12} {:>12} {:>9} {:>9}  {}\n", o.label, o.iterations,
+                       "not reached", "-", "-", "-", o.note);
       continue;
     }
     if (have_eg)
@@ -98,6 +98,8 @@ plot::line_plot masha_plot(const std::vector<masha_outcome>& outcomes, const std
   p.y_label = "relative error |z - z*|^2 / |z0 - z*|^2";
   p.log_y = true;
   for (const auto& o : outcomes) {
+    if (o.trace.empty())
+      continue; // diverged before its first iteration was recorded: nothing to draw
     plot::series s;
     s.name = o.label;
     // At most ~1000 points per line: long compressed runs would make a huge file otherwise.

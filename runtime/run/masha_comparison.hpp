@@ -49,6 +49,8 @@ struct masha_outcome {
   bool reached = false;
   /// Iterations run.
   std::size_t iterations = 0;
+  /// Why the run stopped early (e.g. it diverged); empty otherwise.
+  std::string note;
 };
 
 /// The table of bits per worker (both directions and uplink only) to reach `target`, with the

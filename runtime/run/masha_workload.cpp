@@ -143,8 +143,17 @@ int run_masha(const experiment_config& cfg, const run_context& ctx) {
     auto pure = actors::vi::run_pure(problem, e.options,
                                      {static_cast<std::size_t>(opts.max_iterations), opts.target});
     if (!pure) {
-      log(log_level::error, "masha", "{}: {}", e.label, pure.error().what);
-      return 1;
+      // A diverging method is a result of the comparison, not an error of the run.
+      fmt::print("  {:<32} gamma {:.4f}  tau {:.3f}: {}\n", e.label, e.options.gamma, e.options.tau,
+                 pure.error().what);
+      out.write({{"event", "result"},
+                 {"method", e.label},
+                 {"gamma", e.options.gamma},
+                 {"tau", e.options.tau},
+                 {"reached", false},
+                 {"note", pure.error().what}});
+      outcomes.push_back({e.label, {}, false, 0, pure.error().what});
+      continue;
     }
     fmt::print("  {:<32} gamma {:.4f}  tau {:.3f}: {} iterations with {} worker actors ...\n",
                e.label, e.options.gamma, e.options.tau, pure->iterations, problem->workers());
@@ -185,7 +194,7 @@ int run_masha(const experiment_config& cfg, const run_context& ctx) {
                {"bits_up", rep->bits_up},
                {"bits_down", rep->bits_down},
                {"live_workers", rep->live_workers}});
-    outcomes.push_back({e.label, std::move(pure->trace), pure->reached, pure->iterations});
+    outcomes.push_back({e.label, std::move(pure->trace), pure->reached, pure->iterations, {}});
   }
   const auto table = masha_table(outcomes, opts.target);
   fmt::print("\n{}", table);
