@@ -27,12 +27,21 @@ uint8_t as_byte(vi_phase p) {
 
 const char* phase_name(uint8_t p) {
   switch (static_cast<vi_phase>(p)) {
-    case vi_phase::full: return "full";
-    case vi_phase::compressed: return "compressed";
-    case vi_phase::eg_point: return "eg_point";
-    case vi_phase::eg_half: return "eg_half";
+  case vi_phase::full:
+    return "full";
+  case vi_phase::compressed:
+    return "compressed";
+  case vi_phase::eg_point:
+    return "eg_point";
+  case vi_phase::eg_half:
+    return "eg_half";
   }
   return "unknown";
+}
+
+/// The per-round stream every party draws the Rand-k seed from under `shared_randomness`.
+std::mt19937_64 round_stream(uint64_t seed, uint64_t round) {
+  return std::mt19937_64{mix(mix(seed ^ 0x726f756e64ULL) + round)};
 }
 
 vi_phase first_phase(method_kind m) {
@@ -43,18 +52,24 @@ vi_phase first_phase(method_kind m) {
 
 std::unique_ptr<vector_compressor> make_compressor(const codec_spec& spec) {
   switch (spec.kind) {
-    case codec_kind::rand_k: return make_rand_k(spec.k);
-    case codec_kind::top_k: return make_top_k(spec.k);
-    case codec_kind::dense: break;
+  case codec_kind::rand_k:
+    return make_rand_k(spec.k);
+  case codec_kind::top_k:
+    return make_top_k(spec.k);
+  case codec_kind::dense:
+    break;
   }
   return make_dense();
 }
 
 std::string to_string(method_kind m) {
   switch (m) {
-    case method_kind::extragradient: return "extragradient";
-    case method_kind::masha1: return "masha1";
-    case method_kind::masha2: return "masha2";
+  case method_kind::extragradient:
+    return "extragradient";
+  case method_kind::masha1:
+    return "masha1";
+  case method_kind::masha2:
+    return "masha2";
   }
   return "unknown";
 }
@@ -81,57 +96,75 @@ std::string to_string(method_kind m) {
 // theorem needs a step smaller by a factor of order δ-dependent terms; we use
 //   1 − τ = δ_w, γ = sqrt(1 − τ) / (2 L) measured to converge, which keeps its step close to
 // MASHA1's uncompressed-server value.
+double compressed_lipschitz(const method_options& o, const bilinear_problem& problem) {
+  const double m = static_cast<double>(problem.workers());
+  const double l = problem.lipschitz();
+  const double lt = problem.mean_square_lipschitz();
+  const double qw = make_compressor(o.worker_codec)->parameter(problem.dim());
+  const double qs = make_compressor(o.server_codec)->parameter(problem.dim());
+  if (o.shared_randomness && o.worker_codec.kind == codec_kind::rand_k) {
+    // One index set for all: (1/M) Σ Q(Δ_m) = Q(Δ̄), E‖Q(Δ̄)‖² = q_w ‖Δ̄‖² ≤ q_w L² ‖z − w‖²;
+    // the server forwards that k-sparse average exactly (dense, or Rand-k on the same seed).
+    const bool exact_forward =
+        o.server_codec.kind == codec_kind::dense || o.server_codec.kind == codec_kind::rand_k;
+    return std::sqrt((exact_forward ? 1.0 : qs) * qw) * l;
+  }
+  return std::sqrt(qs * (l * l + (qw - 1.0) * lt * lt / m));
+}
+
+method_options recommended_options(method_options o, const bilinear_problem& problem,
+                                   double gamma_scale) {
+  const double d = static_cast<double>(problem.dim());
+  const double l = problem.lipschitz();
+  switch (o.method) {
+  case method_kind::extragradient:
+    o.gamma = 0.5 / l;
+    o.tau = 1.0;
+    o.worker_codec = {codec_kind::dense, 0};
+    o.server_codec = {codec_kind::dense, 0};
+    o.shared_randomness = false;
+    break;
+  case method_kind::masha1: {
+    const double qw = make_compressor(o.worker_codec)->parameter(problem.dim());
+    o.tau = 1.0 - 1.0 / qw;
+    o.gamma = std::sqrt(1.0 - o.tau) / compressed_lipschitz(o, problem);
+    break;
+  }
+  case method_kind::masha2: {
+    const double delta = o.worker_codec.kind == codec_kind::dense
+                             ? 1.0
+                             : std::min(1.0, static_cast<double>(o.worker_codec.k) / d);
+    o.tau = 1.0 - delta;
+    o.gamma = std::sqrt(1.0 - o.tau) / (2.0 * l);
+    break;
+  }
+  }
+  o.gamma *= gamma_scale;
+  return o;
+}
+
 method_options recommended_options(method_kind method, const bilinear_problem& problem,
-                                   codec_spec worker_codec, codec_spec server_codec,
-                                   uint64_t seed, double gamma_scale) {
+                                   codec_spec worker_codec, codec_spec server_codec, uint64_t seed,
+                                   double gamma_scale) {
   method_options o;
   o.method = method;
   o.worker_codec = worker_codec;
   o.server_codec = server_codec;
   o.seed = seed;
-  const double d = static_cast<double>(problem.dim());
-  const double m = static_cast<double>(problem.workers());
-  const double l = problem.lipschitz();
-  const double lt = problem.mean_square_lipschitz();
-  switch (method) {
-    case method_kind::extragradient:
-      o.gamma = 0.5 / l;
-      o.tau = 1.0;
-      o.worker_codec = {codec_kind::dense, 0};
-      o.server_codec = {codec_kind::dense, 0};
-      break;
-    case method_kind::masha1: {
-      const double qw = make_compressor(worker_codec)->parameter(problem.dim());
-      const double qs = make_compressor(server_codec)->parameter(problem.dim());
-      const double lq = std::sqrt(qs * (l * l + (qw - 1.0) * lt * lt / m));
-      o.tau = 1.0 - 1.0 / qw;
-      o.gamma = std::sqrt(1.0 - o.tau) / lq;
-      break;
-    }
-    case method_kind::masha2: {
-      const double delta = worker_codec.kind == codec_kind::dense
-                               ? 1.0
-                               : std::min(1.0, static_cast<double>(worker_codec.k) / d);
-      o.tau = 1.0 - delta;
-      o.gamma = std::sqrt(1.0 - o.tau) / (2.0 * l);
-      break;
-    }
-  }
-  o.gamma *= gamma_scale;
-  return o;
+  return recommended_options(o, problem, gamma_scale);
 }
 
 // --- worker ---------------------------------------------------------------------------------
 
 worker_core::worker_core(std::shared_ptr<const vi_problem> problem, std::size_t index,
                          method_options options, std::vector<double> z0)
-  : problem_(std::move(problem)),
-    index_(index),
-    options_(options),
-    codec_(make_compressor(options.worker_codec)),
-    rng_(mix(options.seed * 1000003ULL + index + 1)),
-    phase_(first_phase(options.method)),
-    z_(std::move(z0)) {
+    : problem_(std::move(problem)),
+      index_(index),
+      options_(options),
+      codec_(make_compressor(options.worker_codec)),
+      rng_(mix(options.seed * 1000003ULL + index + 1)),
+      phase_(first_phase(options.method)),
+      z_(std::move(z0)) {
   w_ = z_;
   error_.assign(z_.size(), 0.0);
 }
@@ -143,42 +176,45 @@ vi_uplink worker_core::uplink() {
   up.phase = as_byte(phase_);
   const auto n = z_.size();
   switch (phase_) {
-    case vi_phase::eg_point:
-      problem_->apply(index_, z_, scratch_);
-      up.payload = make_dense()->compress(scratch_, rng_).wire;
-      break;
-    case vi_phase::eg_half:
-      problem_->apply(index_, z_half_, scratch_);
-      up.payload = make_dense()->compress(scratch_, rng_).wire;
-      break;
-    case vi_phase::full:
-      problem_->apply(index_, w_, f_m_w_);
-      up.payload = make_dense()->compress(f_m_w_, rng_).wire;
-      break;
-    case vi_phase::compressed: {
-      // z̄ = τz + (1 − τ)w; z_{k+1/2} = z̄ − γF(w) (no prox: the problem is unconstrained).
-      z_bar_.resize(n);
-      z_half_.resize(n);
-      for (std::size_t i = 0; i < n; ++i) {
-        z_bar_[i] = options_.tau * z_[i] + (1.0 - options_.tau) * w_[i];
-        z_half_[i] = z_bar_[i] - options_.gamma * f_w_[i];
-      }
-      problem_->apply(index_, z_half_, scratch_);
-      for (std::size_t i = 0; i < n; ++i)
-        scratch_[i] -= f_m_w_[i];
-      if (options_.method == method_kind::masha2) {
-        // Error feedback: send C(γΔ + e), keep what the compressor dropped.
-        for (std::size_t i = 0; i < n; ++i)
-          scratch_[i] = options_.gamma * scratch_[i] + error_[i];
-        auto c = codec_->compress(scratch_, rng_);
-        for (std::size_t i = 0; i < n; ++i)
-          error_[i] = scratch_[i] - c.seen[i];
-        up.payload = std::move(c.wire);
-      } else {
-        up.payload = codec_->compress(scratch_, rng_).wire;
-      }
-      break;
+  case vi_phase::eg_point:
+    problem_->apply(index_, z_, scratch_);
+    up.payload = make_dense()->compress(scratch_, rng_).wire;
+    break;
+  case vi_phase::eg_half:
+    problem_->apply(index_, z_half_, scratch_);
+    up.payload = make_dense()->compress(scratch_, rng_).wire;
+    break;
+  case vi_phase::full:
+    problem_->apply(index_, w_, f_m_w_);
+    up.payload = make_dense()->compress(f_m_w_, rng_).wire;
+    break;
+  case vi_phase::compressed: {
+    // z̄ = τz + (1 − τ)w; z_{k+1/2} = z̄ − γF(w) (no prox: the problem is unconstrained).
+    z_bar_.resize(n);
+    z_half_.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      z_bar_[i] = options_.tau * z_[i] + (1.0 - options_.tau) * w_[i];
+      z_half_[i] = z_bar_[i] - options_.gamma * f_w_[i];
     }
+    problem_->apply(index_, z_half_, scratch_);
+    for (std::size_t i = 0; i < n; ++i)
+      scratch_[i] -= f_m_w_[i];
+    if (options_.method == method_kind::masha2) {
+      // Error feedback: send C(γΔ + e), keep what the compressor dropped.
+      for (std::size_t i = 0; i < n; ++i)
+        scratch_[i] = options_.gamma * scratch_[i] + error_[i];
+      auto c = codec_->compress(scratch_, rng_);
+      for (std::size_t i = 0; i < n; ++i)
+        error_[i] = scratch_[i] - c.seen[i];
+      up.payload = std::move(c.wire);
+    } else if (options_.shared_randomness) {
+      auto shared = round_stream(options_.seed, round_);
+      up.payload = codec_->compress(scratch_, shared).wire;
+    } else {
+      up.payload = codec_->compress(scratch_, rng_).wire;
+    }
+    break;
+  }
   }
   bits_up_ += messages::payload_bits(up.payload);
   return up;
@@ -195,34 +231,34 @@ status worker_core::downlink(const vi_downlink& msg) {
   const auto n = z_.size();
   bits_down_ += messages::payload_bits(msg);
   switch (phase_) {
-    case vi_phase::eg_point:
-      z_half_.resize(n);
-      for (std::size_t i = 0; i < n; ++i)
-        z_half_[i] = z_[i] - options_.gamma * g[i];
-      phase_ = vi_phase::eg_half;
-      break;
-    case vi_phase::eg_half:
-      for (std::size_t i = 0; i < n; ++i)
-        z_[i] -= options_.gamma * g[i];
-      ++iterations_;
-      phase_ = vi_phase::eg_point;
-      break;
-    case vi_phase::full:
-      f_w_ = g;
-      phase_ = vi_phase::compressed;
-      break;
-    case vi_phase::compressed: {
-      // MASHA1 receives the compressed difference, MASHA2 the compressed γ-scaled one.
-      const double scale = options_.method == method_kind::masha2 ? 1.0 : options_.gamma;
-      for (std::size_t i = 0; i < n; ++i)
-        z_[i] = z_bar_[i] - options_.gamma * f_w_[i] - scale * g[i];
-      ++iterations_;
-      if (msg.coin) {
-        w_ = z_;
-        phase_ = vi_phase::full;
-      }
-      break;
+  case vi_phase::eg_point:
+    z_half_.resize(n);
+    for (std::size_t i = 0; i < n; ++i)
+      z_half_[i] = z_[i] - options_.gamma * g[i];
+    phase_ = vi_phase::eg_half;
+    break;
+  case vi_phase::eg_half:
+    for (std::size_t i = 0; i < n; ++i)
+      z_[i] -= options_.gamma * g[i];
+    ++iterations_;
+    phase_ = vi_phase::eg_point;
+    break;
+  case vi_phase::full:
+    f_w_ = g;
+    phase_ = vi_phase::compressed;
+    break;
+  case vi_phase::compressed: {
+    // MASHA1 receives the compressed difference, MASHA2 the compressed γ-scaled one.
+    const double scale = options_.method == method_kind::masha2 ? 1.0 : options_.gamma;
+    for (std::size_t i = 0; i < n; ++i)
+      z_[i] = z_bar_[i] - options_.gamma * f_w_[i] - scale * g[i];
+    ++iterations_;
+    if (msg.coin) {
+      w_ = z_;
+      phase_ = vi_phase::full;
     }
+    break;
+  }
   }
   ++round_;
   return {};
@@ -231,12 +267,12 @@ status worker_core::downlink(const vi_downlink& msg) {
 // --- server ---------------------------------------------------------------------------------
 
 server_core::server_core(std::size_t dim, method_options options)
-  : dim_(dim),
-    options_(options),
-    codec_(make_compressor(options.server_codec)),
-    rng_(mix(options.seed * 1000003ULL)),
-    coin_rng_(mix(options.seed ^ 0x636f696eULL)), // own stream: coins do not depend on codecs
-    phase_(first_phase(options.method)) {
+    : dim_(dim),
+      options_(options),
+      codec_(make_compressor(options.server_codec)),
+      rng_(mix(options.seed * 1000003ULL)),
+      coin_rng_(mix(options.seed ^ 0x636f696eULL)), // own stream: coins do not depend on codecs
+      phase_(first_phase(options.method)) {
   error_.assign(dim, 0.0);
 }
 
@@ -249,6 +285,13 @@ result<vi_downlink> server_core::aggregate(const std::vector<vi_uplink>& uplinks
       return fail(fmt::format("server: worker {} sent round {} ({}), expected round {} ({})",
                               up.worker, up.round, phase_name(up.phase), round_,
                               phase_name(as_byte(phase_))));
+    if (phase_ == vi_phase::compressed && options_.shared_randomness &&
+        up.payload.codec == static_cast<uint8_t>(messages::vi_codec::rand_k) &&
+        up.payload.seed != round_stream(options_.seed, round_)())
+      return fail(fmt::format("server: worker {} used Rand-k seed {} in round {}, expected the "
+                              "round's shared seed {}",
+                              up.worker, up.payload.seed, round_,
+                              round_stream(options_.seed, round_)()));
     auto v = decode(up.payload, dim_);
     if (!v)
       return fail(fmt::format("server: worker {}: {}", up.worker, v.error().what));
@@ -261,35 +304,49 @@ result<vi_downlink> server_core::aggregate(const std::vector<vi_uplink>& uplinks
   out.round = round_;
   out.phase = as_byte(phase_);
   switch (phase_) {
-    case vi_phase::eg_point:
-      out.payload = make_dense()->compress(avg, rng_).wire;
-      phase_ = vi_phase::eg_half;
-      break;
-    case vi_phase::eg_half:
-      out.payload = make_dense()->compress(avg, rng_).wire;
-      phase_ = vi_phase::eg_point;
-      break;
-    case vi_phase::full:
-      out.payload = make_dense()->compress(avg, rng_).wire;
-      phase_ = vi_phase::compressed;
-      break;
-    case vi_phase::compressed: {
-      if (options_.method == method_kind::masha2) {
-        for (std::size_t i = 0; i < dim_; ++i)
-          avg[i] += error_[i];
-        auto c = codec_->compress(avg, rng_);
-        for (std::size_t i = 0; i < dim_; ++i)
-          error_[i] = avg[i] - c.seen[i];
-        out.payload = std::move(c.wire);
-      } else {
-        out.payload = codec_->compress(avg, rng_).wire;
-      }
-      // One shared coin: with probability 1 − τ every replica moves w to the new z.
-      out.coin = std::bernoulli_distribution{1.0 - options_.tau}(coin_rng_);
-      if (out.coin)
-        phase_ = vi_phase::full;
-      break;
+  case vi_phase::eg_point:
+    out.payload = make_dense()->compress(avg, rng_).wire;
+    phase_ = vi_phase::eg_half;
+    break;
+  case vi_phase::eg_half:
+    out.payload = make_dense()->compress(avg, rng_).wire;
+    phase_ = vi_phase::eg_point;
+    break;
+  case vi_phase::full:
+    out.payload = make_dense()->compress(avg, rng_).wire;
+    phase_ = vi_phase::compressed;
+    break;
+  case vi_phase::compressed: {
+    if (options_.method == method_kind::masha2) {
+      for (std::size_t i = 0; i < dim_; ++i)
+        avg[i] += error_[i];
+      auto c = codec_->compress(avg, rng_);
+      for (std::size_t i = 0; i < dim_; ++i)
+        error_[i] = avg[i] - c.seen[i];
+      out.payload = std::move(c.wire);
+    } else if (options_.shared_randomness && options_.server_codec.kind == codec_kind::rand_k &&
+               options_.worker_codec.kind == codec_kind::rand_k) {
+      // Every worker drew its Rand-k seed from the round's stream, so `avg` is zero outside
+      // those k indices: the server sends them under the same seed, unscaled by k/d so the
+      // receiver's d/k scale restores `avg` exactly (no second compression variance).
+      messages::vi_vector w;
+      w.codec = static_cast<uint8_t>(messages::vi_codec::rand_k);
+      w.dim = static_cast<uint32_t>(dim_);
+      w.seed = round_stream(options_.seed, round_)();
+      const auto k = std::min(options_.worker_codec.k, dim_);
+      const double unscale = static_cast<double>(k) / static_cast<double>(dim_);
+      for (auto i : rand_k_indices(w.seed, dim_, k))
+        w.values.push_back(static_cast<float>(avg[i] * unscale));
+      out.payload = std::move(w);
+    } else {
+      out.payload = codec_->compress(avg, rng_).wire;
     }
+    // One shared coin: with probability 1 − τ every replica moves w to the new z.
+    out.coin = std::bernoulli_distribution{1.0 - options_.tau}(coin_rng_);
+    if (out.coin)
+      phase_ = vi_phase::full;
+    break;
+  }
   }
   ++round_;
   return out;
@@ -325,8 +382,8 @@ result<run_report> run_pure(const std::shared_ptr<const bilinear_problem>& probl
     trace_point p{w0.iterations(), problem->relative_error(w0.z()), w0.bits_up(), w0.bits_down()};
     report.trace.push_back(p);
     if (!std::isfinite(p.relative_error))
-      return fail(fmt::format("{} diverged at iteration {}", to_string(options.method),
-                              p.iteration));
+      return fail(
+          fmt::format("{} diverged at iteration {}", to_string(options.method), p.iteration));
     if (limits.target > 0 && p.relative_error <= limits.target) {
       report.reached = true;
       break;

@@ -55,13 +55,28 @@ struct method_options {
   codec_spec server_codec{codec_kind::rand_k, 20};
   /// Seeds compressors (per worker and server) and the shared coin, so runs replay exactly.
   uint64_t seed = 1;
+  /// Common randomness for Rand-k: in every round all workers and the server draw the Rand-k seed
+  /// from one stream derived from `seed` and the round, so the workers' messages share their k
+  /// indices, their average is k-sparse and a Rand-k server forwards it exactly on those indices
+  /// (its own k is then unused and q_s adds no variance). Off: independent seeds per worker and
+  /// server, as in the paper's Algorithm 1.
+  bool shared_randomness = false;
 };
+
+/// The mean-square Lipschitz constant L_Q of MASHA1's compressed estimator
+/// Q_s((1/M) Σ Q_m(F_m(z) − F_m(w))) relative to ‖z − w‖, for the options' codecs (see masha.cpp).
+double compressed_lipschitz(const method_options& options, const bilinear_problem& problem);
 
 /// γ and τ from the theory, for a problem's constants (see the comment in masha.cpp); γ is
 /// multiplied by `gamma_scale` (1 = the recommended value).
 method_options recommended_options(method_kind method, const bilinear_problem& problem,
                                    codec_spec worker_codec, codec_spec server_codec,
                                    uint64_t seed = 1, double gamma_scale = 1.0);
+
+/// γ and τ from the theory for `base`'s method, codecs and `shared_randomness` (the rest of
+/// `base` is kept); γ is multiplied by `gamma_scale`.
+method_options recommended_options(method_options base, const bilinear_problem& problem,
+                                   double gamma_scale = 1.0);
 
 /// One worker's state: its replica of z (and w), its part F_m, its error-feedback memory.
 class worker_core {
@@ -97,10 +112,10 @@ private:
   uint64_t round_ = 0;
   std::size_t iterations_ = 0;
   std::vector<double> z_, w_, z_bar_, z_half_;
-  std::vector<double> f_w_;      // F(w) as received from the server
-  std::vector<double> f_m_w_;    // own F_m(w), exact
+  std::vector<double> f_w_;   // F(w) as received from the server
+  std::vector<double> f_m_w_; // own F_m(w), exact
   std::vector<double> scratch_;
-  std::vector<double> error_;    // MASHA2 error feedback e_m
+  std::vector<double> error_; // MASHA2 error feedback e_m
   uint64_t bits_up_ = 0;
   uint64_t bits_down_ = 0;
 };

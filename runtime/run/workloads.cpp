@@ -1,5 +1,6 @@
 #include "runtime/run/workload.hpp"
 
+#include "runtime/run/masha_workload.hpp"
 #include "runtime/run/ping_workload.hpp"
 #include "runtime/run/swarm_workload.hpp"
 
@@ -10,6 +11,9 @@ const std::map<std::string, workload>& workloads() {
   static const std::map<std::string, workload> table{
     {"ping", {"nodes exchange timed pings through the network model or loopback", run_ping}},
     {"swarm", {"SWARM pipeline training of a byte-level GPT with preemptions", run_swarm}},
+      {"masha",
+       {"extragradient, MASHA1 and MASHA2 on a bilinear saddle point, as actors", run_masha}},
+      {"ping", {"nodes exchange timed pings through the network model or loopback", run_ping}},
   };
   return table;
 }
