@@ -9,11 +9,10 @@ namespace starling::runtime {
 const std::map<std::string, workload>& workloads() {
   // The one table of experiment kinds; each entry lives in its own file.
   static const std::map<std::string, workload> table{
+    {"masha",
+     {"extragradient, MASHA1 and MASHA2 on a bilinear saddle point, as actors", run_masha}},
     {"ping", {"nodes exchange timed pings through the network model or loopback", run_ping}},
     {"swarm", {"SWARM pipeline training of a byte-level GPT with preemptions", run_swarm}},
-      {"masha",
-       {"extragradient, MASHA1 and MASHA2 on a bilinear saddle point, as actors", run_masha}},
-      {"ping", {"nodes exchange timed pings through the network model or loopback", run_ping}},
   };
   return table;
 }
