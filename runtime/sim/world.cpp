@@ -294,8 +294,19 @@ void world::run_for(std::chrono::nanoseconds d) {
 
 bool world::run_until(const std::function<bool()>& pred, std::chrono::nanoseconds limit) {
   auto deadline = now_ns() + limit.count();
-  sched().run();
-  while (!pred()) {
+  // One job at a time, so that the predicate sees every intermediate state.
+  auto drain = [&] {
+    while (sched().try_run_once())
+      if (pred())
+        return true;
+    return false;
+  };
+  for (;;) {
+    if (pred() || drain())
+      return true;
+    apply_due_faults();
+    if (pred() || drain())
+      return true;
     auto& clk = sched().clock();
     int64_t next = INT64_MAX;
     if (clk.has_pending_timeout())
@@ -304,16 +315,17 @@ bool world::run_until(const std::function<bool()>& pred, std::chrono::nanosecond
                .count();
     if (!pending_.empty())
       next = std::min(next, pending_.begin()->first);
+    auto now = now_ns();
     if (next == INT64_MAX || next > deadline) {
-      auto now = now_ns();
       if (deadline > now)
         clk.advance_time(std::chrono::nanoseconds{deadline - now});
-      sched().run();
-      return pred();
+      return pred() || drain();
     }
-    run_for(std::chrono::nanoseconds{std::max<int64_t>(0, next - now_ns())});
+    if (next > now)
+      clk.advance_time(std::chrono::nanoseconds{next - now});
+    else if (clk.has_pending_timeout() && clk.schedule().begin()->first <= clk.now())
+      clk.trigger_timeout();
   }
-  return true;
 }
 
 void world::kill_node(const std::string& name, std::chrono::nanoseconds restart_after) {
