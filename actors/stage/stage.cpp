@@ -115,46 +115,57 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
     self->send(self->state.board, put_atom::value, self->state.opts.stage, self->state.opts.name,
                caf::actor_cast<caf::actor>(self));
   };
-  // Download the stage's state from a live peer before serving; the first peer of a stage
-  // starts from the seeded initialization.
-  self->request(board, opts.timeout, get_atom::value, opts.stage)
-    .then(
-      [=](const std::vector<std::string>&, const std::vector<caf::actor>& peers) {
-        if (peers.empty()) {
-          announce();
-          return;
-        }
-        auto remaining = std::make_shared<size_t>(peers.size());
-        auto done = std::make_shared<bool>(false);
-        // Ask every live peer at once; the first complete state wins.
-        for (auto& p : peers)
-          self->request(p, self->state.opts.timeout, get_atom::value, state_atom::value)
-            .then(
-              [=](const stage_state& s) {
-                --*remaining;
-                if (*done)
-                  return;
-                *done = true;
-                load(self->state, s);
-                announce();
-              },
-              [=](caf::error&) {
-                if (--*remaining == 0 && !*done) {
+  // Download the stage's state from a live peer before serving (from every live peer at once; the
+  // first complete state wins). A peer of the initial generation whose stage has nobody yet
+  // starts from the seeded initialization; a (re)joining peer keeps trying until a donor answers.
+  auto download = std::make_shared<std::function<void()>>();
+  *download = [=] {
+    auto retry_or_start = [=] {
+      if (self->state.opts.download_state)
+        self->delayed_send(self, self->state.opts.retry_every, state_atom::value);
+      else
+        announce();
+    };
+    self->request(self->state.board, self->state.opts.timeout, get_atom::value,
+                  self->state.opts.stage)
+      .then(
+        [=](const std::vector<std::string>&, const std::vector<caf::actor>& peers) {
+          if (peers.empty()) {
+            retry_or_start();
+            return;
+          }
+          auto remaining = std::make_shared<size_t>(peers.size());
+          auto done = std::make_shared<bool>(false);
+          for (auto& p : peers)
+            self->request(p, self->state.opts.timeout, get_atom::value, state_atom::value)
+              .then(
+                [=](const stage_state& s) {
+                  --*remaining;
+                  if (*done)
+                    return;
                   *done = true;
-                  announce(); // every donor failed: serve from the seeded initialization
-                }
-              });
-      },
-      [=](caf::error&) { announce(); });
+                  load(self->state, s);
+                  announce();
+                },
+                [=](caf::error&) {
+                  if (--*remaining == 0 && !*done) {
+                    *done = true;
+                    retry_or_start(); // every donor failed
+                  }
+                });
+        },
+        [=](caf::error&) { retry_or_start(); });
+  };
+  (*download)();
   auto gossip = [=] {
     self->request(self->state.board, self->state.opts.timeout, get_atom::value,
                   self->state.opts.stage)
       .then(
-        [=](const std::vector<std::string>& names, const std::vector<caf::actor>& peers) {
+        [=](const std::vector<std::string>&, const std::vector<caf::actor>& peers) {
           std::vector<caf::actor> others;
-          for (size_t i = 0; i < peers.size(); ++i)
-            if (names[i] != self->state.opts.name)
-              others.push_back(peers[i]);
+          for (auto& p : peers)
+            if (p.address() != self->address())
+              others.push_back(p);
           if (others.empty())
             return;
           std::uniform_int_distribution<size_t> pick{0, others.size() - 1};
@@ -223,6 +234,10 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
       if (!self->state.ready)
         return caf::make_error(caf::sec::runtime_error, "stage peer is still starting");
       return snapshot(self->state);
+    },
+    [=](state_atom) {
+      if (!self->state.ready)
+        (*download)();
     },
     [=](tick_atom, uint64_t ticket) {
       auto i = self->state.held.find(ticket);

@@ -37,6 +37,12 @@ struct stage_options {
   kernels::codec_id codec = kernels::codec_id::blockwise8;
   /// Timeout of state downloads and gossip exchanges.
   caf::timespan timeout = std::chrono::seconds(10);
+  /// Whether the peer must start from a live peer's state: true for peers that (re)join a running
+  /// pipeline. Such a peer keeps asking (every `retry_every`) until a donor answers and only then
+  /// announces itself; a peer of the initial generation starts from the seeded initialization
+  /// when its stage has no live peer yet.
+  bool download_state = false;
+  caf::timespan retry_every = std::chrono::milliseconds(500);
   /// Seed of gossip partner choices.
   uint64_t seed = 0;
 };

@@ -254,6 +254,7 @@ int run_swarm(const experiment_config& cfg, const run_context& ctx) {
     so.optimizer = opts.optimizer;
     so.local_batch = opts.local_batch;
     so.speed = slot.speed;
+    so.download_state = slot.generation > 0;
     so.codec = opts.compression;
     so.seed = cfg.experiment.seed * 1000 + index * 10 + static_cast<uint64_t>(slot.generation);
     slot.handle = actors::stage::spawn_stage(sys, so, board);

@@ -2,11 +2,14 @@
 
 #include <caf/all.hpp>
 
+#include "actors/dht/dht.hpp"
 #include "actors/stage/board.hpp"
+#include "actors/stage/dht_board.hpp"
 #include "actors/stage/stage.hpp"
 #include "actors/trainer/trainer.hpp"
 #include "kernels/data/corpus.hpp"
 #include "messages/atoms.hpp"
+#include "messages/swarm.hpp"
 #include "runtime/sim/world.hpp"
 
 using namespace starling;
@@ -110,4 +113,89 @@ TEST_CASE("a pipeline with a stage peer killed mid-run completes every microbatc
   // The kill caught a hop in flight (deterministic under the seed): the retry path ran.
   CHECK(t->retries >= 1);
   MESSAGE("retries after the kill: " << t->retries);
+}
+
+TEST_CASE("stage peers on three simulated nodes find each other through the DHT; a node lost "
+          "mid-run is retried around, restarts, downloads state and serves again") {
+  runtime::sim::world_options wo;
+  wo.seed = 5;
+  wo.network.defaults.latency = 5ms;
+  runtime::sim::world w{wo};
+  // Every node runs a DHT node and a DHT-backed board; node 0 is the bootstrap.
+  for (int i = 0; i < 3; ++i) {
+    auto& nd = w.add_node("n" + std::to_string(i));
+    actors::dht::dht_options d;
+    d.address = nd.endpoint() + "/dht";
+    d.id = actors::dht::identity::from_seed(900 + static_cast<uint64_t>(i));
+    if (i > 0)
+      d.bootstrap = {"n0:1/dht"};
+    actors::stage::dht_board_options b;
+    b.prefix = "swarm/test";
+    b.endpoint = nd.endpoint();
+    b.stages = 2;
+    b.announce_period = caf::timespan{1s};
+    b.timeout = caf::timespan{2s};
+    nd.on_start([d, b](runtime::sim::sim_node& x) {
+      x.spawn("dht", actors::dht::dht_actor, x.resolver(), d);
+      x.spawn("board", actors::stage::dht_board_actor, x.lookup("dht"), x.resolver(), b);
+    });
+    w.run_for(500ms);
+  }
+  auto& sys = w.system();
+  // Stage peers: node 1 serves both stages, node 2 too; a restart of node 2 respawns its peers
+  // under new names (a new generation), as a supervisor would.
+  auto generation = std::make_shared<int>(0);
+  auto spawn_peers = [&sys, generation](runtime::sim::sim_node& x, bool second) {
+    for (uint64_t s = 0; s < 2; ++s) {
+      auto name = fmt::format("s{}{}g{}", s, second ? "b" : "a", second ? *generation : 0);
+      auto o = stage_opts(s, static_cast<int64_t>(s), static_cast<int64_t>(s) + 1, name);
+      o.download_state = second && *generation > 1;
+      x.adopt(name, actors::stage::spawn_stage(sys, o, x.lookup("board")));
+    }
+  };
+  w.node(1).on_start([=](runtime::sim::sim_node& x) { spawn_peers(x, false); });
+  w.node(2).on_start([=](runtime::sim::sim_node& x) {
+    ++*generation;
+    spawn_peers(x, true);
+  });
+  w.run_for(3s);
+  auto t = std::make_shared<tally>();
+  auto& n0 = w.node(0);
+  auto sink = n0.spawn("sink", counting_sink, t);
+  actors::trainer::trainer_options to;
+  to.stages = 2;
+  to.microbatch = 4;
+  to.seq_len = 8;
+  to.microbatches = 200;
+  to.max_inflight = 2;
+  to.hop_timeout = caf::timespan{1s};
+  to.refresh_every = caf::timespan{500ms};
+  to.codec = kernels::codec_id::blockwise8;
+  n0.adopt("trainer",
+           actors::trainer::spawn_trainer(sys, to, small_corpus(), n0.lookup("board"), sink));
+  REQUIRE(w.run_until([&] { return t->microbatches >= 15; }, 120s));
+  w.kill_node("n2", std::chrono::nanoseconds{-1});
+  auto killed_at = t->microbatches;
+  REQUIRE(w.run_until([&] { return t->microbatches >= killed_at + 10; }, 120s));
+  w.restart_node("n2");
+  REQUIRE(w.run_until([&] { return t->stops == 1; }, 600s));
+  CHECK(t->microbatches == 200);
+  CHECK(t->samples == 200 * 4);
+  CHECK(t->losses.back() < t->losses.front());
+  // The restarted peers serve again: each did work after its state download.
+  for (uint64_t s = 0; s < 2; ++s) {
+    auto peer = w.node(2).lookup(fmt::format("s{}bg2", s));
+    REQUIRE(peer);
+    auto got = std::make_shared<messages::stage_state>();
+    auto asked = std::make_shared<bool>(false);
+    w.node(2).spawn("", [peer, got, asked](caf::event_based_actor* self) {
+      self->request(peer, caf::timespan{5s}, get_atom::value, state_atom::value)
+        .then([=](const messages::stage_state& st) { *got = st; *asked = true; },
+              [=](caf::error&) { *asked = true; });
+      return caf::behavior{[](int) {}};
+    });
+    REQUIRE(w.run_until([&] { return *asked; }, 10s));
+    CHECK(got->samples > 0);
+    CHECK(got->steps > 0);
+  }
 }
