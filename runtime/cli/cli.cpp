@@ -1,9 +1,14 @@
 #include "runtime/cli/cli.hpp"
 
 #include <csignal>
+
+#include "runtime/cli/signals.hpp"
 #include <cstdio>
 #include <filesystem>
 #include <pthread.h>
+#include <atomic>
+#include <optional>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 #include <caf/all.hpp>
@@ -67,16 +72,42 @@ int cmd_run(const std::string& file, bool sim, std::optional<uint64_t> seed,
   }
 }
 
+/// Options of `starling node` beyond listen/join.
+struct node_cli {
+  std::string config_file;
+  std::string name;
+  std::optional<size_t> index;
+  std::optional<size_t> nodes;
+  std::string out;
+};
+
 int cmd_node(const std::string& listen, const std::vector<std::string>& join,
-             const std::string& config_file, const std::string& name_opt) {
+             const node_cli& cli) {
   caf_options caf_opts;
   node_options node_opts;
-  if (!config_file.empty()) {
-    auto cfg = load_experiment(config_file);
+  std::optional<experiment_config> experiment;
+  if (!cli.config_file.empty()) {
+    auto cfg = load_experiment(cli.config_file);
     if (!cfg)
       return die(cfg.error().what);
     caf_opts = cfg->caf;
     node_opts = cfg->node;
+    experiment = std::move(*cfg);
+  }
+  const workload* job = nullptr;
+  if (cli.index || cli.nodes) {
+    if (!cli.index || !cli.nodes)
+      return die("--index and --nodes go together (this node's share of the experiment)");
+    if (*cli.nodes < 1 || *cli.index >= *cli.nodes)
+      return die(fmt::format("--index {} must be below --nodes {}", *cli.index, *cli.nodes));
+    if (!experiment)
+      return die("--index/--nodes need --config EXPERIMENT.yaml");
+    auto i = workloads().find(experiment->experiment.kind);
+    if (i == workloads().end() || !i->second.cluster)
+      return die(fmt::format("{}: experiment kind '{}' has no cluster mode", cli.config_file,
+                             experiment->experiment.kind));
+    job = &i->second;
+    set_log_level(parse_log_level(experiment->experiment.log_level));
   }
   if (!listen.empty()) {
     if (auto ep = parse_endpoint(listen); !ep)
@@ -90,14 +121,8 @@ int cmd_node(const std::string& listen, const std::vector<std::string>& join,
                              j));
     node_opts.join.push_back(j);
   }
-  // Block the shutdown signals in every thread (CAF's threads inherit the mask) and wait for
-  // them synchronously below: no async-signal-safety concerns, no hang on exit.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  auto name = name_opt.empty() ? std::string{"node"} : name_opt;
+  install_shutdown_signals();
+  auto name = cli.name.empty() ? std::string{"node"} : cli.name;
   auto n = node::start(caf_opts, node_opts, name);
   if (!n)
     return die(n.error().what);
@@ -137,8 +162,39 @@ int cmd_node(const std::string& listen, const std::vector<std::string>& join,
         [&](caf::error& e) { fmt::print("ping {}: failed: {}\n", ep, nd.system().render(e)); });
     std::fflush(stdout);
   }
-  int sig = 0;
-  sigwait(&signals, &sig);
+  if (job) {
+    // The experiment runs on this thread; a watcher thread turns SIGINT/SIGTERM into a stop flag.
+    cluster_context ctx;
+    ctx.index = *cli.index;
+    ctx.count = *cli.nodes;
+    ctx.join = node_opts.join;
+    ctx.out_dir = cli.out.empty() ? default_out_dir(experiment->experiment.name + "-node"
+                                                    + std::to_string(ctx.index))
+                                  : cli.out;
+    std::string why;
+    if (!make_dirs(ctx.out_dir, why))
+      return die(why);
+    auto stop = std::make_shared<std::atomic<bool>>(false);
+    ctx.stop = [stop] { return stop->load(); };
+    std::thread watcher{[stop] {
+      if (wait_for_shutdown_signal() != 0)
+        stop->store(true);
+    }};
+    int rc = 2;
+    try {
+      rc = job->cluster(*experiment, nd, ctx);
+    } catch (const config_error& e) {
+      rc = die(e.what());
+    }
+    if (!stop->load())
+      wake_shutdown_waiter();
+    watcher.join();
+    fmt::print("node {} shutting down\n", name);
+    std::fflush(stdout);
+    nd.shutdown();
+    return rc;
+  }
+  int sig = wait_for_shutdown_signal();
   fmt::print("node {} shutting down ({})\n", name, sig == SIGINT ? "SIGINT" : "SIGTERM");
   std::fflush(stdout);
   nd.shutdown();
@@ -166,12 +222,16 @@ int cli_main(int argc, char** argv) {
   auto* nodec = app.add_subcommand("node", "Run a cluster node until SIGINT/SIGTERM");
   std::string listen;
   std::vector<std::string> join;
-  std::string node_config;
-  std::string node_name;
+  node_cli node_opts;
   nodec->add_option("--listen", listen, "HOST:PORT to listen on (port 0: the OS chooses)");
   nodec->add_option("--join", join, "HOST:PORT of a node to connect to (repeatable)");
-  nodec->add_option("--config", node_config, "Experiment file with caf/node settings");
-  nodec->add_option("--name", node_name, "Node name for logs");
+  nodec->add_option("--config", node_opts.config_file,
+                    "Experiment file (caf/node settings; with --index/--nodes, the experiment)");
+  nodec->add_option("--name", node_opts.name, "Node name for logs");
+  nodec->add_option("--index", node_opts.index,
+                    "Run share INDEX of the experiment in --config (cluster mode)");
+  nodec->add_option("--nodes", node_opts.nodes, "Number of nodes the experiment is spread over");
+  nodec->add_option("--out", node_opts.out, "Output folder (default runs/<timestamp>-<name>)");
 
   auto* dhtc = app.add_subcommand("dht", "Run a standalone DHT node, or get/store through one");
   std::string dht_listen;
@@ -206,7 +266,7 @@ int cli_main(int argc, char** argv) {
   if (run->parsed())
     return cmd_run(run_file, run_sim, run_seed, run_out);
   if (nodec->parsed())
-    return cmd_node(listen, join, node_config, node_name);
+    return cmd_node(listen, join, node_opts);
   if (dhtc->parsed()) {
     if (dht_get->parsed())
       return cmd_dht_get(dht_node, dht_key);

@@ -1,6 +1,8 @@
 #include "runtime/cli/dht_cmd.hpp"
 
 #include <csignal>
+
+#include "runtime/cli/signals.hpp"
 #include <cstdio>
 #include <pthread.h>
 
@@ -83,12 +85,7 @@ int cmd_dht_serve(const std::string& listen, const std::string& join) {
       return die(
           fmt::format("--join: expected HOST:PORT with a port in [1, 65535], got \"{}\"", join));
   }
-  // Same pattern as `starling node`: block the signals everywhere, wait for them below.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  install_shutdown_signals();
   auto n = node::start(caf_opts, node_opts, "dht");
   if (!n)
     return die(n.error().what);
@@ -110,8 +107,7 @@ int cmd_dht_serve(const std::string& listen, const std::string& join) {
             });
     std::fflush(stdout);
   }
-  int sig = 0;
-  sigwait(&signals, &sig);
+  int sig = wait_for_shutdown_signal();
   fmt::print("dht shutting down ({})\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
   std::fflush(stdout);
   nd.shutdown();

@@ -6,11 +6,15 @@
 #include <random>
 #include <thread>
 
+#include <unistd.h>
+
 #include <caf/all.hpp>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "actors/dht/dht.hpp"
 #include "actors/stage/board.hpp"
+#include "actors/stage/dht_board.hpp"
 #include "actors/stage/stage.hpp"
 #include "actors/trainer/trainer.hpp"
 #include "kernels/data/corpus.hpp"
@@ -74,13 +78,13 @@ caf::behavior collector(caf::event_based_actor* self, std::shared_ptr<swarm_tota
 }
 
 /// Mean held-out loss of the model given as one flat parameter vector per stage.
-result<double> evaluate(const swarm_options& opts,
+result<double> evaluate(const kernels::gpt_config& model,
                         const std::vector<std::pair<int64_t, int64_t>>& ranges,
                         const std::vector<torch::Tensor>& flat_params,
                         const std::vector<kernels::text_batch>& batches) {
   std::vector<std::shared_ptr<kernels::stage_module>> stages;
   for (size_t s = 0; s < ranges.size(); ++s) {
-    auto m = kernels::make_gpt_stage(opts.model, ranges[s].first, ranges[s].second);
+    auto m = kernels::make_gpt_stage(model, ranges[s].first, ranges[s].second);
     if (!m)
       return m.error();
     if (flat_params[s].defined()) {
@@ -112,131 +116,94 @@ std::string stage_counts(const std::vector<uint64_t>& counts) {
 
 } // namespace
 
-void read_options(config_node& n, swarm_options& out) {
-  if (n.has("model")) {
-    auto m = n.child("model");
-    read_int(m, "layers", out.model.layers, 1, 64);
-    read_int(m, "width", out.model.width, 8, 4096);
-    read_int(m, "heads", out.model.heads, 1, 64);
-    read_int(m, "seq_len", out.model.seq_len, 2, 4096);
-    read_real(m, "dropout", out.model.dropout, 0.0, 0.9);
-    if (out.model.width % out.model.heads != 0)
-      m.child("heads").expected(fmt::format("a divisor of width {}", out.model.width));
-    m.finish();
-  }
-  if (!n.has("stages"))
-    n.fail("missing required key 'stages' (a list of {peers: [speed, ...]})");
-  out.stages.clear();
-  for (auto& item : n.child("stages").items()) {
-    if (!item.is_map() || !item.has("peers"))
-      item.expected("a map {peers: [speed, ...]}");
-    std::vector<double> speeds;
-    for (auto& p : item.child("peers").items()) {
-      auto v = p.as_double();
-      if (!(v > 0 && v <= 1))
-        p.expected("a speed in (0, 1]");
-      speeds.push_back(v);
-    }
-    if (speeds.empty())
-      item.child("peers").expected("at least one peer");
-    item.finish();
-    out.stages.push_back(speeds);
-  }
-  if (static_cast<int64_t>(out.stages.size()) > out.model.layers)
-    n.child("stages").fail(fmt::format("{} stages need at least as many model layers (have {})",
-                                       out.stages.size(), out.model.layers));
-  read_int(n, "trainers", out.trainers, 1, 1024);
-  read_int(n, "microbatch", out.microbatch, 1, 4096);
-  read_int(n, "microbatches_per_trainer", out.microbatches_per_trainer, 1, INT64_MAX);
-  read_int(n, "max_inflight", out.max_inflight, 1, 64);
-  read_int(n, "local_batch", out.local_batch, 1, INT64_MAX);
-  if (n.has("optimizer")) {
-    auto o = n.child("optimizer");
-    read_choice(o, "kind", out.optimizer.kind, {"adam", "lamb"});
-    read_real(o, "lr", out.optimizer.lr, 0.0, 10.0);
-    read_real(o, "weight_decay", out.optimizer.weight_decay, 0.0, 1.0);
-    read_real(o, "max_grad_norm", out.optimizer.max_grad_norm, 0.0, 1e9);
-    o.finish();
-  }
-  if (n.has("compression")) {
-    auto c = n.child("compression");
-    auto id = kernels::parse_codec(c.as_string());
-    if (!id)
-      c.expected("a codec: none | fp16 | bf16 | uniform8 | blockwise8 | quantile8");
-    out.compression = *id;
-  }
-  read_duration(n, "hop_timeout", out.hop_timeout);
-  read_duration(n, "preempt_every", out.preempt_every);
-  read_duration(n, "restart_delay", out.restart_delay);
-  read_int(n, "eval_batches", out.eval_batches, 1, 10000);
-  read_int(n, "torch_threads", out.torch_threads, 1, 256);
-}
-
 int run_swarm(const experiment_config& cfg, const run_context& ctx) {
   swarm_options opts;
   if (cfg.workload) {
     auto section = *cfg.workload;
-    read_options(section, opts);
+    graph::read_swarm_graph(section, opts);
     section.finish();
   }
+  opts.seed = cfg.experiment.seed;
   if (ctx.simulate) {
-    fmt::print(stderr, "starling: error: the swarm workload runs in local mode; modeled compute "
-                       "for simulation is not implemented yet\n");
+    fmt::print(stderr, "starling: error: the swarm workload runs in local or cluster mode; modeled "
+                       "compute for simulation is not implemented yet\n");
     return 2;
   }
+  caf::actor_system_config sys_cfg;
+  configure_system(sys_cfg, cfg.caf, false);
+  caf::actor_system sys{sys_cfg};
+  swarm_env env;
+  env.sys = &sys;
+  env.board = actors::stage::spawn_board(sys, opts.stages.size());
+  env.roles = graph::place(opts, 0, 1);
+  env.register_actor = [](const std::string&, const caf::actor&) {};
+  return drive_swarm(cfg, opts, ctx.out_dir, env);
+}
+
+int drive_swarm(const experiment_config& cfg, const swarm_options& opts, const std::string& out_dir,
+                swarm_env& env) {
+  auto& sys = *env.sys;
+  auto board = env.board;
+  bool has_trainers = !env.roles.trainers.empty();
   torch::set_num_threads(static_cast<int>(opts.torch_threads));
-  opts.model.seed = cfg.experiment.seed;
-  auto ranges = kernels::even_stage_ranges(opts.model.layers,
-                                           static_cast<int64_t>(opts.stages.size()));
+  auto model = opts.model;
+  model.seed = opts.seed;
+  auto ranges = graph::stage_ranges(opts);
   if (!ranges) {
     fmt::print(stderr, "starling: error: {}\n", ranges.error().what);
     return 2;
   }
-  kernels::corpus_options co;
-  auto data = kernels::load_corpus(co);
-  if (!data) {
-    fmt::print(stderr, "starling: error: {}\n", data.error().what);
-    return 2;
-  }
-  auto corpus = std::make_shared<const kernels::corpus>(std::move(*data));
-  auto held_out = kernels::held_out_batches(*corpus, opts.microbatch, opts.model.seq_len,
-                                            opts.eval_batches);
-  if (!held_out) {
-    fmt::print(stderr, "starling: error: {}\n", held_out.error().what);
-    return 2;
-  }
-  fmt::print("data: {} ({:.1f} MB, {:.1f} MB for training)\n", corpus->source(),
-             static_cast<double>(corpus->size()) / 1e6,
-             static_cast<double>(corpus->train_size()) / 1e6);
   std::string layout;
   for (size_t s = 0; s < opts.stages.size(); ++s) {
     layout += fmt::format("{}stage {} = blocks [{}, {}) on {} peers (speeds", s == 0 ? "" : "; ", s,
-                          (*ranges)[s].first, (*ranges)[s].second, opts.stages[s].size());
-    for (auto v : opts.stages[s])
+                          (*ranges)[s].first, (*ranges)[s].second, opts.stages[s].speeds.size());
+    for (auto v : opts.stages[s].speeds)
       layout += fmt::format(" {}", v);
     layout += ")";
   }
-  fmt::print("model: GPT {} layers, width {}, {} heads, seq {}; {}\n", opts.model.layers,
-             opts.model.width, opts.model.heads, opts.model.seq_len, layout);
-  std::vector<torch::Tensor> initial(opts.stages.size());
-  auto loss0 = evaluate(opts, *ranges, initial, *held_out);
-  if (!loss0) {
-    fmt::print(stderr, "starling: error: {}\n", loss0.error().what);
-    return 2;
+  fmt::print("model: GPT {} layers, width {}, {} heads, seq {}; {}\n", model.layers, model.width,
+             model.heads, model.seq_len, layout);
+  // Trainers need the data and the held-out batches; stage-only nodes do not.
+  std::shared_ptr<const kernels::corpus> corpus;
+  std::vector<kernels::text_batch> held_out;
+  double loss0 = 0;
+  if (has_trainers) {
+    kernels::corpus_options co;
+    auto data = kernels::load_corpus(co);
+    if (!data) {
+      fmt::print(stderr, "starling: error: {}\n", data.error().what);
+      return 2;
+    }
+    corpus = std::make_shared<const kernels::corpus>(std::move(*data));
+    auto batches = kernels::held_out_batches(*corpus, opts.microbatch, model.seq_len,
+                                             opts.eval_batches);
+    if (!batches) {
+      fmt::print(stderr, "starling: error: {}\n", batches.error().what);
+      return 2;
+    }
+    held_out = std::move(*batches);
+    fmt::print("data: {} ({:.1f} MB, {:.1f} MB for training)\n", corpus->source(),
+               static_cast<double>(corpus->size()) / 1e6,
+               static_cast<double>(corpus->train_size()) / 1e6);
+    std::vector<torch::Tensor> initial(opts.stages.size());
+    auto l0 = evaluate(model, *ranges, initial, held_out);
+    if (!l0) {
+      fmt::print(stderr, "starling: error: {}\n", l0.error().what);
+      return 2;
+    }
+    loss0 = *l0;
+    fmt::print("held-out loss before training: {:.4f} (cross-entropy per byte, ln 256 = {:.4f})\n",
+               loss0, std::log(256.0));
   }
-  fmt::print("held-out loss before training: {:.4f} (cross-entropy per byte, ln 256 = {:.4f})\n",
-             *loss0, std::log(256.0));
+  std::fflush(stdout);
 
-  caf::actor_system_config sys_cfg;
-  configure_system(sys_cfg, cfg.caf, false);
-  caf::actor_system sys{sys_cfg};
-  auto out = std::make_shared<jsonl_writer>(ctx.out_dir + "/metrics.jsonl");
+  auto out = std::make_shared<jsonl_writer>(out_dir + "/metrics.jsonl");
   auto totals = std::make_shared<swarm_totals>();
   auto t0 = clock_type::now();
   auto sink = sys.spawn(collector, totals, out, t0);
-  auto board = actors::stage::spawn_board(sys, opts.stages.size());
 
   struct peer_slot {
+    size_t index;
     uint64_t stage;
     double speed;
     int generation = 0;
@@ -244,11 +211,11 @@ int run_swarm(const experiment_config& cfg, const run_context& ctx) {
     std::optional<clock_type::time_point> restart_at;
   };
   std::vector<peer_slot> slots;
-  auto spawn_peer = [&](peer_slot& slot, size_t index) {
+  auto spawn_peer = [&](peer_slot& slot) {
     actors::stage::stage_options so;
     so.stage = slot.stage;
-    so.name = fmt::format("s{}p{}g{}", slot.stage, index, slot.generation);
-    so.model = opts.model;
+    so.name = fmt::format("s{}p{}g{}", slot.stage, slot.index, slot.generation);
+    so.model = model;
     so.begin = (*ranges)[slot.stage].first;
     so.end = (*ranges)[slot.stage].second;
     so.optimizer = opts.optimizer;
@@ -256,55 +223,63 @@ int run_swarm(const experiment_config& cfg, const run_context& ctx) {
     so.speed = slot.speed;
     so.download_state = slot.generation > 0;
     so.codec = opts.compression;
-    so.seed = cfg.experiment.seed * 1000 + index * 10 + static_cast<uint64_t>(slot.generation);
+    so.seed = opts.seed * 1000 + slot.index * 10 + static_cast<uint64_t>(slot.generation);
     slot.handle = actors::stage::spawn_stage(sys, so, board);
+    env.register_actor(so.name, slot.handle);
   };
-  for (size_t s = 0; s < opts.stages.size(); ++s)
-    for (auto speed : opts.stages[s])
-      slots.push_back(peer_slot{s, speed});
-  for (size_t i = 0; i < slots.size(); ++i)
-    spawn_peer(slots[i], i);
+  auto all_slots = graph::peer_slots(opts);
+  for (auto i : env.roles.peers)
+    slots.push_back(peer_slot{i, all_slots[i].first, all_slots[i].second});
+  for (auto& slot : slots)
+    spawn_peer(slot);
 
   std::vector<caf::actor> trainers;
-  for (int64_t i = 0; i < opts.trainers; ++i) {
+  for (auto i : env.roles.trainers) {
     actors::trainer::trainer_options to;
     to.name = fmt::format("trainer{}", i);
     to.stages = opts.stages.size();
     to.microbatch = opts.microbatch;
-    to.seq_len = opts.model.seq_len;
+    to.seq_len = model.seq_len;
     to.shard = i;
     to.shards = opts.trainers;
     to.microbatches = opts.microbatches_per_trainer;
     to.max_inflight = opts.max_inflight;
     to.hop_timeout = caf::timespan{opts.hop_timeout};
     to.codec = opts.compression;
-    to.seed = cfg.experiment.seed * 7919 + static_cast<uint64_t>(i);
+    to.seed = opts.seed * 7919 + static_cast<uint64_t>(i);
     trainers.push_back(actors::trainer::spawn_trainer(sys, to, corpus, board, sink));
   }
+  if (!env.cluster || !slots.empty())
+    fmt::print("this node: {} stage peers, {} trainers\n", slots.size(), trainers.size());
+  std::fflush(stdout);
 
-  // Preemptions: a Poisson process over the run, each killing one live stage peer, restarted
+  // Preemptions: a Poisson process over the run, each killing one live local stage peer, restarted
   // after `restart_delay` with a fresh generation that downloads its state from a live peer.
-  std::mt19937_64 rng{cfg.experiment.seed ^ 0x5eedULL};
+  std::mt19937_64 rng{opts.seed ^ 0x5eedULL ^ (env.roles.peers.empty() ? 0 : env.roles.peers[0])};
   auto preempt_mean = std::chrono::duration<double>(opts.preempt_every).count();
   std::exponential_distribution<double> gap{preempt_mean > 0 ? 1.0 / preempt_mean : 1.0};
-  double next_preempt = preempt_mean > 0 ? gap(rng) : -1;
+  double next_preempt = preempt_mean > 0 && !slots.empty() ? gap(rng) : -1;
   int64_t preemptions = 0;
   std::vector<std::pair<double, std::string>> markers;
-  auto total_samples = opts.trainers * opts.microbatches_per_trainer * opts.microbatch;
+  auto total_samples = static_cast<int64_t>(trainers.size()) * opts.microbatches_per_trainer
+                       * opts.microbatch;
+  auto total_microbatches = static_cast<int64_t>(trainers.size()) * opts.microbatches_per_trainer;
   auto deadline = t0 + cfg.experiment.duration;
   caf::scoped_actor self{sys};
   bool timed_out = false;
+  bool stopped = false;
+  bool tty = ::isatty(2) != 0;
+  double next_log_line = 0;
   for (;;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
     auto now = clock_type::now();
     auto t = std::chrono::duration<double>(now - t0).count();
-    for (size_t i = 0; i < slots.size(); ++i) {
-      auto& slot = slots[i];
+    for (auto& slot : slots) {
       if (slot.restart_at && now >= *slot.restart_at) {
         slot.restart_at.reset();
         slot.generation++;
-        spawn_peer(slot, i);
-        out->write({{"t", t}, {"event", "restart"}, {"stage", slot.stage}, {"peer", i}});
+        spawn_peer(slot);
+        out->write({{"t", t}, {"event", "restart"}, {"stage", slot.stage}, {"peer", slot.index}});
       }
     }
     if (next_preempt >= 0 && t >= next_preempt) {
@@ -314,17 +289,28 @@ int run_swarm(const experiment_config& cfg, const run_context& ctx) {
         if (!slots[i].restart_at)
           live.push_back(i);
       if (!live.empty()) {
-        auto victim = live[std::uniform_int_distribution<size_t>{0, live.size() - 1}(rng)];
-        auto& slot = slots[victim];
+        auto& slot = slots[live[std::uniform_int_distribution<size_t>{0, live.size() - 1}(rng)]];
         self->send_exit(slot.handle, caf::exit_reason::kill);
         slot.restart_at = now + opts.restart_delay;
         preemptions++;
         markers.emplace_back(t, fmt::format("x s{}", slot.stage));
-        out->write({{"t", t}, {"event", "preempt"}, {"stage", slot.stage}, {"peer", victim}});
-        fmt::print(stderr, "\n");
+        out->write({{"t", t}, {"event", "preempt"}, {"stage", slot.stage}, {"peer", slot.index}});
+        if (has_trainers && tty)
+          fmt::print(stderr, "\n");
         log(log_level::info, "swarm", "preempted peer {} of stage {}; restart in {:.0f} s",
-            victim, slot.stage, std::chrono::duration<double>(opts.restart_delay).count());
+            slot.index, slot.stage, std::chrono::duration<double>(opts.restart_delay).count());
       }
+    }
+    if (env.stop_requested && env.stop_requested()) {
+      stopped = true;
+      break;
+    }
+    if (!has_trainers) {
+      if (now >= deadline && !env.cluster) {
+        timed_out = true;
+        break;
+      }
+      continue; // a stage-only cluster node serves until it is told to stop
     }
     std::vector<uint64_t> counts;
     self->request(board, std::chrono::seconds(5), list_atom::value)
@@ -334,27 +320,45 @@ int run_swarm(const experiment_config& cfg, const run_context& ctx) {
       std::lock_guard<std::mutex> g{totals->mtx};
       auto rate = t > 0 ? static_cast<double>(totals->samples) / t : 0.0;
       auto left = rate > 0 ? static_cast<double>(total_samples - totals->samples) / rate : 0.0;
-      fmt::print(stderr,
-                 "\r  {:6.1f} s | {:5}/{} microbatches | loss {:.3f} | {:6.1f} samples/s | "
-                 "peers/stage [{}] | retries {} | preempted {} | ~{:.0f} s left   ",
-                 t, totals->microbatches, opts.trainers * opts.microbatches_per_trainer,
-                 totals->has_loss ? totals->loss_ema : 0.0, rate, stage_counts(counts),
-                 totals->retries, preemptions, left);
+      // One line updated in place on a terminal; a line every 2 s into a log or pipe.
+      if (tty || t >= next_log_line) {
+        next_log_line = t + 2.0;
+        fmt::print(stderr,
+                   "{}  {:6.1f} s | {:5}/{} microbatches | loss {:.3f} | {:6.1f} samples/s | "
+                   "peers/stage [{}] | retries {} | preempted {} | ~{:.0f} s left   {}",
+                   tty ? "\r" : "", t, totals->microbatches, total_microbatches,
+                   totals->has_loss ? totals->loss_ema : 0.0, rate, stage_counts(counts),
+                   totals->retries, preemptions, left, tty ? "" : "\n");
+      }
       done_trainers = totals->trainers_done;
       if (t - (totals->sample_marks.empty() ? 0.0 : totals->sample_marks.back().first) >= 1.0)
         totals->sample_marks.emplace_back(t, totals->samples);
     }
-    if (done_trainers >= opts.trainers)
+    if (done_trainers >= static_cast<int64_t>(trainers.size()))
       break;
     if (now >= deadline) {
       timed_out = true;
       break;
     }
   }
-  fmt::print(stderr, "\n");
   auto wall = std::chrono::duration<double>(clock_type::now() - t0).count();
+  auto shut_down = [&] {
+    for (auto& slot : slots)
+      self->send_exit(slot.handle, caf::exit_reason::user_shutdown);
+    for (auto& tr : trainers)
+      self->send_exit(tr, caf::exit_reason::user_shutdown);
+    self->send_exit(sink, caf::exit_reason::user_shutdown);
+  };
+  if (!has_trainers) {
+    shut_down();
+    fmt::print("swarm node stopping{}: {} stage peers, {} preemptions, {:.1f} s\n",
+               stopped ? " (signal)" : "", slots.size(), preemptions, wall);
+    return 0;
+  }
+  if (tty)
+    fmt::print(stderr, "\n");
 
-  // Final model: one live peer per stage (restart any still-dead one first).
+  // Final model: one live peer per stage (restart any still-dead local one first).
   std::vector<torch::Tensor> finals(opts.stages.size());
   for (uint64_t s = 0; s < opts.stages.size(); ++s) {
     for (int attempt = 0; attempt < 40 && !finals[s].defined(); ++attempt) {
@@ -371,28 +375,24 @@ int run_swarm(const experiment_config& cfg, const run_context& ctx) {
           },
           [](caf::error&) {});
       if (!finals[s].defined()) {
-        for (size_t i = 0; i < slots.size(); ++i)
-          if (slots[i].stage == s && slots[i].restart_at) {
-            slots[i].restart_at.reset();
-            slots[i].generation++;
-            spawn_peer(slots[i], i);
+        for (auto& slot : slots)
+          if (slot.stage == s && slot.restart_at) {
+            slot.restart_at.reset();
+            slot.generation++;
+            spawn_peer(slot);
           }
         std::this_thread::sleep_for(std::chrono::milliseconds(250));
       }
     }
   }
-  for (auto& slot : slots)
-    self->send_exit(slot.handle, caf::exit_reason::user_shutdown);
-  for (auto& tr : trainers)
-    self->send_exit(tr, caf::exit_reason::user_shutdown);
-  self->send_exit(board, caf::exit_reason::user_shutdown);
-  self->send_exit(sink, caf::exit_reason::user_shutdown);
+  shut_down();
 
-  auto loss1 = evaluate(opts, *ranges, finals, *held_out);
+  auto loss1 = evaluate(model, *ranges, finals, held_out);
   std::lock_guard<std::mutex> g{totals->mtx};
   double first_loss = totals->loss_curve.empty() ? 0 : totals->loss_curve.front().second;
   auto rss = peak_rss_bytes();
-  fmt::print("\nswarm summary{}\n", timed_out ? " (stopped at experiment.duration)" : "");
+  fmt::print("\nswarm summary{}\n",
+             timed_out ? " (stopped at experiment.duration)" : stopped ? " (stopped by signal)" : "");
   fmt::print("  {:<34} {}\n", "microbatches completed", totals->microbatches);
   fmt::print("  {:<34} {} of {} requested\n", "samples", totals->samples, total_samples);
   fmt::print("  {:<34} {:.1f} s, {:.1f} samples/s\n", "wall time", wall,
@@ -401,7 +401,7 @@ int run_swarm(const experiment_config& cfg, const run_context& ctx) {
   fmt::print("  {:<34} {:.4f} -> {:.4f}\n", "training loss (EMA, first -> last)", first_loss,
              totals->loss_ema);
   if (loss1)
-    fmt::print("  {:<34} {:.4f} -> {:.4f}\n", "held-out loss (before -> after)", *loss0, *loss1);
+    fmt::print("  {:<34} {:.4f} -> {:.4f}\n", "held-out loss (before -> after)", loss0, *loss1);
   else
     fmt::print("  {:<34} unavailable: {}\n", "held-out loss", loss1.error().what);
   fmt::print("  {:<34} {:.0f} MiB\n", "peak resident memory", static_cast<double>(rss) / 1048576);
@@ -411,7 +411,7 @@ int run_swarm(const experiment_config& cfg, const run_context& ctx) {
               {"wall_s", wall},
               {"preemptions", preemptions},
               {"retries", totals->retries},
-              {"eval_before", *loss0},
+              {"eval_before", loss0},
               {"eval_after", loss1 ? *loss1 : -1.0},
               {"peak_rss_bytes", rss}});
   plot::line_plot lp;
@@ -420,7 +420,7 @@ int run_swarm(const experiment_config& cfg, const run_context& ctx) {
   lp.y_label = "cross-entropy per byte";
   lp.lines.push_back({"training loss", totals->loss_curve});
   lp.markers = markers;
-  auto loss_plot = ctx.out_dir + "/loss.svg";
+  auto loss_plot = out_dir + "/loss.svg";
   plot::write_svg(lp, loss_plot);
   plot::line_plot tp;
   tp.title = "SWARM throughput with preemptions";
@@ -438,10 +438,53 @@ int run_swarm(const experiment_config& cfg, const run_context& ctx) {
   }
   tp.lines.push_back(thr);
   tp.markers = markers;
-  auto thr_plot = ctx.out_dir + "/throughput.svg";
+  auto thr_plot = out_dir + "/throughput.svg";
   plot::write_svg(tp, thr_plot);
-  fmt::print("  {:<34} {}/metrics.jsonl, {}, {}\n", "output", ctx.out_dir, loss_plot, thr_plot);
-  return loss1 && *loss1 < *loss0 ? 0 : 1;
+  fmt::print("  {:<34} {}/metrics.jsonl, {}, {}\n", "output", out_dir, loss_plot, thr_plot);
+  std::fflush(stdout);
+  return loss1 && *loss1 < loss0 ? 0 : 1;
+}
+
+int run_swarm_node(const experiment_config& cfg, node& nd, const cluster_context& ctx) {
+  swarm_options opts;
+  if (cfg.workload) {
+    auto section = *cfg.workload;
+    graph::read_swarm_graph(section, opts);
+    section.finish();
+  }
+  opts.seed = cfg.experiment.seed;
+  if (ctx.count < 1 || ctx.index >= ctx.count) {
+    fmt::print(stderr, "starling: error: --index {} is not below --nodes {}\n", ctx.index,
+               ctx.count);
+    return 2;
+  }
+  auto& sys = nd.system();
+  actors::dht::dht_options d;
+  d.address = nd.endpoint() + "/dht";
+  d.id = actors::dht::identity::generate();
+  for (auto& j : ctx.join)
+    d.bootstrap.push_back(j + "/dht");
+  auto dht = actors::dht::spawn_dht(sys, nd.resolver(), d);
+  nd.register_actor("dht", dht);
+  actors::stage::dht_board_options b;
+  b.prefix = "swarm/" + cfg.experiment.name;
+  b.endpoint = nd.endpoint();
+  b.stages = opts.stages.size();
+  auto board = actors::stage::spawn_dht_board(sys, dht, nd.resolver(), b);
+  nd.register_actor("board", board);
+  swarm_env env;
+  env.sys = &sys;
+  env.board = board;
+  env.roles = graph::place(opts, ctx.index, ctx.count);
+  env.cluster = true;
+  env.register_actor = [&nd](const std::string& name, const caf::actor& a) {
+    nd.register_actor(name, a);
+  };
+  env.stop_requested = ctx.stop;
+  fmt::print("swarm node {} of {}: {} stage peers, {} trainers\n", ctx.index, ctx.count,
+             env.roles.peers.size(), env.roles.trainers.size());
+  std::fflush(stdout);
+  return drive_swarm(cfg, opts, ctx.out_dir, env);
 }
 
 } // namespace starling::runtime

@@ -2,41 +2,42 @@
 // speeds, with preemptions and restarts, in one process (local mode).
 #pragma once
 
+#include <functional>
+#include <string>
 #include <vector>
 
-#include "kernels/compress/format.hpp"
-#include "kernels/models/gpt.hpp"
-#include "kernels/optim/optimizer.hpp"
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+
+#include "runtime/graph/swarm_graph.hpp"
+#include "runtime/node/node.hpp"
 #include "runtime/run/workload.hpp"
 
 namespace starling::runtime {
 
-/// Options of the `swarm` section (configs/swarm-tiny.yaml documents each key).
-struct swarm_options {
-  kernels::gpt_config model;
-  /// Per stage, the speed of each of its peers (1 = full speed, 0.5 = half).
-  std::vector<std::vector<double>> stages;
-  int64_t trainers = 2;
-  int64_t microbatch = 8;
-  int64_t microbatches_per_trainer = 400;
-  int64_t max_inflight = 2;
-  int64_t local_batch = 32;
-  kernels::optimizer_options optimizer;
-  kernels::codec_id compression = kernels::codec_id::blockwise8;
-  std::chrono::nanoseconds hop_timeout = std::chrono::seconds(10);
-  /// Mean time between preemptions of a random stage peer (0 = none).
-  std::chrono::nanoseconds preempt_every = std::chrono::seconds(20);
-  std::chrono::nanoseconds restart_delay = std::chrono::seconds(5);
-  /// Held-out batches of the evaluation at the start and the end.
-  int64_t eval_batches = 8;
-  /// LibTorch intra-op threads (per process).
-  int64_t torch_threads = 1;
+/// The `swarm` section is an experiment graph (runtime/graph).
+using swarm_options = graph::swarm_graph;
+
+/// Where a driver runs its share of a graph: the actor system, the board (in-process or
+/// DHT-backed), the roles of this node, how to register a named actor on the node, and when to stop.
+struct swarm_env {
+  caf::actor_system* sys = nullptr;
+  caf::actor board;
+  graph::placement roles;
+  bool cluster = false;
+  std::function<void(const std::string&, const caf::actor&)> register_actor;
+  std::function<bool()> stop_requested;
 };
 
-/// Reads the `swarm` section.
-void read_options(config_node& n, swarm_options& out);
-
-/// Runs the workload (local mode).
+/// Runs the workload (local mode: one process, in-process board).
 int run_swarm(const experiment_config& cfg, const run_context& ctx);
+
+/// Cluster mode: this node's share of the graph (a DHT node, a DHT-backed board, its stage peers
+/// and trainers) on a started node, until its trainers are done or `ctx.stop()` holds.
+int run_swarm_node(const experiment_config& cfg, node& nd, const cluster_context& ctx);
+
+/// Runs `env.roles` of `graph` with progress output; prints the summary where trainers run.
+int drive_swarm(const experiment_config& cfg, const swarm_options& graph, const std::string& out_dir,
+                swarm_env& env);
 
 } // namespace starling::runtime

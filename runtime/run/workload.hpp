@@ -4,6 +4,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "runtime/config/config.hpp"
 
@@ -17,11 +18,26 @@ struct run_context {
   bool simulate = false;
 };
 
+class node;
+
+/// What `starling node --config FILE --index I --nodes N` passes to a workload's cluster mode.
+struct cluster_context {
+  size_t index = 0;
+  size_t count = 1;
+  /// `host:port` of the nodes this one joined (DHT bootstrap).
+  std::vector<std::string> join;
+  std::string out_dir;
+  /// True once the node was asked to stop (SIGINT/SIGTERM).
+  std::function<bool()> stop;
+};
+
 /// A runnable experiment kind: reads its own section (`cfg.workload`), runs, prints a summary,
 /// returns the process exit code. Config errors are thrown as config_error.
 struct workload {
   std::string summary;
   std::function<int(const experiment_config&, const run_context&)> run;
+  /// Cluster mode (one `starling node` per process), where the kind supports it.
+  std::function<int(const experiment_config&, node&, const cluster_context&)> cluster = {};
 };
 
 /// Every workload starling knows, by kind.

@@ -12,7 +12,8 @@ const std::map<std::string, workload>& workloads() {
     {"masha",
      {"extragradient, MASHA1 and MASHA2 on a bilinear saddle point, as actors", run_masha}},
     {"ping", {"nodes exchange timed pings through the network model or loopback", run_ping}},
-    {"swarm", {"SWARM pipeline training of a byte-level GPT with preemptions", run_swarm}},
+    {"swarm",
+     {"SWARM pipeline training of a byte-level GPT with preemptions", run_swarm, run_swarm_node}},
   };
   return table;
 }

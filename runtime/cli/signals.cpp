@@ -1,0 +1,59 @@
+#include "runtime/cli/signals.hpp"
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <fcntl.h>
+#include <unistd.h>
+
+namespace starling::runtime {
+
+namespace {
+
+int pipe_fds[2] = {-1, -1};
+
+extern "C" void on_shutdown_signal(int sig) {
+  auto saved = errno;
+  unsigned char b = static_cast<unsigned char>(sig);
+  [[maybe_unused]] auto n = ::write(pipe_fds[1], &b, 1);
+  errno = saved;
+}
+
+} // namespace
+
+void install_shutdown_signals() {
+  if (pipe_fds[0] >= 0)
+    return;
+  if (::pipe(pipe_fds) != 0)
+    return;
+  ::fcntl(pipe_fds[0], F_SETFD, FD_CLOEXEC);
+  ::fcntl(pipe_fds[1], F_SETFD, FD_CLOEXEC);
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = on_shutdown_signal;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+}
+
+int wait_for_shutdown_signal() {
+  install_shutdown_signals();
+  unsigned char b = 0;
+  for (;;) {
+    auto n = ::read(pipe_fds[0], &b, 1);
+    if (n == 1)
+      return b;
+    if (n < 0 && errno == EINTR)
+      continue;
+    return 0;
+  }
+}
+
+void wake_shutdown_waiter() {
+  install_shutdown_signals();
+  unsigned char b = 0;
+  [[maybe_unused]] auto n = ::write(pipe_fds[1], &b, 1);
+}
+
+} // namespace starling::runtime

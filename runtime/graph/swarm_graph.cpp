@@ -1,0 +1,244 @@
+#include "runtime/graph/swarm_graph.hpp"
+
+#include <fmt/format.h>
+
+#include "kernels/models/stage_module.hpp"
+#include "runtime/config/reader.hpp"
+
+namespace starling::runtime::graph {
+
+size_t swarm_graph::peer_count() const {
+  size_t n = 0;
+  for (auto& s : stages)
+    n += s.speeds.size();
+  return n;
+}
+
+result<std::vector<std::pair<int64_t, int64_t>>> stage_ranges(const swarm_graph& g) {
+  if (g.stages.empty())
+    return fail("stages: a pipeline needs at least one stage");
+  auto count = static_cast<int64_t>(g.stages.size());
+  if (count > g.model.layers)
+    return fail(fmt::format("stages: {} stages need at least as many model layers (have {})",
+                            count, g.model.layers));
+  for (size_t s = 0; s < g.stages.size(); ++s) {
+    if (g.stages[s].speeds.empty())
+      return fail(fmt::format("stages[{}]: a stage needs at least one peer", s));
+    for (auto v : g.stages[s].speeds)
+      if (!(v > 0 && v <= 1))
+        return fail(fmt::format("stages[{}]: peer speed {} is not in (0, 1]", s, v));
+  }
+  bool explicit_ranges = g.stages.front().begin >= 0;
+  if (!explicit_ranges) {
+    for (auto& s : g.stages)
+      if (s.begin >= 0 || s.end >= 0)
+        return fail("stages: give layer ranges for every stage or for none");
+    return kernels::even_stage_ranges(g.model.layers, count);
+  }
+  std::vector<std::pair<int64_t, int64_t>> out;
+  int64_t next = 0;
+  for (size_t s = 0; s < g.stages.size(); ++s) {
+    auto& st = g.stages[s];
+    if (st.begin != next || st.end <= st.begin || st.end > g.model.layers)
+      return fail(fmt::format("stages[{}]: layers [{}, {}) must start at {} and end in ({}, {}]",
+                              s, st.begin, st.end, next, next, g.model.layers));
+    out.emplace_back(st.begin, st.end);
+    next = st.end;
+  }
+  if (next != g.model.layers)
+    return fail(fmt::format("stages: the ranges cover layers [0, {}) of {}", next,
+                            g.model.layers));
+  return out;
+}
+
+// -- builder ------------------------------------------------------------------------------------
+
+swarm_builder& swarm_builder::model(const kernels::gpt_config& m) {
+  g_.model = m;
+  return *this;
+}
+
+swarm_builder& swarm_builder::stage(std::vector<double> speeds) {
+  g_.stages.push_back({-1, -1, std::move(speeds)});
+  return *this;
+}
+
+swarm_builder& swarm_builder::stage(int64_t begin, int64_t end, std::vector<double> speeds) {
+  g_.stages.push_back({begin, end, std::move(speeds)});
+  return *this;
+}
+
+swarm_builder& swarm_builder::trainers(int64_t count, int64_t microbatch,
+                                       int64_t microbatches_each) {
+  g_.trainers = count;
+  g_.microbatch = microbatch;
+  g_.microbatches_per_trainer = microbatches_each;
+  return *this;
+}
+
+swarm_builder& swarm_builder::max_inflight(int64_t n) {
+  g_.max_inflight = n;
+  return *this;
+}
+
+swarm_builder& swarm_builder::local_batch(int64_t samples) {
+  g_.local_batch = samples;
+  return *this;
+}
+
+swarm_builder& swarm_builder::optimizer(const kernels::optimizer_options& o) {
+  g_.optimizer = o;
+  return *this;
+}
+
+swarm_builder& swarm_builder::compression(kernels::codec_id c) {
+  g_.compression = c;
+  return *this;
+}
+
+swarm_builder& swarm_builder::hop_timeout(std::chrono::nanoseconds t) {
+  g_.hop_timeout = t;
+  return *this;
+}
+
+swarm_builder& swarm_builder::preemptions(std::chrono::nanoseconds every,
+                                          std::chrono::nanoseconds restart) {
+  g_.preempt_every = every;
+  g_.restart_delay = restart;
+  return *this;
+}
+
+swarm_builder& swarm_builder::seed(uint64_t s) {
+  g_.seed = s;
+  return *this;
+}
+
+result<swarm_graph> swarm_builder::build() const {
+  auto& g = g_;
+  if (g.model.width % g.model.heads != 0)
+    return fail(fmt::format("model.heads: {} does not divide width {}", g.model.heads,
+                            g.model.width));
+  if (auto r = stage_ranges(g); !r)
+    return r.error();
+  auto positive = [](int64_t v, const char* what) -> status {
+    if (v < 1)
+      return fail(fmt::format("{}: expected a positive number, got {}", what, v));
+    return {};
+  };
+  for (auto st : {positive(g.trainers, "trainers"), positive(g.microbatch, "microbatch"),
+                  positive(g.microbatches_per_trainer, "microbatches_per_trainer"),
+                  positive(g.max_inflight, "max_inflight"), positive(g.local_batch, "local_batch"),
+                  positive(g.eval_batches, "eval_batches"),
+                  positive(g.torch_threads, "torch_threads")})
+    if (!st)
+      return fail(st.what());
+  if (g.hop_timeout <= std::chrono::nanoseconds{0})
+    return fail("hop_timeout: expected a positive duration");
+  if (g.preempt_every < std::chrono::nanoseconds{0} || g.restart_delay < std::chrono::nanoseconds{0})
+    return fail("preempt_every, restart_delay: expected durations >= 0");
+  return g;
+}
+
+// -- YAML ---------------------------------------------------------------------------------------
+
+void read_swarm_graph(config_node& n, swarm_graph& out) {
+  if (n.has("model")) {
+    auto m = n.child("model");
+    read_int(m, "layers", out.model.layers, 1, 64);
+    read_int(m, "width", out.model.width, 8, 4096);
+    read_int(m, "heads", out.model.heads, 1, 64);
+    read_int(m, "seq_len", out.model.seq_len, 2, 4096);
+    read_real(m, "dropout", out.model.dropout, 0.0, 0.9);
+    if (out.model.width % out.model.heads != 0)
+      m.child("heads").expected(fmt::format("a divisor of width {}", out.model.width));
+    m.finish();
+  }
+  if (!n.has("stages"))
+    n.fail("missing required key 'stages' (a list of {peers: [speed, ...], layers: [a, b]})");
+  out.stages.clear();
+  for (auto& item : n.child("stages").items()) {
+    if (!item.is_map() || !item.has("peers"))
+      item.expected("a map {peers: [speed, ...]} (optionally with layers: [begin, end])");
+    stage_spec spec;
+    for (auto& p : item.child("peers").items()) {
+      auto v = p.as_double();
+      if (!(v > 0 && v <= 1))
+        p.expected("a speed in (0, 1]");
+      spec.speeds.push_back(v);
+    }
+    if (spec.speeds.empty())
+      item.child("peers").expected("at least one peer");
+    if (item.has("layers")) {
+      auto l = item.child("layers");
+      auto range = l.items();
+      if (range.size() != 2)
+        l.expected("[begin, end]");
+      spec.begin = range[0].as_int();
+      spec.end = range[1].as_int();
+    }
+    item.finish();
+    out.stages.push_back(spec);
+  }
+  if (auto r = stage_ranges(out); !r)
+    n.child("stages").fail(r.error().what);
+  read_int(n, "trainers", out.trainers, 1, 1024);
+  read_int(n, "microbatch", out.microbatch, 1, 4096);
+  read_int(n, "microbatches_per_trainer", out.microbatches_per_trainer, 1, INT64_MAX);
+  read_int(n, "max_inflight", out.max_inflight, 1, 64);
+  read_int(n, "local_batch", out.local_batch, 1, INT64_MAX);
+  if (n.has("optimizer")) {
+    auto o = n.child("optimizer");
+    read_choice(o, "kind", out.optimizer.kind, {"adam", "lamb"});
+    read_real(o, "lr", out.optimizer.lr, 0.0, 10.0);
+    read_real(o, "weight_decay", out.optimizer.weight_decay, 0.0, 1.0);
+    read_real(o, "max_grad_norm", out.optimizer.max_grad_norm, 0.0, 1e9);
+    o.finish();
+  }
+  if (n.has("compression")) {
+    auto c = n.child("compression");
+    auto id = kernels::parse_codec(c.as_string());
+    if (!id)
+      c.expected("a codec: none | fp16 | bf16 | uniform8 | blockwise8 | quantile8");
+    out.compression = *id;
+  }
+  read_duration(n, "hop_timeout", out.hop_timeout);
+  read_duration(n, "preempt_every", out.preempt_every);
+  read_duration(n, "restart_delay", out.restart_delay);
+  read_int(n, "eval_batches", out.eval_batches, 1, 10000);
+  read_int(n, "torch_threads", out.torch_threads, 1, 256);
+}
+
+// -- placement ----------------------------------------------------------------------------------
+
+std::vector<std::pair<uint64_t, double>> peer_slots(const swarm_graph& g) {
+  std::vector<std::pair<uint64_t, double>> out;
+  for (size_t s = 0; s < g.stages.size(); ++s)
+    for (auto v : g.stages[s].speeds)
+      out.emplace_back(s, v);
+  return out;
+}
+
+placement place(const swarm_graph& g, size_t index, size_t count) {
+  placement p;
+  auto slots = peer_slots(g);
+  if (count <= 1) {
+    for (size_t i = 0; i < slots.size(); ++i)
+      p.peers.push_back(i);
+    for (int64_t t = 0; t < g.trainers; ++t)
+      p.trainers.push_back(t);
+    return p;
+  }
+  if (index == 0)
+    for (int64_t t = 0; t < g.trainers; ++t)
+      p.trainers.push_back(t);
+  // Peer k of stage s goes to node 1 + (s + k) mod (count - 1): a stage's peers land on distinct
+  // nodes (while it has no more peers than there are stage nodes) and stages start staggered.
+  size_t slot = 0;
+  for (size_t s = 0; s < g.stages.size(); ++s)
+    for (size_t k = 0; k < g.stages[s].speeds.size(); ++k, ++slot)
+      if (1 + (s + k) % (count - 1) == index)
+        p.peers.push_back(slot);
+  return p;
+}
+
+} // namespace starling::runtime::graph

@@ -1,0 +1,116 @@
+// The experiment graph of SWARM pipeline training: which stages exist (layer ranges, peers and
+// their speeds), trainers, batch sizes, optimizer, compression and faults. Two front doors build
+// the same graph: the C++ builder below and the `swarm` section of a YAML experiment file
+// (`read_swarm_graph`). The same graph runs in local mode (one process), simulation mode and
+// cluster mode (one `starling node` per process, roles spread by `place`).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/compress/format.hpp"
+#include "kernels/models/gpt.hpp"
+#include "kernels/optim/optimizer.hpp"
+#include "kernels/result.hpp"
+
+namespace starling::runtime {
+class config_node;
+} // namespace starling::runtime
+
+namespace starling::runtime::graph {
+
+/// One pipeline stage: blocks [begin, end) of the model (both -1: an even split) and the relative
+/// speed of each peer serving it (1 = full speed, 0.5 = half).
+struct stage_spec {
+  int64_t begin = -1;
+  int64_t end = -1;
+  std::vector<double> speeds;
+};
+
+/// A graph of SWARM pipeline training (configs/swarm-tiny.yaml documents each field).
+struct swarm_graph {
+  kernels::gpt_config model;
+  std::vector<stage_spec> stages;
+  int64_t trainers = 2;
+  int64_t microbatch = 8;
+  int64_t microbatches_per_trainer = 400;
+  int64_t max_inflight = 2;
+  /// Samples a stage peer accumulates before an optimizer step.
+  int64_t local_batch = 32;
+  kernels::optimizer_options optimizer;
+  kernels::codec_id compression = kernels::codec_id::blockwise8;
+  std::chrono::nanoseconds hop_timeout = std::chrono::seconds(10);
+  /// Mean time between preemptions of a random stage peer (0 = none), and the restart delay.
+  std::chrono::nanoseconds preempt_every = std::chrono::seconds(20);
+  std::chrono::nanoseconds restart_delay = std::chrono::seconds(5);
+  /// Held-out batches of the evaluation at the start and the end.
+  int64_t eval_batches = 8;
+  /// LibTorch intra-op threads (per process).
+  int64_t torch_threads = 1;
+  uint64_t seed = 0;
+
+  /// Total stage peers.
+  size_t peer_count() const;
+  /// Samples all trainers together will complete.
+  int64_t total_samples() const { return trainers * microbatches_per_trainer * microbatch; }
+};
+
+/// Checks a graph and fills in even layer ranges; the error names the offending field.
+result<std::vector<std::pair<int64_t, int64_t>>> stage_ranges(const swarm_graph& g);
+
+/// The C++ front door: a fluent builder whose `build()` validates like the YAML reader.
+///
+///     kernels::gpt_config m;
+///     m.layers = 4;
+///     auto g = swarm_builder{}
+///                .model(m)
+///                .stage({1.0, 0.5}).stage({1.0}).trainers(2, 16, 100)
+///                .preemptions(std::chrono::seconds(20), std::chrono::seconds(5))
+///                .build();
+class swarm_builder {
+public:
+  swarm_builder& model(const kernels::gpt_config& m);
+  /// Adds a stage with an even share of the blocks, served by peers of the given speeds.
+  swarm_builder& stage(std::vector<double> speeds);
+  /// Adds a stage of blocks [begin, end).
+  swarm_builder& stage(int64_t begin, int64_t end, std::vector<double> speeds);
+  swarm_builder& trainers(int64_t count, int64_t microbatch, int64_t microbatches_each);
+  swarm_builder& max_inflight(int64_t n);
+  swarm_builder& local_batch(int64_t samples);
+  swarm_builder& optimizer(const kernels::optimizer_options& o);
+  swarm_builder& compression(kernels::codec_id c);
+  swarm_builder& hop_timeout(std::chrono::nanoseconds t);
+  swarm_builder& preemptions(std::chrono::nanoseconds every, std::chrono::nanoseconds restart);
+  swarm_builder& seed(uint64_t s);
+  /// The graph, or why it is invalid.
+  result<swarm_graph> build() const;
+
+private:
+  swarm_graph g_;
+};
+
+/// The YAML front door: reads a `swarm` section into `g` (strict: unknown keys, bad types and
+/// out-of-range values are config errors naming the line).
+void read_swarm_graph(config_node& n, swarm_graph& g);
+
+/// The roles one node runs in cluster mode.
+struct placement {
+  /// Stage peer slots (indices into the graph's peers, stage-major order).
+  std::vector<size_t> peers;
+  /// Trainer indices.
+  std::vector<int64_t> trainers;
+};
+
+/// Spreads the graph over `count` nodes: with one node, everything; otherwise node 0 runs the
+/// trainers and peer k of stage s runs on node 1 + (s + k) mod (count - 1), so the peers of one
+/// stage land on distinct nodes and losing one node leaves every stage of two or more peers
+/// served.
+placement place(const swarm_graph& g, size_t index, size_t count);
+
+/// Stage of every peer slot, in slot order (stage-major).
+std::vector<std::pair<uint64_t, double>> peer_slots(const swarm_graph& g);
+
+} // namespace starling::runtime::graph

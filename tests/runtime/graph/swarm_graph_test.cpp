@@ -1,0 +1,136 @@
+#include <doctest/doctest.h>
+
+#include <set>
+
+#include "runtime/config/config.hpp"
+#include "runtime/graph/swarm_graph.hpp"
+
+using namespace starling;
+using namespace starling::runtime;
+using namespace starling::runtime::graph;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// Reads the `swarm` section of `text`; the config error's message when it is rejected.
+std::string read_error(const std::string& text, swarm_graph& g) {
+  try {
+    auto cfg = parse_experiment(load_yaml_string(text, "x.yaml"));
+    REQUIRE(cfg.workload);
+    auto section = *cfg.workload;
+    read_swarm_graph(section, g);
+    section.finish();
+    return {};
+  } catch (const config_error& e) {
+    return e.what();
+  }
+}
+
+} // namespace
+
+TEST_CASE("the builder and the YAML front door build the same graph") {
+  kernels::gpt_config m;
+  m.layers = 4;
+  m.width = 32;
+  m.heads = 2;
+  m.seq_len = 16;
+  auto built = swarm_builder{}
+                 .model(m)
+                 .stage(0, 1, {1.0, 0.5})
+                 .stage(1, 4, {0.7})
+                 .trainers(3, 4, 50)
+                 .compression(kernels::codec_id::fp16)
+                 .preemptions(10s, 2s)
+                 .build();
+  REQUIRE(built);
+  swarm_graph g;
+  auto err = read_error(R"(
+experiment: {name: g, kind: swarm}
+swarm:
+  model: {layers: 4, width: 32, heads: 2, seq_len: 16}
+  stages:
+    - {peers: [1.0, 0.5], layers: [0, 1]}
+    - {peers: [0.7], layers: [1, 4]}
+  trainers: 3
+  microbatch: 4
+  microbatches_per_trainer: 50
+  compression: fp16
+  preempt_every: 10s
+  restart_delay: 2s
+)",
+                        g);
+  REQUIRE(err.empty());
+  CHECK(g.model.layers == built->model.layers);
+  CHECK(g.stages.size() == 2);
+  CHECK(g.stages[1].speeds == built->stages[1].speeds);
+  CHECK(g.total_samples() == built->total_samples());
+  CHECK(g.compression == built->compression);
+  CHECK(g.preempt_every == built->preempt_every);
+  auto ranges = stage_ranges(g);
+  REQUIRE(ranges);
+  CHECK((*ranges)[1] == std::make_pair<int64_t, int64_t>(1, 4));
+  CHECK(g.peer_count() == 3);
+}
+
+TEST_CASE("invalid graphs are rejected with the field named") {
+  kernels::gpt_config m;
+  m.layers = 2;
+  CHECK_FALSE(swarm_builder{}.model(m).build()); // no stages
+  auto three = swarm_builder{}.model(m).stage({1.0}).stage({1.0}).stage({1.0}).build();
+  REQUIRE_FALSE(three);
+  CHECK(three.error().what.find("at least as many model layers") != std::string::npos);
+  auto gap = swarm_builder{}.model(m).stage(0, 1, {1.0}).stage(1, 1, {1.0}).build();
+  REQUIRE_FALSE(gap);
+  CHECK(gap.error().what.find("stages[1]") != std::string::npos);
+  auto speed = swarm_builder{}.model(m).stage({1.5}).build();
+  REQUIRE_FALSE(speed);
+  CHECK(speed.error().what.find("(0, 1]") != std::string::npos);
+  auto trainers = swarm_builder{}.model(m).stage({1.0}).trainers(0, 4, 4).build();
+  REQUIRE_FALSE(trainers);
+  CHECK(trainers.error().what.find("trainers") != std::string::npos);
+  swarm_graph g;
+  auto err = read_error(R"(
+experiment: {name: g, kind: swarm}
+swarm:
+  model: {layers: 2}
+  stages: [{peers: [1.0], layers: [0, 1]}, {peers: [1.0], layers: [1, 3]}]
+)",
+                        g);
+  CHECK(err.find("x.yaml:") != std::string::npos);
+  CHECK(err.find("stages") != std::string::npos);
+  CHECK(read_error("experiment: {name: g, kind: swarm}\nswarm: {stages: [{peers: []}]}\n", g)
+          .find("at least one peer") != std::string::npos);
+}
+
+TEST_CASE("cluster placement: trainers on node 0, each stage's peers on distinct nodes") {
+  kernels::gpt_config m;
+  m.layers = 3;
+  auto g = swarm_builder{}.model(m).stage({1, 1}).stage({1, 1, 1}).stage({1, 1}).build();
+  REQUIRE(g);
+  auto slots = peer_slots(*g);
+  REQUIRE(slots.size() == 7);
+  for (size_t count : {1, 2, 4, 5}) {
+    std::multiset<size_t> seen;
+    std::vector<std::set<size_t>> nodes_of_stage(3);
+    for (size_t i = 0; i < count; ++i) {
+      auto p = place(*g, i, count);
+      if (i == 0)
+        CHECK(p.trainers.size() == 2);
+      else
+        CHECK(p.trainers.empty());
+      if (count > 1 && i == 0)
+        CHECK(p.peers.empty());
+      for (auto s : p.peers) {
+        seen.insert(s);
+        nodes_of_stage[slots[s].first].insert(i);
+      }
+    }
+    // Every slot placed exactly once.
+    CHECK(seen.size() == 7);
+    CHECK(std::set<size_t>(seen.begin(), seen.end()).size() == 7);
+    // With at least as many stage nodes as a stage's peers, they are on distinct nodes.
+    if (count >= 4)
+      for (size_t s = 0; s < 3; ++s)
+        CHECK(nodes_of_stage[s].size() == g->stages[s].speeds.size());
+  }
+}
