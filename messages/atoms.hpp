@@ -29,5 +29,8 @@ using vi_run_atom = caf::atom_constant<caf::atom("vi_run")>;
 /// Asks a DHT actor for its Ed25519 public key.
 using dht_key_atom = caf::atom_constant<caf::atom("dhtkey")>;
 using transfer_atom = caf::atom_constant<caf::atom("transfer")>;
+/// Supervisor: "preempt child i" (fault injection) and "child respawned" (to the observer).
+using preempt_atom = caf::atom_constant<caf::atom("preempt")>;
+using respawn_atom = caf::atom_constant<caf::atom("respawn")>;
 
 } // namespace starling

@@ -119,9 +119,12 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
   // first complete state wins). A peer of the initial generation whose stage has nobody yet
   // starts from the seeded initialization; a (re)joining peer keeps trying until a donor answers.
   auto download = std::make_shared<std::function<void()>>();
+  auto first_try = self->clock().now();
   *download = [=] {
-    auto retry_or_start = [=] {
-      if (self->state.opts.download_state)
+    auto retry_or_start = [=](bool stage_empty) {
+      auto waited = self->clock().now() - first_try;
+      if (self->state.opts.download_state
+          && !(stage_empty && waited >= self->state.opts.download_patience))
         self->delayed_send(self, self->state.opts.retry_every, state_atom::value);
       else
         announce();
@@ -131,7 +134,7 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
       .then(
         [=](const std::vector<std::string>&, const std::vector<caf::actor>& peers) {
           if (peers.empty()) {
-            retry_or_start();
+            retry_or_start(true);
             return;
           }
           auto remaining = std::make_shared<size_t>(peers.size());
@@ -150,11 +153,11 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
                 [=](caf::error&) {
                   if (--*remaining == 0 && !*done) {
                     *done = true;
-                    retry_or_start(); // every donor failed
+                    retry_or_start(false); // every donor failed
                   }
                 });
         },
-        [=](caf::error&) { retry_or_start(); });
+        [=](caf::error&) { retry_or_start(true); });
   };
   (*download)();
   auto gossip = [=] {

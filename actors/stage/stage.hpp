@@ -43,6 +43,10 @@ struct stage_options {
   /// when its stage has no live peer yet.
   bool download_state = false;
   caf::timespan retry_every = std::chrono::milliseconds(500);
+  /// How long a (re)joining peer keeps finding its stage empty before it concludes that every
+  /// peer of the stage is gone (the stage's training state is lost) and starts from the seeded
+  /// initialization rather than never serving. A donor that exists but fails does not count.
+  caf::timespan download_patience = std::chrono::seconds(10);
   /// Seed of gossip partner choices.
   uint64_t seed = 0;
 };

@@ -16,6 +16,7 @@
 #include "actors/stage/board.hpp"
 #include "actors/stage/dht_board.hpp"
 #include "actors/stage/stage.hpp"
+#include "actors/supervisor/supervisor.hpp"
 #include "actors/trainer/trainer.hpp"
 #include "kernels/data/corpus.hpp"
 #include "kernels/flat.hpp"
@@ -69,6 +70,10 @@ caf::behavior collector(caf::event_based_actor* self, std::shared_ptr<swarm_tota
                   {"samples", samples},
                   {"retries", retries},
                   {"latency_s", seconds}});
+    },
+    [=](respawn_atom, uint64_t, const std::string& peer, int generation) {
+      auto t = std::chrono::duration<double>(clock_type::now() - t0).count();
+      out->write({{"t", t}, {"event", "restart"}, {"peer", peer}, {"generation", generation}});
     },
     [=](stop_atom, const std::string& trainer) {
       std::lock_guard<std::mutex> g{totals->mtx};
@@ -202,36 +207,42 @@ int drive_swarm(const experiment_config& cfg, const swarm_options& opts, const s
   auto t0 = clock_type::now();
   auto sink = sys.spawn(collector, totals, out, t0);
 
-  struct peer_slot {
-    size_t index;
-    uint64_t stage;
-    double speed;
-    int generation = 0;
-    caf::actor handle;
-    std::optional<clock_type::time_point> restart_at;
-  };
-  std::vector<peer_slot> slots;
-  auto spawn_peer = [&](peer_slot& slot) {
-    actors::stage::stage_options so;
-    so.stage = slot.stage;
-    so.name = fmt::format("s{}p{}g{}", slot.stage, slot.index, slot.generation);
-    so.model = model;
-    so.begin = (*ranges)[slot.stage].first;
-    so.end = (*ranges)[slot.stage].second;
-    so.optimizer = opts.optimizer;
-    so.local_batch = opts.local_batch;
-    so.speed = slot.speed;
-    so.download_state = slot.generation > 0;
-    so.codec = opts.compression;
-    so.seed = opts.seed * 1000 + slot.index * 10 + static_cast<uint64_t>(slot.generation);
-    slot.handle = actors::stage::spawn_stage(sys, so, board);
-    env.register_actor(so.name, slot.handle);
-  };
+  // The node's stage peers live under a supervisor, which respawns a preempted one after
+  // `restart_delay` as a new generation (that downloads its state before serving).
   auto all_slots = graph::peer_slots(opts);
-  for (auto i : env.roles.peers)
-    slots.push_back(peer_slot{i, all_slots[i].first, all_slots[i].second});
-  for (auto& slot : slots)
-    spawn_peer(slot);
+  std::vector<actors::supervisor::child_spec> children;
+  std::vector<uint64_t> child_stage;
+  auto ranges_v = *ranges;
+  auto register_actor = env.register_actor;
+  for (auto index : env.roles.peers) {
+    auto stage = all_slots[index].first;
+    auto speed = all_slots[index].second;
+    actors::supervisor::child_spec spec;
+    spec.name = fmt::format("s{}p{}", stage, index);
+    spec.restart_delay = std::chrono::duration_cast<caf::timespan>(opts.restart_delay);
+    spec.spawn = [&sys, opts, model, ranges_v, board, register_actor, index, stage,
+                  speed](int generation) {
+      actors::stage::stage_options so;
+      so.stage = stage;
+      so.name = fmt::format("s{}p{}g{}", stage, index, generation);
+      so.model = model;
+      so.begin = ranges_v[stage].first;
+      so.end = ranges_v[stage].second;
+      so.optimizer = opts.optimizer;
+      so.local_batch = opts.local_batch;
+      so.speed = speed;
+      so.download_state = generation > 0;
+      so.codec = opts.compression;
+      so.seed = opts.seed * 1000 + index * 10 + static_cast<uint64_t>(generation);
+      auto peer = actors::stage::spawn_stage(sys, so, board);
+      register_actor(so.name, peer);
+      return peer;
+    };
+    children.push_back(std::move(spec));
+    child_stage.push_back(stage);
+  }
+  auto supervisor = actors::supervisor::spawn_supervisor(sys, std::move(children), sink);
+  std::vector<std::optional<clock_type::time_point>> down_until(child_stage.size());
 
   std::vector<caf::actor> trainers;
   for (auto i : env.roles.trainers) {
@@ -249,8 +260,7 @@ int drive_swarm(const experiment_config& cfg, const swarm_options& opts, const s
     to.seed = opts.seed * 7919 + static_cast<uint64_t>(i);
     trainers.push_back(actors::trainer::spawn_trainer(sys, to, corpus, board, sink));
   }
-  if (!env.cluster || !slots.empty())
-    fmt::print("this node: {} stage peers, {} trainers\n", slots.size(), trainers.size());
+  fmt::print("this node: {} stage peers, {} trainers\n", child_stage.size(), trainers.size());
   std::fflush(stdout);
 
   // Preemptions: a Poisson process over the run, each killing one live local stage peer, restarted
@@ -258,7 +268,7 @@ int drive_swarm(const experiment_config& cfg, const swarm_options& opts, const s
   std::mt19937_64 rng{opts.seed ^ 0x5eedULL ^ (env.roles.peers.empty() ? 0 : env.roles.peers[0])};
   auto preempt_mean = std::chrono::duration<double>(opts.preempt_every).count();
   std::exponential_distribution<double> gap{preempt_mean > 0 ? 1.0 / preempt_mean : 1.0};
-  double next_preempt = preempt_mean > 0 && !slots.empty() ? gap(rng) : -1;
+  double next_preempt = preempt_mean > 0 && !child_stage.empty() ? gap(rng) : -1;
   int64_t preemptions = 0;
   std::vector<std::pair<double, std::string>> markers;
   auto total_samples = static_cast<int64_t>(trainers.size()) * opts.microbatches_per_trainer
@@ -274,31 +284,27 @@ int drive_swarm(const experiment_config& cfg, const swarm_options& opts, const s
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
     auto now = clock_type::now();
     auto t = std::chrono::duration<double>(now - t0).count();
-    for (auto& slot : slots) {
-      if (slot.restart_at && now >= *slot.restart_at) {
-        slot.restart_at.reset();
-        slot.generation++;
-        spawn_peer(slot);
-        out->write({{"t", t}, {"event", "restart"}, {"stage", slot.stage}, {"peer", slot.index}});
-      }
-    }
     if (next_preempt >= 0 && t >= next_preempt) {
       next_preempt = t + gap(rng);
       std::vector<size_t> live;
-      for (size_t i = 0; i < slots.size(); ++i)
-        if (!slots[i].restart_at)
+      for (size_t i = 0; i < down_until.size(); ++i)
+        if (!down_until[i] || now >= *down_until[i])
           live.push_back(i);
       if (!live.empty()) {
-        auto& slot = slots[live[std::uniform_int_distribution<size_t>{0, live.size() - 1}(rng)]];
-        self->send_exit(slot.handle, caf::exit_reason::kill);
-        slot.restart_at = now + opts.restart_delay;
+        auto victim = live[std::uniform_int_distribution<size_t>{0, live.size() - 1}(rng)];
+        self->send(supervisor, preempt_atom::value, static_cast<uint64_t>(victim));
+        down_until[victim] = now + opts.restart_delay;
         preemptions++;
-        markers.emplace_back(t, fmt::format("x s{}", slot.stage));
-        out->write({{"t", t}, {"event", "preempt"}, {"stage", slot.stage}, {"peer", slot.index}});
+        markers.emplace_back(t, fmt::format("x s{}", child_stage[victim]));
+        out->write({{"t", t},
+                    {"event", "preempt"},
+                    {"stage", child_stage[victim]},
+                    {"peer", env.roles.peers[victim]}});
         if (has_trainers && tty)
           fmt::print(stderr, "\n");
         log(log_level::info, "swarm", "preempted peer {} of stage {}; restart in {:.0f} s",
-            slot.index, slot.stage, std::chrono::duration<double>(opts.restart_delay).count());
+            env.roles.peers[victim], child_stage[victim],
+            std::chrono::duration<double>(opts.restart_delay).count());
       }
     }
     if (env.stop_requested && env.stop_requested()) {
@@ -343,8 +349,7 @@ int drive_swarm(const experiment_config& cfg, const swarm_options& opts, const s
   }
   auto wall = std::chrono::duration<double>(clock_type::now() - t0).count();
   auto shut_down = [&] {
-    for (auto& slot : slots)
-      self->send_exit(slot.handle, caf::exit_reason::user_shutdown);
+    self->send_exit(supervisor, caf::exit_reason::user_shutdown);
     for (auto& tr : trainers)
       self->send_exit(tr, caf::exit_reason::user_shutdown);
     self->send_exit(sink, caf::exit_reason::user_shutdown);
@@ -352,7 +357,7 @@ int drive_swarm(const experiment_config& cfg, const swarm_options& opts, const s
   if (!has_trainers) {
     shut_down();
     fmt::print("swarm node stopping{}: {} stage peers, {} preemptions, {:.1f} s\n",
-               stopped ? " (signal)" : "", slots.size(), preemptions, wall);
+               stopped ? " (signal)" : "", child_stage.size(), preemptions, wall);
     return 0;
   }
   if (tty)
@@ -361,7 +366,7 @@ int drive_swarm(const experiment_config& cfg, const swarm_options& opts, const s
   // Final model: one live peer per stage (restart any still-dead local one first).
   std::vector<torch::Tensor> finals(opts.stages.size());
   for (uint64_t s = 0; s < opts.stages.size(); ++s) {
-    for (int attempt = 0; attempt < 40 && !finals[s].defined(); ++attempt) {
+    for (int attempt = 0; attempt < 80 && !finals[s].defined(); ++attempt) {
       self->request(board, std::chrono::seconds(5), get_atom::value, s)
         .receive(
           [&](const std::vector<std::string>&, const std::vector<caf::actor>& peers) {
@@ -374,15 +379,8 @@ int drive_swarm(const experiment_config& cfg, const swarm_options& opts, const s
             }
           },
           [](caf::error&) {});
-      if (!finals[s].defined()) {
-        for (auto& slot : slots)
-          if (slot.stage == s && slot.restart_at) {
-            slot.restart_at.reset();
-            slot.generation++;
-            spawn_peer(slot);
-          }
-        std::this_thread::sleep_for(std::chrono::milliseconds(250));
-      }
+      if (!finals[s].defined())
+        std::this_thread::sleep_for(std::chrono::milliseconds(250)); // the supervisor respawns
     }
   }
   shut_down();
@@ -477,8 +475,9 @@ int run_swarm_node(const experiment_config& cfg, node& nd, const cluster_context
   env.board = board;
   env.roles = graph::place(opts, ctx.index, ctx.count);
   env.cluster = true;
-  env.register_actor = [&nd](const std::string& name, const caf::actor& a) {
-    nd.register_actor(name, a);
+  auto directory = nd.directory();
+  env.register_actor = [directory](const std::string& name, const caf::actor& a) {
+    caf::anon_send(directory, put_atom::value, name, a); // dies with the supervisor, not the node
   };
   env.stop_requested = ctx.stop;
   fmt::print("swarm node {} of {}: {} stage peers, {} trainers\n", ctx.index, ctx.count,
