@@ -28,6 +28,10 @@ using vi_finish_atom = caf::atom_constant<caf::atom("vi_finish")>;
 using vi_run_atom = caf::atom_constant<caf::atom("vi_run")>;
 /// Asks a DHT actor for its Ed25519 public key.
 using dht_key_atom = caf::atom_constant<caf::atom("dhtkey")>;
+/// averager: `(average_atom, group_key, tensor_list, weight) -> average_result`.
+using average_atom = caf::atom_constant<caf::atom("average")>;
+/// averager internal: a round or matchmaking deadline fired.
+using avg_timer_atom = caf::atom_constant<caf::atom("avg_timer")>;
 using transfer_atom = caf::atom_constant<caf::atom("transfer")>;
 /// Supervisor: "preempt child i" (fault injection) and "child respawned" (to the observer).
 using preempt_atom = caf::atom_constant<caf::atom("preempt")>;

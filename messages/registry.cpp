@@ -2,6 +2,7 @@
 
 #include <caf/actor_system_config.hpp>
 
+#include "messages/averager.hpp"
 #include "messages/swarm.hpp"
 #include "messages/dht.hpp"
 #include "messages/chunked.hpp"
@@ -36,6 +37,14 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<dht_stats>("starling.dht_stats");
   cfg.add_message_type<chunk_msg>("starling.chunk");
   cfg.add_message_type<chunk_ack_msg>("starling.chunk_ack");
+  cfg.add_message_type<tensor_list>("starling.tensor_list");
+  cfg.add_message_type<average_result>("starling.average_result");
+  cfg.add_message_type<avg_join>("starling.avg_join");
+  cfg.add_message_type<avg_join_reply>("starling.avg_join_reply");
+  cfg.add_message_type<avg_leave>("starling.avg_leave");
+  cfg.add_message_type<avg_group>("starling.avg_group");
+  cfg.add_message_type<avg_chunk>("starling.avg_chunk");
+  cfg.add_message_type<avg_ack>("starling.avg_ack");
 }
 
 } // namespace starling::messages

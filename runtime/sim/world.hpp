@@ -148,6 +148,8 @@ public:
   /// The world's seeded generator (for tests and workloads that need randomness).
   std::mt19937_64& rng() { return rng_; }
   const std::vector<trace_event>& trace() const { return trace_; }
+  /// Drops the trace recorded so far and frees its memory (long runs that only need the end).
+  void clear_trace() { std::vector<trace_event>().swap(trace_); }
   /// Appends an event at the current virtual time.
   void record(std::string kind, std::string from, std::string to, uint64_t bytes,
               std::string detail);

@@ -1,0 +1,211 @@
+#include "actors/averager/butterfly.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "actors/averager/load_balance.hpp"
+
+namespace starling::actors::averager {
+
+std::vector<size_t> round_plan::senders() const {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < members.size(); ++i)
+    if (!members[i].auxiliary)
+      out.push_back(i);
+  return out;
+}
+
+result<round_plan> make_plan(std::vector<member_info> members, int64_t size, int64_t min_part) {
+  if (members.empty())
+    return fail("an averaging group needs at least one member");
+  if (size < 0)
+    return fail(fmt::format("vector size must be >= 0, got {}", size));
+  std::vector<double> bw;
+  bool any_sender = false;
+  for (auto& m : members) {
+    bw.push_back(m.bandwidth);
+    any_sender = any_sender || !m.auxiliary;
+  }
+  if (!any_sender)
+    return fail(fmt::format("all {} members are auxiliary: nobody contributes data",
+                            members.size()));
+  round_plan p;
+  p.size = size;
+  if (size == 0) {
+    // Still validate the bandwidths so that a bad group fails the same way for any size.
+    auto f = optimal_fractions(bw);
+    if (!f)
+      return f.error();
+    p.sizes.assign(members.size(), 0);
+  } else {
+    auto parts = balance_parts(bw, size, std::max<int64_t>(1, min_part));
+    if (!parts)
+      return parts.error();
+    p.sizes = std::move(*parts);
+  }
+  p.offsets.resize(members.size());
+  int64_t off = 0;
+  for (size_t i = 0; i < members.size(); ++i) {
+    p.offsets[i] = off;
+    off += p.sizes[i];
+  }
+  p.members = std::move(members);
+  return p;
+}
+
+reduce_fn weighted_mean_reducer() {
+  return [](const std::vector<at::Tensor>& xs, const std::vector<double>& ws) {
+    return kernels::weighted_mean(xs, ws);
+  };
+}
+
+reduce_fn centered_clip_reducer(kernels::centered_clip_options options) {
+  return [options](const std::vector<at::Tensor>& xs,
+                   const std::vector<double>& ws) -> result<at::Tensor> {
+    auto r = kernels::centered_clip(xs, ws, options);
+    if (!r)
+      return r.error();
+    return std::move(r->value);
+  };
+}
+
+// -- part_reducer ------------------------------------------------------------------------------
+
+part_reducer::part_reducer(int64_t part_size, std::vector<size_t> expected, reduce_fn fn)
+  : size_(part_size), fn_(fn ? std::move(fn) : weighted_mean_reducer()) {
+  std::sort(expected.begin(), expected.end());
+  expected.erase(std::unique(expected.begin(), expected.end()), expected.end());
+  for (auto p : expected) {
+    slot s;
+    s.peer = p;
+    slots_.push_back(std::move(s));
+  }
+}
+
+part_reducer::slot* part_reducer::find(size_t peer) {
+  for (auto& s : slots_)
+    if (s.peer == peer)
+      return &s;
+  return nullptr;
+}
+
+const part_reducer::slot* part_reducer::find(size_t peer) const {
+  for (auto& s : slots_)
+    if (s.peer == peer)
+      return &s;
+  return nullptr;
+}
+
+status part_reducer::add(size_t peer, double weight, int64_t offset, const at::Tensor& values) {
+  auto* s = find(peer);
+  if (s == nullptr)
+    return fail(fmt::format("peer {} is not expected to contribute to this part", peer));
+  if (s->excluded)
+    return fail(fmt::format("peer {} was excluded from this part", peer));
+  if (!std::isfinite(weight) || weight < 0)
+    return fail(fmt::format("weight of peer {} must be finite and >= 0, got {}", peer, weight));
+  if (s->weight >= 0 && s->weight != weight)
+    return fail(fmt::format("peer {} changed its weight from {} to {} within a part", peer,
+                            s->weight, weight));
+  if (!values.defined() || values.dim() != 1 || !values.is_floating_point())
+    return fail(fmt::format("chunk of peer {} must be a defined 1-D float tensor", peer));
+  auto n = values.numel();
+  if (offset < 0 || n > size_ || offset > size_ - n)
+    return fail(fmt::format("chunk [{}, {}) of peer {} lies outside the part of {} elements",
+                            offset, offset + n, peer, size_));
+  for (auto& [a, b] : s->ranges)
+    if (offset < b && a < offset + n)
+      return fail(fmt::format("chunk [{}, {}) of peer {} overlaps [{}, {}) it already sent",
+                              offset, offset + n, peer, a, b));
+  if (n > 0 && !torch::isfinite(values).all().item<bool>())
+    return fail(fmt::format("chunk of peer {} holds non-finite values", peer));
+  if (!s->values.defined())
+    s->values = torch::empty({size_}, torch::kFloat32);
+  if (n > 0)
+    s->values.narrow(0, offset, n).copy_(values);
+  s->weight = weight;
+  s->ranges.emplace_back(offset, offset + n);
+  s->received += n;
+  return {};
+}
+
+void part_reducer::exclude(size_t peer) {
+  auto* s = find(peer);
+  if (s == nullptr || s->excluded || s->received == size_)
+    return;
+  s->excluded = true;
+  s->values = at::Tensor{};
+  s->ranges.clear();
+}
+
+bool part_reducer::complete() const {
+  return std::all_of(slots_.begin(), slots_.end(), [this](const slot& s) {
+    return s.excluded || (s.weight >= 0 && s.received == size_);
+  });
+}
+
+std::vector<size_t> part_reducer::contributors() const {
+  std::vector<size_t> out;
+  for (auto& s : slots_)
+    if (!s.excluded && s.weight >= 0 && s.received == size_)
+      out.push_back(s.peer);
+  return out;
+}
+
+result<at::Tensor> part_reducer::reduce() const {
+  std::vector<at::Tensor> xs;
+  std::vector<double> ws;
+  for (auto& s : slots_) {
+    if (s.excluded || s.weight < 0 || s.received != size_)
+      continue;
+    xs.push_back(s.values.defined() ? s.values : torch::empty({0}, torch::kFloat32));
+    ws.push_back(s.weight);
+  }
+  if (xs.empty())
+    return fail("no complete contribution reached the reducer");
+  try {
+    auto r = fn_(xs, ws);
+    if (!r)
+      return r.error();
+    auto out = r->to(torch::kFloat32).contiguous().reshape({size_});
+    return out;
+  } catch (const std::exception& e) {
+    return fail(fmt::format("reduction threw: {}", e.what()));
+  }
+}
+
+// -- reports -----------------------------------------------------------------------------------
+
+void finish_report(round_report& r) {
+  r.averaged = r.kept = r.failed = 0;
+  for (auto& p : r.parts) {
+    if (p.size == 0)
+      continue;
+    switch (p.status) {
+      case part_status::averaged:
+        ++r.averaged;
+        break;
+      case part_status::own_value_kept:
+        ++r.kept;
+        break;
+      case part_status::failed:
+        ++r.failed;
+        break;
+    }
+  }
+  r.outcome = (r.kept == 0 && r.failed == 0) ? round_outcome::complete : round_outcome::partial;
+}
+
+std::string summary(const round_report& r) {
+  auto s = fmt::format("{} '{}' group {:x} self {}/{}: {} averaged, {} kept, {} failed",
+                       messages::to_string(r.outcome), r.group_key, r.group_id, r.self,
+                       r.members.size(), r.averaged, r.kept, r.failed);
+  if (!r.detail.empty())
+    s += " (" + r.detail + ")";
+  return s;
+}
+
+} // namespace starling::actors::averager

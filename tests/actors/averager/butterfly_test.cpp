@@ -1,0 +1,145 @@
+#include "actors/averager/butterfly.hpp"
+
+#include <doctest/doctest.h>
+
+#include <numeric>
+
+#include <torch/torch.h>
+
+using namespace starling::actors::averager;
+
+namespace {
+
+std::vector<member_info> group(const std::vector<double>& bw, const std::vector<bool>& aux = {}) {
+  std::vector<member_info> out;
+  for (size_t i = 0; i < bw.size(); ++i)
+    out.push_back({"p" + std::to_string(i), bw[i], i < aux.size() && aux[i]});
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("a round plan covers the vector with one contiguous part per member") {
+  auto p = make_plan(group({1, 0, 2, 1}), 1000);
+  REQUIRE(p.ok());
+  CHECK(p->sizes.size() == 4);
+  CHECK(p->sizes[1] == 0); // client mode reduces nothing
+  CHECK(std::accumulate(p->sizes.begin(), p->sizes.end(), int64_t{0}) == 1000);
+  for (size_t i = 1; i < 4; ++i)
+    CHECK(p->offsets[i] == p->offsets[i - 1] + p->sizes[i - 1]);
+  CHECK(p->sizes[2] > p->sizes[0]);
+  CHECK(p->senders() == std::vector<size_t>{0, 1, 2, 3});
+}
+
+TEST_CASE("a round plan rejects bad groups and accepts an empty vector") {
+  CHECK_FALSE(make_plan({}, 10).ok());
+  CHECK_FALSE(make_plan(group({0, 0}), 10).ok());
+  CHECK_FALSE(make_plan(group({1, -1}), 10).ok());
+  CHECK_FALSE(make_plan(group({1, 1}, {true, true}), 10).ok());
+  auto e = make_plan(group({1, 1}), 0);
+  REQUIRE(e.ok());
+  CHECK(e->sizes == std::vector<int64_t>{0, 0});
+  auto one = make_plan(group({1}), 7);
+  REQUIRE(one.ok());
+  CHECK(one->sizes == std::vector<int64_t>{7});
+  auto aux = make_plan(group({1, 1, 1}, {false, true, false}), 30);
+  REQUIRE(aux.ok());
+  CHECK(aux->senders() == std::vector<size_t>{0, 2});
+  CHECK(aux->sizes[1] > 0); // auxiliary members reduce
+}
+
+TEST_CASE("a part reducer averages chunked contributions with weights") {
+  part_reducer r(6, {0, 1, 2}, weighted_mean_reducer());
+  auto a = torch::arange(6, torch::kFloat32);
+  auto b = torch::full({6}, 10.0f);
+  REQUIRE(r.add(0, 1.0, 0, a.narrow(0, 0, 4)).ok());
+  CHECK_FALSE(r.complete());
+  REQUIRE(r.add(0, 1.0, 4, a.narrow(0, 4, 2)).ok());
+  REQUIRE(r.add(1, 3.0, 0, b).ok());
+  CHECK_FALSE(r.complete());
+  // peer 2 sends half, then dies: its partial data is excluded.
+  REQUIRE(r.add(2, 5.0, 0, torch::full({3}, 1000.0f)).ok());
+  r.exclude(2);
+  CHECK(r.complete());
+  CHECK(r.contributors() == std::vector<size_t>{0, 1});
+  auto out = r.reduce();
+  REQUIRE(out.ok());
+  auto expect = (a * 1 + b * 3) / 4;
+  CHECK(torch::allclose(*out, expect, 1e-6, 1e-6));
+}
+
+TEST_CASE("a part reducer rejects bad chunks without changing its state") {
+  part_reducer r(4, {0, 1}, nullptr);
+  auto x = torch::ones({2});
+  CHECK_FALSE(r.add(5, 1.0, 0, x).ok());                    // unexpected peer
+  CHECK_FALSE(r.add(0, -1.0, 0, x).ok());                   // negative weight
+  CHECK_FALSE(r.add(0, NAN, 0, x).ok());                    // non-finite weight
+  CHECK_FALSE(r.add(0, 1.0, 3, x).ok());                    // outside the part
+  CHECK_FALSE(r.add(0, 1.0, -1, x).ok());                   // negative offset
+  CHECK_FALSE(r.add(0, 1.0, 0, torch::ones({2, 1})).ok());  // not 1-D
+  CHECK_FALSE(r.add(0, 1.0, 0, torch::full({2}, INFINITY)).ok());
+  REQUIRE(r.add(0, 1.0, 0, x).ok());
+  CHECK_FALSE(r.add(0, 1.0, 1, x).ok());                    // overlap
+  CHECK_FALSE(r.add(0, 2.0, 2, x).ok());                    // weight changed
+  REQUIRE(r.add(0, 1.0, 2, x).ok());
+  r.exclude(1);
+  CHECK_FALSE(r.add(1, 1.0, 0, x).ok());                    // excluded
+  r.exclude(0);                                             // complete: stays
+  CHECK(r.contributors() == std::vector<size_t>{0});
+  auto out = r.reduce();
+  REQUIRE(out.ok());
+  CHECK(torch::equal(*out, torch::ones({4})));
+}
+
+TEST_CASE("a part reducer with no usable contribution fails instead of inventing values") {
+  part_reducer none(3, {0, 1}, nullptr);
+  none.exclude(0);
+  none.exclude(1);
+  CHECK(none.complete());
+  CHECK_FALSE(none.reduce().ok());
+  part_reducer zero(3, {0}, nullptr);
+  REQUIRE(zero.add(0, 0.0, 0, torch::ones({3})).ok());
+  CHECK_FALSE(zero.reduce().ok()); // weighted mean of total weight 0
+}
+
+TEST_CASE("the reduction is pluggable: CenteredClip resists an outlier the mean does not") {
+  std::vector<torch::Tensor> xs = {torch::zeros({4}), torch::full({4}, 0.1f),
+                                   torch::full({4}, -0.1f), torch::full({4}, 1000.0f)};
+  starling::kernels::centered_clip_options o;
+  o.tau = 1.0;
+  part_reducer clip(4, {0, 1, 2, 3}, centered_clip_reducer(o));
+  part_reducer mean(4, {0, 1, 2, 3}, weighted_mean_reducer());
+  for (size_t i = 0; i < xs.size(); ++i) {
+    REQUIRE(clip.add(i, 1.0, 0, xs[i]).ok());
+    REQUIRE(mean.add(i, 1.0, 0, xs[i]).ok());
+  }
+  auto c = clip.reduce();
+  auto m = mean.reduce();
+  REQUIRE(c.ok());
+  REQUIRE(m.ok());
+  CHECK(c->abs().max().item<float>() < 1.0f);
+  CHECK(m->abs().max().item<float>() > 100.0f);
+}
+
+TEST_CASE("a round report counts non-empty parts and derives the outcome") {
+  round_report r;
+  r.parts.resize(4);
+  r.parts[0].size = 5;
+  r.parts[0].status = part_status::averaged;
+  r.parts[1].size = 0; // client: not counted
+  r.parts[2].size = 5;
+  r.parts[2].status = part_status::averaged;
+  r.parts[3].size = 5;
+  r.parts[3].status = part_status::averaged;
+  finish_report(r);
+  CHECK(r.averaged == 3);
+  CHECK(r.outcome == round_outcome::complete);
+  r.parts[3].status = part_status::own_value_kept;
+  r.parts[2].status = part_status::failed;
+  finish_report(r);
+  CHECK(r.averaged == 1);
+  CHECK(r.kept == 1);
+  CHECK(r.failed == 1);
+  CHECK(r.outcome == round_outcome::partial);
+  CHECK(summary(r).find("partial") != std::string::npos);
+}

@@ -1,0 +1,245 @@
+// starling's averager (butterfly all-reduce over CAF/BASP) side by side with
+// c10d::ProcessGroupGloo::allreduce in the same run: N processes on loopback, fp32 vectors.
+//   gloo      ProcessGroupGloo over 127.0.0.1, FileStore rendezvous; allreduce (sum) timed.
+//   starling  one runtime::node + DHT + averager per process; the averager's `round_ns` (group
+//             message -> reply, i.e. the all-reduce without matchmaking) and the wall time of
+//             the whole request (with matchmaking) are printed.
+// Times are medians of `reps` rounds after one warm-up; RSS is each process's peak resident
+// memory (the largest over the N processes is printed). Both run in fresh processes per row.
+//
+// usage: bench_allreduce [reps] [sizes...]   (default 3; 1M and 16M floats; N in {2, 4})
+// children: bench_allreduce --child gloo|starling|starling-fp16|starling-bw8 RANK N NUMEL DIR REPS
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/torch.h>
+
+#include "actors/averager/averager.hpp"
+#include "actors/dht/dht.hpp"
+#include "messages/atoms.hpp"
+#include "messages/averager.hpp"
+#include "runtime/metrics/metrics.hpp"
+#include "runtime/node/node.hpp"
+
+using namespace starling;
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+int child_gloo(int rank, int n, int64_t numel, const std::string& dir, int reps) {
+  auto store = c10::make_intrusive<::c10d::FileStore>(dir + "/gloo.store", n);
+  auto opts = ::c10d::ProcessGroupGloo::Options::create();
+  opts->devices.push_back(::c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  opts->timeout = std::chrono::seconds(120);
+  ::c10d::ProcessGroupGloo pg(store, rank, n, opts);
+  torch::manual_seed(rank);
+  auto x = torch::randn({numel});
+  std::vector<double> times;
+  for (int i = 0; i <= reps; ++i) {
+    std::vector<at::Tensor> ts{x.clone()};
+    std::vector<at::Tensor> bar{torch::zeros({1})};
+    pg.allreduce(bar)->wait(); // start together
+    auto t0 = clk::now();
+    pg.allreduce(ts)->wait();
+    auto dt = std::chrono::duration<double>(clk::now() - t0).count();
+    if (i > 0)
+      times.push_back(dt);
+  }
+  fmt::print("RESULT {} {:.6f} {:.6f} {} 0\n", rank, median(times), median(times),
+             runtime::peak_rss_bytes());
+  std::fflush(stdout);
+  return 0;
+}
+
+std::string wait_file(const std::string& path) {
+  for (int i = 0; i < 6000; ++i) {
+    std::ifstream f(path);
+    std::string s;
+    if (f >> s && !s.empty())
+      return s;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return {};
+}
+
+int child_starling(int rank, int n, int64_t numel, const std::string& dir, int reps,
+                   kernels::codec_id codec) {
+  runtime::caf_options caf_opts;
+  caf_opts.scheduler_policy = "sharing";
+  runtime::node_options node_opts;
+  auto nd = runtime::node::start(caf_opts, node_opts, "bench" + std::to_string(rank));
+  if (!nd) {
+    fmt::print(stderr, "node: {}\n", nd.error().what);
+    return 2;
+  }
+  auto& node = **nd;
+  auto ep = node.endpoint();
+  actors::dht::dht_options d;
+  d.address = ep + "/dht";
+  d.id = actors::dht::identity::from_seed(1000 + rank);
+  if (rank == 0) {
+    std::ofstream(dir + "/ep0.tmp") << ep << "\n";
+    std::rename((dir + "/ep0.tmp").c_str(), (dir + "/ep0").c_str());
+  } else {
+    auto ep0 = wait_file(dir + "/ep0");
+    d.bootstrap = {ep0 + "/dht"};
+  }
+  auto dht = actors::dht::spawn_dht(node.system(), node.resolver(), d);
+  node.register_actor("dht", dht);
+  actors::averager::averager_options a;
+  a.address = ep + "/averager";
+  a.target_group_size = static_cast<uint32_t>(n);
+  a.matchmaking_window = std::chrono::seconds(5);
+  a.poll_interval = std::chrono::milliseconds(50);
+  a.round_timeout = std::chrono::seconds(120);
+  a.chunk_bytes = uint64_t{4} << 20;
+  a.window = 4;
+  a.codec = codec;
+  auto avg = actors::averager::spawn_averager(node.system(), dht, node.resolver(), a);
+  node.register_actor("averager", avg);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500)); // DHT joins settle
+  torch::manual_seed(rank);
+  auto x = torch::randn({numel});
+  std::vector<double> rounds, walls;
+  int bad = 0;
+  {
+    caf::scoped_actor self{node.system()};
+    for (int i = 0; i <= reps; ++i) {
+      messages::tensor_list tl;
+      tl.tensors.push_back(messages::tensor_msg{x, kernels::codec_id::none, {}, {}});
+      auto t0 = clk::now();
+      self->request(avg, std::chrono::seconds(300), average_atom::value, std::string("bench"), tl,
+                    1.0)
+          .receive(
+              [&](messages::average_result& r) {
+                auto wall = std::chrono::duration<double>(clk::now() - t0).count();
+                if (r.report.outcome != messages::round_outcome::complete
+                    || r.report.members.size() != static_cast<size_t>(n)) {
+                  ++bad;
+                  fmt::print(stderr, "rank {}: {}\n", rank,
+                             actors::averager::summary(r.report));
+                }
+                if (i > 0) {
+                  rounds.push_back(static_cast<double>(r.report.round_ns) * 1e-9);
+                  walls.push_back(wall);
+                }
+              },
+              [&](caf::error& e) {
+                ++bad;
+                fmt::print(stderr, "rank {}: {}\n", rank, node.system().render(e));
+              });
+    }
+  }
+  fmt::print("RESULT {} {:.6f} {:.6f} {} {}\n", rank, median(rounds), median(walls),
+             runtime::peak_rss_bytes(), bad);
+  std::fflush(stdout);
+  std::this_thread::sleep_for(std::chrono::seconds(1)); // let the others finish their rounds
+  node.shutdown();
+  return 0;
+}
+
+struct row {
+  double time = 0, wall = 0;
+  uint64_t rss = 0;
+  int bad = 0;
+  bool ok = false;
+};
+
+row run_children(const std::string& kind, int n, int64_t numel, int reps) {
+  char tmpl[] = "/tmp/starling-allreduce-XXXXXX";
+  std::string dir = mkdtemp(tmpl);
+  std::vector<FILE*> pipes;
+  for (int r = 0; r < n; ++r) {
+    auto cmd = fmt::format("timeout 600 /proc/{}/exe --child {} {} {} {} {} {}", getpid(), kind,
+                           r, n, numel, dir, reps);
+    pipes.push_back(popen(cmd.c_str(), "r"));
+  }
+  row out;
+  int got = 0;
+  for (auto* p : pipes) {
+    char line[512];
+    while (p && fgets(line, sizeof line, p)) {
+      int rank = 0, bad = 0;
+      double t = 0, w = 0;
+      unsigned long long rss = 0;
+      if (std::sscanf(line, "RESULT %d %lf %lf %llu %d", &rank, &t, &w, &rss, &bad) == 5) {
+        out.time = std::max(out.time, t);
+        out.wall = std::max(out.wall, w);
+        out.rss = std::max<uint64_t>(out.rss, rss);
+        out.bad += bad;
+        ++got;
+      }
+    }
+    if (p)
+      pclose(p);
+  }
+  out.ok = got == n;
+  std::system(fmt::format("rm -rf {}", dir).c_str());
+  return out;
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 8 && std::string(argv[1]) == "--child") {
+    std::string kind = argv[2];
+    int rank = std::atoi(argv[3]), n = std::atoi(argv[4]);
+    int64_t numel = std::atoll(argv[5]);
+    std::string dir = argv[6];
+    int reps = std::atoi(argv[7]);
+    torch::set_num_threads(1);
+    if (kind == "gloo")
+      return child_gloo(rank, n, numel, dir, reps);
+    if (kind == "starling")
+      return child_starling(rank, n, numel, dir, reps, kernels::codec_id::none);
+    if (kind == "starling-fp16")
+      return child_starling(rank, n, numel, dir, reps, kernels::codec_id::fp16);
+    if (kind == "starling-bw8")
+      return child_starling(rank, n, numel, dir, reps, kernels::codec_id::blockwise8);
+    return 2;
+  }
+  int reps = argc > 1 ? std::atoi(argv[1]) : 3;
+  std::vector<int64_t> sizes;
+  for (int i = 2; i < argc; ++i)
+    sizes.push_back(std::atoll(argv[i]));
+  if (sizes.empty())
+    sizes = {int64_t{1} << 20, int64_t{16} << 20};
+  fmt::print("all-reduce over loopback, median of {} rounds; time = slowest process; rss = largest "
+             "peak RSS\n",
+             reps);
+  fmt::print("{:>2} {:>10} {:>14} {:>10} {:>10} {:>9} {:>8} {:>6}\n", "N", "floats", "method",
+             "time_s", "wall_s", "rss_MiB", "x_gloo", "ok");
+  for (int n : {2, 4})
+    for (auto numel : sizes) {
+      auto g = run_children("gloo", n, numel, reps);
+      fmt::print("{:>2} {:>10} {:>14} {:>10.4f} {:>10} {:>9.1f} {:>8} {:>6}\n", n, numel, "gloo",
+                 g.time, "-", g.rss / 1048576.0, "1.00", g.ok ? "yes" : "NO");
+      for (std::string kind : {"starling", "starling-fp16", "starling-bw8"}) {
+        auto s = run_children(kind, n, numel, reps);
+        fmt::print("{:>2} {:>10} {:>14} {:>10.4f} {:>10.4f} {:>9.1f} {:>8.2f} {:>6}\n", n, numel,
+                   kind, s.time, s.wall, s.rss / 1048576.0, g.time > 0 ? s.time / g.time : 0.0,
+                   s.ok && s.bad == 0 ? "yes" : "NO");
+        std::fflush(stdout);
+      }
+    }
+  return 0;
+}
