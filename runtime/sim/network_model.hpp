@@ -2,6 +2,7 @@
 // Pure: no CAF, time is passed in as nanoseconds since the start of the simulation.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -34,6 +35,13 @@ public:
   /// The settings of the link from `from` to `to`.
   const link_options& link(int from, int to) const;
 
+  /// Gives every link without an override its own latency, drawn uniformly from [lo, hi] by a
+  /// hash of the model's seed and the (unordered) pair of nodes: both directions agree and the
+  /// same seed gives the same latencies. Off (the defaults' latency) until called.
+  void set_latency_range(std::chrono::nanoseconds lo, std::chrono::nanoseconds hi);
+  /// One-way latency of the link from `from` to `to` in ns.
+  int64_t latency_ns(int from, int to) const;
+
   /// Cuts both directions between `a` and `b`.
   void partition(int a, int b);
   /// Restores both directions between `a` and `b`.
@@ -50,6 +58,9 @@ public:
 
 private:
   link_options defaults_;
+  uint64_t seed_;
+  int64_t latency_lo_ns_ = -1;
+  int64_t latency_hi_ns_ = -1;
   std::map<std::pair<int, int>, link_options> links_;
   std::map<std::pair<int, int>, int64_t> busy_until_;
   std::set<std::pair<int, int>> cut_;

@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <caf/fwd.hpp>
@@ -43,6 +44,9 @@ struct world_options {
   network_options network;
   /// Timeout of the simulated resolver's lookups.
   caf::timespan resolve_timeout = std::chrono::seconds(5);
+  /// Record every message (`send`/`drop`) in the trace; large runs turn it off (faults and
+  /// `world::record` calls are still recorded).
+  bool trace_messages = true;
 };
 
 /// A simulated node: a name, an index in the network model, an identity, and the actors
@@ -148,6 +152,8 @@ public:
   /// The world's seeded generator (for tests and workloads that need randomness).
   std::mt19937_64& rng() { return rng_; }
   const std::vector<trace_event>& trace() const { return trace_; }
+  /// Whether messages are traced (world_options::trace_messages).
+  bool trace_messages() const { return opts_.trace_messages; }
   /// Appends an event at the current virtual time.
   void record(std::string kind, std::string from, std::string to, uint64_t bytes,
               std::string detail);
@@ -181,6 +187,9 @@ private:
   network_model net_;
   std::mt19937_64 rng_;
   std::vector<std::unique_ptr<sim_node>> nodes_;
+  /// Node index by name and by endpoint (`name:1`), so lookups do not scan every node.
+  std::unordered_map<std::string, int> by_name_;
+  std::unordered_map<std::string, int> by_endpoint_;
   std::map<caf::actor_id, int> actor_node_;
   std::map<std::pair<int, caf::actor_id>, caf::actor> proxies_;
   std::multimap<int64_t, std::pair<std::string, std::function<void()>>> pending_;
