@@ -4,10 +4,12 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <random>
 #include <set>
+#include <unordered_map>
 #include <utility>
 
 #include "runtime/config/config.hpp"
@@ -62,7 +64,15 @@ private:
   int64_t latency_lo_ns_ = -1;
   int64_t latency_hi_ns_ = -1;
   std::map<std::pair<int, int>, link_options> links_;
-  std::map<std::pair<int, int>, int64_t> busy_until_;
+  /// Hashes a pair of small integers (node indices, actor ids) for the hot lookups.
+  struct pair_hash {
+    size_t operator()(const std::pair<int, int>& p) const noexcept {
+      return std::hash<uint64_t>{}((static_cast<uint64_t>(static_cast<uint32_t>(p.first)) << 32) |
+                                   static_cast<uint32_t>(p.second));
+    }
+  };
+  /// When each link is free again (looked up for every message: hashed, not ordered).
+  std::unordered_map<std::pair<int, int>, int64_t, pair_hash> busy_until_;
   std::set<std::pair<int, int>> cut_;
   std::mt19937_64 rng_;
 };

@@ -190,8 +190,14 @@ private:
   /// Node index by name and by endpoint (`name:1`), so lookups do not scan every node.
   std::unordered_map<std::string, int> by_name_;
   std::unordered_map<std::string, int> by_endpoint_;
-  std::map<caf::actor_id, int> actor_node_;
-  std::map<std::pair<int, caf::actor_id>, caf::actor> proxies_;
+  /// Hot lookups (every simulated message): hashed, not ordered.
+  struct proxy_key_hash {
+    size_t operator()(const std::pair<int, caf::actor_id>& k) const noexcept {
+      return std::hash<uint64_t>{}(k.second * 0x9e3779b97f4a7c15ULL ^ static_cast<uint64_t>(k.first));
+    }
+  };
+  std::unordered_map<caf::actor_id, int> actor_node_;
+  std::unordered_map<std::pair<int, caf::actor_id>, caf::actor, proxy_key_hash> proxies_;
   std::multimap<int64_t, std::pair<std::string, std::function<void()>>> pending_;
   std::vector<trace_event> trace_;
   caf::actor_clock::time_point start_;
