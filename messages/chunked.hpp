@@ -3,12 +3,52 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include <caf/error.hpp>
 #include <caf/meta/type_name.hpp>
+#include <caf/serializer.hpp>
 
 namespace starling::messages {
+
+/// The sender's whole payload as a list of contiguous pieces (e.g. a Cap'n Proto segment table
+/// and the segments of the builder that holds the encoded tensor), shared by all chunks of a
+/// transfer so that cutting a chunk copies nothing: CAF's serializer reads the bytes straight
+/// from the pieces into its buffer. Never serialized itself.
+class chunk_source {
+public:
+  virtual ~chunk_source() = default;
+  /// Total bytes.
+  virtual uint64_t size() const = 0;
+  /// Calls `f(const char* data, size_t n)` for the bytes [offset, offset + length), in order;
+  /// stops at the first non-empty error `f` returns and returns it.
+  template <class F>
+  caf::error for_each(uint64_t offset, uint64_t length, F&& f) const {
+    uint64_t pos = 0;
+    for (auto& [p, n] : pieces_) {
+      if (length == 0)
+        break;
+      if (offset < pos + n) {
+        auto skip = offset - pos;
+        auto take = std::min<uint64_t>(n - skip, length);
+        if (auto err = f(p + skip, static_cast<size_t>(take)))
+          return err;
+        offset += take;
+        length -= take;
+      }
+      pos += n;
+    }
+    return caf::none;
+  }
+
+protected:
+  /// The pieces, in order; set by the subclass that owns their memory.
+  std::vector<std::pair<const char*, uint64_t>> pieces_;
+};
 
 /// One piece of a chunked transfer. Chunks of a transfer arrive in order (CAF keeps the order
 /// between two actors); `index` lets the receiver check that.
@@ -21,13 +61,48 @@ struct chunk_msg {
   uint32_t count = 0;
   /// Size of the whole payload, so the receiver reserves it once.
   uint64_t total_bytes = 0;
-  /// The bytes of this chunk (CAF serializes `std::vector<char>` by memcpy).
+  /// The bytes of this chunk (CAF serializes `std::vector<char>` by memcpy). On the sending
+  /// side they may instead be given as a range of `source` (see below).
   std::vector<char> bytes;
+  /// Sender side only (never on the wire): when set, the chunk's bytes are
+  /// [offset, offset + length) of `source` and `bytes` is empty. Serialization writes exactly
+  /// what `bytes` holding that range would write, so receivers always see `bytes`; a receiver
+  /// in the same process (no serialization) must use `view`.
+  std::shared_ptr<const chunk_source> source;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+
+  /// Number of payload bytes this chunk carries.
+  uint64_t size() const { return source ? length : bytes.size(); }
+
+  /// Calls `f(const char*, size_t)` (returning caf::error) on the chunk's bytes, in order.
+  template <class F>
+  caf::error view(F&& f) const {
+    if (source)
+      return source->for_each(offset, length, std::forward<F>(f));
+    return bytes.empty() ? caf::none : f(bytes.data(), bytes.size());
+  }
 };
 
-/// CAF 0.17 inspect for `chunk_msg`.
+/// CAF 0.17 inspect for `chunk_msg`. A chunk cut from a `source` is written like a
+/// `std::vector<char>` (length, then the raw bytes) without materializing that vector.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, chunk_msg& x) {
+  if constexpr (std::is_base_of<caf::serializer, Inspector>::value) {
+    if (x.source) {
+      if (auto err = f(caf::meta::type_name("chunk_msg"), x.transfer_id, x.index, x.count,
+                       x.total_bytes))
+        return err;
+      auto n = static_cast<size_t>(x.length);
+      if (auto err = f.begin_sequence(n))
+        return err;
+      if (auto err = x.source->for_each(x.offset, x.length, [&](const char* p, size_t k) {
+            return f.apply_raw(k, const_cast<char*>(p));
+          }))
+        return err;
+      return f.end_sequence();
+    }
+  }
   return f(caf::meta::type_name("chunk_msg"), x.transfer_id, x.index, x.count, x.total_bytes,
            x.bytes);
 }

@@ -2,6 +2,7 @@
 // to Cap'n Proto (with the chosen codec) only when CAF serializes it for another node.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -15,6 +16,7 @@
 
 #include "kernels/compress/codec.hpp"
 #include "kernels/result.hpp"
+#include "messages/chunked.hpp"
 
 namespace starling::messages {
 
@@ -41,6 +43,16 @@ status save_tensor(const tensor_msg& x, std::vector<char>& out);
 
 /// Decodes an untrusted flat array into `x` (tensor, codec and params); never throws.
 status load_tensor(const std::vector<char>& bytes, tensor_msg& x);
+
+/// Like `load_tensor`, but takes the buffer: when the payload is fp32 sent with codec `none`
+/// in one Cap'n Proto chunk, the tensor aliases the bytes inside `bytes` (kept alive by the
+/// tensor) instead of copying them. Other payloads decode as `load_tensor` does.
+status load_tensor(std::vector<char>&& bytes, tensor_msg& x);
+
+/// Encodes `x` like `save_tensor` but leaves the message in its Cap'n Proto builder: the result
+/// lists the segment table and the segments, i.e. the very bytes `save_tensor` would write,
+/// without the copy into one flat buffer. `size()` of the result is the flat size.
+result<std::shared_ptr<const chunk_source>> encode_tensor_source(const tensor_msg& x);
 
 /// One line describing the message (dtype, shape, codec) for logs; never the values.
 std::string describe(const tensor_msg& x);

@@ -1,6 +1,11 @@
 // The client API other actors use to talk to their node's DHT actor: asynchronous store and get
-// with timeouts, byte values, and an announcer that re-stores a record every period T with
-// expiration now + 2T.
+// with timeouts, byte values, typed values (a Cap'n Proto struct encoded as the value bytes) and
+// an announcer that re-stores a record every period T with expiration now + 2T.
+//
+// Typed values: the DHT itself stores opaque bytes (records are compared, signed and limited as
+// bytes, so every node can serve keys whose schema it does not know). Typing lives at the edges:
+// `encode_value<S>` builds a struct `S` into a flat array, `decode_value<S>` reads an untrusted
+// value back with `messages::read_flat`'s checks (size, alignment, traversal limit, exceptions).
 #pragma once
 
 #include <chrono>
@@ -10,9 +15,12 @@
 
 #include <caf/actor.hpp>
 #include <caf/event_based_actor.hpp>
+#include <capnp/message.h>
 
+#include "kernels/result.hpp"
 #include "messages/atoms.hpp"
 #include "messages/dht.hpp"
+#include "messages/wire.hpp"
 
 namespace starling::actors::dht {
 
@@ -49,6 +57,42 @@ inline messages::dht_put make_subkey_put(std::string key, std::string subkey,
   p.has_subkey = true;
   p.subkey = std::move(subkey);
   return p;
+}
+
+/// Encodes the Cap'n Proto struct `S` that `fill(typename S::Builder)` writes as a DHT value.
+template <class S, class Fill>
+std::vector<char> encode_value(Fill&& fill) {
+  capnp::MallocMessageBuilder msg;
+  fill(msg.initRoot<S>());
+  std::vector<char> out;
+  messages::write_flat(msg, out);
+  return out;
+}
+
+/// Reads an untrusted value as the Cap'n Proto struct `S` and calls `read(typename S::Reader)`
+/// (which returns `status`) while the message lives; malformed bytes and exceptions thrown by
+/// the reader give a failure, never a crash.
+template <class S, class Read>
+status decode_value(const std::vector<char>& value, Read&& read) {
+  return messages::read_flat(value.data(), value.size(),
+                             [&](capnp::MessageReader& r) -> status {
+                               return read(r.getRoot<S>());
+                             });
+}
+
+/// A put whose value is the Cap'n Proto struct `S` built by `fill` (see `encode_value`).
+template <class S, class Fill>
+messages::dht_put make_typed_put(std::string key, Fill&& fill, int64_t expiration_ns,
+                                 bool sign = false) {
+  return make_put(std::move(key), encode_value<S>(std::forward<Fill>(fill)), expiration_ns, sign);
+}
+
+/// A sub-key put whose value is the Cap'n Proto struct `S` built by `fill`.
+template <class S, class Fill>
+messages::dht_put make_typed_subkey_put(std::string key, std::string subkey, Fill&& fill,
+                                        int64_t expiration_ns, bool sign = false) {
+  return make_subkey_put(std::move(key), std::move(subkey),
+                         encode_value<S>(std::forward<Fill>(fill)), expiration_ns, sign);
 }
 
 /// Stores `put`; `ok(const dht_put_result&)` or `err(caf::error&)` within `timeout`.

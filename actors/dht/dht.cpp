@@ -95,6 +95,11 @@ public:
         [this, oldest] {
           pinging_.erase(oldest.id);
           table_.mark_failed(oldest.id);
+        },
+        [this, oldest](dht_response& resp) {
+          // Refused, but it answered: it is alive, so it keeps its slot.
+          pinging_.erase(oldest.id);
+          heard_from(resp.responder);
         });
   }
 
@@ -121,16 +126,26 @@ public:
 
   // -- outgoing RPC -------------------------------------------------------------------------
 
+  /// Sends `req` to the peer at `address`: `ok` gets its answer; `err` runs when it failed
+  /// (could not be resolved, timed out, died); `refused` when it answered but declined (rate
+  /// limit, unknown kind). A refusing peer is alive: it must not be treated as unresponsive
+  /// (evicted), so callers pass a `refused` that spares the routing table; without one, `err`
+  /// runs.
   void rpc(const std::string& address, dht_request req, std::function<void(dht_response&)> ok,
-           std::function<void()> err) {
-    auto send = [this, address, req = std::move(req), ok, err](const caf::actor& h) {
+           std::function<void()> err, std::function<void(dht_response&)> refused = nullptr) {
+    auto send = [this, address, req = std::move(req), ok, err, refused](const caf::actor& h) {
       self_->request(h, opts_.rpc_timeout, req)
           .then(
-              [ok, err](dht_response& resp) {
-                if (!resp.refused.empty())
-                  err();
-                else
+              [this, ok, err, refused](dht_response& resp) {
+                if (resp.refused.empty()) {
                   ok(resp);
+                  return;
+                }
+                ++refusals_;
+                if (refused)
+                  refused(resp);
+                else
+                  err();
               },
               [this, address, err](caf::error& e) {
                 if (std::getenv("STARLING_DHT_DEBUG") != nullptr)
@@ -265,6 +280,13 @@ public:
           },
           [this, lp, id] {
             table_.mark_failed(id);
+            lp->l.on_failure(id);
+            pump(lp);
+          },
+          [this, lp, id](dht_response& resp) {
+            // A refusal (rate limit) ends this peer's part in the lookup but is no sign of
+            // unresponsiveness: the peer stays in our buckets.
+            heard_from(resp.responder);
             lp->l.on_failure(id);
             pump(lp);
           });
@@ -409,6 +431,8 @@ private:
   std::unordered_map<std::string, bucket_state> buckets_;
   std::set<node_id> pinging_;
   uint64_t rate_limited_ = 0;
+  /// Our requests that peers refused (rate limit, unknown kind).
+  uint64_t refusals_ = 0;
 };
 
 } // namespace

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -21,7 +22,10 @@ using messages::tensor_msg;
 namespace {
 
 struct outgoing {
-  std::vector<char> payload;
+  /// The encoded payload, left in its Cap'n Proto builder: chunks are ranges of it, copied
+  /// only by CAF's serializer (messages::chunk_source).
+  std::shared_ptr<const messages::chunk_source> payload;
+  uint64_t total = 0;
   caf::actor receiver;
   uint32_t count = 0;
   uint32_t next = 0; // next chunk to send
@@ -41,14 +45,15 @@ caf::error transfer_error(std::string what) {
 void send_chunk(caf::stateful_actor<sender_state>* self, uint64_t id, outgoing& t,
                 uint64_t chunk_bytes) {
   auto begin = static_cast<uint64_t>(t.next) * chunk_bytes;
-  auto end = std::min<uint64_t>(t.payload.size(), begin + chunk_bytes);
+  auto end = std::min<uint64_t>(t.total, begin + chunk_bytes);
   chunk_msg m;
   m.transfer_id = id;
   m.index = t.next++;
   m.count = t.count;
-  m.total_bytes = t.payload.size();
-  m.bytes.assign(t.payload.begin() + static_cast<std::ptrdiff_t>(begin),
-                 t.payload.begin() + static_cast<std::ptrdiff_t>(end));
+  m.total_bytes = t.total;
+  m.source = t.payload;
+  m.offset = begin;
+  m.length = end - begin;
   self->send(t.receiver, std::move(m));
 }
 
@@ -69,16 +74,18 @@ caf::behavior sender(caf::stateful_actor<sender_state>* self, chunked_options op
       [self, opts](transfer_atom, tensor_msg& x, caf::actor receiver) -> caf::result<uint64_t> {
         if (!receiver)
           return transfer_error("no receiver");
-        std::vector<char> payload;
-        if (auto st = messages::save_tensor(x, payload); !st)
-          return transfer_error(st.what());
-        auto count = (payload.size() + opts.chunk_bytes - 1) / opts.chunk_bytes;
+        auto payload = messages::encode_tensor_source(x);
+        if (!payload)
+          return transfer_error(payload.error().what);
+        auto total = (*payload)->size();
+        auto count = (total + opts.chunk_bytes - 1) / opts.chunk_bytes;
         if (count == 0 || count > UINT32_MAX)
-          return transfer_error("a payload of " + std::to_string(payload.size()) +
+          return transfer_error("a payload of " + std::to_string(total) +
                                 " bytes does not fit 1 .. 2^32-1 chunks");
         auto id = self->state.next_id++;
         auto& t = self->state.transfers[id];
-        t.payload = std::move(payload);
+        t.payload = std::move(*payload);
+        t.total = total;
         t.receiver = receiver;
         t.count = static_cast<uint32_t>(count);
         t.promise = self->make_response_promise();
@@ -96,7 +103,7 @@ caf::behavior sender(caf::stateful_actor<sender_state>* self, chunked_options op
           t.promise.deliver(transfer_error("the receiver reports: " + a.error));
         } else if (a.done) {
           if (a.index + 1 == t.count && t.next == t.count)
-            t.promise.deliver(static_cast<uint64_t>(t.payload.size()));
+            t.promise.deliver(t.total);
           else
             t.promise.deliver(transfer_error("the receiver finished at chunk " +
                                              std::to_string(a.index) + " of " +
@@ -153,22 +160,28 @@ caf::behavior receiver(caf::stateful_actor<receiver_state>* self, caf::actor sin
         if (m.index != t.next || m.count != t.count || m.total_bytes != t.total)
           error = "expected chunk " + std::to_string(t.next) + " of " + std::to_string(t.count) +
                   ", got " + std::to_string(m.index) + " of " + std::to_string(m.count);
-        else if (m.bytes.size() > t.total - t.bytes.size())
+        else if (m.size() > t.total - t.bytes.size())
           error = "chunks exceed the announced " + std::to_string(t.total) + " bytes";
-        else if (m.index + 1 == t.count && t.bytes.size() + m.bytes.size() != t.total)
+        else if (m.index + 1 == t.count && t.bytes.size() + m.size() != t.total)
           error =
               "the last chunk leaves the payload short of " + std::to_string(t.total) + " bytes";
         if (!error.empty()) {
           self->state.transfers.erase(i);
           return reply(true, std::move(error));
         }
-        t.bytes.insert(t.bytes.end(), m.bytes.begin(), m.bytes.end());
+        // From another node the bytes arrive in `m.bytes`; from this one, as the sender's range.
+        m.view([&](const char* p, size_t n) {
+          t.bytes.insert(t.bytes.end(), p, p + n);
+          return caf::error{};
+        });
         ++t.next;
         if (t.next < t.count)
           return reply(false, {});
         tensor_msg x;
-        auto st = messages::load_tensor(t.bytes, x);
+        auto bytes = std::move(t.bytes);
         self->state.transfers.erase(i);
+        // An fp32 payload becomes the tensor's storage: no decode copy.
+        auto st = messages::load_tensor(std::move(bytes), x);
         if (!st)
           return reply(true, st.what());
         self->send(sink, std::move(x));

@@ -6,7 +6,7 @@
 namespace starling::runtime::sim {
 
 network_model::network_model(link_options defaults, uint64_t seed)
-  : defaults_(defaults), rng_(seed) {
+  : defaults_(defaults), seed_(seed), rng_(seed) {
   // nop
 }
 
@@ -17,6 +17,25 @@ void network_model::set_link(int from, int to, const link_options& opts) {
 const link_options& network_model::link(int from, int to) const {
   auto i = links_.find({from, to});
   return i == links_.end() ? defaults_ : i->second;
+}
+
+void network_model::set_latency_range(std::chrono::nanoseconds lo, std::chrono::nanoseconds hi) {
+  latency_lo_ns_ = std::max<int64_t>(0, std::min(lo.count(), hi.count()));
+  latency_hi_ns_ = std::max<int64_t>(0, std::max(lo.count(), hi.count()));
+}
+
+int64_t network_model::latency_ns(int from, int to) const {
+  if (latency_lo_ns_ < 0 || links_.count({from, to}) > 0)
+    return link(from, to).latency.count();
+  // splitmix64 of (seed, min, max): a stable per-link draw that needs no table.
+  auto x = seed_ ^ (static_cast<uint64_t>(std::min(from, to)) << 32) ^
+           static_cast<uint64_t>(static_cast<uint32_t>(std::max(from, to)));
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  auto span = static_cast<uint64_t>(latency_hi_ns_ - latency_lo_ns_) + 1;
+  return latency_lo_ns_ + static_cast<int64_t>(x % span);
 }
 
 void network_model::partition(int a, int b) {
@@ -45,7 +64,7 @@ transfer_result network_model::transfer(int from, int to, uint64_t bytes, int64_
   auto start = std::max(busy, now_ns);
   auto tx = static_cast<int64_t>(std::llround(static_cast<double>(bytes) * 1e9 / l.bandwidth));
   busy = start + tx;
-  return {busy + l.latency.count(), drop_reason::none};
+  return {busy + latency_ns(from, to), drop_reason::none};
 }
 
 void network_model::reset_node(int n) {

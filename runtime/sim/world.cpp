@@ -61,8 +61,8 @@ public:
     auto msg = x.move_content_to_message();
     uint64_t bytes = 0;
     std::string error;
-    auto from_name = world_->node(from_).name();
-    auto to_name = world_->node(to_).name();
+    const auto& from_name = world_->node(from_).name();
+    const auto& to_name = world_->node(to_).name();
     if (!world_->serialized_size(msg, bytes, error)) {
       world_->record("unserializable", from_name, to_name, 0, error);
       if (x.mid.is_request() && x.sender) {
@@ -79,7 +79,8 @@ public:
     if (!world_->node(to_).alive())
       r.reason = drop_reason::node_down;
     if (r.reason != drop_reason::none) {
-      world_->record("drop", from_name, to_name, bytes,
+      if (world_->trace_messages())
+        world_->record("drop", from_name, to_name, bytes,
                      std::string{drop_name(r.reason)} + " " + world_->type_names(msg));
       return caf::invoke_message_result::consumed;
     }
@@ -90,8 +91,9 @@ public:
         sender = caf::actor_cast<caf::strong_actor_ptr>(
           world_->proxy(to_, caf::actor_cast<caf::actor>(sender)));
     }
-    world_->record("send", from_name, to_name, bytes,
-                   std::to_string(r.arrival_ns) + " " + world_->type_names(msg));
+    if (world_->trace_messages())
+      world_->record("send", from_name, to_name, bytes,
+                     std::to_string(r.arrival_ns) + " " + world_->type_names(msg));
     auto due = now + std::chrono::nanoseconds{r.arrival_ns - world_->elapsed().count()};
     clock().schedule_message(due, caf::actor_cast<caf::strong_actor_ptr>(target_),
                              caf::make_mailbox_element(std::move(sender), x.mid,
@@ -191,15 +193,16 @@ caf::scheduler::test_coordinator& world::sched() {
 }
 
 sim_node& world::add_node(const std::string& name) {
-  for (auto& n : nodes_)
-    if (n->name() == name)
-      throw std::invalid_argument("duplicate simulated node name: " + name);
+  if (by_name_.count(name) > 0)
+    throw std::invalid_argument("duplicate simulated node name: " + name);
   auto index = static_cast<int>(nodes_.size());
   // The identity is derived from the seed so that replays name nodes identically.
   std::mt19937_64 gen{opts_.seed * 1000003ULL + static_cast<uint64_t>(index)};
   auto identity = fmt::format("{:016x}{:016x}", gen(), gen());
   nodes_.emplace_back(new sim_node(this, name, index, identity));
   auto& n = *nodes_.back();
+  by_name_.emplace(name, index);
+  by_endpoint_.emplace(n.endpoint(), index);
   for (auto& l : opts_.network.links) {
     for (auto& other : nodes_) {
       if (l.from == name && l.to == other->name())
@@ -221,9 +224,8 @@ void world::start_node(sim_node& n) {
 }
 
 sim_node& world::node(const std::string& name) {
-  for (auto& n : nodes_)
-    if (n->name() == name)
-      return *n;
+  if (auto i = by_name_.find(name); i != by_name_.end())
+    return *nodes_[static_cast<size_t>(i->second)];
   throw std::out_of_range("no simulated node named " + name);
 }
 
@@ -470,9 +472,8 @@ caf::expected<caf::actor> world::resolve(int from, const std::string& address) {
   auto addr = peer_address::parse(address);
   if (!addr)
     return caf::make_error(caf::sec::invalid_argument, addr.error().what);
-  for (auto& n : nodes_) {
-    if (n->endpoint() != addr->endpoint())
-      continue;
+  if (auto i = by_endpoint_.find(addr->endpoint()); i != by_endpoint_.end()) {
+    auto& n = nodes_[static_cast<size_t>(i->second)];
     if (!n->alive_ || net_.partitioned(from, n->index()))
       return caf::make_error(caf::sec::cannot_connect_to_node, "cannot reach " + n->endpoint());
     auto a = n->lookup(addr->name);

@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <caf/fwd.hpp>
@@ -43,6 +44,9 @@ struct world_options {
   network_options network;
   /// Timeout of the simulated resolver's lookups.
   caf::timespan resolve_timeout = std::chrono::seconds(5);
+  /// Record every message (`send`/`drop`) in the trace; large runs turn it off (faults and
+  /// `world::record` calls are still recorded).
+  bool trace_messages = true;
 };
 
 /// A simulated node: a name, an index in the network model, an identity, and the actors
@@ -150,6 +154,8 @@ public:
   const std::vector<trace_event>& trace() const { return trace_; }
   /// Drops the trace recorded so far and frees its memory (long runs that only need the end).
   void clear_trace() { std::vector<trace_event>().swap(trace_); }
+  /// Whether messages are traced (world_options::trace_messages).
+  bool trace_messages() const { return opts_.trace_messages; }
   /// Appends an event at the current virtual time.
   void record(std::string kind, std::string from, std::string to, uint64_t bytes,
               std::string detail);
@@ -183,8 +189,17 @@ private:
   network_model net_;
   std::mt19937_64 rng_;
   std::vector<std::unique_ptr<sim_node>> nodes_;
-  std::map<caf::actor_id, int> actor_node_;
-  std::map<std::pair<int, caf::actor_id>, caf::actor> proxies_;
+  /// Node index by name and by endpoint (`name:1`), so lookups do not scan every node.
+  std::unordered_map<std::string, int> by_name_;
+  std::unordered_map<std::string, int> by_endpoint_;
+  /// Hot lookups (every simulated message): hashed, not ordered.
+  struct proxy_key_hash {
+    size_t operator()(const std::pair<int, caf::actor_id>& k) const noexcept {
+      return std::hash<uint64_t>{}(k.second * 0x9e3779b97f4a7c15ULL ^ static_cast<uint64_t>(k.first));
+    }
+  };
+  std::unordered_map<caf::actor_id, int> actor_node_;
+  std::unordered_map<std::pair<int, caf::actor_id>, caf::actor, proxy_key_hash> proxies_;
   std::multimap<int64_t, std::pair<std::string, std::function<void()>>> pending_;
   std::vector<trace_event> trace_;
   caf::actor_clock::time_point start_;

@@ -13,7 +13,8 @@
 // Scheduler: `sharing` by default (idle work-stealing workers poll and steal the 2 cores from
 // the I/O threads); --stealing uses CAF's default policy.
 //
-// usage: bench_transfer [--default-malloc] [--stealing] [reps]   (default 5)
+// usage: bench_transfer [--default-malloc] [--stealing] [--chunk-kib N] [--window N] [reps]
+//        (default 5 reps; chunk and window default to chunked_options)
 #include <algorithm>
 #include <arpa/inet.h>
 #include <chrono>
@@ -126,8 +127,13 @@ int main(int argc, char** argv) {
   bool default_malloc = false;
   bool stealing = false;
   int reps = 5;
+  actors::transfer::chunked_options copts;
   for (int i = 1; i < argc; ++i) {
-    if (std::string{argv[i]} == "--default-malloc")
+    if (std::string{argv[i]} == "--chunk-kib" && i + 1 < argc)
+      copts.chunk_bytes = std::max<uint64_t>(1, std::strtoull(argv[++i], nullptr, 10)) << 10;
+    else if (std::string{argv[i]} == "--window" && i + 1 < argc)
+      copts.window = static_cast<uint32_t>(std::max(1, std::atoi(argv[++i])));
+    else if (std::string{argv[i]} == "--default-malloc")
       default_malloc = true;
     else if (std::string{argv[i]} == "--stealing")
       stealing = true;
@@ -174,7 +180,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "remote_actor failed\n");
     return 1;
   }
-  auto sender = actors::transfer::spawn_chunk_sender(a);
+  auto sender = actors::transfer::spawn_chunk_sender(a, copts);
   caf::scoped_actor self{a};
   socket_pair sockets;
 
@@ -182,6 +188,8 @@ int main(int argc, char** argv) {
               "scheduler: %s\n",
               reps, default_malloc ? "glibc defaults" : "no unmapping (pool-like)",
               stealing ? "stealing" : "sharing");
+  std::printf("chunks of %llu KiB, window %u\n",
+              static_cast<unsigned long long>(copts.chunk_bytes >> 10), copts.window);
   std::printf("%8s %12s %12s %8s %12s %8s\n", "MiB", "raw TCP GB/s", "1 msg GB/s", "% raw",
               "chunked GB/s", "% raw");
   bool failed = false;

@@ -353,7 +353,44 @@ TEST_CASE("requests beyond the per-peer rate are refused and counted") {
     puts.push_back(s.put(1, make_put("r" + std::to_string(i), bytes("v"), s.in(60s))));
   s.settle(puts);
   uint64_t limited = 0;
-  for (size_t i = 0; i < 8; ++i)
-    limited += s.stats(i).rejected_rate_limit;
+  uint64_t evicted = 0;
+  for (size_t i = 0; i < 8; ++i) {
+    auto st = s.stats(i);
+    limited += st.rejected_rate_limit;
+    evicted += st.evicted_peers;
+  }
   CHECK(limited > 0);
+  // A refusal is an answer, not unresponsiveness: nobody evicted the peers that refused it,
+  // and the busy client still knows every other node.
+  CHECK(evicted == 0);
+  CHECK(s.stats(1).peers == 7);
+}
+
+TEST_CASE("a typed value (a Cap'n Proto struct) is stored, found and decoded; garbage is an "
+          "error") {
+  swarm s{19};
+  s.grow(10);
+  auto put = s.run_put(2, make_typed_put<wire::Ping>(
+                              "typed", [](wire::Ping::Builder b) { b.setSeq(0xfeedbeef42ULL); },
+                              s.in(60s)));
+  REQUIRE(put->ok);
+  CHECK(put->put.accepted > 0);
+  auto got = s.run_get(7, "typed");
+  REQUIRE(got->ok);
+  REQUIRE(got->get.found);
+  uint64_t seq = 0;
+  auto st = decode_value<wire::Ping>(got->get.records[0].value, [&](wire::Ping::Reader r) {
+    seq = r.getSeq();
+    return status{};
+  });
+  CHECK(st.ok());
+  CHECK(seq == 0xfeedbeef42ULL);
+  // A plain byte value is not a Cap'n Proto message: decoding it fails with a reason.
+  s.run_put(2, make_put("untyped", bytes("not a capnp msg!"), s.in(60s)));
+  auto raw = s.run_get(5, "untyped");
+  REQUIRE(raw->get.found);
+  auto bad = decode_value<wire::Ping>(raw->get.records[0].value,
+                                      [](wire::Ping::Reader) { return status{}; });
+  CHECK_FALSE(bad.ok());
+  CHECK(!bad.what().empty());
 }
