@@ -1,14 +1,21 @@
 #include "actors/stage/stage.hpp"
 
+#include <algorithm>
+#include <cstdlib>
 #include <map>
+#include <optional>
 #include <random>
 
 #include <caf/all.hpp>
+#include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "actors/dht/client.hpp"
 #include "kernels/flat.hpp"
 #include "kernels/models/stage_module.hpp"
 #include "messages/atoms.hpp"
+#include "messages/averager.hpp"
+#include "messages/dht.hpp"
 #include "messages/swarm.hpp"
 
 namespace starling::actors::stage {
@@ -20,6 +27,15 @@ using messages::stage_backward_reply;
 using messages::stage_forward;
 using messages::stage_state;
 using messages::tensor_msg;
+
+/// Counters of collaborative stepping (reported by `(status_atom)`).
+struct averaging_stats {
+  uint64_t rounds = 0;
+  uint64_t averaged = 0;   // complete or partial rounds
+  uint64_t no_partner = 0; // stepped on its own gradient: nobody to average with
+  uint64_t failed = 0;     // stepped on its own gradient: the request failed or timed out
+  uint64_t skipped = 0;    // no partner and no samples of its own: no optimizer step
+};
 
 struct stage_peer {
   stage_options opts;
@@ -35,7 +51,37 @@ struct stage_peer {
   /// Replies held back to emulate a slower device, by ticket.
   std::map<uint64_t, std::function<void()>> held;
   uint64_t next_ticket = 0;
+  /// Collaborative stepping: microbatches in `pending_samples` (the accumulated gradient is a sum
+  /// of microbatch means), whether an averaging round is in flight, counters.
+  int64_t pending_micro = 0;
+  bool averaging = false;
+  averaging_stats avg;
 };
+
+bool collaborative(const stage_options& o) {
+  return static_cast<bool>(o.averaging.averager);
+}
+
+/// Parses a progress value "step samples"; nothing for malformed (untrusted) bytes.
+std::optional<std::pair<uint64_t, int64_t>> parse_progress(const std::vector<char>& v) {
+  if (v.empty() || v.size() > 64)
+    return std::nullopt;
+  std::string text(v.begin(), v.end());
+  const char* p = text.c_str();
+  char* end = nullptr;
+  if (!(*p >= '0' && *p <= '9'))
+    return std::nullopt;
+  auto step = std::strtoull(p, &end, 10);
+  if (end == p || *end != ' ')
+    return std::nullopt;
+  p = end + 1;
+  if (!(*p >= '0' && *p <= '9'))
+    return std::nullopt;
+  auto samples = std::strtoll(p, &end, 10);
+  if (end == p || *end != '\0' || samples < 0)
+    return std::nullopt;
+  return std::make_pair(static_cast<uint64_t>(step), static_cast<int64_t>(samples));
+}
 
 caf::error to_error(const failure& f) {
   return caf::make_error(caf::sec::runtime_error, f.what);
@@ -110,6 +156,22 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
     return {};
   }
   st.optim = std::move(*optim);
+  if (collaborative(opts)) {
+    auto& a = opts.averaging;
+    std::string why;
+    if (!a.dht)
+      why = "collaborative stepping needs the node's DHT actor";
+    else if (a.target_batch <= 0)
+      why = "target_batch must be positive";
+    else if (a.progress_period <= caf::timespan{0} || a.average_timeout <= caf::timespan{0})
+      why = "progress_period and average_timeout must be positive";
+    else if (opts.name.empty())
+      why = "collaborative stepping needs a peer name (its progress sub-key)";
+    if (!why.empty()) {
+      self->quit(caf::make_error(caf::sec::invalid_argument, why));
+      return {};
+    }
+  }
   auto announce = [=] {
     self->state.ready = true;
     self->send(self->state.board, put_atom::value, self->state.opts.stage, self->state.opts.name,
@@ -179,6 +241,115 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
         },
         [](caf::error&) {});
   };
+  // -- collaborative stepping ------------------------------------------------------------------
+  // Steps on `grad` (the mean gradient of the step, averaged or own) unless `skip`, keeping the
+  // gradient accumulated meanwhile (backwards served during the round) for the next step.
+  auto finish_round = [=](uint64_t step, uint64_t floor, const torch::Tensor& grad, bool skip) {
+    auto& s = self->state;
+    if (!skip) {
+      auto meanwhile = kernels::flatten_gradients(s.params);
+      kernels::unflatten_gradients(grad, s.params);
+      kernels::clipped_step(*s.optim, s.params, s.opts.optimizer);
+      kernels::unflatten_gradients(meanwhile, s.params);
+    }
+    s.steps = std::max(step + 1, floor);
+    s.averaging = false;
+  };
+  // Takes the step's gradient out and averages it with the stage's peers at step `step`.
+  auto start_round = [=](uint64_t floor) {
+    auto& s = self->state;
+    auto& a = s.opts.averaging;
+    s.averaging = true;
+    s.avg.rounds++;
+    auto step = s.steps;
+    auto samples = s.pending_samples;
+    auto grad = kernels::flatten_gradients(s.params);
+    if (s.pending_micro > 0)
+      grad.div_(static_cast<double>(s.pending_micro));
+    for (auto& p : s.params)
+      if (p.grad().defined())
+        p.grad().zero_();
+    s.pending_samples = 0;
+    s.pending_micro = 0;
+    messages::tensor_list tl;
+    tl.tensors.push_back(tensor_msg{grad, kernels::codec_id::none, {}, {}});
+    self->request(a.averager, a.average_timeout, average_atom::value,
+                  step_key(a.prefix, s.opts.stage, step), std::move(tl),
+                  static_cast<double>(samples))
+      .then(
+        [=](messages::average_result& r) {
+          auto& st = self->state;
+          using messages::round_outcome;
+          auto out = r.report.outcome;
+          bool usable = r.tensors.size() == 1 && r.tensors[0].ok()
+                        && r.tensors[0].tensor.defined()
+                        && r.tensors[0].tensor.numel() == grad.numel();
+          if (out == round_outcome::complete || out == round_outcome::partial) {
+            if (usable) {
+              st.avg.averaged++;
+              finish_round(step, floor, r.tensors[0].tensor.to(torch::kFloat).reshape({-1}),
+                           false);
+              return;
+            }
+            st.avg.failed++;
+          } else if (out == round_outcome::no_partner) {
+            st.avg.no_partner++;
+          } else {
+            st.avg.failed++;
+          }
+          if (samples == 0)
+            st.avg.skipped++;
+          finish_round(step, floor, grad, samples == 0);
+        },
+        [=](caf::error&) {
+          auto& st = self->state;
+          st.avg.failed++;
+          if (samples == 0)
+            st.avg.skipped++;
+          finish_round(step, floor, grad, samples == 0);
+        });
+  };
+  // Publishes this peer's progress, reads the stage's, and starts a round when due.
+  auto progress = [=] {
+    auto& s = self->state;
+    auto& a = s.opts.averaging;
+    auto key = progress_key(a.prefix, s.opts.stage);
+    auto text = fmt::format("{} {}", s.steps, s.pending_samples);
+    auto put = dht::make_subkey_put(key, s.opts.name, std::vector<char>(text.begin(), text.end()),
+                                    dht::expires_in(self, 3 * a.progress_period));
+    auto timeout = std::min(a.progress_period, a.average_timeout);
+    dht::dht_store(self, a.dht, std::move(put), timeout,
+                   [](const messages::dht_put_result&) {}, [](caf::error&) {});
+    if (s.averaging)
+      return;
+    auto asked_at = s.steps;
+    dht::dht_get(
+      self, a.dht, key, timeout,
+      [=](const messages::dht_get_result& r) {
+        auto& st = self->state;
+        if (st.averaging || st.steps != asked_at)
+          return;
+        int64_t total = st.pending_samples; // our own count is never stale
+        uint64_t ahead = 0;
+        for (auto& rec : r.records) {
+          if (!rec.has_subkey || rec.subkey == st.opts.name)
+            continue;
+          auto pr = parse_progress(rec.value);
+          if (!pr)
+            continue;
+          if (pr->first == st.steps)
+            total += pr->second;
+          else if (pr->first > st.steps)
+            ahead = std::max(ahead, pr->first);
+        }
+        // A peer at a later step already started this step's round: join it now.
+        if (total >= st.opts.averaging.target_batch || ahead > 0)
+          start_round(ahead);
+      },
+      [](caf::error&) {});
+  };
+  if (collaborative(opts))
+    self->send(self, tick_atom::value);
   return {
     [=](const stage_forward& req) -> caf::result<tensor_msg> {
       auto& s = self->state;
@@ -209,7 +380,9 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
       s.pending_samples += batch;
       s.samples += static_cast<uint64_t>(batch);
       bool stepped = false;
-      if (s.pending_samples >= s.opts.local_batch) {
+      if (collaborative(s.opts)) {
+        s.pending_micro++; // the step is taken by the progress tick (start_round)
+      } else if (s.pending_samples >= s.opts.local_batch) {
         // Gradients were summed over microbatches of mean losses: scale to a mean.
         auto micro = static_cast<double>(s.pending_samples) / static_cast<double>(batch);
         for (auto& p : s.params)
@@ -242,6 +415,18 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
       if (!self->state.ready)
         (*download)();
     },
+    // Progress tick of collaborative stepping (a bare tick; held replies carry a ticket).
+    [=](tick_atom) {
+      self->delayed_send(self, self->state.opts.averaging.progress_period, tick_atom::value);
+      if (self->state.ready)
+        progress();
+    },
+    /// `(status_atom) -> [steps, samples, rounds, averaged, no_partner, failed, skipped]`.
+    [=](status_atom) -> std::vector<uint64_t> {
+      auto& s = self->state;
+      return {s.steps, s.samples, s.avg.rounds, s.avg.averaged, s.avg.no_partner, s.avg.failed,
+              s.avg.skipped};
+    },
     [=](tick_atom, uint64_t ticket) {
       auto i = self->state.held.find(ticket);
       if (i == self->state.held.end())
@@ -254,6 +439,14 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
 }
 
 } // namespace
+
+std::string progress_key(const std::string& prefix, uint64_t stage) {
+  return fmt::format("{}/stage{}/progress", prefix, stage);
+}
+
+std::string step_key(const std::string& prefix, uint64_t stage, uint64_t step) {
+  return fmt::format("{}/stage{}/step{}", prefix, stage, step);
+}
 
 caf::actor spawn_stage(caf::actor_system& sys, stage_options opts, caf::actor board) {
   return sys.spawn(stage_actor, std::move(opts), std::move(board));

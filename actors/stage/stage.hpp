@@ -1,7 +1,19 @@
 // A stage peer of a SWARM pipeline: serves forward and backward passes of layers [begin, end)
-// of a model, accumulates gradients, steps its optimizer every `local_batch` samples, keeps close
-// to its stage's other peers by gossip averaging, and downloads its state from a live peer of
-// the same stage before it announces itself.
+// of a model, accumulates gradients, and downloads its state from a live peer of the same stage
+// before it announces itself. Two stepping modes:
+// - local (default, `averaging.averager` unset): steps its optimizer every `local_batch` samples
+//   and keeps close to its stage's other peers by gossip-averaging parameters;
+// - collaborative (`averaging` set): publishes its accumulated sample count for the current
+//   global step N in the DHT under `<prefix>/stage<i>/progress` (sub-key = its name, value =
+//   "N samples", short expiration) every `progress_period`, reads the total of the peers at the
+//   same step, and when it reaches `target_batch` (or a peer is seen at a later step, i.e. the
+//   others already started) averages its mean gradient, weighted by its samples, with the
+//   stage's other peers through the averager under group key `<prefix>/stage<i>/step<N>`, then
+//   clips and steps on the averaged gradient and moves to step N+1. A `no_partner` (or failed)
+//   round steps on its own gradient (counted). Backward requests that arrive while a round is in
+//   flight accumulate into the gradients of step N+1: the gradient of step N is taken out
+//   (flattened and zeroed) when the round starts, and the in-flight accumulation is restored
+//   after the optimizer stepped on the averaged one.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +27,25 @@
 #include "kernels/optim/optimizer.hpp"
 
 namespace starling::actors::stage {
+
+/// Collaborative stepping: average gradients with the stage's peers when their summed samples
+/// reach a target batch. Enabled when `averager` is set.
+struct averaging_options {
+  /// The node's averager (`(average_atom, key, tensor_list, weight) -> average_result`).
+  caf::actor averager;
+  /// The node's DHT actor (progress records).
+  caf::actor dht;
+  /// Key prefix shared by the experiment (e.g. `swarm/<experiment>`, as the DHT board's).
+  std::string prefix = "swarm";
+  /// Samples per global step, summed over the stage's peers.
+  int64_t target_batch = 64;
+  /// How often the peer publishes its progress and reads its stage's total; records expire after
+  /// three periods.
+  caf::timespan progress_period = std::chrono::milliseconds(500);
+  /// Timeout of one average request (matchmaking + round) and of DHT calls (the latter capped at
+  /// `progress_period`).
+  caf::timespan average_timeout = std::chrono::seconds(30);
+};
 
 /// Everything a stage peer needs to know.
 struct stage_options {
@@ -49,7 +80,15 @@ struct stage_options {
   caf::timespan download_patience = std::chrono::seconds(10);
   /// Seed of gossip partner choices.
   uint64_t seed = 0;
+  /// Collaborative stepping (off when `averaging.averager` is unset: local steps + gossip).
+  averaging_options averaging;
 };
+
+/// The DHT key of stage `stage`'s progress records (`<prefix>/stage<i>/progress`).
+std::string progress_key(const std::string& prefix, uint64_t stage);
+
+/// The averager group key of stage `stage`'s global step `step` (`<prefix>/stage<i>/step<N>`).
+std::string step_key(const std::string& prefix, uint64_t stage, uint64_t step);
 
 /// Spawns a stage peer that announces itself on `board` once ready (after downloading state
 /// from a live peer of its stage, if there is one). Errors in requests are replied as errors;
