@@ -174,7 +174,9 @@ TEST_CASE("stage peers with averaging take the same global steps on averaged gra
   CHECK(stats[1][1] > 0);
   // Same global steps, every one of them averaged.
   CHECK(stats[0][0] == stats[1][0]);
-  CHECK(stats[0][0] >= 96 * 4 / target / 2);
+  // At most one step per target batch; fewer since backwards served while a round is in flight
+  // (matchmaking takes a 1 s window) count towards the next step, which overshoots the target.
+  CHECK(stats[0][0] >= 3);
   CHECK(stats[0][0] <= 96 * 4 / target);
   for (auto& s : stats) {
     CHECK(s[3] == s[2]);
