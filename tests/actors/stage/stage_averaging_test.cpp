@@ -197,3 +197,74 @@ TEST_CASE("stage peers with averaging take the same global steps on averaged gra
   CHECK(init->steps > 0);
   CHECK(t->losses.back() < t->losses.front());
 }
+
+TEST_CASE("a stage peer with averaging but no partner steps on its own gradients and counts it") {
+  runtime::sim::world_options wo;
+  wo.seed = 9;
+  wo.network.defaults.latency = 5ms;
+  runtime::sim::world w{wo};
+  for (int i = 0; i < 2; ++i) {
+    auto& nd = w.add_node("n" + std::to_string(i));
+    actors::dht::dht_options d;
+    d.address = nd.endpoint() + "/dht";
+    d.id = actors::dht::identity::from_seed(800 + static_cast<uint64_t>(i));
+    if (i > 0)
+      d.bootstrap = {"n0:1/dht"};
+    actors::stage::dht_board_options b;
+    b.prefix = "swarm/solo";
+    b.endpoint = nd.endpoint();
+    b.stages = 2;
+    b.announce_period = caf::timespan{1s};
+    b.timeout = caf::timespan{2s};
+    actors::averager::averager_options a;
+    a.address = nd.endpoint() + "/averager";
+    a.matchmaking_window = caf::timespan{500ms};
+    a.poll_interval = caf::timespan{100ms};
+    a.join_grace = caf::timespan{500ms};
+    nd.on_start([d, b, a](runtime::sim::sim_node& x) {
+      auto dht = x.spawn("dht", actors::dht::dht_actor, x.resolver(), d);
+      x.spawn("board", actors::stage::dht_board_actor, dht, x.resolver(), b);
+      x.spawn("averager", actors::averager::averager_actor, dht, x.resolver(), a);
+    });
+    w.run_for(500ms);
+  }
+  auto& sys = w.system();
+  auto& n0 = w.node(0);
+  auto& n1 = w.node(1);
+  n0.adopt("s0", actors::stage::spawn_stage(sys, avg_stage_opts(0, "s0"), n0.lookup("board")));
+  auto o = avg_stage_opts(1, "s1");
+  o.averaging.averager = n1.lookup("averager");
+  o.averaging.dht = n1.lookup("dht");
+  o.averaging.prefix = "swarm/solo";
+  o.averaging.target_batch = 16;
+  o.averaging.progress_period = caf::timespan{200ms};
+  n1.adopt("s1", actors::stage::spawn_stage(sys, o, n1.lookup("board")));
+  w.run_for(3s);
+  auto t = std::make_shared<avg_tally>();
+  auto sink = n0.spawn("sink", avg_sink, t);
+  actors::trainer::trainer_options to;
+  to.stages = 2;
+  to.microbatch = 4;
+  to.seq_len = 8;
+  to.microbatches = 40;
+  to.max_inflight = 2;
+  to.hop_timeout = caf::timespan{1s};
+  to.refresh_every = caf::timespan{500ms};
+  to.codec = kernels::codec_id::none;
+  n0.adopt("trainer",
+           actors::trainer::spawn_trainer(sys, to, avg_corpus(), n0.lookup("board"), sink));
+  REQUIRE(w.run_until([&] { return t->stops == 1; }, 600s));
+  CHECK(t->microbatches == 40);
+  w.run_for(10s);
+  auto s = ask<std::vector<uint64_t>>(w, n1, n1.lookup("s1"), status_atom::value);
+  REQUIRE(s);
+  REQUIRE(s->size() == 7);
+  MESSAGE("s1: steps " << (*s)[0] << " rounds " << (*s)[2] << " no_partner " << (*s)[4]);
+  CHECK((*s)[1] == 40 * 4);
+  CHECK((*s)[0] >= 2);
+  CHECK((*s)[0] == (*s)[2]);
+  CHECK((*s)[4] == (*s)[2]); // every round found nobody
+  CHECK((*s)[3] == 0);
+  CHECK((*s)[6] == 0);       // and each stepped on its own, non-empty gradient
+  CHECK(t->losses.back() < t->losses.front());
+}
