@@ -16,66 +16,21 @@
 #include "messages/atoms.hpp"
 #include "messages/swarm.hpp"
 #include "runtime/sim/world.hpp"
+#include "support/swarm_fixtures.hpp"
 
 using namespace starling;
 using namespace std::chrono_literals;
 
 namespace {
 
-struct avg_tally {
-  int microbatches = 0;
-  int64_t samples = 0;
-  int stops = 0;
-  std::vector<double> losses;
-};
-
-caf::behavior avg_sink(caf::event_based_actor*, std::shared_ptr<avg_tally> t) {
-  return {
-    [=](report_atom, const std::string&, double loss, int64_t samples, int64_t, double) {
-      t->microbatches++;
-      t->samples += samples;
-      t->losses.push_back(loss);
-    },
-    [=](stop_atom, const std::string&) { t->stops++; },
-  };
-}
-
-std::shared_ptr<const kernels::corpus> avg_corpus() {
-  std::string text;
-  for (int i = 0; i < 400; ++i)
-    text += "In the beginning God created the heaven and the earth. ";
-  return std::make_shared<const kernels::corpus>(text, 0.05, "test");
-}
+using testing::ask;
+using testing::counting_sink;
+using testing::small_corpus;
+using testing::tally;
 
 actors::stage::stage_options avg_stage_opts(uint64_t stage, const std::string& name) {
-  actors::stage::stage_options o;
-  o.stage = stage;
-  o.name = name;
-  o.model.layers = 2;
-  o.model.width = 16;
-  o.model.heads = 2;
-  o.model.seq_len = 8;
-  o.model.seed = 3;
-  o.begin = static_cast<int64_t>(stage);
-  o.end = static_cast<int64_t>(stage) + 1;
-  o.local_batch = 8;
-  o.timeout = caf::timespan{2s};
-  return o;
-}
-
-/// Sends `msg` to `peer` from a short-lived actor on `n` and waits for the typed answer.
-template <class T, class... Ts>
-std::optional<T> ask(runtime::sim::world& w, runtime::sim::sim_node& n, caf::actor peer,
-                     Ts... xs) {
-  auto got = std::make_shared<std::optional<T>>();
-  auto asked = std::make_shared<bool>(false);
-  n.spawn("", [=](caf::event_based_actor* self) {
-    self->request(peer, caf::timespan{5s}, xs...)
-      .then([=](const T& x) { *got = x; *asked = true; }, [=](caf::error&) { *asked = true; });
-    return caf::behavior{[](int) {}};
-  });
-  w.run_until([&] { return *asked; }, 10s);
-  return *got;
+  return testing::stage_opts(stage, static_cast<int64_t>(stage), static_cast<int64_t>(stage) + 1,
+                             name);
 }
 
 } // namespace
@@ -132,9 +87,9 @@ TEST_CASE("stage peers with averaging take the same global steps on averaged gra
     x.adopt(name, actors::stage::spawn_stage(sys, o, x.lookup("board")));
   }
   w.run_for(3s);
-  auto t = std::make_shared<avg_tally>();
+  auto t = std::make_shared<tally>();
   auto& n0 = w.node(0);
-  auto sink = n0.spawn("sink", avg_sink, t);
+  auto sink = n0.spawn("sink", counting_sink, t);
   actors::trainer::trainer_options to;
   to.stages = 2;
   to.microbatch = 4;
@@ -145,7 +100,7 @@ TEST_CASE("stage peers with averaging take the same global steps on averaged gra
   to.refresh_every = caf::timespan{500ms};
   to.codec = kernels::codec_id::none;
   n0.adopt("trainer",
-           actors::trainer::spawn_trainer(sys, to, avg_corpus(), n0.lookup("board"), sink));
+           actors::trainer::spawn_trainer(sys, to, small_corpus(), n0.lookup("board"), sink));
   REQUIRE(w.run_until([&] { return t->stops == 1; }, 600s));
   CHECK(t->microbatches == 96);
   CHECK(t->samples == 96 * 4);
@@ -240,8 +195,8 @@ TEST_CASE("a stage peer with averaging but no partner steps on its own gradients
   o.averaging.progress_period = caf::timespan{200ms};
   n1.adopt("s1", actors::stage::spawn_stage(sys, o, n1.lookup("board")));
   w.run_for(3s);
-  auto t = std::make_shared<avg_tally>();
-  auto sink = n0.spawn("sink", avg_sink, t);
+  auto t = std::make_shared<tally>();
+  auto sink = n0.spawn("sink", counting_sink, t);
   actors::trainer::trainer_options to;
   to.stages = 2;
   to.microbatch = 4;
@@ -252,7 +207,7 @@ TEST_CASE("a stage peer with averaging but no partner steps on its own gradients
   to.refresh_every = caf::timespan{500ms};
   to.codec = kernels::codec_id::none;
   n0.adopt("trainer",
-           actors::trainer::spawn_trainer(sys, to, avg_corpus(), n0.lookup("board"), sink));
+           actors::trainer::spawn_trainer(sys, to, small_corpus(), n0.lookup("board"), sink));
   REQUIRE(w.run_until([&] { return t->stops == 1; }, 600s));
   CHECK(t->microbatches == 40);
   w.run_for(10s);

@@ -14,6 +14,7 @@
 #include "messages/atoms.hpp"
 #include "messages/swarm.hpp"
 #include "runtime/sim/world.hpp"
+#include "support/swarm_fixtures.hpp"
 
 using namespace starling;
 using namespace std::chrono_literals;
@@ -21,69 +22,22 @@ using namespace std::chrono_literals;
 namespace {
 
 /// Counts what trainers report: microbatches, samples, retries, stops.
-struct tally {
-  int microbatches = 0;
-  int64_t samples = 0;
-  int64_t retries = 0;
-  int stops = 0;
-  std::vector<double> losses;
-};
+using testing::counting_sink;
+using testing::small_corpus;
+using testing::stage_opts;
+using testing::tally;
 
-caf::behavior counting_sink(caf::event_based_actor*, std::shared_ptr<tally> t) {
-  return {
-    [=](report_atom, const std::string&, double loss, int64_t samples, int64_t retries, double) {
-      t->microbatches++;
-      t->samples += samples;
-      t->retries += retries;
-      t->losses.push_back(loss);
-    },
-    [=](stop_atom, const std::string&) { t->stops++; },
-  };
-}
-
-std::shared_ptr<const kernels::corpus> small_corpus() {
-  std::string text;
-  for (int i = 0; i < 400; ++i)
-    text += "In the beginning God created the heaven and the earth. ";
-  return std::make_shared<const kernels::corpus>(text, 0.05, "test");
-}
-
-actors::stage::stage_options stage_opts(uint64_t stage, int64_t begin, int64_t end,
-                                        const std::string& name) {
-  actors::stage::stage_options o;
-  o.stage = stage;
-  o.name = name;
-  o.model.layers = 2;
-  o.model.width = 16;
-  o.model.heads = 2;
-  o.model.seq_len = 8;
-  o.model.seed = 3;
-  o.begin = begin;
-  o.end = end;
-  o.local_batch = 8;
-  o.timeout = caf::timespan{2s};
-  return o;
+/// A stage peer's state, asked from a short-lived actor on `n`; false if it did not answer.
+bool state_of(runtime::sim::world& w, runtime::sim::sim_node& n, caf::actor peer,
+              messages::stage_state& out) {
+  auto st = testing::ask<messages::stage_state>(w, n, peer, get_atom::value, state_atom::value);
+  if (!st)
+    return false;
+  out = *st;
+  return true;
 }
 
 } // namespace
-
-/// Asks `peer` for its state from a short-lived actor on `n`; false if it did not answer.
-bool state_of(runtime::sim::world& w, runtime::sim::sim_node& n, caf::actor peer,
-              messages::stage_state& out) {
-  auto got = std::make_shared<std::optional<messages::stage_state>>();
-  auto asked = std::make_shared<bool>(false);
-  n.spawn("", [peer, got, asked](caf::event_based_actor* self) {
-    self->request(peer, caf::timespan{5s}, get_atom::value, state_atom::value)
-      .then([=](const messages::stage_state& st) { *got = st; *asked = true; },
-            [=](caf::error&) { *asked = true; });
-    return caf::behavior{[](int) {}};
-  });
-  w.run_until([&] { return *asked; }, 10s);
-  if (!*got)
-    return false;
-  out = **got;
-  return true;
-}
 
 TEST_CASE("a pipeline with a stage peer killed mid-run completes every microbatch exactly once; "
           "the supervisor respawns it, it downloads state and serves again") {

@@ -1,0 +1,80 @@
+// Shared pieces of the SWARM actor tests: a sink that tallies trainer reports, a small corpus,
+// tiny stage options, and a synchronous ask from a short-lived actor in a simulated world.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <caf/all.hpp>
+
+#include "actors/stage/stage.hpp"
+#include "kernels/data/corpus.hpp"
+#include "messages/atoms.hpp"
+#include "runtime/sim/world.hpp"
+
+namespace starling::testing {
+
+/// What trainers report: microbatches, samples, retries, stops, losses.
+struct tally {
+  int microbatches = 0;
+  int64_t samples = 0;
+  int64_t retries = 0;
+  int stops = 0;
+  std::vector<double> losses;
+};
+
+inline caf::behavior counting_sink(caf::event_based_actor*, std::shared_ptr<tally> t) {
+  return {
+    [=](report_atom, const std::string&, double loss, int64_t samples, int64_t retries, double) {
+      t->microbatches++;
+      t->samples += samples;
+      t->retries += retries;
+      t->losses.push_back(loss);
+    },
+    [=](stop_atom, const std::string&) { t->stops++; },
+  };
+}
+
+inline std::shared_ptr<const kernels::corpus> small_corpus() {
+  std::string text;
+  for (int i = 0; i < 400; ++i)
+    text += "In the beginning God created the heaven and the earth. ";
+  return std::make_shared<const kernels::corpus>(text, 0.05, "test");
+}
+
+/// A 2-layer, width-16 GPT stage peer serving blocks [begin, end).
+inline actors::stage::stage_options stage_opts(uint64_t stage, int64_t begin, int64_t end,
+                                               const std::string& name) {
+  actors::stage::stage_options o;
+  o.stage = stage;
+  o.name = name;
+  o.model.layers = 2;
+  o.model.width = 16;
+  o.model.heads = 2;
+  o.model.seq_len = 8;
+  o.model.seed = 3;
+  o.begin = begin;
+  o.end = end;
+  o.local_batch = 8;
+  o.timeout = caf::timespan{std::chrono::seconds(2)};
+  return o;
+}
+
+/// Sends `xs...` to `peer` from a short-lived actor on `n`; the typed answer, or nothing.
+template <class T, class... Ts>
+std::optional<T> ask(runtime::sim::world& w, runtime::sim::sim_node& n, caf::actor peer,
+                     Ts... xs) {
+  auto got = std::make_shared<std::optional<T>>();
+  auto asked = std::make_shared<bool>(false);
+  n.spawn("", [=](caf::event_based_actor* self) {
+    self->request(peer, caf::timespan{std::chrono::seconds(5)}, xs...)
+      .then([=](const T& x) { *got = x; *asked = true; }, [=](caf::error&) { *asked = true; });
+    return caf::behavior{[](int) {}};
+  });
+  w.run_until([&] { return *asked; }, std::chrono::seconds(10));
+  return *got;
+}
+
+} // namespace starling::testing
