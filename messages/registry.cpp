@@ -1,5 +1,8 @@
 #include "messages/registry.hpp"
 
+#include <cstdint>
+#include <vector>
+
 #include <caf/actor_system_config.hpp>
 
 #include "messages/averager.hpp"
@@ -45,6 +48,8 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<avg_group>("starling.avg_group");
   cfg.add_message_type<avg_chunk>("starling.avg_chunk");
   cfg.add_message_type<avg_ack>("starling.avg_ack");
+  // Counter lists: a stage peer's `(status_atom)` reply, a board's peers per stage.
+  cfg.add_message_type<std::vector<uint64_t>>("starling.u64_list");
 }
 
 } // namespace starling::messages

@@ -300,6 +300,7 @@ public:
   // -- client operations -------------------------------------------------------------------
 
   void put(dht_put p, caf::response_promise rp) {
+    rejoin_if_alone();
     dht_record r;
     r.key = std::move(p.key);
     r.has_subkey = p.has_subkey;
@@ -349,6 +350,7 @@ public:
   }
 
   void get(const std::string& key, caf::response_promise rp) {
+    rejoin_if_alone();
     auto local = store_.get(key, now());
     if (!local.empty()) {
       rp.deliver(dht_get_result{true, std::move(local), 0});
@@ -383,24 +385,45 @@ public:
   }
 
   void join(const std::string& address, caf::response_promise rp) {
+    join_then(
+        address, [this, rp]() mutable { rp.deliver(static_cast<uint32_t>(table_.size())); },
+        [rp, address]() mutable {
+          rp.deliver(
+              caf::make_error(caf::sec::cannot_connect_to_node, "dht: cannot reach " + address));
+        });
+  }
+
+  /// Pings `address` and, when it answers, looks up our own id (which fills the buckets near us
+  /// and announces us to our neighbours); then `done`, or `failed` when it did not answer.
+  void join_then(const std::string& address, std::function<void()> done,
+                 std::function<void()> failed) {
     dht_request req;
     req.kind = static_cast<uint8_t>(dht_rpc::ping);
     req.sender = me();
     rpc(
         address, std::move(req),
-        [this, rp](dht_response& resp) mutable {
+        [this, done](dht_response& resp) {
           heard_from(resp.responder);
-          // Looking up our own id fills the buckets near us and announces us to our neighbours.
           auto lp = start_lookup(me_);
-          lp->on_done = [this, rp](running_lookup&) mutable {
-            rp.deliver(static_cast<uint32_t>(table_.size()));
-          };
+          lp->on_done = [done](running_lookup&) { done(); };
           pump(lp);
         },
-        [this, rp, address]() mutable {
-          rp.deliver(
-              caf::make_error(caf::sec::cannot_connect_to_node, "dht: cannot reach " + address));
-        });
+        [failed] { failed(); });
+  }
+
+  /// A node whose routing table emptied (every peer it knew failed: a partition, a network
+  /// outage) would otherwise keep every record to itself forever: it joins its bootstrap peers
+  /// again, at most once per two RPC timeouts.
+  void rejoin_if_alone() {
+    if (table_.size() > 0 || opts_.bootstrap.empty())
+      return;
+    auto t = now();
+    auto backoff = 2 * std::chrono::duration_cast<std::chrono::nanoseconds>(opts_.rpc_timeout);
+    if (rejoined_ns_ != 0 && t - rejoined_ns_ < backoff.count())
+      return;
+    rejoined_ns_ = t;
+    for (auto& addr : opts_.bootstrap)
+      join_then(addr, [] {}, [] {});
   }
 
   dht_stats stats() const {
@@ -431,6 +454,8 @@ private:
   std::unordered_map<std::string, bucket_state> buckets_;
   std::set<node_id> pinging_;
   uint64_t rate_limited_ = 0;
+  /// When we last joined the bootstrap peers again (0 = never).
+  int64_t rejoined_ns_ = 0;
   /// Our requests that peers refused (rate limit, unknown kind).
   uint64_t refusals_ = 0;
 };

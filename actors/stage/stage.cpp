@@ -35,6 +35,7 @@ struct averaging_stats {
   uint64_t no_partner = 0; // stepped on its own gradient: nobody to average with
   uint64_t failed = 0;     // stepped on its own gradient: the request failed or timed out
   uint64_t skipped = 0;    // no partner and no samples of its own: no optimizer step
+  uint64_t caught_up = 0;  // fell behind the stage's step and downloaded a peer's state
 };
 
 struct stage_peer {
@@ -55,6 +56,11 @@ struct stage_peer {
   /// of microbatch means), whether an averaging round is in flight, counters.
   int64_t pending_micro = 0;
   bool averaging = false;
+  /// Samples of the step being averaged (what the peer keeps publishing for that step while its
+  /// round runs, so that peers still deciding see the stage's true total and join the round).
+  int64_t round_samples = 0;
+  /// Catching up: downloading a live peer's state after falling behind the stage's step.
+  bool catching_up = false;
   averaging_stats avg;
 };
 
@@ -244,7 +250,7 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
   // -- collaborative stepping ------------------------------------------------------------------
   // Steps on `grad` (the mean gradient of the step, averaged or own) unless `skip`, keeping the
   // gradient accumulated meanwhile (backwards served during the round) for the next step.
-  auto finish_round = [=](uint64_t step, uint64_t floor, const torch::Tensor& grad, bool skip) {
+  auto finish_round = [=](uint64_t step, const torch::Tensor& grad, bool skip) {
     auto& s = self->state;
     if (!skip) {
       auto meanwhile = kernels::flatten_gradients(s.params);
@@ -252,11 +258,12 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
       kernels::clipped_step(*s.optim, s.params, s.opts.optimizer);
       kernels::unflatten_gradients(meanwhile, s.params);
     }
-    s.steps = std::max(step + 1, floor);
+    s.steps = step + 1;
     s.averaging = false;
+    s.round_samples = 0;
   };
   // Takes the step's gradient out and averages it with the stage's peers at step `step`.
-  auto start_round = [=](uint64_t floor) {
+  auto start_round = [=] {
     auto& s = self->state;
     auto& a = s.opts.averaging;
     s.averaging = true;
@@ -269,6 +276,7 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
     for (auto& p : s.params)
       if (p.grad().defined())
         p.grad().zero_();
+    s.round_samples = samples;
     s.pending_samples = 0;
     s.pending_micro = 0;
     messages::tensor_list tl;
@@ -287,7 +295,7 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
           if (out == round_outcome::complete || out == round_outcome::partial) {
             if (usable) {
               st.avg.averaged++;
-              finish_round(step, floor, r.tensors[0].tensor.to(torch::kFloat).reshape({-1}),
+              finish_round(step, r.tensors[0].tensor.to(torch::kFloat).reshape({-1}),
                            false);
               return;
             }
@@ -299,35 +307,79 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
           }
           if (samples == 0)
             st.avg.skipped++;
-          finish_round(step, floor, grad, samples == 0);
+          finish_round(step, grad, samples == 0);
         },
         [=](caf::error&) {
           auto& st = self->state;
           st.avg.failed++;
           if (samples == 0)
             st.avg.skipped++;
-          finish_round(step, floor, grad, samples == 0);
+          finish_round(step, grad, samples == 0);
         });
+  };
+  // Downloads the state (parameters, optimizer, step) of a stage peer at step `target` or later.
+  // The gradients accumulated meanwhile stay: they count towards the next step (computed on
+  // parameters one step old, the staleness of delayed averaging). No donor: retried next tick.
+  auto catch_up = [=](uint64_t target) {
+    auto& s = self->state;
+    s.catching_up = true;
+    auto fail_back = [=] { self->state.catching_up = false; };
+    self->request(s.board, s.opts.timeout, get_atom::value, s.opts.stage)
+      .then(
+        [=](const std::vector<std::string>&, const std::vector<caf::actor>& peers) {
+          auto others = std::make_shared<std::vector<caf::actor>>();
+          for (auto& p : peers)
+            if (p.address() != self->address())
+              others->push_back(p);
+          if (others->empty()) {
+            fail_back();
+            return;
+          }
+          auto remaining = std::make_shared<size_t>(others->size());
+          auto done = std::make_shared<bool>(false);
+          for (auto& p : *others)
+            self->request(p, self->state.opts.timeout, get_atom::value, state_atom::value)
+              .then(
+                [=](const stage_state& donor) {
+                  --*remaining;
+                  auto& st = self->state;
+                  if (*done || donor.steps < target) {
+                    if (*remaining == 0 && !*done)
+                      fail_back();
+                    return;
+                  }
+                  *done = true;
+                  load(st, donor);
+                  st.avg.caught_up++;
+                  st.catching_up = false;
+                },
+                [=](caf::error&) {
+                  if (--*remaining == 0 && !*done)
+                    fail_back();
+                });
+        },
+        [=](caf::error&) { fail_back(); });
   };
   // Publishes this peer's progress, reads the stage's, and starts a round when due.
   auto progress = [=] {
     auto& s = self->state;
     auto& a = s.opts.averaging;
     auto key = progress_key(a.prefix, s.opts.stage);
-    auto text = fmt::format("{} {}", s.steps, s.pending_samples);
+    // While a round runs, the peer still stands at its step with the samples it put into it.
+    auto text = fmt::format("{} {}", s.steps, s.averaging ? s.round_samples : s.pending_samples);
     auto put = dht::make_subkey_put(key, s.opts.name, std::vector<char>(text.begin(), text.end()),
                                     dht::expires_in(self, 3 * a.progress_period));
     auto timeout = std::min(a.progress_period, a.average_timeout);
     dht::dht_store(self, a.dht, std::move(put), timeout,
                    [](const messages::dht_put_result&) {}, [](caf::error&) {});
-    if (s.averaging)
+    if (s.averaging || s.catching_up)
       return;
     auto asked_at = s.steps;
     dht::dht_get(
       self, a.dht, key, timeout,
       [=](const messages::dht_get_result& r) {
         auto& st = self->state;
-        if (st.averaging || st.steps != asked_at)
+        if (st.averaging || st.catching_up || st.steps != asked_at)
           return;
         int64_t total = st.pending_samples; // our own count is never stale
         uint64_t ahead = 0;
@@ -342,9 +394,12 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
           else if (pr->first > st.steps)
             ahead = std::max(ahead, pr->first);
         }
-        // A peer at a later step already started this step's round: join it now.
-        if (total >= st.opts.averaging.target_batch || ahead > 0)
-          start_round(ahead);
+        // A peer at a later step finished this step's round without us (we were late, or
+        // restarted): its parameters are the stage's, so take them and keep our gradients.
+        if (ahead > st.steps)
+          catch_up(ahead);
+        else if (total >= st.opts.averaging.target_batch)
+          start_round();
       },
       [](caf::error&) {});
   };
@@ -421,11 +476,12 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
       if (self->state.ready)
         progress();
     },
-    /// `(status_atom) -> [steps, samples, rounds, averaged, no_partner, failed, skipped]`.
+    /// `(status_atom) -> [steps, samples, rounds, averaged, no_partner, failed, skipped,
+    /// caught_up]`.
     [=](status_atom) -> std::vector<uint64_t> {
       auto& s = self->state;
-      return {s.steps, s.samples, s.avg.rounds, s.avg.averaged, s.avg.no_partner, s.avg.failed,
-              s.avg.skipped};
+      return {s.steps,         s.samples,     s.avg.rounds,  s.avg.averaged,
+              s.avg.no_partner, s.avg.failed, s.avg.skipped, s.avg.caught_up};
     },
     [=](tick_atom, uint64_t ticket) {
       auto i = self->state.held.find(ticket);

@@ -6,11 +6,14 @@
 // - collaborative (`averaging` set): publishes its accumulated sample count for the current
 //   global step N in the DHT under `<prefix>/stage<i>/progress` (sub-key = its name, value =
 //   "N samples", short expiration) every `progress_period`, reads the total of the peers at the
-//   same step, and when it reaches `target_batch` (or a peer is seen at a later step, i.e. the
-//   others already started) averages its mean gradient, weighted by its samples, with the
-//   stage's other peers through the averager under group key `<prefix>/stage<i>/step<N>`, then
-//   clips and steps on the averaged gradient and moves to step N+1. A `no_partner` (or failed)
-//   round steps on its own gradient (counted). Backward requests that arrive while a round is in
+//   same step, and when it reaches `target_batch` averages its mean gradient, weighted by its
+//   samples, with the stage's other peers through the averager under group key
+//   `<prefix>/stage<i>/step<N>`, then clips and steps on the averaged gradient and moves to step
+//   N+1. While its round runs it keeps publishing the samples it put into it, so peers still
+//   deciding see the stage's total and join. A `no_partner` (or failed) round steps on its own
+//   gradient (counted). A peer that sees another at a later step (it missed that round, or
+//   restarted) downloads that peer's state (parameters, optimizer, step) and keeps the gradients
+//   it accumulated meanwhile for its next step. Backward requests that arrive while a round is in
 //   flight accumulate into the gradients of step N+1: the gradient of step N is taken out
 //   (flattened and zeroed) when the round starts, and the in-flight accumulation is restored
 //   after the optimizer stepped on the averaged one.

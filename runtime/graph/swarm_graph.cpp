@@ -51,6 +51,24 @@ result<std::vector<std::pair<int64_t, int64_t>>> stage_ranges(const swarm_graph&
   return out;
 }
 
+status check_averaging(const averaging_spec& a) {
+  using std::chrono::nanoseconds;
+  if (a.target_batch < 0)
+    return fail(fmt::format("target_batch: expected 0 (no averaging) or a positive number, got {}",
+                            a.target_batch));
+  if (a.progress_period <= nanoseconds{0} || a.matchmaking_window <= nanoseconds{0}
+      || a.round_timeout <= nanoseconds{0})
+    return fail("averaging: progress_period, matchmaking_window and round_timeout must be positive");
+  if (a.codec == kernels::codec_id::topk || a.codec == kernels::codec_id::randk)
+    return fail("averaging.codec: sparsifying codecs (topk, randk) need error feedback or shared "
+                "seeds the averager does not keep; use none, fp16, bf16, uniform8, blockwise8 or "
+                "quantile8");
+  if (a.matchmaking_window <= a.progress_period)
+    return fail("averaging.matchmaking_window must be longer than averaging.progress_period, or "
+                "peers that see the target one period late miss the round");
+  return {};
+}
+
 // -- builder ------------------------------------------------------------------------------------
 
 swarm_builder& swarm_builder::model(const kernels::gpt_config& m) {
@@ -83,6 +101,16 @@ swarm_builder& swarm_builder::max_inflight(int64_t n) {
 
 swarm_builder& swarm_builder::local_batch(int64_t samples) {
   g_.local_batch = samples;
+  return *this;
+}
+
+swarm_builder& swarm_builder::averaging(int64_t target_batch) {
+  g_.averaging.target_batch = target_batch;
+  return *this;
+}
+
+swarm_builder& swarm_builder::averaging(const averaging_spec& a) {
+  g_.averaging = a;
   return *this;
 }
 
@@ -134,6 +162,8 @@ result<swarm_graph> swarm_builder::build() const {
       return fail(st.what());
   if (g.hop_timeout <= std::chrono::nanoseconds{0})
     return fail("hop_timeout: expected a positive duration");
+  if (auto st = check_averaging(g.averaging); !st)
+    return fail(st.what());
   if (g.preempt_every < std::chrono::nanoseconds{0} || g.restart_delay < std::chrono::nanoseconds{0})
     return fail("preempt_every, restart_delay: expected durations >= 0");
   return g;
@@ -186,6 +216,23 @@ void read_swarm_graph(config_node& n, swarm_graph& out) {
   read_int(n, "microbatches_per_trainer", out.microbatches_per_trainer, 1, INT64_MAX);
   read_int(n, "max_inflight", out.max_inflight, 1, 64);
   read_int(n, "local_batch", out.local_batch, 1, INT64_MAX);
+  read_int(n, "target_batch", out.averaging.target_batch, 0, INT64_MAX);
+  if (n.has("averaging")) {
+    auto a = n.child("averaging");
+    read_duration(a, "progress_period", out.averaging.progress_period);
+    read_duration(a, "matchmaking_window", out.averaging.matchmaking_window);
+    read_duration(a, "round_timeout", out.averaging.round_timeout);
+    if (a.has("codec")) {
+      auto c = a.child("codec");
+      auto id = kernels::parse_codec(c.as_string());
+      if (!id || *id == kernels::codec_id::topk || *id == kernels::codec_id::randk)
+        c.expected("a dense codec: none | fp16 | bf16 | uniform8 | blockwise8 | quantile8");
+      out.averaging.codec = *id;
+    }
+    if (auto st = check_averaging(out.averaging); !st)
+      a.fail(st.what());
+    a.finish();
+  }
   if (n.has("optimizer")) {
     auto o = n.child("optimizer");
     read_choice(o, "kind", out.optimizer.kind, {"adam", "lamb"});

@@ -30,6 +30,26 @@ struct stage_spec {
   std::vector<double> speeds;
 };
 
+/// Gradient averaging between the peers of a stage (collaborative global steps).
+struct averaging_spec {
+  /// Samples per global step, summed over a stage's peers: when the stage's peers together have
+  /// processed this many (their counts meet in the DHT) they average their gradients through the
+  /// averager and step. 0 = no averaging: each peer steps alone every `local_batch` samples and
+  /// keeps close to its siblings by gossiping parameters.
+  int64_t target_batch = 0;
+  /// How often a peer publishes its sample count and reads its stage's total.
+  std::chrono::nanoseconds progress_period = std::chrono::milliseconds(250);
+  /// How long the peers of a step gather before the group closes; longer than `progress_period`
+  /// so that every peer that saw the target in time joins.
+  std::chrono::nanoseconds matchmaking_window = std::chrono::seconds(1);
+  /// Deadline of one all-reduce round once the group formed.
+  std::chrono::nanoseconds round_timeout = std::chrono::seconds(10);
+  /// Codec of the gradient parts between peers.
+  kernels::codec_id codec = kernels::codec_id::none;
+
+  bool enabled() const { return target_batch > 0; }
+};
+
 /// A graph of SWARM pipeline training (configs/swarm-tiny.yaml documents each field).
 struct swarm_graph {
   kernels::gpt_config model;
@@ -38,8 +58,10 @@ struct swarm_graph {
   int64_t microbatch = 8;
   int64_t microbatches_per_trainer = 400;
   int64_t max_inflight = 2;
-  /// Samples a stage peer accumulates before an optimizer step.
+  /// Samples a stage peer accumulates before an optimizer step (without averaging).
   int64_t local_batch = 32;
+  /// Gradient averaging within stages (off by default).
+  averaging_spec averaging;
   kernels::optimizer_options optimizer;
   kernels::codec_id compression = kernels::codec_id::blockwise8;
   std::chrono::nanoseconds hop_timeout = std::chrono::seconds(10);
@@ -61,6 +83,10 @@ struct swarm_graph {
 /// Checks a graph and fills in even layer ranges; the error names the offending field.
 result<std::vector<std::pair<int64_t, int64_t>>> stage_ranges(const swarm_graph& g);
 
+/// Checks averaging settings (target_batch >= 0, positive periods, a matchmaking window longer
+/// than the progress period).
+status check_averaging(const averaging_spec& a);
+
 /// The C++ front door: a fluent builder whose `build()` validates like the YAML reader.
 ///
 ///     kernels::gpt_config m;
@@ -80,6 +106,9 @@ public:
   swarm_builder& trainers(int64_t count, int64_t microbatch, int64_t microbatches_each);
   swarm_builder& max_inflight(int64_t n);
   swarm_builder& local_batch(int64_t samples);
+  /// Global steps of `target_batch` samples per stage, gradients averaged between its peers.
+  swarm_builder& averaging(int64_t target_batch);
+  swarm_builder& averaging(const averaging_spec& a);
   swarm_builder& optimizer(const kernels::optimizer_options& o);
   swarm_builder& compression(kernels::codec_id c);
   swarm_builder& hop_timeout(std::chrono::nanoseconds t);

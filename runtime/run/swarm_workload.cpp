@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "actors/averager/averager.hpp"
 #include "actors/dht/dht.hpp"
 #include "actors/stage/board.hpp"
 #include "actors/stage/dht_board.hpp"
@@ -112,6 +113,57 @@ result<double> evaluate(const kernels::gpt_config& model,
   return total / static_cast<double>(batches.size());
 }
 
+/// What the live stage peers report (`(status_atom)`), summed per stage.
+struct stage_report {
+  uint64_t peers = 0;
+  uint64_t max_steps = 0;  // the stage's global step (averaging) or its most-stepped peer
+  uint64_t samples = 0;    // processed by the live peers (a preempted peer's count is gone)
+  uint64_t rounds = 0;
+  uint64_t averaged = 0;
+  uint64_t no_partner = 0;
+  uint64_t failed = 0;
+  uint64_t caught_up = 0;
+};
+
+/// Asks every live peer of every stage (found through the board) for its counters.
+std::vector<stage_report> stage_reports(caf::scoped_actor& self, const caf::actor& board,
+                                        size_t stages, std::chrono::milliseconds timeout) {
+  std::vector<stage_report> out(stages);
+  for (uint64_t s = 0; s < stages; ++s) {
+    std::vector<caf::actor> peers;
+    self->request(board, timeout, get_atom::value, s)
+      .receive([&](const std::vector<std::string>&, const std::vector<caf::actor>& p) { peers = p; },
+               [](caf::error&) {});
+    for (auto& p : peers)
+      self->request(p, timeout, status_atom::value)
+        .receive(
+          [&](const std::vector<uint64_t>& v) {
+            if (v.size() < 8)
+              return;
+            auto& r = out[s];
+            r.peers++;
+            r.max_steps = std::max(r.max_steps, v[0]);
+            r.samples += v[1];
+            r.rounds += v[2];
+            r.averaged += v[3];
+            r.no_partner += v[4];
+            r.failed += v[5];
+            r.caught_up += v[7];
+          },
+          [](caf::error&) {});
+  }
+  return out;
+}
+
+/// The pipeline's global step: the least advanced stage's.
+uint64_t global_step(const std::vector<stage_report>& reports) {
+  uint64_t step = UINT64_MAX;
+  for (auto& r : reports)
+    if (r.peers > 0)
+      step = std::min(step, r.max_steps);
+  return step == UINT64_MAX ? 0 : step;
+}
+
 std::string stage_counts(const std::vector<uint64_t>& counts) {
   std::string out;
   for (auto c : counts)
@@ -142,6 +194,26 @@ int run_swarm(const experiment_config& cfg, const run_context& ctx) {
   env.board = actors::stage::spawn_board(sys, opts.stages.size());
   env.roles = graph::place(opts, 0, 1);
   env.register_actor = [](const std::string&, const caf::actor&) {};
+  if (opts.averaging.enabled()) {
+    // Averaging needs what a cluster node has: a DHT (one node here: every record is local), a
+    // directory of named actors and a resolver for `host:port/name` addresses (this process's
+    // endpoint only: the system has no middleman, so nothing leaves the process).
+    env.endpoint = "127.0.0.1:1";
+    auto directory = spawn_directory(sys);
+    env.resolver = spawn_cluster_resolver(sys, directory, env.endpoint, std::chrono::seconds(5));
+    actors::dht::dht_options d;
+    d.address = env.endpoint + "/dht";
+    d.id = actors::dht::identity::generate();
+    env.dht = actors::dht::spawn_dht(sys, env.resolver, d);
+    caf::anon_send(directory, put_atom::value, std::string{"dht"}, env.dht);
+    env.register_actor = [directory](const std::string& name, const caf::actor& a) {
+      caf::anon_send(directory, put_atom::value, name, a);
+    };
+    auto rc = drive_swarm(cfg, opts, ctx.out_dir, env);
+    for (auto& a : {env.dht, env.resolver, directory})
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    return rc;
+  }
   return drive_swarm(cfg, opts, ctx.out_dir, env);
 }
 
@@ -220,8 +292,14 @@ int drive_swarm(const experiment_config& cfg, const swarm_options& opts, const s
     actors::supervisor::child_spec spec;
     spec.name = fmt::format("s{}p{}", stage, index);
     spec.restart_delay = std::chrono::duration_cast<caf::timespan>(opts.restart_delay);
-    spec.spawn = [&sys, opts, model, ranges_v, board, register_actor, index, stage,
-                  speed](int generation) {
+    auto avg = opts.averaging;
+    auto stage_peers = opts.stages[stage].speeds.size();
+    auto prefix = "swarm/" + cfg.experiment.name;
+    auto dht = env.dht;
+    auto resolver = env.resolver;
+    auto endpoint = env.endpoint;
+    spec.spawn = [&sys, opts, model, ranges_v, board, register_actor, index, stage, speed, avg,
+                  stage_peers, prefix, dht, resolver, endpoint](int generation) {
       actors::stage::stage_options so;
       so.stage = stage;
       so.name = fmt::format("s{}p{}g{}", stage, index, generation);
@@ -234,7 +312,36 @@ int drive_swarm(const experiment_config& cfg, const swarm_options& opts, const s
       so.download_state = generation > 0;
       so.codec = opts.compression;
       so.seed = opts.seed * 1000 + index * 10 + static_cast<uint64_t>(generation);
+      caf::actor averager;
+      if (avg.enabled()) {
+        // One averager per stage peer (a node may host peers of several stages, each averaging
+        // on its own schedule); it lives and dies with its peer.
+        actors::averager::averager_options ao;
+        auto avg_name = "avg-" + so.name;
+        ao.address = endpoint + "/" + avg_name;
+        ao.target_group_size = static_cast<uint32_t>(stage_peers);
+        ao.key_prefix = prefix + "/avg/";
+        ao.matchmaking_window = caf::timespan{avg.matchmaking_window};
+        ao.poll_interval = std::min(caf::timespan{avg.progress_period},
+                                    caf::timespan{avg.matchmaking_window / 4});
+        ao.round_timeout = caf::timespan{avg.round_timeout};
+        ao.codec = avg.codec;
+        averager = actors::averager::spawn_averager(sys, dht, resolver, ao);
+        register_actor(avg_name, averager);
+        so.averaging.averager = averager;
+        so.averaging.dht = dht;
+        so.averaging.prefix = prefix;
+        so.averaging.target_batch = avg.target_batch;
+        so.averaging.progress_period = caf::timespan{avg.progress_period};
+        so.averaging.average_timeout =
+          caf::timespan{avg.matchmaking_window + ao.join_grace + avg.round_timeout
+                        + std::chrono::seconds(5)};
+      }
       auto peer = actors::stage::spawn_stage(sys, so, board);
+      if (averager)
+        peer->attach_functor([averager](const caf::error&) {
+          caf::anon_send_exit(averager, caf::exit_reason::user_shutdown);
+        });
       register_actor(so.name, peer);
       return peer;
     };
@@ -280,6 +387,8 @@ int drive_swarm(const experiment_config& cfg, const swarm_options& opts, const s
   bool stopped = false;
   bool tty = ::isatty(2) != 0;
   double next_log_line = 0;
+  double next_status = 0;
+  uint64_t step = 0;
   for (;;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
     auto now = clock_type::now();
@@ -321,6 +430,11 @@ int drive_swarm(const experiment_config& cfg, const swarm_options& opts, const s
     std::vector<uint64_t> counts;
     self->request(board, std::chrono::seconds(5), list_atom::value)
       .receive([&](const std::vector<uint64_t>& c) { counts = c; }, [](caf::error&) {});
+    if (t >= next_status) {
+      next_status = t + 2.0;
+      step = global_step(stage_reports(self, board, opts.stages.size(),
+                                       std::chrono::milliseconds(500)));
+    }
     int64_t done_trainers = 0;
     {
       std::lock_guard<std::mutex> g{totals->mtx};
@@ -330,9 +444,10 @@ int drive_swarm(const experiment_config& cfg, const swarm_options& opts, const s
       if (tty || t >= next_log_line) {
         next_log_line = t + 2.0;
         fmt::print(stderr,
-                   "{}  {:6.1f} s | {:5}/{} microbatches | loss {:.3f} | {:6.1f} samples/s | "
-                   "peers/stage [{}] | retries {} | preempted {} | ~{:.0f} s left   {}",
-                   tty ? "\r" : "", t, totals->microbatches, total_microbatches,
+                   "{}  {:6.1f} s | step {:3} | {:5}/{} microbatches | loss {:.3f} | "
+                   "{:6.1f} samples/s | peers/stage [{}] | retries {} | preempted {} | "
+                   "~{:.0f} s left   {}",
+                   tty ? "\r" : "", t, step, totals->microbatches, total_microbatches,
                    totals->has_loss ? totals->loss_ema : 0.0, rate, stage_counts(counts),
                    totals->retries, preemptions, left, tty ? "" : "\n");
       }
@@ -383,6 +498,7 @@ int drive_swarm(const experiment_config& cfg, const swarm_options& opts, const s
         std::this_thread::sleep_for(std::chrono::milliseconds(250)); // the supervisor respawns
     }
   }
+  auto reports = stage_reports(self, board, opts.stages.size(), std::chrono::seconds(5));
   shut_down();
 
   auto loss1 = evaluate(model, *ranges, finals, held_out);
@@ -398,6 +514,34 @@ int drive_swarm(const experiment_config& cfg, const swarm_options& opts, const s
   fmt::print("  {:<34} {} ({} hop retries)\n", "preemptions", preemptions, totals->retries);
   fmt::print("  {:<34} {:.4f} -> {:.4f}\n", "training loss (EMA, first -> last)", first_loss,
              totals->loss_ema);
+  std::string steps_text;
+  for (auto& r : reports)
+    steps_text += fmt::format("{}{}", steps_text.empty() ? "" : " ", r.max_steps);
+  if (opts.averaging.enabled()) {
+    // Samples per global step: every completed sample went through every stage once.
+    std::string batch_text;
+    stage_report sum;
+    for (auto& r : reports) {
+      batch_text += fmt::format("{}{:.0f}", batch_text.empty() ? "" : " ",
+                                r.max_steps > 0 ? static_cast<double>(totals->samples)
+                                                      / static_cast<double>(r.max_steps)
+                                                : 0.0);
+      sum.rounds += r.rounds;
+      sum.averaged += r.averaged;
+      sum.no_partner += r.no_partner;
+      sum.failed += r.failed;
+      sum.caught_up += r.caught_up;
+    }
+    fmt::print("  {:<34} [{}] (target batch {}; [{}] samples per step on average)\n",
+               "global steps per stage", steps_text, opts.averaging.target_batch, batch_text);
+    fmt::print("  {:<34} {} rounds of live peers: {} averaged, {} without partner, {} failed; "
+               "{} catch-ups\n",
+               "gradient averaging", sum.rounds, sum.averaged, sum.no_partner, sum.failed,
+               sum.caught_up);
+  } else {
+    fmt::print("  {:<34} [{}] (local batch {}, parameters gossiped)\n",
+               "optimizer steps (most per stage)", steps_text, opts.local_batch);
+  }
   if (loss1)
     fmt::print("  {:<34} {:.4f} -> {:.4f}\n", "held-out loss (before -> after)", loss0, *loss1);
   else
@@ -480,6 +624,9 @@ int run_swarm_node(const experiment_config& cfg, node& nd, const cluster_context
     caf::anon_send(directory, put_atom::value, name, a); // dies with the supervisor, not the node
   };
   env.stop_requested = ctx.stop;
+  env.dht = dht;
+  env.resolver = nd.resolver();
+  env.endpoint = nd.endpoint();
   fmt::print("swarm node {} of {}: {} stage peers, {} trainers\n", ctx.index, ctx.count,
              env.roles.peers.size(), env.roles.trainers.size());
   std::fflush(stdout);

@@ -27,6 +27,12 @@ struct swarm_env {
   bool cluster = false;
   std::function<void(const std::string&, const caf::actor&)> register_actor;
   std::function<bool()> stop_requested;
+  /// For gradient averaging (graph.averaging enabled): the node's DHT actor, its resolver
+  /// (`host:port/name` -> actor) and its endpoint (`host:port`), under which the stage peers'
+  /// averagers are registered through `register_actor`.
+  caf::actor dht;
+  caf::actor resolver;
+  std::string endpoint;
 };
 
 /// Runs the workload (local mode: one process, in-process board).

@@ -33,6 +33,66 @@ actors::stage::stage_options avg_stage_opts(uint64_t stage, const std::string& n
                              name);
 }
 
+/// Adds `count` simulated nodes, each running a DHT node (node 0 is the bootstrap), a DHT board
+/// under `prefix` and an averager with the given matchmaking settings.
+void add_averaging_nodes(runtime::sim::world& w, int count, uint64_t id_seed,
+                         const std::string& prefix, actors::averager::averager_options a) {
+  for (int i = 0; i < count; ++i) {
+    auto& nd = w.add_node("n" + std::to_string(i));
+    actors::dht::dht_options d;
+    d.address = nd.endpoint() + "/dht";
+    d.id = actors::dht::identity::from_seed(id_seed + static_cast<uint64_t>(i));
+    if (i > 0)
+      d.bootstrap = {"n0:1/dht"};
+    actors::stage::dht_board_options b;
+    b.prefix = prefix;
+    b.endpoint = nd.endpoint();
+    b.stages = 2;
+    b.announce_period = caf::timespan{1s};
+    b.timeout = caf::timespan{2s};
+    a.address = nd.endpoint() + "/averager";
+    nd.on_start([d, b, a](runtime::sim::sim_node& x) {
+      auto dht = x.spawn("dht", actors::dht::dht_actor, x.resolver(), d);
+      x.spawn("board", actors::stage::dht_board_actor, dht, x.resolver(), b);
+      x.spawn("averager", actors::averager::averager_actor, dht, x.resolver(), a);
+    });
+    w.run_for(500ms);
+  }
+}
+
+/// A stage-1 peer on node `x` that averages through that node's averager.
+caf::actor spawn_averaging_peer(runtime::sim::world& w, runtime::sim::sim_node& x,
+                                const std::string& name, const std::string& prefix,
+                                int64_t target) {
+  auto o = avg_stage_opts(1, name);
+  o.averaging.averager = x.lookup("averager");
+  o.averaging.dht = x.lookup("dht");
+  o.averaging.prefix = prefix;
+  o.averaging.target_batch = target;
+  o.averaging.progress_period = caf::timespan{200ms};
+  o.averaging.average_timeout = caf::timespan{20s};
+  auto peer = actors::stage::spawn_stage(w.system(), o, x.lookup("board"));
+  x.adopt(name, peer);
+  return peer;
+}
+
+/// Starts a trainer of `microbatches` x 4 samples through the two stages on node 0.
+void start_trainer(runtime::sim::world& w, std::shared_ptr<tally> t, int64_t microbatches) {
+  auto& n0 = w.node(0);
+  auto sink = n0.spawn("sink", counting_sink, t);
+  actors::trainer::trainer_options to;
+  to.stages = 2;
+  to.microbatch = 4;
+  to.seq_len = 8;
+  to.microbatches = microbatches;
+  to.max_inflight = 2;
+  to.hop_timeout = caf::timespan{1s};
+  to.refresh_every = caf::timespan{500ms};
+  to.codec = kernels::codec_id::none;
+  n0.adopt("trainer", actors::trainer::spawn_trainer(w.system(), to, small_corpus(),
+                                                     n0.lookup("board"), sink));
+}
+
 } // namespace
 
 TEST_CASE("stage peers with averaging take the same global steps on averaged gradients and end "
@@ -41,66 +101,24 @@ TEST_CASE("stage peers with averaging take the same global steps on averaged gra
   wo.seed = 7;
   wo.network.defaults.latency = 5ms;
   runtime::sim::world w{wo};
-  // Every node runs a DHT node, a DHT board and an averager; node 0 is the bootstrap.
-  for (int i = 0; i < 3; ++i) {
-    auto& nd = w.add_node("n" + std::to_string(i));
-    actors::dht::dht_options d;
-    d.address = nd.endpoint() + "/dht";
-    d.id = actors::dht::identity::from_seed(700 + static_cast<uint64_t>(i));
-    if (i > 0)
-      d.bootstrap = {"n0:1/dht"};
-    actors::stage::dht_board_options b;
-    b.prefix = "swarm/test";
-    b.endpoint = nd.endpoint();
-    b.stages = 2;
-    b.announce_period = caf::timespan{1s};
-    b.timeout = caf::timespan{2s};
-    actors::averager::averager_options a;
-    a.address = nd.endpoint() + "/averager";
-    a.target_group_size = 2;
-    a.matchmaking_window = caf::timespan{1s};
-    a.poll_interval = caf::timespan{100ms};
-    a.join_grace = caf::timespan{1s};
-    a.round_timeout = caf::timespan{5s};
-    nd.on_start([d, b, a](runtime::sim::sim_node& x) {
-      auto dht = x.spawn("dht", actors::dht::dht_actor, x.resolver(), d);
-      x.spawn("board", actors::stage::dht_board_actor, dht, x.resolver(), b);
-      x.spawn("averager", actors::averager::averager_actor, dht, x.resolver(), a);
-    });
-    w.run_for(500ms);
-  }
-  auto& sys = w.system();
+  actors::averager::averager_options a;
+  a.target_group_size = 2;
+  a.matchmaking_window = caf::timespan{1s};
+  a.poll_interval = caf::timespan{100ms};
+  a.join_grace = caf::timespan{1s};
+  a.round_timeout = caf::timespan{5s};
+  add_averaging_nodes(w, 3, 700, "swarm/test", a);
   // Stage 0: one peer on n0, local steps. Stage 1: a peer on n1 and one on n2, averaging.
-  w.node(0).adopt("s0", actors::stage::spawn_stage(sys, avg_stage_opts(0, "s0"),
-                                                   w.node(0).lookup("board")));
+  auto& n0 = w.node(0);
+  n0.adopt("s0", actors::stage::spawn_stage(w.system(), avg_stage_opts(0, "s0"),
+                                            n0.lookup("board")));
   const int64_t target = 32;
-  for (int i = 1; i <= 2; ++i) {
-    auto& x = w.node(i);
-    auto name = std::string{"s1"} + static_cast<char>('a' + i - 1);
-    auto o = avg_stage_opts(1, name);
-    o.averaging.averager = x.lookup("averager");
-    o.averaging.dht = x.lookup("dht");
-    o.averaging.prefix = "swarm/test";
-    o.averaging.target_batch = target;
-    o.averaging.progress_period = caf::timespan{200ms};
-    o.averaging.average_timeout = caf::timespan{20s};
-    x.adopt(name, actors::stage::spawn_stage(sys, o, x.lookup("board")));
-  }
+  for (int i = 1; i <= 2; ++i)
+    spawn_averaging_peer(w, w.node(i), std::string{"s1"} + static_cast<char>('a' + i - 1),
+                         "swarm/test", target);
   w.run_for(3s);
   auto t = std::make_shared<tally>();
-  auto& n0 = w.node(0);
-  auto sink = n0.spawn("sink", counting_sink, t);
-  actors::trainer::trainer_options to;
-  to.stages = 2;
-  to.microbatch = 4;
-  to.seq_len = 8;
-  to.microbatches = 96;
-  to.max_inflight = 2;
-  to.hop_timeout = caf::timespan{1s};
-  to.refresh_every = caf::timespan{500ms};
-  to.codec = kernels::codec_id::none;
-  n0.adopt("trainer",
-           actors::trainer::spawn_trainer(sys, to, small_corpus(), n0.lookup("board"), sink));
+  start_trainer(w, t, 96);
   REQUIRE(w.run_until([&] { return t->stops == 1; }, 600s));
   CHECK(t->microbatches == 96);
   CHECK(t->samples == 96 * 4);
@@ -114,7 +132,7 @@ TEST_CASE("stage peers with averaging take the same global steps on averaged gra
     REQUIRE(peer);
     auto s = ask<std::vector<uint64_t>>(w, w.node(i), peer, status_atom::value);
     REQUIRE(s);
-    REQUIRE(s->size() == 7);
+    REQUIRE(s->size() == 8);
     stats.push_back(*s);
     auto st = ask<messages::stage_state>(w, w.node(i), peer, get_atom::value, state_atom::value);
     REQUIRE(st);
@@ -139,10 +157,10 @@ TEST_CASE("stage peers with averaging take the same global steps on averaged gra
     CHECK(s[5] == 0);
   }
   // Same start, same averaged gradients: the same parameters.
-  auto a = states[0].params.tensor.to(torch::kFloat);
-  auto b = states[1].params.tensor.to(torch::kFloat);
-  REQUIRE(a.numel() == b.numel());
-  auto diff = (a - b).abs().max().item<double>();
+  auto pa = states[0].params.tensor.to(torch::kFloat);
+  auto pb = states[1].params.tensor.to(torch::kFloat);
+  REQUIRE(pa.numel() == pb.numel());
+  auto diff = (pa - pb).abs().max().item<double>();
   MESSAGE("max parameter difference between the two stage-1 peers: " << diff);
   CHECK(diff < 1e-5);
   // And they moved from the initialization (stage 0 only ever steps locally).
@@ -158,62 +176,25 @@ TEST_CASE("a stage peer with averaging but no partner steps on its own gradients
   wo.seed = 9;
   wo.network.defaults.latency = 5ms;
   runtime::sim::world w{wo};
-  for (int i = 0; i < 2; ++i) {
-    auto& nd = w.add_node("n" + std::to_string(i));
-    actors::dht::dht_options d;
-    d.address = nd.endpoint() + "/dht";
-    d.id = actors::dht::identity::from_seed(800 + static_cast<uint64_t>(i));
-    if (i > 0)
-      d.bootstrap = {"n0:1/dht"};
-    actors::stage::dht_board_options b;
-    b.prefix = "swarm/solo";
-    b.endpoint = nd.endpoint();
-    b.stages = 2;
-    b.announce_period = caf::timespan{1s};
-    b.timeout = caf::timespan{2s};
-    actors::averager::averager_options a;
-    a.address = nd.endpoint() + "/averager";
-    a.matchmaking_window = caf::timespan{500ms};
-    a.poll_interval = caf::timespan{100ms};
-    a.join_grace = caf::timespan{500ms};
-    nd.on_start([d, b, a](runtime::sim::sim_node& x) {
-      auto dht = x.spawn("dht", actors::dht::dht_actor, x.resolver(), d);
-      x.spawn("board", actors::stage::dht_board_actor, dht, x.resolver(), b);
-      x.spawn("averager", actors::averager::averager_actor, dht, x.resolver(), a);
-    });
-    w.run_for(500ms);
-  }
-  auto& sys = w.system();
+  actors::averager::averager_options a;
+  a.matchmaking_window = caf::timespan{500ms};
+  a.poll_interval = caf::timespan{100ms};
+  a.join_grace = caf::timespan{500ms};
+  add_averaging_nodes(w, 2, 800, "swarm/solo", a);
   auto& n0 = w.node(0);
   auto& n1 = w.node(1);
-  n0.adopt("s0", actors::stage::spawn_stage(sys, avg_stage_opts(0, "s0"), n0.lookup("board")));
-  auto o = avg_stage_opts(1, "s1");
-  o.averaging.averager = n1.lookup("averager");
-  o.averaging.dht = n1.lookup("dht");
-  o.averaging.prefix = "swarm/solo";
-  o.averaging.target_batch = 16;
-  o.averaging.progress_period = caf::timespan{200ms};
-  n1.adopt("s1", actors::stage::spawn_stage(sys, o, n1.lookup("board")));
+  n0.adopt("s0", actors::stage::spawn_stage(w.system(), avg_stage_opts(0, "s0"),
+                                            n0.lookup("board")));
+  spawn_averaging_peer(w, n1, "s1", "swarm/solo", 16);
   w.run_for(3s);
   auto t = std::make_shared<tally>();
-  auto sink = n0.spawn("sink", counting_sink, t);
-  actors::trainer::trainer_options to;
-  to.stages = 2;
-  to.microbatch = 4;
-  to.seq_len = 8;
-  to.microbatches = 40;
-  to.max_inflight = 2;
-  to.hop_timeout = caf::timespan{1s};
-  to.refresh_every = caf::timespan{500ms};
-  to.codec = kernels::codec_id::none;
-  n0.adopt("trainer",
-           actors::trainer::spawn_trainer(sys, to, small_corpus(), n0.lookup("board"), sink));
+  start_trainer(w, t, 40);
   REQUIRE(w.run_until([&] { return t->stops == 1; }, 600s));
   CHECK(t->microbatches == 40);
   w.run_for(10s);
   auto s = ask<std::vector<uint64_t>>(w, n1, n1.lookup("s1"), status_atom::value);
   REQUIRE(s);
-  REQUIRE(s->size() == 7);
+  REQUIRE(s->size() == 8);
   MESSAGE("s1: steps " << (*s)[0] << " rounds " << (*s)[2] << " no_partner " << (*s)[4]);
   CHECK((*s)[1] == 40 * 4);
   CHECK((*s)[0] >= 2);
@@ -222,4 +203,73 @@ TEST_CASE("a stage peer with averaging but no partner steps on its own gradients
   CHECK((*s)[3] == 0);
   CHECK((*s)[6] == 0);       // and each stepped on its own, non-empty gradient
   CHECK(t->losses.back() < t->losses.front());
+}
+
+TEST_CASE("a stage peer cut off from its stage falls behind and catches up by downloading the "
+          "state of a peer at a later step") {
+  runtime::sim::world_options wo;
+  wo.seed = 11;
+  wo.network.defaults.latency = 20ms; // a microbatch takes ~0.1 virtual s: rounds happen meanwhile
+  runtime::sim::world w{wo};
+  actors::averager::averager_options a;
+  a.target_group_size = 2;
+  a.matchmaking_window = caf::timespan{1s};
+  a.poll_interval = caf::timespan{100ms};
+  a.join_grace = caf::timespan{1s};
+  a.round_timeout = caf::timespan{5s};
+  add_averaging_nodes(w, 3, 900, "swarm/lag", a);
+  auto& n0 = w.node(0);
+  n0.adopt("s0", actors::stage::spawn_stage(w.system(), avg_stage_opts(0, "s0"),
+                                            n0.lookup("board")));
+  const int64_t target = 16;
+  spawn_averaging_peer(w, w.node(1), "s1a", "swarm/lag", target);
+  // s1b's node is cut off from the others before it serves anything: s1a takes global steps
+  // alone (no partner), s1b stays at step 0 with no samples.
+  w.partition("n2", "n0");
+  w.partition("n2", "n1");
+  spawn_averaging_peer(w, w.node(2), "s1b", "swarm/lag", target);
+  w.run_for(3s);
+  auto t = std::make_shared<tally>();
+  start_trainer(w, t, 400);
+  REQUIRE(w.run_until([&] { return t->microbatches >= 80; }, 600s));
+  auto behind = ask<std::vector<uint64_t>>(w, w.node(2), w.node(2).lookup("s1b"),
+                                           status_atom::value);
+  auto leader = ask<std::vector<uint64_t>>(w, w.node(1), w.node(1).lookup("s1a"),
+                                           status_atom::value);
+  REQUIRE(behind);
+  REQUIRE(leader);
+  MESSAGE("before reconnecting: s1a at step " << (*leader)[0] << ", s1b at step " << (*behind)[0]);
+  CHECK((*behind)[0] == 0);
+  CHECK((*leader)[0] >= 1);
+  // Reconnected (its DHT node, alone, joins its bootstrap peer again), s1b sees s1a at a later
+  // step, downloads its state, is found by the trainer, and from then on both average: the same
+  // steps and the same parameters at the end.
+  w.heal("n2", "n0");
+  w.heal("n2", "n1");
+  REQUIRE(w.run_until([&] { return t->stops == 1; }, 600s));
+  CHECK(t->microbatches == 400);
+  w.run_for(30s);
+  std::vector<std::vector<uint64_t>> stats;
+  std::vector<torch::Tensor> params;
+  for (int i = 1; i <= 2; ++i) {
+    auto name = std::string{"s1"} + static_cast<char>('a' + i - 1);
+    auto peer = w.node(i).lookup(name);
+    auto s = ask<std::vector<uint64_t>>(w, w.node(i), peer, status_atom::value);
+    auto st = ask<messages::stage_state>(w, w.node(i), peer, get_atom::value, state_atom::value);
+    REQUIRE(s);
+    REQUIRE(st);
+    MESSAGE(name << ": steps " << (*s)[0] << " samples " << (*s)[1] << " rounds " << (*s)[2]
+                 << " averaged " << (*s)[3] << " no_partner " << (*s)[4] << " caught up "
+                 << (*s)[7]);
+    stats.push_back(*s);
+    params.push_back(st->params.tensor.to(torch::kFloat));
+  }
+  CHECK(stats[1][7] >= 1);    // s1b caught up
+  CHECK(stats[0][7] == 0);    // s1a never fell behind
+  CHECK(stats[1][1] > 0);     // and s1b served once reconnected
+  CHECK(stats[0][0] == stats[1][0]);
+  CHECK(stats[1][3] >= 1);    // rounds averaged together after the catch-up
+  auto diff = (params[0] - params[1]).abs().max().item<double>();
+  MESSAGE("max parameter difference after the catch-up: " << diff);
+  CHECK(diff < 1e-5);
 }

@@ -41,6 +41,7 @@ TEST_CASE("the builder and the YAML front door build the same graph") {
                  .trainers(3, 4, 50)
                  .compression(kernels::codec_id::fp16)
                  .preemptions(10s, 2s)
+                 .averaging(averaging_spec{96, 200ms, 800ms, 5s, kernels::codec_id::fp16})
                  .build();
   REQUIRE(built);
   swarm_graph g;
@@ -57,9 +58,17 @@ swarm:
   compression: fp16
   preempt_every: 10s
   restart_delay: 2s
+  target_batch: 96
+  averaging: {progress_period: 200ms, matchmaking_window: 800ms, round_timeout: 5s, codec: fp16}
 )",
                         g);
   REQUIRE(err.empty());
+  CHECK(g.averaging.enabled());
+  CHECK(g.averaging.target_batch == built->averaging.target_batch);
+  CHECK(g.averaging.progress_period == built->averaging.progress_period);
+  CHECK(g.averaging.matchmaking_window == built->averaging.matchmaking_window);
+  CHECK(g.averaging.round_timeout == built->averaging.round_timeout);
+  CHECK(g.averaging.codec == built->averaging.codec);
   CHECK(g.model.layers == built->model.layers);
   CHECK(g.stages.size() == 2);
   CHECK(g.stages[1].speeds == built->stages[1].speeds);
@@ -100,6 +109,26 @@ swarm:
   CHECK(err.find("stages") != std::string::npos);
   CHECK(read_error("experiment: {name: g, kind: swarm}\nswarm: {stages: [{peers: []}]}\n", g)
           .find("at least one peer") != std::string::npos);
+  // Averaging: a window no longer than the progress period would lose late peers' rounds.
+  auto slow = averaging_spec{};
+  slow.target_batch = 64;
+  slow.matchmaking_window = slow.progress_period;
+  auto window = swarm_builder{}.model(m).stage({1.0}).averaging(slow).build();
+  REQUIRE_FALSE(window);
+  CHECK(window.error().what.find("matchmaking_window") != std::string::npos);
+  CHECK_FALSE(swarm_builder{}.model(m).stage({1.0}).averaging(-1).build());
+  CHECK(read_error("experiment: {name: g, kind: swarm}\nswarm: {stages: [{peers: [1.0]}], "
+                   "averaging: {progress_period: 1s, matchmaking_window: 500ms}}\n",
+                   g)
+          .find("matchmaking_window") != std::string::npos);
+  CHECK(read_error("experiment: {name: g, kind: swarm}\nswarm: {stages: [{peers: [1.0]}], "
+                   "averaging: {codec: topk}}\n",
+                   g)
+          .find("codec") != std::string::npos);
+  CHECK(read_error("experiment: {name: g, kind: swarm}\nswarm: {stages: [{peers: [1.0]}], "
+                   "target_batch: -5}\n",
+                   g)
+          .find("target_batch") != std::string::npos);
 }
 
 TEST_CASE("cluster placement: trainers on node 0, each stage's peers on distinct nodes") {

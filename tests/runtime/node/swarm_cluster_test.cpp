@@ -25,7 +25,8 @@ std::string endpoint_of(const std::string& line) {
 
 /// A small swarm for 4 processes: 3 stages of 2 peers each (placed on 3 stage nodes so that each
 /// stage's peers are on different nodes), one trainer on node 0, no injected preemptions (the
-/// test kills a whole process instead).
+/// test kills a whole process instead). The peers of a stage average their gradients across
+/// processes (DHT progress records, averager over BASP) every 64 samples.
 std::string write_config(const std::string& dir) {
   auto path = dir + "/swarm-cluster.yaml";
   std::ofstream f{path};
@@ -39,7 +40,8 @@ std::string write_config(const std::string& dir) {
        "  trainers: 1\n"
        "  microbatch: 8\n"
        "  microbatches_per_trainer: 300\n"
-       "  local_batch: 32\n"
+       "  target_batch: 64\n"
+       "  averaging: {progress_period: 250ms, matchmaking_window: 1s, round_timeout: 5s}\n"
        "  optimizer: {kind: adam, lr: 3e-3}\n"
        "  hop_timeout: 2s\n"
        "  preempt_every: 0s\n"
@@ -50,7 +52,8 @@ std::string write_config(const std::string& dir) {
 } // namespace
 
 TEST_CASE("swarm across 4 starling node processes: SIGKILL of a stage process mid-run, training "
-          "completes every requested sample and the loss falls") {
+          "completes every requested sample, stage peers average gradients across processes and "
+          "the loss falls") {
   char tmpl[] = "/tmp/starling-cluster-XXXXXX";
   REQUIRE(::mkdtemp(tmpl) != nullptr);
   std::string dir = tmpl;
@@ -90,6 +93,13 @@ TEST_CASE("swarm across 4 starling node processes: SIGKILL of a stage process mi
   auto samples = nodes[0]->wait_for("samples ", 240s);
   REQUIRE(samples);
   CHECK(samples->find("2400 of 2400 requested") != std::string::npos);
+  // The stages' peers, on different processes, averaged their gradients.
+  auto averaging = nodes[0]->wait_for("gradient averaging", 60s);
+  REQUIRE(averaging);
+  std::smatch am;
+  REQUIRE(std::regex_search(*averaging, am, std::regex{R"((\d+) rounds of live peers: (\d+) averaged)"}));
+  MESSAGE(*averaging);
+  CHECK(std::stoi(am[2]) > 0);
   auto held_out = nodes[0]->wait_for("held-out loss (before -> after)", 60s);
   REQUIRE(held_out);
   std::smatch m;
