@@ -6,7 +6,24 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+// OpenBLAS's own thread count (global); absent when LibTorch uses another BLAS.
+extern "C" void openblas_set_num_threads(int) __attribute__((weak));
+
 namespace starling::actors::vi {
+
+namespace {
+
+/// OpenMP's thread count is per calling thread: every thread that runs an operator (each CAF
+/// scheduler thread) sets it once.
+void one_thread_here() {
+  static thread_local bool done = false;
+  if (!done) {
+    at::set_num_threads(1);
+    done = true;
+  }
+}
+
+} // namespace
 
 struct adversarial_problem::impl {
   adversarial_options options;
@@ -220,6 +237,7 @@ double adversarial_problem::mean_square_lipschitz() const { return impl_->mean_s
 void adversarial_problem::apply(std::size_t m, const std::vector<double>& z,
                                 std::vector<double>& out) const {
   torch::NoGradGuard no_grad;
+  one_thread_here();
   const auto& d = *impl_;
   const auto c = d.c, p = d.p;
   // float32 arithmetic: twice as fast as float64 and far below the float32 wire precision.
@@ -243,7 +261,9 @@ void adversarial_problem::apply(std::size_t m, const std::vector<double>& z,
 }
 
 void use_one_torch_thread() {
-  at::set_num_threads(1);
+  one_thread_here();
+  if (openblas_set_num_threads)
+    openblas_set_num_threads(1);
 }
 
 void adversarial_problem::prox(std::vector<double>& z) const {
@@ -263,6 +283,7 @@ double adversarial_problem::loss(std::size_t m, const std::vector<double>& z) co
 
 adversarial_eval adversarial_problem::evaluate(const std::vector<double>& z) const {
   torch::NoGradGuard no_grad;
+  one_thread_here();
   const auto& d = *impl_;
   const auto c = d.c, p = d.p;
   auto z32 = torch::tensor(z, torch::kFloat64).to(torch::kFloat32);

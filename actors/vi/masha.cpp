@@ -92,10 +92,12 @@ std::string to_string(method_kind m) {
 //   γ = sqrt(1 − τ) / L_Q  (the theorem's constant 1/2 dropped: measured on the bilinear
 //                   problem it only doubles the iterations; see the README).
 //
-// MASHA2 replaces Q by Top-k with error feedback (contraction δ = k/d) on both sides. Its
-// theorem needs a step smaller by a factor of order δ-dependent terms; we use
-//   1 − τ = δ_w, γ = sqrt(1 − τ) / (2 L) measured to converge, which keeps its step close to
-// MASHA1's uncompressed-server value.
+// MASHA2 replaces Q by Top-k with error feedback (contraction δ = k/d) on both sides. Error
+// feedback tolerates only steps of order δ/L (the compressed-away residual is applied up to
+// ~1/δ iterations late); we use
+//   1 − τ = δ_w, γ = min(sqrt(δ)/(2L), 2δ/L): sqrt(δ)/(2L) keeps the step close to MASHA1's
+// where it converges (δ = 0.1: it is the best of the scanned steps), the cap 2δ/L makes δ = 0.01
+// converge (sqrt(δ)/(2L) = 5δ/L diverges there). Measured in the README.
 double compressed_lipschitz(const method_options& o, const vi_problem& problem) {
   const double m = static_cast<double>(problem.workers());
   const double l = problem.lipschitz();
@@ -135,7 +137,9 @@ method_options recommended_options(method_options o, const vi_problem& problem,
                              ? 1.0
                              : std::min(1.0, static_cast<double>(o.worker_codec.k) / d);
     o.tau = 1.0 - delta;
-    o.gamma = std::sqrt(1.0 - o.tau) / (2.0 * l);
+    // sqrt(δ)/(2L) (measured best at δ = 0.1) capped at 2δ/L, the error-feedback scale: at
+    // δ = 0.01 the uncapped step diverges (README, bench_masha2_small_k).
+    o.gamma = std::min(std::sqrt(delta) / (2.0 * l), 2.0 * delta / l);
     break;
   }
   }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 
 #include <caf/all.hpp>
@@ -202,6 +203,7 @@ int run_masha_adversarial(const experiment_config& cfg, const run_context& ctx) 
     o.tau = e.options.tau;
     o.points.push_back({0, 0, 0, start_eval});
     fmt::print("  {:<32} gamma {:.5f}  tau {:.4f}\n", e.label, e.options.gamma, e.options.tau);
+    std::fflush(stdout);
     actor_run run{sys, problem, e.options, opts};
     uint64_t iterations = 0, bits = 0;
     std::size_t next = 1;
@@ -241,6 +243,7 @@ int run_masha_adversarial(const experiment_config& cfg, const run_context& ctx) 
                  100.0 * static_cast<double>(bits) / static_cast<double>(budget), iterations,
                  100 * pt.eval.clean_accuracy, 100 * pt.eval.adversarial_accuracy,
                  rep->live_workers);
+      std::fflush(stdout);
       out.write({{"event", "point"},
                  {"method", e.label},
                  {"iteration", iterations},
