@@ -122,9 +122,9 @@ void read_options(config_node& n, masha_adversarial_options& out) {
     n.child("timeout").expected("a positive duration");
   if (out.workers * out.train_per_worker > 60000)
     n.child("train_per_worker")
-      .expected(fmt::format("at most 60000 training images in all (workers × train_per_worker), "
-                            "got {} × {}",
-                            out.workers, out.train_per_worker));
+      .fail(fmt::format("workers × train_per_worker = {} × {} = {} training images, at most "
+                        "60000 (Fashion-MNIST's training set)",
+                        out.workers, out.train_per_worker, out.workers * out.train_per_worker));
 }
 
 int run_masha_adversarial(const experiment_config& cfg, const run_context& ctx) {
