@@ -69,6 +69,8 @@ struct adversarial_eval {
 /// Note: the cross-entropy of a linear model is convex in its input, so f is convex (not concave)
 /// in δ unless β is large; F is then not monotone and the methods' guarantees do not apply (as
 /// for any adversarial training); the ball keeps everything bounded.
+/// `apply` and `evaluate` compute in float32 and set LibTorch to one thread on the calling thread
+/// (once per thread; see `use_one_torch_thread`).
 class adversarial_problem final : public vi_problem {
 public:
   /// Loads Fashion-MNIST from `options.data_dir` (the first M·n training and `test_images` test
