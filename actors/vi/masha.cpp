@@ -92,11 +92,13 @@ std::string to_string(method_kind m) {
 //   γ = sqrt(1 − τ) / L_Q  (the theorem's constant 1/2 dropped: measured on the bilinear
 //                   problem it only doubles the iterations; see the README).
 //
-// MASHA2 replaces Q by Top-k with error feedback (contraction δ = k/d) on both sides. Its
-// theorem needs a step smaller by a factor of order δ-dependent terms; we use
-//   1 − τ = δ_w, γ = sqrt(1 − τ) / (2 L) measured to converge, which keeps its step close to
-// MASHA1's uncompressed-server value.
-double compressed_lipschitz(const method_options& o, const bilinear_problem& problem) {
+// MASHA2 replaces Q by Top-k with error feedback (contraction δ = k/d) on both sides. Error
+// feedback tolerates only steps of order δ/L (the compressed-away residual is applied up to
+// ~1/δ iterations late); we use
+//   1 − τ = δ_w, γ = min(sqrt(δ)/(2L), 2δ/L): sqrt(δ)/(2L) keeps the step close to MASHA1's
+// where it converges (δ = 0.1: it is the best of the scanned steps), the cap 2δ/L makes δ = 0.01
+// converge (sqrt(δ)/(2L) = 5δ/L diverges there). Measured in the README.
+double compressed_lipschitz(const method_options& o, const vi_problem& problem) {
   const double m = static_cast<double>(problem.workers());
   const double l = problem.lipschitz();
   const double lt = problem.mean_square_lipschitz();
@@ -112,7 +114,7 @@ double compressed_lipschitz(const method_options& o, const bilinear_problem& pro
   return std::sqrt(qs * (l * l + (qw - 1.0) * lt * lt / m));
 }
 
-method_options recommended_options(method_options o, const bilinear_problem& problem,
+method_options recommended_options(method_options o, const vi_problem& problem,
                                    double gamma_scale) {
   const double d = static_cast<double>(problem.dim());
   const double l = problem.lipschitz();
@@ -135,7 +137,9 @@ method_options recommended_options(method_options o, const bilinear_problem& pro
                              ? 1.0
                              : std::min(1.0, static_cast<double>(o.worker_codec.k) / d);
     o.tau = 1.0 - delta;
-    o.gamma = std::sqrt(1.0 - o.tau) / (2.0 * l);
+    // sqrt(δ)/(2L) (measured best at δ = 0.1) capped at 2δ/L, the error-feedback scale: at
+    // δ = 0.01 the uncapped step diverges (README, bench_masha2_small_k).
+    o.gamma = std::min(std::sqrt(delta) / (2.0 * l), 2.0 * delta / l);
     break;
   }
   }
@@ -143,7 +147,7 @@ method_options recommended_options(method_options o, const bilinear_problem& pro
   return o;
 }
 
-method_options recommended_options(method_kind method, const bilinear_problem& problem,
+method_options recommended_options(method_kind method, const vi_problem& problem,
                                    codec_spec worker_codec, codec_spec server_codec, uint64_t seed,
                                    double gamma_scale) {
   method_options o;
@@ -189,13 +193,14 @@ vi_uplink worker_core::uplink() {
     up.payload = make_dense()->compress(f_m_w_, rng_).wire;
     break;
   case vi_phase::compressed: {
-    // z̄ = τz + (1 − τ)w; z_{k+1/2} = z̄ − γF(w) (no prox: the problem is unconstrained).
+    // z̄ = τz + (1 − τ)w; z_{k+1/2} = prox(z̄ − γF(w)).
     z_bar_.resize(n);
     z_half_.resize(n);
     for (std::size_t i = 0; i < n; ++i) {
       z_bar_[i] = options_.tau * z_[i] + (1.0 - options_.tau) * w_[i];
       z_half_[i] = z_bar_[i] - options_.gamma * f_w_[i];
     }
+    problem_->prox(z_half_);
     problem_->apply(index_, z_half_, scratch_);
     for (std::size_t i = 0; i < n; ++i)
       scratch_[i] -= f_m_w_[i];
@@ -235,11 +240,13 @@ status worker_core::downlink(const vi_downlink& msg) {
     z_half_.resize(n);
     for (std::size_t i = 0; i < n; ++i)
       z_half_[i] = z_[i] - options_.gamma * g[i];
+    problem_->prox(z_half_);
     phase_ = vi_phase::eg_half;
     break;
   case vi_phase::eg_half:
     for (std::size_t i = 0; i < n; ++i)
       z_[i] -= options_.gamma * g[i];
+    problem_->prox(z_);
     ++iterations_;
     phase_ = vi_phase::eg_point;
     break;
@@ -252,6 +259,7 @@ status worker_core::downlink(const vi_downlink& msg) {
     const double scale = options_.method == method_kind::masha2 ? 1.0 : options_.gamma;
     for (std::size_t i = 0; i < n; ++i)
       z_[i] = z_bar_[i] - options_.gamma * f_w_[i] - scale * g[i];
+    problem_->prox(z_);
     ++iterations_;
     if (msg.coin) {
       w_ = z_;
@@ -354,18 +362,18 @@ result<vi_downlink> server_core::aggregate(const std::vector<vi_uplink>& uplinks
 
 // --- pure run -------------------------------------------------------------------------------
 
-result<run_report> run_pure(const std::shared_ptr<const bilinear_problem>& problem,
-                            const method_options& options, const run_limits& limits) {
+status run_cores(const std::shared_ptr<const vi_problem>& problem, const method_options& options,
+                 std::size_t max_iterations,
+                 const std::function<bool(const worker_core&)>& observe) {
   const auto m = problem->workers();
   std::vector<worker_core> workers;
   workers.reserve(m);
   for (std::size_t i = 0; i < m; ++i)
     workers.emplace_back(problem, i, options, std::vector<double>(problem->dim(), 0.0));
   server_core server{problem->dim(), options};
-  run_report report;
   std::vector<vi_uplink> ups(m);
   std::size_t recorded = 0;
-  while (workers[0].iterations() < limits.max_iterations || workers[0].phase() == vi_phase::full) {
+  while (workers[0].iterations() < max_iterations || workers[0].phase() == vi_phase::full) {
     for (std::size_t i = 0; i < m; ++i)
       ups[i] = workers[i].uplink();
     auto down = server.aggregate(ups);
@@ -375,22 +383,39 @@ result<run_report> run_pure(const std::shared_ptr<const bilinear_problem>& probl
       if (auto st = w.downlink(*down); !st)
         return fail(st.what());
     const auto& w0 = workers[0];
-    // Record once an iteration is complete and any full round it triggered is paid for.
+    // Observe once an iteration is complete and any full round it triggered is paid for.
     if (w0.iterations() == recorded || w0.phase() == vi_phase::full)
       continue;
     recorded = w0.iterations();
+    if (!observe(w0))
+      break;
+  }
+  return {};
+}
+
+result<run_report> run_pure(const std::shared_ptr<const bilinear_problem>& problem,
+                            const method_options& options, const run_limits& limits) {
+  run_report report;
+  std::string diverged;
+  auto st = run_cores(problem, options, limits.max_iterations, [&](const worker_core& w0) {
     trace_point p{w0.iterations(), problem->relative_error(w0.z()), w0.bits_up(), w0.bits_down()};
     report.trace.push_back(p);
-    if (!std::isfinite(p.relative_error))
-      return fail(
-          fmt::format("{} diverged at iteration {}", to_string(options.method), p.iteration));
+    report.z = w0.z();
+    report.iterations = w0.iterations();
+    if (!std::isfinite(p.relative_error)) {
+      diverged = fmt::format("{} diverged at iteration {}", to_string(options.method), p.iteration);
+      return false;
+    }
     if (limits.target > 0 && p.relative_error <= limits.target) {
       report.reached = true;
-      break;
+      return false;
     }
-  }
-  report.z = workers[0].z();
-  report.iterations = workers[0].iterations();
+    return true;
+  });
+  if (!st)
+    return fail(st.what());
+  if (!diverged.empty())
+    return fail(diverged);
   return report;
 }
 

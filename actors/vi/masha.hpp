@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -65,17 +66,17 @@ struct method_options {
 
 /// The mean-square Lipschitz constant L_Q of MASHA1's compressed estimator
 /// Q_s((1/M) Σ Q_m(F_m(z) − F_m(w))) relative to ‖z − w‖, for the options' codecs (see masha.cpp).
-double compressed_lipschitz(const method_options& options, const bilinear_problem& problem);
+double compressed_lipschitz(const method_options& options, const vi_problem& problem);
 
 /// γ and τ from the theory, for a problem's constants (see the comment in masha.cpp); γ is
 /// multiplied by `gamma_scale` (1 = the recommended value).
-method_options recommended_options(method_kind method, const bilinear_problem& problem,
+method_options recommended_options(method_kind method, const vi_problem& problem,
                                    codec_spec worker_codec, codec_spec server_codec,
                                    uint64_t seed = 1, double gamma_scale = 1.0);
 
 /// γ and τ from the theory for `base`'s method, codecs and `shared_randomness` (the rest of
 /// `base` is kept); γ is multiplied by `gamma_scale`.
-method_options recommended_options(method_options base, const bilinear_problem& problem,
+method_options recommended_options(method_options base, const vi_problem& problem,
                                    double gamma_scale = 1.0);
 
 /// One worker's state: its replica of z (and w), its part F_m, its error-feedback memory.
@@ -175,6 +176,14 @@ struct run_report {
   /// First iteration at or below `target` (the trace's last point when reached).
   std::size_t iterations = 0;
 };
+
+/// Runs the method on any problem with M worker cores (all starting at z0 = 0) and one server
+/// core, passing messages by call. After every completed iteration (and the full round it
+/// triggered, so the bits include it) calls `observe(worker 0)`; stops when `observe` returns
+/// false or after `max_iterations` iterations. Fails on a protocol error.
+status run_cores(const std::shared_ptr<const vi_problem>& problem, const method_options& options,
+                 std::size_t max_iterations,
+                 const std::function<bool(const worker_core&)>& observe);
 
 /// Runs the method with M worker cores and one server core, passing messages by call.
 result<run_report> run_pure(const std::shared_ptr<const bilinear_problem>& problem,

@@ -20,6 +20,13 @@ public:
   virtual std::size_t workers() const = 0;
   /// out = F_m(z); `out` is resized to dim().
   virtual void apply(std::size_t m, const std::vector<double>& z, std::vector<double>& out) const = 0;
+  /// The prox of the constraint set: projects z onto it in place (identity when unconstrained).
+  /// The methods apply it wherever the paper's algorithms do (z_{k+1/2} and z_{k+1}).
+  virtual void prox(std::vector<double>& z) const {}
+  /// Lipschitz constant L of F (or an estimate), for the step sizes of `recommended_options`.
+  virtual double lipschitz() const = 0;
+  /// sqrt((1/M) Σ L_m²) with L_m the Lipschitz constant of F_m (or an estimate).
+  virtual double mean_square_lipschitz() const = 0;
 };
 
 /// Parameters of the regularized bilinear saddle point of issue 8.
@@ -66,9 +73,9 @@ public:
   /// λ, the strong-monotonicity constant of F.
   double mu() const { return options_.lambda; }
   /// Lipschitz constant of F: sqrt(σ_max(Ā)² + λ²).
-  double lipschitz() const { return lipschitz_; }
+  double lipschitz() const override { return lipschitz_; }
   /// sqrt((1/M) Σ L_m²) with L_m the Lipschitz constant of F_m.
-  double mean_square_lipschitz() const { return mean_square_lipschitz_; }
+  double mean_square_lipschitz() const override { return mean_square_lipschitz_; }
   /// ‖z − z*‖² / ‖z0 − z*‖² with z0 = 0, the error measure of issue 8.
   double relative_error(const std::vector<double>& z) const;
   /// The options it was made from.

@@ -200,13 +200,15 @@ caf::behavior server_impl(server_actor* self, std::size_t dim, std::vector<caf::
       auto& s = self->state;
       if (s.running)
         return caf::make_error(caf::sec::runtime_error, "vi server: a run is already in progress");
-      if (s.core->round() != 0)
-        return caf::make_error(caf::sec::runtime_error, "vi server: runs only once");
+      if (iterations == 0)
+        return caf::make_error(caf::sec::runtime_error, "vi server: asked for 0 iterations");
       if (live_count(s) == 0)
         return caf::make_error(caf::sec::runtime_error, "vi server: no live worker");
+      // A later run continues where the previous one stopped (the workers applied its last
+      // downlink in vi_finish), so a long run can be observed in segments.
       s.promise = self->make_response_promise<vi_report>();
       s.running = true;
-      s.target = iterations;
+      s.target = s.iterations + iterations;
       step_round(self, vi_downlink{}, false);
       return s.promise;
     },

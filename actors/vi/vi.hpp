@@ -37,7 +37,8 @@ caf::actor spawn_worker(caf::actor_system& sys, std::shared_ptr<const vi_problem
                         std::size_t index, const method_options& options);
 
 /// Spawns the server for vectors of length `dim` over `workers` (which it monitors). It answers
-/// (vi_run_atom, uint64_t iterations) → vi_report, or an error when a worker is lost under
+/// (vi_run_atom, uint64_t iterations) → vi_report (a later request continues for that many more
+/// iterations; the report is cumulative), or an error when a worker is lost under
 /// `worker_loss_policy::fail` (or no worker is left).
 caf::actor spawn_server(caf::actor_system& sys, std::size_t dim, std::vector<caf::actor> workers,
                         const server_options& options);

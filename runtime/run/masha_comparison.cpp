@@ -26,7 +26,7 @@ bool bits_to(const masha_outcome& o, double target, double& up, double& all) {
 
 } // namespace
 
-std::vector<masha_entry> masha_entries(const actors::vi::bilinear_problem& problem,
+std::vector<masha_entry> masha_entries(const actors::vi::vi_problem& problem,
                                        const masha_comparison_options& options) {
   std::vector<masha_entry> out;
   const auto d = problem.dim();
@@ -49,11 +49,11 @@ std::vector<masha_entry> masha_entries(const actors::vi::bilinear_problem& probl
       o.server_codec = {codec_kind::dense, 0};
       o.seed = options.seed;
       out.push_back(
-          {fmt::format("MASHA1 rand-k {:g}% dense down", pct), recommended_options(o, problem)});
+          {fmt::format("MASHA1 rand-k {:.3g}% dense down", pct), recommended_options(o, problem)});
       o.server_codec = {codec_kind::rand_k, k};
       o.shared_randomness = true;
       out.push_back(
-          {fmt::format("MASHA1 rand-k {:g}% shared seed", pct), recommended_options(o, problem)});
+          {fmt::format("MASHA1 rand-k {:.3g}% shared seed", pct), recommended_options(o, problem)});
     }
     if (options.masha2) {
       method_options o;
@@ -61,7 +61,7 @@ std::vector<masha_entry> masha_entries(const actors::vi::bilinear_problem& probl
       o.worker_codec = {codec_kind::top_k, k};
       o.server_codec = {codec_kind::top_k, k};
       o.seed = options.seed;
-      out.push_back({fmt::format("MASHA2 top-k {:g}%", pct), recommended_options(o, problem)});
+      out.push_back({fmt::format("MASHA2 top-k {:.3g}%", pct), recommended_options(o, problem)});
     }
   }
   return out;

@@ -36,7 +36,7 @@ struct masha_comparison_options {
 /// The entries for `problem`: extragradient at γ = 1/(2L); per k, MASHA1 with Rand-k on workers
 /// and a dense downlink, MASHA1 with shared-seed Rand-k in both directions, and MASHA2 with
 /// Top-k and error feedback on both sides (γ, τ from `recommended_options`).
-std::vector<masha_entry> masha_entries(const actors::vi::bilinear_problem& problem,
+std::vector<masha_entry> masha_entries(const actors::vi::vi_problem& problem,
                                        const masha_comparison_options& options);
 
 /// The outcome of one entry's run.

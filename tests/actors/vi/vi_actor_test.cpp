@@ -109,6 +109,43 @@ TEST_CASE("the actor run of MASHA1 and MASHA2 reproduces the pure run exactly") 
   }
 }
 
+TEST_CASE("a second run request continues where the first stopped, as one run would") {
+  auto p = small_problem();
+  test_system ts;
+  auto so = masha1_options(*p, worker_loss_policy::fail);
+  auto pure = run_pure(p, so.method, {120, 0});
+  REQUIRE(pure.ok());
+  auto& sys = *ts.sys;
+  std::vector<caf::actor> workers;
+  for (std::size_t i = 0; i < p->workers(); ++i)
+    workers.push_back(spawn_worker(sys, p, i, so.method));
+  auto server = spawn_server(sys, p->dim(), workers, so);
+  auto reports = std::make_shared<std::vector<vi_report>>();
+  auto error = std::make_shared<std::string>();
+  auto client = sys.spawn([=, &sys](caf::event_based_actor* self) {
+    self->request(server, caf::infinite, vi_run_atom::value, uint64_t{50})
+      .then(
+        [=, &sys](vi_report& first) {
+          reports->push_back(std::move(first));
+          self->request(server, caf::infinite, vi_run_atom::value, uint64_t{70})
+            .then([=](vi_report& second) { reports->push_back(std::move(second)); },
+                  [=, &sys](caf::error& e) { *error = sys.render(e); });
+        },
+        [=, &sys](caf::error& e) { *error = sys.render(e); });
+  });
+  ts.run_all();
+  REQUIRE_MESSAGE(reports->size() == 2, *error);
+  CHECK((*reports)[0].iterations == 50);
+  CHECK((*reports)[1].iterations == 120);
+  CHECK((*reports)[1].bits_up > (*reports)[0].bits_up);
+  CHECK((*reports)[1].z == pure->z); // the segments replay the single run bit for bit
+  for (auto& w : workers)
+    caf::anon_send_exit(w, caf::exit_reason::kill);
+  caf::anon_send_exit(server, caf::exit_reason::kill);
+  caf::anon_send_exit(client, caf::exit_reason::kill);
+  ts.run_all();
+}
+
 TEST_CASE("a worker killed mid-run fails the run with a clear error under on_worker_loss = fail") {
   test_system ts;
   auto p = small_problem();
