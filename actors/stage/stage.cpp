@@ -505,6 +505,8 @@ std::string step_key(const std::string& prefix, uint64_t stage, uint64_t step) {
 }
 
 caf::actor spawn_stage(caf::actor_system& sys, stage_options opts, caf::actor board) {
+  if (opts.modeled.enabled)
+    return spawn_modeled_stage(sys, std::move(opts), std::move(board));
   return sys.spawn(stage_actor, std::move(opts), std::move(board));
 }
 

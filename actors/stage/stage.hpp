@@ -50,6 +50,26 @@ struct averaging_options {
   caf::timespan average_timeout = std::chrono::seconds(30);
 };
 
+/// Modeled compute (simulation mode): the peer builds no model; a forward of `b` samples takes
+/// `forward_s * b / speed` virtual seconds (backward `backward_factor` times that), times a
+/// seeded lognormal noise factor of mean 1, served one request at a time in arrival order (a
+/// FIFO queue, like one device); replies carry placeholder tensors of `payload` floats per
+/// sample (the last stage answers a constant loss). Everything else (announcing, state download,
+/// messages, the network model) is as for a real peer.
+struct modeled_compute {
+  bool enabled = false;
+  /// Forward seconds per sample at speed 1.
+  double forward_s = 0.01;
+  double backward_factor = 2.0;
+  /// Sigma of the per-request lognormal noise (0 = none).
+  double noise = 0.0;
+  /// Placeholder floats per sample in activations and gradients.
+  int64_t payload = 4;
+  /// Extra virtual time a donor takes to answer a state download (models the parameter and
+  /// optimizer-state transfer that the placeholder state does not carry).
+  caf::timespan state_transfer = std::chrono::seconds(0);
+};
+
 /// Everything a stage peer needs to know.
 struct stage_options {
   /// Stage index in the pipeline.
@@ -85,6 +105,13 @@ struct stage_options {
   uint64_t seed = 0;
   /// Collaborative stepping (off when `averaging.averager` is unset: local steps + gossip).
   averaging_options averaging;
+  /// Modeled compute for simulation mode (off: the peer runs the model).
+  modeled_compute modeled;
+  /// How often the peer reports its measured throughput (training samples per second of busy
+  /// compute time, forward and backward) and queue length to its board as
+  /// `(load_atom, stage, name, throughput, queue)`, for rebalancing; 0 = never. Only boards that
+  /// handle it (the in-process board) may be given a positive period.
+  caf::timespan report_every = caf::timespan{0};
 };
 
 /// The DHT key of stage `stage`'s progress records (`<prefix>/stage<i>/progress`).
@@ -97,5 +124,8 @@ std::string step_key(const std::string& prefix, uint64_t stage, uint64_t step);
 /// from a live peer of its stage, if there is one). Errors in requests are replied as errors;
 /// the actor never dies from bad input.
 caf::actor spawn_stage(caf::actor_system& sys, stage_options opts, caf::actor board);
+
+/// Spawns a stage peer with modeled compute (what `spawn_stage` does when `opts.modeled.enabled`).
+caf::actor spawn_modeled_stage(caf::actor_system& sys, stage_options opts, caf::actor board);
 
 } // namespace starling::actors::stage

@@ -2,10 +2,14 @@
 
 #include <map>
 #include <memory>
+#include <optional>
+#include <random>
+#include <limits>
 
 #include <caf/all.hpp>
 
 #include "messages/atoms.hpp"
+#include "messages/rebalance_atoms.hpp"
 
 namespace starling::actors::supervisor {
 
@@ -16,32 +20,74 @@ struct child {
   int generation = 0;
   caf::actor handle;
   bool pending_restart = false;
+  /// Current stage (children with `spawn_at`).
+  uint64_t stage = 0;
+  /// Set while the child is being stopped to move to this stage.
+  std::optional<uint64_t> migrate_to;
+  /// A rebalancing check of this child is in flight.
+  bool checking = false;
 };
 
 struct data {
   std::vector<child> children;
   std::map<caf::actor_addr, size_t> index_of;
   caf::actor observer;
+  rebalancing_options rebalancing;
   uint64_t respawns = 0;
+  uint64_t migrations = 0;
   bool stopping = false;
 };
+
+/// Stage reports from the board's answer; nothing when some stage's throughput is unknown.
+std::optional<std::vector<stage_report>> reports_of(const std::vector<double>& throughput,
+                                                    const std::vector<int64_t>& peers) {
+  if (throughput.size() != peers.size() || throughput.empty())
+    return std::nullopt;
+  std::vector<stage_report> out;
+  for (size_t k = 0; k < throughput.size(); ++k) {
+    if (throughput[k] < 0)
+      return std::nullopt;
+    out.push_back(stage_report{throughput[k], peers[k]});
+  }
+  return out;
+}
 
 } // namespace
 
 caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_spec> specs,
-                               caf::actor observer) {
+                               caf::actor observer, rebalancing_options rebalancing) {
   auto d = std::make_shared<data>();
   d->observer = std::move(observer);
+  d->rebalancing = std::move(rebalancing);
   auto start = [=](size_t i) {
     auto& c = d->children[i];
-    c.handle = c.spec.spawn(c.generation);
+    c.handle = c.spec.spawn_at ? c.spec.spawn_at(c.generation, c.stage) : c.spec.spawn(c.generation);
     if (!c.handle)
       return;
     d->index_of[c.handle.address()] = i;
     self->monitor(c.handle);
   };
-  for (auto& s : specs)
-    d->children.push_back(child{std::move(s)});
+  // Starts the next generation of child `idx` in `stage` (reported to the observer).
+  auto respawn = [=](size_t idx, uint64_t stage) {
+    auto& c = d->children[idx];
+    if (c.handle)
+      return;
+    if (stage != c.stage && d->observer)
+      self->send(d->observer, migrate_atom::value, static_cast<uint64_t>(idx), c.spec.name,
+                 c.stage, stage);
+    c.stage = stage;
+    c.generation++;
+    start(idx);
+    d->respawns++;
+    if (d->observer)
+      self->send(d->observer, respawn_atom::value, static_cast<uint64_t>(idx), c.spec.name,
+                 c.generation);
+  };
+  for (auto& s : specs) {
+    child c{std::move(s)};
+    c.stage = c.spec.stage;
+    d->children.push_back(std::move(c));
+  }
   for (size_t i = 0; i < d->children.size(); ++i)
     start(i);
   self->attach_functor([d] {
@@ -58,11 +104,28 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_s
     d->index_of.erase(i);
     auto& c = d->children[idx];
     c.handle = nullptr;
-    if (d->stopping || c.spec.restart_delay < caf::timespan{0} || c.pending_restart)
+    if (d->stopping)
+      return;
+    if (c.migrate_to) {
+      // Stopped to migrate: the next generation starts at once in the target stage.
+      auto to = *c.migrate_to;
+      c.migrate_to.reset();
+      respawn(idx, to);
+      return;
+    }
+    if (c.spec.restart_delay < caf::timespan{0} || c.pending_restart)
       return;
     c.pending_restart = true;
     self->delayed_send(self, c.spec.restart_delay, tick_atom::value, static_cast<uint64_t>(idx));
   });
+  auto& rb = d->rebalancing;
+  if (rb.board && rb.period > caf::timespan{0}) {
+    // The first check at a random phase, so that peers do not all decide at the same instant.
+    std::mt19937_64 rng{rb.seed};
+    std::uniform_real_distribution<double> phase{0.0, 1.0};
+    auto first = std::chrono::duration_cast<caf::timespan>(rb.period * phase(rng));
+    self->delayed_send(self, first, migrate_atom::value);
+  }
   return {
     [=](preempt_atom, uint64_t idx) {
       if (idx < d->children.size() && d->children[idx].handle)
@@ -75,11 +138,66 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_s
       c.pending_restart = false;
       if (c.handle)
         return;
-      c.generation++;
-      start(idx);
-      d->respawns++;
-      if (d->observer)
-        self->send(d->observer, respawn_atom::value, idx, c.spec.name, c.generation);
+      auto& rb = d->rebalancing;
+      if (!(c.spec.spawn_at && rb.place_new_peers && rb.board)) {
+        respawn(idx, c.stage);
+        return;
+      }
+      // A new peer joins the stage that needs it most (its old one when the board cannot tell);
+      // the board places and reserves in one step, so that peers restarting at once spread out.
+      self->request(rb.board, rb.timeout, put_atom::value, load_atom::value, rb.join_hold)
+        .then(
+          [=](uint64_t stage) {
+            auto& c = d->children[idx];
+            respawn(idx, stage < std::numeric_limits<uint64_t>::max() ? stage : c.stage);
+          },
+          [=](caf::error&) { respawn(idx, d->children[idx].stage); });
+    },
+    // Periodic rebalancing check of every live stage peer.
+    [=](migrate_atom) {
+      auto& rb = d->rebalancing;
+      self->delayed_send(self, rb.period, migrate_atom::value);
+      for (size_t idx = 0; idx < d->children.size(); ++idx) {
+        auto& c = d->children[idx];
+        if (!c.spec.spawn_at || !c.handle || c.migrate_to || c.checking)
+          continue;
+        c.checking = true;
+        auto handle = c.handle;
+        self->request(rb.board, rb.timeout, get_atom::value, load_atom::value, handle)
+          .then(
+            [=](const std::vector<double>& throughput, const std::vector<int64_t>& peers,
+                double mine) {
+              auto& c = d->children[idx];
+              c.checking = false;
+              if (c.handle != handle || mine <= 0)
+                return;
+              auto r = reports_of(throughput, peers);
+              if (!r || c.stage >= r->size())
+                return;
+              auto target = decide_migration(*r, migration_candidate{c.stage, mine},
+                                             d->rebalancing.policy);
+              if (!target)
+                return;
+              auto from = c.stage;
+              auto to = *target;
+              self->request(d->rebalancing.board, d->rebalancing.timeout, migrate_atom::value,
+                            from, d->rebalancing.period)
+                .then(
+                  [=](bool granted) {
+                    auto& c = d->children[idx];
+                    if (!granted || c.handle != handle || c.migrate_to)
+                      return;
+                    c.migrate_to = to;
+                    d->migrations++;
+                    auto expected = throughput_in(*r, migration_candidate{from, mine}, to);
+                    self->send(d->rebalancing.board, put_atom::value, load_atom::value, to,
+                               expected, d->rebalancing.join_hold);
+                    self->send_exit(c.handle, caf::exit_reason::user_shutdown);
+                  },
+                  [](caf::error&) {});
+            },
+            [=](caf::error&) { d->children[idx].checking = false; });
+      }
     },
     [=](get_atom, uint64_t idx) -> caf::result<caf::actor> {
       if (idx >= d->children.size())
@@ -97,8 +215,9 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_s
 }
 
 caf::actor spawn_supervisor(caf::actor_system& sys, std::vector<child_spec> children,
-                            caf::actor observer) {
-  return sys.spawn(supervisor_actor, std::move(children), std::move(observer));
+                            caf::actor observer, rebalancing_options rebalancing) {
+  return sys.spawn(supervisor_actor, std::move(children), std::move(observer),
+                   std::move(rebalancing));
 }
 
 } // namespace starling::actors::supervisor

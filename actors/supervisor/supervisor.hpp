@@ -13,6 +13,8 @@
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 
+#include "actors/supervisor/rebalance.hpp"
+
 namespace starling::actors::supervisor {
 
 /// One supervised role.
@@ -24,6 +26,32 @@ struct child_spec {
   std::function<caf::actor(int generation)> spawn;
   /// Delay before a dead child is respawned; negative: never respawn.
   caf::timespan restart_delay = std::chrono::seconds(5);
+  /// A stage peer that may change stage (rebalancing): when set, it is used instead of `spawn`
+  /// and gets the stage to serve; `stage` is the initial one.
+  std::function<caf::actor(int generation, uint64_t stage)> spawn_at = {};
+  uint64_t stage = 0;
+};
+
+/// Adaptive rebalancing of the supervisor's stage peers (children with `spawn_at`), reading and
+/// claiming through a board that speaks the rebalancing protocol (actors/stage/board.hpp).
+struct rebalancing_options {
+  caf::actor board;
+  /// Every `period` (first check at a seeded random phase within the first period) each live
+  /// stage peer reads every stage's throughput and, when `decide_migration` says so and the
+  /// board grants the claim (at most one move out of a stage per period), is stopped and
+  /// respawned at once as a new generation in the bottleneck stage (it downloads that stage's
+  /// state before announcing itself). 0 = no migrations.
+  caf::timespan period = caf::timespan{0};
+  rebalance_options policy;
+  /// Respawned (preempted) stage peers join the stage that needs them most
+  /// (`stage_for_new_peer`) instead of their old one.
+  bool place_new_peers = false;
+  /// How long a placed or migrating peer is counted in its new stage before it announced itself
+  /// (`(put_atom, load_atom, ...)` to the board).
+  caf::timespan join_hold = std::chrono::seconds(60);
+  /// Timeout of board requests.
+  caf::timespan timeout = std::chrono::seconds(5);
+  uint64_t seed = 0;
 };
 
 /// Spawns the supervisor with `children` (all spawned at once, generation 0). Protocol:
@@ -32,11 +60,13 @@ struct child_spec {
 /// - `(get_atom, uint64_t index) -> caf::actor` the child's current handle (invalid while dead);
 /// - `(status_atom) -> (uint64_t alive, uint64_t respawns)`.
 /// Every respawn is reported to `observer` (if set) as `(respawn_atom, uint64_t index,
-/// std::string name, int generation)`. The children die with the supervisor.
+/// std::string name, int generation)`, every migration or placement in another stage as
+/// `(migrate_atom, uint64_t index, std::string name, uint64_t from, uint64_t to)` (before the respawn's report).
+/// The children die with the supervisor.
 caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_spec> children,
-                               caf::actor observer);
+                               caf::actor observer, rebalancing_options rebalancing);
 
 caf::actor spawn_supervisor(caf::actor_system& sys, std::vector<child_spec> children,
-                            caf::actor observer = {});
+                            caf::actor observer = {}, rebalancing_options rebalancing = {});
 
 } // namespace starling::actors::supervisor

@@ -70,6 +70,30 @@ void backward_hop(self_ptr self, caf::actor sink, mb_ptr mb, uint64_t stage, ten
 void with_peer(self_ptr self, uint64_t stage, pass dir, double samples,
                std::function<void(std::string, caf::actor)> go) {
   auto& st = self->state;
+  if (st.opts.routing != routing_kind::stochastic) {
+    // Baselines: a uniformly random live peer, or the fixed pipeline's peer.
+    auto now = now_s(self);
+    std::vector<std::pair<std::string, caf::actor>> usable;
+    for (auto& [name, handle] : st.peers[stage]) {
+      if (st.wiring->excluded(stage, name, now))
+        continue;
+      if (st.opts.routing == routing_kind::fixed
+          && (stage >= st.opts.fixed_route.size()
+              || name.compare(0, st.opts.fixed_route[stage].size(), st.opts.fixed_route[stage])
+                   != 0))
+        continue;
+      usable.emplace_back(name, handle);
+    }
+    if (!usable.empty()) {
+      auto k = usable.size() == 1
+                 ? size_t{0}
+                 : std::uniform_int_distribution<size_t>{0, usable.size() - 1}(st.rng);
+      go(usable[k].first, usable[k].second);
+      return;
+    }
+    later(self, st.opts.refresh_every, [=] { with_peer(self, stage, dir, samples, go); });
+    return;
+  }
   for (;;) {
     auto pick = st.wiring->pick(stage, dir, samples, now_s(self));
     if (!pick)
@@ -205,7 +229,9 @@ caf::behavior trainer_actor(self_ptr self, trainer_options opts,
   st.opts = opts;
   st.data = data;
   st.rng.seed(opts.seed);
-  st.wiring = std::make_unique<wiring_policy>(opts.stages);
+  wiring_options wo;
+  wo.seed = opts.seed * 2654435761ULL + 1; // trainers break ties between new peers differently
+  st.wiring = std::make_unique<wiring_policy>(opts.stages, wo);
   st.peers.resize(opts.stages);
   st.t0 = self->clock().now();
   auto sampler = kernels::text_sampler::make(*data, opts.shard, opts.shards, opts.microbatch,

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <caf/fwd.hpp>
 #include <caf/actor.hpp>
@@ -18,6 +19,17 @@ class corpus;
 } // namespace starling::kernels
 
 namespace starling::actors::trainer {
+
+/// How a trainer picks each hop's stage peer.
+enum class routing_kind {
+  /// SWARM's stochastic wiring (wiring.hpp).
+  stochastic,
+  /// A uniformly random live peer of the stage (a baseline).
+  uniform,
+  /// Always the same peer per stage (`fixed_route`): a GPipe-style fixed pipeline; while that
+  /// peer is down the hop waits for it to come back.
+  fixed,
+};
 
 /// Options of one trainer.
 struct trainer_options {
@@ -43,6 +55,10 @@ struct trainer_options {
   /// Codec of the activations and gradients the trainer forwards.
   kernels::codec_id codec = kernels::codec_id::blockwise8;
   uint64_t seed = 0;
+  routing_kind routing = routing_kind::stochastic;
+  /// For `routing_kind::fixed`: per stage, the prefix of the names of the one peer to use (a
+  /// peer's generations share the prefix, e.g. `s1p7g`).
+  std::vector<std::string> fixed_route;
 };
 
 /// Spawns a trainer. It reports every completed microbatch to `sink` as

@@ -18,7 +18,8 @@ double throughput_ema::value() const noexcept {
   return raw_ / (1.0 - decay_);
 }
 
-wiring_policy::wiring_policy(size_t stages, wiring_options opts) : opts_(opts), stages_(stages) {}
+wiring_policy::wiring_policy(size_t stages, wiring_options opts)
+  : opts_(opts), stages_(stages), rng_(opts.seed) {}
 
 double wiring_policy::min_load(const stage_state& s) const {
   if (!s.ready.empty())
@@ -35,7 +36,10 @@ void wiring_policy::add_peer(size_t stage, const std::string& peer) {
   auto& s = stages_.at(stage);
   if (s.peers.count(peer))
     return;
-  peer_state p{min_load(s), throughput_ema{opts_.alpha}, throughput_ema{opts_.alpha}, {}};
+  auto load = min_load(s);
+  if (opts_.seed != 0)
+    load += std::uniform_real_distribution<double>{0.0, opts_.tie_break}(rng_);
+  peer_state p{load, throughput_ema{opts_.alpha}, throughput_ema{opts_.alpha}, {}};
   s.ready.emplace(p.load, peer);
   s.peers.emplace(peer, std::move(p));
 }

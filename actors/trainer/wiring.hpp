@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <utility>
@@ -49,6 +50,11 @@ struct wiring_options {
   double backward_factor = 2.5;
   /// Forward samples/second assumed for a stage none of whose peers was measured yet.
   double default_throughput = 1.0;
+  /// Nonzero: a new peer enters at the heap's minimum plus a seeded random nudge (up to
+  /// `tie_break` seconds), so that trainers with different seeds do not all try a stage's new
+  /// peers in the same (name) order; 0 = ties broken by name.
+  uint64_t seed = 0;
+  double tie_break = 1e-3;
 };
 
 /// Per-stage min-heaps of peers keyed by accumulated expected time, with measured throughputs and
@@ -113,6 +119,7 @@ private:
 
   wiring_options opts_;
   std::vector<stage_state> stages_;
+  std::mt19937_64 rng_;
 };
 
 } // namespace starling::actors::trainer

@@ -1,4 +1,5 @@
 #include "runtime/run/swarm_workload.hpp"
+#include "runtime/run/swarm_sim.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -174,6 +175,8 @@ std::string stage_counts(const std::vector<uint64_t>& counts) {
 } // namespace
 
 int run_swarm(const experiment_config& cfg, const run_context& ctx) {
+  if (ctx.simulate)
+    return run_swarm_sim(cfg, ctx); // modeled compute in the virtual-time world (swarm_sim.hpp)
   swarm_options opts;
   if (cfg.workload) {
     auto section = *cfg.workload;
@@ -181,11 +184,6 @@ int run_swarm(const experiment_config& cfg, const run_context& ctx) {
     section.finish();
   }
   opts.seed = cfg.experiment.seed;
-  if (ctx.simulate) {
-    fmt::print(stderr, "starling: error: the swarm workload runs in local or cluster mode; modeled "
-                       "compute for simulation is not implemented yet\n");
-    return 2;
-  }
   caf::actor_system_config sys_cfg;
   configure_system(sys_cfg, cfg.caf, false);
   caf::actor_system sys{sys_cfg};
