@@ -531,14 +531,18 @@ int run_swarm_sim(const experiment_config& cfg, const run_context& ctx) {
       speed_sum += v;
   fmt::print("swarm simulation (modeled compute): {} stages, {} peers (mean speed {:.3f}), {} "
              "trainers x {} microbatches of {} in flight, forward {:.4g} s/sample at speed 1, "
-             "backward x{}, noise {}, {} per peer-hour preempted (restart {:.0f} s), "
+             "backward x{}, noise {}, {} per peer-hour + one per {:.0f} s preempted (restart {:.0f} s), "
              "link {:.0f} ms / {:.0f} MB/s, {:.0f} s simulated\n",
              g.stages.size(), g.peer_count(), speed_sum / static_cast<double>(g.peer_count()),
              g.trainers, g.max_inflight, g.microbatch, s.forward_s, s.backward_factor, s.noise,
-             s.preemptions_per_hour,
+             s.preemptions_per_hour, std::chrono::duration<double>(g.preempt_every).count(),
              std::chrono::duration<double>(g.restart_delay).count(),
              std::chrono::duration<double>(s.network.defaults.latency).count() * 1e3,
              s.network.defaults.bandwidth / 1e6, std::chrono::duration<double>(s.duration).count());
+  if (g.averaging.enabled())
+    fmt::print("note: modeled stage peers compute no gradients, so target_batch {} and gradient "
+               "averaging are not simulated (only throughput is)\n",
+               g.averaging.target_batch);
   std::fflush(stdout);
   jsonl_writer out{ctx.out_dir + "/metrics.jsonl"};
   auto run_one = [&](const std::string& name, swarm_sim_settings x) -> std::optional<swarm_sim_result> {
