@@ -139,7 +139,7 @@ TEST_CASE("simulated swarm: restarted peers join the stage that needs them most"
   CHECK(plain->peers_per_stage.back() == std::vector<int64_t>{4, 2, 4});
 }
 
-TEST_CASE("simulated swarm: lognormal speeds are seeded and scaled into (0, 1]") {
+TEST_CASE("simulated swarm: lognormal speeds are seeded, positive and at most 1") {
   auto a = lognormal_speeds(100, 0.5, 1);
   auto b = lognormal_speeds(100, 0.5, 1);
   CHECK(a == b);
