@@ -9,6 +9,7 @@
 #include <caf/all.hpp>
 #include <torch/torch.h>
 
+#include "actors/stage/fetch_state.hpp"
 #include "actors/stage/stage.hpp"
 #include "messages/atoms.hpp"
 #include "messages/rebalance_atoms.hpp"
@@ -147,35 +148,13 @@ caf::behavior modeled_stage(self_ptr self, stage_options opts, caf::actor board)
       else
         announce();
     };
-    self->request(self->state.board, self->state.opts.timeout, get_atom::value,
-                  self->state.opts.stage)
-      .then(
-        [=](const std::vector<std::string>&, const std::vector<caf::actor>& peers) {
-          if (peers.empty()) {
-            retry_or_start(true);
-            return;
-          }
-          auto remaining = std::make_shared<size_t>(peers.size());
-          auto done = std::make_shared<bool>(false);
-          for (auto& p : peers)
-            self->request(p, self->state.opts.timeout, get_atom::value, state_atom::value)
-              .then(
-                [=](const stage_state& s) {
-                  --*remaining;
-                  if (*done)
-                    return;
-                  *done = true;
-                  self->state.steps = s.steps;
-                  announce();
-                },
-                [=](caf::error&) {
-                  if (--*remaining == 0 && !*done) {
-                    *done = true;
-                    retry_or_start(false);
-                  }
-                });
-        },
-        [=](caf::error&) { retry_or_start(true); });
+    fetch_stage_state(
+      self, self->state.board, self->state.opts.stage, self->state.opts.timeout, 0,
+      [=](const stage_state& s) {
+        self->state.steps = s.steps;
+        announce();
+      },
+      retry_or_start);
   };
   if (opts.download_state)
     (*download)();

@@ -11,6 +11,7 @@
 #include <torch/torch.h>
 
 #include "actors/dht/client.hpp"
+#include "actors/stage/fetch_state.hpp"
 #include "kernels/flat.hpp"
 #include "kernels/models/stage_module.hpp"
 #include "messages/atoms.hpp"
@@ -197,35 +198,13 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
       else
         announce();
     };
-    self->request(self->state.board, self->state.opts.timeout, get_atom::value,
-                  self->state.opts.stage)
-      .then(
-        [=](const std::vector<std::string>&, const std::vector<caf::actor>& peers) {
-          if (peers.empty()) {
-            retry_or_start(true);
-            return;
-          }
-          auto remaining = std::make_shared<size_t>(peers.size());
-          auto done = std::make_shared<bool>(false);
-          for (auto& p : peers)
-            self->request(p, self->state.opts.timeout, get_atom::value, state_atom::value)
-              .then(
-                [=](const stage_state& s) {
-                  --*remaining;
-                  if (*done)
-                    return;
-                  *done = true;
-                  load(self->state, s);
-                  announce();
-                },
-                [=](caf::error&) {
-                  if (--*remaining == 0 && !*done) {
-                    *done = true;
-                    retry_or_start(false); // every donor failed
-                  }
-                });
-        },
-        [=](caf::error&) { retry_or_start(true); });
+    fetch_stage_state(
+      self, self->state.board, self->state.opts.stage, self->state.opts.timeout, 0,
+      [=](const stage_state& s) {
+        load(self->state, s);
+        announce();
+      },
+      retry_or_start); // an empty stage, or every donor failed
   };
   (*download)();
   auto gossip = [=] {
@@ -323,42 +302,15 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
   auto catch_up = [=](uint64_t target) {
     auto& s = self->state;
     s.catching_up = true;
-    auto fail_back = [=] { self->state.catching_up = false; };
-    self->request(s.board, s.opts.timeout, get_atom::value, s.opts.stage)
-      .then(
-        [=](const std::vector<std::string>&, const std::vector<caf::actor>& peers) {
-          auto others = std::make_shared<std::vector<caf::actor>>();
-          for (auto& p : peers)
-            if (p.address() != self->address())
-              others->push_back(p);
-          if (others->empty()) {
-            fail_back();
-            return;
-          }
-          auto remaining = std::make_shared<size_t>(others->size());
-          auto done = std::make_shared<bool>(false);
-          for (auto& p : *others)
-            self->request(p, self->state.opts.timeout, get_atom::value, state_atom::value)
-              .then(
-                [=](const stage_state& donor) {
-                  --*remaining;
-                  auto& st = self->state;
-                  if (*done || donor.steps < target) {
-                    if (*remaining == 0 && !*done)
-                      fail_back();
-                    return;
-                  }
-                  *done = true;
-                  load(st, donor);
-                  st.avg.caught_up++;
-                  st.catching_up = false;
-                },
-                [=](caf::error&) {
-                  if (--*remaining == 0 && !*done)
-                    fail_back();
-                });
-        },
-        [=](caf::error&) { fail_back(); });
+    fetch_stage_state(
+      self, s.board, s.opts.stage, s.opts.timeout, target,
+      [=](const stage_state& donor) {
+        auto& st = self->state;
+        load(st, donor);
+        st.avg.caught_up++;
+        st.catching_up = false;
+      },
+      [=](bool) { self->state.catching_up = false; }); // retried at the next tick
   };
   // Publishes this peer's progress, reads the stage's, and starts a round when due.
   auto progress = [=] {
