@@ -24,6 +24,7 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<stage_backward>("starling.stage_backward");
   cfg.add_message_type<stage_backward_reply>("starling.stage_backward_reply");
   cfg.add_message_type<stage_state>("starling.stage_state");
+  cfg.add_message_type<stage_state_part>("starling.stage_state_part");
   cfg.add_message_type<vi_vector>("starling.vi_vector");
   cfg.add_message_type<vi_uplink>("starling.vi_uplink");
   cfg.add_message_type<vi_downlink>("starling.vi_downlink");

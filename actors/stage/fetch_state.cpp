@@ -1,19 +1,95 @@
 #include "actors/stage/fetch_state.hpp"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include <caf/all.hpp>
 
+#include "actors/stage/state_parts.hpp"
 #include "messages/atoms.hpp"
 
 namespace starling::actors::stage {
 
+namespace {
+
+using donor_list = std::shared_ptr<const std::vector<caf::actor>>;
+using got_fn = std::function<void(const messages::stage_state&, size_t)>;
+using none_fn = std::function<void(bool)>;
+
+/// Asks every donor for its whole state at once; the first of at least `min_steps` steps wins.
+void race_whole(caf::event_based_actor* self, donor_list donors, caf::timespan timeout,
+                uint64_t min_steps, got_fn got, none_fn none) {
+  auto remaining = std::make_shared<size_t>(donors->size());
+  auto done = std::make_shared<bool>(false);
+  for (auto& p : *donors)
+    self->request(p, timeout, get_atom::value, state_atom::value)
+      .then(
+        [=](const messages::stage_state& s) {
+          --*remaining;
+          if (*done)
+            return;
+          if (s.steps >= min_steps) {
+            *done = true;
+            got(s, 1);
+          } else if (*remaining == 0) {
+            *done = true;
+            none(false);
+          }
+        },
+        [=](caf::error&) {
+          if (--*remaining == 0 && !*done) {
+            *done = true;
+            none(false);
+          }
+        });
+}
+
+/// Part i of n from donor i; falls back to `race_whole` at the first failure or mismatch.
+void fetch_parts(caf::event_based_actor* self, donor_list donors, caf::timespan timeout,
+                 uint64_t min_steps, got_fn got, none_fn none) {
+  auto n = std::min<uint64_t>(donors->size(), max_state_parts);
+  auto parts = std::make_shared<std::vector<messages::stage_state_part>>();
+  auto done = std::make_shared<bool>(false);
+  auto fallback = [=] {
+    *done = true;
+    parts->clear();
+    race_whole(self, donors, timeout, min_steps, got, none);
+  };
+  for (uint64_t i = 0; i < n; ++i)
+    self->request((*donors)[i], timeout, get_atom::value, state_atom::value, i, n)
+      .then(
+        [=](messages::stage_state_part& p) {
+          if (*done)
+            return;
+          // A part already behind `min_steps` makes the whole state useless.
+          if (p.steps < min_steps) {
+            fallback();
+            return;
+          }
+          parts->push_back(std::move(p));
+          if (parts->size() < n)
+            return;
+          auto whole = assemble_state(*parts);
+          if (!whole.ok()) {
+            fallback();
+            return;
+          }
+          *done = true;
+          parts->clear();
+          got(*whole, n);
+        },
+        [=](caf::error&) {
+          if (!*done)
+            fallback();
+        });
+}
+
+} // namespace
+
 void fetch_stage_state(caf::event_based_actor* self, const caf::actor& board, uint64_t stage,
-                       caf::timespan timeout, uint64_t min_steps,
-                       std::function<void(const messages::stage_state&)> got,
-                       std::function<void(bool stage_empty)> none) {
+                       caf::timespan timeout, uint64_t min_steps, got_fn got, none_fn none) {
   self->request(board, timeout, get_atom::value, stage)
     .then(
       [=](const std::vector<std::string>&, const std::vector<caf::actor>& peers) {
@@ -21,33 +97,12 @@ void fetch_stage_state(caf::event_based_actor* self, const caf::actor& board, ui
         for (auto& p : peers)
           if (p.address() != self->address())
             donors->push_back(p);
-        if (donors->empty()) {
+        if (donors->empty())
           none(true);
-          return;
-        }
-        auto remaining = std::make_shared<size_t>(donors->size());
-        auto done = std::make_shared<bool>(false);
-        for (auto& p : *donors)
-          self->request(p, timeout, get_atom::value, state_atom::value)
-            .then(
-              [=](const messages::stage_state& s) {
-                --*remaining;
-                if (*done)
-                  return;
-                if (s.steps >= min_steps) {
-                  *done = true;
-                  got(s);
-                } else if (*remaining == 0) {
-                  *done = true;
-                  none(false);
-                }
-              },
-              [=](caf::error&) {
-                if (--*remaining == 0 && !*done) {
-                  *done = true;
-                  none(false);
-                }
-              });
+        else if (donors->size() == 1)
+          race_whole(self, donors, timeout, min_steps, got, none);
+        else
+          fetch_parts(self, donors, timeout, min_steps, got, none);
       },
       [=](caf::error&) { none(true); });
 }

@@ -12,13 +12,19 @@
 
 namespace starling::actors::stage {
 
-/// Asks `board` for the live peers of `stage` and every one of them but `self` for its state at
-/// once. `got` runs with the first state of at least `min_steps` steps; otherwise `none` runs
-/// once, with true when the stage had no other peer (or the board did not answer) and false when
-/// every donor failed or was behind.
+/// Asks `board` for the live peers of `stage` and downloads the state from them.
+/// - One donor: its whole state (`(get_atom, state_atom)`).
+/// - Several: part i of n from donor i, all at once (`(get_atom, state_atom, i, n)`, n = the
+///   number of donors, at most `max_state_parts`), assembled only when every part belongs to one
+///   state (same step, sizes and digest, verified over the assembled bytes). When a donor fails
+///   or the donors were at different states (one stepped meanwhile, or their replicas diverged),
+///   it falls back to asking every donor for its whole state at once and taking the first.
+/// `got` runs with a state of at least `min_steps` steps and the number of donors it came from;
+/// otherwise `none` runs once, with true when the stage had no other peer (or the board did not
+/// answer) and false when every donor failed or was behind.
 void fetch_stage_state(caf::event_based_actor* self, const caf::actor& board, uint64_t stage,
                        caf::timespan timeout, uint64_t min_steps,
-                       std::function<void(const messages::stage_state&)> got,
+                       std::function<void(const messages::stage_state&, size_t donors)> got,
                        std::function<void(bool stage_empty)> none);
 
 } // namespace starling::actors::stage

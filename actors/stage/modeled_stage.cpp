@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "actors/stage/fetch_state.hpp"
+#include "actors/stage/state_parts.hpp"
 #include "actors/stage/stage.hpp"
 #include "messages/atoms.hpp"
 #include "messages/rebalance_atoms.hpp"
@@ -150,7 +151,7 @@ caf::behavior modeled_stage(self_ptr self, stage_options opts, caf::actor board)
     };
     fetch_stage_state(
       self, self->state.board, self->state.opts.stage, self->state.opts.timeout, 0,
-      [=](const stage_state& s) {
+      [=](const stage_state& s, size_t) {
         self->state.steps = s.steps;
         announce();
       },
@@ -233,6 +234,27 @@ caf::behavior modeled_stage(self_ptr self, stage_options opts, caf::actor board)
       auto rp = self->make_response_promise<stage_state>();
       hold(
         self, s.opts.modeled.state_transfer, [rp, out]() mutable { rp.deliver(out); },
+        [rp](const caf::error& e) mutable { rp.deliver(e); });
+      return rp;
+    },
+    // One part of the (modeled, empty) state: its transfer takes its share of the whole's time.
+    [=](get_atom, state_atom, uint64_t part,
+        uint64_t parts) -> caf::result<messages::stage_state_part> {
+      auto& s = self->state;
+      if (!s.ready)
+        return caf::make_error(caf::sec::runtime_error, "stage peer is still starting");
+      stage_state whole;
+      whole.steps = s.steps;
+      whole.samples = s.samples;
+      auto cut = cut_state_part(whole, state_digest(whole), part, parts);
+      if (!cut.ok())
+        return caf::make_error(caf::sec::invalid_argument, cut.error().what);
+      if (s.opts.modeled.state_transfer <= caf::timespan{0})
+        return std::move(*cut);
+      auto rp = self->make_response_promise<messages::stage_state_part>();
+      hold(
+        self, s.opts.modeled.state_transfer / static_cast<int64_t>(parts),
+        [rp, out = std::move(*cut)]() mutable { rp.deliver(std::move(out)); },
         [rp](const caf::error& e) mutable { rp.deliver(e); });
       return rp;
     },

@@ -12,6 +12,7 @@
 
 #include "actors/dht/client.hpp"
 #include "actors/stage/fetch_state.hpp"
+#include "actors/stage/state_parts.hpp"
 #include "kernels/flat.hpp"
 #include "kernels/models/stage_module.hpp"
 #include "messages/atoms.hpp"
@@ -39,6 +40,12 @@ struct averaging_stats {
   uint64_t caught_up = 0;  // fell behind the stage's step and downloaded a peer's state
 };
 
+/// Counters of state downloads (the initial one and catch-ups).
+struct download_stats {
+  uint64_t downloads = 0;
+  uint64_t donors = 0; // summed over downloads: parts came from this many peers
+};
+
 struct stage_peer {
   stage_options opts;
   caf::actor board;
@@ -63,6 +70,7 @@ struct stage_peer {
   /// Catching up: downloading a live peer's state after falling behind the stage's step.
   bool catching_up = false;
   averaging_stats avg;
+  download_stats dl;
 };
 
 bool collaborative(const stage_options& o) {
@@ -113,22 +121,35 @@ stage_state snapshot(stage_peer& st) {
   stage_state s;
   s.params.tensor = kernels::flatten_parameters(st.params);
   s.params.codec = kernels::codec_id::none;
-  if (auto bytes = kernels::save_optimizer_state(*st.optim); bytes.ok())
-    s.optimizer.assign(bytes->begin(), bytes->end());
+  if (auto m = kernels::save_optimizer_moments(*st.optim); m.ok()) {
+    s.moments.tensor = m->moments;
+    s.moments.codec = kernels::codec_id::none;
+    s.optimizer_steps = m->steps;
+  }
   s.steps = st.steps;
   s.samples = st.samples;
   return s;
 }
 
-void load(stage_peer& st, const stage_state& s) {
+/// Takes a donor's (untrusted) state: parameters, optimizer state and step, all or nothing.
+status load(stage_peer& st, const stage_state& s) {
   if (!s.params.ok() || !s.params.tensor.defined())
-    return;
+    return fail(fmt::format("the state's parameters did not arrive: {}", s.params.error));
+  if (!s.moments.ok())
+    return fail(fmt::format("the state's optimizer moments did not arrive: {}", s.moments.error));
   torch::NoGradGuard guard;
-  if (!kernels::unflatten_parameters(s.params.tensor, st.params).ok())
-    return;
-  if (!s.optimizer.empty())
-    kernels::load_optimizer_state(*st.optim, std::string{s.optimizer.begin(), s.optimizer.end()});
+  auto before = kernels::flatten_parameters(st.params);
+  if (auto r = kernels::unflatten_parameters(s.params.tensor, st.params); !r.ok())
+    return r;
+  if (s.moments.tensor.defined()) {
+    auto r = kernels::load_optimizer_moments(*st.optim, {s.moments.tensor, s.optimizer_steps});
+    if (!r.ok()) {
+      (void)kernels::unflatten_parameters(before, st.params); // fits: it was taken from them
+      return r;
+    }
+  }
   st.steps = s.steps;
+  return {};
 }
 
 /// Averages parameters with a sibling's (gossip): peers of a stage that step independently stay
@@ -200,8 +221,15 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
     };
     fetch_stage_state(
       self, self->state.board, self->state.opts.stage, self->state.opts.timeout, 0,
-      [=](const stage_state& s) {
-        load(self->state, s);
+      [=](const stage_state& s, size_t donors) {
+        if (auto r = load(self->state, s); !r.ok()) {
+          aout(self) << self->state.opts.name << ": cannot take the downloaded state (" << r.what()
+                     << "); asking again\n";
+          retry_or_start(false);
+          return;
+        }
+        self->state.dl.downloads++;
+        self->state.dl.donors += donors;
         announce();
       },
       retry_or_start); // an empty stage, or every donor failed
@@ -304,10 +332,14 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
     s.catching_up = true;
     fetch_stage_state(
       self, s.board, s.opts.stage, s.opts.timeout, target,
-      [=](const stage_state& donor) {
+      [=](const stage_state& donor, size_t donors) {
         auto& st = self->state;
-        load(st, donor);
+        st.catching_up = false;
+        if (!load(st, donor).ok())
+          return; // kept its own state; tried again at the next tick
         st.avg.caught_up++;
+        st.dl.downloads++;
+        st.dl.donors += donors;
         st.catching_up = false;
       },
       [=](bool) { self->state.catching_up = false; }); // retried at the next tick
@@ -418,6 +450,17 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
         return caf::make_error(caf::sec::runtime_error, "stage peer is still starting");
       return snapshot(self->state);
     },
+    // One part of the state, for a newcomer that downloads from several donors at once.
+    [=](get_atom, state_atom, uint64_t part,
+        uint64_t parts) -> caf::result<messages::stage_state_part> {
+      if (!self->state.ready)
+        return caf::make_error(caf::sec::runtime_error, "stage peer is still starting");
+      auto whole = snapshot(self->state);
+      auto cut = cut_state_part(whole, state_digest(whole), part, parts);
+      if (!cut.ok())
+        return caf::make_error(caf::sec::invalid_argument, cut.error().what);
+      return std::move(*cut);
+    },
     [=](state_atom) {
       if (!self->state.ready)
         (*download)();
@@ -429,11 +472,12 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
         progress();
     },
     /// `(status_atom) -> [steps, samples, rounds, averaged, no_partner, failed, skipped,
-    /// caught_up]`.
+    /// caught_up, downloads, donors summed over downloads]`.
     [=](status_atom) -> std::vector<uint64_t> {
       auto& s = self->state;
       return {s.steps,         s.samples,     s.avg.rounds,  s.avg.averaged,
-              s.avg.no_partner, s.avg.failed, s.avg.skipped, s.avg.caught_up};
+              s.avg.no_partner, s.avg.failed, s.avg.skipped, s.avg.caught_up,
+              s.dl.downloads,  s.dl.donors};
     },
     [=](tick_atom, uint64_t ticket) {
       auto i = self->state.held.find(ticket);

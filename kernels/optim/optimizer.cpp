@@ -109,4 +109,117 @@ status load_optimizer_state(torch::optim::Optimizer& opt, const std::string& byt
   return {};
 }
 
+namespace {
+
+std::vector<torch::Tensor> all_params(const torch::optim::Optimizer& opt) {
+  std::vector<torch::Tensor> out;
+  for (auto& g : opt.param_groups())
+    for (auto& p : g.params())
+      out.push_back(p);
+  return out;
+}
+
+bool is_amsgrad(const torch::optim::Optimizer& opt) {
+  for (auto& g : opt.param_groups())
+    if (auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&g.options()); o && o->amsgrad())
+      return true;
+  return false;
+}
+
+} // namespace
+
+result<optimizer_moments> save_optimizer_moments(const torch::optim::Optimizer& opt) {
+  bool adam = dynamic_cast<const torch::optim::Adam*>(&opt) != nullptr;
+  bool lmb = dynamic_cast<const lamb*>(&opt) != nullptr;
+  if (!adam && !lmb)
+    return fail("only Adam and LAMB states have a canonical form");
+  if (is_amsgrad(opt))
+    return fail("Adam with amsgrad has no canonical form here");
+  torch::NoGradGuard guard;
+  auto params = all_params(opt);
+  std::vector<torch::Tensor> firsts, seconds;
+  optimizer_moments out;
+  for (auto& p : params) {
+    auto it = opt.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
+    torch::Tensor m, v;
+    uint64_t step = 0;
+    if (it != opt.state().end()) {
+      if (auto* a = dynamic_cast<const torch::optim::AdamParamState*>(it->second.get())) {
+        m = a->exp_avg();
+        v = a->exp_avg_sq();
+        step = static_cast<uint64_t>(a->step());
+      } else if (auto* l = dynamic_cast<const lamb_param_state*>(it->second.get())) {
+        m = l->exp_avg();
+        v = l->exp_avg_sq();
+        step = static_cast<uint64_t>(l->step());
+      }
+    }
+    auto zeros = torch::zeros({p.numel()}, torch::kFloat);
+    firsts.push_back(m.defined() ? m.reshape({-1}).to(torch::kFloat) : zeros);
+    seconds.push_back(v.defined() ? v.reshape({-1}).to(torch::kFloat) : zeros);
+    out.steps.push_back(step);
+  }
+  firsts.insert(firsts.end(), seconds.begin(), seconds.end());
+  out.moments = firsts.empty() ? torch::zeros({0}, torch::kFloat)
+                               : torch::cat(firsts).contiguous();
+  return out;
+}
+
+status load_optimizer_moments(torch::optim::Optimizer& opt, const optimizer_moments& m) {
+  bool adam = dynamic_cast<const torch::optim::Adam*>(&opt) != nullptr;
+  bool lmb = dynamic_cast<const lamb*>(&opt) != nullptr;
+  if (!adam && !lmb)
+    return fail("only Adam and LAMB states have a canonical form");
+  if (is_amsgrad(opt))
+    return fail("Adam with amsgrad has no canonical form here");
+  auto params = all_params(opt);
+  if (m.steps.size() != params.size())
+    return fail(fmt::format("optimizer state for {} parameter tensors, the optimizer has {}",
+                            m.steps.size(), params.size()));
+  int64_t total = 0;
+  for (auto& p : params)
+    total += p.numel();
+  if (!m.moments.defined() || m.moments.dim() != 1 || m.moments.numel() != 2 * total
+      || m.moments.scalar_type() != torch::kFloat)
+    return fail(
+      fmt::format("optimizer moments must be a flat fp32 vector of {} elements", 2 * total));
+  for (auto s : m.steps)
+    if (s > (uint64_t{1} << 53))
+      return fail(fmt::format("optimizer step count {} is out of range", s));
+  torch::NoGradGuard guard;
+  if (!torch::isfinite(m.moments).all().item<bool>())
+    return fail("optimizer moments are not finite");
+  if (total > 0 && m.moments.slice(0, total, 2 * total).lt(0).any().item<bool>())
+    return fail("second moments must not be negative");
+  int64_t at = 0;
+  for (size_t i = 0; i < params.size(); ++i) {
+    auto& p = params[i];
+    auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+    auto n = p.numel();
+    auto first = m.moments.slice(0, at, at + n).view(p.sizes()).to(p.dtype()).clone();
+    auto second =
+      m.moments.slice(0, total + at, total + at + n).view(p.sizes()).to(p.dtype()).clone();
+    at += n;
+    if (m.steps[i] == 0) {
+      opt.state().erase(key);
+      continue;
+    }
+    auto step = static_cast<int64_t>(m.steps[i]);
+    if (adam) {
+      auto st = std::make_unique<torch::optim::AdamParamState>();
+      st->step(step);
+      st->exp_avg(first);
+      st->exp_avg_sq(second);
+      opt.state()[key] = std::move(st);
+    } else {
+      auto st = std::make_unique<lamb_param_state>();
+      st->step(step);
+      st->exp_avg(first);
+      st->exp_avg_sq(second);
+      opt.state()[key] = std::move(st);
+    }
+  }
+  return {};
+}
+
 } // namespace starling::kernels

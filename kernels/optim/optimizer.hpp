@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -52,5 +53,24 @@ result<std::string> save_optimizer_state(const torch::optim::Optimizer& opt);
 /// the same shapes in the same order; fails on malformed bytes or a mismatch, leaving the state
 /// as it was after a shape mismatch.
 status load_optimizer_state(torch::optim::Optimizer& opt, const std::string& bytes);
+
+/// An optimizer's per-parameter state in a canonical form, which equal states share bit for bit
+/// (LibTorch's own archive keys each state by its tensor's address, so equal states of two
+/// processes give different bytes and cannot be compared or put together from pieces).
+struct optimizer_moments {
+  /// The first moments of every parameter, then the second moments, flat fp32 in parameter
+  /// order: twice the parameters' element count. Zero where a parameter has no state yet.
+  torch::Tensor moments;
+  /// Steps per parameter tensor; 0 where it has no state yet.
+  std::vector<uint64_t> steps;
+};
+
+/// The canonical state of an Adam (without amsgrad) or LAMB optimizer.
+result<optimizer_moments> save_optimizer_moments(const torch::optim::Optimizer& opt);
+
+/// Loads a canonical state (untrusted: from another peer) into an optimizer of the same kind
+/// over parameters of the same sizes in the same order. Fails, changing nothing, on a count or
+/// size mismatch, non-finite moments, negative second moments or a step count above 2^53.
+status load_optimizer_moments(torch::optim::Optimizer& opt, const optimizer_moments& m);
 
 } // namespace starling::kernels

@@ -124,6 +124,8 @@ struct stage_report {
   uint64_t no_partner = 0;
   uint64_t failed = 0;
   uint64_t caught_up = 0;
+  uint64_t downloads = 0; // state downloads of the live peers (initial and catch-ups)
+  uint64_t donors = 0;    // summed over those downloads
 };
 
 /// Asks every live peer of every stage (found through the board) for its counters.
@@ -150,6 +152,10 @@ std::vector<stage_report> stage_reports(caf::scoped_actor& self, const caf::acto
             r.no_partner += v[4];
             r.failed += v[5];
             r.caught_up += v[7];
+            if (v.size() >= 10) {
+              r.downloads += v[8];
+              r.donors += v[9];
+            }
           },
           [](caf::error&) {});
   }
@@ -539,6 +545,16 @@ int drive_swarm(const experiment_config& cfg, const swarm_options& opts, const s
   } else {
     fmt::print("  {:<34} [{}] (local batch {}, parameters gossiped)\n",
                "optimizer steps (most per stage)", steps_text, opts.local_batch);
+  }
+  {
+    uint64_t downloads = 0, donors = 0;
+    for (auto& r : reports) {
+      downloads += r.downloads;
+      donors += r.donors;
+    }
+    fmt::print("  {:<34} {} by live peers, from {:.1f} donors on average\n", "state downloads",
+               downloads,
+               downloads > 0 ? static_cast<double>(donors) / static_cast<double>(downloads) : 0.0);
   }
   if (loss1)
     fmt::print("  {:<34} {:.4f} -> {:.4f}\n", "held-out loss (before -> after)", loss0, *loss1);

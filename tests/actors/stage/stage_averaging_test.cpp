@@ -132,7 +132,7 @@ TEST_CASE("stage peers with averaging take the same global steps on averaged gra
     REQUIRE(peer);
     auto s = ask<std::vector<uint64_t>>(w, w.node(i), peer, status_atom::value);
     REQUIRE(s);
-    REQUIRE(s->size() == 8);
+    REQUIRE(s->size() == 10);
     stats.push_back(*s);
     auto st = ask<messages::stage_state>(w, w.node(i), peer, get_atom::value, state_atom::value);
     REQUIRE(st);
@@ -169,6 +169,25 @@ TEST_CASE("stage peers with averaging take the same global steps on averaged gra
   REQUIRE(init);
   CHECK(init->steps > 0);
   CHECK(t->losses.back() < t->losses.front());
+  // A newcomer downloads the stage's state in two parts, one from each peer: the averaged
+  // replicas are bit for bit the same state (parameters, optimizer, step), so the parts match.
+  auto o = avg_stage_opts(1, "s1new");
+  o.download_state = true;
+  auto fresh = actors::stage::spawn_stage(w.system(), o, n0.lookup("board"));
+  n0.adopt("s1new", fresh);
+  w.run_for(10s);
+  auto ns = ask<std::vector<uint64_t>>(w, n0, fresh, status_atom::value);
+  REQUIRE(ns);
+  REQUIRE(ns->size() == 10);
+  CHECK((*ns)[0] == stats[0][0]); // the stage's step
+  CHECK((*ns)[8] == 1);           // one download ...
+  CHECK((*ns)[9] == 2);           // ... from two donors
+  auto got = ask<messages::stage_state>(w, n0, fresh, get_atom::value, state_atom::value);
+  REQUIRE(got);
+  CHECK(torch::equal(got->params.tensor, states[0].params.tensor));
+  CHECK(torch::equal(got->moments.tensor, states[0].moments.tensor));
+  CHECK(got->optimizer_steps == states[0].optimizer_steps);
+  CHECK(got->optimizer_steps.front() == stats[0][0]); // Adam stepped with every global step
 }
 
 TEST_CASE("a stage peer with averaging but no partner steps on its own gradients and counts it") {
@@ -194,7 +213,7 @@ TEST_CASE("a stage peer with averaging but no partner steps on its own gradients
   w.run_for(10s);
   auto s = ask<std::vector<uint64_t>>(w, n1, n1.lookup("s1"), status_atom::value);
   REQUIRE(s);
-  REQUIRE(s->size() == 8);
+  REQUIRE(s->size() == 10);
   MESSAGE("s1: steps " << (*s)[0] << " rounds " << (*s)[2] << " no_partner " << (*s)[4]);
   CHECK((*s)[1] == 40 * 4);
   CHECK((*s)[0] >= 2);
@@ -272,4 +291,41 @@ TEST_CASE("a stage peer cut off from its stage falls behind and catches up by do
   auto diff = (params[0] - params[1]).abs().max().item<double>();
   MESSAGE("max parameter difference after the catch-up: " << diff);
   CHECK(diff < 1e-5);
+}
+
+TEST_CASE("a newcomer whose donors hold different states falls back to one donor's whole state") {
+  runtime::sim::world_options wo;
+  wo.seed = 5;
+  wo.network.defaults.latency = 5ms;
+  runtime::sim::world w{wo};
+  add_averaging_nodes(w, 3, 950, "swarm/diverged", actors::averager::averager_options{});
+  // Two stage-1 peers initialized from different seeds: replicas that diverged.
+  for (int i = 1; i <= 2; ++i) {
+    auto o = avg_stage_opts(1, "s1" + std::to_string(i));
+    o.model.seed = static_cast<uint64_t>(40 + i);
+    auto& x = w.node(i);
+    x.adopt(o.name, actors::stage::spawn_stage(w.system(), o, x.lookup("board")));
+  }
+  w.run_for(3s);
+  auto& n0 = w.node(0);
+  auto o = avg_stage_opts(1, "s1new");
+  o.download_state = true;
+  auto fresh = actors::stage::spawn_stage(w.system(), o, n0.lookup("board"));
+  n0.adopt("s1new", fresh);
+  w.run_for(10s);
+  auto ns = ask<std::vector<uint64_t>>(w, n0, fresh, status_atom::value);
+  REQUIRE(ns);
+  REQUIRE(ns->size() == 10);
+  CHECK((*ns)[8] == 1); // one download ...
+  CHECK((*ns)[9] == 1); // ... of one donor's whole state, after the parts did not match
+  auto got = ask<messages::stage_state>(w, n0, fresh, get_atom::value, state_atom::value);
+  REQUIRE(got);
+  int equal_to = 0;
+  for (int i = 1; i <= 2; ++i) {
+    auto donor = ask<messages::stage_state>(w, w.node(i), w.node(i).lookup("s1" + std::to_string(i)),
+                                            get_atom::value, state_atom::value);
+    REQUIRE(donor);
+    equal_to += torch::equal(got->params.tensor, donor->params.tensor) ? 1 : 0;
+  }
+  CHECK(equal_to == 1);
 }

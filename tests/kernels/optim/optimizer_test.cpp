@@ -7,6 +7,8 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
+
 using namespace starling::kernels;
 
 namespace {
@@ -179,4 +181,76 @@ TEST_CASE("malformed or mismatched optimizer state is a failure") {
   CHECK_FALSE(load_optimizer_state(*opt_v, *save_optimizer_state(*opt_w)).ok());
   // The mismatch left v's own state in place.
   CHECK(torch::equal(moment(), v_moment));
+}
+
+TEST_CASE("canonical optimizer moments continue identically on another peer and are equal bit "
+          "for bit where LibTorch's archives differ") {
+  for (std::string kind : {"adam", "lamb"}) {
+    CAPTURE(kind);
+    mlp_config cfg;
+    auto a = make_mlp(cfg).value();
+    cfg.seed = 77;
+    auto b = make_mlp(cfg).value();
+    auto pa = a->ordered_parameters(), pb = b->ordered_parameters();
+    optimizer_options o;
+    o.kind = kind;
+    o.lr = 1e-2;
+    auto opt_a = std::move(make_optimizer(o, pa)).value();
+    auto opt_b = std::move(make_optimizer(o, pb)).value();
+    auto gen = seeded_generator(9);
+    auto x = torch::randn({8, cfg.inputs}, gen);
+    auto y = torch::randint(0, cfg.classes, {8}, gen, torch::kLong);
+    // Before any step: zero moments, zero steps.
+    auto fresh = save_optimizer_moments(*opt_a);
+    REQUIRE(fresh.ok());
+    CHECK(fresh->moments.numel() == 2 * flatten_parameters(pa).numel());
+    CHECK(fresh->moments.abs().sum().item<double>() == 0);
+    for (auto s : fresh->steps)
+      CHECK(s == 0);
+    for (int i = 0; i < 3; ++i) {
+      opt_a->zero_grad();
+      a->compute(x, y).backward();
+      opt_a->step();
+    }
+    REQUIRE(unflatten_parameters(flatten_parameters(pa), pb).ok());
+    auto m = save_optimizer_moments(*opt_a);
+    REQUIRE(m.ok());
+    for (auto s : m->steps)
+      CHECK(s == 3);
+    REQUIRE(load_optimizer_moments(*opt_b, *m).ok());
+    auto again = save_optimizer_moments(*opt_b);
+    REQUIRE(again.ok());
+    CHECK(torch::equal(again->moments, m->moments));
+    CHECK(again->steps == m->steps);
+    for (auto [mod, opt] : {std::pair{a.get(), opt_a.get()}, std::pair{b.get(), opt_b.get()}}) {
+      opt->zero_grad();
+      mod->compute(x, y).backward();
+      opt->step();
+    }
+    CHECK(torch::equal(flatten_parameters(pa), flatten_parameters(pb)));
+  }
+}
+
+TEST_CASE("malformed canonical optimizer moments are a failure and change nothing") {
+  auto w = torch::zeros({3}).requires_grad_(true);
+  optimizer_options o;
+  auto opt = std::move(make_optimizer(o, {w})).value();
+  w.mutable_grad() = torch::ones({3});
+  opt->step();
+  auto good = save_optimizer_moments(*opt).value();
+  auto bad = [&](optimizer_moments m) {
+    auto r = load_optimizer_moments(*opt, m);
+    CHECK_FALSE(r.ok());
+    auto now = save_optimizer_moments(*opt).value();
+    CHECK(torch::equal(now.moments, good.moments));
+    CHECK(now.steps == good.steps);
+  };
+  bad({torch::zeros({5}), {1}});                                  // wrong size
+  bad({good.moments, {1, 1}});                                    // wrong tensor count
+  bad({good.moments.to(torch::kDouble), {1}});                    // wrong dtype
+  bad({torch::full({6}, std::nan("")), {1}});                     // not finite
+  bad({torch::cat({torch::zeros({3}), -torch::ones({3})}), {1}}); // negative second moment
+  bad({good.moments, {(uint64_t{1} << 53) + 1}});                 // step out of range
+  bad({torch::Tensor{}, {1}});                                    // nothing
+  CHECK(load_optimizer_moments(*opt, good).ok());
 }

@@ -1,0 +1,161 @@
+// A stage's state cut into parts for a download from several donors (actors/stage/state_parts).
+#include <doctest/doctest.h>
+
+#include <torch/torch.h>
+
+#include "actors/stage/state_parts.hpp"
+
+using namespace starling;
+using actors::stage::assemble_state;
+using actors::stage::cut_state_part;
+using actors::stage::part_range;
+using actors::stage::state_digest;
+using messages::stage_state;
+using messages::stage_state_part;
+
+namespace {
+
+stage_state make_state(int64_t numel, int64_t moments, uint64_t steps, uint64_t seed) {
+  torch::manual_seed(seed);
+  stage_state s;
+  s.params.tensor = torch::randn({numel});
+  s.moments.tensor = torch::rand({moments});
+  s.optimizer_steps = {steps, steps, 0};
+  s.steps = steps;
+  s.samples = 1000 + steps;
+  return s;
+}
+
+std::vector<stage_state_part> cut_all(const stage_state& s, uint64_t parts) {
+  auto digest = state_digest(s);
+  std::vector<stage_state_part> out;
+  for (uint64_t i = 0; i < parts; ++i) {
+    auto p = cut_state_part(s, digest, i, parts);
+    REQUIRE(p.ok());
+    out.push_back(*p);
+  }
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("part ranges are contiguous, near-equal and cover the whole") {
+  for (uint64_t total : {0, 1, 7, 60, 1000, 1001}) {
+    for (uint64_t parts = 1; parts <= actors::stage::max_state_parts; ++parts) {
+      uint64_t next = 0, lo = total, hi = 0;
+      for (uint64_t i = 0; i < parts; ++i) {
+        auto [b, e] = part_range(total, i, parts);
+        CHECK(b == next);
+        CHECK(e >= b);
+        lo = std::min(lo, e - b);
+        hi = std::max(hi, e - b);
+        next = e;
+      }
+      CHECK(next == total);
+      CHECK(hi - lo <= 1);
+    }
+  }
+}
+
+TEST_CASE("a state cut into 1 to 16 parts assembles to the same bytes, in any order") {
+  auto s = make_state(12345, 4099, 17, 1);
+  for (uint64_t parts : {1, 2, 3, 5, 16}) {
+    auto ps = cut_all(s, parts);
+    std::reverse(ps.begin(), ps.end());
+    auto whole = assemble_state(ps);
+    REQUIRE_MESSAGE(whole.ok(), whole.error().what);
+    CHECK(whole->steps == 17);
+    CHECK(torch::equal(whole->params.tensor, s.params.tensor));
+    CHECK(torch::equal(whole->moments.tensor, s.moments.tensor));
+    CHECK(whole->optimizer_steps == s.optimizer_steps);
+    CHECK(state_digest(*whole) == state_digest(s));
+  }
+}
+
+TEST_CASE("states without parameters or optimizer (modeled peers) cut and assemble") {
+  stage_state s;
+  s.steps = 4;
+  auto whole = assemble_state(cut_all(s, 3));
+  REQUIRE(whole.ok());
+  CHECK(whole->steps == 4);
+  CHECK(!whole->params.tensor.defined());
+  CHECK(!whole->moments.tensor.defined());
+}
+
+TEST_CASE("the digest changes with any byte, the step or the split between fields") {
+  auto s = make_state(100, 50, 3, 2);
+  auto d = state_digest(s);
+  auto t = s;
+  t.params.tensor = s.params.tensor.clone();
+  t.params.tensor[7] += 1e-3;
+  CHECK(state_digest(t) != d);
+  t = s;
+  t.moments.tensor = s.moments.tensor.clone();
+  t.moments.tensor[49] += 1e-3;
+  CHECK(state_digest(t) != d);
+  t = s;
+  t.optimizer_steps[2] = 1;
+  CHECK(state_digest(t) != d);
+  t = s;
+  t.steps = 4;
+  CHECK(state_digest(t) != d);
+  CHECK(state_digest(s) == d);
+}
+
+TEST_CASE("parts of different states, missing, repeated or tampered parts are rejected") {
+  auto a = make_state(1000, 300, 5, 3);
+  auto b = make_state(1000, 300, 5, 4); // same step and sizes, other values (diverged replica)
+  auto c = make_state(1000, 300, 6, 3); // one step later
+  auto pa = cut_all(a, 3);
+  auto pb = cut_all(b, 3);
+  auto pc = cut_all(c, 3);
+  SUBCASE("diverged replicas") {
+    CHECK(!assemble_state({pa[0], pb[1], pa[2]}).ok());
+  }
+  SUBCASE("a donor one step later") {
+    CHECK(!assemble_state({pa[0], pa[1], pc[2]}).ok());
+  }
+  SUBCASE("a missing part") {
+    CHECK(!assemble_state({pa[0], pa[2]}).ok());
+  }
+  SUBCASE("a repeated part") {
+    CHECK(!assemble_state({pa[0], pa[0], pa[2]}).ok());
+  }
+  SUBCASE("a part whose slice has the wrong length") {
+    auto bad = pa;
+    bad[1].params.tensor = bad[1].params.tensor.slice(0, 0, 10);
+    CHECK(!assemble_state(bad).ok());
+    bad = pa;
+    bad[2].moments.tensor = bad[2].moments.tensor.slice(0, 1);
+    CHECK(!assemble_state(bad).ok());
+  }
+  SUBCASE("a tampered value with the donors' digest") {
+    auto bad = pa;
+    bad[1].params.tensor = bad[1].params.tensor.clone();
+    bad[1].params.tensor[0] += 1;
+    auto r = assemble_state(bad);
+    REQUIRE(!r.ok());
+    CHECK(r.error().what.find("digest") != std::string::npos);
+  }
+  SUBCASE("a part index or count out of range") {
+    auto bad = pa;
+    bad[2].part = 3;
+    CHECK(!assemble_state(bad).ok());
+    CHECK(!cut_state_part(a, state_digest(a), 3, 3).ok());
+    CHECK(!cut_state_part(a, state_digest(a), 0, 0).ok());
+    CHECK(!cut_state_part(a, state_digest(a), 0, actors::stage::max_state_parts + 1).ok());
+  }
+  SUBCASE("a part with other optimizer step counts") {
+    auto bad = pa;
+    bad[1].optimizer_steps[0]++;
+    CHECK(!assemble_state(bad).ok());
+  }
+  SUBCASE("a wrong dtype") {
+    auto bad = pa;
+    bad[0].params.tensor = bad[0].params.tensor.to(torch::kDouble);
+    CHECK(!assemble_state(bad).ok());
+  }
+  SUBCASE("nothing") {
+    CHECK(!assemble_state({}).ok());
+  }
+}
