@@ -276,6 +276,11 @@ caf::behavior modeled_stage(self_ptr self, stage_options opts, caf::actor board)
       self->send(s.board, load_atom::value, s.opts.stage, s.opts.name, throughput,
                  static_cast<double>(s.queued));
     },
+    /// A trainer's probe: seconds of compute queued ahead of a request arriving now.
+    [=](probe_atom) -> double {
+      auto ahead = self->state.busy_until - self->clock().now();
+      return std::max(0.0, std::chrono::duration<double>(ahead).count());
+    },
     /// `(status_atom) -> [steps, samples, queued]`.
     [=](status_atom) -> std::vector<uint64_t> {
       auto& s = self->state;

@@ -1,6 +1,7 @@
 #include "actors/supervisor/rebalance.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 namespace starling::actors::supervisor {
 
@@ -60,6 +61,16 @@ std::optional<size_t> decide_migration(const std::vector<stage_report>& stages,
   if (new_min >= old_min && at_or_below(after, band) < at_or_below(stages, band))
     return target;
   return std::nullopt;
+}
+
+double claim_probability(double relative, const rebalance_options& opts) {
+  if (!(opts.claim_full > 0))
+    return 1.0;
+  if (!(relative > 0))
+    return 0.0;
+  if (relative >= opts.claim_full)
+    return 1.0;
+  return std::pow(relative / opts.claim_full, std::max(0.0, opts.claim_exponent));
 }
 
 std::optional<size_t> stage_for_new_peer(const std::vector<stage_report>& stages) {

@@ -21,6 +21,11 @@ struct rebalance_options {
   /// A move must raise the pipeline's minimum stage throughput by more than this fraction of it
   /// (measurements are noisy; small gains are not worth a state download).
   double threshold = 0.05;
+  /// Claim weighting (`claim_probability`): a peer at least `claim_full` times as fast as its
+  /// stage's average claims a wanted move whenever it checks; a slower one with probability
+  /// (relative speed / claim_full) ^ `claim_exponent`.
+  double claim_full = 2.0;
+  double claim_exponent = 2.0;
 };
 
 /// The peer considering a move.
@@ -45,6 +50,14 @@ double throughput_in(const std::vector<stage_report>& stages, const migration_ca
 std::optional<size_t> decide_migration(const std::vector<stage_report>& stages,
                                        const migration_candidate& me,
                                        const rebalance_options& opts = {});
+
+/// The probability that a peer that wants to move claims the move out of its stage at this
+/// check, from its throughput relative to its stage's average peer. Only one move out of a stage
+/// is granted per period (the first claim), and a move costs the same state download whoever
+/// makes it while a faster peer relieves the bottleneck more: weighting the claims makes the fast
+/// peers move first. 1 for `relative >= claim_full`, increasing, positive for any positive
+/// speed; 1 when `claim_full` is not positive (unweighted).
+double claim_probability(double relative, const rebalance_options& opts = {});
 
 /// The stage a newly joining peer should serve: the bottleneck; nullopt when there are no stages.
 std::optional<size_t> stage_for_new_peer(const std::vector<stage_report>& stages);

@@ -36,6 +36,8 @@ struct data {
   uint64_t respawns = 0;
   uint64_t migrations = 0;
   bool stopping = false;
+  /// Draws the weighted claims (seeded from the rebalancing options).
+  std::mt19937_64 rng;
 };
 
 /// Stage reports from the board's answer; nothing when some stage's throughput is unknown.
@@ -59,6 +61,7 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_s
   auto d = std::make_shared<data>();
   d->observer = std::move(observer);
   d->rebalancing = std::move(rebalancing);
+  d->rng.seed(d->rebalancing.seed ^ 0xc1a1f5ULL);
   auto start = [=](size_t i) {
     auto& c = d->children[i];
     c.handle = c.spec.spawn_at ? c.spec.spawn_at(c.generation, c.stage) : c.spec.spawn(c.generation);
@@ -177,6 +180,13 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_s
               auto target = decide_migration(*r, migration_candidate{c.stage, mine},
                                              d->rebalancing.policy);
               if (!target)
+                return;
+              // Fast peers first: a slower one claims only with some probability this time.
+              auto& own = (*r)[c.stage];
+              auto average = own.peers > 0 ? own.throughput / static_cast<double>(own.peers) : 0;
+              auto relative = average > 0 ? mine / average : 1.0;
+              auto p = claim_probability(relative, d->rebalancing.policy);
+              if (p < 1.0 && std::uniform_real_distribution<double>{0.0, 1.0}(d->rng) >= p)
                 return;
               auto from = c.stage;
               auto to = *target;

@@ -1,5 +1,8 @@
 #include "actors/trainer/trainer.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -47,6 +50,8 @@ struct trainer_state {
   std::map<uint64_t, std::function<void()>> waiting;
   uint64_t next_ticket = 0;
   bool stopped = false;
+  /// Microbatches have started (the first refresh had its chance to land).
+  bool running = false;
 };
 
 using self_ptr = caf::stateful_actor<trainer_state>*;
@@ -63,12 +68,90 @@ void later(self_ptr self, caf::timespan d, std::function<void()> f) {
 }
 
 void start_microbatch(self_ptr self, caf::actor sink);
+void top_up(self_ptr self, caf::actor sink);
 void forward_hop(self_ptr self, caf::actor sink, mb_ptr mb, uint64_t stage);
 void backward_hop(self_ptr self, caf::actor sink, mb_ptr mb, uint64_t stage, tensor_msg grad);
 
+/// Answers of one hop's probes: each candidate's queued seconds (infinite when unanswered).
+struct probe_round {
+  std::vector<std::string> names;
+  std::vector<double> backlog;
+  size_t answered = 0;
+};
+
+void with_peer(self_ptr self, uint64_t stage, pass dir, double samples,
+               std::function<void(std::string, caf::actor, double)> go);
+
+/// Power of two choices: two candidates from the wiring, both reserved (charged) while their
+/// probes travel so that concurrent hops spread out; the one that would finish the hop first
+/// (queued seconds plus this hop's expected seconds) keeps its charge, the other is refunded.
+void probe_and_go(self_ptr self, uint64_t stage, pass dir, double samples,
+                  std::function<void(std::string, caf::actor, double)> go) {
+  auto& st = self->state;
+  std::vector<std::string> names;
+  for (;;) {
+    names = st.wiring->sample(stage, now_s(self), 2);
+    auto missing = std::find_if(names.begin(), names.end(), [&](const std::string& n) {
+      return st.peers[stage].count(n) == 0;
+    });
+    if (missing == names.end())
+      break;
+    st.wiring->remove_peer(stage, *missing);
+  }
+  if (names.empty()) {
+    later(self, st.opts.refresh_every, [=] { with_peer(self, stage, dir, samples, go); });
+    return;
+  }
+  for (auto& n : names)
+    st.wiring->charge(stage, n, dir, samples);
+  if (names.size() == 1) {
+    go(names[0], st.peers[stage].at(names[0]), 0.0);
+    return;
+  }
+  auto round = std::make_shared<probe_round>();
+  round->names = names;
+  round->backlog.assign(names.size(), std::numeric_limits<double>::infinity());
+  auto decide = [=] {
+    auto& st = self->state;
+    size_t best = 0;
+    double best_t = std::numeric_limits<double>::infinity();
+    for (size_t i = 0; i < round->names.size(); ++i) {
+      auto rate = st.wiring->throughput(stage, round->names[i], dir);
+      auto t = round->backlog[i] + (rate && *rate > 0 ? samples / *rate : 0.0);
+      if (t < best_t) {
+        best_t = t;
+        best = i;
+      }
+    }
+    for (size_t i = 0; i < round->names.size(); ++i)
+      if (i != best)
+        st.wiring->refund(stage, round->names[i], dir, samples);
+    auto& chosen = round->names[best];
+    auto h = st.peers[stage].find(chosen);
+    if (h == st.peers[stage].end()) {
+      st.wiring->refund(stage, chosen, dir, samples);
+      with_peer(self, stage, dir, samples, go); // it left while we probed
+      return;
+    }
+    auto ahead = round->backlog[best];
+    go(chosen, h->second, std::isfinite(ahead) ? ahead : 0.0);
+  };
+  for (size_t i = 0; i < names.size(); ++i) {
+    auto answered = [=](double backlog) {
+      if (backlog >= 0)
+        round->backlog[i] = backlog;
+      if (++round->answered == round->names.size())
+        decide();
+    };
+    self->request(st.peers[stage].at(names[i]), st.opts.probe_timeout, probe_atom::value)
+      .then([=](double backlog) { answered(backlog); },
+            [=](caf::error&) { answered(-1.0); });
+  }
+}
+
 /// Picks a peer for a hop, or waits for one to appear; `go` gets the peer's name and handle.
 void with_peer(self_ptr self, uint64_t stage, pass dir, double samples,
-               std::function<void(std::string, caf::actor)> go) {
+               std::function<void(std::string, caf::actor, double)> go) {
   auto& st = self->state;
   if (st.opts.routing != routing_kind::stochastic) {
     // Baselines: a uniformly random live peer, or the fixed pipeline's peer.
@@ -88,10 +171,14 @@ void with_peer(self_ptr self, uint64_t stage, pass dir, double samples,
       auto k = usable.size() == 1
                  ? size_t{0}
                  : std::uniform_int_distribution<size_t>{0, usable.size() - 1}(st.rng);
-      go(usable[k].first, usable[k].second);
+      go(usable[k].first, usable[k].second, 0.0);
       return;
     }
     later(self, st.opts.refresh_every, [=] { with_peer(self, stage, dir, samples, go); });
+    return;
+  }
+  if (st.opts.probe) {
+    probe_and_go(self, stage, dir, samples, std::move(go));
     return;
   }
   for (;;) {
@@ -100,13 +187,28 @@ void with_peer(self_ptr self, uint64_t stage, pass dir, double samples,
       break;
     auto i = st.peers[stage].find(*pick);
     if (i != st.peers[stage].end()) {
-      go(*pick, i->second);
+      go(*pick, i->second, 0.0);
       return;
     }
     st.wiring->remove_peer(stage, *pick);
   }
   // No usable peer now: try again after the next refresh.
   later(self, st.opts.refresh_every, [=] { with_peer(self, stage, dir, samples, go); });
+}
+
+/// A hop's deadline: the configured timeout past the work the peer said was queued ahead (a
+/// long queue is not a failure; timing it out would send the work twice while the peer still
+/// computes the first copy, and queues would grow further: congestion collapse).
+caf::timespan hop_timeout(self_ptr self, double ahead) {
+  return self->state.opts.hop_timeout
+         + std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(ahead));
+}
+
+/// The peer's own compute time for a hop that took `elapsed` behind `ahead` seconds of queued
+/// work: the wiring estimates a peer's speed, not its queue (the probes see the queue).
+double service_seconds(caf::timespan elapsed, double ahead) {
+  auto dt = std::chrono::duration<double>(elapsed).count();
+  return std::max(dt - ahead, 0.1 * dt);
 }
 
 void on_hop_error(self_ptr self, uint64_t stage, const std::string& peer, mb_ptr mb) {
@@ -118,13 +220,14 @@ void on_hop_error(self_ptr self, uint64_t stage, const std::string& peer, mb_ptr
 
 void forward_hop(self_ptr self, caf::actor sink, mb_ptr mb, uint64_t stage) {
   auto samples = static_cast<double>(self->state.opts.microbatch);
-  with_peer(self, stage, pass::forward, samples, [=](std::string name, caf::actor peer) {
+  with_peer(self, stage, pass::forward, samples,
+            [=](std::string name, caf::actor peer, double ahead) {
     auto t0 = self->clock().now();
     stage_forward req{mb->inputs[stage], mb->targets, mb->seed};
-    self->request(peer, self->state.opts.hop_timeout, std::move(req))
+    self->request(peer, hop_timeout(self, ahead), std::move(req))
       .then(
         [=](tensor_msg& out) {
-          auto dt = std::chrono::duration<double>(self->clock().now() - t0).count();
+          auto dt = service_seconds(self->clock().now() - t0, ahead);
           self->state.wiring->report_success(stage, name, pass::forward, samples, dt);
           if (!out.ok()) {
             on_hop_error(self, stage, name, mb);
@@ -161,18 +264,19 @@ void finish_microbatch(self_ptr self, caf::actor sink, mb_ptr mb) {
     }
     return;
   }
-  start_microbatch(self, sink);
+  top_up(self, sink);
 }
 
 void backward_hop(self_ptr self, caf::actor sink, mb_ptr mb, uint64_t stage, tensor_msg grad) {
   auto samples = static_cast<double>(self->state.opts.microbatch);
-  with_peer(self, stage, pass::backward, samples, [=](std::string name, caf::actor peer) {
+  with_peer(self, stage, pass::backward, samples,
+            [=](std::string name, caf::actor peer, double ahead) {
     auto t0 = self->clock().now();
     stage_backward req{mb->inputs[stage], grad, mb->targets, mb->seed};
-    self->request(peer, self->state.opts.hop_timeout, std::move(req))
+    self->request(peer, hop_timeout(self, ahead), std::move(req))
       .then(
         [=](stage_backward_reply& reply) {
-          auto dt = std::chrono::duration<double>(self->clock().now() - t0).count();
+          auto dt = service_seconds(self->clock().now() - t0, ahead);
           self->state.wiring->report_success(stage, name, pass::backward, samples, dt);
           if (!reply.grad_input.ok()) {
             on_hop_error(self, stage, name, mb);
@@ -208,7 +312,22 @@ void start_microbatch(self_ptr self, caf::actor sink) {
   forward_hop(self, sink, mb, 0);
 }
 
-void refresh(self_ptr self, caf::actor board) {
+/// The window now: fixed, or following the live peers this trainer sees.
+int64_t window(self_ptr self) {
+  auto& o = self->state.opts;
+  return inflight_target(self->state.wiring->peer_count(), o.trainers, o.inflight_per_peer,
+                         o.inflight_cap, o.max_inflight);
+}
+
+/// Starts microbatches until the window is full (a shrinking window drains as they complete).
+void top_up(self_ptr self, caf::actor sink) {
+  auto& st = self->state;
+  auto target = window(self);
+  while (st.started - st.completed < target && st.started < st.opts.microbatches)
+    start_microbatch(self, sink);
+}
+
+void refresh(self_ptr self, caf::actor board, caf::actor sink) {
   for (uint64_t s = 0; s < self->state.opts.stages; ++s)
     self->request(board, self->state.opts.hop_timeout, get_atom::value, s)
       .then(
@@ -218,6 +337,8 @@ void refresh(self_ptr self, caf::actor board) {
           for (size_t i = 0; i < names.size(); ++i)
             m[names[i]] = handles[i];
           self->state.wiring->refresh(s, names);
+          if (self->state.running)
+            top_up(self, sink);
         },
         [](caf::error&) {});
 }
@@ -241,16 +362,16 @@ caf::behavior trainer_actor(self_ptr self, trainer_options opts,
     return {};
   }
   st.sampler.emplace(std::move(*sampler));
-  refresh(self, board);
+  refresh(self, board, sink);
   self->delayed_send(self, opts.refresh_every, tick_atom::value);
   // Start once the first refresh had a chance to land.
   later(self, caf::timespan{0}, [=] {
-    for (int64_t i = 0; i < self->state.opts.max_inflight; ++i)
-      start_microbatch(self, sink);
+    self->state.running = true;
+    top_up(self, sink);
   });
   return {
     [=](tick_atom) {
-      refresh(self, board);
+      refresh(self, board, sink);
       self->delayed_send(self, self->state.opts.refresh_every, tick_atom::value);
     },
     [=](tick_atom, uint64_t ticket) {

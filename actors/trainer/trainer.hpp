@@ -44,8 +44,19 @@ struct trainer_options {
   int64_t shards = 1;
   /// Microbatches to complete before the trainer stops.
   int64_t microbatches = 100;
-  /// Microbatches in flight at once (pipelining across stages).
+  /// Microbatches in flight at once (pipelining across stages); with `inflight_per_peer` the
+  /// window instead follows the live peers (`inflight_target` in wiring.hpp).
   int64_t max_inflight = 2;
+  /// Adaptive window: microbatches in flight per live stage peer seen, shared among `trainers`
+  /// trainers, at most `inflight_cap`; 0 = the fixed `max_inflight`.
+  double inflight_per_peer = 0;
+  int64_t inflight_cap = 1024;
+  int64_t trainers = 1;
+  /// Stochastic routing: probe two candidates per hop for their queued work and send to the one
+  /// that would finish first (power of two choices). Only modeled stage peers answer probes; a
+  /// probe without answer within `probe_timeout` counts as an infinitely long queue.
+  bool probe = false;
+  caf::timespan probe_timeout = std::chrono::seconds(2);
   /// A hop without answer by then is retried elsewhere.
   caf::timespan hop_timeout = std::chrono::seconds(10);
   /// A peer that failed is not picked again for this long.

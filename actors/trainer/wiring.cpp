@@ -18,6 +18,15 @@ double throughput_ema::value() const noexcept {
   return raw_ / (1.0 - decay_);
 }
 
+int64_t inflight_target(size_t peers_seen, int64_t trainers, double per_peer, int64_t cap,
+                        int64_t fallback) {
+  if (!(per_peer > 0) || peers_seen == 0 || trainers <= 0)
+    return fallback;
+  auto want = std::ceil(per_peer * static_cast<double>(peers_seen) / static_cast<double>(trainers));
+  auto top = static_cast<double>(std::max<int64_t>(1, cap));
+  return static_cast<int64_t>(std::clamp(want, 1.0, top));
+}
+
 wiring_policy::wiring_policy(size_t stages, wiring_options opts)
   : opts_(opts), stages_(stages), rng_(opts.seed) {}
 
@@ -101,17 +110,83 @@ void wiring_policy::readmit_expired(stage_state& s, double now) {
   }
 }
 
-std::optional<std::string> wiring_policy::pick(size_t stage, pass dir, double samples, double now) {
+std::optional<std::string> wiring_policy::peek(size_t stage, double now) {
   auto& s = stages_.at(stage);
   readmit_expired(s, now);
   if (s.ready.empty())
     return std::nullopt;
-  auto [load, id] = *s.ready.begin();
-  s.ready.erase(s.ready.begin());
-  auto& p = s.peers.at(id);
-  p.load = load + expected_seconds(s, p, dir, samples);
-  s.ready.emplace(p.load, id);
+  return s.ready.begin()->second;
+}
+
+std::optional<std::string> wiring_policy::pick(size_t stage, pass dir, double samples, double now) {
+  auto id = peek(stage, now);
+  if (id)
+    charge(stage, *id, dir, samples);
   return id;
+}
+
+std::vector<std::string> wiring_policy::sample(size_t stage, double now, size_t count) {
+  std::vector<std::string> out;
+  auto first = peek(stage, now);
+  if (!first || count == 0)
+    return out;
+  out.push_back(*first);
+  auto& s = stages_.at(stage);
+  // The other ready peers, weighted by their estimated forward throughput.
+  std::vector<std::pair<std::string, double>> pool;
+  for (auto& [load, id] : s.ready)
+    if (id != *first)
+      pool.emplace_back(id, 1.0 / expected_seconds(s, s.peers.at(id), pass::forward, 1.0));
+  while (out.size() < count && !pool.empty()) {
+    double total = 0;
+    for (auto& [id, w] : pool)
+      total += w;
+    auto x = std::uniform_real_distribution<double>{0.0, total}(rng_);
+    size_t k = 0;
+    for (; k + 1 < pool.size(); ++k) {
+      x -= pool[k].second;
+      if (x < 0)
+        break;
+    }
+    out.push_back(pool[k].first);
+    pool.erase(pool.begin() + static_cast<long>(k));
+  }
+  return out;
+}
+
+void wiring_policy::add_load(size_t stage, const std::string& peer, double delta) {
+  auto& s = stages_.at(stage);
+  auto it = s.peers.find(peer);
+  if (it == s.peers.end() || it->second.excluded_until)
+    return;
+  auto& p = it->second;
+  auto floor = delta < 0 ? min_load(s) : -std::numeric_limits<double>::infinity();
+  s.ready.erase({p.load, peer});
+  p.load = std::max(p.load + delta, std::min(floor, p.load));
+  s.ready.emplace(p.load, peer);
+}
+
+void wiring_policy::charge(size_t stage, const std::string& peer, pass dir, double samples) {
+  auto& s = stages_.at(stage);
+  auto it = s.peers.find(peer);
+  if (it == s.peers.end())
+    return;
+  add_load(stage, peer, expected_seconds(s, it->second, dir, samples));
+}
+
+void wiring_policy::refund(size_t stage, const std::string& peer, pass dir, double samples) {
+  auto& s = stages_.at(stage);
+  auto it = s.peers.find(peer);
+  if (it == s.peers.end())
+    return;
+  add_load(stage, peer, -expected_seconds(s, it->second, dir, samples));
+}
+
+size_t wiring_policy::peer_count() const {
+  size_t n = 0;
+  for (auto& s : stages_)
+    n += s.peers.size();
+  return n;
 }
 
 void wiring_policy::report_success(size_t stage, const std::string& peer, pass dir, double samples,

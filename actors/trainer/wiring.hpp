@@ -39,6 +39,15 @@ private:
   int64_t count_ = 0;
 };
 
+/// Microbatches one trainer keeps in flight (the adaptive window): `per_peer` times the live stage
+/// peers it sees over all stages, shared among `trainers` trainers, rounded up and clamped to
+/// [1, cap]. A microbatch sits at one stage peer at a time, so by Little's law every peer needs
+/// several queued (not about one) to stay busy while the others' replies travel and its own
+/// share fluctuates. `fallback` (the fixed window) when `per_peer` is not positive, no peer is
+/// seen yet or `trainers` is not positive.
+int64_t inflight_target(size_t peers_seen, int64_t trainers, double per_peer, int64_t cap,
+                        int64_t fallback);
+
 /// Direction of a hop through a stage.
 enum class pass { forward, backward };
 
@@ -78,8 +87,28 @@ public:
   void remove_peer(size_t stage, const std::string& peer);
 
   /// The peer to serve `samples` samples of `dir` work at time `now`, charged its expected time;
-  /// nullopt when the stage has no peer that is not excluded.
+  /// nullopt when the stage has no peer that is not excluded. Same as `peek` then `charge`.
   std::optional<std::string> pick(size_t stage, pass dir, double samples, double now);
+
+  /// The peer `pick` would choose at time `now` (the least accumulated expected time), without
+  /// charging it; nullopt when the stage has no peer that is not excluded.
+  std::optional<std::string> peek(size_t stage, double now);
+
+  /// Up to `count` distinct candidates for the next hop at time `now`, none charged: first the
+  /// peer `peek` gives, then peers drawn at random from the other ready ones with probability
+  /// proportional to their estimated forward throughput (seeded). Fewer when fewer are ready.
+  std::vector<std::string> sample(size_t stage, double now, size_t count);
+
+  /// Charges `peer` the expected time of `samples` samples of `dir` work (it moves down the
+  /// heap); no effect for an unknown or excluded peer.
+  void charge(size_t stage, const std::string& peer, pass dir, double samples);
+
+  /// Takes back a `charge` of the same work (a reservation that was not used); the peer's load
+  /// does not drop below the heap's minimum. No effect for an unknown or excluded peer.
+  void refund(size_t stage, const std::string& peer, pass dir, double samples);
+
+  /// Live peers known over all stages (excluded ones included).
+  size_t peer_count() const;
 
   /// Records that `peer` processed `samples` samples of `dir` work in `seconds`.
   void report_success(size_t stage, const std::string& peer, pass dir, double samples,
@@ -116,6 +145,7 @@ private:
   double expected_seconds(const stage_state& s, const peer_state& p, pass dir,
                           double samples) const;
   void readmit_expired(stage_state& s, double now);
+  void add_load(size_t stage, const std::string& peer, double delta);
 
   wiring_options opts_;
   std::vector<stage_state> stages_;

@@ -13,6 +13,7 @@
 #include "actors/stage/stage.hpp"
 #include "actors/supervisor/supervisor.hpp"
 #include "actors/trainer/trainer.hpp"
+#include "actors/trainer/wiring.hpp"
 #include "kernels/data/corpus.hpp"
 #include "messages/atoms.hpp"
 #include "messages/rebalance_atoms.hpp"
@@ -225,13 +226,21 @@ result<swarm_sim_result> simulate_swarm(const graph::swarm_graph& g,
 
   // Trainers: one node each. The fixed strategy runs one trainer per pipeline (peer k of every
   // stage), the others the graph's trainers; all keep the same total in flight.
-  auto total_inflight = g.trainers * g.max_inflight;
+  int64_t per_trainer = actors::trainer::inflight_target(
+    slots.size(), g.trainers, s.inflight_per_peer, s.inflight_cap, g.max_inflight);
+  auto total_inflight = g.trainers * per_trainer;
   std::vector<std::vector<size_t>> by_stage(stages);
   for (size_t slot = 0; slot < slots.size(); ++slot)
     by_stage[slots[slot].first].push_back(slot);
   int64_t trainers = g.trainers;
   int64_t inflight = g.max_inflight;
+  bool adaptive = s.inflight_per_peer > 0;
   if (s.routing == sim_routing::fixed) {
+    // A fixed pipeline runs at its slowest peer's pace: a window deeper than the graph's fixed
+    // one only queues at that peer, past the hop timeout (a timed-out hop is retried on the same
+    // peer, which still computes the first copy). So the pipelines share the graph's window.
+    adaptive = false;
+    total_inflight = g.trainers * g.max_inflight;
     size_t pipelines = slots.size();
     for (auto& v : by_stage)
       pipelines = std::min(pipelines, v.size());
@@ -253,6 +262,12 @@ result<swarm_sim_result> simulate_swarm(const graph::swarm_graph& g,
     if (s.routing == sim_routing::fixed)
       to.microbatches = (g.microbatches_per_trainer * g.trainers + trainers - 1) / trainers;
     to.max_inflight = inflight;
+    if (adaptive) {
+      to.inflight_per_peer = s.inflight_per_peer;
+      to.inflight_cap = s.inflight_cap;
+      to.trainers = trainers;
+    }
+    to.probe = s.probe && s.routing == sim_routing::stochastic;
     to.hop_timeout = caf::timespan{g.hop_timeout};
     to.refresh_every = span(s.refresh_every);
     to.exclude_for = span(s.refresh_every);
@@ -441,6 +456,9 @@ void read_sim_section(config_node& n, swarm_sim_settings& s, int64_t& peers_per_
     s.rebalance_period = std::chrono::nanoseconds{0};
   read_real(n, "rebalance_threshold", s.rebalance_threshold, 0.0, 10.0);
   read(n, "place_new_peers", s.place_new_peers);
+  read_real(n, "inflight_per_peer", s.inflight_per_peer, 0.0, 1000.0);
+  read_int(n, "inflight_cap", s.inflight_cap, 1, 1 << 20);
+  read(n, "probe", s.probe);
   read_duration(n, "report_every", s.report_every);
   read_duration(n, "refresh_every", s.refresh_every);
   read_duration(n, "bucket", s.bucket);
@@ -534,7 +552,13 @@ int run_swarm_sim(const experiment_config& cfg, const run_context& ctx) {
              "backward x{}, noise {}, {} per peer-hour + one per {:.0f} s preempted (restart {:.0f} s), "
              "link {:.0f} ms / {:.0f} MB/s, {:.0f} s simulated\n",
              g.stages.size(), g.peer_count(), speed_sum / static_cast<double>(g.peer_count()),
-             g.trainers, g.max_inflight, g.microbatch, s.forward_s, s.backward_factor, s.noise,
+             g.trainers,
+             s.inflight_per_peer > 0
+               ? std::to_string(actors::trainer::inflight_target(
+                   g.peer_count(), g.trainers, s.inflight_per_peer, s.inflight_cap,
+                   g.max_inflight))
+               : std::to_string(g.max_inflight),
+             g.microbatch, s.forward_s, s.backward_factor, s.noise,
              s.preemptions_per_hour, std::chrono::duration<double>(g.preempt_every).count(),
              std::chrono::duration<double>(g.restart_delay).count(),
              std::chrono::duration<double>(s.network.defaults.latency).count() * 1e3,
@@ -543,6 +567,12 @@ int run_swarm_sim(const experiment_config& cfg, const run_context& ctx) {
     fmt::print("note: modeled stage peers compute no gradients, so target_batch {} and gradient "
                "averaging are not simulated (only throughput is)\n",
                g.averaging.target_batch);
+  if (s.inflight_per_peer > 0)
+    fmt::print("in flight: {} per live stage peer over the trainers (at most {} per trainer, "
+               "following the peers they see); hop routing {}\n",
+               s.inflight_per_peer, s.inflight_cap,
+               s.probe ? "probes two candidates' queues (power of two choices)"
+                       : "by the wiring alone");
   std::fflush(stdout);
   jsonl_writer out{ctx.out_dir + "/metrics.jsonl"};
   auto run_one = [&](const std::string& name, swarm_sim_settings x) -> std::optional<swarm_sim_result> {

@@ -48,6 +48,13 @@ struct swarm_sim_settings {
   /// Extra time a state download takes (the modeled parameter transfer).
   std::chrono::nanoseconds state_transfer = std::chrono::seconds(2);
   sim_routing routing = sim_routing::stochastic;
+  /// Microbatches in flight: `inflight_per_peer` per live stage peer, shared by the trainers,
+  /// at most `inflight_cap` per trainer (trainer.hpp); 0 = the graph's fixed `max_inflight`.
+  /// Fixed pipelines get the same total as a fixed window per pipeline.
+  double inflight_per_peer = 6.0;
+  int64_t inflight_cap = 1024;
+  /// Stochastic routing probes two candidates per hop and picks the one that finishes first.
+  bool probe = true;
   /// Rebalancing: period (0 = off), threshold, and whether restarted peers join the stage that
   /// needs them most.
   std::chrono::nanoseconds rebalance_period = std::chrono::seconds(60);

@@ -201,3 +201,78 @@ TEST_CASE("stage peers on three simulated nodes find each other through the DHT;
     CHECK(got.steps > 0);
   }
 }
+
+namespace {
+
+/// Training samples (backwards) served by the peers named `names`, one trainer of 10
+/// microbatches through a one-stage swarm of two equal modeled peers, the first of which has
+/// 40 s of forwards queued from elsewhere; `probe` as in trainer_options.
+std::vector<uint64_t> served_with_one_peer_loaded(bool probe) {
+  runtime::sim::world_options wo;
+  wo.seed = 5;
+  runtime::sim::world w{wo};
+  auto& n = w.add_node("n");
+  auto& sys = w.system();
+  auto board = actors::stage::spawn_board(sys, 1);
+  n.adopt("board", board);
+  std::vector<caf::actor> peers;
+  for (std::string name : {"s0loaded", "s0idle"}) {
+    auto o = stage_opts(0, 0, 2, name);
+    o.modeled.enabled = true;
+    o.modeled.forward_s = 0.1; // a 4-sample forward takes 0.4 s, its backward 0.8 s
+    o.modeled.backward_factor = 2;
+    auto p = actors::stage::spawn_stage(sys, o, board);
+    n.adopt(name, p);
+    peers.push_back(p);
+  }
+  w.run();
+  // 100 forwards queued at the first peer by someone else: 40 s of work.
+  auto loaded = peers[0];
+  n.spawn("other", [loaded](caf::event_based_actor* self) {
+    for (int i = 0; i < 100; ++i) {
+      messages::stage_forward req{
+        messages::tensor_msg{torch::zeros({4, 8}, torch::kLong), kernels::codec_id::none, {}, {}},
+        messages::tensor_msg{torch::zeros({4, 8}, torch::kLong), kernels::codec_id::none, {}, {}},
+        uint64_t{1}};
+      self->request(loaded, caf::infinite, std::move(req))
+        .then([](messages::tensor_msg&) {}, [](caf::error&) {});
+    }
+    return caf::behavior{[](int) {}};
+  });
+  w.run_for(100ms);
+  auto t = std::make_shared<tally>();
+  auto sink = n.spawn("sink", counting_sink, t);
+  actors::trainer::trainer_options to;
+  to.stages = 1;
+  to.microbatch = 4;
+  to.seq_len = 8;
+  to.microbatches = 10;
+  to.max_inflight = 1;
+  to.hop_timeout = caf::timespan{120s};
+  to.refresh_every = caf::timespan{500ms};
+  to.codec = kernels::codec_id::none;
+  to.probe = probe;
+  to.seed = 9;
+  n.adopt("trainer", actors::trainer::spawn_trainer(sys, to, small_corpus(), board, sink));
+  REQUIRE(w.run_until([&] { return t->stops == 1; }, 600s));
+  CHECK(t->microbatches == 10);
+  std::vector<uint64_t> out;
+  for (auto& p : peers) {
+    auto st = testing::ask<std::vector<uint64_t>>(w, n, p, status_atom::value);
+    REQUIRE(st);
+    out.push_back((*st)[1]);
+  }
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("probing: the trainer sends each hop to the less loaded of two modeled peers") {
+  auto probed = served_with_one_peer_loaded(true);
+  CHECK(probed[0] == 0);      // the peer with 40 s queued served nothing
+  CHECK(probed[1] == 10 * 4); // the idle one everything
+  // Without probes the wiring alone does not see the other caller's queue: both serve.
+  auto blind = served_with_one_peer_loaded(false);
+  CHECK(blind[0] > 0);
+  CHECK(blind[0] + blind[1] == 10 * 4);
+}

@@ -169,3 +169,49 @@ TEST_CASE("a stage that loses half its peers gets them back from the others") {
   CHECK(periods <= 3);
   CHECK(s.min_throughput() == doctest::Approx(4.0)); // 12 peers over 3 stages
 }
+
+TEST_CASE("claims are weighted so that fast peers move first") {
+  rebalance_options o;
+  // Increasing in the relative speed, certain from claim_full on, positive for any peer.
+  CHECK(claim_probability(2.0, o) == 1.0);
+  CHECK(claim_probability(5.0, o) == 1.0);
+  CHECK(claim_probability(1.0, o) < claim_probability(1.5, o));
+  CHECK(claim_probability(0.5, o) < claim_probability(1.0, o));
+  CHECK(claim_probability(0.1, o) > 0.0);
+  CHECK(claim_probability(0.0, o) == 0.0);
+  rebalance_options unweighted;
+  unweighted.claim_full = 0;
+  CHECK(claim_probability(0.3, unweighted) == 1.0);
+  // A stage of 100 peers with lognormal speeds, all wanting to move; they check in a random order
+  // and the first that claims gets the period's one move (the board's lease). Over many periods
+  // the movers are mostly fast peers: faster on average than the stage, and the mean mover
+  // faster than the unweighted (first checker) mover.
+  std::mt19937_64 rng{5};
+  std::lognormal_distribution<double> speed{0.0, 0.5};
+  std::vector<double> v(100);
+  double mean = 0;
+  for (auto& x : v)
+    mean += x = speed(rng);
+  mean /= static_cast<double>(v.size());
+  std::uniform_real_distribution<double> u{0.0, 1.0};
+  double weighted = 0;
+  double plain = 0;
+  const int periods = 2000;
+  for (int k = 0; k < periods; ++k) {
+    std::vector<size_t> order(v.size());
+    for (size_t i = 0; i < order.size(); ++i)
+      order[i] = i;
+    std::shuffle(order.begin(), order.end(), rng);
+    plain += v[order[0]];
+    for (auto i : order)
+      if (u(rng) < claim_probability(v[i] / mean, o)) {
+        weighted += v[i];
+        break;
+      }
+  }
+  weighted /= periods;
+  plain /= periods;
+  CHECK(plain == doctest::Approx(mean).epsilon(0.1));
+  CHECK(weighted > 1.3 * mean);
+  CHECK(weighted > 1.3 * plain);
+}

@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 
@@ -117,4 +118,74 @@ TEST_CASE("refresh keeps known peers' measurements and exclusions") {
   CHECK((w.peers(0) == std::vector<std::string>{"a", "b", "c"}));
   w.refresh(0, {"c"});
   CHECK_FALSE(w.throughput(0, "a", pass::forward));
+}
+
+TEST_CASE("the in-flight window follows the live peers, shared by the trainers and capped") {
+  // 1000 peers, 6 per peer, 16 trainers: 375 each.
+  CHECK(inflight_target(1000, 16, 6.0, 1024, 64) == 375);
+  // Rounded up, never below one.
+  CHECK(inflight_target(10, 3, 1.0, 1024, 64) == 4);
+  CHECK(inflight_target(1, 100, 0.5, 1024, 64) == 1);
+  // The cap bounds it.
+  CHECK(inflight_target(1000, 1, 8.0, 512, 64) == 512);
+  // Fewer peers (preempted ones gone): a smaller window.
+  CHECK(inflight_target(800, 16, 6.0, 1024, 64) == 300);
+  // Off, no peer seen yet or no trainers: the fixed window.
+  CHECK(inflight_target(1000, 16, 0.0, 1024, 64) == 64);
+  CHECK(inflight_target(0, 16, 6.0, 1024, 64) == 64);
+  CHECK(inflight_target(1000, 0, 6.0, 1024, 64) == 64);
+}
+
+TEST_CASE("peek names the peer pick would choose without charging it; charge moves it down") {
+  wiring_policy w(1);
+  w.refresh(0, {"a", "b", "c"});
+  for (auto id : {"a", "b", "c"})
+    w.report_success(0, id, pass::forward, 1.0, 1.0);
+  auto first = w.peek(0, 0.0);
+  REQUIRE(first);
+  CHECK(w.peek(0, 0.0) == first); // peeking again: same answer, nothing charged
+  w.charge(0, *first, pass::forward, 1.0);
+  auto second = w.peek(0, 0.0);
+  REQUIRE(second);
+  CHECK(*second != *first);
+  // A refund takes the charge back (not below the minimum): the first is due again.
+  w.refund(0, *first, pass::forward, 1.0);
+  w.charge(0, *second, pass::forward, 1.0);
+  CHECK(w.peek(0, 0.0) != second);
+  // pick = peek + charge.
+  auto due = w.peek(0, 0.0);
+  CHECK(w.pick(0, pass::forward, 1.0, 0.0) == due);
+  CHECK(w.peek(0, 0.0) != due);
+}
+
+TEST_CASE("sample gives distinct candidates: the due peer first, others by throughput") {
+  wiring_options o;
+  o.seed = 11;
+  wiring_policy w(1, o);
+  w.refresh(0, {"due", "slow", "fast"});
+  w.report_success(0, "due", pass::forward, 1.0, 1.0);
+  w.report_success(0, "slow", pass::forward, 1.0, 1.0);  // 1 sample/s
+  w.report_success(0, "fast", pass::forward, 9.0, 1.0);  // 9 samples/s
+  // Make "due" the least loaded.
+  w.charge(0, "slow", pass::forward, 1.0);
+  w.charge(0, "fast", pass::forward, 9.0);
+  std::map<std::string, int> second;
+  for (int i = 0; i < 1000; ++i) {
+    auto c = w.sample(0, 0.0, 2);
+    REQUIRE(c.size() == 2);
+    CHECK(c[0] == "due");
+    CHECK(c[1] != c[0]);
+    ++second[c[1]];
+  }
+  // Nothing was charged: still the same first candidate; "fast" drawn ~9x as often as "slow".
+  CHECK(w.peek(0, 0.0) == std::optional<std::string>{"due"});
+  CHECK(second["fast"] > 800);
+  CHECK(second["slow"] > 50);
+  // Fewer ready peers than asked: as many as there are; excluded peers are not candidates.
+  w.exclude(0, "fast", 10.0);
+  auto c = w.sample(0, 0.0, 5);
+  CHECK(c.size() == 2);
+  CHECK(std::find(c.begin(), c.end(), "fast") == c.end());
+  wiring_policy empty(1);
+  CHECK(empty.sample(0, 0.0, 2).empty());
 }
