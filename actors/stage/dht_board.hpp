@@ -31,6 +31,12 @@ struct dht_board_options {
   caf::timespan announce_period = std::chrono::seconds(2);
   /// Timeout of DHT reads and of resolving a peer's address.
   caf::timespan timeout = std::chrono::seconds(5);
+  /// How long a throughput report stays in the DHT (peers report more often than this).
+  caf::timespan load_ttl = std::chrono::seconds(90);
+  /// How long a migration claim waits between storing itself and reading the claims back: claims
+  /// stored within this window of each other all see each other (it must exceed a store's
+  /// latency; keep it well below the claimants' request timeout).
+  caf::timespan claim_settle = std::chrono::milliseconds(500);
 };
 
 /// The DHT key of stage `stage`'s peers.
@@ -41,7 +47,22 @@ std::string stage_key(const std::string& prefix, size_t stage);
 ///   (until it dies);
 /// - `(get_atom, uint64_t stage) -> (std::vector<std::string>, std::vector<caf::actor>)` lists a
 ///   stage's live peers (addresses and handles, same order; empty when none is known);
-/// - `(list_atom) -> std::vector<uint64_t>` the number of announced peers per stage.
+/// - `(list_atom) -> std::vector<uint64_t>` the number of announced peers per stage;
+/// and the rebalancing messages of board.hpp, kept in dictionary records next to the stage's:
+/// - `<prefix>/stage<i>/load`: sub-key = a live peer's address, value "<throughput> <queue>"
+///   (`encode_load_report`), expiring after `load_ttl`; reports of peers not in the stage's
+///   record are ignored;
+/// - `<prefix>/stage<i>/joining`: sub-key = a unique id of this board, value = the expected
+///   throughput, expiring after the hold; when a local peer announces itself in that stage, the
+///   board's oldest joiner there is overwritten with "done" (a later expiration wins) so that it
+///   is not counted twice;
+/// - `<prefix>/stage<i>/migration`: a claim stores a sub-key of this board expiring after the
+///   period, reads the record back after `claim_settle` and is granted when its (expiration,
+///   sub-key) is the least of the unexpired claims: the first claim of a period wins, later ones
+///   see it and lose, and claims made within `claim_settle` of each other see each other.
+///   Agreement holds as far as the DHT's replicas agree (a claim stored while a partition hides
+///   the earlier one is granted too).
+/// Totals and placement follow `total_of` and `stage_for_newcomer` (load_view.hpp).
 caf::actor spawn_dht_board(caf::actor_system& sys, caf::actor dht, caf::actor resolver,
                            dht_board_options opts);
 

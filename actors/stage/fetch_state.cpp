@@ -107,4 +107,28 @@ void fetch_stage_state(caf::event_based_actor* self, const caf::actor& board, ui
       [=](caf::error&) { none(true); });
 }
 
+std::function<void()> make_join_download(
+    caf::event_based_actor* self, caf::actor board, uint64_t stage, join_options opts,
+    std::function<bool(const messages::stage_state&, size_t)> take, std::function<void()> start) {
+  auto first_try = self->clock().now();
+  return [=] {
+    auto retry_or_start = [=](bool stage_empty) {
+      auto waited = self->clock().now() - first_try;
+      if (opts.download_state && !(stage_empty && waited >= opts.patience))
+        self->delayed_send(self, opts.retry_every, state_atom::value);
+      else
+        start();
+    };
+    fetch_stage_state(
+        self, board, stage, opts.timeout, 0,
+        [=](const messages::stage_state& s, size_t donors) {
+          if (take(s, donors))
+            start();
+          else
+            retry_or_start(false);
+        },
+        retry_or_start); // an empty stage, or every donor failed
+  };
+}
+
 } // namespace starling::actors::stage

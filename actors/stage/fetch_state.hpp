@@ -27,4 +27,28 @@ void fetch_stage_state(caf::event_based_actor* self, const caf::actor& board, ui
                        std::function<void(const messages::stage_state&, size_t donors)> got,
                        std::function<void(bool stage_empty)> none);
 
+/// When a joining peer gives up on its stage's state and starts from its own.
+struct join_options {
+  /// Keep asking until a donor answers; false: start as soon as the stage turns out empty.
+  bool download_state = false;
+  /// Per request to the board and to each donor.
+  caf::timespan timeout;
+  /// Between attempts.
+  caf::timespan retry_every;
+  /// An empty stage for this long ends the wait even when `download_state` is set.
+  caf::timespan patience;
+};
+
+/// The download a peer runs before serving, as a function to call again for each retry: it
+/// fetches the stage's state (`fetch_stage_state`) and hands it to `take` (false: rejected, ask
+/// again); when the stage is empty or every donor failed, it either schedules a retry (sends
+/// `state_atom` to `self` after `retry_every`: the peer's `(state_atom)` handler calls the
+/// function again while not ready) or gives up. `start` runs once the state was taken or the
+/// peer gave up on it.
+std::function<void()>
+make_join_download(caf::event_based_actor* self, caf::actor board, uint64_t stage,
+                   join_options opts,
+                   std::function<bool(const messages::stage_state&, size_t donors)> take,
+                   std::function<void()> start);
+
 } // namespace starling::actors::stage

@@ -107,6 +107,23 @@ void compute(self_ptr self, double work, std::function<void()> deliver,
     std::move(fail));
 }
 
+/// Answers `value` after `delay` of virtual time (the modeled cost of sending it), at once when
+/// the delay is not positive.
+template <class T>
+caf::result<T> reply_after(self_ptr self, caf::timespan delay, T value) {
+  if (delay <= caf::timespan{0})
+    return value;
+  auto rp = self->make_response_promise<T>();
+  hold(
+    self, delay, [rp, v = std::move(value)]() mutable { rp.deliver(std::move(v)); },
+    [rp](const caf::error& e) mutable { rp.deliver(e); });
+  return rp;
+}
+
+caf::error still_starting() {
+  return caf::make_error(caf::sec::runtime_error, "stage peer is still starting");
+}
+
 int64_t batch_of(const tensor_msg& t) {
   return t.tensor.defined() && t.tensor.dim() > 0 ? std::max<int64_t>(1, t.tensor.size(0)) : 1;
 }
@@ -135,28 +152,16 @@ caf::behavior modeled_stage(self_ptr self, stage_options opts, caf::actor board)
     self->send(self->state.board, put_atom::value, self->state.opts.stage, self->state.opts.name,
                caf::actor_cast<caf::actor>(self));
   };
-  // State download as in the real peer: from every live peer of the stage at once, the first
-  // answer wins; a (re)joining peer retries until a donor answers or the stage stays empty for
-  // `download_patience`.
-  auto download = std::make_shared<std::function<void()>>();
-  auto first_try = self->clock().now();
-  *download = [=] {
-    auto retry_or_start = [=](bool stage_empty) {
-      auto waited = self->clock().now() - first_try;
-      if (self->state.opts.download_state
-          && !(stage_empty && waited >= self->state.opts.download_patience))
-        self->delayed_send(self, self->state.opts.retry_every, state_atom::value);
-      else
-        announce();
-    };
-    fetch_stage_state(
-      self, self->state.board, self->state.opts.stage, self->state.opts.timeout, 0,
-      [=](const stage_state& s, size_t) {
-        self->state.steps = s.steps;
-        announce();
-      },
-      retry_or_start);
-  };
+  // State download as in the real peer; a (re)joining peer retries until a donor answers or the
+  // stage stays empty for `download_patience`.
+  auto download = std::make_shared<std::function<void()>>(make_join_download(
+    self, board, opts.stage,
+    {opts.download_state, opts.timeout, opts.retry_every, opts.download_patience},
+    [=](const stage_state& s, size_t) {
+      self->state.steps = s.steps;
+      return true;
+    },
+    announce));
   if (opts.download_state)
     (*download)();
   else
@@ -225,38 +230,26 @@ caf::behavior modeled_stage(self_ptr self, stage_options opts, caf::actor board)
     [=](get_atom, state_atom) -> caf::result<stage_state> {
       auto& s = self->state;
       if (!s.ready)
-        return caf::make_error(caf::sec::runtime_error, "stage peer is still starting");
+        return still_starting();
       stage_state out;
       out.steps = s.steps;
       out.samples = s.samples;
-      if (s.opts.modeled.state_transfer <= caf::timespan{0})
-        return out;
-      auto rp = self->make_response_promise<stage_state>();
-      hold(
-        self, s.opts.modeled.state_transfer, [rp, out]() mutable { rp.deliver(out); },
-        [rp](const caf::error& e) mutable { rp.deliver(e); });
-      return rp;
+      return reply_after(self, s.opts.modeled.state_transfer, std::move(out));
     },
     // One part of the (modeled, empty) state: its transfer takes its share of the whole's time.
     [=](get_atom, state_atom, uint64_t part,
         uint64_t parts) -> caf::result<messages::stage_state_part> {
       auto& s = self->state;
       if (!s.ready)
-        return caf::make_error(caf::sec::runtime_error, "stage peer is still starting");
+        return still_starting();
       stage_state whole;
       whole.steps = s.steps;
       whole.samples = s.samples;
       auto cut = cut_state_part(whole, state_digest(whole), part, parts);
       if (!cut.ok())
         return caf::make_error(caf::sec::invalid_argument, cut.error().what);
-      if (s.opts.modeled.state_transfer <= caf::timespan{0})
-        return std::move(*cut);
-      auto rp = self->make_response_promise<messages::stage_state_part>();
-      hold(
-        self, s.opts.modeled.state_transfer / static_cast<int64_t>(parts),
-        [rp, out = std::move(*cut)]() mutable { rp.deliver(std::move(out)); },
-        [rp](const caf::error& e) mutable { rp.deliver(e); });
-      return rp;
+      return reply_after(self, s.opts.modeled.state_transfer / static_cast<int64_t>(parts),
+                         std::move(*cut));
     },
     [=](state_atom) {
       if (!self->state.ready)

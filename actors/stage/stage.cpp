@@ -208,51 +208,39 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
   // Download the stage's state from a live peer before serving (from every live peer at once; the
   // first complete state wins). A peer of the initial generation whose stage has nobody yet
   // starts from the seeded initialization; a (re)joining peer keeps trying until a donor answers.
-  auto download = std::make_shared<std::function<void()>>();
-  auto first_try = self->clock().now();
-  *download = [=] {
-    auto retry_or_start = [=](bool stage_empty) {
-      auto waited = self->clock().now() - first_try;
-      if (self->state.opts.download_state
-          && !(stage_empty && waited >= self->state.opts.download_patience))
-        self->delayed_send(self, self->state.opts.retry_every, state_atom::value);
-      else
-        announce();
-    };
-    fetch_stage_state(
-      self, self->state.board, self->state.opts.stage, self->state.opts.timeout, 0,
+  auto download = std::make_shared<std::function<void()>>(make_join_download(
+      self, board, opts.stage,
+      {opts.download_state, opts.timeout, opts.retry_every, opts.download_patience},
       [=](const stage_state& s, size_t donors) {
         if (auto r = load(self->state, s); !r.ok()) {
           aout(self) << self->state.opts.name << ": cannot take the downloaded state (" << r.what()
                      << "); asking again\n";
-          retry_or_start(false);
-          return;
+          return false;
         }
         self->state.dl.downloads++;
         self->state.dl.donors += donors;
-        announce();
+        return true;
       },
-      retry_or_start); // an empty stage, or every donor failed
-  };
+      announce));
   (*download)();
   auto gossip = [=] {
     self->request(self->state.board, self->state.opts.timeout, get_atom::value,
                   self->state.opts.stage)
-      .then(
-        [=](const std::vector<std::string>&, const std::vector<caf::actor>& peers) {
-          std::vector<caf::actor> others;
-          for (auto& p : peers)
-            if (p.address() != self->address())
-              others.push_back(p);
-          if (others.empty())
-            return;
-          std::uniform_int_distribution<size_t> pick{0, others.size() - 1};
-          self->request(others[pick(self->state.rng)], self->state.opts.timeout, get_atom::value,
-                        state_atom::value)
-            .then([=](const stage_state& s) { average_with(self->state, s); },
-                  [](caf::error&) {});
-        },
-        [](caf::error&) {});
+        .then(
+            [=](const std::vector<std::string>&, const std::vector<caf::actor>& peers) {
+              std::vector<caf::actor> others;
+              for (auto& p : peers)
+                if (p.address() != self->address())
+                  others.push_back(p);
+              if (others.empty())
+                return;
+              std::uniform_int_distribution<size_t> pick{0, others.size() - 1};
+              self->request(others[pick(self->state.rng)], self->state.opts.timeout,
+                            get_atom::value, state_atom::value)
+                  .then([=](const stage_state& s) { average_with(self->state, s); },
+                        [](caf::error&) {});
+            },
+            [](caf::error&) {});
   };
   // -- collaborative stepping ------------------------------------------------------------------
   // Steps on `grad` (the mean gradient of the step, averaged or own) unless `skip`, keeping the

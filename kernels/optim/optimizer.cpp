@@ -119,22 +119,25 @@ std::vector<torch::Tensor> all_params(const torch::optim::Optimizer& opt) {
   return out;
 }
 
-bool is_amsgrad(const torch::optim::Optimizer& opt) {
+/// Which optimizer has a canonical moment form: Adam (without amsgrad, whose extra maximum
+/// the form does not carry) or LAMB.
+enum class canonical_kind { adam, lamb };
+
+result<canonical_kind> check_canonical(const torch::optim::Optimizer& opt) {
+  bool adam = dynamic_cast<const torch::optim::Adam*>(&opt) != nullptr;
+  if (!adam && dynamic_cast<const lamb*>(&opt) == nullptr)
+    return fail("only Adam and LAMB states have a canonical form");
   for (auto& g : opt.param_groups())
     if (auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&g.options()); o && o->amsgrad())
-      return true;
-  return false;
+      return fail("Adam with amsgrad has no canonical form here");
+  return adam ? canonical_kind::adam : canonical_kind::lamb;
 }
 
 } // namespace
 
 result<optimizer_moments> save_optimizer_moments(const torch::optim::Optimizer& opt) {
-  bool adam = dynamic_cast<const torch::optim::Adam*>(&opt) != nullptr;
-  bool lmb = dynamic_cast<const lamb*>(&opt) != nullptr;
-  if (!adam && !lmb)
-    return fail("only Adam and LAMB states have a canonical form");
-  if (is_amsgrad(opt))
-    return fail("Adam with amsgrad has no canonical form here");
+  if (auto kind = check_canonical(opt); !kind)
+    return kind.error();
   torch::NoGradGuard guard;
   auto params = all_params(opt);
   std::vector<torch::Tensor> firsts, seconds;
@@ -166,12 +169,10 @@ result<optimizer_moments> save_optimizer_moments(const torch::optim::Optimizer& 
 }
 
 status load_optimizer_moments(torch::optim::Optimizer& opt, const optimizer_moments& m) {
-  bool adam = dynamic_cast<const torch::optim::Adam*>(&opt) != nullptr;
-  bool lmb = dynamic_cast<const lamb*>(&opt) != nullptr;
-  if (!adam && !lmb)
-    return fail("only Adam and LAMB states have a canonical form");
-  if (is_amsgrad(opt))
-    return fail("Adam with amsgrad has no canonical form here");
+  auto kind = check_canonical(opt);
+  if (!kind)
+    return kind.error();
+  bool adam = *kind == canonical_kind::adam;
   auto params = all_params(opt);
   if (m.steps.size() != params.size())
     return fail(fmt::format("optimizer state for {} parameter tensors, the optimizer has {}",

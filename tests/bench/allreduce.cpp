@@ -7,8 +7,15 @@
 // Times are medians of `reps` rounds after one warm-up; RSS is each process's peak resident
 // memory (the largest over the N processes is printed). Both run in fresh processes per row.
 //
-// usage: bench_allreduce [reps] [sizes...]   (default 3; 1M and 16M floats; N in {2, 4})
+// "mse" is the mean squared error of the last round's result against the exact mean (computed
+// after the peak RSS was taken).
+//
+// usage: bench_allreduce [--n 2,4] [--kinds starling,starling-fp16,starling-bw8]
+//                        [--netns PREFIX] [reps] [sizes...]   (default 3; 1M and 16M floats)
+//   --netns PREFIX  child r runs in network namespace PREFIX<r> at 10.77.0.<r+1> (set up, shaped
+//                   and removed by scripts/netns-allreduce, which passes this option)
 // children: bench_allreduce --child gloo|starling|starling-fp16|starling-bw8 RANK N NUMEL DIR REPS
+//           (address from $STARLING_BENCH_HOST, default 127.0.0.1)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -40,6 +47,26 @@ using clk = std::chrono::steady_clock;
 
 namespace {
 
+/// The address this child listens on: its namespace's in the netns run, else loopback.
+std::string bench_host() {
+  auto* h = std::getenv("STARLING_BENCH_HOST");
+  return h && *h ? h : "127.0.0.1";
+}
+
+/// Mean squared error of `got` against the exact mean of the N inputs (rank r's input is
+/// `randn(numel)` seeded with r), generated one at a time.
+double mse_to_mean(const torch::Tensor& got, int n, int64_t numel) {
+  auto mean = torch::zeros({numel});
+  for (int r = 0; r < n; ++r) {
+    torch::manual_seed(r);
+    mean.add_(torch::randn({numel}));
+  }
+  mean.div_(n);
+  return got.defined() && got.numel() == numel
+             ? (got.to(torch::kFloat).reshape({-1}) - mean).pow(2).mean().item<double>()
+             : -1.0;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -48,12 +75,13 @@ double median(std::vector<double> v) {
 int child_gloo(int rank, int n, int64_t numel, const std::string& dir, int reps) {
   auto store = c10::make_intrusive<::c10d::FileStore>(dir + "/gloo.store", n);
   auto opts = ::c10d::ProcessGroupGloo::Options::create();
-  opts->devices.push_back(::c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  opts->devices.push_back(::c10d::ProcessGroupGloo::createDeviceForHostname(bench_host()));
   opts->timeout = std::chrono::seconds(120);
   ::c10d::ProcessGroupGloo pg(store, rank, n, opts);
   torch::manual_seed(rank);
   auto x = torch::randn({numel});
   std::vector<double> times;
+  torch::Tensor last;
   for (int i = 0; i <= reps; ++i) {
     std::vector<at::Tensor> ts{x.clone()};
     std::vector<at::Tensor> bar{torch::zeros({1})};
@@ -63,9 +91,11 @@ int child_gloo(int rank, int n, int64_t numel, const std::string& dir, int reps)
     auto dt = std::chrono::duration<double>(clk::now() - t0).count();
     if (i > 0)
       times.push_back(dt);
+    last = ts[0];
   }
-  fmt::print("RESULT {} {:.6f} {:.6f} {} 0\n", rank, median(times), median(times),
-             runtime::peak_rss_bytes());
+  auto rss = runtime::peak_rss_bytes();
+  auto mse = mse_to_mean(last / n, n, numel);
+  fmt::print("RESULT {} {:.6f} {:.6f} {} 0 {:.3e}\n", rank, median(times), median(times), rss, mse);
   std::fflush(stdout);
   return 0;
 }
@@ -86,6 +116,7 @@ int child_starling(int rank, int n, int64_t numel, const std::string& dir, int r
   runtime::caf_options caf_opts;
   caf_opts.scheduler_policy = "sharing";
   runtime::node_options node_opts;
+  node_opts.listen = bench_host() + ":0";
   auto nd = runtime::node::start(caf_opts, node_opts, "bench" + std::to_string(rank));
   if (!nd) {
     fmt::print(stderr, "node: {}\n", nd.error().what);
@@ -120,6 +151,7 @@ int child_starling(int rank, int n, int64_t numel, const std::string& dir, int r
   torch::manual_seed(rank);
   auto x = torch::randn({numel});
   std::vector<double> rounds, walls;
+  torch::Tensor last;
   int bad = 0;
   {
     caf::scoped_actor self{node.system()};
@@ -142,6 +174,8 @@ int child_starling(int rank, int n, int64_t numel, const std::string& dir, int r
                   rounds.push_back(static_cast<double>(r.report.round_ns) * 1e-9);
                   walls.push_back(wall);
                 }
+                if (!r.tensors.empty())
+                  last = r.tensors.front().tensor;
               },
               [&](caf::error& e) {
                 ++bad;
@@ -149,8 +183,10 @@ int child_starling(int rank, int n, int64_t numel, const std::string& dir, int r
               });
     }
   }
-  fmt::print("RESULT {} {:.6f} {:.6f} {} {}\n", rank, median(rounds), median(walls),
-             runtime::peak_rss_bytes(), bad);
+  auto rss = runtime::peak_rss_bytes();
+  auto mse = mse_to_mean(last, n, numel);
+  fmt::print("RESULT {} {:.6f} {:.6f} {} {} {:.3e}\n", rank, median(rounds), median(walls), rss,
+             bad, mse);
   std::fflush(stdout);
   std::this_thread::sleep_for(std::chrono::seconds(1)); // let the others finish their rounds
   node.shutdown();
@@ -158,19 +194,24 @@ int child_starling(int rank, int n, int64_t numel, const std::string& dir, int r
 }
 
 struct row {
-  double time = 0, wall = 0;
+  double time = 0, wall = 0, mse = 0;
   uint64_t rss = 0;
   int bad = 0;
   bool ok = false;
 };
 
-row run_children(const std::string& kind, int n, int64_t numel, int reps) {
+row run_children(const std::string& kind, int n, int64_t numel, int reps,
+                 const std::string& netns) {
   char tmpl[] = "/tmp/starling-allreduce-XXXXXX";
   std::string dir = mkdtemp(tmpl);
   std::vector<FILE*> pipes;
   for (int r = 0; r < n; ++r) {
-    auto cmd = fmt::format("timeout 600 /proc/{}/exe --child {} {} {} {} {} {}", getpid(), kind,
-                           r, n, numel, dir, reps);
+    auto where = netns.empty()
+                     ? std::string{}
+                     : fmt::format("ip netns exec {}{} env STARLING_BENCH_HOST=10.77.0.{} ", netns,
+                                   r, r + 1);
+    auto cmd = fmt::format("{}timeout 600 /proc/{}/exe --child {} {} {} {} {} {}", where, getpid(),
+                           kind, r, n, numel, dir, reps);
     pipes.push_back(popen(cmd.c_str(), "r"));
   }
   row out;
@@ -179,9 +220,11 @@ row run_children(const std::string& kind, int n, int64_t numel, int reps) {
     char line[512];
     while (p && fgets(line, sizeof line, p)) {
       int rank = 0, bad = 0;
-      double t = 0, w = 0;
+      double t = 0, w = 0, mse = 0;
       unsigned long long rss = 0;
-      if (std::sscanf(line, "RESULT %d %lf %lf %llu %d", &rank, &t, &w, &rss, &bad) == 5) {
+      if (std::sscanf(line, "RESULT %d %lf %lf %llu %d %lf", &rank, &t, &w, &rss, &bad, &mse) ==
+          6) {
+        out.mse = std::max(out.mse, mse);
         out.time = std::max(out.time, t);
         out.wall = std::max(out.wall, w);
         out.rss = std::max<uint64_t>(out.rss, rss);
@@ -217,27 +260,73 @@ int main(int argc, char** argv) {
       return child_starling(rank, n, numel, dir, reps, kernels::codec_id::blockwise8);
     return 2;
   }
-  int reps = argc > 1 ? std::atoi(argv[1]) : 3;
+  std::vector<int> ns{2, 4};
+  std::vector<std::string> kinds{"starling", "starling-fp16", "starling-bw8"};
+  std::string netns;
+  std::vector<std::string> positional;
+  auto split = [](const std::string& s) {
+    std::vector<std::string> out;
+    size_t at = 0;
+    while (at <= s.size()) {
+      auto comma = s.find(',', at);
+      auto end = comma == std::string::npos ? s.size() : comma;
+      if (end > at)
+        out.push_back(s.substr(at, end - at));
+      at = end + 1;
+    }
+    return out;
+  };
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    bool has_value = i + 1 < argc;
+    if (a == "--n" && has_value) {
+      ns.clear();
+      for (auto& v : split(argv[++i]))
+        ns.push_back(std::atoi(v.c_str()));
+    } else if (a == "--kinds" && has_value) {
+      kinds = split(argv[++i]);
+    } else if (a == "--netns" && has_value) {
+      netns = argv[++i];
+    } else if (a.rfind("--", 0) == 0) {
+      fmt::print(stderr, "bench_allreduce: unknown option {} (see the header of allreduce.cpp)\n",
+                 a);
+      return 2;
+    } else {
+      positional.push_back(a);
+    }
+  }
+  for (auto n : ns)
+    if (n < 2 || n > 16) {
+      fmt::print(stderr, "bench_allreduce: N must be 2..16\n");
+      return 2;
+    }
+  for (auto& k : kinds)
+    if (k != "starling" && k != "starling-fp16" && k != "starling-bw8") {
+      fmt::print(stderr, "bench_allreduce: unknown kind {}\n", k);
+      return 2;
+    }
+  int reps = positional.empty() ? 3 : std::max(1, std::atoi(positional[0].c_str()));
   std::vector<int64_t> sizes;
-  for (int i = 2; i < argc; ++i)
-    sizes.push_back(std::atoll(argv[i]));
+  for (size_t i = 1; i < positional.size(); ++i)
+    sizes.push_back(std::atoll(positional[i].c_str()));
   if (sizes.empty())
     sizes = {int64_t{1} << 20, int64_t{16} << 20};
-  fmt::print("all-reduce over loopback, median of {} rounds; time = slowest process; rss = largest "
-             "peak RSS\n",
-             reps);
-  fmt::print("{:>2} {:>10} {:>14} {:>10} {:>10} {:>9} {:>8} {:>6}\n", "N", "floats", "method",
-             "time_s", "wall_s", "rss_MiB", "x_gloo", "ok");
-  for (int n : {2, 4})
+  fmt::print("all-reduce {}, median of {} rounds; time = slowest process; rss = largest "
+             "peak RSS; mse = error against the exact mean\n",
+             netns.empty() ? "over loopback" : "across network namespaces " + netns + "*", reps);
+  fmt::print("{:>2} {:>10} {:>14} {:>10} {:>10} {:>9} {:>8} {:>9} {:>6}\n", "N", "floats", "method",
+             "time_s", "wall_s", "rss_MiB", "x_gloo", "mse", "ok");
+  for (int n : ns)
     for (auto numel : sizes) {
-      auto g = run_children("gloo", n, numel, reps);
-      fmt::print("{:>2} {:>10} {:>14} {:>10.4f} {:>10} {:>9.1f} {:>8} {:>6}\n", n, numel, "gloo",
-                 g.time, "-", g.rss / 1048576.0, "1.00", g.ok ? "yes" : "NO");
-      for (std::string kind : {"starling", "starling-fp16", "starling-bw8"}) {
-        auto s = run_children(kind, n, numel, reps);
-        fmt::print("{:>2} {:>10} {:>14} {:>10.4f} {:>10.4f} {:>9.1f} {:>8.2f} {:>6}\n", n, numel,
-                   kind, s.time, s.wall, s.rss / 1048576.0, g.time > 0 ? s.time / g.time : 0.0,
-                   s.ok && s.bad == 0 ? "yes" : "NO");
+      auto g = run_children("gloo", n, numel, reps, netns);
+      fmt::print("{:>2} {:>10} {:>14} {:>10.4f} {:>10} {:>9.1f} {:>8} {:>9.2e} {:>6}\n", n, numel,
+                 "gloo", g.time, "-", g.rss / 1048576.0, "1.00", g.mse, g.ok ? "yes" : "NO");
+      std::fflush(stdout);
+      for (auto& kind : kinds) {
+        auto s = run_children(kind, n, numel, reps, netns);
+        fmt::print("{:>2} {:>10} {:>14} {:>10.4f} {:>10.4f} {:>9.1f} {:>8.2f} {:>9.2e} {:>6}\n", n,
+                   numel, kind, s.time, s.wall, s.rss / 1048576.0,
+                   g.time > 0 ? s.time / g.time : 0.0, s.mse, s.ok && s.bad == 0 ? "yes" : "NO");
         std::fflush(stdout);
       }
     }

@@ -93,6 +93,27 @@ void start_trainer(runtime::sim::world& w, std::shared_ptr<tally> t, int64_t mic
                                                      n0.lookup("board"), sink));
 }
 
+/// What a newcomer to stage 1 (spawned on node 0 with `download_state`) ends with after 10 s.
+struct newcomer_view {
+  std::vector<uint64_t> status; // the stage peer's 10 counters
+  messages::stage_state state;
+};
+
+newcomer_view join_newcomer(runtime::sim::world& w) {
+  auto& n0 = w.node(0);
+  auto o = avg_stage_opts(1, "s1new");
+  o.download_state = true;
+  auto fresh = actors::stage::spawn_stage(w.system(), o, n0.lookup("board"));
+  n0.adopt("s1new", fresh);
+  w.run_for(10s);
+  auto ns = ask<std::vector<uint64_t>>(w, n0, fresh, status_atom::value);
+  REQUIRE(ns);
+  REQUIRE(ns->size() == 10);
+  auto got = ask<messages::stage_state>(w, n0, fresh, get_atom::value, state_atom::value);
+  REQUIRE(got);
+  return {*ns, *got};
+}
+
 } // namespace
 
 TEST_CASE("stage peers with averaging take the same global steps on averaged gradients and end "
@@ -171,23 +192,14 @@ TEST_CASE("stage peers with averaging take the same global steps on averaged gra
   CHECK(t->losses.back() < t->losses.front());
   // A newcomer downloads the stage's state in two parts, one from each peer: the averaged
   // replicas are bit for bit the same state (parameters, optimizer, step), so the parts match.
-  auto o = avg_stage_opts(1, "s1new");
-  o.download_state = true;
-  auto fresh = actors::stage::spawn_stage(w.system(), o, n0.lookup("board"));
-  n0.adopt("s1new", fresh);
-  w.run_for(10s);
-  auto ns = ask<std::vector<uint64_t>>(w, n0, fresh, status_atom::value);
-  REQUIRE(ns);
-  REQUIRE(ns->size() == 10);
-  CHECK((*ns)[0] == stats[0][0]); // the stage's step
-  CHECK((*ns)[8] == 1);           // one download ...
-  CHECK((*ns)[9] == 2);           // ... from two donors
-  auto got = ask<messages::stage_state>(w, n0, fresh, get_atom::value, state_atom::value);
-  REQUIRE(got);
-  CHECK(torch::equal(got->params.tensor, states[0].params.tensor));
-  CHECK(torch::equal(got->moments.tensor, states[0].moments.tensor));
-  CHECK(got->optimizer_steps == states[0].optimizer_steps);
-  CHECK(got->optimizer_steps.front() == stats[0][0]); // Adam stepped with every global step
+  auto nc = join_newcomer(w);
+  CHECK(nc.status[0] == stats[0][0]); // the stage's step
+  CHECK(nc.status[8] == 1);           // one download ...
+  CHECK(nc.status[9] == 2);           // ... from two donors
+  CHECK(torch::equal(nc.state.params.tensor, states[0].params.tensor));
+  CHECK(torch::equal(nc.state.moments.tensor, states[0].moments.tensor));
+  CHECK(nc.state.optimizer_steps == states[0].optimizer_steps);
+  CHECK(nc.state.optimizer_steps.front() == stats[0][0]); // Adam stepped with every global step
 }
 
 TEST_CASE("a stage peer with averaging but no partner steps on its own gradients and counts it") {
@@ -307,25 +319,15 @@ TEST_CASE("a newcomer whose donors hold different states falls back to one donor
     x.adopt(o.name, actors::stage::spawn_stage(w.system(), o, x.lookup("board")));
   }
   w.run_for(3s);
-  auto& n0 = w.node(0);
-  auto o = avg_stage_opts(1, "s1new");
-  o.download_state = true;
-  auto fresh = actors::stage::spawn_stage(w.system(), o, n0.lookup("board"));
-  n0.adopt("s1new", fresh);
-  w.run_for(10s);
-  auto ns = ask<std::vector<uint64_t>>(w, n0, fresh, status_atom::value);
-  REQUIRE(ns);
-  REQUIRE(ns->size() == 10);
-  CHECK((*ns)[8] == 1); // one download ...
-  CHECK((*ns)[9] == 1); // ... of one donor's whole state, after the parts did not match
-  auto got = ask<messages::stage_state>(w, n0, fresh, get_atom::value, state_atom::value);
-  REQUIRE(got);
+  auto nc = join_newcomer(w);
+  CHECK(nc.status[8] == 1); // one download ...
+  CHECK(nc.status[9] == 1); // ... of one donor's whole state, after the parts did not match
   int equal_to = 0;
   for (int i = 1; i <= 2; ++i) {
     auto donor = ask<messages::stage_state>(w, w.node(i), w.node(i).lookup("s1" + std::to_string(i)),
                                             get_atom::value, state_atom::value);
     REQUIRE(donor);
-    equal_to += torch::equal(got->params.tensor, donor->params.tensor) ? 1 : 0;
+    equal_to += torch::equal(nc.state.params.tensor, donor->params.tensor) ? 1 : 0;
   }
   CHECK(equal_to == 1);
 }

@@ -26,6 +26,37 @@ struct quadratic {
   }
 };
 
+/// Two MLPs initialized differently (peers a and b), an optimizer kind and a fixed batch.
+struct two_peers {
+  mlp_config cfg;
+  std::shared_ptr<stage_module> a, b;
+  std::vector<torch::Tensor> pa, pb;
+  optimizer_options o;
+  torch::Tensor x, y;
+
+  explicit two_peers(const std::string& kind) {
+    a = make_mlp(cfg).value();
+    cfg.seed = 77;
+    b = make_mlp(cfg).value();
+    pa = a->ordered_parameters();
+    pb = b->ordered_parameters();
+    o.kind = kind;
+    o.lr = 1e-2;
+    auto gen = seeded_generator(9);
+    x = torch::randn({8, cfg.inputs}, gen);
+    y = torch::randint(0, cfg.classes, {8}, gen, torch::kLong);
+  }
+
+  /// `steps` optimizer steps of `m` on the fixed batch.
+  void train(stage_module& m, torch::optim::Optimizer& opt, int steps = 1) const {
+    for (int i = 0; i < steps; ++i) {
+      opt.zero_grad();
+      m.compute(x, y).backward();
+      opt.step();
+    }
+  }
+};
+
 } // namespace
 
 TEST_CASE("LAMB decreases a quadratic") {
@@ -122,43 +153,26 @@ TEST_CASE("Adam and LAMB with clipping lower a tiny GPT's loss on a fixed batch"
 TEST_CASE("optimizer state saved by one peer continues identically on another") {
   for (std::string kind : {"adam", "lamb"}) {
     CAPTURE(kind);
-    mlp_config cfg;
-    auto a = make_mlp(cfg).value();
-    cfg.seed = 77;
-    auto b = make_mlp(cfg).value();
-    auto pa = a->ordered_parameters(), pb = b->ordered_parameters();
-    optimizer_options o;
-    o.kind = kind;
-    o.lr = 1e-2;
-    auto opt_a = std::move(make_optimizer(o, pa)).value();
-    auto gen = seeded_generator(9);
-    auto x = torch::randn({8, cfg.inputs}, gen);
-    auto y = torch::randint(0, cfg.classes, {8}, gen, torch::kLong);
-    for (int i = 0; i < 3; ++i) {
-      opt_a->zero_grad();
-      a->compute(x, y).backward();
-      opt_a->step();
-    }
+    two_peers t{kind};
+    auto opt_a = std::move(make_optimizer(t.o, t.pa)).value();
+    t.train(*t.a, *opt_a, 3);
     // Peer b downloads parameters and optimizer state.
-    REQUIRE(unflatten_parameters(flatten_parameters(pa), pb).ok());
-    auto opt_b = std::move(make_optimizer(o, pb)).value();
+    REQUIRE(unflatten_parameters(flatten_parameters(t.pa), t.pb).ok());
+    auto opt_b = std::move(make_optimizer(t.o, t.pb)).value();
     auto bytes = save_optimizer_state(*opt_a);
     REQUIRE(bytes.ok());
     auto loaded = load_optimizer_state(*opt_b, *bytes);
     REQUIRE_MESSAGE(loaded.ok(), loaded.what());
     // Peer c gets the parameters only, with a fresh optimizer: the control.
-    auto c = make_mlp(cfg).value();
+    auto c = make_mlp(t.cfg).value();
     auto pc = c->ordered_parameters();
-    REQUIRE(unflatten_parameters(flatten_parameters(pa), pc).ok());
-    auto opt_c = std::move(make_optimizer(o, pc)).value();
-    for (auto [m, opt] : {std::pair{a.get(), opt_a.get()}, std::pair{b.get(), opt_b.get()},
-                          std::pair{c.get(), opt_c.get()}}) {
-      opt->zero_grad();
-      m->compute(x, y).backward();
-      opt->step();
-    }
-    CHECK(torch::equal(flatten_parameters(pa), flatten_parameters(pb)));
-    CHECK_FALSE(torch::equal(flatten_parameters(pa), flatten_parameters(pc)));
+    REQUIRE(unflatten_parameters(flatten_parameters(t.pa), pc).ok());
+    auto opt_c = std::move(make_optimizer(t.o, pc)).value();
+    t.train(*t.a, *opt_a);
+    t.train(*t.b, *opt_b);
+    t.train(*c, *opt_c);
+    CHECK(torch::equal(flatten_parameters(t.pa), flatten_parameters(t.pb)));
+    CHECK_FALSE(torch::equal(flatten_parameters(t.pa), flatten_parameters(pc)));
   }
 }
 
@@ -187,32 +201,18 @@ TEST_CASE("canonical optimizer moments continue identically on another peer and 
           "for bit where LibTorch's archives differ") {
   for (std::string kind : {"adam", "lamb"}) {
     CAPTURE(kind);
-    mlp_config cfg;
-    auto a = make_mlp(cfg).value();
-    cfg.seed = 77;
-    auto b = make_mlp(cfg).value();
-    auto pa = a->ordered_parameters(), pb = b->ordered_parameters();
-    optimizer_options o;
-    o.kind = kind;
-    o.lr = 1e-2;
-    auto opt_a = std::move(make_optimizer(o, pa)).value();
-    auto opt_b = std::move(make_optimizer(o, pb)).value();
-    auto gen = seeded_generator(9);
-    auto x = torch::randn({8, cfg.inputs}, gen);
-    auto y = torch::randint(0, cfg.classes, {8}, gen, torch::kLong);
+    two_peers t{kind};
+    auto opt_a = std::move(make_optimizer(t.o, t.pa)).value();
+    auto opt_b = std::move(make_optimizer(t.o, t.pb)).value();
     // Before any step: zero moments, zero steps.
     auto fresh = save_optimizer_moments(*opt_a);
     REQUIRE(fresh.ok());
-    CHECK(fresh->moments.numel() == 2 * flatten_parameters(pa).numel());
+    CHECK(fresh->moments.numel() == 2 * flatten_parameters(t.pa).numel());
     CHECK(fresh->moments.abs().sum().item<double>() == 0);
     for (auto s : fresh->steps)
       CHECK(s == 0);
-    for (int i = 0; i < 3; ++i) {
-      opt_a->zero_grad();
-      a->compute(x, y).backward();
-      opt_a->step();
-    }
-    REQUIRE(unflatten_parameters(flatten_parameters(pa), pb).ok());
+    t.train(*t.a, *opt_a, 3);
+    REQUIRE(unflatten_parameters(flatten_parameters(t.pa), t.pb).ok());
     auto m = save_optimizer_moments(*opt_a);
     REQUIRE(m.ok());
     for (auto s : m->steps)
@@ -222,12 +222,9 @@ TEST_CASE("canonical optimizer moments continue identically on another peer and 
     REQUIRE(again.ok());
     CHECK(torch::equal(again->moments, m->moments));
     CHECK(again->steps == m->steps);
-    for (auto [mod, opt] : {std::pair{a.get(), opt_a.get()}, std::pair{b.get(), opt_b.get()}}) {
-      opt->zero_grad();
-      mod->compute(x, y).backward();
-      opt->step();
-    }
-    CHECK(torch::equal(flatten_parameters(pa), flatten_parameters(pb)));
+    t.train(*t.a, *opt_a);
+    t.train(*t.b, *opt_b);
+    CHECK(torch::equal(flatten_parameters(t.pa), flatten_parameters(t.pb)));
   }
 }
 
