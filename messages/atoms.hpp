@@ -36,9 +36,5 @@ using transfer_atom = caf::atom_constant<caf::atom("transfer")>;
 /// Supervisor: "preempt child i" (fault injection) and "child respawned" (to the observer).
 using preempt_atom = caf::atom_constant<caf::atom("preempt")>;
 using respawn_atom = caf::atom_constant<caf::atom("respawn")>;
-/// Trainer → stage peer: `(probe_atom) -> double`, the seconds of work queued ahead of a new
-/// request (a modeled peer answers at once; a real peer does not answer and the trainer falls
-/// back to its first candidate).
-using probe_atom = caf::atom_constant<caf::atom("probe")>;
 
 } // namespace starling

@@ -1,7 +1,7 @@
 // Atoms of adaptive rebalancing (kept apart from atoms.hpp, which nearly every file includes):
 // a stage peer's throughput report to its board and the supervisor's placement notes
 // (`load_atom`), the supervisor's periodic check, migration claims and "child migrated"
-// (`migrate_atom`).
+// (`migrate_atom`), and the trainer's probe of a stage peer's queue (`probe_atom`).
 #pragma once
 
 #include <caf/atom.hpp>
@@ -10,5 +10,9 @@ namespace starling {
 
 using migrate_atom = caf::atom_constant<caf::atom("migrate")>;
 using load_atom = caf::atom_constant<caf::atom("load")>;
+/// Trainer → stage peer: `(probe_atom) -> double`, the seconds of work queued ahead of a new
+/// request (a modeled peer answers at once; a real peer does not answer and the trainer falls
+/// back to its first candidate).
+using probe_atom = caf::atom_constant<caf::atom("probe")>;
 
 } // namespace starling

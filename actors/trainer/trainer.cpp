@@ -12,6 +12,7 @@
 #include "actors/trainer/wiring.hpp"
 #include "kernels/data/corpus.hpp"
 #include "messages/atoms.hpp"
+#include "messages/rebalance_atoms.hpp"
 #include "messages/swarm.hpp"
 
 namespace starling::actors::trainer {
