@@ -37,6 +37,10 @@ namespace {
 
 /// Bytes a refusing receiver reads and discards before it closes (see `accept_loop`).
 constexpr size_t drain_limit = size_t{1} << 20;
+/// Send buffer of a data connection, set before connecting: a fresh connection starts with room
+/// for 4 MiB in flight instead of waiting for the kernel's autotuning. (A fixed 4 MiB receive
+/// buffer as well made 1 MiB transfers ~4x slower here, so the receiver keeps autotuning.)
+constexpr int socket_buffer = 4 << 20;
 
 std::string errno_text(const char* what) {
   return std::string{what} + ": " + std::strerror(errno);
@@ -427,6 +431,7 @@ int connect_loopback(const std::string& host, uint16_t port, std::string& why) {
     why = errno_text("socket");
     return -1;
   }
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &socket_buffer, sizeof socket_buffer);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     why = errno_text(("connect to " + host + ":" + std::to_string(port)).c_str());
     ::close(fd);

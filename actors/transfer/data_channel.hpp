@@ -4,15 +4,16 @@
 // Why: BASP moves a big payload through several copies (serializer buffer, the multiplexer's
 // write buffer, the reader's buffer, the deserialized vector) on CAF's single I/O thread, and a
 // one-message transfer faults in fresh pages for each copy (CAF-NOTES, pitfall 7). Measured on
-// this shared 2-core machine with `bench_transfer 5` (medians; see the table in the closing note
-// of issue 3): one 16 MiB message reaches ~5-10% of raw TCP, BASP chunks (4 MiB, window 4)
-// 40-80% with large swings between runs and collapse at 64 MiB (~7% in one run: the credit
-// waits stall), while the direct channel matched raw TCP at 16 and 64 MiB in the same runs:
-// the sender writes the Cap'n Proto message straight from the tensor's storage into the socket
-// (fp32 with codec `none` is referenced, not copied: messages::encode_tensor_source), the
-// receiver reads into a pooled buffer that becomes the tensor's storage (no decode copy, no
-// fresh pages). Its weak spot is small tensors: each transfer pays an announcement round trip
-// over BASP, a new TCP connection and a thread start (~1.5 ms), so 1 MiB reaches only ~15%.
+// this shared 2-core machine with `bench_transfer 5` (six runs at load 2.6-4.3, medians of the
+// per-run "% of raw TCP"; raw TCP itself swung 1.4-4.1 GB/s between runs): one 16 MiB message
+// ~9%, BASP chunks (4 MiB, window 4) ~53% at 16 MiB and ~12% at 64 MiB (the credit waits
+// stall; window 8 did not help in one run), the direct channel ~82% at 16 MiB (median 1.87
+// GB/s) and ~91% at 64 MiB. The sender writes the Cap'n Proto message straight from the
+// tensor's storage into the socket (fp32 with codec `none` is referenced, not copied:
+// messages::encode_tensor_source); the receiver reads into a pooled buffer that becomes the
+// tensor's storage (no decode copy, no fresh pages). Its weak spot is small tensors: each
+// transfer pays an announcement round trip over BASP, a new TCP connection and a thread start
+// (~1 ms), so 1 MiB reaches only ~18%; a pool of open connections would fix that.
 //
 // Why a small socket thread per connection rather than a CAF `io::broker`: a broker reads into
 // CAF's own buffer and hands it over in `new_data_msg` (one more copy, on the multiplexer thread
