@@ -9,6 +9,7 @@
 #include "messages/swarm.hpp"
 #include "messages/dht.hpp"
 #include "messages/chunked.hpp"
+#include "messages/direct.hpp"
 #include "messages/tensor_msg.hpp"
 #include "messages/types.hpp"
 #include "messages/vi.hpp"
@@ -41,6 +42,9 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<dht_stats>("starling.dht_stats");
   cfg.add_message_type<chunk_msg>("starling.chunk");
   cfg.add_message_type<chunk_ack_msg>("starling.chunk_ack");
+  cfg.add_message_type<direct_announce>("starling.direct_announce");
+  cfg.add_message_type<direct_endpoint>("starling.direct_endpoint");
+  cfg.add_message_type<transfer_report>("starling.transfer_report");
   cfg.add_message_type<tensor_list>("starling.tensor_list");
   cfg.add_message_type<average_result>("starling.average_result");
   cfg.add_message_type<avg_join>("starling.avg_join");

@@ -1,10 +1,12 @@
 #include "messages/tensor_msg.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 
 #include <ATen/ATen.h>
 #include <capnp/message.h>
+#include <capnp/orphan.h>
 
 #include "messages/wire.hpp"
 
@@ -12,21 +14,62 @@ namespace starling::messages {
 
 namespace {
 
-/// Builds the Cap'n Proto message of `x` (payload encoded in place) into `msg`.
-status build_tensor(const tensor_msg& x, capnp::MessageBuilder& msg) {
+/// What the encoder will write for `x`: its header, payload size and whether the payload can be
+/// referenced in place (see `referenceable`).
+struct plan {
+  kernels::tensor_header header;
+  uint64_t size = 0;
+  bool reference = false;
+};
+
+/// True when the payload is exactly the tensor's memory: codec `none` of a contiguous fp32 CPU
+/// tensor, word-aligned, in whole words per chunk (Cap'n Proto references external data as whole
+/// words, so a ragged tail would expose the bytes after the storage).
+bool referenceable(const at::Tensor& t, const kernels::tensor_header& h, uint64_t size) {
+  return h.codec == kernels::codec_id::none && size > 0 && t.scalar_type() == at::kFloat &&
+         t.device().is_cpu() && t.is_contiguous() && !t.is_neg() && !t.is_conj() &&
+         reinterpret_cast<uintptr_t>(t.data_ptr()) % sizeof(capnp::word) == 0 &&
+         size % sizeof(capnp::word) == 0 && h.params.chunk_bytes % sizeof(capnp::word) == 0 &&
+         size == static_cast<uint64_t>(t.numel()) * sizeof(float);
+}
+
+result<plan> make_plan(const tensor_msg& x) {
   auto header = kernels::make_header(x.tensor, x.codec, x.params);
   if (!header)
     return fail(header.error().what);
-  auto n = x.tensor.numel();
-  auto size = kernels::payload_bytes(n, x.codec, header->params);
-  auto chunks = write_tensor(msg.initRoot<wire::Tensor>(), *header);
+  plan p;
+  p.header = std::move(*header);
+  p.size = kernels::payload_bytes(x.tensor.numel(), x.codec, p.header.params);
+  p.reference = referenceable(x.tensor, p.header, p.size);
+  return p;
+}
+
+/// Builds the Cap'n Proto message of `x` into `msg`: the payload is encoded in place, or, for a
+/// referenceable payload, the chunks point at the tensor's storage (which must outlive `msg`).
+status build_tensor(const tensor_msg& x, const plan& p, capnp::MessageBuilder& msg) {
+  auto root = msg.initRoot<wire::Tensor>();
+  if (p.reference) {
+    write_tensor_fields(root, p.header);
+    auto chunk = p.header.params.chunk_bytes;
+    auto count = (p.size + chunk - 1) / chunk;
+    auto chunks = root.initChunks(static_cast<unsigned>(count));
+    auto orphanage = capnp::Orphanage::getForMessageContaining(root);
+    auto* base = static_cast<const kj::byte*>(x.tensor.data_ptr());
+    for (uint64_t i = 0; i < count; ++i) {
+      auto len = std::min(chunk, p.size - i * chunk);
+      chunks.adopt(static_cast<unsigned>(i),
+                   orphanage.referenceExternalData(capnp::Data::Reader(base + i * chunk, len)));
+    }
+    return {};
+  }
+  auto chunks = write_tensor(root, p.header);
   if (chunks.size() == 1) {
-    if (auto st = kernels::encode_into(x.tensor, *header, chunks[0].begin(), chunks[0].size());
+    if (auto st = kernels::encode_into(x.tensor, p.header, chunks[0].begin(), chunks[0].size());
         !st)
       return st;
   } else if (!chunks.empty()) {
-    std::vector<uint8_t> whole(size);
-    if (auto st = kernels::encode_into(x.tensor, *header, whole.data(), size); !st)
+    std::vector<uint8_t> whole(p.size);
+    if (auto st = kernels::encode_into(x.tensor, p.header, whole.data(), p.size); !st)
       return st;
     size_t off = 0;
     for (auto c : chunks) {
@@ -37,23 +80,28 @@ status build_tensor(const tensor_msg& x, capnp::MessageBuilder& msg) {
   return {};
 }
 
-/// First segment big enough for the whole message: the payload is written in place.
-unsigned first_segment_words(const tensor_msg& x) {
-  uint64_t size = 0;
-  if (auto header = kernels::make_header(x.tensor, x.codec, x.params))
-    size = kernels::payload_bytes(x.tensor.numel(), x.codec, header->params);
+/// First segment: big enough for the whole message when the payload is encoded in place, just
+/// the header and chunk pointers (with their landing pads) when it is referenced.
+unsigned first_segment_words(const plan& p) {
+  if (p.reference) {
+    auto count = (p.size + p.header.params.chunk_bytes - 1) / p.header.params.chunk_bytes;
+    return static_cast<unsigned>(
+      std::min<uint64_t>(256 + p.header.shape.size() + 3 * count, uint64_t{1} << 29));
+  }
   return static_cast<unsigned>(
-    std::min<uint64_t>(size / sizeof(capnp::word) + 256, uint64_t{1} << 29));
+    std::min<uint64_t>(p.size / sizeof(capnp::word) + 256, uint64_t{1} << 29));
 }
 
 /// A built tensor message as the pieces of its flat serialization (segment table, segments).
 class builder_source : public chunk_source {
 public:
-  explicit builder_source(const tensor_msg& x)
-    : msg_(std::make_unique<capnp::MallocMessageBuilder>(first_segment_words(x))) {}
+  explicit builder_source(const plan& p)
+    : msg_(std::make_unique<capnp::MallocMessageBuilder>(first_segment_words(p))) {}
 
-  status build(const tensor_msg& x) {
-    if (auto st = build_tensor(x, *msg_); !st)
+  status build(const tensor_msg& x, const plan& p) {
+    if (p.reference)
+      tensor_ = x.tensor; // the message references its storage
+    if (auto st = build_tensor(x, p, *msg_); !st)
       return st;
     auto segs = msg_->getSegmentsForOutput();
     // The stream framing of capnp::writeMessage: (count - 1), each size in words, padded to 8.
@@ -76,6 +124,7 @@ public:
 private:
   // Behind a pointer: the builder's destructor may throw, chunk_source's may not.
   std::unique_ptr<capnp::MallocMessageBuilder> msg_;
+  at::Tensor tensor_;
   std::vector<uint32_t> table_;
   uint64_t total_ = 0;
 };
@@ -84,8 +133,11 @@ private:
 
 status save_tensor(const tensor_msg& x, std::vector<char>& out) {
   try {
-    capnp::MallocMessageBuilder msg(first_segment_words(x));
-    if (auto st = build_tensor(x, msg); !st)
+    auto p = make_plan(x);
+    if (!p)
+      return fail(p.error().what);
+    capnp::MallocMessageBuilder msg(first_segment_words(*p));
+    if (auto st = build_tensor(x, *p, msg); !st)
       return st;
     write_flat(msg, out);
     return {};
@@ -98,8 +150,11 @@ status save_tensor(const tensor_msg& x, std::vector<char>& out) {
 
 result<std::shared_ptr<const chunk_source>> encode_tensor_source(const tensor_msg& x) {
   try {
-    auto src = std::make_shared<builder_source>(x);
-    if (auto st = src->build(x); !st)
+    auto p = make_plan(x);
+    if (!p)
+      return fail(p.error().what);
+    auto src = std::make_shared<builder_source>(*p);
+    if (auto st = src->build(x, *p); !st)
       return fail(st.what());
     return std::shared_ptr<const chunk_source>{std::move(src)};
   } catch (const kj::Exception& e) {

@@ -51,7 +51,10 @@ status load_tensor(std::vector<char>&& bytes, tensor_msg& x);
 
 /// Encodes `x` like `save_tensor` but leaves the message in its Cap'n Proto builder: the result
 /// lists the segment table and the segments, i.e. the very bytes `save_tensor` would write,
-/// without the copy into one flat buffer. `size()` of the result is the flat size.
+/// without the copy into one flat buffer. `size()` of the result is the flat size. An fp32
+/// payload with codec `none` (contiguous, word-aligned) is not copied at all: the result
+/// references the tensor's storage and keeps the tensor alive, so the tensor must not be modified
+/// in place until the result is dropped.
 result<std::shared_ptr<const chunk_source>> encode_tensor_source(const tensor_msg& x);
 
 /// One line describing the message (dtype, shape, codec) for logs; never the values.

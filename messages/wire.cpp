@@ -15,8 +15,7 @@ constexpr uint64_t max_dims = 64;
 
 } // namespace
 
-std::vector<kj::ArrayPtr<kj::byte>> write_tensor(wire::Tensor::Builder b,
-                                                 const kernels::tensor_header& h) {
+void write_tensor_fields(wire::Tensor::Builder b, const kernels::tensor_header& h) {
   b.setDtype(static_cast<uint8_t>(h.dtype));
   auto shape = b.initShape(static_cast<unsigned>(h.shape.size()));
   for (size_t i = 0; i < h.shape.size(); ++i)
@@ -30,6 +29,11 @@ std::vector<kj::ArrayPtr<kj::byte>> write_tensor(wire::Tensor::Builder b,
   p.setSampleSize(h.params.sample_size);
   p.setIndexBits(h.params.index_bits);
   p.setChunkBytes(h.params.chunk_bytes);
+}
+
+std::vector<kj::ArrayPtr<kj::byte>> write_tensor(wire::Tensor::Builder b,
+                                                 const kernels::tensor_header& h) {
+  write_tensor_fields(b, h);
   auto numel = kernels::checked_numel(h.shape);
   uint64_t size = numel ? kernels::payload_bytes(*numel, h.codec, h.params) : 0;
   uint64_t chunk = h.params.chunk_bytes == 0 ? kernels::max_chunk_bytes : h.params.chunk_bytes;

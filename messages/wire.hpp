@@ -37,6 +37,9 @@ struct tensor_view {
   std::vector<uint8_t> gathered;
 };
 
+/// Writes every field of `header` into `b` except the payload chunks.
+void write_tensor_fields(wire::Tensor::Builder b, const kernels::tensor_header& header);
+
 /// Writes `header` into `b` and allocates its payload chunks; returns writable pointers to them,
 /// in order, whose sizes sum to `kernels::payload_bytes` of the header.
 std::vector<kj::ArrayPtr<kj::byte>> write_tensor(wire::Tensor::Builder b,

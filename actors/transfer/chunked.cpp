@@ -126,15 +126,14 @@ struct incoming {
   uint32_t next = 0; // index expected next
 };
 
-struct receiver_state {
-  std::map<std::pair<caf::actor_addr, uint64_t>, incoming> transfers;
-  static inline const char* name = "chunk_receiver";
-};
+} // namespace
 
-caf::behavior receiver(caf::stateful_actor<receiver_state>* self, caf::actor sink,
-                       receiver_options opts) {
+caf::behavior chunk_receiver_behavior(caf::event_based_actor* self, caf::actor sink,
+                                      receiver_options opts) {
+  using key_type = std::pair<caf::actor_addr, uint64_t>;
+  auto transfers = std::make_shared<std::map<key_type, incoming>>();
   return {
-      [self, sink, opts](chunk_msg& m) {
+      [self, sink, opts, transfers](chunk_msg& m) {
         auto from = caf::actor_cast<caf::actor>(self->current_sender());
         if (!from)
           return; // nobody to ack
@@ -142,15 +141,15 @@ caf::behavior receiver(caf::stateful_actor<receiver_state>* self, caf::actor sin
         auto reply = [&](bool done, std::string error) {
           self->send(from, chunk_ack_msg{m.transfer_id, m.index, done, std::move(error)});
         };
-        auto i = self->state.transfers.find(key);
-        if (i == self->state.transfers.end()) {
+        auto i = transfers->find(key);
+        if (i == transfers->end()) {
           if (m.index != 0)
             return reply(true, "chunk " + std::to_string(m.index) + " of an unknown transfer");
           if (m.count == 0 || m.total_bytes > opts.max_bytes)
             return reply(true, "refused a transfer of " + std::to_string(m.total_bytes) +
                                    " bytes in " + std::to_string(m.count) + " chunks (limit " +
                                    std::to_string(opts.max_bytes) + " bytes)");
-          i = self->state.transfers.emplace(key, incoming{}).first;
+          i = transfers->emplace(key, incoming{}).first;
           i->second.bytes.reserve(m.total_bytes);
           i->second.total = m.total_bytes;
           i->second.count = m.count;
@@ -166,7 +165,7 @@ caf::behavior receiver(caf::stateful_actor<receiver_state>* self, caf::actor sin
           error =
               "the last chunk leaves the payload short of " + std::to_string(t.total) + " bytes";
         if (!error.empty()) {
-          self->state.transfers.erase(i);
+          transfers->erase(i);
           return reply(true, std::move(error));
         }
         // From another node the bytes arrive in `m.bytes`; from this one, as the sender's range.
@@ -179,7 +178,7 @@ caf::behavior receiver(caf::stateful_actor<receiver_state>* self, caf::actor sin
           return reply(false, {});
         tensor_msg x;
         auto bytes = std::move(t.bytes);
-        self->state.transfers.erase(i);
+        transfers->erase(i);
         // An fp32 payload becomes the tensor's storage: no decode copy.
         auto st = messages::load_tensor(std::move(bytes), x);
         if (!st)
@@ -190,14 +189,12 @@ caf::behavior receiver(caf::stateful_actor<receiver_state>* self, caf::actor sin
   };
 }
 
-} // namespace
-
 caf::actor spawn_chunk_sender(caf::actor_system& sys, chunked_options opts) {
   return sys.spawn(sender, opts);
 }
 
 caf::actor spawn_chunk_receiver(caf::actor_system& sys, caf::actor sink, receiver_options opts) {
-  return sys.spawn(receiver, std::move(sink), opts);
+  return sys.spawn(chunk_receiver_behavior, std::move(sink), opts);
 }
 
 } // namespace starling::actors::transfer

@@ -39,4 +39,9 @@ caf::actor spawn_chunk_sender(caf::actor_system& sys, chunked_options opts = {})
 caf::actor spawn_chunk_receiver(caf::actor_system& sys, caf::actor sink,
                                 receiver_options opts = {});
 
+/// The behaviour of a chunk receiver, for actors that take chunks beside other messages (the
+/// direct receiver of data_channel.hpp falls back to it).
+caf::behavior chunk_receiver_behavior(caf::event_based_actor* self, caf::actor sink,
+                                      receiver_options opts);
+
 } // namespace starling::actors::transfer

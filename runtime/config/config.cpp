@@ -56,6 +56,7 @@ void read_options(config_node& n, node_options& out) {
       out.join.push_back(s);
     }
   }
+  read(n, "data_endpoint", out.data_endpoint);
 }
 
 void read_options(config_node& n, link_options& out) {

@@ -32,6 +32,9 @@ struct node_options {
   std::string listen = "127.0.0.1:0";
   /// `HOST:PORT` of nodes to connect to at start.
   std::vector<std::string> join;
+  /// Open a direct data endpoint for bulk tensor transfers (actors/transfer/data_channel.hpp)
+  /// beside BASP. Only where `listen` is a loopback host: other nodes use BASP chunks.
+  bool data_endpoint = true;
 };
 
 /// One simulated link direction.

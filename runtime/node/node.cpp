@@ -148,6 +148,16 @@ result<std::unique_ptr<node>> node::start(const caf_options& caf_opts, const nod
     return fail(fmt::format("cannot listen on {}: {}", opts.listen, why));
   }
   n->port_ = *port;
+  if (opts.data_endpoint && actors::transfer::check_loopback(n->host_).ok()) {
+    actors::transfer::data_channel_options dopts;
+    dopts.host = n->host_;
+    auto data = actors::transfer::data_endpoint::open(dopts);
+    if (!data) {
+      n->shutdown();
+      return fail(fmt::format("node {}: {}", n->name_, data.error().what));
+    }
+    n->data_ = std::move(*data);
+  }
   n->resolver_ = std::make_unique<caf::actor>(
     spawn_cluster_resolver(*n->sys_, *n->directory_, n->endpoint(), n->timeout_));
   return n;
@@ -171,6 +181,19 @@ caf::actor node::directory() const {
 
 caf::actor node::resolver() const {
   return *resolver_;
+}
+
+caf::actor node::spawn_transfer_receiver(caf::actor sink,
+                                         actors::transfer::receiver_options opts) {
+  auto h = actors::transfer::spawn_direct_receiver(*sys_, std::move(sink), data_, opts);
+  owned_.push_back(h);
+  return h;
+}
+
+caf::actor node::spawn_transfer_sender(actors::transfer::direct_sender_options opts) {
+  auto h = actors::transfer::spawn_direct_sender(*sys_, opts);
+  owned_.push_back(h);
+  return h;
 }
 
 void node::register_actor(const std::string& name, const caf::actor& handle) {
@@ -203,6 +226,10 @@ void node::shutdown() {
       sys_->middleman().unpublish(*directory_, port_);
     caf::anon_send_exit(*directory_, caf::exit_reason::user_shutdown);
   }
+  // The endpoint's threads hold sink handles: they must end before the actor system does.
+  if (data_)
+    data_->stop();
+  data_.reset();
   directory_.reset();
   resolver_.reset();
   sys_.reset(); // waits for the node's actors, which have all been told to exit

@@ -10,6 +10,7 @@
 #include <caf/fwd.hpp>
 #include <caf/actor.hpp>
 
+#include "actors/transfer/data_channel.hpp"
 #include "kernels/result.hpp"
 #include "runtime/config/config.hpp"
 
@@ -56,6 +57,19 @@ public:
   /// The resolver every actor of this node uses.
   caf::actor resolver() const;
 
+  /// The node's data endpoint for direct tensor transfers; null when `node_options::
+  /// data_endpoint` is off or the node does not listen on a loopback host.
+  std::shared_ptr<actors::transfer::data_endpoint> data_endpoint() const { return data_; }
+
+  /// Spawns a transfer receiver delivering to `sink`: direct transfers over the node's data
+  /// endpoint when it has one, BASP chunks otherwise. The node stops it on shutdown.
+  caf::actor spawn_transfer_receiver(caf::actor sink,
+                                     actors::transfer::receiver_options opts = {});
+
+  /// Spawns a transfer sender (data channel first, BASP chunks as fallback). The node stops it
+  /// on shutdown.
+  caf::actor spawn_transfer_sender(actors::transfer::direct_sender_options opts = {});
+
   /// Registers `handle` under `name` in this node's directory; the node stops it on shutdown.
   void register_actor(const std::string& name, const caf::actor& handle);
 
@@ -77,6 +91,7 @@ private:
   std::unique_ptr<caf::actor_system> sys_;
   std::unique_ptr<caf::actor> directory_;
   std::unique_ptr<caf::actor> resolver_;
+  std::shared_ptr<actors::transfer::data_endpoint> data_;
   std::vector<caf::actor> owned_;
   bool stopped_ = false;
 };

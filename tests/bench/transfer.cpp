@@ -5,6 +5,10 @@
 //   one msg    a `tensor_msg` request to a remote actor that decodes it and replies (codec none).
 //   chunked    actors/transfer/chunked.hpp: 4 MiB chunks, window 4; timed until the sender's
 //              reply, which follows the receiver's decode.
+//   direct     actors/transfer/data_channel.hpp: announced over BASP, the bytes stream over a
+//              loopback TCP data connection (new per transfer), written straight from the
+//              tensor's storage and read into a pooled buffer; timed until the sender's reply,
+//              which follows the receiver's decode and hand-off to the sink.
 // GB/s = tensor bytes / median time of `reps` runs after one warm-up. Both systems run with
 // `middleman.workers=0` (CAF-NOTES, pitfall 7). Unless --default-malloc is given, glibc keeps
 // freed memory instead of unmapping it (mallopt), as a buffer pool would: fresh pages fault in
@@ -37,7 +41,9 @@
 #include <torch/torch.h>
 
 #include "actors/transfer/chunked.hpp"
+#include "actors/transfer/data_channel.hpp"
 #include "messages/atoms.hpp"
+#include "messages/direct.hpp"
 #include "messages/registry.hpp"
 #include "messages/tensor_msg.hpp"
 
@@ -168,19 +174,30 @@ int main(int argc, char** argv) {
   });
   auto sink = b.spawn([]() -> caf::behavior { return {[](tensor_msg&) {}}; });
   auto receiver = actors::transfer::spawn_chunk_receiver(b, sink);
+  auto endpoint = actors::transfer::data_endpoint::open({});
+  if (!endpoint) {
+    std::fprintf(stderr, "%s\n", endpoint.error().what.c_str());
+    return 1;
+  }
+  auto direct_rx = actors::transfer::spawn_direct_receiver(b, sink, *endpoint);
   auto port_d = b.middleman().publish(decoder, 0, "127.0.0.1");
   auto port_r = b.middleman().publish(receiver, 0, "127.0.0.1");
-  if (!port_d || !port_r) {
+  auto port_x = b.middleman().publish(direct_rx, 0, "127.0.0.1");
+  if (!port_d || !port_r || !port_x) {
     std::fprintf(stderr, "publish failed\n");
     return 1;
   }
   auto remote_d = a.middleman().remote_actor("127.0.0.1", *port_d);
   auto remote_r = a.middleman().remote_actor("127.0.0.1", *port_r);
-  if (!remote_d || !remote_r) {
+  auto remote_x = a.middleman().remote_actor("127.0.0.1", *port_x);
+  if (!remote_d || !remote_r || !remote_x) {
     std::fprintf(stderr, "remote_actor failed\n");
     return 1;
   }
   auto sender = actors::transfer::spawn_chunk_sender(a, copts);
+  actors::transfer::direct_sender_options dopts;
+  dopts.chunks = copts;
+  auto direct_tx = actors::transfer::spawn_direct_sender(a, dopts);
   caf::scoped_actor self{a};
   socket_pair sockets;
 
@@ -190,8 +207,8 @@ int main(int argc, char** argv) {
               stealing ? "stealing" : "sharing");
   std::printf("chunks of %llu KiB, window %u\n",
               static_cast<unsigned long long>(copts.chunk_bytes >> 10), copts.window);
-  std::printf("%8s %12s %12s %8s %12s %8s\n", "MiB", "raw TCP GB/s", "1 msg GB/s", "% raw",
-              "chunked GB/s", "% raw");
+  std::printf("%8s %12s %12s %8s %12s %8s %12s %8s\n", "MiB", "raw TCP GB/s", "1 msg GB/s",
+              "% raw", "chunked GB/s", "% raw", "direct GB/s", "% raw");
   bool failed = false;
   for (int mib : {1, 16, 64}) {
     size_t bytes = static_cast<size_t>(mib) << 20;
@@ -210,14 +227,22 @@ int main(int argc, char** argv) {
       self->request(sender, caf::infinite, transfer_atom::value, m, *remote_r)
           .receive([&](uint64_t) {}, [&](caf::error&) { failed = true; });
     });
+    double direct = median_seconds(reps, [&] {
+      self->request(direct_tx, caf::infinite, transfer_atom::value, m, *remote_x)
+          .receive([&](messages::transfer_report& r) { failed |= r.path != "direct"; },
+                   [&](caf::error&) { failed = true; });
+    });
     auto gbs = [&](double s) { return static_cast<double>(bytes) / s / 1e9; };
-    std::printf("%8d %12.2f %12.2f %7.0f%% %12.2f %7.0f%%\n", mib, gbs(raw), gbs(one),
-                100.0 * raw / one, gbs(chunked), 100.0 * raw / chunked);
+    std::printf("%8d %12.2f %12.2f %7.0f%% %12.2f %7.0f%% %12.2f %7.0f%%\n", mib, gbs(raw),
+                gbs(one), 100.0 * raw / one, gbs(chunked), 100.0 * raw / chunked, gbs(direct),
+                100.0 * raw / direct);
   }
   if (failed)
     std::printf("some transfers failed\n");
-  for (auto& h : {decoder, sink, receiver, sender})
+  for (auto& h : {decoder, sink, receiver, sender, direct_rx, direct_tx})
     caf::anon_send_exit(h, caf::exit_reason::user_shutdown);
+  (*endpoint)->stop();
+  b.middleman().unpublish(direct_rx, *port_x);
   b.middleman().unpublish(decoder, *port_d);
   b.middleman().unpublish(receiver, *port_r);
   return failed ? 1 : 0;

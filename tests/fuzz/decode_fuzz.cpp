@@ -1,13 +1,29 @@
 // libFuzzer target: untrusted bytes through the envelope and tensor decoders (capnp parse,
-// header validation, payload size and invariant checks). Must return an error, never crash.
+// header validation, payload size and invariant checks) and the data channel's frame header
+// (an input may be a frame: 32 header bytes, then the tensor). Must return an error, never crash.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 
+#include "actors/transfer/frame.hpp"
 #include "messages/wire.hpp"
 
 using namespace starling;
 using namespace starling::messages;
+
+namespace {
+
+// The receiving side of a data frame: the bytes after the header through the tensor decoder.
+void tensor_msg_free_check(const char* bytes, size_t size) {
+  auto st = read_flat(bytes, size, [](capnp::MessageReader& r) -> status {
+    tensor_view v;
+    return read_tensor(r.getRoot<wire::Tensor>(), v);
+  });
+  (void) st;
+}
+
+} // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto* bytes = reinterpret_cast<const char*>(data);
@@ -32,5 +48,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return s;
   });
   (void) st;
+  using actors::transfer::frame_header_bytes;
+  if (size >= frame_header_bytes) {
+    auto h = actors::transfer::parse_frame_header(data, frame_header_bytes);
+    if (h.ok()) {
+      // A parsed header re-serializes to the same bytes and declares 1 .. 2^31 bytes.
+      uint8_t again[frame_header_bytes];
+      actors::transfer::write_frame_header(*h, again);
+      if (std::memcmp(again, data, frame_header_bytes) != 0 || h->length == 0 ||
+          h->length > max_message_bytes)
+        std::abort();
+      tensor_msg_free_check(bytes + frame_header_bytes, size - frame_header_bytes);
+    }
+  }
   return 0;
 }

@@ -1,5 +1,5 @@
 // Writes seed inputs for decode_fuzz into the directory given as argv[1]: envelopes with a ping
-// and with a small tensor of every codec, and the bare tensors.
+// and with a small tensor of every codec, the bare tensors, and the tensors as data-channel frames.
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -7,6 +7,7 @@
 
 #include <capnp/message.h>
 
+#include "actors/transfer/frame.hpp"
 #include "messages/wire.hpp"
 
 using namespace starling;
@@ -78,6 +79,14 @@ int main(int argc, char** argv) {
     fill(h, chunks2);
     write_flat(bare, bytes);
     save(dir + "/tensor-" + name, bytes);
+    // The same tensor as a data-channel frame: header (token, length), then the bytes.
+    actors::transfer::frame_header fh;
+    fh.token.fill(0x5a);
+    fh.length = bytes.size();
+    std::vector<char> frame(actors::transfer::frame_header_bytes);
+    actors::transfer::write_frame_header(fh, reinterpret_cast<uint8_t*>(frame.data()));
+    frame.insert(frame.end(), bytes.begin(), bytes.end());
+    save(dir + "/frame-" + name, frame);
   }
   return 0;
 }

@@ -3,7 +3,11 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 
+#include <torch/torch.h>
+
 #include "messages/atoms.hpp"
+#include "messages/direct.hpp"
+#include "messages/tensor_msg.hpp"
 #include "messages/types.hpp"
 #include "runtime/node/node.hpp"
 
@@ -90,4 +94,47 @@ TEST_CASE("listening on a bad address fails with a clear error") {
   auto n = node::start(fast_caf(), bad, "x");
   REQUIRE_FALSE(n.ok());
   CHECK(n.error().what.find("expected HOST:PORT") != std::string::npos);
+}
+
+TEST_CASE("a tensor between two nodes takes the data endpoint, or BASP chunks when it is off") {
+  for (bool endpoint : {true, false}) {
+    CAPTURE(endpoint);
+    node_options no;
+    no.data_endpoint = endpoint;
+    auto a = node::start(fast_caf(), no, "a");
+    auto b = node::start(fast_caf(), no, "b");
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    CHECK(((*b)->data_endpoint() != nullptr) == endpoint);
+    caf::scoped_actor sink{(*b)->system()};
+    (*b)->register_actor("rx",
+                         (*b)->spawn_transfer_receiver(caf::actor_cast<caf::actor>(sink)));
+    caf::scoped_actor self{(*a)->system()};
+    caf::actor rx;
+    self->request((*a)->resolver(), 5s, resolve_atom::value, (*b)->endpoint() + "/rx")
+      .receive([&](const caf::actor& h) { rx = h; },
+               [&](caf::error& e) { FAIL("resolve failed: " << (*a)->system().render(e)); });
+    REQUIRE(rx);
+    auto tx = (*a)->spawn_transfer_sender();
+    torch::manual_seed(5);
+    messages::tensor_msg m;
+    m.tensor = torch::randn({256, 1024});
+    std::string path;
+    self->request(tx, 30s, transfer_atom::value, m, rx)
+      .receive([&](const messages::transfer_report& r) { path = r.path; },
+               [&](caf::error& e) { FAIL("transfer failed: " << (*a)->system().render(e)); });
+    CHECK(path == (endpoint ? "direct" : "chunked"));
+    bool equal = false;
+    sink->receive([&](messages::tensor_msg& y) { equal = torch::equal(y.tensor, m.tensor); },
+                  caf::after(std::chrono::seconds(30)) >> [] {});
+    CHECK(equal);
+  }
+}
+
+TEST_CASE("a node listening beyond loopback opens no data endpoint") {
+  node_options no;
+  no.listen = "0.0.0.0:0";
+  auto n = node::start(fast_caf(), no, "wide");
+  REQUIRE(n.ok());
+  CHECK((*n)->data_endpoint() == nullptr);
 }

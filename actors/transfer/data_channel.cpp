@@ -1,0 +1,659 @@
+#include "actors/transfer/data_channel.hpp"
+
+#include <algorithm>
+#include <arpa/inet.h>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <list>
+#include <map>
+#include <mutex>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <thread>
+#include <unistd.h>
+#include <utility>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <caf/all.hpp>
+#include <sodium.h>
+
+#include "messages/atoms.hpp"
+#include "messages/direct.hpp"
+#include "messages/tensor_msg.hpp"
+#include "messages/wire.hpp"
+
+namespace starling::actors::transfer {
+
+using messages::direct_announce;
+using messages::direct_endpoint;
+using messages::tensor_msg;
+using messages::transfer_report;
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+/// Bytes a refusing receiver reads and discards before it closes (see `accept_loop`).
+constexpr size_t drain_limit = size_t{1} << 20;
+/// Send buffer of a data connection, set before connecting: a fresh connection starts with room
+/// for 4 MiB in flight instead of waiting for the kernel's autotuning. (A fixed 4 MiB receive
+/// buffer as well made 1 MiB transfers ~4x slower here, so the receiver keeps autotuning.)
+constexpr int socket_buffer = 4 << 20;
+
+std::string errno_text(const char* what) {
+  return std::string{what} + ": " + std::strerror(errno);
+}
+
+void set_timeouts(int fd, std::chrono::milliseconds t) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(t.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((t.count() % 1000) * 1000);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+/// Sends all `n` bytes; fails on a timeout (no progress for the socket's send timeout) or error.
+status send_all(int fd, const void* data, size_t n, int flags = 0) {
+  auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    auto r = ::send(fd, p, n, flags | MSG_NOSIGNAL);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      return fail("timed out writing to the data connection");
+    if (r <= 0)
+      return fail(errno_text("writing to the data connection"));
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return {};
+}
+
+/// Receives exactly `n` bytes; `got` says how many came before a failure.
+status recv_all(int fd, void* data, size_t n, size_t& got) {
+  auto* p = static_cast<char*>(data);
+  got = 0;
+  while (got < n) {
+    auto r = ::recv(fd, p + got, n - got, 0);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      return fail("timed out after " + std::to_string(got) + " of " + std::to_string(n) +
+                  " bytes");
+    if (r == 0)
+      return fail("the peer closed the connection after " + std::to_string(got) + " of " +
+                  std::to_string(n) + " bytes");
+    if (r < 0)
+      return fail(errno_text("reading from the data connection"));
+    got += static_cast<size_t>(r);
+  }
+  return {};
+}
+
+/// Reused receive buffers: a transfer takes the smallest free buffer that fits, and an aliasing
+/// tensor gives its buffer back when freed, so steady traffic touches no fresh pages.
+class buffer_pool {
+public:
+  struct block {
+    std::unique_ptr<char[]> data; // from operator new[]: 16-byte aligned, never zero-filled
+    size_t capacity = 0;
+  };
+
+  explicit buffer_pool(uint32_t keep) : keep_(keep) {}
+
+  block take(size_t n) {
+    {
+      std::lock_guard<std::mutex> guard{mu_};
+      auto best = free_.end();
+      for (auto i = free_.begin(); i != free_.end(); ++i)
+        if (i->capacity >= n && (best == free_.end() || i->capacity < best->capacity))
+          best = i;
+      if (best != free_.end()) {
+        auto b = std::move(*best);
+        free_.erase(best);
+        return b;
+      }
+    }
+    return block{std::unique_ptr<char[]>(new char[std::max<size_t>(n, 8)]), n};
+  }
+
+  void give(block b) {
+    std::lock_guard<std::mutex> guard{mu_};
+    free_.push_back(std::move(b));
+    if (free_.size() > keep_) {
+      // Drop the smallest: large transfers are the ones whose fresh pages cost.
+      auto smallest = std::min_element(free_.begin(), free_.end(), [](auto& x, auto& y) {
+        return x.capacity < y.capacity;
+      });
+      free_.erase(smallest);
+    }
+  }
+
+private:
+  std::mutex mu_;
+  std::vector<block> free_;
+  size_t keep_;
+};
+
+using token_type = std::array<uint8_t, 16>;
+
+/// An announced transfer waiting for its connection.
+struct pending {
+  uint64_t total = 0;
+  uint8_t dtype = 0;
+  std::vector<int64_t> shape;
+  uint8_t codec = 0;
+  uint64_t max_bytes = 0;
+  caf::actor sink;
+  clk::time_point deadline;
+};
+
+/// Decodes `length` bytes of `b` (validated against `p`) into `out`. An fp32 `none` payload
+/// aliases the buffer, which returns to `pool` when the tensor is freed; otherwise the buffer
+/// returns at once.
+status decode(const std::shared_ptr<buffer_pool>& pool, buffer_pool::block b, size_t length,
+              const pending& p, tensor_msg& out) {
+  bool alias = false;
+  size_t offset = 0;
+  kernels::tensor_header header;
+  auto st = messages::read_flat(b.data.get(), length, [&](capnp::MessageReader& reader) -> status {
+    messages::tensor_view view;
+    if (auto st = messages::read_tensor(reader.getRoot<wire::Tensor>(), view); !st)
+      return st;
+    auto& h = view.header;
+    if (static_cast<uint8_t>(h.dtype) != p.dtype || h.shape != p.shape ||
+        static_cast<uint8_t>(h.codec) != p.codec)
+      return fail("the payload's dtype, shape or codec differs from the announcement");
+    const char* base = b.data.get();
+    auto* data = reinterpret_cast<const char*>(view.data);
+    if (h.codec == kernels::codec_id::none && h.dtype == kernels::wire_dtype::float32 &&
+        view.gathered.empty() && view.size > 0 &&
+        reinterpret_cast<uintptr_t>(data) % alignof(float) == 0 && data >= base &&
+        data + view.size <= base + length) {
+      alias = true;
+      offset = static_cast<size_t>(data - base);
+      header = h;
+      return {};
+    }
+    auto t = kernels::decode_payload(h, view.data, view.size);
+    if (!t)
+      return fail(t.error().what);
+    out.tensor = std::move(*t);
+    out.codec = h.codec;
+    out.params = h.params;
+    return {};
+  });
+  if (!st || !alias) {
+    pool->give(std::move(b));
+    return st;
+  }
+  try {
+    auto* data = b.data.get() + offset;
+    auto owner = std::make_shared<buffer_pool::block>(std::move(b));
+    out.tensor = at::from_blob(
+      data, header.shape,
+      [pool, owner](void*) mutable {
+        pool->give(std::move(*owner));
+        owner.reset();
+      },
+      at::TensorOptions().dtype(at::kFloat));
+    out.codec = header.codec;
+    out.params = header.params;
+    return {};
+  } catch (const std::exception& e) {
+    return fail(std::string{"decode failed: "} + e.what());
+  }
+}
+
+class endpoint_impl final : public data_endpoint {
+public:
+  endpoint_impl(data_channel_options opts, int fd, std::string host, uint16_t port)
+    : opts_(std::move(opts)), listen_fd_(fd), host_(std::move(host)), port_(port),
+      pool_(std::make_shared<buffer_pool>(opts_.pool_buffers)) {
+    acceptor_ = std::thread([this] { accept_loop(); });
+  }
+
+  ~endpoint_impl() override { stop(); }
+
+  const std::string& host() const override { return host_; }
+  uint16_t port() const override { return port_; }
+  uint64_t delivered() const override { return delivered_; }
+  uint64_t failed() const override { return failed_; }
+  std::string last_error() const override {
+    std::lock_guard<std::mutex> guard{mu_};
+    return last_error_;
+  }
+
+  /// Remembers an announcement; fails on a duplicate token or after `stop`.
+  status expect(const token_type& token, pending p) {
+    std::lock_guard<std::mutex> guard{mu_};
+    if (stopped_)
+      return fail("the data endpoint is stopped");
+    purge_expired(clk::now());
+    p.deadline = clk::now() + opts_.announce_ttl;
+    if (!expected_.emplace(token, std::move(p)).second)
+      return fail("a transfer with this token is already announced");
+    return {};
+  }
+
+  void stop() override {
+    {
+      std::lock_guard<std::mutex> guard{mu_};
+      if (stopped_)
+        return;
+      stopped_ = true;
+      expected_.clear();
+      for (auto& c : conns_)
+        if (!c.done) // a done connection's fd is closed and its number may be reused
+          ::shutdown(c.fd, SHUT_RDWR);
+    }
+    ::shutdown(listen_fd_, SHUT_RDWR); // wakes accept()
+    if (acceptor_.joinable())
+      acceptor_.join();
+    ::close(listen_fd_);
+    std::list<conn> rest;
+    {
+      std::lock_guard<std::mutex> guard{mu_};
+      rest.swap(conns_);
+    }
+    for (auto& c : rest)
+      if (c.thread.joinable())
+        c.thread.join();
+  }
+
+private:
+  struct conn {
+    int fd = -1;
+    bool done = false;
+    std::thread thread;
+  };
+
+  void purge_expired(clk::time_point now) {
+    for (auto i = expected_.begin(); i != expected_.end();)
+      i = i->second.deadline < now ? expected_.erase(i) : std::next(i);
+  }
+
+  void record_failure(std::string what) {
+    std::lock_guard<std::mutex> guard{mu_};
+    ++failed_;
+    last_error_ = std::move(what);
+  }
+
+  void accept_loop() {
+    for (;;) {
+      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      std::list<conn> finished;
+      std::lock_guard<std::mutex> guard{mu_};
+      // Reap finished connection threads: they set `done` last, so joining them is immediate.
+      for (auto i = conns_.begin(); i != conns_.end();) {
+        if (i->done) {
+          finished.splice(finished.end(), conns_, i++);
+        } else {
+          ++i;
+        }
+      }
+      for (auto& c : finished)
+        c.thread.join();
+      if (stopped_) {
+        if (fd >= 0)
+          ::close(fd);
+        return;
+      }
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED)
+          continue;
+        return; // the socket is unusable: no more connections
+      }
+      if (conns_.size() >= opts_.max_connections) {
+        ::close(fd);
+        ++failed_;
+        last_error_ = "refused a connection: " + std::to_string(conns_.size()) + " in progress";
+        continue;
+      }
+      conns_.emplace_back();
+      auto it = std::prev(conns_.end());
+      it->fd = fd;
+      it->thread = std::thread([this, it] {
+        if (!serve(it->fd)) {
+          // Refused or failed: stop writing, then discard what the sender still has in flight
+          // (bounded) so that closing does not reset the connection before the sender read
+          // the status.
+          ::shutdown(it->fd, SHUT_WR);
+          std::vector<char> discard(size_t{1} << 16);
+          size_t drained = 0;
+          while (drained < drain_limit) {
+            auto r = ::recv(it->fd, discard.data(), discard.size(), 0);
+            if (r <= 0)
+              break;
+            drained += static_cast<size_t>(r);
+          }
+        }
+        std::lock_guard<std::mutex> guard{mu_};
+        ::close(it->fd);
+        it->done = true;
+      });
+    }
+  }
+
+  /// Writes the status frame (best effort: the sender may be gone).
+  void answer(int fd, const std::string& error) {
+    auto n = static_cast<uint32_t>(std::min<size_t>(error.size(), max_status_bytes));
+    uint8_t len[4];
+    write_le(len, n, 4);
+    if (send_all(fd, len, 4, n ? MSG_MORE : 0))
+      (void) send_all(fd, error.data(), n);
+  }
+
+  /// Serves one connection; false when the transfer failed (the status says why).
+  bool serve(int fd) {
+    set_timeouts(fd, opts_.io_timeout);
+    auto failed = [&](std::string what) {
+      what = "data channel: " + what;
+      answer(fd, what);
+      record_failure(std::move(what));
+      return false;
+    };
+    uint8_t raw[frame_header_bytes];
+    size_t got = 0;
+    if (auto st = recv_all(fd, raw, sizeof raw, got); !st)
+      return failed("frame header: " + st.what());
+    auto h = parse_frame_header(raw, sizeof raw);
+    if (!h)
+      return failed(h.error().what);
+    pending p;
+    bool known = false;
+    {
+      std::lock_guard<std::mutex> guard{mu_};
+      purge_expired(clk::now());
+      if (auto i = expected_.find(h->token); i != expected_.end()) {
+        p = std::move(i->second);
+        expected_.erase(i); // one-time, whatever happens next
+        known = true;
+      }
+    }
+    if (!known)
+      return failed("unknown or expired token");
+    if (h->length != p.total)
+      return failed("the frame declares " + std::to_string(h->length) +
+                    " bytes, the announcement " + std::to_string(p.total));
+    if (h->length > p.max_bytes)
+      return failed("the frame declares " + std::to_string(h->length) +
+                    " bytes, more than the limit of " + std::to_string(p.max_bytes));
+    auto b = pool_->take(h->length);
+    if (auto st = recv_all(fd, b.data.get(), h->length, got); !st) {
+      pool_->give(std::move(b));
+      return failed("payload: " + st.what());
+    }
+    tensor_msg x;
+    if (auto st = decode(pool_, std::move(b), h->length, p, x); !st)
+      return failed("decode: " + st.what());
+    caf::anon_send(p.sink, std::move(x));
+    ++delivered_;
+    answer(fd, {});
+    return true;
+  }
+
+  data_channel_options opts_;
+  int listen_fd_;
+  std::string host_;
+  uint16_t port_;
+  std::shared_ptr<buffer_pool> pool_;
+  mutable std::mutex mu_;
+  bool stopped_ = false;
+  std::map<token_type, pending> expected_;
+  std::list<conn> conns_;
+  std::thread acceptor_;
+  std::atomic<uint64_t> delivered_{0};
+  std::atomic<uint64_t> failed_{0};
+  std::string last_error_;
+};
+
+caf::error transfer_error(std::string what) {
+  return caf::make_error(caf::sec::runtime_error, "direct transfer: " + std::move(what));
+}
+
+/// Connects to `host:port` over loopback; -1 with `why` set on failure.
+int connect_loopback(const std::string& host, uint16_t port, std::string& why) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  auto text = host == "localhost" ? std::string{"127.0.0.1"} : host;
+  if (::inet_pton(AF_INET, text.c_str(), &addr.sin_addr) != 1) {
+    why = "not an IPv4 address: " + host;
+    return -1;
+  }
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    why = errno_text("socket");
+    return -1;
+  }
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &socket_buffer, sizeof socket_buffer);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    why = errno_text(("connect to " + host + ":" + std::to_string(port)).c_str());
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/// What a streamer is asked to do: write `source` with `token` to `host:port`.
+struct stream_job {
+  std::string host;
+  uint16_t port = 0;
+  token_type token{};
+  std::shared_ptr<const messages::chunk_source> source;
+  std::chrono::milliseconds io_timeout{};
+};
+
+/// Streams one payload and waits for the receiver's status. Connection failures come back as
+/// `sec::cannot_connect_to_node` (the sender falls back to chunks), all others as errors.
+caf::expected<uint64_t> stream(const stream_job& job) {
+  std::string why;
+  int fd = connect_loopback(job.host, job.port, why);
+  if (fd < 0)
+    return caf::make_error(caf::sec::cannot_connect_to_node, why);
+  set_timeouts(fd, job.io_timeout);
+  auto total = job.source->size();
+  auto run = [&]() -> status {
+    frame_header h;
+    h.token = job.token;
+    h.length = total;
+    uint8_t raw[frame_header_bytes];
+    write_frame_header(h, raw);
+    if (auto st = send_all(fd, raw, sizeof raw, MSG_MORE); !st)
+      return st;
+    status sent;
+    job.source->for_each(0, total, [&](const char* p, size_t n) -> caf::error {
+      sent = send_all(fd, p, n);
+      return sent ? caf::error{} : caf::make_error(caf::sec::runtime_error);
+    });
+    if (!sent) {
+      // The receiver may have refused the transfer and closed: its status may still be here.
+      uint8_t len[4];
+      if (::recv(fd, len, 4, MSG_DONTWAIT | MSG_PEEK) == 4) {
+        auto n = std::min<uint32_t>(static_cast<uint32_t>(read_le(len, 4)), max_status_bytes);
+        std::string text(4 + n, '\0');
+        auto r = ::recv(fd, text.data(), text.size(), MSG_DONTWAIT);
+        if (r > 4)
+          return fail("the receiver reports: " + text.substr(4, static_cast<size_t>(r) - 4));
+      }
+      return fail(sent.what());
+    }
+    uint8_t len[4];
+    size_t got = 0;
+    if (auto st = recv_all(fd, len, 4, got); !st)
+      return fail("no status from the receiver: " + st.what());
+    auto n = static_cast<uint32_t>(read_le(len, 4));
+    if (n == 0)
+      return {};
+    if (n > max_status_bytes)
+      return fail("the receiver's status is " + std::to_string(n) + " bytes long");
+    std::string text(n, '\0');
+    if (auto st = recv_all(fd, text.data(), n, got); !st)
+      return fail("truncated status from the receiver: " + st.what());
+    return fail("the receiver reports: " + text);
+  };
+  auto st = run();
+  ::close(fd);
+  if (!st)
+    return transfer_error(st.what());
+  return total;
+}
+
+struct sender_state {
+  caf::actor chunks;
+  static inline const char* name = "direct_sender";
+};
+
+caf::behavior direct_sender(caf::stateful_actor<sender_state>* self, direct_sender_options opts) {
+  self->state.chunks = spawn_chunk_sender(self->system(), opts.chunks);
+  self->link_to(self->state.chunks);
+  return {
+    [self, opts](transfer_atom, tensor_msg& x,
+                 caf::actor receiver) -> caf::result<transfer_report> {
+      if (!receiver)
+        return transfer_error("no receiver");
+      auto header = kernels::make_header(x.tensor, x.codec, x.params);
+      if (!header)
+        return transfer_error(header.error().what);
+      auto source = messages::encode_tensor_source(x);
+      if (!source)
+        return transfer_error(source.error().what);
+      auto job = std::make_shared<stream_job>();
+      job->source = std::move(*source);
+      job->io_timeout = opts.io_timeout;
+      randombytes_buf(job->token.data(), job->token.size());
+      direct_announce a;
+      a.token.assign(job->token.begin(), job->token.end());
+      a.total_bytes = job->source->size();
+      a.dtype = static_cast<uint8_t>(header->dtype);
+      a.shape = header->shape;
+      a.codec = static_cast<uint8_t>(header->codec);
+      auto rp = self->make_response_promise<transfer_report>();
+      auto fallback = [self, x, receiver, rp](std::string why) mutable {
+        self->request(self->state.chunks, caf::infinite, transfer_atom::value, x, receiver)
+          .then(
+            [rp, why](uint64_t bytes) mutable {
+              rp.deliver(transfer_report{bytes, "chunked", why});
+            },
+            [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+      };
+      self->request(receiver, opts.announce_timeout, std::move(a))
+        .then(
+          [self, job, rp, fallback](direct_endpoint& ep) mutable {
+            if (ep.port == 0)
+              return fallback("the receiver has no data endpoint");
+            if (auto st = check_loopback(ep.host); !st) {
+              rp.deliver(transfer_error("refusing the receiver's data endpoint: " + st.what()));
+              return;
+            }
+            job->host = ep.host;
+            job->port = ep.port;
+            // The blocking stream runs on its own thread (a detached actor), never on a
+            // scheduler worker; the actor system waits for it on shutdown.
+            auto streamer = self->spawn<caf::detached>(
+              [job](caf::event_based_actor* s) -> caf::behavior {
+                return {[s, job](transfer_atom) -> caf::result<uint64_t> {
+                  auto r = stream(*job);
+                  s->quit();
+                  if (!r)
+                    return std::move(r.error());
+                  return *r;
+                }};
+              });
+            self->request(streamer, caf::infinite, transfer_atom::value)
+              .then(
+                [rp](uint64_t bytes) mutable { rp.deliver(transfer_report{bytes, "direct", {}}); },
+                [self, rp, fallback](caf::error& e) mutable {
+                  if (e == caf::sec::cannot_connect_to_node)
+                    return fallback("cannot connect to the data endpoint: " +
+                                    self->system().render(e));
+                  rp.deliver(std::move(e));
+                });
+          },
+          [rp, fallback](caf::error& e) mutable {
+            // A plain chunk receiver does not know the announcement.
+            if (e == caf::sec::unexpected_message)
+              return fallback("the receiver does not take direct transfers");
+            rp.deliver(std::move(e));
+          });
+      return rp;
+    },
+  };
+}
+
+} // namespace
+
+result<std::shared_ptr<data_endpoint>> data_endpoint::open(const data_channel_options& opts) {
+  if (auto st = check_loopback(opts.host); !st)
+    return fail("cannot open a data endpoint: " + st.what());
+  if (sodium_init() < 0)
+    return fail("cannot open a data endpoint: libsodium failed to initialize");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(opts.port);
+  auto text = opts.host == "localhost" ? std::string{"127.0.0.1"} : opts.host;
+  ::inet_pton(AF_INET, text.c_str(), &addr.sin_addr);
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return fail("cannot open a data endpoint: " + errno_text("socket"));
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 64) != 0) {
+    auto why = errno_text(("listen on " + opts.host + ":" + std::to_string(opts.port)).c_str());
+    ::close(fd);
+    return fail("cannot open a data endpoint: " + why);
+  }
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  return std::shared_ptr<data_endpoint>{
+    std::make_shared<endpoint_impl>(opts, fd, text, ntohs(addr.sin_port))};
+}
+
+caf::actor spawn_direct_receiver(caf::actor_system& sys, caf::actor sink,
+                                 std::shared_ptr<data_endpoint> endpoint,
+                                 receiver_options opts) {
+  auto ep = std::static_pointer_cast<endpoint_impl>(std::move(endpoint));
+  return sys.spawn([sink, ep, opts](caf::event_based_actor* self) -> caf::behavior {
+    caf::message_handler announcements{
+      [sink, ep, opts](direct_announce& a) -> caf::result<direct_endpoint> {
+        if (!ep)
+          return direct_endpoint{};
+        if (a.token.size() != token_type{}.size())
+          return caf::make_error(caf::sec::invalid_argument,
+                                 "direct transfer: a token of " + std::to_string(a.token.size()) +
+                                   " bytes, expected 16");
+        if (a.total_bytes == 0 || a.total_bytes > opts.max_bytes)
+          return caf::make_error(caf::sec::invalid_argument,
+                                 "direct transfer: refused " + std::to_string(a.total_bytes) +
+                                   " bytes (limit " + std::to_string(opts.max_bytes) + ")");
+        token_type token;
+        std::memcpy(token.data(), a.token.data(), token.size());
+        pending p;
+        p.total = a.total_bytes;
+        p.dtype = a.dtype;
+        p.shape = std::move(a.shape);
+        p.codec = a.codec;
+        p.max_bytes = opts.max_bytes;
+        p.sink = sink;
+        if (auto st = ep->expect(token, std::move(p)); !st)
+          return caf::make_error(caf::sec::runtime_error, "direct transfer: " + st.what());
+        return direct_endpoint{ep->host(), ep->port()};
+      },
+      [ep](get_atom) {
+        return ep ? direct_endpoint{ep->host(), ep->port()} : direct_endpoint{};
+      },
+    };
+    return announcements.or_else(chunk_receiver_behavior(self, sink, opts));
+  });
+}
+
+caf::actor spawn_direct_sender(caf::actor_system& sys, direct_sender_options opts) {
+  return sys.spawn(direct_sender, opts);
+}
+
+} // namespace starling::actors::transfer
