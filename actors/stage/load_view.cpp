@@ -56,6 +56,16 @@ std::optional<size_t> stage_for_newcomer(const std::vector<stage_load>& stages) 
   return best;
 }
 
+std::optional<double> throughput_meter::close() {
+  if (busy_ <= 0 || samples_ <= 0)
+    return std::nullopt;
+  auto measured = samples_ / busy_;
+  busy_ = 0;
+  samples_ = 0;
+  smoothed_ = smoothed_ > 0 ? 0.7 * smoothed_ + 0.3 * measured : measured;
+  return smoothed_;
+}
+
 std::string encode_load_report(double throughput, double queue) {
   return fmt::format("{:.17g} {:.17g}", throughput, queue);
 }

@@ -36,6 +36,25 @@ stage_total total_of(const stage_load& s);
 /// skipped (ties: the lowest index); none when no stage is known.
 std::optional<size_t> stage_for_newcomer(const std::vector<stage_load>& stages);
 
+/// A stage peer's measured throughput for its reports: busy seconds and training samples since
+/// the last report, smoothed across reports (exponentially, 0.3 on the newest window).
+class throughput_meter {
+public:
+  /// Counts `busy_s` seconds of compute that served `samples` training samples (equivalents).
+  void add(double busy_s, double samples) {
+    busy_ += busy_s;
+    samples_ += samples;
+  }
+  /// Closes the window: the smoothed throughput (samples per busy second), or none when the
+  /// window measured nothing (the previous value stands).
+  std::optional<double> close();
+
+private:
+  double busy_ = 0;
+  double samples_ = 0;
+  double smoothed_ = 0;
+};
+
 /// Text values of the DHT's load records, parsed strictly (nothing else in the value).
 /// A throughput report: "<throughput> <queue>" with throughput > 0 and queue >= 0, both finite.
 std::string encode_load_report(double throughput, double queue);

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "actors/stage/fetch_state.hpp"
+#include "actors/stage/load_view.hpp"
 #include "actors/stage/state_parts.hpp"
 #include "actors/stage/stage.hpp"
 #include "messages/atoms.hpp"
@@ -42,11 +43,8 @@ struct modeled_peer {
   uint64_t steps = 0;
   uint64_t samples = 0;
   int64_t pending_samples = 0;
-  /// Since the last report: busy seconds and training samples (backwards) served.
-  double window_busy = 0;
-  double window_samples = 0;
-  /// Smoothed throughput reported (training samples per busy second).
-  double throughput = 0;
+  /// Busy seconds and training samples served, for the throughput reports.
+  throughput_meter meter;
   /// Replies waiting for their compute to finish, by ticket.
   std::map<uint64_t, std::function<void()>> held;
   uint64_t next_ticket = 0;
@@ -100,8 +98,7 @@ void compute(self_ptr self, double work, std::function<void()> deliver,
     [self, seconds, equivalents, deliver = std::move(deliver)] {
       auto& s = self->state;
       s.queued--;
-      s.window_busy += seconds;
-      s.window_samples += equivalents;
+      s.meter.add(seconds, equivalents);
       deliver();
     },
     std::move(fail));
@@ -259,15 +256,11 @@ caf::behavior modeled_stage(self_ptr self, stage_options opts, caf::actor board)
     [=](load_atom) {
       auto& s = self->state;
       self->delayed_send(self, s.opts.report_every, load_atom::value);
-      if (!s.ready || s.window_busy <= 0 || s.window_samples <= 0)
+      if (!s.ready)
         return;
-      auto measured = s.window_samples / s.window_busy;
-      s.window_busy = 0;
-      s.window_samples = 0;
-      s.throughput = s.throughput > 0 ? 0.7 * s.throughput + 0.3 * measured : measured;
-      auto throughput = s.throughput;
-      self->send(s.board, load_atom::value, s.opts.stage, s.opts.name, throughput,
-                 static_cast<double>(s.queued));
+      if (auto throughput = s.meter.close())
+        self->send(s.board, load_atom::value, s.opts.stage, s.opts.name, *throughput,
+                   static_cast<double>(s.queued));
     },
     /// A trainer's probe: seconds of compute queued ahead of a request arriving now.
     [=](probe_atom) -> double {

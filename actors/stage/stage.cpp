@@ -12,10 +12,12 @@
 
 #include "actors/dht/client.hpp"
 #include "actors/stage/fetch_state.hpp"
+#include "actors/stage/load_view.hpp"
 #include "actors/stage/state_parts.hpp"
 #include "kernels/flat.hpp"
 #include "kernels/models/stage_module.hpp"
 #include "messages/atoms.hpp"
+#include "messages/rebalance_atoms.hpp"
 #include "messages/averager.hpp"
 #include "messages/dht.hpp"
 #include "messages/swarm.hpp"
@@ -71,6 +73,8 @@ struct stage_peer {
   bool catching_up = false;
   averaging_stats avg;
   download_stats dl;
+  /// Busy seconds (as emulated: compute / speed) and training samples, for throughput reports.
+  throughput_meter meter;
 };
 
 bool collaborative(const stage_options& o) {
@@ -377,7 +381,19 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
   };
   if (collaborative(opts))
     self->send(self, tick_atom::value);
+  if (opts.report_every > caf::timespan{0})
+    self->delayed_send(self, opts.report_every, load_atom::value);
   return {
+    // Throughput report for rebalancing: training samples per busy second, and replies held.
+    [=](load_atom) {
+      auto& s = self->state;
+      self->delayed_send(self, s.opts.report_every, load_atom::value);
+      if (!s.ready)
+        return;
+      if (auto throughput = s.meter.close())
+        self->send(s.board, load_atom::value, s.opts.stage, s.opts.name, *throughput,
+                   static_cast<double>(s.held.size()));
+    },
     [=](const stage_forward& req) -> caf::result<tensor_msg> {
       auto& s = self->state;
       if (!req.input.ok())
@@ -391,6 +407,7 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
       if (s.module->is_last())
         reply.codec = kernels::codec_id::none;
       auto rp = self->make_response_promise<tensor_msg>();
+      s.meter.add(dt / s.opts.speed, 0);
       reply_later(self, s, dt, [rp, reply]() mutable { rp.deliver(reply); });
       return rp;
     },
@@ -428,6 +445,7 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
       if (s.module->is_last())
         reply.loss = g->output.item<double>();
       auto rp = self->make_response_promise<stage_backward_reply>();
+      s.meter.add(dt / s.opts.speed, static_cast<double>(batch));
       reply_later(self, s, dt, [rp, reply]() mutable { rp.deliver(reply); });
       if (stepped)
         gossip();

@@ -109,8 +109,8 @@ struct stage_options {
   modeled_compute modeled;
   /// How often the peer reports its measured throughput (training samples per second of busy
   /// compute time, forward and backward) and queue length to its board as
-  /// `(load_atom, stage, name, throughput, queue)`, for rebalancing; 0 = never. Only boards that
-  /// handle it (the in-process board) may be given a positive period.
+  /// `(load_atom, stage, name, throughput, queue)`, for rebalancing; 0 = never. Both boards
+  /// handle it (the in-process one, and the DHT-backed one in DHT records).
   caf::timespan report_every = caf::timespan{0};
 };
 

@@ -12,6 +12,7 @@
 #include "actors/stage/stage.hpp"
 #include "kernels/data/corpus.hpp"
 #include "messages/atoms.hpp"
+#include "messages/rebalance_atoms.hpp"
 #include "runtime/sim/world.hpp"
 
 namespace starling::testing {
@@ -74,6 +75,34 @@ std::optional<T> ask(runtime::sim::world& w, runtime::sim::sim_node& n, caf::act
     return caf::behavior{[](int) {}};
   });
   w.run_until([&] { return *asked; }, std::chrono::seconds(10));
+  return *got;
+}
+
+/// A board's answer to `(get_atom, load_atom, peer)`: per stage the summed throughput and peers,
+/// and the peer's own reported throughput.
+struct loads_reply {
+  std::vector<double> throughput;
+  std::vector<int64_t> peers;
+  double mine = -2;
+};
+
+/// Asks `board` for the stages' loads from a short-lived actor on `n`; none if it did not answer.
+inline std::optional<loads_reply> ask_loads(runtime::sim::world& w, runtime::sim::sim_node& n,
+                                            caf::actor board, caf::actor peer) {
+  auto got = std::make_shared<std::optional<loads_reply>>();
+  auto asked = std::make_shared<bool>(false);
+  n.spawn("", [=](caf::event_based_actor* self) {
+    self->request(board, caf::timespan{std::chrono::seconds(10)}, get_atom::value,
+                  load_atom::value, peer)
+      .then(
+        [=](std::vector<double> tp, std::vector<int64_t> peers, double mine) {
+          *got = loads_reply{std::move(tp), std::move(peers), mine};
+          *asked = true;
+        },
+        [=](caf::error&) { *asked = true; });
+    return caf::behavior{[](int) {}};
+  });
+  w.run_until([&] { return *asked; }, std::chrono::seconds(20));
   return *got;
 }
 

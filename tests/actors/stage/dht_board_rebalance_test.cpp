@@ -67,29 +67,9 @@ struct three_boards {
   }
 };
 
-struct loads_reply {
-  std::vector<double> throughput;
-  std::vector<int64_t> peers;
-  double mine = -2;
-};
-
 /// `(get_atom, load_atom, peer)` asked of node `i`'s board.
-std::optional<loads_reply> ask_loads(three_boards& t, int i, caf::actor peer) {
-  auto got = std::make_shared<std::optional<loads_reply>>();
-  auto asked = std::make_shared<bool>(false);
-  auto board = t.w.node(i).lookup("board");
-  t.w.node(i).spawn("", [=](caf::event_based_actor* self) {
-    self->request(board, caf::timespan{10s}, get_atom::value, load_atom::value, peer)
-        .then(
-            [=](std::vector<double> tp, std::vector<int64_t> peers, double mine) {
-              *got = loads_reply{std::move(tp), std::move(peers), mine};
-              *asked = true;
-            },
-            [=](caf::error&) { *asked = true; });
-    return caf::behavior{[](int) {}};
-  });
-  t.w.run_until([&] { return *asked; }, 20s);
-  return *got;
+std::optional<testing::loads_reply> ask_loads(three_boards& t, int i, caf::actor peer) {
+  return testing::ask_loads(t.w, t.w.node(i), t.w.node(i).lookup("board"), peer);
 }
 
 /// Migration claims out of `from` sent at the same instant by the boards of `nodes`.

@@ -276,3 +276,42 @@ TEST_CASE("probing: the trainer sends each hop to the less loaded of two modeled
   CHECK(blind[0] > 0);
   CHECK(blind[0] + blind[1] == 10 * 4);
 }
+
+TEST_CASE("real stage peers report their measured throughput to the board") {
+  runtime::sim::world_options wo;
+  wo.seed = 13;
+  runtime::sim::world w{wo};
+  auto& n = w.add_node("n");
+  auto& sys = w.system();
+  auto board = actors::stage::spawn_board(sys, 2);
+  n.adopt("board", board);
+  std::vector<caf::actor> peers;
+  for (uint64_t s = 0; s < 2; ++s) {
+    auto o = stage_opts(s, static_cast<int64_t>(s), static_cast<int64_t>(s) + 1,
+                        "s" + std::to_string(s));
+    o.report_every = caf::timespan{1s};
+    peers.push_back(actors::stage::spawn_stage(sys, o, board));
+    n.adopt(o.name, peers.back());
+  }
+  w.run_for(1s);
+  auto t = std::make_shared<tally>();
+  auto sink = n.spawn("sink", counting_sink, t);
+  actors::trainer::trainer_options to;
+  to.stages = 2;
+  to.microbatch = 4;
+  to.seq_len = 8;
+  to.microbatches = 12;
+  to.max_inflight = 2;
+  to.hop_timeout = caf::timespan{5s};
+  to.codec = kernels::codec_id::none;
+  n.adopt("trainer", actors::trainer::spawn_trainer(sys, to, small_corpus(), board, sink));
+  REQUIRE(w.run_until([&] { return t->stops == 1; }, 120s));
+  w.run_for(2s); // at least one report period after the last backward
+  auto l = testing::ask_loads(w, n, board, peers[1]);
+  REQUIRE(l);
+  CHECK(l->peers == std::vector<int64_t>{1, 1});
+  CHECK(l->throughput[0] > 0);
+  CHECK(l->throughput[1] > 0);
+  CHECK(l->mine > 0);
+  CHECK(l->mine == doctest::Approx(l->throughput[1]));
+}
