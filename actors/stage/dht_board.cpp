@@ -139,28 +139,24 @@ void read_loads(caf::event_based_actor* self, const data_ptr& d, Done done) {
     finish();
     return;
   }
+  // Reads `key` and hands the answer to `take`; a failed read leaves the slot empty.
+  auto read = [=](std::string key, std::function<void(const dht_get_result&)> take) {
+    dht::dht_get(
+        self, d->dht, std::move(key), d->opts.timeout,
+        [=](const dht_get_result& r) {
+          take(r);
+          finish();
+        },
+        [=](caf::error&) { finish(); });
+  };
   for (size_t k = 0; k < stages; ++k) {
-    dht::dht_get(
-        self, d->dht, stage_key(d->opts.prefix, k), d->opts.timeout,
-        [=](const dht_get_result& r) {
-          a->live[k] = live_addresses(d, r, dht::dht_now_ns(self));
-          finish();
-        },
-        [=](caf::error&) { finish(); });
-    dht::dht_get(
-        self, d->dht, sub_key(d->opts.prefix, k, "load"), d->opts.timeout,
-        [=](const dht_get_result& r) {
-          a->reports[k] = values_of(r, dht::dht_now_ns(self));
-          finish();
-        },
-        [=](caf::error&) { finish(); });
-    dht::dht_get(
-        self, d->dht, sub_key(d->opts.prefix, k, "joining"), d->opts.timeout,
-        [=](const dht_get_result& r) {
-          a->joining[k] = values_of(r, dht::dht_now_ns(self));
-          finish();
-        },
-        [=](caf::error&) { finish(); });
+    read(stage_key(d->opts.prefix, k), [=](const dht_get_result& r) {
+      a->live[k] = live_addresses(d, r, dht::dht_now_ns(self));
+    });
+    read(sub_key(d->opts.prefix, k, "load"),
+         [=](const dht_get_result& r) { a->reports[k] = values_of(r, dht::dht_now_ns(self)); });
+    read(sub_key(d->opts.prefix, k, "joining"),
+         [=](const dht_get_result& r) { a->joining[k] = values_of(r, dht::dht_now_ns(self)); });
   }
 }
 

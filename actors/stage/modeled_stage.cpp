@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include "actors/stage/fetch_state.hpp"
+#include "actors/stage/load_report.hpp"
 #include "actors/stage/load_view.hpp"
 #include "actors/stage/state_parts.hpp"
 #include "actors/stage/stage.hpp"
@@ -253,15 +254,7 @@ caf::behavior modeled_stage(self_ptr self, stage_options opts, caf::actor board)
         (*download)();
     },
     /// Throughput report: training samples per busy second over the last period.
-    [=](load_atom) {
-      auto& s = self->state;
-      self->delayed_send(self, s.opts.report_every, load_atom::value);
-      if (!s.ready)
-        return;
-      if (auto throughput = s.meter.close())
-        self->send(s.board, load_atom::value, s.opts.stage, s.opts.name, *throughput,
-                   static_cast<double>(s.queued));
-    },
+    [=](load_atom) { report_load(self, static_cast<double>(self->state.queued)); },
     /// A trainer's probe: seconds of compute queued ahead of a request arriving now.
     [=](probe_atom) -> double {
       auto ahead = self->state.busy_until - self->clock().now();

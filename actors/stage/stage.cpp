@@ -12,6 +12,7 @@
 
 #include "actors/dht/client.hpp"
 #include "actors/stage/fetch_state.hpp"
+#include "actors/stage/load_report.hpp"
 #include "actors/stage/load_view.hpp"
 #include "actors/stage/state_parts.hpp"
 #include "kernels/flat.hpp"
@@ -385,15 +386,7 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
     self->delayed_send(self, opts.report_every, load_atom::value);
   return {
     // Throughput report for rebalancing: training samples per busy second, and replies held.
-    [=](load_atom) {
-      auto& s = self->state;
-      self->delayed_send(self, s.opts.report_every, load_atom::value);
-      if (!s.ready)
-        return;
-      if (auto throughput = s.meter.close())
-        self->send(s.board, load_atom::value, s.opts.stage, s.opts.name, *throughput,
-                   static_cast<double>(s.held.size()));
-    },
+    [=](load_atom) { report_load(self, static_cast<double>(self->state.held.size())); },
     [=](const stage_forward& req) -> caf::result<tensor_msg> {
       auto& s = self->state;
       if (!req.input.ok())

@@ -9,7 +9,10 @@
 
 #include <caf/all.hpp>
 
+#include "actors/dht/dht.hpp"
+#include "actors/stage/dht_board.hpp"
 #include "actors/stage/stage.hpp"
+#include "actors/trainer/trainer.hpp"
 #include "kernels/data/corpus.hpp"
 #include "messages/atoms.hpp"
 #include "messages/rebalance_atoms.hpp"
@@ -76,6 +79,45 @@ std::optional<T> ask(runtime::sim::world& w, runtime::sim::sim_node& n, caf::act
   });
   w.run_until([&] { return *asked; }, std::chrono::seconds(10));
   return *got;
+}
+
+/// A trainer of the tiny test model: `microbatches` of 4 samples of 8 bytes through `stages`
+/// stages, uncompressed activations, peer lists refreshed every 500 ms.
+inline actors::trainer::trainer_options tiny_trainer(uint64_t stages, int64_t microbatches,
+                                                     int64_t max_inflight,
+                                                     caf::timespan hop_timeout) {
+  actors::trainer::trainer_options to;
+  to.stages = stages;
+  to.microbatch = 4;
+  to.seq_len = 8;
+  to.microbatches = microbatches;
+  to.max_inflight = max_inflight;
+  to.hop_timeout = hop_timeout;
+  to.refresh_every = caf::timespan{std::chrono::milliseconds(500)};
+  to.codec = kernels::codec_id::none;
+  return to;
+}
+
+/// The options of simulated node `i`'s DHT node (seeded id; node 0, "n0", is the bootstrap)
+/// and of its DHT-backed board under `prefix` (1 s announcements, 2 s timeouts).
+struct dht_board_setup {
+  actors::dht::dht_options dht;
+  actors::stage::dht_board_options board;
+};
+
+inline dht_board_setup dht_board_node(runtime::sim::sim_node& nd, int i, uint64_t id_seed,
+                                      const std::string& prefix, size_t stages) {
+  dht_board_setup out;
+  out.dht.address = nd.endpoint() + "/dht";
+  out.dht.id = actors::dht::identity::from_seed(id_seed + static_cast<uint64_t>(i));
+  if (i > 0)
+    out.dht.bootstrap = {"n0:1/dht"};
+  out.board.prefix = prefix;
+  out.board.endpoint = nd.endpoint();
+  out.board.stages = stages;
+  out.board.announce_period = caf::timespan{std::chrono::seconds(1)};
+  out.board.timeout = caf::timespan{std::chrono::seconds(2)};
+  return out;
 }
 
 /// A board's answer to `(get_atom, load_atom, peer)`: per stage the summed throughput and peers,

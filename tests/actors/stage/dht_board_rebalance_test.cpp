@@ -35,17 +35,9 @@ struct three_boards {
   three_boards() {
     for (int i = 0; i < 3; ++i) {
       auto& nd = w.add_node("n" + std::to_string(i));
-      actors::dht::dht_options d;
-      d.address = nd.endpoint() + "/dht";
-      d.id = actors::dht::identity::from_seed(1300 + static_cast<uint64_t>(i));
-      if (i > 0)
-        d.bootstrap = {"n0:1/dht"};
-      actors::stage::dht_board_options b;
-      b.prefix = "swarm/rebalance";
-      b.endpoint = nd.endpoint();
-      b.stages = 3;
-      b.announce_period = caf::timespan{1s};
-      b.timeout = caf::timespan{2s};
+      auto setup = testing::dht_board_node(nd, i, 1300, "swarm/rebalance", 3);
+      auto d = setup.dht;
+      auto b = setup.board;
       nd.on_start([d, b](runtime::sim::sim_node& x) {
         x.spawn("dht", actors::dht::dht_actor, x.resolver(), d);
         x.spawn("board", actors::stage::dht_board_actor, x.lookup("dht"), x.resolver(), b);

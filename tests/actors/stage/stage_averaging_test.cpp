@@ -39,17 +39,9 @@ void add_averaging_nodes(runtime::sim::world& w, int count, uint64_t id_seed,
                          const std::string& prefix, actors::averager::averager_options a) {
   for (int i = 0; i < count; ++i) {
     auto& nd = w.add_node("n" + std::to_string(i));
-    actors::dht::dht_options d;
-    d.address = nd.endpoint() + "/dht";
-    d.id = actors::dht::identity::from_seed(id_seed + static_cast<uint64_t>(i));
-    if (i > 0)
-      d.bootstrap = {"n0:1/dht"};
-    actors::stage::dht_board_options b;
-    b.prefix = prefix;
-    b.endpoint = nd.endpoint();
-    b.stages = 2;
-    b.announce_period = caf::timespan{1s};
-    b.timeout = caf::timespan{2s};
+    auto setup = testing::dht_board_node(nd, i, id_seed, prefix, 2);
+    auto d = setup.dht;
+    auto b = setup.board;
     a.address = nd.endpoint() + "/averager";
     nd.on_start([d, b, a](runtime::sim::sim_node& x) {
       auto dht = x.spawn("dht", actors::dht::dht_actor, x.resolver(), d);
@@ -80,15 +72,7 @@ caf::actor spawn_averaging_peer(runtime::sim::world& w, runtime::sim::sim_node& 
 void start_trainer(runtime::sim::world& w, std::shared_ptr<tally> t, int64_t microbatches) {
   auto& n0 = w.node(0);
   auto sink = n0.spawn("sink", counting_sink, t);
-  actors::trainer::trainer_options to;
-  to.stages = 2;
-  to.microbatch = 4;
-  to.seq_len = 8;
-  to.microbatches = microbatches;
-  to.max_inflight = 2;
-  to.hop_timeout = caf::timespan{1s};
-  to.refresh_every = caf::timespan{500ms};
-  to.codec = kernels::codec_id::none;
+  auto to = testing::tiny_trainer(2, microbatches, 2, caf::timespan{1s});
   n0.adopt("trainer", actors::trainer::spawn_trainer(w.system(), to, small_corpus(),
                                                      n0.lookup("board"), sink));
 }

@@ -76,15 +76,7 @@ TEST_CASE("a pipeline with a stage peer killed mid-run completes every microbatc
   auto t = std::make_shared<tally>();
   auto sink = sys.spawn(counting_sink, t);
   n.adopt("sink", sink);
-  actors::trainer::trainer_options to;
-  to.stages = 2;
-  to.microbatch = 4;
-  to.seq_len = 8;
-  to.microbatches = 120;
-  to.max_inflight = 2;
-  to.hop_timeout = caf::timespan{1s};
-  to.refresh_every = caf::timespan{500ms};
-  to.codec = kernels::codec_id::none;
+  auto to = testing::tiny_trainer(2, 120, 2, caf::timespan{1s});
   auto trainer = actors::trainer::spawn_trainer(sys, to, small_corpus(), board, sink);
   n.adopt("trainer", trainer);
   // Let some microbatches through, then preempt one of stage 1's two peers.
@@ -133,17 +125,9 @@ TEST_CASE("stage peers on three simulated nodes find each other through the DHT;
   // Every node runs a DHT node and a DHT-backed board; node 0 is the bootstrap.
   for (int i = 0; i < 3; ++i) {
     auto& nd = w.add_node("n" + std::to_string(i));
-    actors::dht::dht_options d;
-    d.address = nd.endpoint() + "/dht";
-    d.id = actors::dht::identity::from_seed(900 + static_cast<uint64_t>(i));
-    if (i > 0)
-      d.bootstrap = {"n0:1/dht"};
-    actors::stage::dht_board_options b;
-    b.prefix = "swarm/test";
-    b.endpoint = nd.endpoint();
-    b.stages = 2;
-    b.announce_period = caf::timespan{1s};
-    b.timeout = caf::timespan{2s};
+    auto setup = testing::dht_board_node(nd, i, 900, "swarm/test", 2);
+    auto d = setup.dht;
+    auto b = setup.board;
     nd.on_start([d, b](runtime::sim::sim_node& x) {
       x.spawn("dht", actors::dht::dht_actor, x.resolver(), d);
       x.spawn("board", actors::stage::dht_board_actor, x.lookup("dht"), x.resolver(), b);
@@ -171,14 +155,7 @@ TEST_CASE("stage peers on three simulated nodes find each other through the DHT;
   auto t = std::make_shared<tally>();
   auto& n0 = w.node(0);
   auto sink = n0.spawn("sink", counting_sink, t);
-  actors::trainer::trainer_options to;
-  to.stages = 2;
-  to.microbatch = 4;
-  to.seq_len = 8;
-  to.microbatches = 200;
-  to.max_inflight = 2;
-  to.hop_timeout = caf::timespan{1s};
-  to.refresh_every = caf::timespan{500ms};
+  auto to = testing::tiny_trainer(2, 200, 2, caf::timespan{1s});
   to.codec = kernels::codec_id::blockwise8;
   n0.adopt("trainer",
            actors::trainer::spawn_trainer(sys, to, small_corpus(), n0.lookup("board"), sink));
@@ -242,15 +219,7 @@ std::vector<uint64_t> served_with_one_peer_loaded(bool probe) {
   w.run_for(100ms);
   auto t = std::make_shared<tally>();
   auto sink = n.spawn("sink", counting_sink, t);
-  actors::trainer::trainer_options to;
-  to.stages = 1;
-  to.microbatch = 4;
-  to.seq_len = 8;
-  to.microbatches = 10;
-  to.max_inflight = 1;
-  to.hop_timeout = caf::timespan{120s};
-  to.refresh_every = caf::timespan{500ms};
-  to.codec = kernels::codec_id::none;
+  auto to = testing::tiny_trainer(1, 10, 1, caf::timespan{120s});
   to.probe = probe;
   to.seed = 9;
   n.adopt("trainer", actors::trainer::spawn_trainer(sys, to, small_corpus(), board, sink));
@@ -296,14 +265,7 @@ TEST_CASE("real stage peers report their measured throughput to the board") {
   w.run_for(1s);
   auto t = std::make_shared<tally>();
   auto sink = n.spawn("sink", counting_sink, t);
-  actors::trainer::trainer_options to;
-  to.stages = 2;
-  to.microbatch = 4;
-  to.seq_len = 8;
-  to.microbatches = 12;
-  to.max_inflight = 2;
-  to.hop_timeout = caf::timespan{5s};
-  to.codec = kernels::codec_id::none;
+  auto to = testing::tiny_trainer(2, 12, 2, caf::timespan{5s});
   n.adopt("trainer", actors::trainer::spawn_trainer(sys, to, small_corpus(), board, sink));
   REQUIRE(w.run_until([&] { return t->stops == 1; }, 120s));
   w.run_for(2s); // at least one report period after the last backward
