@@ -6,9 +6,23 @@
 #include <string>
 #include <vector>
 
+#include <caf/atom.hpp>
 #include <caf/meta/type_name.hpp>
 
 #include "messages/tensor_msg.hpp"
+
+namespace starling {
+
+/// Averager data plane (kept here, not in atoms.hpp, which nearly every file includes):
+///   peer -> averager (BASP): `(avg_plane_atom, std::string sender_address)
+///                              -> (std::string host, uint16_t port, std::string token)`
+///   (port 0: no data plane, chunks travel over BASP);
+///   data plane -> its averager (local, with the plane's tag):
+///   `(avg_plane_atom, uint64_t tag, std::string peer, avg_chunk)` for a delivered chunk,
+///   `(avg_plane_atom, uint64_t tag, std::string peer, std::string error)` for a lost link.
+using avg_plane_atom = caf::atom_constant<caf::atom("avg_plane")>;
+
+} // namespace starling
 
 namespace starling::messages {
 
@@ -96,13 +110,15 @@ struct round_report {
   int64_t elapsed_ns = 0;
   /// Nanoseconds from the group message to the reply (the all-reduce itself).
   int64_t round_ns = 0;
+  /// Other members this peer sent to over the averagers' data plane (the rest: BASP).
+  uint32_t plane_links = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, round_report& x) {
   return f(caf::meta::type_name("round_report"), x.group_key, x.group_id, x.members, x.self,
            x.parts, x.outcome, x.averaged, x.kept, x.failed, x.detail, x.elapsed_ns,
-           x.round_ns);
+           x.round_ns, x.plane_links);
 }
 
 // -- request and result ------------------------------------------------------------------------

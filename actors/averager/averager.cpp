@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "actors/averager/data_plane.hpp"
 #include "actors/dht/client.hpp"
 #include "messages/atoms.hpp"
 #include "messages/averager.hpp"
@@ -86,6 +87,18 @@ struct out_stream {
   uint32_t inflight = 0;
 };
 
+/// How chunks reach a member: not decided yet (asking for a data-plane token), BASP, data plane.
+enum class link_mode : uint8_t { pending, basp, plane };
+
+/// A chunk that arrived before its group message, with how it came.
+struct early_chunk {
+  avg_chunk chunk;
+  /// BASP: the sender to acknowledge.
+  caf::strong_actor_ptr sender;
+  /// Data plane: the address of the link's peer.
+  std::string plane_peer;
+};
+
 struct round_state {
   uint64_t id = 0;
   round_plan plan;
@@ -107,6 +120,9 @@ struct round_state {
   std::vector<int64_t> received;
   /// Key: (member, kind).
   std::map<std::pair<uint32_t, uint8_t>, out_stream> streams;
+  std::vector<link_mode> links;
+  /// Our reduced part cut into plane chunks, built once and shared by every member's link.
+  std::map<int64_t, std::shared_ptr<plane_chunk>> result_chunks;
   uint64_t contribution_chunks_total = 0;
   uint64_t contribution_chunks_sent = 0;
   bool replied = false;
@@ -129,8 +145,17 @@ public:
   averager_impl(caf::event_based_actor* self, caf::actor dht, caf::actor resolver,
                 averager_options opts)
     : self_(self), dht_(std::move(dht)), resolver_(std::move(resolver)), opts_(std::move(opts)) {
-    if (!opts_.reducer)
-      opts_.reducer = weighted_mean_reducer();
+    // An empty reducer is the weighted mean, which part_reducer streams without copies.
+    if (!opts_.data_host.empty()) {
+      data_plane_options po;
+      po.host = opts_.data_host;
+      po.io_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(opts_.data_io_timeout);
+      auto p = data_plane::open(caf::actor_cast<caf::actor>(self_), po);
+      if (p)
+        plane_ = std::move(*p);
+      else
+        plane_error_ = p.error().what; // BASP only; said in every round's report
+    }
   }
 
   caf::behavior make_behavior();
@@ -164,6 +189,11 @@ private:
   // -- round -----------------------------------------------------------------------------------
   void start_round(uint64_t id, std::vector<messages::member_info> members);
   void on_chunk(avg_chunk& c, const caf::strong_actor_ptr& sender);
+  void on_plane_chunk(avg_chunk& c, const std::string& peer);
+  void accept_chunk(avg_chunk& c);
+  void open_link(uint32_t member, const caf::actor& handle);
+  void on_link_lost(const std::string& peer, const std::string& why);
+  void pump_plane(uint32_t member, uint8_t kind);
   void on_ack(const avg_ack& a);
   void pump(uint32_t member, uint8_t kind);
   void member_gone(uint32_t i, const std::string& why);
@@ -180,6 +210,16 @@ private:
   caf::actor resolver_;
   averager_options opts_;
   std::map<std::string, caf::actor> peers_;
+  std::shared_ptr<data_plane> plane_;
+  std::string plane_error_;
+  /// Result and reduced-part buffers of earlier rounds, reused once nobody else holds them:
+  /// fresh pages cost more than the copies themselves (a 16 MiB copy into new memory took
+  /// 100-200 ms on this VM, page faults included).
+  std::vector<at::Tensor> out_cache_;
+  std::vector<at::Tensor> reduced_cache_;
+  /// Lost or refused data-plane links per peer; from `max_link_failures` on, BASP only.
+  std::map<std::string, int> link_failures_;
+  static constexpr int max_link_failures = 3;
 
   std::deque<job> queue_;
   std::optional<job> cur_;
@@ -192,13 +232,33 @@ private:
   std::set<std::string> refused_;
   bool closed_ = false;
   bool window_over_ = false;
-  std::vector<std::pair<avg_chunk, caf::strong_actor_ptr>> early_;
+  std::vector<early_chunk> early_;
 
   // round
   std::optional<round_state> round_;
 };
 
 // -- helpers -------------------------------------------------------------------------------------
+
+/// A fp32 buffer of `n` elements from `cache` that nobody else references, or a new one.
+at::Tensor take_buffer(std::vector<at::Tensor>& cache, int64_t n) {
+  for (auto it = cache.begin(); it != cache.end(); ++it)
+    if (it->numel() == n && it->use_count() == 1 && it->storage().use_count() == 1) {
+      auto t = std::move(*it);
+      cache.erase(it);
+      return t;
+    }
+  return torch::empty({n}, torch::kFloat32);
+}
+
+/// Keeps `t` for reuse (at most two per cache: a caller may still hold the previous result).
+void keep_buffer(std::vector<at::Tensor>& cache, at::Tensor t) {
+  if (!t.defined() || t.numel() == 0)
+    return;
+  cache.push_back(std::move(t));
+  if (cache.size() > 2)
+    cache.erase(cache.begin());
+}
 
 void averager_impl::with_peer(const std::string& address, std::function<void(caf::actor)> ok,
                               std::function<void()> err) {
@@ -287,9 +347,15 @@ void averager_impl::start_next() {
     }
     if (why.empty()) {
       try {
-        cur_->flat = parts.empty() ? torch::empty({0}, torch::kFloat32)
-                                   : torch::cat(parts).contiguous();
-        if (cur_->flat.numel() > 0 && !torch::isfinite(cur_->flat).all().item<bool>())
+        // One contiguous fp32 tensor is used as it is (no copy: the caller keeps it unchanged
+        // until the reply, see averager.hpp); several are concatenated.
+        if (parts.empty())
+          cur_->flat = torch::empty({0}, torch::kFloat32);
+        else if (parts.size() == 1 && parts[0].is_contiguous())
+          cur_->flat = parts[0];
+        else
+          cur_->flat = torch::cat(parts).contiguous();
+        if (!all_finite(cur_->flat))
           why = "the tensors hold non-finite values";
       } catch (const std::exception& e) {
         why = fmt::format("flattening failed: {}", e.what());
@@ -604,8 +670,10 @@ void averager_impl::start_round(uint64_t id, std::vector<messages::member_info> 
   r.aux = r.plan.members[r.self].auxiliary;
   r.weight = r.aux ? 0.0 : cur_->weight;
   r.flat = cur_->flat;
-  r.out = r.flat.clone();
+  // Every part of the result is written before the reply (averaged values or our own ones).
+  r.out = take_buffer(out_cache_, r.flat.numel());
   r.handles.resize(n);
+  r.links.assign(n, link_mode::pending);
   r.gone.assign(n, false);
   r.resolved.assign(n, false);
   r.received.assign(n, 0);
@@ -680,8 +748,7 @@ void averager_impl::start_round(uint64_t id, std::vector<messages::member_info> 
             return;
           round_->handles[i] = a;
           self_->monitor(a);
-          pump(i, avg_chunk::contribution);
-          pump(i, avg_chunk::result);
+          open_link(i, a);
         },
         [this, weak, rid, i] {
           if (round_ && round_->id == rid)
@@ -691,9 +758,14 @@ void averager_impl::start_round(uint64_t id, std::vector<messages::member_info> 
   // Chunks that arrived before the group message.
   auto early = std::move(early_);
   early_.clear();
-  for (auto& [c, from] : early)
-    if (round_ && c.group_id == rid)
-      on_chunk(c, from);
+  for (auto& e : early) {
+    if (!round_ || e.chunk.group_id != rid)
+      continue;
+    if (e.plane_peer.empty())
+      on_chunk(e.chunk, e.sender);
+    else
+      on_plane_chunk(e.chunk, e.plane_peer);
+  }
   maybe_reduce(false);
   check_done();
 }
@@ -704,6 +776,14 @@ void averager_impl::pump(uint32_t member, uint8_t kind) {
   auto& r = *round_;
   if (r.gone[member] || !r.handles[member])
     return;
+  auto delayed = (kind == avg_chunk::contribution && opts_.fault == injected_fault::slow_sending)
+                 || (kind == avg_chunk::result && opts_.fault == injected_fault::slow_reducing);
+  if (r.links[member] == link_mode::pending)
+    return; // asking for a data-plane token
+  if (r.links[member] == link_mode::plane && !delayed) {
+    pump_plane(member, kind);
+    return;
+  }
   auto it = r.streams.find({member, kind});
   if (it == r.streams.end())
     return;
@@ -740,8 +820,6 @@ void averager_impl::pump(uint32_t member, uint8_t kind) {
       }
     }
     ++s.inflight;
-    auto delayed = (kind == avg_chunk::contribution && opts_.fault == injected_fault::slow_sending)
-                   || (kind == avg_chunk::result && opts_.fault == injected_fault::slow_reducing);
     if (delayed)
       self_->delayed_send(r.handles[member], opts_.fault_delay, std::move(c));
     else
@@ -772,7 +850,7 @@ void averager_impl::on_ack(const avg_ack& a) {
 void averager_impl::on_chunk(avg_chunk& c, const caf::strong_actor_ptr& sender) {
   if (!round_ || c.group_id != round_->id) {
     if (phase_ == phase::matching && early_.size() < 4096)
-      early_.emplace_back(std::move(c), sender);
+      early_.push_back(early_chunk{std::move(c), sender, {}});
     return;
   }
   auto& r = *round_;
@@ -783,6 +861,141 @@ void averager_impl::on_chunk(avg_chunk& c, const caf::strong_actor_ptr& sender) 
   // (To the message's sender: our handle to that member may not be resolved yet.)
   if (auto to = caf::actor_cast<caf::actor>(sender))
     self_->send(to, avg_ack{r.id, c.kind, c.part, r.self});
+  // In-process the values are a view of the sender's own tensor, which its caller may change
+  // once the sender's round is over: the reducer keeps chunks until it reduces, so copy them.
+  if (c.kind == avg_chunk::contribution && sender && sender->node() == self_->node()
+      && c.values.tensor.defined())
+    c.values.tensor = c.values.tensor.clone();
+  accept_chunk(c);
+}
+
+void averager_impl::on_plane_chunk(avg_chunk& c, const std::string& peer) {
+  if (!round_ || c.group_id != round_->id) {
+    if (phase_ == phase::matching && early_.size() < 4096)
+      early_.push_back(early_chunk{std::move(c), nullptr, peer});
+    return;
+  }
+  auto& r = *round_;
+  auto n = r.plan.num_members();
+  // The link is bound to the address that asked for its token: a chunk must come from there.
+  if (c.from >= n || c.from == r.self || r.gone[c.from] || r.plan.members[c.from].address != peer)
+    return;
+  accept_chunk(c);
+}
+
+void averager_impl::open_link(uint32_t i, const caf::actor& handle) {
+  auto& r = *round_;
+  auto addr = r.plan.members[i].address;
+  auto decide = [this](uint32_t member, link_mode m) {
+    round_->links[member] = m;
+    pump(member, avg_chunk::contribution);
+    if (round_)
+      pump(member, avg_chunk::result);
+  };
+  if (!plane_ || link_failures_[addr] >= max_link_failures) {
+    decide(i, link_mode::basp);
+    return;
+  }
+  if (plane_->linked(addr)) {
+    decide(i, link_mode::plane);
+    return;
+  }
+  auto rid = r.id;
+  auto still = [this, rid, i] { return round_ && round_->id == rid && !round_->gone[i]; };
+  self_->request(handle, opts_.rpc_timeout, avg_plane_atom::value, opts_.address)
+      .then(
+          [this, addr, still, decide, i](std::string& host, uint16_t port, std::string& token) {
+            bool ok = false;
+            if (port == 0 || host.empty()) {
+              link_failures_[addr] = max_link_failures; // the peer has no data plane
+            } else if (auto st = plane_->connect(addr, host, port, token); st) {
+              ok = true;
+            } else {
+              ++link_failures_[addr];
+            }
+            if (still())
+              decide(i, ok ? link_mode::plane : link_mode::basp);
+          },
+          [this, addr, still, decide, i](caf::error&) {
+            ++link_failures_[addr];
+            if (still())
+              decide(i, link_mode::basp);
+          });
+}
+
+void averager_impl::on_link_lost(const std::string& peer, const std::string& why) {
+  ++link_failures_[peer];
+  if (!round_)
+    return;
+  // What was queued on the link is lost (the round's rules cover it); later chunks take BASP.
+  auto& r = *round_;
+  for (uint32_t i = 0; i < r.plan.num_members(); ++i)
+    if (r.plan.members[i].address == peer && r.links[i] == link_mode::plane) {
+      r.links[i] = link_mode::basp;
+      r.parts[i].reason = "data plane: " + why;
+    }
+}
+
+void averager_impl::pump_plane(uint32_t member, uint8_t kind) {
+  auto& r = *round_;
+  auto it = r.streams.find({member, kind});
+  if (it == r.streams.end())
+    return;
+  auto& s = it->second;
+  const auto& addr = r.plan.members[member].address;
+  while (!s.queue.empty() && round_) {
+    auto pc = s.queue.front();
+    std::shared_ptr<plane_chunk> c;
+    if (kind == avg_chunk::contribution) {
+      plane_meta m;
+      m.group_id = r.id;
+      m.kind = kind;
+      m.part = member;
+      m.from = r.self;
+      m.weight = r.weight;
+      m.offset = pc.offset;
+      c = std::make_shared<plane_chunk>(
+          std::move(m), r.flat.narrow(0, r.plan.offsets[member] + pc.offset, pc.len), opts_.codec,
+          opts_.codec_params);
+    } else {
+      auto& shared = r.result_chunks[pc.offset];
+      if (!shared) {
+        plane_meta m;
+        m.group_id = r.id;
+        m.kind = kind;
+        m.part = r.self;
+        m.from = r.self;
+        m.offset = pc.offset;
+        m.contributors = r.reduced_contributors;
+        m.error = r.reduce_error;
+        shared = std::make_shared<plane_chunk>(
+            std::move(m),
+            r.reduce_error.empty() ? r.reduced_part.narrow(0, pc.offset, pc.len) : at::Tensor{},
+            opts_.codec, opts_.codec_params);
+      }
+      c = shared;
+    }
+    if (!plane_->send(addr, std::move(c))) {
+      // The link died since this round chose it: the rest goes over BASP.
+      r.links[member] = link_mode::basp;
+      pump(member, kind);
+      return;
+    }
+    s.queue.pop_front();
+    if (kind == avg_chunk::contribution) {
+      ++r.contribution_chunks_sent;
+      if (opts_.fault == injected_fault::fail_sending
+          && r.contribution_chunks_sent * 2 >= r.contribution_chunks_total) {
+        self_->quit(caf::exit_reason::user_shutdown);
+        round_.reset();
+        return;
+      }
+    }
+  }
+}
+
+void averager_impl::accept_chunk(avg_chunk& c) {
+  auto& r = *round_;
   at::Tensor values;
   if (c.error.empty()) {
     if (!c.encoded.empty()) {
@@ -841,7 +1054,7 @@ void averager_impl::maybe_reduce(bool deadline) {
   r.reduced = true;
   for (auto p : r.plan.senders())
     r.reducer->exclude(p); // incomplete ones are cut
-  auto out = r.reducer->reduce();
+  auto out = r.reducer->reduce(take_buffer(reduced_cache_, r.plan.sizes[r.self]));
   for (auto p : r.reducer->contributors())
     r.reduced_contributors.push_back(static_cast<uint32_t>(p));
   auto size = r.plan.sizes[r.self];
@@ -945,6 +1158,10 @@ void averager_impl::reply_round() {
   res.report.self = r.self;
   res.report.parts = r.parts;
   finish_report(res.report);
+  if (!plane_error_.empty())
+    res.report.detail = "data plane unavailable, BASP only: " + plane_error_;
+  for (auto m : r.links)
+    res.report.plane_links += m == link_mode::plane ? 1 : 0;
   res.report.round_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(self_->clock().now() - r.started)
           .count();
@@ -966,6 +1183,8 @@ void averager_impl::reply_round() {
 }
 
 void averager_impl::end_round() {
+  keep_buffer(out_cache_, std::move(round_->out));
+  keep_buffer(reduced_cache_, std::move(round_->reduced_part));
   for (auto& h : round_->handles)
     if (h)
       self_->demonitor(h);
@@ -990,6 +1209,8 @@ caf::behavior averager_impl::make_behavior() {
         me->member_gone(i, "went down");
   });
   self_->attach_functor([me] {
+    if (me->plane_)
+      me->plane_->stop();
     me->round_.reset();
     me->queue_.clear();
     me->cur_.reset();
@@ -1015,6 +1236,20 @@ caf::behavior averager_impl::make_behavior() {
       [me](const avg_group& g) { me->on_group(g); },
       [me](avg_chunk& c) { me->on_chunk(c, me->self_->current_sender()); },
       [me](const avg_ack& a) { me->on_ack(a); },
+      [me](avg_plane_atom, const std::string& peer)
+          -> caf::result<std::string, uint16_t, std::string> {
+        if (!me->plane_ || peer.empty() || peer.size() > 1024)
+          return {std::string{}, uint16_t{0}, std::string{}};
+        return {me->plane_->host(), me->plane_->port(), me->plane_->issue(peer)};
+      },
+      [me](avg_plane_atom, uint64_t tag, const std::string& peer, avg_chunk& c) {
+        if (me->plane_ && tag == me->plane_->tag())
+          me->on_plane_chunk(c, peer);
+      },
+      [me](avg_plane_atom, uint64_t tag, const std::string& peer, const std::string& why) {
+        if (me->plane_ && tag == me->plane_->tag())
+          me->on_link_lost(peer, why);
+      },
   };
 }
 

@@ -3,7 +3,8 @@
 //     -> messages::average_result
 // finds partners through the DHT, runs one load-balanced butterfly all-reduce with them and
 // answers with the averaged tensors (same shapes and dtypes) and a report of which parts were
-// averaged with whom. `(average_atom, stop_atom)` cancels the current request (it is answered
+// averaged with whom. A single contiguous fp32 CPU tensor is averaged without a copy: the caller
+// must not modify it in place until the reply. `(average_atom, stop_atom)` cancels the current request (it is answered
 // with an error; the group treats this peer as gone). Requests are served one at a time, in order.
 //
 // Matchmaking protocol (why: peers see slightly different DHT views, so "everyone computes the
@@ -34,6 +35,12 @@
 // monitor each other: a sender that goes down is excluded from the parts it had not completed;
 // a reducer that goes down, fails or misses the round deadline leaves its part with the peer's own
 // values. The round ends at the latest at `round_timeout` after the group message arrived.
+//
+// Data plane: with `data_host` set, chunks between two averagers that both have a plane travel
+// over a persistent direct TCP link (data_plane.hpp) instead of BASP: no credit window (TCP's
+// flow control), encoded on the link's thread, a result chunk encoded once for all its
+// receivers. The first round between two peers asks the receiver for a link token over BASP;
+// later rounds reuse the link. Test faults that delay chunks use BASP.
 #pragma once
 
 #include <chrono>
@@ -100,6 +107,12 @@ struct averager_options {
   int64_t min_part = 1;
   /// The reduction (weighted mean when empty).
   reduce_fn reducer;
+  /// IPv4 address the averager's data plane listens on (data_plane.hpp; the node's own address).
+  /// Empty: no data plane, every chunk travels over BASP. Peers without a plane, or whose plane
+  /// cannot be reached, are served over BASP either way.
+  std::string data_host;
+  /// Longest wait for progress inside a data-plane frame or connect.
+  caf::timespan data_io_timeout = std::chrono::seconds(10);
   /// Test hook.
   injected_fault fault = injected_fault::none;
   caf::timespan fault_delay = std::chrono::seconds(30);

@@ -57,8 +57,35 @@ result<round_plan> make_plan(std::vector<member_info> members, int64_t size, int
 }
 
 reduce_fn weighted_mean_reducer() {
-  return [](const std::vector<at::Tensor>& xs, const std::vector<double>& ws) {
-    return kernels::weighted_mean(xs, ws);
+  // Accumulates in place (one output buffer) instead of kernels::weighted_mean's stacked copy and
+  // product: a 16M-element part of 4 peers would otherwise allocate two 256 MB temporaries.
+  return [](const std::vector<at::Tensor>& xs,
+            const std::vector<double>& ws) -> result<at::Tensor> {
+    if (xs.empty() || xs.size() != ws.size())
+      return fail(fmt::format("weighted_mean: {} inputs and {} weights", xs.size(), ws.size()));
+    double total = 0;
+    for (auto w : ws) {
+      if (!std::isfinite(w) || w < 0)
+        return fail(fmt::format("weighted_mean: weight {} is not finite and >= 0", w));
+      total += w;
+    }
+    if (!(total > 0))
+      return fail("weighted_mean: the weights sum to 0");
+    auto n = xs.front().numel();
+    at::Tensor out;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      if (xs[i].numel() != n)
+        return fail(fmt::format("weighted_mean: input {} has {} elements, input 0 has {}", i,
+                                xs[i].numel(), n));
+      if (ws[i] == 0)
+        continue;
+      auto x = xs[i].reshape({-1}).to(torch::kFloat32);
+      if (!out.defined())
+        out = x * (ws[i] / total);
+      else
+        out.add_(x, ws[i] / total);
+    }
+    return out;
   };
 }
 
@@ -75,7 +102,7 @@ reduce_fn centered_clip_reducer(kernels::centered_clip_options options) {
 // -- part_reducer ------------------------------------------------------------------------------
 
 part_reducer::part_reducer(int64_t part_size, std::vector<size_t> expected, reduce_fn fn)
-  : size_(part_size), fn_(fn ? std::move(fn) : weighted_mean_reducer()) {
+  : size_(part_size), fn_(std::move(fn)) {
   std::sort(expected.begin(), expected.end());
   expected.erase(std::unique(expected.begin(), expected.end()), expected.end());
   for (auto p : expected) {
@@ -116,18 +143,15 @@ status part_reducer::add(size_t peer, double weight, int64_t offset, const at::T
   if (offset < 0 || n > size_ || offset > size_ - n)
     return fail(fmt::format("chunk [{}, {}) of peer {} lies outside the part of {} elements",
                             offset, offset + n, peer, size_));
-  for (auto& [a, b] : s->ranges)
-    if (offset < b && a < offset + n)
+  for (auto& [off, t] : s->pieces)
+    if (offset < off + t.numel() && off < offset + n)
       return fail(fmt::format("chunk [{}, {}) of peer {} overlaps [{}, {}) it already sent",
-                              offset, offset + n, peer, a, b));
-  if (n > 0 && !torch::isfinite(values).all().item<bool>())
+                              offset, offset + n, peer, off, off + t.numel()));
+  if (!all_finite(values))
     return fail(fmt::format("chunk of peer {} holds non-finite values", peer));
-  if (!s->values.defined())
-    s->values = torch::empty({size_}, torch::kFloat32);
-  if (n > 0)
-    s->values.narrow(0, offset, n).copy_(values);
   s->weight = weight;
-  s->ranges.emplace_back(offset, offset + n);
+  if (n > 0)
+    s->pieces.emplace_back(offset, values.to(torch::kFloat32));
   s->received += n;
   return {};
 }
@@ -137,8 +161,7 @@ void part_reducer::exclude(size_t peer) {
   if (s == nullptr || s->excluded || s->received == size_)
     return;
   s->excluded = true;
-  s->values = at::Tensor{};
-  s->ranges.clear();
+  s->pieces.clear();
 }
 
 bool part_reducer::complete() const {
@@ -155,26 +178,70 @@ std::vector<size_t> part_reducer::contributors() const {
   return out;
 }
 
-result<at::Tensor> part_reducer::reduce() const {
-  std::vector<at::Tensor> xs;
-  std::vector<double> ws;
-  for (auto& s : slots_) {
-    if (s.excluded || s.weight < 0 || s.received != size_)
-      continue;
-    xs.push_back(s.values.defined() ? s.values : torch::empty({0}, torch::kFloat32));
-    ws.push_back(s.weight);
-  }
-  if (xs.empty())
+at::Tensor part_reducer::assemble(const slot& s) const {
+  if (s.pieces.size() == 1 && s.pieces.front().second.is_contiguous())
+    return s.pieces.front().second;
+  auto t = torch::empty({size_}, torch::kFloat32);
+  for (auto& [off, piece] : s.pieces)
+    t.narrow(0, off, piece.numel()).copy_(piece);
+  return t;
+}
+
+result<at::Tensor> part_reducer::reduce(at::Tensor out) const {
+  std::vector<const slot*> done;
+  for (auto& s : slots_)
+    if (!s.excluded && s.weight >= 0 && s.received == size_)
+      done.push_back(&s);
+  if (done.empty())
     return fail("no complete contribution reached the reducer");
+  if (!out.defined() || out.scalar_type() != torch::kFloat32 || out.dim() != 1
+      || out.numel() != size_ || !out.is_contiguous())
+    out = torch::empty({size_}, torch::kFloat32);
   try {
+    if (!fn_) {
+      // Weighted mean, accumulated piece by piece (the first weighted contributor initializes
+      // every element: its pieces cover the part exactly).
+      double total = 0;
+      for (auto* s : done)
+        total += s->weight;
+      if (!(total > 0))
+        return fail("weighted_mean: the weights sum to 0");
+      bool first = true;
+      for (auto* s : done) {
+        if (s->weight == 0)
+          continue;
+        auto w = s->weight / total;
+        for (auto& [off, piece] : s->pieces) {
+          auto dst = out.narrow(0, off, piece.numel());
+          if (first)
+            at::mul_out(dst, piece, at::scalar_tensor(w, torch::kFloat32));
+          else
+            dst.add_(piece, w);
+        }
+        first = false;
+      }
+      return out;
+    }
+    std::vector<at::Tensor> xs;
+    std::vector<double> ws;
+    for (auto* s : done) {
+      xs.push_back(size_ == 0 ? torch::empty({0}, torch::kFloat32) : assemble(*s));
+      ws.push_back(s->weight);
+    }
     auto r = fn_(xs, ws);
     if (!r)
       return r.error();
-    auto out = r->to(torch::kFloat32).contiguous().reshape({size_});
+    out.copy_(r->to(torch::kFloat32).reshape({size_}));
     return out;
   } catch (const std::exception& e) {
     return fail(fmt::format("reduction threw: {}", e.what()));
   }
+}
+
+bool all_finite(const at::Tensor& t) {
+  if (t.numel() == 0)
+    return true;
+  return std::isfinite(t.max().item<double>()) && std::isfinite(t.min().item<double>());
 }
 
 // -- reports -----------------------------------------------------------------------------------

@@ -58,16 +58,21 @@ reduce_fn centered_clip_reducer(kernels::centered_clip_options options);
 
 /// Collects the contributions to one part, in chunks, and reduces the complete ones.
 /// A contribution counts only once all its elements arrived; `exclude` drops a sender (died,
-/// missed the deadline) together with whatever it had delivered.
+/// missed the deadline) together with whatever it had delivered. Chunks are kept as they came
+/// (no copy: a received chunk's buffer is reused by the network layer once the reducer drops it),
+/// and the weighted mean (an empty `fn`) is accumulated chunk by chunk into one output buffer;
+/// another `fn` gets each contribution as one contiguous tensor.
 class part_reducer {
 public:
-  /// A part of `part_size` elements expecting contributions from `expected` (member indices).
+  /// A part of `part_size` elements expecting contributions from `expected` (member indices),
+  /// reduced with `fn` (empty: the weighted mean, streamed).
   part_reducer(int64_t part_size, std::vector<size_t> expected, reduce_fn fn);
 
-  /// Adds `values` (1-D, any float dtype) at element `offset` of sender `peer`'s contribution with
-  /// `weight`. Fails (changing nothing) for an unexpected or excluded peer, a weight that is
-  /// negative, not finite or differs from the one of its earlier chunks, a range outside the part,
-  /// an overlap with what it already delivered, or non-finite values.
+  /// Adds `values` (1-D, any float dtype; kept, not copied, so it must not change afterwards) at
+  /// element `offset` of sender `peer`'s contribution with `weight`. Fails (changing nothing) for
+  /// an unexpected or excluded peer, a weight that is negative, not finite or differs from the one
+  /// of its earlier chunks, a range outside the part, an overlap with what it already delivered,
+  /// or non-finite values.
   status add(size_t peer, double weight, int64_t offset, const at::Tensor& values);
   /// Drops `peer`'s contribution if it is not complete yet; no-op otherwise.
   void exclude(size_t peer);
@@ -75,9 +80,10 @@ public:
   bool complete() const;
   /// Complete contributors so far, ascending.
   std::vector<size_t> contributors() const;
-  /// Reduces the complete contributions (1-D fp32 tensor of the part's size). Fails when there
-  /// are none or the kernel fails (e.g. all weights zero for the weighted mean).
-  result<at::Tensor> reduce() const;
+  /// Reduces the complete contributions into a 1-D fp32 tensor of the part's size: into `out`
+  /// when it is a contiguous fp32 tensor of that size (reused buffer), else a new one. Fails
+  /// when there are none or the kernel fails (e.g. all weights zero for the weighted mean).
+  result<at::Tensor> reduce(at::Tensor out = {}) const;
   int64_t size() const { return size_; }
 
 private:
@@ -86,16 +92,22 @@ private:
     double weight = -1;
     int64_t received = 0;
     bool excluded = false;
-    at::Tensor values;
-    std::vector<std::pair<int64_t, int64_t>> ranges;
+    /// (offset, values) as they arrived.
+    std::vector<std::pair<int64_t, at::Tensor>> pieces;
   };
   slot* find(size_t peer);
   const slot* find(size_t peer) const;
+  /// One contiguous fp32 tensor of a complete slot (its only piece when that covers the part).
+  at::Tensor assemble(const slot& s) const;
 
   int64_t size_;
   reduce_fn fn_;
   std::vector<slot> slots_;
 };
+
+/// True when `t` (any float tensor) holds no NaN or infinity; reads it without temporaries of
+/// its size (min and max propagate NaN).
+bool all_finite(const at::Tensor& t);
 
 /// Recounts `averaged/kept/failed` from `r.parts` and sets `outcome` to complete or partial.
 void finish_report(round_report& r);

@@ -1,4 +1,5 @@
 #include "actors/transfer/data_channel.hpp"
+#include "actors/transfer/socket_io.hpp"
 
 #include <algorithm>
 #include <arpa/inet.h>
@@ -42,103 +43,6 @@ constexpr size_t drain_limit = size_t{1} << 20;
 /// buffer as well made 1 MiB transfers ~4x slower here, so the receiver keeps autotuning.)
 constexpr int socket_buffer = 4 << 20;
 
-std::string errno_text(const char* what) {
-  return std::string{what} + ": " + std::strerror(errno);
-}
-
-void set_timeouts(int fd, std::chrono::milliseconds t) {
-  timeval tv{};
-  tv.tv_sec = static_cast<time_t>(t.count() / 1000);
-  tv.tv_usec = static_cast<suseconds_t>((t.count() % 1000) * 1000);
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
-/// Sends all `n` bytes; fails on a timeout (no progress for the socket's send timeout) or error.
-status send_all(int fd, const void* data, size_t n, int flags = 0) {
-  auto* p = static_cast<const char*>(data);
-  while (n > 0) {
-    auto r = ::send(fd, p, n, flags | MSG_NOSIGNAL);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-      return fail("timed out writing to the data connection");
-    if (r <= 0)
-      return fail(errno_text("writing to the data connection"));
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-  return {};
-}
-
-/// Receives exactly `n` bytes; `got` says how many came before a failure.
-status recv_all(int fd, void* data, size_t n, size_t& got) {
-  auto* p = static_cast<char*>(data);
-  got = 0;
-  while (got < n) {
-    auto r = ::recv(fd, p + got, n - got, 0);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-      return fail("timed out after " + std::to_string(got) + " of " + std::to_string(n) +
-                  " bytes");
-    if (r == 0)
-      return fail("the peer closed the connection after " + std::to_string(got) + " of " +
-                  std::to_string(n) + " bytes");
-    if (r < 0)
-      return fail(errno_text("reading from the data connection"));
-    got += static_cast<size_t>(r);
-  }
-  return {};
-}
-
-/// Reused receive buffers: a transfer takes the smallest free buffer that fits, and an aliasing
-/// tensor gives its buffer back when freed, so steady traffic touches no fresh pages.
-class buffer_pool {
-public:
-  struct block {
-    std::unique_ptr<char[]> data; // from operator new[]: 16-byte aligned, never zero-filled
-    size_t capacity = 0;
-  };
-
-  explicit buffer_pool(uint32_t keep) : keep_(keep) {}
-
-  block take(size_t n) {
-    {
-      std::lock_guard<std::mutex> guard{mu_};
-      auto best = free_.end();
-      for (auto i = free_.begin(); i != free_.end(); ++i)
-        if (i->capacity >= n && (best == free_.end() || i->capacity < best->capacity))
-          best = i;
-      if (best != free_.end()) {
-        auto b = std::move(*best);
-        free_.erase(best);
-        return b;
-      }
-    }
-    return block{std::unique_ptr<char[]>(new char[std::max<size_t>(n, 8)]), n};
-  }
-
-  void give(block b) {
-    std::lock_guard<std::mutex> guard{mu_};
-    free_.push_back(std::move(b));
-    if (free_.size() > keep_) {
-      // Drop the smallest: large transfers are the ones whose fresh pages cost.
-      auto smallest = std::min_element(free_.begin(), free_.end(), [](auto& x, auto& y) {
-        return x.capacity < y.capacity;
-      });
-      free_.erase(smallest);
-    }
-  }
-
-private:
-  std::mutex mu_;
-  std::vector<block> free_;
-  size_t keep_;
-};
-
 using token_type = std::array<uint8_t, 16>;
 
 /// An announced transfer waiting for its connection.
@@ -152,61 +56,12 @@ struct pending {
   clk::time_point deadline;
 };
 
-/// Decodes `length` bytes of `b` (validated against `p`) into `out`. An fp32 `none` payload
-/// aliases the buffer, which returns to `pool` when the tensor is freed; otherwise the buffer
-/// returns at once.
-status decode(const std::shared_ptr<buffer_pool>& pool, buffer_pool::block b, size_t length,
-              const pending& p, tensor_msg& out) {
-  bool alias = false;
-  size_t offset = 0;
-  kernels::tensor_header header;
-  auto st = messages::read_flat(b.data.get(), length, [&](capnp::MessageReader& reader) -> status {
-    messages::tensor_view view;
-    if (auto st = messages::read_tensor(reader.getRoot<wire::Tensor>(), view); !st)
-      return st;
-    auto& h = view.header;
-    if (static_cast<uint8_t>(h.dtype) != p.dtype || h.shape != p.shape ||
-        static_cast<uint8_t>(h.codec) != p.codec)
-      return fail("the payload's dtype, shape or codec differs from the announcement");
-    const char* base = b.data.get();
-    auto* data = reinterpret_cast<const char*>(view.data);
-    if (h.codec == kernels::codec_id::none && h.dtype == kernels::wire_dtype::float32 &&
-        view.gathered.empty() && view.size > 0 &&
-        reinterpret_cast<uintptr_t>(data) % alignof(float) == 0 && data >= base &&
-        data + view.size <= base + length) {
-      alias = true;
-      offset = static_cast<size_t>(data - base);
-      header = h;
-      return {};
-    }
-    auto t = kernels::decode_payload(h, view.data, view.size);
-    if (!t)
-      return fail(t.error().what);
-    out.tensor = std::move(*t);
-    out.codec = h.codec;
-    out.params = h.params;
-    return {};
-  });
-  if (!st || !alias) {
-    pool->give(std::move(b));
-    return st;
-  }
-  try {
-    auto* data = b.data.get() + offset;
-    auto owner = std::make_shared<buffer_pool::block>(std::move(b));
-    out.tensor = at::from_blob(
-      data, header.shape,
-      [pool, owner](void*) mutable {
-        pool->give(std::move(*owner));
-        owner.reset();
-      },
-      at::TensorOptions().dtype(at::kFloat));
-    out.codec = header.codec;
-    out.params = header.params;
-    return {};
-  } catch (const std::exception& e) {
-    return fail(std::string{"decode failed: "} + e.what());
-  }
+/// Checks a payload's header against its announcement.
+status matches(const pending& p, const kernels::tensor_header& h) {
+  if (static_cast<uint8_t>(h.dtype) != p.dtype || h.shape != p.shape ||
+      static_cast<uint8_t>(h.codec) != p.codec)
+    return fail("the payload's dtype, shape or codec differs from the announcement");
+  return {};
 }
 
 class endpoint_impl final : public data_endpoint {
@@ -389,7 +244,8 @@ private:
       return failed("payload: " + st.what());
     }
     tensor_msg x;
-    if (auto st = decode(pool_, std::move(b), h->length, p, x); !st)
+    auto check = [&p](const kernels::tensor_header& header) { return matches(p, header); };
+    if (auto st = decode_pooled(pool_, std::move(b), h->length, check, x); !st)
       return failed("decode: " + st.what());
     caf::anon_send(p.sink, std::move(x));
     ++delivered_;
@@ -416,30 +272,6 @@ caf::error transfer_error(std::string what) {
   return caf::make_error(caf::sec::runtime_error, "direct transfer: " + std::move(what));
 }
 
-/// Connects to `host:port` over loopback; -1 with `why` set on failure.
-int connect_loopback(const std::string& host, uint16_t port, std::string& why) {
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  auto text = host == "localhost" ? std::string{"127.0.0.1"} : host;
-  if (::inet_pton(AF_INET, text.c_str(), &addr.sin_addr) != 1) {
-    why = "not an IPv4 address: " + host;
-    return -1;
-  }
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    why = errno_text("socket");
-    return -1;
-  }
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &socket_buffer, sizeof socket_buffer);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    why = errno_text(("connect to " + host + ":" + std::to_string(port)).c_str());
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 /// What a streamer is asked to do: write `source` with `token` to `host:port`.
 struct stream_job {
   std::string host;
@@ -453,7 +285,7 @@ struct stream_job {
 /// `sec::cannot_connect_to_node` (the sender falls back to chunks), all others as errors.
 caf::expected<uint64_t> stream(const stream_job& job) {
   std::string why;
-  int fd = connect_loopback(job.host, job.port, why);
+  int fd = connect_ipv4(job.host, job.port, socket_buffer, why);
   if (fd < 0)
     return caf::make_error(caf::sec::cannot_connect_to_node, why);
   set_timeouts(fd, job.io_timeout);
@@ -593,25 +425,14 @@ result<std::shared_ptr<data_endpoint>> data_endpoint::open(const data_channel_op
     return fail("cannot open a data endpoint: " + st.what());
   if (sodium_init() < 0)
     return fail("cannot open a data endpoint: libsodium failed to initialize");
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(opts.port);
   auto text = opts.host == "localhost" ? std::string{"127.0.0.1"} : opts.host;
-  ::inet_pton(AF_INET, text.c_str(), &addr.sin_addr);
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  uint16_t port = 0;
+  std::string why;
+  int fd = listen_ipv4(text, opts.port, port, why);
   if (fd < 0)
-    return fail("cannot open a data endpoint: " + errno_text("socket"));
-  int one = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 64) != 0) {
-    auto why = errno_text(("listen on " + opts.host + ":" + std::to_string(opts.port)).c_str());
-    ::close(fd);
     return fail("cannot open a data endpoint: " + why);
-  }
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   return std::shared_ptr<data_endpoint>{
-    std::make_shared<endpoint_impl>(opts, fd, text, ntohs(addr.sin_port))};
+    std::make_shared<endpoint_impl>(opts, fd, text, port)};
 }
 
 caf::actor spawn_direct_receiver(caf::actor_system& sys, caf::actor sink,

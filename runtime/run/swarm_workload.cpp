@@ -302,8 +302,9 @@ int drive_swarm(const experiment_config& cfg, const swarm_options& opts, const s
     auto dht = env.dht;
     auto resolver = env.resolver;
     auto endpoint = env.endpoint;
+    auto cluster = env.cluster;
     spec.spawn = [&sys, opts, model, ranges_v, board, register_actor, index, stage, speed, avg,
-                  stage_peers, prefix, dht, resolver, endpoint](int generation) {
+                  stage_peers, prefix, dht, resolver, endpoint, cluster](int generation) {
       actors::stage::stage_options so;
       so.stage = stage;
       so.name = fmt::format("s{}p{}g{}", stage, index, generation);
@@ -330,6 +331,8 @@ int drive_swarm(const experiment_config& cfg, const swarm_options& opts, const s
                                     caf::timespan{avg.matchmaking_window / 4});
         ao.round_timeout = caf::timespan{avg.round_timeout};
         ao.codec = avg.codec;
+        if (cluster) // chunks between nodes take the averagers' data plane (in-process: BASP-free)
+          ao.data_host = endpoint.substr(0, endpoint.rfind(':'));
         averager = actors::averager::spawn_averager(sys, dht, resolver, ao);
         register_actor(avg_name, averager);
         so.averaging.averager = averager;

@@ -67,6 +67,16 @@ double mse_to_mean(const torch::Tensor& got, int n, int64_t numel) {
              : -1.0;
 }
 
+/// Resident memory now (VmRSS), for the baseline before the vector exists.
+uint64_t current_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0)
+      return std::strtoull(line.c_str() + 6, nullptr, 10) * 1024;
+  return 0;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -78,6 +88,7 @@ int child_gloo(int rank, int n, int64_t numel, const std::string& dir, int reps)
   opts->devices.push_back(::c10d::ProcessGroupGloo::createDeviceForHostname(bench_host()));
   opts->timeout = std::chrono::seconds(120);
   ::c10d::ProcessGroupGloo pg(store, rank, n, opts);
+  auto base = current_rss_bytes();
   torch::manual_seed(rank);
   auto x = torch::randn({numel});
   std::vector<double> times;
@@ -95,7 +106,8 @@ int child_gloo(int rank, int n, int64_t numel, const std::string& dir, int reps)
   }
   auto rss = runtime::peak_rss_bytes();
   auto mse = mse_to_mean(last / n, n, numel);
-  fmt::print("RESULT {} {:.6f} {:.6f} {} 0 {:.3e}\n", rank, median(times), median(times), rss, mse);
+  fmt::print("RESULT {} {:.6f} {:.6f} {} 0 {:.3e} {}\n", rank, median(times), median(times), rss,
+             mse, base);
   std::fflush(stdout);
   return 0;
 }
@@ -145,9 +157,12 @@ int child_starling(int rank, int n, int64_t numel, const std::string& dir, int r
   a.chunk_bytes = uint64_t{4} << 20;
   a.window = 4;
   a.codec = codec;
+  if (!std::getenv("STARLING_BENCH_BASP"))
+    a.data_host = bench_host(); // the averager's data plane (STARLING_BENCH_BASP=1: BASP only)
   auto avg = actors::averager::spawn_averager(node.system(), dht, node.resolver(), a);
   node.register_actor("averager", avg);
   std::this_thread::sleep_for(std::chrono::milliseconds(500)); // DHT joins settle
+  auto base = current_rss_bytes();
   torch::manual_seed(rank);
   auto x = torch::randn({numel});
   std::vector<double> rounds, walls;
@@ -185,8 +200,8 @@ int child_starling(int rank, int n, int64_t numel, const std::string& dir, int r
   }
   auto rss = runtime::peak_rss_bytes();
   auto mse = mse_to_mean(last, n, numel);
-  fmt::print("RESULT {} {:.6f} {:.6f} {} {} {:.3e}\n", rank, median(rounds), median(walls), rss,
-             bad, mse);
+  fmt::print("RESULT {} {:.6f} {:.6f} {} {} {:.3e} {}\n", rank, median(rounds), median(walls), rss,
+             bad, mse, base);
   std::fflush(stdout);
   std::this_thread::sleep_for(std::chrono::seconds(1)); // let the others finish their rounds
   node.shutdown();
@@ -196,6 +211,8 @@ int child_starling(int rank, int n, int64_t numel, const std::string& dir, int r
 struct row {
   double time = 0, wall = 0, mse = 0;
   uint64_t rss = 0;
+  /// Largest growth of a process's peak RSS over its RSS before the vector was made.
+  uint64_t extra = 0;
   int bad = 0;
   bool ok = false;
 };
@@ -221,9 +238,10 @@ row run_children(const std::string& kind, int n, int64_t numel, int reps,
     while (p && fgets(line, sizeof line, p)) {
       int rank = 0, bad = 0;
       double t = 0, w = 0, mse = 0;
-      unsigned long long rss = 0;
-      if (std::sscanf(line, "RESULT %d %lf %lf %llu %d %lf", &rank, &t, &w, &rss, &bad, &mse) ==
-          6) {
+      unsigned long long rss = 0, base = 0;
+      if (std::sscanf(line, "RESULT %d %lf %lf %llu %d %lf %llu", &rank, &t, &w, &rss, &bad, &mse,
+                      &base) == 7) {
+        out.extra = std::max<uint64_t>(out.extra, rss > base ? rss - base : 0);
         out.mse = std::max(out.mse, mse);
         out.time = std::max(out.time, t);
         out.wall = std::max(out.wall, w);
@@ -312,21 +330,29 @@ int main(int argc, char** argv) {
   if (sizes.empty())
     sizes = {int64_t{1} << 20, int64_t{16} << 20};
   fmt::print("all-reduce {}, median of {} rounds; time = slowest process; rss = largest "
-             "peak RSS; mse = error against the exact mean\n",
+             "peak RSS; extra = largest peak RSS growth over the process's RSS before the "
+             "vector existed (LibTorch, CAF and Gloo themselves excluded), x_vec = extra / vector "
+             "bytes; mse = error against the exact mean\n",
              netns.empty() ? "over loopback" : "across network namespaces " + netns + "*", reps);
-  fmt::print("{:>2} {:>10} {:>14} {:>10} {:>10} {:>9} {:>8} {:>9} {:>6}\n", "N", "floats", "method",
-             "time_s", "wall_s", "rss_MiB", "x_gloo", "mse", "ok");
+  fmt::print("{:>2} {:>10} {:>14} {:>10} {:>10} {:>9} {:>9} {:>6} {:>8} {:>9} {:>6}\n", "N",
+             "floats", "method", "time_s", "wall_s", "rss_MiB", "extra_MiB", "x_vec", "x_gloo",
+             "mse", "ok");
   for (int n : ns)
     for (auto numel : sizes) {
       auto g = run_children("gloo", n, numel, reps, netns);
-      fmt::print("{:>2} {:>10} {:>14} {:>10.4f} {:>10} {:>9.1f} {:>8} {:>9.2e} {:>6}\n", n, numel,
-                 "gloo", g.time, "-", g.rss / 1048576.0, "1.00", g.mse, g.ok ? "yes" : "NO");
+      auto vec = static_cast<double>(numel) * 4;
+      fmt::print("{:>2} {:>10} {:>14} {:>10.4f} {:>10} {:>9.1f} {:>9.1f} {:>6.2f} {:>8} {:>9.2e} "
+                 "{:>6}\n",
+                 n, numel, "gloo", g.time, "-", g.rss / 1048576.0, g.extra / 1048576.0,
+                 g.extra / vec, "1.00", g.mse, g.ok ? "yes" : "NO");
       std::fflush(stdout);
       for (auto& kind : kinds) {
         auto s = run_children(kind, n, numel, reps, netns);
-        fmt::print("{:>2} {:>10} {:>14} {:>10.4f} {:>10.4f} {:>9.1f} {:>8.2f} {:>9.2e} {:>6}\n", n,
-                   numel, kind, s.time, s.wall, s.rss / 1048576.0,
-                   g.time > 0 ? s.time / g.time : 0.0, s.mse, s.ok && s.bad == 0 ? "yes" : "NO");
+        fmt::print("{:>2} {:>10} {:>14} {:>10.4f} {:>10.4f} {:>9.1f} {:>9.1f} {:>6.2f} {:>8.2f} "
+                   "{:>9.2e} {:>6}\n",
+                   n, numel, kind, s.time, s.wall, s.rss / 1048576.0, s.extra / 1048576.0,
+                   s.extra / vec, g.time > 0 ? s.time / g.time : 0.0, s.mse,
+                   s.ok && s.bad == 0 ? "yes" : "NO");
         std::fflush(stdout);
       }
     }

@@ -1,11 +1,13 @@
 // libFuzzer target: untrusted bytes through the envelope and tensor decoders (capnp parse,
 // header validation, payload size and invariant checks) and the data channel's frame header
-// (an input may be a frame: 32 header bytes, then the tensor). Must return an error, never crash.
+// (an input may be a frame: 32 header bytes, then the tensor), and the averager data plane's
+// preamble, frame header and chunk meta. Must return an error, never crash.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
+#include "actors/averager/plane_frame.hpp"
 #include "actors/transfer/frame.hpp"
 #include "messages/wire.hpp"
 
@@ -60,6 +62,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         std::abort();
       tensor_msg_free_check(bytes + frame_header_bytes, size - frame_header_bytes);
     }
+  }
+  // The averager data plane: preamble, frame header and meta parsers on the same bytes.
+  namespace av = actors::averager;
+  if (size >= av::plane_preamble_bytes)
+    (void) av::parse_plane_preamble(data, av::plane_preamble_bytes);
+  if (size >= av::plane_frame_header_bytes) {
+    auto h = av::parse_plane_frame_header(data, av::plane_frame_header_bytes);
+    if (h.ok() && (h->meta_bytes > av::plane_max_meta_bytes
+                   || h->payload_bytes > av::plane_max_payload_bytes))
+      std::abort();
+  }
+  auto meta = av::decode_plane_meta(data, size);
+  if (meta.ok()) {
+    // A decoded meta re-encodes to exactly the same bytes.
+    auto again = av::encode_plane_meta(*meta);
+    if (!again.ok() || again->size() != size || std::memcmp(again->data(), data, size) != 0)
+      std::abort();
   }
   return 0;
 }

@@ -1,0 +1,209 @@
+#include "actors/transfer/socket_io.hpp"
+
+#include <algorithm>
+#include <arpa/inet.h>
+#include <cerrno>
+#include <cstring>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+
+#include "messages/wire.hpp"
+
+namespace starling::actors::transfer {
+
+std::string errno_text(const char* what) {
+  return std::string{what} + ": " + std::strerror(errno);
+}
+
+void set_timeouts(int fd, std::chrono::milliseconds t) {
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(t.count() / 1000);
+  tv.tv_usec = static_cast<suseconds_t>((t.count() % 1000) * 1000);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+status send_all(int fd, const void* data, size_t n, int flags) {
+  auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    auto r = ::send(fd, p, n, flags | MSG_NOSIGNAL);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      return fail("timed out writing to the data connection");
+    if (r <= 0)
+      return fail(errno_text("writing to the data connection"));
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+  return {};
+}
+
+status recv_all(int fd, void* data, size_t n, size_t& got) {
+  auto* p = static_cast<char*>(data);
+  got = 0;
+  while (got < n) {
+    auto r = ::recv(fd, p + got, n - got, 0);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      return fail("timed out after " + std::to_string(got) + " of " + std::to_string(n) +
+                  " bytes");
+    if (r == 0)
+      return fail("the peer closed the connection after " + std::to_string(got) + " of " +
+                  std::to_string(n) + " bytes");
+    if (r < 0)
+      return fail(errno_text("reading from the data connection"));
+    got += static_cast<size_t>(r);
+  }
+  return {};
+}
+
+namespace {
+
+bool parse_ipv4(const std::string& host, uint16_t port, sockaddr_in& addr) {
+  addr = sockaddr_in{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  auto text = host == "localhost" ? std::string{"127.0.0.1"} : host;
+  return ::inet_pton(AF_INET, text.c_str(), &addr.sin_addr) == 1;
+}
+
+} // namespace
+
+int connect_ipv4(const std::string& host, uint16_t port, int send_buffer, std::string& why) {
+  sockaddr_in addr;
+  if (!parse_ipv4(host, port, addr)) {
+    why = "not an IPv4 address: " + host;
+    return -1;
+  }
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    why = errno_text("socket");
+    return -1;
+  }
+  if (send_buffer > 0)
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &send_buffer, sizeof send_buffer);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    why = errno_text(("connect to " + host + ":" + std::to_string(port)).c_str());
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int listen_ipv4(const std::string& host, uint16_t port, uint16_t& bound, std::string& why) {
+  sockaddr_in addr;
+  if (!parse_ipv4(host, port, addr)) {
+    why = "not an IPv4 address: " + host;
+    return -1;
+  }
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    why = errno_text("socket");
+    return -1;
+  }
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 64) != 0) {
+    why = errno_text(("listen on " + host + ":" + std::to_string(port)).c_str());
+    ::close(fd);
+    return -1;
+  }
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  bound = ntohs(addr.sin_port);
+  return fd;
+}
+
+buffer_pool::block buffer_pool::take(size_t n) {
+  {
+    std::lock_guard<std::mutex> guard{mu_};
+    auto best = free_.end();
+    for (auto i = free_.begin(); i != free_.end(); ++i)
+      if (i->capacity >= n && (best == free_.end() || i->capacity < best->capacity))
+        best = i;
+    if (best != free_.end()) {
+      auto b = std::move(*best);
+      free_.erase(best);
+      return b;
+    }
+  }
+  return block{std::unique_ptr<char[]>(new char[std::max<size_t>(n, 8)]), n};
+}
+
+void buffer_pool::give(block b) {
+  std::lock_guard<std::mutex> guard{mu_};
+  free_.push_back(std::move(b));
+  if (free_.size() > keep_) {
+    // Drop the smallest: large transfers are the ones whose fresh pages cost.
+    auto smallest = std::min_element(free_.begin(), free_.end(), [](auto& x, auto& y) {
+      return x.capacity < y.capacity;
+    });
+    free_.erase(smallest);
+  }
+}
+
+status decode_pooled(const std::shared_ptr<buffer_pool>& pool, buffer_pool::block b,
+                     size_t length,
+                     const std::function<status(const kernels::tensor_header&)>& check,
+                     messages::tensor_msg& out) {
+  bool alias = false;
+  size_t offset = 0;
+  kernels::tensor_header header;
+  auto st = messages::read_flat(b.data.get(), length, [&](capnp::MessageReader& reader) -> status {
+    messages::tensor_view view;
+    if (auto st = messages::read_tensor(reader.getRoot<wire::Tensor>(), view); !st)
+      return st;
+    auto& h = view.header;
+    if (check)
+      if (auto st = check(h); !st)
+        return st;
+    const char* base = b.data.get();
+    auto* data = reinterpret_cast<const char*>(view.data);
+    if (h.codec == kernels::codec_id::none && h.dtype == kernels::wire_dtype::float32 &&
+        view.gathered.empty() && view.size > 0 &&
+        reinterpret_cast<uintptr_t>(data) % alignof(float) == 0 && data >= base &&
+        data + view.size <= base + length) {
+      alias = true;
+      offset = static_cast<size_t>(data - base);
+      header = h;
+      return {};
+    }
+    auto t = kernels::decode_payload(h, view.data, view.size);
+    if (!t)
+      return fail(t.error().what);
+    out.tensor = std::move(*t);
+    out.codec = h.codec;
+    out.params = h.params;
+    return {};
+  });
+  if (!st || !alias) {
+    pool->give(std::move(b));
+    return st;
+  }
+  try {
+    auto* data = b.data.get() + offset;
+    auto owner = std::make_shared<buffer_pool::block>(std::move(b));
+    out.tensor = at::from_blob(
+      data, header.shape,
+      [pool, owner](void*) mutable {
+        pool->give(std::move(*owner));
+        owner.reset();
+      },
+      at::TensorOptions().dtype(at::kFloat));
+    out.codec = header.codec;
+    out.params = header.params;
+    return {};
+  } catch (const std::exception& e) {
+    return fail(std::string{"decode failed: "} + e.what());
+  }
+}
+
+} // namespace starling::actors::transfer

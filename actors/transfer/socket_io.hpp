@@ -1,0 +1,72 @@
+// Blocking socket helpers and the pooled receive buffers shared by the bulk data paths that run
+// beside BASP on their own threads: the direct data channel (data_channel.hpp) and the
+// averager's data plane (actors/averager/data_plane.hpp). No actor state is touched here.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kernels/compress/format.hpp"
+#include "kernels/result.hpp"
+#include "messages/tensor_msg.hpp"
+
+namespace starling::actors::transfer {
+
+/// `what: strerror(errno)`.
+std::string errno_text(const char* what);
+
+/// Sets the send and receive timeouts (no progress for `t` fails a call) and TCP_NODELAY.
+void set_timeouts(int fd, std::chrono::milliseconds t);
+
+/// Sends all `n` bytes; fails on a timeout (no progress for the socket's send timeout) or error.
+status send_all(int fd, const void* data, size_t n, int flags = 0);
+
+/// Receives exactly `n` bytes; `got` says how many came before a failure.
+status recv_all(int fd, void* data, size_t n, size_t& got);
+
+/// Connects a TCP socket to the IPv4 literal `host` ("localhost" = 127.0.0.1) and `port` with a
+/// send buffer of `send_buffer` bytes (0: the kernel's default). -1 with `why` set on failure.
+int connect_ipv4(const std::string& host, uint16_t port, int send_buffer, std::string& why);
+
+/// Opens a listening TCP socket on the IPv4 literal `host` and `port` (0: any free port) and
+/// stores the port it got in `bound`. -1 with `why` set on failure.
+int listen_ipv4(const std::string& host, uint16_t port, uint16_t& bound, std::string& why);
+
+/// Reused receive buffers: a transfer takes the smallest free buffer that fits, and an aliasing
+/// tensor gives its buffer back when freed, so steady traffic touches no fresh pages. Thread-safe.
+class buffer_pool {
+public:
+  struct block {
+    std::unique_ptr<char[]> data; // from operator new[]: 16-byte aligned, never zero-filled
+    size_t capacity = 0;
+  };
+
+  /// Keeps at most `keep` free buffers.
+  explicit buffer_pool(uint32_t keep) : keep_(keep) {}
+
+  /// A buffer of at least `n` bytes.
+  block take(size_t n);
+  /// Returns a buffer (the smallest free one is dropped beyond `keep`).
+  void give(block b);
+
+private:
+  std::mutex mu_;
+  std::vector<block> free_;
+  size_t keep_;
+};
+
+/// Decodes `length` untrusted bytes of `b` (a Cap'n Proto `Tensor`) into `out` after `check`
+/// accepted the header. An fp32 `none` payload aliases the buffer, which returns to `pool` when
+/// the tensor is freed; otherwise the buffer returns at once.
+status decode_pooled(const std::shared_ptr<buffer_pool>& pool, buffer_pool::block b,
+                     size_t length,
+                     const std::function<status(const kernels::tensor_header&)>& check,
+                     messages::tensor_msg& out);
+
+} // namespace starling::actors::transfer
