@@ -273,7 +273,12 @@ public:
                 lp->had_value.insert(id);
                 if (before == 0)
                   lp->found_hops = depth;
-                lp->l.stop();
+                // A plain value ends the lookup; a dictionary's sub-keys are spread over the
+                // replicas of its writers, so the lookup goes on and collects them all.
+                bool dictionary = std::any_of(lp->found.begin(), lp->found.end(),
+                                              [](auto& kv) { return kv.second.has_subkey; });
+                if (!dictionary)
+                  lp->l.stop();
               }
             }
             pump(lp);
@@ -352,14 +357,20 @@ public:
   void get(const std::string& key, caf::response_promise rp) {
     rejoin_if_alone();
     auto local = store_.get(key, now());
-    if (!local.empty()) {
+    // A local plain value answers at once. A local dictionary may be partial (writers that did
+    // not count us among the key's replicas stored their sub-keys elsewhere: the averager's
+    // matchmaking then never saw its partners), so the lookup runs and merges it in.
+    bool dictionary = std::any_of(local.begin(), local.end(),
+                                  [](const dht_record& r) { return r.has_subkey; });
+    if (!local.empty() && !dictionary) {
       rp.deliver(dht_get_result{true, std::move(local), 0});
       return;
     }
     auto lp = start_lookup(node_id::of_key(key));
     lp->find_value = true;
     lp->key = key;
-    lp->on_done = [this, rp](running_lookup& lk) mutable {
+    lp->on_done = [this, rp, local = std::move(local)](running_lookup& lk) mutable {
+      merge_found(lk, local);
       dht_get_result res;
       res.hops = lk.found.empty() ? lk.l.hops() : lk.found_hops;
       for (auto& kv : lk.found)
