@@ -150,6 +150,11 @@ public:
       data_plane_options po;
       po.host = opts_.data_host;
       po.io_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(opts_.data_io_timeout);
+      // A round holds every received contribution chunk until it reduces (64 MiB parts in
+      // 4 MiB chunks from 3 peers: 48 buffers); keeping that many makes later rounds fault in no
+      // fresh pages. The round's peak is the same either way, only the memory kept between
+      // rounds grows.
+      po.pool_buffers = 64;
       auto p = data_plane::open(caf::actor_cast<caf::actor>(self_), po);
       if (p)
         plane_ = std::move(*p);
