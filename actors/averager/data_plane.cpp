@@ -229,7 +229,7 @@ private:
                   plane_token token) {
     auto run = [&]() -> status {
       std::string why;
-      int fd = transfer::connect_ipv4(host, port, send_buffer, why);
+      int fd = transfer::connect_ipv4(host, port, send_buffer, why, opts_.io_timeout);
       if (fd < 0)
         return fail(why);
       {

@@ -5,7 +5,9 @@
 #include <cerrno>
 #include <cstring>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -78,7 +80,8 @@ bool parse_ipv4(const std::string& host, uint16_t port, sockaddr_in& addr) {
 
 } // namespace
 
-int connect_ipv4(const std::string& host, uint16_t port, int send_buffer, std::string& why) {
+int connect_ipv4(const std::string& host, uint16_t port, int send_buffer, std::string& why,
+                 std::chrono::milliseconds timeout) {
   sockaddr_in addr;
   if (!parse_ipv4(host, port, addr)) {
     why = "not an IPv4 address: " + host;
@@ -91,11 +94,45 @@ int connect_ipv4(const std::string& host, uint16_t port, int send_buffer, std::s
   }
   if (send_buffer > 0)
     ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &send_buffer, sizeof send_buffer);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    why = errno_text(("connect to " + host + ":" + std::to_string(port)).c_str());
-    ::close(fd);
-    return -1;
+  auto where = "connect to " + host + ":" + std::to_string(port);
+  if (timeout.count() <= 0) {
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+      why = errno_text(where.c_str());
+      ::close(fd);
+      return -1;
+    }
+    return fd;
   }
+  // Non-blocking connect bounded by `timeout` (a host that drops SYNs would otherwise hold the
+  // thread for the kernel's ~2 minutes of retries).
+  auto flags = ::fcntl(fd, F_GETFL, 0);
+  ::fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    if (errno != EINPROGRESS) {
+      why = errno_text(where.c_str());
+      ::close(fd);
+      return -1;
+    }
+    pollfd p{fd, POLLOUT, 0};
+    int r = 0;
+    do
+      r = ::poll(&p, 1, static_cast<int>(timeout.count()));
+    while (r < 0 && errno == EINTR);
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (r == 0) {
+      why = where + ": timed out";
+      ::close(fd);
+      return -1;
+    }
+    if (r < 0 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+      errno = err != 0 ? err : errno;
+      why = errno_text(where.c_str());
+      ::close(fd);
+      return -1;
+    }
+  }
+  ::fcntl(fd, F_SETFL, flags);
   return fd;
 }
 

@@ -31,8 +31,10 @@ status send_all(int fd, const void* data, size_t n, int flags = 0);
 status recv_all(int fd, void* data, size_t n, size_t& got);
 
 /// Connects a TCP socket to the IPv4 literal `host` ("localhost" = 127.0.0.1) and `port` with a
-/// send buffer of `send_buffer` bytes (0: the kernel's default). -1 with `why` set on failure.
-int connect_ipv4(const std::string& host, uint16_t port, int send_buffer, std::string& why);
+/// send buffer of `send_buffer` bytes (0: the kernel's default), waiting at most `timeout` for
+/// the connection (0: the kernel's own limit). -1 with `why` set on failure.
+int connect_ipv4(const std::string& host, uint16_t port, int send_buffer, std::string& why,
+                 std::chrono::milliseconds timeout = std::chrono::milliseconds{0});
 
 /// Opens a listening TCP socket on the IPv4 literal `host` and `port` (0: any free port) and
 /// stores the port it got in `bound`. -1 with `why` set on failure.
