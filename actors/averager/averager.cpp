@@ -234,7 +234,15 @@ private:
   // matchmaking
   std::string leader_;
   std::vector<messages::member_info> followers_;
-  std::set<std::string> refused_;
+  /// Leaders that refused us, with the expiration of their announcement when they did: a
+  /// refusal holds until the leader announces itself anew (it starts matchmaking again).
+  std::map<std::string, int64_t> refused_;
+  /// The latest announcement expiration seen per address in this matchmaking.
+  std::map<std::string, int64_t> announced_;
+  void refuse(const std::string& leader) {
+    auto it = announced_.find(leader);
+    refused_[leader] = it == announced_.end() ? 0 : it->second;
+  }
   bool closed_ = false;
   bool window_over_ = false;
   std::vector<early_chunk> early_;
@@ -407,6 +415,7 @@ void averager_impl::start_matching() {
   leader_.clear();
   followers_.clear();
   refused_.clear();
+  announced_.clear();
   closed_ = false;
   window_over_ = false;
   early_.clear();
@@ -440,10 +449,11 @@ void averager_impl::poll() {
 void averager_impl::on_records(const messages::dht_get_result& r) {
   if (closed_ || window_over_)
     return;
-  // Refusals hold until the next poll only: a leader that was busy with its previous round, or
-  // full, may accept now; a redirecting one redirects again (one extra call per poll).
-  if (leader_.empty())
-    refused_.clear();
+  // A refusal holds until the refusing peer announces itself again: a leader still busy with its
+  // previous round re-announces when it starts matching (then it is asked again), a full or closed
+  // one does not. (Refusals that held for one poll only made all 7 other peers of an 8-peer bench
+  // ask a smallest leader stuck in its previous round every poll until the window ended, and
+  // nobody averaged.)
   std::string best = leader_.empty() ? opts_.address : leader_;
   for (auto& rec : r.records) {
     if (!rec.has_subkey || rec.subkey.empty() || rec.subkey == opts_.address)
@@ -453,8 +463,13 @@ void averager_impl::on_records(const messages::dht_get_result& r) {
     int64_t numel = 0;
     if (!decode_announce(rec.value, bw, aux, numel) || numel != cur_->flat.numel())
       continue;
-    if (refused_.count(rec.subkey) > 0)
-      continue;
+    auto& seen = announced_[rec.subkey];
+    seen = std::max(seen, rec.expiration_ns);
+    if (auto it = refused_.find(rec.subkey); it != refused_.end()) {
+      if (rec.expiration_ns <= it->second)
+        continue;
+      refused_.erase(it); // announced anew since it refused
+    }
     if (rec.subkey < best)
       best = rec.subkey;
   }
@@ -484,7 +499,7 @@ void averager_impl::switch_to(const std::string& leader) {
     auto me = weak.lock();
     if (!me || me->epoch_ != e || me->phase_ != phase::matching)
       return;
-    me->refused_.insert(leader);
+    me->refuse(leader);
     if (me->leader_ == leader)
       me->leader_.clear();
   };
@@ -502,7 +517,7 @@ void averager_impl::switch_to(const std::string& leader) {
                     return;
                   if (r.verdict == avg_join_reply::redirected && !r.redirect.empty()
                       && me->leader_ == leader) {
-                    me->refused_.insert(leader);
+                    me->refuse(leader);
                     me->leader_.clear();
                     me->switch_to(r.redirect);
                     return;
@@ -572,7 +587,7 @@ void averager_impl::on_leave(const avg_leave& l) {
                                     }),
                      followers_.end());
   } else if (l.address == leader_) {
-    refused_.insert(leader_);
+    refuse(leader_);
     leader_.clear();
     switch_to(l.leader);
   }
