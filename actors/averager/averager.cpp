@@ -199,6 +199,8 @@ private:
   void open_link(uint32_t member, const caf::actor& handle);
   void on_link_lost(const std::string& peer, const std::string& why);
   void pump_plane(uint32_t member, uint8_t kind);
+  /// Counts a contribution chunk handed to a path; false when the `fail_sending` fault quit.
+  bool contribution_sent();
   void on_ack(const avg_ack& a);
   void pump(uint32_t member, uint8_t kind);
   void member_gone(uint32_t i, const std::string& why);
@@ -844,15 +846,8 @@ void averager_impl::pump(uint32_t member, uint8_t kind) {
       self_->delayed_send(r.handles[member], opts_.fault_delay, std::move(c));
     else
       self_->send(r.handles[member], std::move(c));
-    if (kind == avg_chunk::contribution) {
-      ++r.contribution_chunks_sent;
-      if (opts_.fault == injected_fault::fail_sending
-          && r.contribution_chunks_sent * 2 >= r.contribution_chunks_total) {
-        self_->quit(caf::exit_reason::user_shutdown);
-        round_.reset();
-        return;
-      }
-    }
+    if (kind == avg_chunk::contribution && !contribution_sent())
+      return;
   }
 }
 
@@ -956,6 +951,18 @@ void averager_impl::on_link_lost(const std::string& peer, const std::string& why
     }
 }
 
+bool averager_impl::contribution_sent() {
+  auto& r = *round_;
+  ++r.contribution_chunks_sent;
+  if (opts_.fault == injected_fault::fail_sending
+      && r.contribution_chunks_sent * 2 >= r.contribution_chunks_total) {
+    self_->quit(caf::exit_reason::user_shutdown);
+    round_.reset();
+    return false;
+  }
+  return true;
+}
+
 void averager_impl::pump_plane(uint32_t member, uint8_t kind) {
   auto& r = *round_;
   auto it = r.streams.find({member, kind});
@@ -1002,15 +1009,8 @@ void averager_impl::pump_plane(uint32_t member, uint8_t kind) {
       return;
     }
     s.queue.pop_front();
-    if (kind == avg_chunk::contribution) {
-      ++r.contribution_chunks_sent;
-      if (opts_.fault == injected_fault::fail_sending
-          && r.contribution_chunks_sent * 2 >= r.contribution_chunks_total) {
-        self_->quit(caf::exit_reason::user_shutdown);
-        round_.reset();
-        return;
-      }
-    }
+    if (kind == avg_chunk::contribution && !contribution_sent())
+      return;
   }
 }
 

@@ -78,20 +78,26 @@ bool parse_ipv4(const std::string& host, uint16_t port, sockaddr_in& addr) {
   return ::inet_pton(AF_INET, text.c_str(), &addr.sin_addr) == 1;
 }
 
-} // namespace
-
-int connect_ipv4(const std::string& host, uint16_t port, int send_buffer, std::string& why,
-                 std::chrono::milliseconds timeout) {
-  sockaddr_in addr;
+/// A TCP socket for the IPv4 literal `host` and `port` (parsed into `addr`); -1 with `why` set.
+int open_ipv4(const std::string& host, uint16_t port, sockaddr_in& addr, std::string& why) {
   if (!parse_ipv4(host, port, addr)) {
     why = "not an IPv4 address: " + host;
     return -1;
   }
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
+  if (fd < 0)
     why = errno_text("socket");
+  return fd;
+}
+
+} // namespace
+
+int connect_ipv4(const std::string& host, uint16_t port, int send_buffer, std::string& why,
+                 std::chrono::milliseconds timeout) {
+  sockaddr_in addr;
+  int fd = open_ipv4(host, port, addr, why);
+  if (fd < 0)
     return -1;
-  }
   if (send_buffer > 0)
     ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &send_buffer, sizeof send_buffer);
   auto where = "connect to " + host + ":" + std::to_string(port);
@@ -138,15 +144,9 @@ int connect_ipv4(const std::string& host, uint16_t port, int send_buffer, std::s
 
 int listen_ipv4(const std::string& host, uint16_t port, uint16_t& bound, std::string& why) {
   sockaddr_in addr;
-  if (!parse_ipv4(host, port, addr)) {
-    why = "not an IPv4 address: " + host;
+  int fd = open_ipv4(host, port, addr, why);
+  if (fd < 0)
     return -1;
-  }
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    why = errno_text("socket");
-    return -1;
-  }
   int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 64) != 0) {
