@@ -56,23 +56,41 @@ enum class part_status : uint8_t {
 /// Name of a status for reports and logs.
 std::string to_string(part_status s);
 
+/// Elements [offset, offset + size) of a part (offsets within the part) and the members whose
+/// contributions reached every one of them.
+struct part_segment {
+  int64_t offset = 0;
+  int64_t size = 0;
+  std::vector<uint32_t> contributors;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, part_segment& x) {
+  return f(caf::meta::type_name("part_segment"), x.offset, x.size, x.contributors);
+}
+
 /// One part of a round report.
 struct part_report {
   /// Member index of the reducer.
   uint32_t reducer = 0;
   int64_t offset = 0;
   int64_t size = 0;
-  /// Members whose complete contribution went into the result (empty unless averaged).
+  /// Members whose contribution reached every element of the part (empty unless averaged).
   std::vector<uint32_t> contributors;
   part_status status = part_status::own_value_kept;
   /// Why the part was not averaged; empty when it was.
   std::string reason;
+  /// Empty when every element was averaged over `contributors`. Otherwise (a sender that failed
+  /// or was cut while sending reached only the chunks it delivered) the part's segments in order,
+  /// each with the members averaged there: the weighted mean reduces chunk by chunk, as it
+  /// streams, so a sender's delivered chunks count and only the undelivered ones miss it.
+  std::vector<part_segment> segments;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, part_report& x) {
   return f(caf::meta::type_name("part_report"), x.reducer, x.offset, x.size, x.contributors,
-           x.status, x.reason);
+           x.status, x.reason, x.segments);
 }
 
 /// Overall outcome of a round.
@@ -219,7 +237,8 @@ struct avg_chunk {
   int64_t offset = 0;
   tensor_msg values;
   std::vector<char> encoded;
-  /// Results: the members whose data went into the part.
+  /// Results: the members whose data went into this chunk (the reducer cuts result chunks where
+  /// that changes).
   std::vector<uint32_t> contributors;
   /// Results: why the reducer could not reduce (then no values).
   std::string error;

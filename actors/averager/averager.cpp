@@ -113,8 +113,11 @@ struct round_state {
   std::optional<part_reducer> reducer;
   bool reduced = false;
   at::Tensor reduced_part;
-  std::vector<uint32_t> reduced_contributors;
+  /// Who reached which segment of our part (one segment when everybody reached all of it).
+  std::vector<messages::part_segment> reduced_segments;
   std::string reduce_error;
+  /// Result chunks received per part: (offset, size, contributors), for the report.
+  std::vector<std::vector<messages::part_segment>> result_pieces;
   std::vector<messages::part_report> parts;
   std::vector<bool> resolved;
   std::vector<int64_t> received;
@@ -150,11 +153,10 @@ public:
       data_plane_options po;
       po.host = opts_.data_host;
       po.io_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(opts_.data_io_timeout);
-      // A round holds every received contribution chunk until it reduces (64 MiB parts in
-      // 4 MiB chunks from 3 peers: 48 buffers); keeping that many makes later rounds fault in no
-      // fresh pages. The round's peak is the same either way, only the memory kept between
-      // rounds grows.
-      po.pool_buffers = 64;
+      // Each incoming link holds at most `link_buffers` (2) delivered chunks at once (plus one
+      // being read): the weighted mean adds a chunk and drops it, so a round needs about three
+      // buffers per link, which the pool keeps for the next round (fresh pages are expensive).
+      po.pool_buffers = 32;
       auto p = data_plane::open(caf::actor_cast<caf::actor>(self_), po);
       if (p)
         plane_ = std::move(*p);
@@ -205,6 +207,8 @@ private:
   void pump(uint32_t member, uint8_t kind);
   void member_gone(uint32_t i, const std::string& why);
   void maybe_reduce(bool deadline);
+  /// The members averaged into our reduced part at element `offset` of it.
+  std::vector<uint32_t> contributors_at(int64_t offset) const;
   void resolve_part(uint32_t part, messages::part_status st, std::string reason,
                     std::vector<uint32_t> contributors = {});
   void check_done();
@@ -264,6 +268,25 @@ at::Tensor take_buffer(std::vector<at::Tensor>& cache, int64_t n) {
       return t;
     }
   return torch::empty({n}, torch::kFloat32);
+}
+
+/// A part's received result chunks as segments: in order, adjacent chunks with the same
+/// contributors merged.
+std::vector<messages::part_segment> merge_pieces(std::vector<messages::part_segment> pieces) {
+  std::sort(pieces.begin(), pieces.end(),
+            [](const auto& a, const auto& b) { return a.offset < b.offset; });
+  std::vector<messages::part_segment> out;
+  for (auto& p : pieces) {
+    std::sort(p.contributors.begin(), p.contributors.end());
+    p.contributors.erase(std::unique(p.contributors.begin(), p.contributors.end()),
+                         p.contributors.end());
+    if (!out.empty() && out.back().contributors == p.contributors
+        && out.back().offset + out.back().size == p.offset)
+      out.back().size += p.size;
+    else
+      out.push_back(std::move(p));
+  }
+  return out;
 }
 
 /// Keeps `t` for reuse (at most two per cache: a caller may still hold the previous result).
@@ -699,6 +722,7 @@ void averager_impl::start_round(uint64_t id, std::vector<messages::member_info> 
   r.gone.assign(n, false);
   r.resolved.assign(n, false);
   r.received.assign(n, 0);
+  r.result_pieces.assign(n, {});
   r.parts.resize(n);
   for (uint32_t p = 0; p < n; ++p) {
     auto& pr = r.parts[p];
@@ -717,7 +741,8 @@ void averager_impl::start_round(uint64_t id, std::vector<messages::member_info> 
   }
   // Our own reducer.
   if (r.plan.sizes[r.self] > 0)
-    r.reducer.emplace(r.plan.sizes[r.self], r.plan.senders(), opts_.reducer);
+    r.reducer.emplace(r.plan.sizes[r.self], r.plan.senders(), opts_.reducer,
+                      take_buffer(reduced_cache_, r.plan.sizes[r.self]));
   else
     r.reduced = true;
   auto e = epoch_;
@@ -825,7 +850,7 @@ void averager_impl::pump(uint32_t member, uint8_t kind) {
       slice = r.flat.narrow(0, r.plan.offsets[member] + pc.offset, pc.len);
     } else {
       c.part = r.self;
-      c.contributors = r.reduced_contributors;
+      c.contributors = contributors_at(pc.offset);
       if (!r.reduce_error.empty())
         c.error = r.reduce_error;
       else
@@ -877,19 +902,31 @@ void averager_impl::on_chunk(avg_chunk& c, const caf::strong_actor_ptr& sender) 
   if (auto to = caf::actor_cast<caf::actor>(sender))
     self_->send(to, avg_ack{r.id, c.kind, c.part, r.self});
   // In-process the values are a view of the sender's own tensor, which its caller may change
-  // once the sender's round is over: the reducer keeps chunks until it reduces, so copy them.
-  if (c.kind == avg_chunk::contribution && sender && sender->node() == self_->node()
-      && c.values.tensor.defined())
+  // once the sender's round is over: a reducer that keeps chunks until it reduces (not the
+  // streamed weighted mean, which reads them at once) needs a copy.
+  if (opts_.reducer && c.kind == avg_chunk::contribution && sender
+      && sender->node() == self_->node() && c.values.tensor.defined())
     c.values.tensor = c.values.tensor.clone();
   accept_chunk(c);
 }
 
 void averager_impl::on_plane_chunk(avg_chunk& c, const std::string& peer) {
+  // A plane chunk's tensor holds one of its link's few receive slots until it is freed: one
+  // kept past this handler (before the group message; by a reducer that keeps chunks) is
+  // copied so that the link reads on.
+  auto release_link = [&c] {
+    if (c.values.tensor.defined())
+      c.values.tensor = c.values.tensor.clone();
+  };
   if (!round_ || c.group_id != round_->id) {
-    if (phase_ == phase::matching && early_.size() < 4096)
+    if (phase_ == phase::matching && early_.size() < 4096) {
+      release_link();
       early_.push_back(early_chunk{std::move(c), nullptr, peer});
+    }
     return;
   }
+  if (opts_.reducer && c.kind == avg_chunk::contribution)
+    release_link();
   auto& r = *round_;
   auto n = r.plan.num_members();
   // The link is bound to the address that asked for its token: a chunk must come from there.
@@ -993,7 +1030,7 @@ void averager_impl::pump_plane(uint32_t member, uint8_t kind) {
         m.part = r.self;
         m.from = r.self;
         m.offset = pc.offset;
-        m.contributors = r.reduced_contributors;
+        m.contributors = contributors_at(pc.offset);
         m.error = r.reduce_error;
         shared = std::make_shared<plane_chunk>(
             std::move(m),
@@ -1049,13 +1086,24 @@ void averager_impl::accept_chunk(avg_chunk& c) {
       r.out.narrow(0, r.plan.offsets[c.part] + c.offset, values.numel())
           .copy_(values.to(torch::kFloat32));
       r.received[c.part] += values.numel();
+      r.result_pieces[c.part].push_back({c.offset, values.numel(), c.contributors});
       if (r.received[c.part] >= size) {
-        r.parts[c.part].contributors = c.contributors;
-        resolve_part(c.part, messages::part_status::averaged, "", c.contributors);
+        auto segments = merge_pieces(std::move(r.result_pieces[c.part]));
+        r.result_pieces[c.part].clear();
+        resolve_part(c.part, messages::part_status::averaged, "", common_contributors(segments));
+        if (segments.size() > 1)
+          r.parts[c.part].segments = std::move(segments);
       }
     }
     check_done();
   }
+}
+
+std::vector<uint32_t> averager_impl::contributors_at(int64_t offset) const {
+  for (auto& seg : round_->reduced_segments)
+    if (offset >= seg.offset && offset < seg.offset + seg.size)
+      return seg.contributors;
+  return {};
 }
 
 void averager_impl::maybe_reduce(bool deadline) {
@@ -1074,15 +1122,18 @@ void averager_impl::maybe_reduce(bool deadline) {
   r.reduced = true;
   for (auto p : r.plan.senders())
     r.reducer->exclude(p); // incomplete ones are cut
-  auto out = r.reducer->reduce(take_buffer(reduced_cache_, r.plan.sizes[r.self]));
-  for (auto p : r.reducer->contributors())
-    r.reduced_contributors.push_back(static_cast<uint32_t>(p));
+  auto out = r.reducer->reduce();
   auto size = r.plan.sizes[r.self];
+  std::vector<uint32_t> common;
   if (out) {
-    r.reduced_part = std::move(*out);
+    r.reduced_part = std::move(out->values);
+    r.reduced_segments = std::move(out->segments);
+    common = common_contributors(r.reduced_segments);
     if (!r.aux) {
       r.out.narrow(0, r.plan.offsets[r.self], size).copy_(r.reduced_part);
-      resolve_part(r.self, messages::part_status::averaged, "", r.reduced_contributors);
+      resolve_part(r.self, messages::part_status::averaged, "", common);
+      if (r.reduced_segments.size() > 1)
+        r.parts[r.self].segments = r.reduced_segments;
     }
   } else {
     r.reduce_error = out.error().what;
@@ -1091,7 +1142,9 @@ void averager_impl::maybe_reduce(bool deadline) {
   }
   r.reducer.reset(); // free the contributions
   if (r.aux) {
-    r.parts[r.self].contributors = r.reduced_contributors;
+    r.parts[r.self].contributors = common;
+    if (r.reduced_segments.size() > 1)
+      r.parts[r.self].segments = r.reduced_segments;
     r.parts[r.self].reason = r.reduce_error.empty() ? "auxiliary: reduced for the group"
                                                     : "auxiliary: " + r.reduce_error;
   }
@@ -1104,9 +1157,10 @@ void averager_impl::maybe_reduce(bool deadline) {
     auto& s = r.streams[{m, avg_chunk::result}];
     if (!r.reduce_error.empty())
       s.queue.push_back({0, 0});
-    else
-      for (int64_t off = 0; off < size; off += chunk_elems)
-        s.queue.push_back({off, std::min(chunk_elems, size - off)});
+    else // chunks never straddle a segment: each carries its own contributors
+      for (auto& seg : r.reduced_segments)
+        for (int64_t off = 0; off < seg.size; off += chunk_elems)
+          s.queue.push_back({seg.offset + off, std::min(chunk_elems, seg.size - off)});
     pump(m, avg_chunk::result);
     if (!round_)
       return;

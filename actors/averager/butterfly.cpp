@@ -101,8 +101,22 @@ reduce_fn centered_clip_reducer(kernels::centered_clip_options options) {
 
 // -- part_reducer ------------------------------------------------------------------------------
 
-part_reducer::part_reducer(int64_t part_size, std::vector<size_t> expected, reduce_fn fn)
-  : size_(part_size), fn_(std::move(fn)) {
+std::vector<uint32_t> common_contributors(const std::vector<part_segment>& segments) {
+  if (segments.empty())
+    return {};
+  auto out = segments.front().contributors;
+  for (size_t i = 1; i < segments.size(); ++i) {
+    std::vector<uint32_t> both;
+    std::set_intersection(out.begin(), out.end(), segments[i].contributors.begin(),
+                          segments[i].contributors.end(), std::back_inserter(both));
+    out = std::move(both);
+  }
+  return out;
+}
+
+part_reducer::part_reducer(int64_t part_size, std::vector<size_t> expected, reduce_fn fn,
+                           at::Tensor buffer)
+  : size_(part_size), fn_(std::move(fn)), acc_(std::move(buffer)) {
   std::sort(expected.begin(), expected.end());
   expected.erase(std::unique(expected.begin(), expected.end()), expected.end());
   for (auto p : expected) {
@@ -110,6 +124,11 @@ part_reducer::part_reducer(int64_t part_size, std::vector<size_t> expected, redu
     s.peer = p;
     slots_.push_back(std::move(s));
   }
+  if (!acc_.defined() || acc_.scalar_type() != torch::kFloat32 || acc_.dim() != 1
+      || acc_.numel() != size_ || !acc_.is_contiguous())
+    acc_ = torch::empty({size_}, torch::kFloat32);
+  if (streaming())
+    acc_.zero_();
 }
 
 part_reducer::slot* part_reducer::find(size_t peer) {
@@ -127,6 +146,8 @@ const part_reducer::slot* part_reducer::find(size_t peer) const {
 }
 
 status part_reducer::add(size_t peer, double weight, int64_t offset, const at::Tensor& values) {
+  if (reduced_)
+    return fail(fmt::format("chunk of peer {} after the part was reduced", peer));
   auto* s = find(peer);
   if (s == nullptr)
     return fail(fmt::format("peer {} is not expected to contribute to this part", peer));
@@ -143,15 +164,45 @@ status part_reducer::add(size_t peer, double weight, int64_t offset, const at::T
   if (offset < 0 || n > size_ || offset > size_ - n)
     return fail(fmt::format("chunk [{}, {}) of peer {} lies outside the part of {} elements",
                             offset, offset + n, peer, size_));
-  for (auto& [off, t] : s->pieces)
-    if (offset < off + t.numel() && off < offset + n)
+  if (n > 0) {
+    // The delivered range starting at or before `offset`, then the one after it.
+    auto next = s->ranges.upper_bound(offset);
+    if (next != s->ranges.begin()) {
+      auto prev = std::prev(next);
+      if (prev->second > offset)
+        return fail(fmt::format("chunk [{}, {}) of peer {} overlaps [{}, {}) it already sent",
+                                offset, offset + n, peer, prev->first, prev->second));
+    }
+    if (next != s->ranges.end() && next->first < offset + n)
       return fail(fmt::format("chunk [{}, {}) of peer {} overlaps [{}, {}) it already sent",
-                              offset, offset + n, peer, off, off + t.numel()));
+                              offset, offset + n, peer, next->first, next->second));
+  }
   if (!all_finite(values))
     return fail(fmt::format("chunk of peer {} holds non-finite values", peer));
+  if (n > 0) {
+    if (streaming()) {
+      if (weight > 0)
+        acc_.narrow(0, offset, n).add_(values.to(torch::kFloat32), weight);
+    } else {
+      s->pieces.emplace_back(offset, values.to(torch::kFloat32));
+    }
+    // Record [offset, offset + n), merged with its neighbours.
+    int64_t lo = offset, hi = offset + n;
+    auto next = s->ranges.lower_bound(offset);
+    if (next != s->ranges.end() && next->first == hi) {
+      hi = next->second;
+      next = s->ranges.erase(next);
+    }
+    if (next != s->ranges.begin()) {
+      auto prev = std::prev(next);
+      if (prev->second == lo) {
+        lo = prev->first;
+        s->ranges.erase(prev);
+      }
+    }
+    s->ranges.emplace(lo, hi);
+  }
   s->weight = weight;
-  if (n > 0)
-    s->pieces.emplace_back(offset, values.to(torch::kFloat32));
   s->received += n;
   return {};
 }
@@ -161,7 +212,11 @@ void part_reducer::exclude(size_t peer) {
   if (s == nullptr || s->excluded || s->received == size_)
     return;
   s->excluded = true;
-  s->pieces.clear();
+  if (!streaming()) {
+    s->pieces.clear();
+    s->ranges.clear();
+    s->received = 0;
+  }
 }
 
 bool part_reducer::complete() const {
@@ -187,55 +242,96 @@ at::Tensor part_reducer::assemble(const slot& s) const {
   return t;
 }
 
-result<at::Tensor> part_reducer::reduce(at::Tensor out) const {
+result<reduction> part_reducer::reduce() {
+  if (reduced_)
+    return fail("the part was reduced already");
+  reduced_ = true;
+  try {
+    return streaming() ? reduce_streamed() : reduce_kept();
+  } catch (const std::exception& e) {
+    return fail(fmt::format("reduction threw: {}", e.what()));
+  }
+}
+
+result<reduction> part_reducer::reduce_streamed() {
+  if (std::none_of(slots_.begin(), slots_.end(), [](const slot& s) { return s.weight >= 0; }))
+    return fail("no contribution reached the reducer");
+  reduction out;
+  out.values = acc_;
+  if (size_ == 0) {
+    part_segment all;
+    for (auto& s : slots_)
+      if (s.weight >= 0)
+        all.contributors.push_back(static_cast<uint32_t>(s.peer));
+    out.segments.push_back(std::move(all));
+    return out;
+  }
+  // Elementary segments between every range boundary; each slot covers a segment entirely or
+  // not at all.
+  std::vector<int64_t> cuts = {0, size_};
+  for (auto& s : slots_)
+    for (auto& [lo, hi] : s.ranges) {
+      cuts.push_back(lo);
+      cuts.push_back(hi);
+    }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  std::vector<double> totals;
+  for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+    auto lo = cuts[k];
+    part_segment seg;
+    seg.offset = lo;
+    seg.size = cuts[k + 1] - lo;
+    double total = 0;
+    for (auto& s : slots_) {
+      auto it = s.ranges.upper_bound(lo);
+      if (it == s.ranges.begin() || std::prev(it)->second <= lo)
+        continue;
+      seg.contributors.push_back(static_cast<uint32_t>(s.peer));
+      total += s.weight;
+    }
+    if (seg.contributors.empty())
+      return fail(fmt::format("no contribution reached elements [{}, {}) of the part", lo,
+                              lo + seg.size));
+    if (!(total > 0))
+      return fail(fmt::format("weighted_mean: the weights sum to 0 on elements [{}, {})", lo,
+                              lo + seg.size));
+    if (!out.segments.empty() && out.segments.back().contributors == seg.contributors) {
+      out.segments.back().size += seg.size; // the same members: one segment
+      continue;
+    }
+    out.segments.push_back(std::move(seg));
+    totals.push_back(total);
+  }
+  for (size_t k = 0; k < out.segments.size(); ++k)
+    acc_.narrow(0, out.segments[k].offset, out.segments[k].size).div_(totals[k]);
+  return out;
+}
+
+result<reduction> part_reducer::reduce_kept() {
   std::vector<const slot*> done;
   for (auto& s : slots_)
     if (!s.excluded && s.weight >= 0 && s.received == size_)
       done.push_back(&s);
   if (done.empty())
     return fail("no complete contribution reached the reducer");
-  if (!out.defined() || out.scalar_type() != torch::kFloat32 || out.dim() != 1
-      || out.numel() != size_ || !out.is_contiguous())
-    out = torch::empty({size_}, torch::kFloat32);
-  try {
-    if (!fn_) {
-      // Weighted mean, accumulated piece by piece (the first weighted contributor initializes
-      // every element: its pieces cover the part exactly).
-      double total = 0;
-      for (auto* s : done)
-        total += s->weight;
-      if (!(total > 0))
-        return fail("weighted_mean: the weights sum to 0");
-      bool first = true;
-      for (auto* s : done) {
-        if (s->weight == 0)
-          continue;
-        auto w = s->weight / total;
-        for (auto& [off, piece] : s->pieces) {
-          auto dst = out.narrow(0, off, piece.numel());
-          if (first)
-            at::mul_out(dst, piece, at::scalar_tensor(w, torch::kFloat32));
-          else
-            dst.add_(piece, w);
-        }
-        first = false;
-      }
-      return out;
-    }
-    std::vector<at::Tensor> xs;
-    std::vector<double> ws;
-    for (auto* s : done) {
-      xs.push_back(size_ == 0 ? torch::empty({0}, torch::kFloat32) : assemble(*s));
-      ws.push_back(s->weight);
-    }
-    auto r = fn_(xs, ws);
-    if (!r)
-      return r.error();
-    out.copy_(r->to(torch::kFloat32).reshape({size_}));
-    return out;
-  } catch (const std::exception& e) {
-    return fail(fmt::format("reduction threw: {}", e.what()));
+  std::vector<at::Tensor> xs;
+  std::vector<double> ws;
+  part_segment all;
+  all.size = size_;
+  for (auto* s : done) {
+    xs.push_back(size_ == 0 ? torch::empty({0}, torch::kFloat32) : assemble(*s));
+    ws.push_back(s->weight);
+    all.contributors.push_back(static_cast<uint32_t>(s->peer));
   }
+  auto r = fn_(xs, ws);
+  if (!r)
+    return r.error();
+  acc_.copy_(r->to(torch::kFloat32).reshape({size_}));
+  reduction out;
+  out.values = acc_;
+  out.segments.push_back(std::move(all));
+  return out;
 }
 
 bool all_finite(const at::Tensor& t) {

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,7 @@ namespace starling::actors::averager {
 
 using messages::member_info;
 using messages::part_report;
+using messages::part_segment;
 using messages::part_status;
 using messages::round_outcome;
 using messages::round_report;
@@ -56,34 +58,56 @@ reduce_fn weighted_mean_reducer();
 /// CenteredClip with `options` (kernels::centered_clip).
 reduce_fn centered_clip_reducer(kernels::centered_clip_options options);
 
-/// Collects the contributions to one part, in chunks, and reduces the complete ones.
-/// A contribution counts only once all its elements arrived; `exclude` drops a sender (died,
-/// missed the deadline) together with whatever it had delivered. Chunks are kept as they came
-/// (no copy: a received chunk's buffer is reused by the network layer once the reducer drops it),
-/// and the weighted mean (an empty `fn`) is accumulated chunk by chunk into one output buffer;
-/// another `fn` gets each contribution as one contiguous tensor.
+/// A reduced part: its values and which members reached which of its elements.
+struct reduction {
+  /// 1-D fp32, the part's size.
+  at::Tensor values;
+  /// The part cut where its contributors change (one segment when all reached every element),
+  /// in order, covering it exactly.
+  std::vector<part_segment> segments;
+};
+
+/// Members in every segment (those that reached the whole part), ascending.
+std::vector<uint32_t> common_contributors(const std::vector<part_segment>& segments);
+
+/// Collects the contributions to one part, in chunks, and reduces them.
+///
+/// The weighted mean (an empty `fn`) streams: each chunk is added, weighted, into one
+/// accumulator as it arrives and not kept (the network layer reuses its buffer at once), so a
+/// reducer holds one part's worth of memory whatever the group size. A sender that fails or is
+/// cut while sending counts on the elements it delivered and misses the rest; `reduce` divides
+/// every segment by the weights that reached it and says who reached which segment.
+///
+/// Another `fn` (CenteredClip for BTARD) needs whole contributions: chunks are kept until the
+/// reduction, a contribution counts only once all its elements arrived, and `exclude` drops an
+/// incomplete sender together with what it had delivered.
 class part_reducer {
 public:
   /// A part of `part_size` elements expecting contributions from `expected` (member indices),
-  /// reduced with `fn` (empty: the weighted mean, streamed).
-  part_reducer(int64_t part_size, std::vector<size_t> expected, reduce_fn fn);
+  /// reduced with `fn` (empty: the weighted mean, streamed). `buffer` (a contiguous fp32 tensor
+  /// of the part's size, e.g. one reused from an earlier round) receives the result; another
+  /// one is allocated when it does not fit.
+  part_reducer(int64_t part_size, std::vector<size_t> expected, reduce_fn fn,
+               at::Tensor buffer = {});
 
-  /// Adds `values` (1-D, any float dtype; kept, not copied, so it must not change afterwards) at
-  /// element `offset` of sender `peer`'s contribution with `weight`. Fails (changing nothing) for
-  /// an unexpected or excluded peer, a weight that is negative, not finite or differs from the one
+  /// Adds `values` (1-D, any float dtype) at element `offset` of sender `peer`'s contribution
+  /// with `weight`. The weighted mean reads `values` here and drops them; another `fn` keeps
+  /// them (not copied, so they must not change afterwards). Fails (changing nothing) for an
+  /// unexpected or excluded peer, a weight that is negative, not finite or differs from the one
   /// of its earlier chunks, a range outside the part, an overlap with what it already delivered,
-  /// or non-finite values.
+  /// non-finite values, or after `reduce`.
   status add(size_t peer, double weight, int64_t offset, const at::Tensor& values);
-  /// Drops `peer`'s contribution if it is not complete yet; no-op otherwise.
+  /// Accepts nothing more from `peer` (died, missed the deadline, sent a bad chunk); no-op once
+  /// it is complete. A kept-chunks `fn` also drops what it had delivered.
   void exclude(size_t peer);
   /// True once every expected peer either completed or was excluded.
   bool complete() const;
   /// Complete contributors so far, ascending.
   std::vector<size_t> contributors() const;
-  /// Reduces the complete contributions into a 1-D fp32 tensor of the part's size: into `out`
-  /// when it is a contiguous fp32 tensor of that size (reused buffer), else a new one. Fails
-  /// when there are none or the kernel fails (e.g. all weights zero for the weighted mean).
-  result<at::Tensor> reduce(at::Tensor out = {}) const;
+  /// Reduces into the buffer (once). Fails when nothing usable arrived: no contribution, elements
+  /// no contribution reached, a total weight of 0 somewhere (the weighted mean), or the kernel
+  /// failing.
+  result<reduction> reduce();
   int64_t size() const { return size_; }
 
 private:
@@ -92,17 +116,25 @@ private:
     double weight = -1;
     int64_t received = 0;
     bool excluded = false;
-    /// (offset, values) as they arrived.
+    /// Delivered element ranges, start -> end, adjacent ones merged.
+    std::map<int64_t, int64_t> ranges;
+    /// Kept-chunks `fn` only: (offset, values) as they arrived.
     std::vector<std::pair<int64_t, at::Tensor>> pieces;
   };
   slot* find(size_t peer);
   const slot* find(size_t peer) const;
+  bool streaming() const { return !fn_; }
   /// One contiguous fp32 tensor of a complete slot (its only piece when that covers the part).
   at::Tensor assemble(const slot& s) const;
+  result<reduction> reduce_streamed();
+  result<reduction> reduce_kept();
 
   int64_t size_;
   reduce_fn fn_;
   std::vector<slot> slots_;
+  /// The result; the weighted sum while streaming.
+  at::Tensor acc_;
+  bool reduced_ = false;
 };
 
 /// True when `t` (any float tensor) holds no NaN or infinity; reads it without temporaries of

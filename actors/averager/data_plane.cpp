@@ -80,10 +80,57 @@ struct out_link {
   std::thread thread;
 };
 
+/// Received chunks of one incoming link that the sink still holds. The reader takes no new
+/// buffer while `limit` are out: TCP's flow control then slows the sender, instead of chunks
+/// piling up in the averager's mailbox (a 4-peer 16M-float round had 12 x 4 MiB queued).
+struct link_credit {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint32_t out = 0;
+  bool stopping = false;
+
+  /// Waits for a free slot and takes it; false once the plane stops.
+  bool acquire(uint32_t limit) {
+    std::unique_lock<std::mutex> lock{mu};
+    cv.wait(lock, [&] { return out < limit || stopping; });
+    if (stopping)
+      return false;
+    ++out;
+    return true;
+  }
+  void release() {
+    {
+      std::lock_guard<std::mutex> guard{mu};
+      --out;
+    }
+    cv.notify_all();
+  }
+  void stop() {
+    {
+      std::lock_guard<std::mutex> guard{mu};
+      stopping = true;
+    }
+    cv.notify_all();
+  }
+};
+
+/// A delivered chunk's tensor and its link's slot, returned (buffer first) when the last copy of
+/// the tensor is freed.
+struct credit_hold {
+  at::Tensor tensor;
+  std::shared_ptr<link_credit> credit;
+  ~credit_hold() {
+    tensor.reset();
+    if (credit)
+      credit->release();
+  }
+};
+
 /// An incoming link's reader thread.
 struct in_link {
   int fd = -1;
   bool done = false;
+  std::shared_ptr<link_credit> credit = std::make_shared<link_credit>();
   std::thread thread;
 };
 
@@ -185,9 +232,11 @@ public:
       stopped_ = true;
       tokens_.clear();
       outs.swap(out_);
-      for (auto& c : in_)
+      for (auto& c : in_) {
+        c.credit->stop();
         if (!c.done) // a done link's fd is closed and its number may be reused
           ::shutdown(c.fd, SHUT_RDWR);
+      }
     }
     for (auto& [peer, link] : outs) {
       {
@@ -330,7 +379,7 @@ private:
       auto it = std::prev(in_.end());
       it->fd = fd;
       it->thread = std::thread([this, it] {
-        if (auto st = serve(it->fd); !st)
+        if (auto st = serve(it->fd, it->credit); !st)
           record_failure("incoming link: " + st.what());
         std::lock_guard<std::mutex> guard{mu_};
         ::close(it->fd);
@@ -351,7 +400,7 @@ private:
   }
 
   /// Reads one link until it closes; fails on anything malformed.
-  status serve(int fd) {
+  status serve(int fd, const std::shared_ptr<link_credit>& credit) {
     transfer::set_timeouts(fd, opts_.io_timeout);
     uint8_t pre[plane_preamble_bytes];
     size_t got = 0;
@@ -401,6 +450,16 @@ private:
       c.contributors = std::move(meta->contributors);
       c.error = std::move(meta->error);
       if (h->payload_bytes > 0) {
+        if (!credit->acquire(std::max<uint32_t>(1, opts_.link_buffers)))
+          return {}; // stopping
+        // The slot returns when the sink drops the chunk's tensor (at once on failure).
+        struct slot_guard {
+          link_credit* c;
+          ~slot_guard() {
+            if (c != nullptr)
+              c->release();
+          }
+        } guard{credit.get()};
         auto b = pool_->take(h->payload_bytes);
         if (auto st = recv_all(fd, b.data.get(), h->payload_bytes, got); !st) {
           pool_->give(std::move(b));
@@ -415,6 +474,16 @@ private:
                                               c.values);
             !st)
           return fail("payload from " + peer + ": " + st.what());
+        if (c.values.tensor.defined()) {
+          auto hold = std::make_shared<credit_hold>();
+          hold->tensor = c.values.tensor;
+          hold->credit = credit;
+          auto& t = hold->tensor;
+          c.values.tensor = at::from_blob(
+            t.data_ptr(), t.sizes(), t.strides(), [hold](void*) mutable { hold.reset(); },
+            t.options());
+          guard.c = nullptr; // the tensor holds the slot now
+        }
       } else if (c.error.empty()) {
         return fail("a chunk from " + peer + " without values or error");
       }

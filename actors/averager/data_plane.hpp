@@ -60,6 +60,9 @@ struct data_plane_options {
   uint64_t max_payload_bytes = uint64_t{1} << 30;
   /// Receive buffers kept for reuse.
   uint32_t pool_buffers = 16;
+  /// Delivered chunks of one incoming link the sink may hold at once; the link reads no further
+  /// (TCP then slows its sender) until the sink drops one. At least 1.
+  uint32_t link_buffers = 2;
 };
 
 /// One chunk to send: its meta and values (a 1-D float tensor; empty for an error result),

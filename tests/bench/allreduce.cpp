@@ -156,6 +156,8 @@ int child_starling(int rank, int n, int64_t numel, const std::string& dir, int r
   a.poll_interval = std::chrono::milliseconds(50);
   a.round_timeout = std::chrono::seconds(120);
   a.chunk_bytes = uint64_t{4} << 20;
+  if (auto* c = std::getenv("STARLING_BENCH_CHUNK_KIB")) // chunk size experiments
+    a.chunk_bytes = std::max<uint64_t>(4, std::strtoull(c, nullptr, 10) * 1024);
   a.window = 4;
   a.codec = codec;
   if (!std::getenv("STARLING_BENCH_BASP"))
@@ -192,6 +194,10 @@ int child_starling(int rank, int n, int64_t numel, const std::string& dir, int r
                 }
                 if (i == reps && !r.tensors.empty()) // kept for the mse only
                   last = r.tensors.front().tensor;
+                if (std::getenv("STARLING_BENCH_TRACE"))
+                  fmt::print(stderr, "rank {} round {}: rss {:.1f} MiB, peak {:.1f} MiB over base\n",
+                             rank, i, (current_rss_bytes() - base) / 1048576.0,
+                             (runtime::peak_rss_bytes() - base) / 1048576.0);
               },
               [&](caf::error& e) {
                 ++bad;

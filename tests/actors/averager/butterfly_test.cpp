@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <numeric>
+#include <random>
 
 #include <torch/torch.h>
 
@@ -48,7 +49,8 @@ TEST_CASE("a round plan rejects bad groups and accepts an empty vector") {
   CHECK(aux->sizes[1] > 0); // auxiliary members reduce
 }
 
-TEST_CASE("a part reducer averages chunked contributions with weights") {
+TEST_CASE("a kept-chunks reducer counts only complete contributions") {
+  // A custom kernel (here the weighted mean as a kernel) gets whole contributions.
   part_reducer r(6, {0, 1, 2}, weighted_mean_reducer());
   auto a = torch::arange(6, torch::kFloat32);
   auto b = torch::full({6}, 10.0f);
@@ -65,7 +67,94 @@ TEST_CASE("a part reducer averages chunked contributions with weights") {
   auto out = r.reduce();
   REQUIRE(out.ok());
   auto expect = (a * 1 + b * 3) / 4;
-  CHECK(torch::allclose(*out, expect, 1e-6, 1e-6));
+  CHECK(torch::allclose(out->values, expect, 1e-6, 1e-6));
+  REQUIRE(out->segments.size() == 1);
+  CHECK(out->segments[0].offset == 0);
+  CHECK(out->segments[0].size == 6);
+  CHECK(out->segments[0].contributors == std::vector<uint32_t>{0, 1});
+  CHECK_FALSE(r.reduce().ok()); // once
+}
+
+TEST_CASE("the streamed weighted mean counts a failed sender where it delivered") {
+  auto buffer = torch::full({6}, 123.0f); // a reused buffer: old contents must not leak in
+  auto storage = buffer.data_ptr();
+  part_reducer r(6, {0, 1, 2}, nullptr, buffer);
+  auto a = torch::arange(6, torch::kFloat32);
+  auto b = torch::full({6}, 10.0f);
+  // Chunks out of order: peer 0's second chunk first.
+  REQUIRE(r.add(0, 1.0, 4, a.narrow(0, 4, 2)).ok());
+  REQUIRE(r.add(0, 1.0, 0, a.narrow(0, 0, 4)).ok());
+  REQUIRE(r.add(1, 3.0, 0, b).ok());
+  // Peer 2 delivers elements [0, 3), then dies.
+  REQUIRE(r.add(2, 5.0, 0, torch::full({3}, 1000.0f)).ok());
+  CHECK_FALSE(r.complete());
+  r.exclude(2);
+  CHECK(r.complete());
+  CHECK_FALSE(r.add(2, 5.0, 3, torch::full({3}, 1000.0f)).ok()); // excluded
+  CHECK(r.contributors() == std::vector<size_t>{0, 1});
+  auto out = r.reduce();
+  REQUIRE(out.ok());
+  CHECK(out->values.data_ptr() == storage); // reduced into the given buffer
+  auto expect = (a * 1 + b * 3) / 4;
+  expect.narrow(0, 0, 3).copy_((a.narrow(0, 0, 3) + b.narrow(0, 0, 3) * 3 + 5000) / 9);
+  CHECK(torch::allclose(out->values, expect, 1e-6, 1e-6));
+  REQUIRE(out->segments.size() == 2);
+  CHECK(out->segments[0].offset == 0);
+  CHECK(out->segments[0].size == 3);
+  CHECK(out->segments[0].contributors == std::vector<uint32_t>{0, 1, 2});
+  CHECK(out->segments[1].offset == 3);
+  CHECK(out->segments[1].size == 3);
+  CHECK(out->segments[1].contributors == std::vector<uint32_t>{0, 1});
+  CHECK(common_contributors(out->segments) == std::vector<uint32_t>{0, 1});
+  CHECK_FALSE(r.add(1, 3.0, 0, b).ok()); // after the reduction
+}
+
+TEST_CASE("the streamed weighted mean fails on elements nobody reached or of weight 0") {
+  part_reducer gap(4, {0, 1}, nullptr);
+  REQUIRE(gap.add(0, 1.0, 0, torch::ones({2})).ok());
+  gap.exclude(0);
+  gap.exclude(1);
+  auto g = gap.reduce();
+  REQUIRE_FALSE(g.ok());
+  CHECK(g.error().what.find("[2, 4)") != std::string::npos);
+  part_reducer zero(4, {0, 1}, nullptr);
+  REQUIRE(zero.add(0, 1.0, 0, torch::ones({2})).ok());
+  REQUIRE(zero.add(1, 0.0, 0, torch::ones({4})).ok());
+  zero.exclude(0);
+  auto z = zero.reduce();
+  REQUIRE_FALSE(z.ok());
+  CHECK(z.error().what.find("sum to 0") != std::string::npos);
+}
+
+TEST_CASE("a streamed sender's chunks in any order and sizes average exactly") {
+  // Random chunkings of 3 senders with weights; the result is the weighted mean everywhere.
+  torch::manual_seed(7);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int64_t size = 1000;
+    std::vector<torch::Tensor> xs;
+    std::vector<double> ws = {0.333, 0.1667, 0.5003};
+    part_reducer r(size, {0, 1, 2}, nullptr);
+    std::mt19937 rng(trial);
+    for (size_t p = 0; p < 3; ++p) {
+      xs.push_back(torch::randn({size}));
+      std::vector<std::pair<int64_t, int64_t>> chunks;
+      for (int64_t off = 0; off < size;) {
+        auto n = std::min<int64_t>(size - off, 1 + static_cast<int64_t>(rng() % 300));
+        chunks.emplace_back(off, n);
+        off += n;
+      }
+      std::shuffle(chunks.begin(), chunks.end(), rng);
+      for (auto& [off, n] : chunks)
+        REQUIRE(r.add(p, ws[p], off, xs[p].narrow(0, off, n)).ok());
+    }
+    CHECK(r.complete());
+    auto out = r.reduce();
+    REQUIRE(out.ok());
+    auto expect = (xs[0] * ws[0] + xs[1] * ws[1] + xs[2] * ws[2]) / (ws[0] + ws[1] + ws[2]);
+    CHECK((out->values - expect).abs().max().item<float>() < 1e-6f);
+    REQUIRE(out->segments.size() == 1);
+    CHECK(out->segments[0].size == size);
+  }
 }
 
 TEST_CASE("a part reducer rejects bad chunks without changing its state") {
@@ -88,7 +177,7 @@ TEST_CASE("a part reducer rejects bad chunks without changing its state") {
   CHECK(r.contributors() == std::vector<size_t>{0});
   auto out = r.reduce();
   REQUIRE(out.ok());
-  CHECK(torch::equal(*out, torch::ones({4})));
+  CHECK(torch::equal(out->values, torch::ones({4})));
 }
 
 TEST_CASE("a part reducer with no usable contribution fails instead of inventing values") {
@@ -117,8 +206,8 @@ TEST_CASE("the reduction is pluggable: CenteredClip resists an outlier the mean 
   auto m = mean.reduce();
   REQUIRE(c.ok());
   REQUIRE(m.ok());
-  CHECK(c->abs().max().item<float>() < 1.0f);
-  CHECK(m->abs().max().item<float>() > 100.0f);
+  CHECK(c->values.abs().max().item<float>() < 1.0f);
+  CHECK(m->values.abs().max().item<float>() > 100.0f);
 }
 
 TEST_CASE("a round report counts non-empty parts and derives the outcome") {

@@ -344,6 +344,42 @@ TEST_CASE("data plane: unknown tokens, garbage and oversize frames close the lin
   CHECK_FALSE(w.next(0, caf::timespan{0}));
 }
 
+TEST_CASE("data plane: a link reads no further while its sink holds link_buffers chunks") {
+  data_plane_options o;
+  o.link_buffers = 2;
+  planes w(2, o);
+  w.link(0, 1, "a");
+  auto x = torch::randn({1000});
+  for (int i = 0; i < 5; ++i) {
+    plane_meta m = sample_meta();
+    m.kind = avg_chunk::contribution;
+    m.contributors.clear();
+    m.offset = i;
+    REQUIRE(w.p[0]->send("peer1", std::make_shared<plane_chunk>(m, x, kernels::codec_id::none,
+                                                                kernels::codec_params{})));
+  }
+  auto first = w.next(1);
+  auto second = w.next(1);
+  REQUIRE(first);
+  REQUIRE(second);
+  CHECK(first->second.offset == 0);
+  CHECK(second->second.offset == 1);
+  // Both slots are held: the third chunk stays in the socket.
+  CHECK_FALSE(w.next(1, caf::timespan{std::chrono::milliseconds(300)}));
+  CHECK(w.p[1]->delivered() == 2);
+  // A copy of the tensor still holds the slot; dropping the last one frees it.
+  auto copy = first->second.values.tensor;
+  first.reset();
+  CHECK_FALSE(w.next(1, caf::timespan{std::chrono::milliseconds(100)}));
+  copy.reset();
+  auto third = w.next(1);
+  REQUIRE(third);
+  CHECK(third->second.offset == 2);
+  CHECK(torch::equal(third->second.values.tensor, x));
+  // Two slots held again (second, third) while the fourth waits: stopping wakes the reader.
+  w.p[1]->stop();
+}
+
 TEST_CASE("data plane: 300 chunks through one link reuse their buffers (resident memory flat)") {
   auto rss = [] {
     std::ifstream f("/proc/self/statm");
