@@ -32,13 +32,16 @@
 // `window` unacknowledged chunks per destination, compressed with `codec`; member j reduces
 // (pluggable, weighted mean by default) once every sender completed or was excluded, or at
 // `reduce_fraction` of the round deadline, and sends the result back the same way. Members
-// monitor each other: a sender that goes down is excluded from the parts it had not completed;
-// a reducer that goes down, fails or misses the round deadline leaves its part with the peer's own
+// monitor each other: a sender that goes down or is cut at the deadline stops counting there —
+// the weighted mean streams chunk by chunk, so the chunks it delivered count and the rest of the
+// part is averaged without it (the report's `segments` say who reached which elements; a kept-
+// chunks reducer such as CenteredClip counts only complete contributions); a reducer that goes down, fails or misses the round deadline leaves its part with the peer's own
 // values. The round ends at the latest at `round_timeout` after the group message arrived.
 //
 // Data plane: with `data_host` set, chunks between two averagers that both have a plane travel
 // over a persistent direct TCP link (data_plane.hpp) instead of BASP: no credit window (TCP's
-// flow control), encoded on the link's thread, a result chunk encoded once for all its
+// flow control; a link reads no further while 2 of its chunks wait in the averager's mailbox),
+// encoded on the link's thread, a result chunk encoded once for all its
 // receivers. The first round between two peers asks the receiver for a link token over BASP;
 // later rounds reuse the link. Test faults that delay chunks use BASP.
 #pragma once

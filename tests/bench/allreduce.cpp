@@ -14,6 +14,8 @@
 //                        [--netns PREFIX] [reps] [sizes...]   (default 3; 1M and 16M floats)
 //   --netns PREFIX  child r runs in network namespace PREFIX<r> at 10.77.0.<r+1> (set up, shaped
 //                   and removed by scripts/netns-allreduce, which passes this option)
+// env: STARLING_BENCH_BASP=1 (averager over BASP only), STARLING_BENCH_CHUNK_KIB=N (chunk
+//      size), STARLING_BENCH_TRACE=1 (each child's RSS after every round, to stderr)
 // children: bench_allreduce --child gloo|starling|starling-fp16|starling-bw8 RANK N NUMEL DIR REPS
 //           (address from $STARLING_BENCH_HOST, default 127.0.0.1)
 #include <algorithm>
@@ -155,7 +157,9 @@ int child_starling(int rank, int n, int64_t numel, const std::string& dir, int r
   a.matchmaking_window = std::chrono::seconds(5);
   a.poll_interval = std::chrono::milliseconds(50);
   a.round_timeout = std::chrono::seconds(120);
-  a.chunk_bytes = uint64_t{4} << 20;
+  // The averager's default chunk (1 MiB): resident memory grows with links x chunk size (each
+  // incoming link holds up to 3 chunks); 4 MiB chunks were ~25% faster at N=4 but took 3.0x the
+  // vector at 16M floats (N=8: 3.5x) against 2.5x.
   if (auto* c = std::getenv("STARLING_BENCH_CHUNK_KIB")) // chunk size experiments
     a.chunk_bytes = std::max<uint64_t>(4, std::strtoull(c, nullptr, 10) * 1024);
   a.window = 4;
