@@ -4,7 +4,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <deque>
-#include <list>
+#include <algorithm>
 #include <map>
 #include <poll.h>
 #include <sys/socket.h>
@@ -126,14 +126,6 @@ struct credit_hold {
   }
 };
 
-/// An incoming link's reader thread.
-struct in_link {
-  int fd = -1;
-  bool done = false;
-  std::shared_ptr<link_credit> credit = std::make_shared<link_credit>();
-  std::thread thread;
-};
-
 class plane_impl final : public data_plane {
 public:
   plane_impl(caf::actor sink, data_plane_options opts, int fd, uint16_t port)
@@ -141,7 +133,9 @@ public:
       pool_(std::make_shared<buffer_pool>(opts_.pool_buffers)) {
     host_ = opts_.host == "localhost" ? std::string{"127.0.0.1"} : opts_.host;
     randombytes_buf(&tag_, sizeof tag_);
-    acceptor_ = std::thread([this] { accept_loop(); });
+    acceptor_ = std::make_unique<transfer::acceptor>(
+        listen_fd_, opts_.max_links, [this](int fd) { serve_link(fd); },
+        [this](std::string why) { record_failure(std::move(why)); });
   }
 
   ~plane_impl() override { stop(); }
@@ -232,11 +226,10 @@ public:
       stopped_ = true;
       tokens_.clear();
       outs.swap(out_);
-      for (auto& c : in_) {
-        c.credit->stop();
-        if (!c.done) // a done link's fd is closed and its number may be reused
-          ::shutdown(c.fd, SHUT_RDWR);
-      }
+      for (auto& c : credits_) // readers waiting for a slot
+        if (auto credit = c.lock())
+          credit->stop();
+      credits_.clear();
     }
     for (auto& [peer, link] : outs) {
       {
@@ -251,18 +244,7 @@ public:
     for (auto& [peer, link] : outs)
       if (link->thread.joinable())
         link->thread.join();
-    ::shutdown(listen_fd_, SHUT_RDWR); // wakes accept()
-    if (acceptor_.joinable())
-      acceptor_.join();
-    ::close(listen_fd_);
-    std::list<in_link> rest;
-    {
-      std::lock_guard<std::mutex> guard{mu_};
-      rest.swap(in_);
-    }
-    for (auto& c : rest)
-      if (c.thread.joinable())
-        c.thread.join();
+    acceptor_->stop();
   }
 
 private:
@@ -346,46 +328,21 @@ private:
 
   // -- receiving --------------------------------------------------------------------------------
 
-  void accept_loop() {
-    for (;;) {
-      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      std::list<in_link> finished;
+  /// One incoming link (on its own thread; the acceptor closes the socket afterwards).
+  void serve_link(int fd) {
+    auto credit = std::make_shared<link_credit>();
+    {
       std::lock_guard<std::mutex> guard{mu_};
-      for (auto i = in_.begin(); i != in_.end();) {
-        if (i->done)
-          finished.splice(finished.end(), in_, i++);
-        else
-          ++i;
-      }
-      for (auto& c : finished)
-        c.thread.join();
-      if (stopped_) {
-        if (fd >= 0)
-          ::close(fd);
+      if (stopped_)
         return;
-      }
-      if (fd < 0) {
-        if (errno == EINTR || errno == ECONNABORTED)
-          continue;
-        return;
-      }
-      if (in_.size() >= opts_.max_links) {
-        ::close(fd);
-        ++failed_;
-        last_error_ = "refused a link: " + std::to_string(in_.size()) + " open";
-        continue;
-      }
-      in_.emplace_back();
-      auto it = std::prev(in_.end());
-      it->fd = fd;
-      it->thread = std::thread([this, it] {
-        if (auto st = serve(it->fd, it->credit); !st)
-          record_failure("incoming link: " + st.what());
-        std::lock_guard<std::mutex> guard{mu_};
-        ::close(it->fd);
-        it->done = true;
-      });
+      // Forget the slots of links that ended, remember this one's for `stop`.
+      credits_.erase(std::remove_if(credits_.begin(), credits_.end(),
+                                    [](const auto& c) { return c.expired(); }),
+                     credits_.end());
+      credits_.push_back(credit);
     }
+    if (auto st = serve(fd, credit); !st)
+      record_failure("incoming link: " + st.what());
   }
 
   /// Waits until `fd` is readable (or closed); no timeout: links idle between rounds.
@@ -487,8 +444,8 @@ private:
       } else if (c.error.empty()) {
         return fail("a chunk from " + peer + " without values or error");
       }
+      ++delivered_; // first: a sink that got the chunk sees it counted
       caf::anon_send(sink_, avg_plane_atom::value, tag_, peer, std::move(c));
-      ++delivered_;
     }
   }
 
@@ -503,8 +460,8 @@ private:
   bool stopped_ = false;
   std::map<plane_token, token_entry> tokens_;
   std::map<std::string, std::shared_ptr<out_link>> out_;
-  std::list<in_link> in_;
-  std::thread acceptor_;
+  std::vector<std::weak_ptr<link_credit>> credits_;
+  std::unique_ptr<transfer::acceptor> acceptor_;
   std::atomic<uint64_t> delivered_{0};
   std::atomic<uint64_t> failed_{0};
   std::string last_error_;

@@ -69,7 +69,9 @@ public:
   endpoint_impl(data_channel_options opts, int fd, std::string host, uint16_t port)
     : opts_(std::move(opts)), listen_fd_(fd), host_(std::move(host)), port_(port),
       pool_(std::make_shared<buffer_pool>(opts_.pool_buffers)) {
-    acceptor_ = std::thread([this] { accept_loop(); });
+    acceptor_ = std::make_unique<acceptor>(
+        listen_fd_, opts_.max_connections, [this](int fd) { serve_connection(fd); },
+        [this](std::string why) { record_failure(std::move(why)); });
   }
 
   ~endpoint_impl() override { stop(); }
@@ -102,30 +104,11 @@ public:
         return;
       stopped_ = true;
       expected_.clear();
-      for (auto& c : conns_)
-        if (!c.done) // a done connection's fd is closed and its number may be reused
-          ::shutdown(c.fd, SHUT_RDWR);
     }
-    ::shutdown(listen_fd_, SHUT_RDWR); // wakes accept()
-    if (acceptor_.joinable())
-      acceptor_.join();
-    ::close(listen_fd_);
-    std::list<conn> rest;
-    {
-      std::lock_guard<std::mutex> guard{mu_};
-      rest.swap(conns_);
-    }
-    for (auto& c : rest)
-      if (c.thread.joinable())
-        c.thread.join();
+    acceptor_->stop();
   }
 
 private:
-  struct conn {
-    int fd = -1;
-    bool done = false;
-    std::thread thread;
-  };
 
   void purge_expired(clk::time_point now) {
     for (auto i = expected_.begin(); i != expected_.end();)
@@ -138,59 +121,20 @@ private:
     last_error_ = std::move(what);
   }
 
-  void accept_loop() {
-    for (;;) {
-      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-      std::list<conn> finished;
-      std::lock_guard<std::mutex> guard{mu_};
-      // Reap finished connection threads: they set `done` last, so joining them is immediate.
-      for (auto i = conns_.begin(); i != conns_.end();) {
-        if (i->done) {
-          finished.splice(finished.end(), conns_, i++);
-        } else {
-          ++i;
-        }
-      }
-      for (auto& c : finished)
-        c.thread.join();
-      if (stopped_) {
-        if (fd >= 0)
-          ::close(fd);
-        return;
-      }
-      if (fd < 0) {
-        if (errno == EINTR || errno == ECONNABORTED)
-          continue;
-        return; // the socket is unusable: no more connections
-      }
-      if (conns_.size() >= opts_.max_connections) {
-        ::close(fd);
-        ++failed_;
-        last_error_ = "refused a connection: " + std::to_string(conns_.size()) + " in progress";
-        continue;
-      }
-      conns_.emplace_back();
-      auto it = std::prev(conns_.end());
-      it->fd = fd;
-      it->thread = std::thread([this, it] {
-        if (!serve(it->fd)) {
-          // Refused or failed: stop writing, then discard what the sender still has in flight
-          // (bounded) so that closing does not reset the connection before the sender read
-          // the status.
-          ::shutdown(it->fd, SHUT_WR);
-          std::vector<char> discard(size_t{1} << 16);
-          size_t drained = 0;
-          while (drained < drain_limit) {
-            auto r = ::recv(it->fd, discard.data(), discard.size(), 0);
-            if (r <= 0)
-              break;
-            drained += static_cast<size_t>(r);
-          }
-        }
-        std::lock_guard<std::mutex> guard{mu_};
-        ::close(it->fd);
-        it->done = true;
-      });
+  /// One connection (on its own thread; the acceptor closes the socket afterwards).
+  void serve_connection(int fd) {
+    if (serve(fd))
+      return;
+    // Refused or failed: stop writing, then discard what the sender still has in flight
+    // (bounded) so that closing does not reset the connection before the sender read the status.
+    ::shutdown(fd, SHUT_WR);
+    std::vector<char> discard(size_t{1} << 16);
+    size_t drained = 0;
+    while (drained < drain_limit) {
+      auto r = ::recv(fd, discard.data(), discard.size(), 0);
+      if (r <= 0)
+        break;
+      drained += static_cast<size_t>(r);
     }
   }
 
@@ -247,8 +191,8 @@ private:
     auto check = [&p](const kernels::tensor_header& header) { return matches(p, header); };
     if (auto st = decode_pooled(pool_, std::move(b), h->length, check, x); !st)
       return failed("decode: " + st.what());
+    ++delivered_; // first: a sink that got the tensor sees it counted
     caf::anon_send(p.sink, std::move(x));
-    ++delivered_;
     answer(fd, {});
     return true;
   }
@@ -261,8 +205,7 @@ private:
   mutable std::mutex mu_;
   bool stopped_ = false;
   std::map<token_type, pending> expected_;
-  std::list<conn> conns_;
-  std::thread acceptor_;
+  std::unique_ptr<acceptor> acceptor_;
   std::atomic<uint64_t> delivered_{0};
   std::atomic<uint64_t> failed_{0};
   std::string last_error_;

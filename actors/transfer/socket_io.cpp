@@ -160,6 +160,84 @@ int listen_ipv4(const std::string& host, uint16_t port, uint16_t& bound, std::st
   return fd;
 }
 
+acceptor::acceptor(int listen_fd, uint32_t max_connections, serve_fn serve, refused_fn refused)
+  : listen_fd_(listen_fd), max_(max_connections), serve_(std::move(serve)),
+    refused_(std::move(refused)) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+acceptor::~acceptor() { stop(); }
+
+void acceptor::stop() {
+  {
+    std::lock_guard<std::mutex> guard{mu_};
+    if (stopped_)
+      return;
+    stopped_ = true;
+    for (auto& c : conns_)
+      if (!c.done) // a done connection's fd is closed and its number may be reused
+        ::shutdown(c.fd, SHUT_RDWR);
+  }
+  ::shutdown(listen_fd_, SHUT_RDWR); // wakes accept()
+  if (thread_.joinable())
+    thread_.join();
+  ::close(listen_fd_);
+  std::list<conn> rest;
+  {
+    std::lock_guard<std::mutex> guard{mu_};
+    rest.swap(conns_);
+  }
+  for (auto& c : rest)
+    if (c.thread.joinable())
+      c.thread.join();
+}
+
+void acceptor::loop() {
+  for (;;) {
+    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    std::string refusal;
+    {
+      std::list<conn> finished;
+      std::lock_guard<std::mutex> guard{mu_};
+      // Reap finished connection threads: they set `done` last, so joining them is immediate.
+      for (auto i = conns_.begin(); i != conns_.end();) {
+        if (i->done)
+          finished.splice(finished.end(), conns_, i++);
+        else
+          ++i;
+      }
+      for (auto& c : finished)
+        c.thread.join();
+      if (stopped_) {
+        if (fd >= 0)
+          ::close(fd);
+        return;
+      }
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED)
+          continue;
+        return; // the socket is unusable: no more connections
+      }
+      if (conns_.size() >= max_) {
+        ::close(fd);
+        refusal = "refused a connection: " + std::to_string(conns_.size()) + " open";
+      } else {
+        conns_.emplace_back();
+        auto it = std::prev(conns_.end());
+        it->fd = fd;
+        it->thread = std::thread([this, it] {
+          serve_(it->fd);
+          std::lock_guard<std::mutex> guard{mu_};
+          ::close(it->fd);
+          it->done = true;
+        });
+      }
+    }
+    if (!refusal.empty() && refused_)
+      refused_(std::move(refusal));
+  }
+}
+
 buffer_pool::block buffer_pool::take(size_t n) {
   {
     std::lock_guard<std::mutex> guard{mu_};

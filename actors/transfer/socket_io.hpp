@@ -7,9 +7,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/compress/format.hpp"
@@ -39,6 +41,44 @@ int connect_ipv4(const std::string& host, uint16_t port, int send_buffer, std::s
 /// Opens a listening TCP socket on the IPv4 literal `host` and `port` (0: any free port) and
 /// stores the port it got in `bound`. -1 with `why` set on failure.
 int listen_ipv4(const std::string& host, uint16_t port, uint16_t& bound, std::string& why);
+
+/// A listening socket's accept thread with one thread per accepted connection. Finished
+/// connection threads are reaped as new connections arrive; beyond `max_connections` open ones a
+/// new connection is closed at once and reported. Thread-safe.
+class acceptor {
+public:
+  /// Serves one connection on its own thread; the socket is closed after it returns.
+  using serve_fn = std::function<void(int fd)>;
+  /// Told why a connection was refused (called without the acceptor's lock).
+  using refused_fn = std::function<void(std::string)>;
+
+  /// Takes ownership of `listen_fd` and starts accepting.
+  acceptor(int listen_fd, uint32_t max_connections, serve_fn serve, refused_fn refused);
+  ~acceptor();
+  acceptor(const acceptor&) = delete;
+  acceptor& operator=(const acceptor&) = delete;
+
+  /// Shuts the listening socket and every open connection down, joins every thread and closes
+  /// the listening socket. Idempotent.
+  void stop();
+
+private:
+  struct conn {
+    int fd = -1;
+    bool done = false;
+    std::thread thread;
+  };
+  void loop();
+
+  int listen_fd_;
+  uint32_t max_;
+  serve_fn serve_;
+  refused_fn refused_;
+  std::mutex mu_;
+  bool stopped_ = false;
+  std::list<conn> conns_;
+  std::thread thread_;
+};
 
 /// Reused receive buffers: a transfer takes the smallest free buffer that fits, and an aliasing
 /// tensor gives its buffer back when freed, so steady traffic touches no fresh pages. Thread-safe.

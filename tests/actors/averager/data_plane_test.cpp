@@ -26,6 +26,7 @@
 #include "messages/averager.hpp"
 #include "messages/registry.hpp"
 #include "runtime/node/node.hpp"
+#include "support/raw_socket.hpp"
 
 using namespace starling;
 using namespace starling::actors::averager;
@@ -107,27 +108,7 @@ struct planes {
 };
 
 // A hand-written client for hostile input.
-struct raw_link {
-  int fd = -1;
-  explicit raw_link(uint16_t port) {
-    fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  }
-  ~raw_link() { ::close(fd); }
-  void write(const void* p, size_t n) { REQUIRE(::send(fd, p, n, MSG_NOSIGNAL) == ssize_t(n)); }
-  // True once the plane closed the connection (read returns 0 or an error).
-  bool closed_by_peer() {
-    char c;
-    timeval tv{10, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    return ::recv(fd, &c, 1, 0) <= 0;
-  }
-};
+using raw_link = starling::testing::raw_socket;
 
 } // namespace
 

@@ -24,6 +24,7 @@
 #include "messages/direct.hpp"
 #include "messages/registry.hpp"
 #include "messages/tensor_msg.hpp"
+#include "support/raw_socket.hpp"
 
 using namespace starling;
 using namespace starling::actors::transfer;
@@ -129,31 +130,8 @@ struct fixture {
 };
 
 // A hand-written client of the data endpoint, for the hostile cases.
-struct raw_client {
-  int fd = -1;
-
-  explicit raw_client(uint16_t port) {
-    fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  }
-
-  ~raw_client() { ::close(fd); }
-
-  void write(const void* p, size_t n) {
-    auto* c = static_cast<const char*>(p);
-    while (n > 0) {
-      auto r = ::send(fd, c, n, MSG_NOSIGNAL);
-      if (r <= 0)
-        return; // the receiver refused and closed: its status tells why
-      c += r;
-      n -= static_cast<size_t>(r);
-    }
-  }
+struct raw_client : starling::testing::raw_socket {
+  using raw_socket::raw_socket;
 
   void header(const std::vector<char>& token, uint64_t length) {
     frame_header h;
