@@ -120,7 +120,8 @@ struct round_state {
   std::vector<std::vector<messages::part_segment>> result_pieces;
   std::vector<messages::part_report> parts;
   std::vector<bool> resolved;
-  std::vector<int64_t> received;
+  /// Result elements received per part.
+  std::vector<range_set> result_ranges;
   /// Key: (member, kind).
   std::map<std::pair<uint32_t, uint8_t>, out_stream> streams;
   std::vector<link_mode> links;
@@ -721,7 +722,7 @@ void averager_impl::start_round(uint64_t id, std::vector<messages::member_info> 
   r.links.assign(n, link_mode::pending);
   r.gone.assign(n, false);
   r.resolved.assign(n, false);
-  r.received.assign(n, 0);
+  r.result_ranges.assign(n, {});
   r.result_pieces.assign(n, {});
   r.parts.resize(n);
   for (uint32_t p = 0; p < n; ++p) {
@@ -1068,6 +1069,8 @@ void averager_impl::accept_chunk(avg_chunk& c) {
   if (c.kind == avg_chunk::contribution) {
     if (c.part != r.self || !r.reducer || r.reduced)
       return;
+    if (values.defined() && r.reducer->has(c.from, c.offset, values.numel()))
+      return; // a duplicate of what arrived: no harm, and no reason to exclude the sender
     if (!values.defined() || !r.reducer->add(c.from, c.weight, c.offset, values)) {
       r.reducer->exclude(c.from); // a malformed contribution is no contribution
     }
@@ -1081,13 +1084,18 @@ void averager_impl::accept_chunk(avg_chunk& c) {
     } else if (!values.defined() || c.offset < 0 || values.numel() > size
                || c.offset > size - values.numel()) {
       resolve_part(c.part, messages::part_status::own_value_kept, "malformed result chunk");
+    } else if (r.result_ranges[c.part].covers(c.offset, c.offset + values.numel())) {
+      return; // a duplicate: counting it again would resolve the part with elements missing
+    } else if (auto st = r.result_ranges[c.part].insert(c.offset, c.offset + values.numel());
+               !st) {
+      resolve_part(c.part, messages::part_status::own_value_kept,
+                   "malformed result chunk: " + st.what());
     } else {
-      // Write into the result only once the whole part is there: keep a staging copy.
+      // Straight into the result: a part that ends unaveraged gets the own values back there.
       r.out.narrow(0, r.plan.offsets[c.part] + c.offset, values.numel())
           .copy_(values.to(torch::kFloat32));
-      r.received[c.part] += values.numel();
       r.result_pieces[c.part].push_back({c.offset, values.numel(), c.contributors});
-      if (r.received[c.part] >= size) {
+      if (r.result_ranges[c.part].size() == size) {
         auto segments = merge_pieces(std::move(r.result_pieces[c.part]));
         r.result_pieces[c.part].clear();
         resolve_part(c.part, messages::part_status::averaged, "", common_contributors(segments));

@@ -99,6 +99,56 @@ reduce_fn centered_clip_reducer(kernels::centered_clip_options options) {
   };
 }
 
+// -- range_set ---------------------------------------------------------------------------------
+
+status range_set::check(int64_t lo, int64_t hi) const {
+  if (lo >= hi)
+    return {};
+  // The range starting at or before `lo`, then the one after it.
+  auto next = ranges_.upper_bound(lo);
+  if (next != ranges_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->second > lo)
+      return fail(fmt::format("[{}, {}) overlaps [{}, {})", lo, hi, prev->first, prev->second));
+  }
+  if (next != ranges_.end() && next->first < hi)
+    return fail(fmt::format("[{}, {}) overlaps [{}, {})", lo, hi, next->first, next->second));
+  return {};
+}
+
+status range_set::insert(int64_t lo, int64_t hi) {
+  if (lo >= hi)
+    return {};
+  if (auto st = check(lo, hi); !st)
+    return st;
+  size_ += hi - lo;
+  auto next = ranges_.upper_bound(lo);
+  // Merge with the neighbours it touches.
+  if (next != ranges_.end() && next->first == hi) {
+    hi = next->second;
+    next = ranges_.erase(next);
+  }
+  if (next != ranges_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->second == lo) {
+      lo = prev->first;
+      ranges_.erase(prev);
+    }
+  }
+  ranges_.emplace(lo, hi);
+  return {};
+}
+
+bool range_set::covers(int64_t lo, int64_t hi) const {
+  if (lo >= hi)
+    return true;
+  auto it = ranges_.upper_bound(lo);
+  if (it == ranges_.begin())
+    return false;
+  --it;
+  return it->first <= lo && it->second >= hi;
+}
+
 // -- part_reducer ------------------------------------------------------------------------------
 
 std::vector<uint32_t> common_contributors(const std::vector<part_segment>& segments) {
@@ -164,19 +214,8 @@ status part_reducer::add(size_t peer, double weight, int64_t offset, const at::T
   if (offset < 0 || n > size_ || offset > size_ - n)
     return fail(fmt::format("chunk [{}, {}) of peer {} lies outside the part of {} elements",
                             offset, offset + n, peer, size_));
-  if (n > 0) {
-    // The delivered range starting at or before `offset`, then the one after it.
-    auto next = s->ranges.upper_bound(offset);
-    if (next != s->ranges.begin()) {
-      auto prev = std::prev(next);
-      if (prev->second > offset)
-        return fail(fmt::format("chunk [{}, {}) of peer {} overlaps [{}, {}) it already sent",
-                                offset, offset + n, peer, prev->first, prev->second));
-    }
-    if (next != s->ranges.end() && next->first < offset + n)
-      return fail(fmt::format("chunk [{}, {}) of peer {} overlaps [{}, {}) it already sent",
-                              offset, offset + n, peer, next->first, next->second));
-  }
+  if (auto st = s->ranges.check(offset, offset + n); !st)
+    return fail(fmt::format("chunk of peer {}: {} it already sent", peer, st.what()));
   if (!all_finite(values))
     return fail(fmt::format("chunk of peer {} holds non-finite values", peer));
   if (n > 0) {
@@ -186,49 +225,38 @@ status part_reducer::add(size_t peer, double weight, int64_t offset, const at::T
     } else {
       s->pieces.emplace_back(offset, values.to(torch::kFloat32));
     }
-    // Record [offset, offset + n), merged with its neighbours.
-    int64_t lo = offset, hi = offset + n;
-    auto next = s->ranges.lower_bound(offset);
-    if (next != s->ranges.end() && next->first == hi) {
-      hi = next->second;
-      next = s->ranges.erase(next);
-    }
-    if (next != s->ranges.begin()) {
-      auto prev = std::prev(next);
-      if (prev->second == lo) {
-        lo = prev->first;
-        s->ranges.erase(prev);
-      }
-    }
-    s->ranges.emplace(lo, hi);
+    s->ranges.insert(offset, offset + n); // checked above
   }
   s->weight = weight;
-  s->received += n;
   return {};
+}
+
+bool part_reducer::has(size_t peer, int64_t offset, int64_t n) const {
+  auto* s = find(peer);
+  return s != nullptr && n > 0 && s->ranges.covers(offset, offset + n);
 }
 
 void part_reducer::exclude(size_t peer) {
   auto* s = find(peer);
-  if (s == nullptr || s->excluded || s->received == size_)
+  if (s == nullptr || s->excluded || s->ranges.size() == size_)
     return;
   s->excluded = true;
   if (!streaming()) {
     s->pieces.clear();
     s->ranges.clear();
-    s->received = 0;
   }
 }
 
 bool part_reducer::complete() const {
   return std::all_of(slots_.begin(), slots_.end(), [this](const slot& s) {
-    return s.excluded || (s.weight >= 0 && s.received == size_);
+    return s.excluded || (s.weight >= 0 && s.ranges.size() == size_);
   });
 }
 
 std::vector<size_t> part_reducer::contributors() const {
   std::vector<size_t> out;
   for (auto& s : slots_)
-    if (!s.excluded && s.weight >= 0 && s.received == size_)
+    if (!s.excluded && s.weight >= 0 && s.ranges.size() == size_)
       out.push_back(s.peer);
   return out;
 }
@@ -270,7 +298,7 @@ result<reduction> part_reducer::reduce_streamed() {
   // not at all.
   std::vector<int64_t> cuts = {0, size_};
   for (auto& s : slots_)
-    for (auto& [lo, hi] : s.ranges) {
+    for (auto& [lo, hi] : s.ranges.ranges()) {
       cuts.push_back(lo);
       cuts.push_back(hi);
     }
@@ -284,8 +312,7 @@ result<reduction> part_reducer::reduce_streamed() {
     seg.size = cuts[k + 1] - lo;
     double total = 0;
     for (auto& s : slots_) {
-      auto it = s.ranges.upper_bound(lo);
-      if (it == s.ranges.begin() || std::prev(it)->second <= lo)
+      if (!s.ranges.covers(lo, lo + 1))
         continue;
       seg.contributors.push_back(static_cast<uint32_t>(s.peer));
       total += s.weight;
@@ -311,7 +338,7 @@ result<reduction> part_reducer::reduce_streamed() {
 result<reduction> part_reducer::reduce_kept() {
   std::vector<const slot*> done;
   for (auto& s : slots_)
-    if (!s.excluded && s.weight >= 0 && s.received == size_)
+    if (!s.excluded && s.weight >= 0 && s.ranges.size() == size_)
       done.push_back(&s);
   if (done.empty())
     return fail("no complete contribution reached the reducer");

@@ -58,6 +58,30 @@ reduce_fn weighted_mean_reducer();
 /// CenteredClip with `options` (kernels::centered_clip).
 reduce_fn centered_clip_reducer(kernels::centered_clip_options options);
 
+/// Disjoint element ranges [lo, hi), adjacent ones merged: what a sender delivered of a part, or
+/// which results of a part arrived.
+class range_set {
+public:
+  /// Fails when [lo, hi) overlaps what is there.
+  status check(int64_t lo, int64_t hi) const;
+  /// Adds [lo, hi) (empty: no-op). Fails, changing nothing, when it overlaps what is there.
+  status insert(int64_t lo, int64_t hi);
+  /// True when [lo, hi) lies entirely inside the set (an empty range: always).
+  bool covers(int64_t lo, int64_t hi) const;
+  /// Elements in the set.
+  int64_t size() const { return size_; }
+  /// start -> end, in order.
+  const std::map<int64_t, int64_t>& ranges() const { return ranges_; }
+  void clear() {
+    ranges_.clear();
+    size_ = 0;
+  }
+
+private:
+  std::map<int64_t, int64_t> ranges_;
+  int64_t size_ = 0;
+};
+
 /// A reduced part: its values and which members reached which of its elements.
 struct reduction {
   /// 1-D fp32, the part's size.
@@ -97,6 +121,9 @@ public:
   /// of its earlier chunks, a range outside the part, an overlap with what it already delivered,
   /// non-finite values, or after `reduce`.
   status add(size_t peer, double weight, int64_t offset, const at::Tensor& values);
+  /// True when `peer` already delivered every element of [offset, offset + n): a chunk sent
+  /// again (e.g. over BASP after its data-plane link broke) is then a duplicate to ignore.
+  bool has(size_t peer, int64_t offset, int64_t n) const;
   /// Accepts nothing more from `peer` (died, missed the deadline, sent a bad chunk); no-op once
   /// it is complete. A kept-chunks `fn` also drops what it had delivered.
   void exclude(size_t peer);
@@ -114,10 +141,9 @@ private:
   struct slot {
     size_t peer = 0;
     double weight = -1;
-    int64_t received = 0;
     bool excluded = false;
-    /// Delivered element ranges, start -> end, adjacent ones merged.
-    std::map<int64_t, int64_t> ranges;
+    /// Delivered elements.
+    range_set ranges;
     /// Kept-chunks `fn` only: (offset, values) as they arrived.
     std::vector<std::pair<int64_t, at::Tensor>> pieces;
   };

@@ -232,3 +232,47 @@ TEST_CASE("a round report counts non-empty parts and derives the outcome") {
   CHECK(r.outcome == round_outcome::partial);
   CHECK(summary(r).find("partial") != std::string::npos);
 }
+
+TEST_CASE("a range set merges neighbours, refuses overlaps and answers coverage") {
+  range_set r;
+  CHECK(r.insert(10, 20).ok());
+  CHECK(r.insert(30, 40).ok());
+  CHECK(r.insert(20, 30).ok()); // joins both neighbours
+  CHECK(r.ranges().size() == 1);
+  CHECK(r.size() == 30);
+  CHECK(r.covers(10, 40));
+  CHECK(r.covers(15, 16));
+  CHECK_FALSE(r.covers(9, 11));
+  CHECK_FALSE(r.covers(39, 41));
+  CHECK(r.covers(5, 5)); // empty
+  CHECK_FALSE(r.insert(39, 45).ok());
+  CHECK_FALSE(r.insert(0, 11).ok());
+  CHECK_FALSE(r.insert(12, 13).ok());
+  CHECK(r.size() == 30); // unchanged by refusals
+  CHECK(r.insert(0, 10).ok());
+  CHECK(r.insert(45, 50).ok());
+  CHECK(r.ranges().size() == 2);
+  CHECK_FALSE(r.covers(0, 50)); // the gap [40, 45)
+  CHECK(r.insert(7, 7).ok());   // empty: no-op
+  CHECK(r.size() == 45);
+}
+
+TEST_CASE("a part reducer tells a resent chunk from a new one") {
+  part_reducer r(8, {0, 1}, nullptr);
+  auto x = torch::ones({4});
+  REQUIRE(r.add(0, 1.0, 0, x).ok());
+  CHECK(r.has(0, 0, 4));
+  CHECK(r.has(0, 1, 2));
+  CHECK_FALSE(r.has(0, 2, 4)); // half new
+  CHECK_FALSE(r.has(1, 0, 4)); // another sender
+  CHECK_FALSE(r.has(7, 0, 4)); // not a sender
+  CHECK_FALSE(r.has(0, 0, 0)); // nothing to duplicate
+  CHECK_FALSE(r.add(0, 1.0, 0, x).ok()); // adding it again is refused (the averager skips it)
+  REQUIRE(r.add(0, 1.0, 4, x * 3).ok());
+  REQUIRE(r.add(1, 1.0, 0, torch::full({8}, 5.0f)).ok());
+  CHECK(r.complete());
+  auto out = r.reduce();
+  REQUIRE(out.ok());
+  auto expect = torch::cat({torch::full({4}, 3.0f), torch::full({4}, 4.0f)});
+  CHECK(torch::equal(out->values, expect));
+}
