@@ -281,11 +281,7 @@ std::vector<messages::part_segment> merge_pieces(std::vector<messages::part_segm
     std::sort(p.contributors.begin(), p.contributors.end());
     p.contributors.erase(std::unique(p.contributors.begin(), p.contributors.end()),
                          p.contributors.end());
-    if (!out.empty() && out.back().contributors == p.contributors
-        && out.back().offset + out.back().size == p.offset)
-      out.back().size += p.size;
-    else
-      out.push_back(std::move(p));
+    append_segment(out, std::move(p));
   }
   return out;
 }

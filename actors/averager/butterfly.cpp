@@ -57,35 +57,9 @@ result<round_plan> make_plan(std::vector<member_info> members, int64_t size, int
 }
 
 reduce_fn weighted_mean_reducer() {
-  // Accumulates in place (one output buffer) instead of kernels::weighted_mean's stacked copy and
-  // product: a 16M-element part of 4 peers would otherwise allocate two 256 MB temporaries.
-  return [](const std::vector<at::Tensor>& xs,
-            const std::vector<double>& ws) -> result<at::Tensor> {
-    if (xs.empty() || xs.size() != ws.size())
-      return fail(fmt::format("weighted_mean: {} inputs and {} weights", xs.size(), ws.size()));
-    double total = 0;
-    for (auto w : ws) {
-      if (!std::isfinite(w) || w < 0)
-        return fail(fmt::format("weighted_mean: weight {} is not finite and >= 0", w));
-      total += w;
-    }
-    if (!(total > 0))
-      return fail("weighted_mean: the weights sum to 0");
-    auto n = xs.front().numel();
-    at::Tensor out;
-    for (size_t i = 0; i < xs.size(); ++i) {
-      if (xs[i].numel() != n)
-        return fail(fmt::format("weighted_mean: input {} has {} elements, input 0 has {}", i,
-                                xs[i].numel(), n));
-      if (ws[i] == 0)
-        continue;
-      auto x = xs[i].reshape({-1}).to(torch::kFloat32);
-      if (!out.defined())
-        out = x * (ws[i] / total);
-      else
-        out.add_(x, ws[i] / total);
-    }
-    return out;
+  // A kept-chunks kernel (the streamed default needs none); the same rules as the streamed one.
+  return [](const std::vector<at::Tensor>& xs, const std::vector<double>& ws) {
+    return kernels::weighted_mean(xs, ws);
   };
 }
 
@@ -150,6 +124,16 @@ bool range_set::covers(int64_t lo, int64_t hi) const {
 }
 
 // -- part_reducer ------------------------------------------------------------------------------
+
+bool append_segment(std::vector<part_segment>& segments, part_segment seg) {
+  if (!segments.empty() && segments.back().contributors == seg.contributors
+      && segments.back().offset + segments.back().size == seg.offset) {
+    segments.back().size += seg.size;
+    return false;
+  }
+  segments.push_back(std::move(seg));
+  return true;
+}
 
 std::vector<uint32_t> common_contributors(const std::vector<part_segment>& segments) {
   if (segments.empty())
@@ -323,12 +307,8 @@ result<reduction> part_reducer::reduce_streamed() {
     if (!(total > 0))
       return fail(fmt::format("weighted_mean: the weights sum to 0 on elements [{}, {})", lo,
                               lo + seg.size));
-    if (!out.segments.empty() && out.segments.back().contributors == seg.contributors) {
-      out.segments.back().size += seg.size; // the same members: one segment
-      continue;
-    }
-    out.segments.push_back(std::move(seg));
-    totals.push_back(total);
+    if (append_segment(out.segments, std::move(seg)))
+      totals.push_back(total);
   }
   for (size_t k = 0; k < out.segments.size(); ++k)
     acc_.narrow(0, out.segments[k].offset, out.segments[k].size).div_(totals[k]);

@@ -91,6 +91,10 @@ struct reduction {
   std::vector<part_segment> segments;
 };
 
+/// Appends `seg` to `segments`, or extends the last one when it ends where `seg` starts and has
+/// the same contributors. True when a segment was added.
+bool append_segment(std::vector<part_segment>& segments, part_segment seg);
+
 /// Members in every segment (those that reached the whole part), ascending.
 std::vector<uint32_t> common_contributors(const std::vector<part_segment>& segments);
 
