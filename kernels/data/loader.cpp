@@ -66,7 +66,8 @@ result<sample_loader> sample_loader::make(uint64_t samples, const loader_options
 uint64_t sample_loader::id_at(loader_position p) const noexcept {
   // Epoch order within the shard, then the shard's slot to a sample id.
   const feistel_permutation order(
-      shard_size(), derive_key(derive_key(derive_key(opts_.seed, order_tag), opts_.shard), p.epoch));
+      shard_size(),
+      derive_key(derive_key(derive_key(opts_.seed, order_tag), opts_.shard), p.epoch));
   const uint64_t slot = begin_ + order(p.offset);
   if (opts_.layout == shard_layout::contiguous)
     return slot;
@@ -152,17 +153,16 @@ status sample_loader::restore_position(std::string_view bytes) {
   if (!in.byte(version))
     return fail("loader position: empty, expected the bytes save_position wrote");
   if (version != position_version)
-    return fail(fmt::format("loader position: version {}, expected {}", version,
-                            position_version));
+    return fail(fmt::format("loader position: version {}, expected {}", version, position_version));
   if (!in.byte(layout) || !in.varint(samples) || !in.varint(seed) || !in.varint(shards) ||
       !in.varint(shard) || !in.varint(p.epoch) || !in.varint(p.offset))
     return fail(fmt::format("loader position: truncated or malformed after {} of {} bytes",
                             in.offset(), bytes.size()));
   if (!in.at_end())
-    return fail(fmt::format("loader position: {} bytes follow the position",
-                            bytes.size() - in.offset()));
-  if (samples != samples_ || seed != opts_.seed || shards != opts_.shards ||
-      shard != opts_.shard || layout != static_cast<uint8_t>(opts_.layout))
+    return fail(
+        fmt::format("loader position: {} bytes follow the position", bytes.size() - in.offset()));
+  if (samples != samples_ || seed != opts_.seed || shards != opts_.shards || shard != opts_.shard ||
+      layout != static_cast<uint8_t>(opts_.layout))
     return fail(fmt::format("loader position: saved for {}, this loader is {}",
                             describe(samples, seed, shards, shard, layout),
                             describe(samples_, opts_.seed, opts_.shards, opts_.shard,

@@ -46,8 +46,9 @@ std::string ledger_summary::describe() const {
 
 std::string ledger_comparison::describe() const {
   std::string out = fmt::format("{} samples trained as expected", exact);
-  out += missing == 0 ? ", none missing"
-                      : fmt::format(", {} missing (ids {})", missing, id_list(first_missing, missing));
+  out += missing == 0
+             ? ", none missing"
+             : fmt::format(", {} missing (ids {})", missing, id_list(first_missing, missing));
   out += extra == 0 ? ", none extra"
                     : fmt::format(", {} extra (ids {})", extra, id_list(first_extra, extra));
   return out;
@@ -138,8 +139,8 @@ void sample_ledger::assign(uint64_t index, const std::vector<uint64_t>& words) {
 
 status sample_ledger::record(uint64_t id, uint64_t times) {
   if (id >= samples_)
-    return fail(fmt::format("sample ledger: id {} out of range, expected an id below {}", id,
-                            samples_));
+    return fail(
+        fmt::format("sample ledger: id {} out of range, expected an id below {}", id, samples_));
   if (times == 0)
     return {};
   const bool fresh = insert(id / chunk_ids, static_cast<uint16_t>(id % chunk_ids));
@@ -160,6 +161,10 @@ status sample_ledger::merge(const sample_ledger& other) {
   if (other.samples_ != samples_)
     return fail(fmt::format("sample ledger: cannot merge a ledger of {} ids into one of {}",
                             other.samples_, samples_));
+  if (&other == this) {
+    const sample_ledger copy = other; // merging into itself would read what it writes
+    return merge(copy);
+  }
   std::vector<uint64_t> mine, theirs;
   for (const auto& [index, c] : other.chunks_) {
     other.to_bitmap(index, c, theirs);
@@ -186,7 +191,8 @@ uint64_t sample_ledger::count(uint64_t id) const {
   if (id >= samples_)
     return 0;
   auto it = chunks_.find(id / chunk_ids);
-  if (it == chunks_.end() || !contains(it->first, it->second, static_cast<uint16_t>(id % chunk_ids)))
+  if (it == chunks_.end() ||
+      !contains(it->first, it->second, static_cast<uint16_t>(id % chunk_ids)))
     return 0;
   auto r = repeats_.find(id);
   return 1 + (r == repeats_.end() ? 0 : r->second);
@@ -256,8 +262,8 @@ std::string sample_ledger::serialize() const {
 result<sample_ledger> sample_ledger::parse(std::string_view bytes) {
   internal::byte_reader in(bytes);
   auto bad = [&](const std::string& what) {
-    return fail(fmt::format("sample ledger: {} (at byte {} of {})", what, in.offset(),
-                            bytes.size()));
+    return fail(
+        fmt::format("sample ledger: {} (at byte {} of {})", what, in.offset(), bytes.size()));
   };
   uint8_t version = 0;
   if (!in.byte(version))
@@ -270,8 +276,8 @@ result<sample_ledger> sample_ledger::parse(std::string_view bytes) {
   sample_ledger l(samples);
   const uint64_t max_chunks = (samples + chunk_ids - 1) / chunk_ids;
   if (count > max_chunks)
-    return bad(fmt::format("{} chunks, a range of {} ids has at most {}", count, samples,
-                           max_chunks));
+    return bad(
+        fmt::format("{} chunks, a range of {} ids has at most {}", count, samples, max_chunks));
   std::vector<uint64_t> words;
   uint64_t index = 0;
   for (uint64_t i = 0; i < count; ++i) {

@@ -91,8 +91,7 @@ TEST_CASE("a contiguous shard owns one range; a scattered one spreads over the d
   CHECK(*c.rbegin() == 499);
   auto s = shard_ids(make_loader(1000, 3, 4, 1, shard_layout::scattered));
   for (uint64_t quarter = 0; quarter < 4; ++quarter) {
-    auto in = std::count_if(s.begin(), s.end(),
-                            [&](uint64_t id) { return id / 250 == quarter; });
+    auto in = std::count_if(s.begin(), s.end(), [&](uint64_t id) { return id / 250 == quarter; });
     CHECK(in > 20); // ~62 expected; a contiguous shard would have 0 or 250
     CHECK(in < 150);
   }
