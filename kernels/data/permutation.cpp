@@ -2,17 +2,6 @@
 
 namespace starling::kernels {
 
-uint64_t mix64(uint64_t x) noexcept {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-uint64_t derive_key(uint64_t a, uint64_t b) noexcept {
-  return mix64(mix64(a) ^ (b * 0xd6e8feb86659fd93ULL + 0x632be59bd9b4e019ULL));
-}
-
 feistel_permutation::feistel_permutation(uint64_t n, uint64_t key) noexcept : n_(n) {
   // Smallest h with 4^h >= n, at least 1 so that n = 1 still has two halves.
   int bits = 0;

@@ -7,13 +7,20 @@
 
 namespace starling::kernels {
 
-/// Mixes a 64-bit value into a well-spread one (splitmix64's finalizer): equal inputs, equal
-/// outputs on every platform, unlike `std::hash`.
-uint64_t mix64(uint64_t x) noexcept;
+/// Mixes a 64-bit value into a well-spread one (splitmix64's step): equal inputs, equal outputs
+/// on every platform, unlike `std::hash`. Inline: the permutation's round function.
+inline uint64_t mix64(uint64_t x) noexcept {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
 
 /// A key derived from `a` and `b` (order matters): chains `mix64` so that e.g. (seed, shard) and
 /// (shard, seed) give unrelated keys.
-uint64_t derive_key(uint64_t a, uint64_t b) noexcept;
+inline uint64_t derive_key(uint64_t a, uint64_t b) noexcept {
+  return mix64(mix64(a) ^ (b * 0xd6e8feb86659fd93ULL + 0x632be59bd9b4e019ULL));
+}
 
 /// A bijection of [0, n) chosen by `key`.
 ///
