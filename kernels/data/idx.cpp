@@ -69,15 +69,15 @@ result<idx_array> read_idx(const std::string& path, std::size_t max_items) {
   for (std::size_t i = 0; i < rank; ++i) {
     const uint32_t n = big_endian(header.data() + 4 * i);
     if (n == 0 || n > (1u << 28))
-      return fail(
-          fmt::format("idx file {}: dimension {} has size {}, expected 1 to 2^28", path, i, n));
+      return fail(fmt::format("idx file {}: dimension {} has size {}, expected 1 to 2^28", path, i,
+                              n));
     out.dims.push_back(n);
     if (i > 0)
       item_size *= n;
   }
   if (item_size > (std::size_t{1} << 28))
-    return fail(
-        fmt::format("idx file {}: items of {} bytes, at most 2^28 supported", path, item_size));
+    return fail(fmt::format("idx file {}: items of {} bytes, at most 2^28 supported", path,
+                            item_size));
   const std::size_t announced = out.dims[0];
   const bool partial = max_items > 0 && max_items < announced;
   const std::size_t items = partial ? max_items : announced;
@@ -184,7 +184,8 @@ image_set make_synthetic_images(std::size_t count, std::size_t side, std::size_t
     const auto label = static_cast<uint8_t>(i % classes);
     s.labels[i] = label;
     for (std::size_t j = 0; j < p; ++j)
-      s.pixels[i * p + j] = static_cast<float>(std::clamp(proto[label][j] + normal(rng), 0.0, 1.0));
+      s.pixels[i * p + j] =
+        static_cast<float>(std::clamp(proto[label][j] + normal(rng), 0.0, 1.0));
   }
   return s;
 }

@@ -45,8 +45,7 @@ std::vector<uint8_t> header(const std::vector<uint32_t>& dims) {
 
 void write_plain(const std::string& path, const std::vector<uint8_t>& bytes) {
   std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()),
-            static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
 }
 
 void write_gz(const std::string& path, const std::vector<uint8_t>& bytes) {
