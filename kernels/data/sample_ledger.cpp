@@ -162,7 +162,8 @@ status sample_ledger::merge(const sample_ledger& other) {
     return fail(fmt::format("sample ledger: cannot merge a ledger of {} ids into one of {}",
                             other.samples_, samples_));
   if (&other == this) {
-    const sample_ledger copy = other; // merging into itself would read what it writes
+    // Merging into itself would read what it writes: merge a snapshot instead.
+    const sample_ledger copy = other; // NOLINT(performance-unnecessary-copy-initialization)
     return merge(copy);
   }
   std::vector<uint64_t> mine, theirs;
