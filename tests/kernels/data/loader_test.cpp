@@ -85,7 +85,7 @@ TEST_CASE("shards are disjoint and cover every sample, in both layouts") {
   }
 }
 
-TEST_CASE("a contiguous shard owns one range; a scattered one spreads over the data set") {
+TEST_CASE("a contiguous shard owns one range, a scattered one spreads over the data set") {
   auto c = shard_ids(make_loader(1000, 3, 4, 1, shard_layout::contiguous));
   CHECK(*c.begin() == 250);
   CHECK(*c.rbegin() == 499);

@@ -6,7 +6,7 @@
 
 using namespace starling::kernels;
 
-TEST_CASE("a Feistel permutation is a bijection of [0, n) for small and awkward sizes") {
+TEST_CASE("a Feistel permutation is a bijection of 0..n-1 for small and awkward sizes") {
   for (uint64_t n : {1ULL, 2ULL, 3ULL, 5ULL, 16ULL, 17ULL, 63ULL, 64ULL, 65ULL, 1000ULL, 4097ULL}) {
     for (uint64_t key : {0ULL, 1ULL, 0xdeadbeefULL}) {
       feistel_permutation p(n, key);
