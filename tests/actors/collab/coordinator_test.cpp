@@ -196,6 +196,26 @@ TEST_CASE("a peer behind the collaboration downloads the state from several dono
   check_accounting(c);
 }
 
+TEST_CASE("a newcomer mid-run downloads the state and contributes to the next step") {
+  coordinator c("new", options(100));
+  c.start(50);
+  auto d = one<download_state>(
+    c.progress_read({peer_at("b", 12, 40, 20, 50), peer_at("c", 12, 20, 20, 50)}, 50));
+  CHECK(d.step == 12);
+  c.download_done(d.id, 12, 52);
+  CHECK(c.step() == 12);
+  // Its samples now count at step 12, with the others'.
+  c.samples_done(30, 53);
+  auto es = c.progress_read({peer_at("b", 12, 50, 20, 53), peer_at("c", 12, 20, 20, 53)}, 53);
+  auto r = one<start_round>(es);
+  CHECK(r.step == 12);
+  CHECK(r.samples == 30);
+  es = c.round_done(r.id, 54);
+  CHECK(one<apply_averaged>(es).step == 12);
+  CHECK(c.step() == 13);
+  check_accounting(c);
+}
+
 TEST_CASE("a download can keep the accumulated gradient for the next step") {
   auto o = options(100);
   o.keep_gradients_on_download = true;
