@@ -24,7 +24,8 @@ status validate(const coordinator_options& o) {
     return s;
   if (!(o.rate_alpha > 0 && o.rate_alpha <= 1))
     return fail(fmt::format("rate_alpha must be in (0, 1], got {}", o.rate_alpha));
-  for (auto [name, v] : {std::pair{"round_timeout", o.round_timeout},
+  for (auto [name, v] : {std::pair{"publish_interval", o.publish_interval},
+                         std::pair{"round_timeout", o.round_timeout},
                          std::pair{"state_round_timeout", o.state_round_timeout},
                          std::pair{"read_timeout", o.read_timeout},
                          std::pair{"download_timeout", o.download_timeout},
@@ -37,11 +38,11 @@ status validate(const coordinator_options& o) {
 }
 
 coordinator::coordinator(std::string self, coordinator_options opts, uint64_t step)
-  : self_(std::move(self)),
-    opts_(opts),
-    tracker_(self_, opts.progress),
-    local_(opts.rate_alpha),
-    step_(step) {
+    : self_(std::move(self)),
+      opts_(opts),
+      tracker_(self_, opts.progress),
+      local_(opts.rate_alpha),
+      step_(step) {
   // Nothing runs until `start`.
 }
 
@@ -87,6 +88,7 @@ std::vector<effect> coordinator::samples_done(uint64_t samples, seconds now) {
     return out;
   }
   local_.add(samples, now);
+  dirty_ = true;
   if (phase_ == coordinator_phase::averaging)
     stats_.samples_stale += samples;
   advance(now, out);
@@ -211,20 +213,20 @@ std::vector<effect> coordinator::leave(seconds now) {
   if (phase_ == coordinator_phase::left)
     return out;
   switch (phase_) {
-    case coordinator_phase::averaging:
-      out.emplace_back(abandon_round{op_id_});
-      // The round's samples never reach an update.
-      stats_.samples_dropped += round_samples_;
-      round_samples_ = 0;
-      break;
-    case coordinator_phase::state_averaging:
-      out.emplace_back(abandon_state_round{op_id_});
-      break;
-    case coordinator_phase::downloading:
-      out.emplace_back(abandon_download{op_id_});
-      break;
-    default:
-      break;
+  case coordinator_phase::averaging:
+    out.emplace_back(abandon_round{op_id_});
+    // The round's samples never reach an update.
+    stats_.samples_dropped += round_samples_;
+    round_samples_ = 0;
+    break;
+  case coordinator_phase::state_averaging:
+    out.emplace_back(abandon_state_round{op_id_});
+    break;
+  case coordinator_phase::downloading:
+    out.emplace_back(abandon_download{op_id_});
+    break;
+  default:
+    break;
   }
   stats_.samples_dropped += local_.take();
   bool started = phase_ != coordinator_phase::idle;
@@ -248,47 +250,47 @@ void coordinator::advance(seconds now, effects& out) {
   }
   if (now >= op_deadline_) {
     switch (phase_) {
-      case coordinator_phase::averaging: {
-        // Stop waiting: a peer that left mid-round must not hold this one any longer.
-        out.emplace_back(abandon_round{op_id_});
-        stats_.rounds_timed_out++;
-        bool own = opts_.step_on_failure && round_samples_ > 0 && contributes();
-        finish_round(own ? round_end::own : round_end::skipped, now, out);
-        break;
-      }
-      case coordinator_phase::state_averaging:
-        out.emplace_back(abandon_state_round{op_id_});
-        end_state_round(false, now, out);
-        break;
-      case coordinator_phase::downloading:
-        out.emplace_back(abandon_download{op_id_});
-        end_download(false, 0, now, out);
-        break;
-      default:
-        break;
+    case coordinator_phase::averaging: {
+      // Stop waiting: a peer that left mid-round must not hold this one any longer.
+      out.emplace_back(abandon_round{op_id_});
+      stats_.rounds_timed_out++;
+      bool own = opts_.step_on_failure && round_samples_ > 0 && contributes();
+      finish_round(own ? round_end::own : round_end::skipped, now, out);
+      break;
+    }
+    case coordinator_phase::state_averaging:
+      out.emplace_back(abandon_state_round{op_id_});
+      end_state_round(false, now, out);
+      break;
+    case coordinator_phase::downloading:
+      out.emplace_back(abandon_download{op_id_});
+      end_download(false, 0, now, out);
+      break;
+    default:
+      break;
     }
   }
   if (phase_ == coordinator_phase::accumulating)
     decide(now, out);
-  bool reads = phase_ == coordinator_phase::accumulating
-               || phase_ == coordinator_phase::state_averaging;
-  if (!read_in_flight_ && now >= next_refresh_) {
+  bool reads =
+      phase_ == coordinator_phase::accumulating || phase_ == coordinator_phase::state_averaging;
+  if (reads && !read_in_flight_ && now >= next_refresh_) {
     publish(now, out);
-    if (reads) {
-      out.emplace_back(read_progress{});
-      read_in_flight_ = true;
-      read_deadline_ = now + opts_.read_timeout;
-    } else {
-      // Keep the record alive while no reads are made (a round or a download runs).
-      next_refresh_ = now + std::min(opts_.progress.max_refresh,
-                                     opts_.progress.record_lifetime / 2);
-    }
+    out.emplace_back(read_progress{});
+    read_in_flight_ = true;
+    read_deadline_ = now + opts_.read_timeout;
+  } else if (now >= publish_due()) {
+    publish(now, out);
   }
-  auto wake = read_in_flight_ ? read_deadline_ : next_refresh_;
+  auto wake = publish_due();
+  if (read_in_flight_)
+    wake = std::min(wake, read_deadline_);
+  else if (reads)
+    wake = std::min(wake, next_refresh_);
   if (phase_ == coordinator_phase::accumulating && has_view_ && eta_at_ > now)
     wake = std::min(wake, eta_at_);
-  if (phase_ == coordinator_phase::averaging || phase_ == coordinator_phase::state_averaging
-      || phase_ == coordinator_phase::downloading)
+  if (phase_ == coordinator_phase::averaging || phase_ == coordinator_phase::state_averaging ||
+      phase_ == coordinator_phase::downloading)
     wake = std::min(wake, op_deadline_);
   if (std::isfinite(wake) && wake != last_wake_) {
     last_wake_ = wake;
@@ -300,6 +302,9 @@ void coordinator::decide(seconds now, effects& out) {
   if (!has_view_)
     return;
   auto e = estimate(now);
+  // The refresh formula applied to the estimate as the peer's own work improves it: a peer
+  // nearing the target reads (and sees the others) before it would step on its own count.
+  next_refresh_ = std::min(next_refresh_, now + e.refresh_in);
   if (!e.ahead.empty()) {
     if (!contributes()) {
       // An auxiliary peer holds no state: it just stands where the collaboration stands.
@@ -329,27 +334,27 @@ void coordinator::start_round_now(seconds now, effects& out) {
 
 void coordinator::finish_round(round_end how, seconds now, effects& out) {
   switch (how) {
-    case round_end::averaged:
-      stats_.rounds_averaged++;
-      stats_.samples_averaged += round_samples_;
-      if (contributes())
-        out.emplace_back(apply_averaged{op_id_, round_step_});
-      step_ = round_step_ + 1;
-      break;
-    case round_end::own:
-      stats_.own_steps++;
-      stats_.samples_alone += round_samples_;
-      out.emplace_back(step_own{op_id_, round_step_, round_samples_});
-      step_ = round_step_ + 1;
-      break;
-    case round_end::skipped:
-      // No update: the step stays, so a peer whose partners did step sees them ahead at its next
-      // read and downloads their state instead of drifting away from it.
-      stats_.skipped_steps++;
-      stats_.samples_dropped += round_samples_;
-      if (contributes())
-        out.emplace_back(skip_step{op_id_, round_step_});
-      break;
+  case round_end::averaged:
+    stats_.rounds_averaged++;
+    stats_.samples_averaged += round_samples_;
+    if (contributes())
+      out.emplace_back(apply_averaged{op_id_, round_step_});
+    step_ = round_step_ + 1;
+    break;
+  case round_end::own:
+    stats_.own_steps++;
+    stats_.samples_alone += round_samples_;
+    out.emplace_back(step_own{op_id_, round_step_, round_samples_});
+    step_ = round_step_ + 1;
+    break;
+  case round_end::skipped:
+    // No update: the step stays, so a peer whose partners did step sees them ahead at its next
+    // read and downloads their state instead of drifting away from it.
+    stats_.skipped_steps++;
+    stats_.samples_dropped += round_samples_;
+    if (contributes())
+      out.emplace_back(skip_step{op_id_, round_step_});
+    break;
   }
   round_samples_ = 0;
   phase_ = coordinator_phase::accumulating;
@@ -359,8 +364,8 @@ void coordinator::finish_round(round_end how, seconds now, effects& out) {
   resume(now, out);
   // Tell the collaboration about the new step and learn where it stands, now.
   next_refresh_ = now;
-  if (how != round_end::skipped && opts_.average_state_every > 0 && contributes()
-      && step_ % opts_.average_state_every == 0) {
+  if (how != round_end::skipped && opts_.average_state_every > 0 && contributes() &&
+      step_ % opts_.average_state_every == 0) {
     op_id_ = ++next_id_;
     op_deadline_ = now + opts_.state_round_timeout;
     phase_ = coordinator_phase::state_averaging;
@@ -444,9 +449,18 @@ void coordinator::resume(seconds now, effects& out) {
   out.emplace_back(resume_compute{});
 }
 
+seconds coordinator::publish_due() const {
+  if (dirty_)
+    return last_publish_ + opts_.publish_interval;
+  // Keep the record alive even when nothing changes (no reads while a round or download runs).
+  return last_publish_ + std::min(opts_.progress.max_refresh, opts_.progress.record_lifetime / 2);
+}
+
 void coordinator::publish(seconds now, effects& out) {
+  last_publish_ = now;
+  dirty_ = false;
   out.emplace_back(
-    publish_progress{encode_progress(own_record(now)), now + opts_.progress.record_lifetime});
+      publish_progress{encode_progress(own_record(now)), now + opts_.progress.record_lifetime});
 }
 
 } // namespace starling::actors::collab

@@ -56,6 +56,9 @@ struct coordinator_options {
   peer_mode mode = peer_mode::full;
   /// Weight of a new measurement in the local samples-per-second EMA.
   double rate_alpha = 0.1;
+  /// After new samples, publish the record again at most this often (as DeDLOC does after
+  /// every local step, rate-limited): others' estimates extrapolate from fresh records.
+  seconds publish_interval = 1;
   /// Delayed parameter updates: keep computing while a round runs (see the file comment).
   bool delay_updates = false;
   /// After a failed round, step on the peer's own gradient (true) or drop it (false).
@@ -80,7 +83,8 @@ struct coordinator_options {
   bool keep_gradients_on_download = false;
 };
 
-/// Checks `o`: valid progress options, rate_alpha in (0, 1], positive timeouts, max_donors >= 1.
+/// Checks `o`: valid progress options, rate_alpha in (0, 1], positive intervals and timeouts,
+/// max_donors >= 1.
 status validate(const coordinator_options& o);
 
 /// Publish the peer's progress record under its own sub-key (the peer id), expiring at
@@ -210,10 +214,10 @@ struct discard_gradients {};
 
 /// Something the owning actor must do.
 using effect =
-  std::variant<publish_progress, withdraw_progress, read_progress, wake_at, start_round,
-               abandon_round, apply_averaged, step_own, skip_step, pause_compute, resume_compute,
-               start_state_round, load_averaged_state, abandon_state_round, download_state,
-               abandon_download, discard_gradients>;
+    std::variant<publish_progress, withdraw_progress, read_progress, wake_at, start_round,
+                 abandon_round, apply_averaged, step_own, skip_step, pause_compute, resume_compute,
+                 start_state_round, load_averaged_state, abandon_state_round, download_state,
+                 abandon_download, discard_gradients>;
 
 /// Where the core stands.
 enum class coordinator_phase : uint8_t {
@@ -340,6 +344,7 @@ private:
   void pause(effects& out);
   void resume(seconds now, effects& out);
   void publish(seconds now, effects& out);
+  seconds publish_due() const;
   bool contributes() const noexcept { return opts_.mode != peer_mode::auxiliary; }
 
   std::string self_;
@@ -363,6 +368,9 @@ private:
   uint64_t round_step_ = 0;
   uint64_t round_samples_ = 0;
   seconds last_wake_ = -std::numeric_limits<double>::infinity();
+  // Publishing: when the record was last published and whether new samples came since.
+  seconds last_publish_ = -std::numeric_limits<double>::infinity();
+  bool dirty_ = false;
 };
 
 } // namespace starling::actors::collab

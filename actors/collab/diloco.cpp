@@ -52,7 +52,7 @@ status validate(const diloco_options& o) {
 
 wire_encoder::wire_encoder(kernels::codec_id codec, kernels::codec_params params,
                            bool error_feedback)
-  : codec_(codec), params_(params) {
+    : codec_(codec), params_(params) {
   if (error_feedback)
     ef_ = std::make_unique<kernels::error_feedback>(codec, params);
 }
@@ -82,8 +82,8 @@ result<torch::Tensor> decode_wire(const wire_tensor& w, int64_t numel) {
   if (!n)
     return n.error();
   if (*n != numel || w.header.shape.size() != 1)
-    return fail(fmt::format("a flat tensor of {} elements was expected, got shape of {}", numel,
-                            *n));
+    return fail(
+        fmt::format("a flat tensor of {} elements was expected, got shape of {}", numel, *n));
   auto payload = unpack_payload(w.header, w.bytes.data(), w.bytes.size());
   if (!payload)
     return payload.error();
@@ -111,11 +111,11 @@ result<diloco_peer> diloco_peer::make(std::vector<torch::Tensor> params, diloco_
 
 diloco_peer::diloco_peer(std::vector<torch::Tensor> params, diloco_options opts,
                          std::unique_ptr<torch::optim::Optimizer> outer)
-  : params_(std::move(params)),
-    opts_(opts),
-    outer_(std::move(outer)),
-    start_(kernels::flatten_parameters(params_)),
-    encoder_(opts.codec, opts.codec_params, opts.error_feedback) {
+    : params_(std::move(params)),
+      opts_(opts),
+      outer_(std::move(outer)),
+      start_(kernels::flatten_parameters(params_)),
+      encoder_(opts.codec, opts.codec_params, opts.error_feedback) {
   // Inner steps count from zero at the start parameters.
 }
 
@@ -168,19 +168,18 @@ status diloco_peer::outer_step(const torch::Tensor& averaged) {
   }
 }
 
-diloco_reducer::diloco_reducer(int64_t numel, kernels::codec_id codec,
-                               kernels::codec_params params, bool error_feedback)
-  : numel_(numel),
-    encoder_(codec, params, error_feedback),
-    sum_(torch::zeros({numel}, torch::kDouble)) {
+diloco_reducer::diloco_reducer(int64_t numel, kernels::codec_id codec, kernels::codec_params params,
+                               bool error_feedback)
+    : numel_(numel),
+      encoder_(codec, params, error_feedback),
+      sum_(torch::zeros({numel}, torch::kDouble)) {
   // Rounds start empty.
 }
 
 status diloco_reducer::add(const wire_tensor& contribution, double weight) {
   bytes_.received += contribution.size();
   if (!(weight > 0) || !std::isfinite(weight))
-    return fail(fmt::format("a contribution's weight must be positive and finite, got {}",
-                            weight));
+    return fail(fmt::format("a contribution's weight must be positive and finite, got {}", weight));
   auto x = decode_wire(contribution, numel_);
   if (!x)
     return fail(x.error().what);

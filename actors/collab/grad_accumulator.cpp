@@ -20,11 +20,11 @@ status fail_from(const char* what, const std::exception& e) {
 grad_accumulator::grad_accumulator(std::vector<torch::Tensor> params,
                                    std::unique_ptr<torch::optim::Optimizer> optimizer,
                                    double max_grad_norm)
-  : params_(std::move(params)),
-    optimizer_(std::move(optimizer)),
-    max_grad_norm_(max_grad_norm),
-    numel_(kernels::total_numel(params_)),
-    sum_(torch::zeros({numel_}, torch::kDouble)) {
+    : params_(std::move(params)),
+      optimizer_(std::move(optimizer)),
+      max_grad_norm_(max_grad_norm),
+      numel_(kernels::total_numel(params_)),
+      sum_(torch::zeros({numel_}, torch::kDouble)) {
   // The accumulator starts empty.
 }
 
@@ -69,8 +69,8 @@ void grad_accumulator::discard() {
 }
 
 result<double> grad_accumulator::apply(const torch::Tensor& mean_gradient) {
-  if (!mean_gradient.defined() || mean_gradient.numel() != numel_
-      || !mean_gradient.is_floating_point())
+  if (!mean_gradient.defined() || mean_gradient.numel() != numel_ ||
+      !mean_gradient.is_floating_point())
     return fail(fmt::format("a mean gradient of {} floating-point elements was expected, got {}",
                             numel_, mean_gradient.defined() ? mean_gradient.numel() : 0));
   try {
@@ -140,8 +140,8 @@ status grad_accumulator::load_state_vector(const torch::Tensor& v) {
     return fail(own.error().what);
   auto moments = own->moments.numel();
   if (!v.defined() || v.dim() != 1 || v.numel() != numel_ + moments)
-    return fail(fmt::format("a state vector of {} elements was expected, got {}",
-                            numel_ + moments, v.defined() ? v.numel() : 0));
+    return fail(fmt::format("a state vector of {} elements was expected, got {}", numel_ + moments,
+                            v.defined() ? v.numel() : 0));
   try {
     auto f = v.to(torch::kFloat);
     model_state s;

@@ -66,8 +66,7 @@ result<progress_record> decode_progress(const std::vector<char>& bytes) {
   const char* p = bytes.data();
   auto version = static_cast<uint8_t>(p[0]);
   if (version != progress_version)
-    return fail(fmt::format("progress record version {}, expected {}", version,
-                            progress_version));
+    return fail(fmt::format("progress record version {}, expected {}", version, progress_version));
   auto flags = static_cast<uint8_t>(p[1]);
   if ((flags & ~(flag_client | flag_withdrawn)) != 0)
     return fail(fmt::format("progress record flags {:#x} carry unknown bits", flags));
@@ -83,13 +82,12 @@ result<progress_record> decode_progress(const std::vector<char>& bytes) {
     return fail(fmt::format("progress record peer id of {} bytes, expected 1 to {}", id_len,
                             max_peer_id_bytes));
   if (bytes.size() != fixed_bytes + id_len)
-    return fail(fmt::format("progress record of {} bytes, its peer id length says {}",
-                            bytes.size(), fixed_bytes + id_len));
+    return fail(fmt::format("progress record of {} bytes, its peer id length says {}", bytes.size(),
+                            fixed_bytes + id_len));
   if (r.samples > max_record_samples)
     return fail(fmt::format("progress record claims {} samples, at most 2^53 allowed", r.samples));
   if (!std::isfinite(r.rate) || r.rate < 0 || r.rate > max_record_rate)
-    return fail(fmt::format("progress record rate {} is not in [0, {}]", r.rate,
-                            max_record_rate));
+    return fail(fmt::format("progress record rate {} is not in [0, {}]", r.rate, max_record_rate));
   if (!std::isfinite(r.time))
     return fail("progress record time is not finite");
   r.peer.assign(p + fixed_bytes, id_len);
@@ -120,9 +118,9 @@ seconds refresh_period(seconds eta, size_t peers, const progress_options& o) {
   return std::clamp(period, o.min_refresh, o.max_refresh);
 }
 
-progress_estimate estimate_progress(const std::vector<held_record>& others,
-                                    const std::string& self, uint64_t step, uint64_t own_samples,
-                                    double own_rate, seconds now, const progress_options& o) {
+progress_estimate estimate_progress(const std::vector<held_record>& others, const std::string& self,
+                                    uint64_t step, uint64_t own_samples, double own_rate,
+                                    seconds now, const progress_options& o) {
   progress_estimate e;
   e.step = step;
   e.samples = static_cast<double>(own_samples);
@@ -160,7 +158,7 @@ progress_estimate estimate_progress(const std::vector<held_record>& others,
 }
 
 progress_tracker::progress_tracker(std::string self, progress_options opts)
-  : self_(std::move(self)), opts_(opts) {
+    : self_(std::move(self)), opts_(opts) {
   // The view starts empty: nothing is known until the first read.
 }
 
@@ -205,8 +203,8 @@ void progress_tracker::forget(const std::string& peer) {
                  records_.end());
 }
 
-progress_estimate progress_tracker::estimate(uint64_t step, uint64_t own_samples,
-                                             double own_rate, seconds now) const {
+progress_estimate progress_tracker::estimate(uint64_t step, uint64_t own_samples, double own_rate,
+                                             seconds now) const {
   return estimate_progress(records_, self_, step, own_samples, own_rate, now, opts_);
 }
 
@@ -249,7 +247,7 @@ double local_progress::rate() const {
     return 0;
   // Bias correction: the EMA started at 0, so early values are scaled up to an unbiased mean.
   auto corrected =
-    ema_seconds_per_sample_ / (1 - std::pow(1 - alpha_, static_cast<double>(updates_)));
+      ema_seconds_per_sample_ / (1 - std::pow(1 - alpha_, static_cast<double>(updates_)));
   return corrected > 0 ? 1.0 / corrected : 0;
 }
 

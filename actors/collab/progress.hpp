@@ -143,9 +143,9 @@ seconds refresh_period(seconds eta, size_t peers, const progress_options& o);
 /// The estimate at `now` for a peer at `step` with `own_samples` accumulated and rate `own_rate`
 /// from the `others`' records (its own record among them is ignored: its count is exact).
 /// Records expired at `now` or withdrawn do not count.
-progress_estimate estimate_progress(const std::vector<held_record>& others,
-                                    const std::string& self, uint64_t step, uint64_t own_samples,
-                                    double own_rate, seconds now, const progress_options& o);
+progress_estimate estimate_progress(const std::vector<held_record>& others, const std::string& self,
+                                    uint64_t step, uint64_t own_samples, double own_rate,
+                                    seconds now, const progress_options& o);
 
 /// Counts of one DHT read.
 struct read_summary {

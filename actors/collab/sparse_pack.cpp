@@ -106,8 +106,8 @@ result<std::vector<uint8_t>> unpack_payload(const kernels::tensor_header& header
     }
   }
   if (static_cast<uint64_t>(end - p) != 4 * k)
-    return fail(fmt::format("packed top-k: {} value bytes after the indices, expected {}",
-                            end - p, 4 * k));
+    return fail(
+        fmt::format("packed top-k: {} value bytes after the indices, expected {}", end - p, 4 * k));
   if (k > 0)
     std::memcpy(out.data() + k * ib, p, 4 * k);
   if (auto s = kernels::check_payload(header, out.data(), out.size()); !s)

@@ -45,8 +45,8 @@ progress_entry peer_at(const std::string& id, uint64_t step, uint64_t samples, d
 /// Every sample reported sits in exactly one place.
 void check_accounting(const coordinator& c) {
   const auto& s = c.stats();
-  CHECK(s.samples_reported == s.samples_averaged + s.samples_alone + s.samples_dropped
-                                + c.pending_samples() + c.round_samples());
+  CHECK(s.samples_reported == s.samples_averaged + s.samples_alone + s.samples_dropped +
+                                  c.pending_samples() + c.round_samples());
 }
 
 } // namespace
@@ -174,10 +174,10 @@ TEST_CASE("a peer behind the collaboration downloads the state from several dono
   coordinator c("a", o);
   c.start(0);
   c.samples_done(30, 1);
-  auto es = c.progress_read({peer_at("c", 5, 1, 1, 1), peer_at("b", 5, 1, 1, 1),
-                             peer_at("d", 5, 1, 1, 1), peer_at("cl", 6, 1, 1, 1, true),
-                             peer_at("old", 4, 1, 1, 1)},
-                            1);
+  auto es =
+      c.progress_read({peer_at("c", 5, 1, 1, 1), peer_at("b", 5, 1, 1, 1), peer_at("d", 5, 1, 1, 1),
+                       peer_at("cl", 6, 1, 1, 1, true), peer_at("old", 4, 1, 1, 1)},
+                      1);
   // The highest step with a full peer: 6 has only a client, which nobody can connect to.
   auto d = one<download_state>(es);
   CHECK(d.step == 5);
@@ -200,7 +200,7 @@ TEST_CASE("a newcomer mid-run downloads the state and contributes to the next st
   coordinator c("new", options(100));
   c.start(50);
   auto d = one<download_state>(
-    c.progress_read({peer_at("b", 12, 40, 20, 50), peer_at("c", 12, 20, 20, 50)}, 50));
+      c.progress_read({peer_at("b", 12, 40, 20, 50), peer_at("c", 12, 20, 20, 50)}, 50));
   CHECK(d.step == 12);
   c.download_done(d.id, 12, 52);
   CHECK(c.step() == 12);
@@ -289,14 +289,57 @@ TEST_CASE("the round deadline is among the wake-ups the core asks for") {
   c.start(0);
   // Nobody makes progress: the next read would be after the longest period, 30 s.
   CHECK(one<wake_at>(c.progress_read({peer_at("b", 0, 99, 0, 0)}, 0)).at == 30.0);
-  auto r = one<start_round>(c.samples_done(1, 1));
+  auto es = c.samples_done(1, 1);
+  auto r = one<start_round>(es);
   CHECK(r.deadline == 31.0);
-  // At 30 s the peer refreshes its record (no read while its round runs) and wakes next at the
-  // deadline, before its next refresh.
-  auto es = c.timer(30);
-  CHECK(has<publish_progress>(es));
-  CHECK_FALSE(has<read_progress>(es));
+  // No read while the round runs: the next wake-up is the deadline (with the record's
+  // keep-alive publish, due then too).
   CHECK(one<wake_at>(es).at == r.deadline);
+  CHECK(c.timer(30).empty());
+  es = c.timer(31);
+  CHECK(has<abandon_round>(es));
+  CHECK(has<publish_progress>(es));
+}
+
+TEST_CASE("new samples are published at most once per publish interval") {
+  auto o = options(1000);
+  o.publish_interval = 1;
+  coordinator c("a", o);
+  c.start(0);
+  c.progress_read({}, 0);
+  auto es = c.samples_done(5, 0.25);
+  CHECK_FALSE(has<publish_progress>(es));
+  CHECK(one<wake_at>(es).at == 1.0);
+  c.samples_done(5, 0.5);
+  es = c.samples_done(5, 1.0);
+  auto pub = decode_progress(one<publish_progress>(es).value);
+  CHECK(pub->samples == 15);
+  CHECK(pub->time == 1.0);
+  // Nothing new: the next publish is the keep-alive, not the interval.
+  es = c.timer(2.0);
+  CHECK_FALSE(has<publish_progress>(es));
+}
+
+TEST_CASE("a peer nearing the target on its own count reads before it would step alone") {
+  coordinator c("a", options(100));
+  c.start(0);
+  // The first read knows no rate: the next read would be 30 s away.
+  CHECK(one<wake_at>(c.progress_read({}, 0)).at == 30.0);
+  // At 10 samples/s alone it would reach 100 at t = 10; the refresh formula over its own
+  // improving estimate (ETA/4 for one peer) brings the reads forward, answered here with
+  // nobody else.
+  std::vector<int> reads;
+  for (int i = 1; i <= 9; ++i) {
+    auto es = c.samples_done(10, i);
+    if (has<read_progress>(es)) {
+      reads.push_back(i);
+      c.progress_read({}, i);
+    }
+  }
+  REQUIRE(!reads.empty());
+  // At t = 1 the ETA is 9 s: the next read is due at 1 + 9/4.
+  CHECK(reads.front() == 4);
+  CHECK(reads.size() >= 3);
 }
 
 TEST_CASE("a departed peer's samples stop counting once its record expires or is withdrawn") {
@@ -360,15 +403,15 @@ TEST_CASE("no sample is counted twice") {
     if (c.phase() == coordinator_phase::averaging && i % 3 == 0) {
       auto id = rounds.back().id;
       switch (outcome(gen)) {
-        case 0:
-          c.round_failed(id, t);
-          break;
-        case 1:
-          t += 31; // the deadline passes
-          c.timer(t);
-          break;
-        default:
-          c.round_done(id, t);
+      case 0:
+        c.round_failed(id, t);
+        break;
+      case 1:
+        t += 31; // the deadline passes
+        c.timer(t);
+        break;
+      default:
+        c.round_done(id, t);
       }
       // A duplicate answer is ignored.
       CHECK(c.round_done(id, t).empty());
@@ -380,8 +423,8 @@ TEST_CASE("no sample is counted twice") {
   CHECK(s.rounds_averaged > 0);
   CHECK(s.own_steps > 0);
   // What went into rounds was counted once, in exactly one of the round outcomes.
-  CHECK(in_rounds == s.samples_averaged + s.samples_alone + c.round_samples()
-                       + (s.samples_dropped));
+  CHECK(in_rounds ==
+        s.samples_averaged + s.samples_alone + c.round_samples() + (s.samples_dropped));
   CHECK(s.samples_stale > 0);
 }
 

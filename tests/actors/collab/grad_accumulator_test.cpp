@@ -268,8 +268,8 @@ TEST_CASE("averaging two peers' state vectors gives the mean parameters and mome
   REQUIRE(a.load_state_vector(mean).ok());
   REQUIRE(c.load_state_vector(mean).ok());
   CHECK(torch::equal(a.state_vector().value(), c.state_vector().value()));
-  CHECK((flatten_parameters(a.params()) - mean.slice(0, 0, a.numel())).abs().max().item<double>()
-        == 0.0);
+  CHECK((flatten_parameters(a.params()) - mean.slice(0, 0, a.numel())).abs().max().item<double>() ==
+        0.0);
   // The step counts stay the peers' own.
   CHECK(a.export_state()->optimizer.steps == std::vector<uint64_t>(a.params().size(), 1));
   CHECK_FALSE(a.load_state_vector(torch::zeros({7})).ok());

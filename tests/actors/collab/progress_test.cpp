@@ -272,10 +272,10 @@ TEST_CASE("a record whose peer id differs from its sub-key is refused") {
 TEST_CASE("the local rate is an EMA of seconds per sample with bias correction") {
   local_progress lp(0.5);
   CHECK(lp.rate() == 0.0);
-  lp.add(0, 0);   // starts the measurement
-  lp.add(10, 1);  // 0.1 s per sample
+  lp.add(0, 0);  // starts the measurement
+  lp.add(10, 1); // 0.1 s per sample
   CHECK(lp.rate() == doctest::Approx(10.0));
-  lp.add(10, 3);  // 0.2 s per sample: EMA 0.5·0.2 + 0.5·0.05 = 0.125; /(1 − 0.25) = 1/6
+  lp.add(10, 3); // 0.2 s per sample: EMA 0.5·0.2 + 0.5·0.05 = 0.125; /(1 − 0.25) = 1/6
   CHECK(lp.rate() == doctest::Approx(6.0));
   // Several microbatches at one instant are measured together.
   lp.add(5, 3);
