@@ -100,7 +100,8 @@ result<torch::Tensor> decode_wire(const wire_tensor& w, int64_t numel) {
   }
 }
 
-result<diloco_peer> diloco_peer::make(std::vector<torch::Tensor> params, diloco_options opts) {
+result<diloco_peer> diloco_peer::make(std::vector<torch::Tensor> params,
+                                      const diloco_options& opts) {
   if (auto s = validate(opts); !s)
     return fail(s.what());
   auto outer = kernels::make_optimizer(opts.outer, params);
@@ -109,7 +110,7 @@ result<diloco_peer> diloco_peer::make(std::vector<torch::Tensor> params, diloco_
   return diloco_peer(std::move(params), opts, std::move(*outer));
 }
 
-diloco_peer::diloco_peer(std::vector<torch::Tensor> params, diloco_options opts,
+diloco_peer::diloco_peer(std::vector<torch::Tensor> params, const diloco_options& opts,
                          std::unique_ptr<torch::optim::Optimizer> outer)
     : params_(std::move(params)),
       opts_(opts),

@@ -92,7 +92,7 @@ class diloco_peer {
 public:
   /// A peer over `params` (the same tensors its inner optimizer steps); the start parameters
   /// are the current ones.
-  static result<diloco_peer> make(std::vector<torch::Tensor> params, diloco_options opts);
+  static result<diloco_peer> make(std::vector<torch::Tensor> params, const diloco_options& opts);
 
   /// Counts one inner step; true when H inner steps were taken since the last outer step.
   bool inner_step_done();
@@ -124,7 +124,7 @@ public:
   torch::Tensor residual() const { return encoder_.residual(); }
 
 private:
-  diloco_peer(std::vector<torch::Tensor> params, diloco_options opts,
+  diloco_peer(std::vector<torch::Tensor> params, const diloco_options& opts,
               std::unique_ptr<torch::optim::Optimizer> outer);
 
   std::vector<torch::Tensor> params_;
