@@ -94,16 +94,40 @@ int64_t system_now_ns() {
     .count();
 }
 
-/// Puts this node on the run's clock: node 0's first incarnation publishes its start; the
-/// others (and a restarted node 0) read it, waiting up to `patience` for it to appear. Without
-/// it a node keeps its own start (plan times then count from when it started).
+/// Puts this node on the run's clock. Node 0's first incarnation waits until every numbered
+/// node has joined the node table (at most `patience`), then starts the run and publishes its
+/// start; the others (and a restarted node 0) wait for that record (at most `patience`) and take
+/// its time, so that plan times mean the same instant on every node and no node misses the
+/// start. Without the record a node keeps its own start (plan times then count from when it
+/// started).
 void sync_run_clock(caf::actor_system& sys, caf::actor dht, const experiment_graph& g,
-                    bool publish, std::chrono::nanoseconds own_elapsed,
+                    size_t nodes, bool publish,
                     const std::function<void(nanoseconds)>& set_elapsed,
                     std::chrono::seconds patience) {
   caf::scoped_actor self{sys};
+  auto deadline = std::chrono::steady_clock::now() + patience;
+  auto read = [&](const std::string& key, const std::function<void(const messages::dht_record&)>& f) {
+    self->request(dht, std::chrono::seconds(2), get_atom::value, key)
+      .receive(
+        [&](const messages::dht_get_result& r) {
+          for (auto& rec : r.records)
+            f(rec);
+        },
+        [](caf::error&) {});
+  };
   if (publish) {
-    auto start = std::to_string(system_now_ns() - own_elapsed.count());
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::set<std::string> joined;
+      read(g.name + "/nodes", [&](const messages::dht_record& rec) {
+        if (rec.has_subkey)
+          joined.insert(rec.subkey);
+      });
+      if (joined.size() >= nodes)
+        break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    set_elapsed(nanoseconds{0});
+    auto start = std::to_string(system_now_ns());
     auto put = actors::dht::make_put(start_key(g), std::vector<char>(start.begin(), start.end()),
                                      actors::dht::dht_now_ns(self.ptr()) + g.duration.count()
                                        + 3'600'000'000'000);
@@ -111,26 +135,20 @@ void sync_run_clock(caf::actor_system& sys, caf::actor dht, const experiment_gra
       .receive([](const messages::dht_put_result&) {}, [](caf::error&) {});
     return;
   }
-  auto deadline = std::chrono::steady_clock::now() + patience;
   while (std::chrono::steady_clock::now() < deadline) {
     std::optional<int64_t> start;
-    self->request(dht, std::chrono::seconds(2), get_atom::value, start_key(g))
-      .receive(
-        [&](const messages::dht_get_result& r) {
-          for (auto& rec : r.records)
-            if (!rec.has_subkey && !rec.value.empty() && rec.value.size() < 32) {
-              std::string text(rec.value.begin(), rec.value.end());
-              char* end = nullptr;
-              auto v = std::strtoll(text.c_str(), &end, 10);
-              if (end != text.c_str() && *end == '\0')
-                start = v;
-            }
-        },
-        [](caf::error&) {});
+    read(start_key(g), [&](const messages::dht_record& rec) {
+      if (rec.has_subkey || rec.value.empty() || rec.value.size() >= 32)
+        return;
+      std::string text(rec.value.begin(), rec.value.end());
+      char* end = nullptr;
+      auto v = std::strtoll(text.c_str(), &end, 10);
+      if (end != text.c_str() && *end == '\0')
+        start = v;
+    });
     if (start) {
       auto elapsed = system_now_ns() - *start;
-      if (elapsed >= 0)
-        set_elapsed(nanoseconds{elapsed});
+      set_elapsed(nanoseconds{std::max<int64_t>(0, elapsed)});
       return;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -511,11 +529,11 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
   cluster_host h{nd, s.index, g, *p, t0};
   h.start_services(s.join);
   sync_run_clock(
-    sys, h.dht(), g, s.index == 0 && s.incarnation == 0 && !s.volunteer, h.elapsed(),
+    sys, h.dht(), g, s.count, s.index == 0 && s.incarnation == 0 && !s.volunteer,
     [&](nanoseconds elapsed) {
       h.set_start(sys.clock().now() - std::chrono::duration_cast<caf::timespan>(elapsed));
     },
-    std::chrono::seconds(5));
+    std::chrono::seconds(60));
   // The `starling node` parent reads this line to put its own fault clock on the run's.
   fmt::print("node{}: run clock {:.3f} s\n", s.index, seconds_of(h.elapsed()));
   std::fflush(stdout);
