@@ -297,11 +297,17 @@ caf::behavior table_announcer(caf::event_based_actor* self, caf::actor dht, std:
   };
 }
 
-class cluster_host : public node_host {
+class cluster_host : public threaded_host {
 public:
   cluster_host(node& nd, size_t index, const experiment_graph& g, const struct plan& p,
                caf::actor_clock::time_point t0)
-    : nd_(nd), index_(index), name_(fmt::format("node{}", index)), graph_(g), plan_(p), t0_(t0) {
+    : threaded_host(nd.directory()),
+      nd_(nd),
+      index_(index),
+      name_(fmt::format("node{}", index)),
+      graph_(g),
+      plan_(p),
+      t0_(t0) {
     // nop
   }
 
@@ -314,40 +320,13 @@ public:
   caf::actor dht() override { return dht_; }
   caf::actor metrics() override { return sink; }
 
-  void register_actor(const std::string& name, const caf::actor& a) override {
-    caf::anon_send(nd_.directory(), put_atom::value, name, a);
-  }
-
-  void adopt(const caf::actor& a) override {
-    std::lock_guard<std::mutex> guard{mtx_};
-    owned_.push_back(a);
-  }
-
-  caf::actor service(const std::string& name,
-                     const std::function<caf::actor(host&)>& make) override {
-    {
-      std::lock_guard<std::mutex> guard{mtx_};
-      if (auto i = services_.find(name); i != services_.end())
-        return i->second;
-    }
-    auto a = make(*this);
-    if (a) {
-      register_actor(name, a);
-      adopt(a);
-      std::lock_guard<std::mutex> guard{mtx_};
-      services_[name] = a;
-    }
-    return a;
-  }
-
   caf::actor spawn_averager(const std::string& name,
                             actors::averager::averager_options opts) override {
     opts.address = endpoint() + "/" + name;
     auto ep = endpoint();
     opts.data_host = ep.substr(0, ep.rfind(':'));
     auto a = actors::averager::spawn_averager(nd_.system(), dht_, resolver_, opts);
-    register_actor(name, a);
-    adopt(a);
+    put(name, a);
     return a;
   }
 
@@ -373,8 +352,7 @@ public:
     for (auto& j : join)
       d.bootstrap.push_back(j + "/dht");
     dht_ = actors::dht::spawn_dht(sys, nd_.resolver(), d);
-    register_actor("dht", dht_);
-    adopt(dht_);
+    put("dht", dht_);
     resolver_ = sys.spawn(run_resolver, nd_.resolver(), dht_, index_, endpoint(), nodes_key(graph_),
                           slots_key(graph_));
     adopt(resolver_);
@@ -382,15 +360,7 @@ public:
                     caf::timespan{std::chrono::seconds(1)}));
   }
 
-  void stop() {
-    std::vector<caf::actor> owned;
-    {
-      std::lock_guard<std::mutex> guard{mtx_};
-      owned.swap(owned_);
-    }
-    for (auto& a : owned)
-      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-  }
+  void stop() { stop_all(caf::exit_reason::user_shutdown); }
 
 private:
   node& nd_;
@@ -399,9 +369,6 @@ private:
   const experiment_graph& graph_;
   const struct plan& plan_;
   caf::actor_clock::time_point t0_;
-  std::mutex mtx_;
-  std::vector<caf::actor> owned_;
-  std::map<std::string, caf::actor> services_;
   caf::actor dht_;
   caf::actor resolver_;
 };
@@ -431,18 +398,7 @@ public:
   }
 
   void run(std::function<void(caf::event_based_actor*)> body, nanoseconds timeout) override {
-    auto a = h_.system().spawn([=](caf::event_based_actor* self) -> caf::behavior {
-      body(self);
-      return {[](stop_atom) {}};
-    });
-    // Waits for the actor to quit, at most `timeout`.
-    caf::scoped_actor self{h_.system()};
-    self->monitor(a);
-    bool gone = false;
-    self->receive_while([&] { return !gone; })(
-      [&](caf::down_msg&) { gone = true; },
-      caf::after(std::chrono::duration_cast<caf::timespan>(timeout)) >> [&] { gone = true; });
-    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    run_and_wait(h_.system(), body, timeout);
   }
 
   host& node() override { return h_; }

@@ -13,18 +13,6 @@ namespace {
 
 using std::chrono::nanoseconds;
 
-/// Reads `key` as a map section into `out` (absent: defaults).
-template <class T>
-void read_section(config_node& parent, const std::string& key, T& out) {
-  if (!parent.has(key))
-    return;
-  auto c = parent.child(key);
-  if (!c.is_map())
-    c.expected("a map");
-  read_options(c, out);
-  c.finish();
-}
-
 size_t read_index(config_node n, const char* what) {
   auto v = n.as_int();
   if (v < 0)
