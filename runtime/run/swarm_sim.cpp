@@ -189,7 +189,7 @@ result<swarm_sim_result> simulate_swarm(const graph::swarm_graph& g,
       actors::stage::stage_options so;
       so.stage = stage;
       so.name = fmt::format("s{}p{}g{}", stage, slot, generation);
-      so.model = model;
+      so.model = kernels::gpt_model(model);
       so.begin = ranges_v[stage].first;
       so.end = ranges_v[stage].second;
       so.local_batch = g.local_batch;
@@ -200,12 +200,14 @@ result<swarm_sim_result> simulate_swarm(const graph::swarm_graph& g,
       so.retry_every = caf::timespan{std::chrono::seconds(2)};
       so.download_patience = caf::timespan{std::chrono::seconds(30)};
       so.seed = g.seed * 1000003ULL + slot * 101 + static_cast<uint64_t>(generation);
-      so.modeled.enabled = true;
-      so.modeled.forward_s = forward[stage];
-      so.modeled.backward_factor = s.backward_factor;
-      so.modeled.noise = s.noise;
-      so.modeled.payload = s.payload;
-      so.modeled.state_transfer = span(s.state_transfer);
+      so.backend = actors::stage::compute_backend::cost_model;
+      so.cost_model.forward_s = forward[stage];
+      so.cost_model.backward_factor = s.backward_factor;
+      so.cost_model.noise = s.noise;
+      so.cost_model.payload = s.payload;
+      // A state transfer weighs what `state_transfer` moves over a default link.
+      so.cost_model.state_bytes = static_cast<uint64_t>(
+        std::chrono::duration<double>(s.state_transfer).count() * s.network.defaults.bandwidth);
       so.report_every = span(s.report_every);
       auto peer = actors::stage::spawn_stage(sys, so, view);
       n.adopt(so.name, peer);
@@ -564,8 +566,8 @@ int run_swarm_sim(const experiment_config& cfg, const run_context& ctx) {
              std::chrono::duration<double>(s.network.defaults.latency).count() * 1e3,
              s.network.defaults.bandwidth / 1e6, std::chrono::duration<double>(s.duration).count());
   if (g.averaging.enabled())
-    fmt::print("note: modeled stage peers compute no gradients, so target_batch {} and gradient "
-               "averaging are not simulated (only throughput is)\n",
+    fmt::print("note: the simulated nodes run no DHT or averager, so stage peers step locally and "
+               "gossip (target_batch {} and gradient averaging are not simulated here)\n",
                g.averaging.target_batch);
   if (s.inflight_per_peer > 0)
     fmt::print("in flight: {} per live stage peer over the trainers (at most {} per trainer, "

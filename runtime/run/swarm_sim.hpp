@@ -45,7 +45,8 @@ struct swarm_sim_settings {
   double noise = 0.0;
   /// Placeholder floats per sample in activations and gradients.
   int64_t payload = 4;
-  /// Extra time a state download takes (the modeled parameter transfer).
+  /// How long a whole state takes over a default link: a state transfer carries this times the
+  /// default bandwidth in modeled bytes (the parameters and optimizer state a peer stands for).
   std::chrono::nanoseconds state_transfer = std::chrono::seconds(2);
   sim_routing routing = sim_routing::stochastic;
   /// Microbatches in flight: `inflight_per_peer` per live stage peer, shared by the trainers,

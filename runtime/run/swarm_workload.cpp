@@ -308,7 +308,7 @@ int drive_swarm(const experiment_config& cfg, const swarm_options& opts, const s
       actors::stage::stage_options so;
       so.stage = stage;
       so.name = fmt::format("s{}p{}g{}", stage, index, generation);
-      so.model = model;
+      so.model = kernels::gpt_model(model);
       so.begin = ranges_v[stage].first;
       so.end = ranges_v[stage].second;
       so.optimizer = opts.optimizer;

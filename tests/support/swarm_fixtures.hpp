@@ -54,11 +54,13 @@ inline actors::stage::stage_options stage_opts(uint64_t stage, int64_t begin, in
   actors::stage::stage_options o;
   o.stage = stage;
   o.name = name;
-  o.model.layers = 2;
-  o.model.width = 16;
-  o.model.heads = 2;
-  o.model.seq_len = 8;
-  o.model.seed = 3;
+  kernels::gpt_config m;
+  m.layers = 2;
+  m.width = 16;
+  m.heads = 2;
+  m.seq_len = 8;
+  m.seed = 3;
+  o.model = kernels::gpt_model(m);
   o.begin = begin;
   o.end = end;
   o.local_batch = 8;
