@@ -7,10 +7,12 @@
 #include <random>
 
 #include <caf/all.hpp>
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include "actors/trainer/wiring.hpp"
-#include "kernels/data/corpus.hpp"
+#include "kernels/data/batch_progress.hpp"
+#include "kernels/data/data_source.hpp"
 #include "messages/atoms.hpp"
 #include "messages/rebalance_atoms.hpp"
 #include "messages/swarm.hpp"
@@ -27,6 +29,8 @@ using messages::tensor_msg;
 /// One microbatch in flight: what each stage got as input (for the recomputing backward).
 struct microbatch {
   uint64_t id = 0;
+  /// Its batch of the shard's stream.
+  uint64_t batch = 0;
   uint64_t seed = 0;
   std::vector<tensor_msg> inputs;
   tensor_msg targets;
@@ -40,14 +44,16 @@ using mb_ptr = std::shared_ptr<microbatch>;
 struct trainer_state {
   trainer_options opts;
   std::unique_ptr<wiring_policy> wiring;
-  std::optional<kernels::text_sampler> sampler;
-  std::shared_ptr<const kernels::corpus> data;
+  std::optional<kernels::sample_loader> loader;
+  std::shared_ptr<const kernels::data_source> data;
+  /// Which batches are done (this life's and, restored from the store, the previous lives').
+  kernels::batch_progress progress;
+  /// Batches below it were started in this life (or were done before it).
+  uint64_t cursor = 0;
+  int64_t inflight = 0;
   std::mt19937_64 rng;
   std::vector<std::map<std::string, caf::actor>> peers;
   caf::actor_clock::time_point t0;
-  int64_t started = 0;
-  int64_t completed = 0;
-  uint64_t next_id = 0;
   std::map<uint64_t, std::function<void()>> waiting;
   uint64_t next_ticket = 0;
   bool stopped = false;
@@ -251,18 +257,29 @@ void forward_hop(self_ptr self, caf::actor sink, mb_ptr mb, uint64_t stage) {
   });
 }
 
+/// Sends `(stop_atom, name)` once and quits.
+void stop(self_ptr self, caf::actor sink) {
+  auto& st = self->state;
+  if (st.stopped)
+    return;
+  st.stopped = true;
+  self->send(sink, stop_atom::value, st.opts.name);
+  self->quit();
+}
+
 void finish_microbatch(self_ptr self, caf::actor sink, mb_ptr mb) {
   auto& st = self->state;
-  st.completed++;
+  st.inflight--;
+  // A batch is started once per life and never after the store said it was done: no repeats.
+  if (auto fresh = st.progress.mark_done(mb->batch); !fresh || !*fresh)
+    return;
   auto secs = std::chrono::duration<double>(self->clock().now() - mb->started).count();
   self->send(sink, report_atom::value, st.opts.name, mb->loss, st.opts.microbatch, mb->retries,
-             secs);
-  if (st.completed >= st.opts.microbatches) {
-    if (!st.stopped) {
-      st.stopped = true;
-      self->send(sink, stop_atom::value, st.opts.name);
-      self->quit();
-    }
+             secs, mb->batch);
+  if (st.opts.progress)
+    self->send(st.opts.progress, put_atom::value, st.opts.name, st.progress.total(), mb->batch);
+  if (st.progress.complete()) {
+    stop(self, sink);
     return;
   }
   top_up(self, sink);
@@ -300,15 +317,26 @@ void backward_hop(self_ptr self, caf::actor sink, mb_ptr mb, uint64_t stage, ten
 
 void start_microbatch(self_ptr self, caf::actor sink) {
   auto& st = self->state;
-  if (st.started >= st.opts.microbatches)
+  auto b = st.progress.next_undone(st.cursor);
+  if (b >= st.progress.total())
     return;
-  st.started++;
-  auto batch = st.sampler->sample(st.rng);
+  st.cursor = b + 1;
+  auto ids = st.loader->batch_at_step(b, static_cast<uint64_t>(st.opts.microbatch));
+  auto batch = ids ? st.data->batch(*ids) : result<kernels::sample_batch>{ids.error()};
+  if (!batch) {
+    st.stopped = true;
+    self->quit(caf::make_error(caf::sec::runtime_error,
+                               fmt::format("{}: batch {}: {}", st.opts.name, b,
+                                           batch.error().what)));
+    return;
+  }
+  st.inflight++;
   auto mb = std::make_shared<microbatch>();
-  mb->id = st.next_id++;
+  mb->id = b;
+  mb->batch = b;
   mb->seed = st.rng();
-  mb->inputs.push_back(tensor_msg{batch.inputs, kernels::codec_id::none, {}, {}});
-  mb->targets = tensor_msg{batch.targets, kernels::codec_id::none, {}, {}};
+  mb->inputs.push_back(tensor_msg{batch->inputs, kernels::codec_id::none, {}, {}});
+  mb->targets = tensor_msg{batch->targets, kernels::codec_id::none, {}, {}};
   mb->started = self->clock().now();
   forward_hop(self, sink, mb, 0);
 }
@@ -324,7 +352,8 @@ int64_t window(self_ptr self) {
 void top_up(self_ptr self, caf::actor sink) {
   auto& st = self->state;
   auto target = window(self);
-  while (st.started - st.completed < target && st.started < st.opts.microbatches)
+  while (!st.stopped && st.inflight < target
+         && st.progress.next_undone(st.cursor) < st.progress.total())
     start_microbatch(self, sink);
 }
 
@@ -344,8 +373,20 @@ void refresh(self_ptr self, caf::actor board, caf::actor sink) {
         [](caf::error&) {});
 }
 
+/// Starts training once the saved progress (if any) is in: microbatches start after the first
+/// peer-list refresh had its chance to land.
+void begin(self_ptr self, caf::actor sink) {
+  later(self, caf::timespan{0}, [=] {
+    self->state.running = true;
+    if (self->state.progress.complete())
+      stop(self, sink);
+    else
+      top_up(self, sink);
+  });
+}
+
 caf::behavior trainer_actor(self_ptr self, trainer_options opts,
-                            std::shared_ptr<const kernels::corpus> data, caf::actor board,
+                            std::shared_ptr<const kernels::data_source> data, caf::actor board,
                             caf::actor sink) {
   auto& st = self->state;
   st.opts = opts;
@@ -356,20 +397,44 @@ caf::behavior trainer_actor(self_ptr self, trainer_options opts,
   st.wiring = std::make_unique<wiring_policy>(opts.stages, wo);
   st.peers.resize(opts.stages);
   st.t0 = self->clock().now();
-  auto sampler = kernels::text_sampler::make(*data, opts.shard, opts.shards, opts.microbatch,
-                                             opts.seq_len);
-  if (!sampler) {
-    self->quit(caf::make_error(caf::sec::invalid_argument, sampler.error().what));
-    return {};
-  }
-  st.sampler.emplace(std::move(*sampler));
+  auto fail = [self](std::string why) {
+    self->quit(caf::make_error(caf::sec::invalid_argument, std::move(why)));
+    return caf::behavior{};
+  };
+  if (!data)
+    return fail(opts.name + ": no data source");
+  if (opts.microbatch < 1 || opts.microbatches < 0)
+    return fail(fmt::format("{}: microbatch must be at least 1 and microbatches at least 0 (got "
+                            "{} and {})",
+                            opts.name, opts.microbatch, opts.microbatches));
+  auto loader = kernels::sample_loader::make(data->size(), opts.data);
+  if (!loader)
+    return fail(fmt::format("{}: {} ({})", opts.name, loader.error().what, data->describe()));
+  st.loader.emplace(std::move(*loader));
+  st.progress = kernels::batch_progress{static_cast<uint64_t>(opts.microbatches)};
   refresh(self, board, sink);
   self->delayed_send(self, opts.refresh_every, tick_atom::value);
-  // Start once the first refresh had a chance to land.
-  later(self, caf::timespan{0}, [=] {
-    self->state.running = true;
-    top_up(self, sink);
-  });
+  if (!opts.progress) {
+    begin(self, sink);
+  } else {
+    // A restarted trainer takes up where its previous life left off.
+    self->request(opts.progress, opts.hop_timeout, get_atom::value, opts.name)
+      .then(
+        [=](const std::string& saved) {
+          if (!saved.empty()) {
+            auto p = kernels::batch_progress::parse(saved);
+            if (!p) {
+              self->quit(caf::make_error(caf::sec::invalid_argument,
+                                         fmt::format("{}: saved progress: {}",
+                                                     self->state.opts.name, p.error().what)));
+              return;
+            }
+            self->state.progress = p->resized(self->state.progress.total());
+          }
+          begin(self, sink);
+        },
+        [=](caf::error&) { begin(self, sink); });
+  }
   return {
     [=](tick_atom) {
       refresh(self, board, sink);
@@ -389,7 +454,7 @@ caf::behavior trainer_actor(self_ptr self, trainer_options opts,
 } // namespace
 
 caf::actor spawn_trainer(caf::actor_system& sys, trainer_options opts,
-                         std::shared_ptr<const kernels::corpus> data, caf::actor board,
+                         std::shared_ptr<const kernels::data_source> data, caf::actor board,
                          caf::actor sink) {
   return sys.spawn(trainer_actor, std::move(opts), std::move(data), std::move(board),
                    std::move(sink));

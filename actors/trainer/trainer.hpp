@@ -1,7 +1,9 @@
-// A SWARM trainer: draws microbatches from its data shard and routes each one forward through
-// every stage and backward again, picking each hop's peer with the stochastic wiring policy.
-// A failed or timed-out hop is retried on another peer of the same stage; every microbatch is
-// counted exactly once, when its backward reaches the first stage.
+// A SWARM trainer: trains batches 0, 1, ... of its shard of a data source (in epochs without
+// replacement, `kernels::sample_loader`) and routes each one forward through every stage and
+// backward again, picking each hop's peer with the stochastic wiring policy. A failed or
+// timed-out hop is retried on another peer of the same stage; every microbatch is counted exactly
+// once, when its backward reaches the first stage, and recorded in a progress store so that a
+// restarted trainer redoes exactly the batches that were not done.
 #pragma once
 
 #include <cstdint>
@@ -13,9 +15,10 @@
 #include <caf/actor.hpp>
 
 #include "kernels/compress/format.hpp"
+#include "kernels/data/loader.hpp"
 
 namespace starling::kernels {
-class corpus;
+class data_source;
 } // namespace starling::kernels
 
 namespace starling::actors::trainer {
@@ -36,14 +39,19 @@ struct trainer_options {
   std::string name = "trainer";
   /// Number of pipeline stages.
   uint64_t stages = 1;
-  /// Samples per microbatch and bytes per sample.
+  /// Samples per microbatch.
   int64_t microbatch = 8;
-  int64_t seq_len = 64;
-  /// This trainer's shard of the corpus (of `shards`).
-  int64_t shard = 0;
-  int64_t shards = 1;
-  /// Microbatches to complete before the trainer stops.
+  /// This trainer's shard of the data (`shard` of `shards`), the seed of its epochs' orders and
+  /// its layout: microbatch b holds the ids `sample_loader::batch_at_step(b, microbatch)`.
+  kernels::loader_options data;
+  /// Microbatches to complete before the trainer stops: batches [0, microbatches) of its shard.
   int64_t microbatches = 100;
+  /// Where the trainer records which batches are done, so that a restarted trainer redoes
+  /// exactly the others: it asks `(get_atom, name) -> std::string` (a serialized
+  /// `kernels::batch_progress`, empty for none) at its start and sends
+  /// `(put_atom, name, uint64 total, uint64 batch)` for every batch done. Unset: it starts at
+  /// batch 0 and remembers nothing.
+  caf::actor progress;
   /// Microbatches in flight at once (pipelining across stages); with `inflight_per_peer` the
   /// window instead follows the live peers (`inflight_target` in wiring.hpp).
   int64_t max_inflight = 2;
@@ -72,11 +80,14 @@ struct trainer_options {
   std::vector<std::string> fixed_route;
 };
 
-/// Spawns a trainer. It reports every completed microbatch to `sink` as
-/// `(report_atom, name, double loss, int64 samples, int64 retries, double seconds)` and sends
-/// `(stop_atom, name)` when it has completed `microbatches`.
+/// Spawns a trainer reading `data`. It reports every completed microbatch to `sink` as
+/// `(report_atom, name, double loss, int64 samples, int64 retries, double seconds, uint64 batch)`
+/// and sends `(stop_atom, name)` when every batch of [0, microbatches) is done (at once when a
+/// restarted trainer finds them done). Progress saved for another number of microbatches keeps
+/// its done batches below the new number. It exits with an error when the data cannot hold its
+/// shard or a batch cannot be read, or the saved progress does not parse.
 caf::actor spawn_trainer(caf::actor_system& sys, trainer_options opts,
-                         std::shared_ptr<const kernels::corpus> data, caf::actor board,
+                         std::shared_ptr<const kernels::data_source> data, caf::actor board,
                          caf::actor sink);
 
 } // namespace starling::actors::trainer

@@ -44,6 +44,19 @@ uint64_t batch_progress::next_undone(uint64_t from) const {
   return std::min(b, total_);
 }
 
+batch_progress batch_progress::resized(uint64_t total) const {
+  batch_progress out{total};
+  out.watermark_ = std::min(watermark_, total);
+  for (auto b : above_) {
+    if (b >= total)
+      break;
+    out.above_.insert(out.above_.end(), b);
+  }
+  // Done batches right above the old total cannot exist: nothing to fold into the watermark,
+  // except when the old watermark was the old total and the new total is larger.
+  return out;
+}
+
 std::string batch_progress::serialize() const {
   std::string out;
   out.push_back(static_cast<char>(progress_version));

@@ -43,6 +43,10 @@ public:
   /// The first batch at or after `from` that is not done, or `total()` when there is none.
   uint64_t next_undone(uint64_t from) const;
 
+  /// The same done batches among batches [0, total) (a run resumed with more or fewer
+  /// microbatches per trainer).
+  batch_progress resized(uint64_t total) const;
+
   /// A version byte, total, watermark and the done batches above it as varint gaps: a few bytes
   /// while batches complete roughly in order.
   std::string serialize() const;

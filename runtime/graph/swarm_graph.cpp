@@ -175,7 +175,7 @@ void read_swarm_graph(config_node& n, swarm_graph& out) {
   // Declared up front so that a misspelt key is reported before the errors its absence causes
   // (a missing `stages`, ranges checked against the default model). `sim` tunes simulated runs
   // and is read by the swarm kind (runtime/run/swarm.cpp).
-  n.allow({"model", "stages", "trainers", "microbatch", "microbatches_per_trainer", "max_inflight",
+  n.allow({"model", "data", "stages", "trainers", "microbatch", "microbatches_per_trainer", "max_inflight",
            "local_batch", "target_batch", "averaging", "optimizer", "compression", "hop_timeout",
            "preempt_every", "restart_delay", "eval_batches", "torch_threads", "sim"});
   if (n.has("model")) {
@@ -188,6 +188,33 @@ void read_swarm_graph(config_node& n, swarm_graph& out) {
     if (out.model.width % out.model.heads != 0)
       m.child("heads").expected(fmt::format("a divisor of width {}", out.model.width));
     m.finish();
+  }
+  if (n.has("data")) {
+    auto d = n.child("data");
+    d.allow({"kind", "path", "dtype", "stride", "layout"});
+    read_choice(d, "kind", out.data.kind, {"text", "tokens"});
+    int64_t stride = 0;
+    read_int(d, "stride", stride, 0, INT64_MAX);
+    out.data.text.stride = stride;
+    out.data.tokens.stride = stride;
+    if (out.data.kind == "tokens") {
+      if (!d.has("path"))
+        d.fail("missing required key 'path' (a raw uint16 or uint32 token file)");
+      out.data.tokens.file.path = d.child("path").as_string();
+      if (d.has("dtype")) {
+        auto t = kernels::parse_token_dtype(d.child("dtype").as_string());
+        if (!t)
+          d.child("dtype").expected("uint16 | uint32");
+        out.data.tokens.file.dtype = *t;
+      }
+    } else if (d.has("path") || d.has("dtype")) {
+      d.fail("'path' and 'dtype' belong to kind: tokens (kind text reads the KJV corpus)");
+    }
+    std::string layout = kernels::to_string(out.layout);
+    read_choice(d, "layout", layout, {"scattered", "contiguous"});
+    out.layout = layout == "contiguous" ? kernels::shard_layout::contiguous
+                                        : kernels::shard_layout::scattered;
+    d.finish();
   }
   if (!n.has("stages"))
     n.fail("missing required key 'stages' (a list of {peers: [speed, ...], layers: [a, b]})");

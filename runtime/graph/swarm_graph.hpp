@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "kernels/compress/format.hpp"
+#include "kernels/data/loader.hpp"
+#include "kernels/data/source_registry.hpp"
 #include "kernels/models/gpt.hpp"
 #include "kernels/optim/optimizer.hpp"
 #include "kernels/result.hpp"
@@ -53,6 +55,12 @@ struct averaging_spec {
 /// A graph of SWARM pipeline training (configs/swarm-tiny.yaml documents each field).
 struct swarm_graph {
   kernels::gpt_config model;
+  /// What the trainers read, from the data-source registry: the byte-level text corpus (KJV) by
+  /// default, or a token file. Its windows are the model's `seq_len`; its vocabulary the
+  /// model's.
+  kernels::data_source_options data;
+  /// How the samples are dealt to the trainers' shards.
+  kernels::shard_layout layout = kernels::shard_layout::scattered;
   std::vector<stage_spec> stages;
   int64_t trainers = 2;
   int64_t microbatch = 8;

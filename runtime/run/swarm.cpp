@@ -15,6 +15,8 @@
 #include "actors/trainer/trainer.hpp"
 #include "actors/trainer/wiring.hpp"
 #include "kernels/data/corpus.hpp"
+#include "kernels/data/text_source.hpp"
+#include "runtime/log/log.hpp"
 #include "messages/atoms.hpp"
 #include "messages/metrics.hpp"
 #include "messages/rebalance_atoms.hpp"
@@ -32,27 +34,44 @@ caf::timespan span(nanoseconds d) {
   return std::chrono::duration_cast<caf::timespan>(d);
 }
 
-/// The training text, loaded once per process on first use (trainers share it).
-struct corpus_cache {
+/// The trainers' data source, made once per process on first use (trainers share it).
+struct data_cache {
   std::mutex mtx;
-  std::shared_ptr<const kernels::corpus> text;
+  std::shared_ptr<const kernels::data_source> source;
+  /// Why it could not be made (reported once per trainer that needed it).
+  std::string error;
 };
 
-std::shared_ptr<const kernels::corpus> corpus_for(corpus_cache& cache, bool modeled) {
+/// The graph's data source through the registry, its windows the model's context; in simulation
+/// (modeled compute reads no text) a small synthetic text keeps the trainers' batches cheap.
+std::shared_ptr<const kernels::data_source> data_for(data_cache& cache,
+                                                     const graph::swarm_graph& g, bool modeled) {
   std::lock_guard<std::mutex> guard{cache.mtx};
-  if (cache.text)
-    return cache.text;
+  if (cache.source || !cache.error.empty())
+    return cache.source;
+  auto opts = g.data;
+  opts.text.seq_len = g.model.seq_len;
+  opts.tokens.seq_len = g.model.seq_len;
+  opts.tokens.file.vocab_size = static_cast<uint64_t>(g.model.vocab);
+  result<std::shared_ptr<const kernels::data_source>> made = fail("unset");
   if (modeled) {
-    // Modeled compute reads no text: a small synthetic one keeps the trainers' batches cheap.
     std::string text;
     for (int i = 0; i < 200; ++i)
       text += "In the beginning God created the heaven and the earth. And the earth was without "
               "form, and void; and darkness was upon the face of the deep. ";
-    cache.text = std::make_shared<const kernels::corpus>(text, 0.05, "synthetic (modeled)");
-  } else if (auto c = kernels::load_corpus({})) {
-    cache.text = std::make_shared<const kernels::corpus>(std::move(*c));
+    auto c = std::make_shared<const kernels::corpus>(text, 0.05, "synthetic (modeled)");
+    if (auto t = kernels::text_source::make(c, opts.text))
+      made = std::shared_ptr<const kernels::data_source>(*t);
+    else
+      made = t.error();
+  } else {
+    made = kernels::make_data_source(opts);
   }
-  return cache.text;
+  if (made)
+    cache.source = *made;
+  else
+    cache.error = made.error().what;
+  return cache.source;
 }
 
 /// The simulation's shared board as seen from one node: announcements and reports go to it;
@@ -85,7 +104,7 @@ caf::behavior board_view(caf::event_based_actor* self, host* h, caf::actor board
 caf::behavior trainer_reports(caf::event_based_actor*, caf::actor sink, std::string name) {
   return {
     [=](report_atom, const std::string&, double loss, int64_t samples, int64_t retries,
-        double seconds) {
+        double seconds, uint64_t) {
       caf::anon_send(sink, messages::metric_event{name,
                                                   "microbatch",
                                                   {{"loss", loss},
@@ -170,20 +189,23 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
 }
 
 caf::actor spawn_trainer(role_context& ctx, const swarm_role_options& o,
-                         const std::shared_ptr<corpus_cache>& cache) {
+                         const std::shared_ptr<data_cache>& cache) {
   auto& s = *o.setup;
   auto& g = s.graph;
-  auto data = corpus_for(*cache, s.modeled);
-  if (!data)
+  auto data = data_for(*cache, g, s.modeled);
+  if (!data) {
+    log(log_level::error, "swarm", "{}: no training data: {}", ctx.name, cache->error);
     return {};
+  }
   auto i = static_cast<int64_t>(ctx.index);
   actors::trainer::trainer_options to;
   to.name = fmt::format("trainer{}", i);
   to.stages = g.stages.size();
   to.microbatch = g.microbatch;
-  to.seq_len = g.model.seq_len;
-  to.shard = i;
-  to.shards = s.trainers;
+  to.data.seed = g.seed;
+  to.data.shard = static_cast<uint64_t>(i);
+  to.data.shards = static_cast<uint64_t>(s.trainers);
+  to.data.layout = g.layout;
   to.microbatches = g.microbatches_per_trainer;
   to.max_inflight = g.max_inflight;
   to.hop_timeout = caf::timespan{g.hop_timeout};
@@ -452,7 +474,7 @@ caf::actor swarm_board(host& h, const swarm_setup& s) {
 }
 
 void add_swarm(role_registry& reg) {
-  auto cache = std::make_shared<corpus_cache>();
+  auto cache = std::make_shared<data_cache>();
   auto describe = [](const swarm_role_options& o) {
     auto& g = o.setup->graph;
     return fmt::format("GPT {} layers x {}, {} stages, {} backend", g.model.layers, g.model.width,

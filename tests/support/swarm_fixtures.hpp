@@ -2,7 +2,9 @@
 // tiny stage options, and a synchronous ask from a short-lived actor in a simulated world.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <set>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,24 +16,31 @@
 #include "actors/stage/stage.hpp"
 #include "actors/trainer/trainer.hpp"
 #include "kernels/data/corpus.hpp"
+#include "kernels/data/text_source.hpp"
 #include "messages/atoms.hpp"
 #include "messages/rebalance_atoms.hpp"
 #include "runtime/sim/world.hpp"
 
 namespace starling::testing {
 
-/// What trainers report: microbatches, samples, retries, stops, losses.
+/// What trainers report: microbatches, samples, retries, stops, losses, and which batches of
+/// each trainer's stream completed (a batch reported twice is counted in `repeats`).
 struct tally {
   int microbatches = 0;
   int64_t samples = 0;
   int64_t retries = 0;
   int stops = 0;
   std::vector<double> losses;
+  std::map<std::string, std::set<uint64_t>> batches;
+  int repeats = 0;
 };
 
 inline caf::behavior counting_sink(caf::event_based_actor*, std::shared_ptr<tally> t) {
   return {
-    [=](report_atom, const std::string&, double loss, int64_t samples, int64_t retries, double) {
+    [=](report_atom, const std::string& name, double loss, int64_t samples, int64_t retries,
+        double, uint64_t batch) {
+      if (!t->batches[name].insert(batch).second)
+        t->repeats++;
       t->microbatches++;
       t->samples += samples;
       t->retries += retries;
@@ -41,11 +50,15 @@ inline caf::behavior counting_sink(caf::event_based_actor*, std::shared_ptr<tall
   };
 }
 
-inline std::shared_ptr<const kernels::corpus> small_corpus() {
+/// A short text cut into windows of the tiny model's 8 bytes.
+inline std::shared_ptr<const kernels::data_source> small_corpus() {
   std::string text;
   for (int i = 0; i < 400; ++i)
     text += "In the beginning God created the heaven and the earth. ";
-  return std::make_shared<const kernels::corpus>(text, 0.05, "test");
+  auto c = std::make_shared<const kernels::corpus>(text, 0.05, "test");
+  kernels::text_source_options o;
+  o.seq_len = 8;
+  return *kernels::text_source::make(c, o);
 }
 
 /// A 2-layer, width-16 GPT stage peer serving blocks [begin, end).
@@ -91,7 +104,6 @@ inline actors::trainer::trainer_options tiny_trainer(uint64_t stages, int64_t mi
   actors::trainer::trainer_options to;
   to.stages = stages;
   to.microbatch = 4;
-  to.seq_len = 8;
   to.microbatches = microbatches;
   to.max_inflight = max_inflight;
   to.hop_timeout = hop_timeout;

@@ -86,6 +86,10 @@ TEST_CASE("a pipeline with a stage peer killed mid-run completes every microbatc
   REQUIRE(w.run_until([&] { return t->stops == 1; }, 600s));
   CHECK(t->microbatches == 120);
   CHECK(t->samples == 120 * 4);
+  // Every batch of the trainer's stream [0, 120) completed once, the retried ones included.
+  CHECK(t->repeats == 0);
+  CHECK(t->batches["trainer"].size() == 120);
+  CHECK(*t->batches["trainer"].rbegin() == 119);
   CHECK(killed_at < 120);
   // The loss is finite throughout and training moved it.
   for (auto l : t->losses)

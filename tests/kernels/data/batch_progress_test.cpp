@@ -87,3 +87,28 @@ TEST_CASE("malformed progress bytes are refused with the reason") {
   CHECK(reason(std::string{'\x01', '\x03', '\x00', '\x01', '\x05'}).find("past the total")
         != std::string::npos);
 }
+
+TEST_CASE("progress resized to another total keeps the done batches below it") {
+  batch_progress p{10};
+  for (auto b : {0, 1, 2, 5, 8})
+    REQUIRE(p.mark_done(static_cast<uint64_t>(b)).ok());
+  auto shorter = p.resized(6);
+  CHECK(shorter.total() == 6);
+  CHECK(shorter.done_count() == 4);
+  CHECK(shorter.next_undone(0) == 3);
+  CHECK(shorter.next_undone(4) == 4);
+  CHECK(shorter.next_undone(5) == 6);
+  auto longer = p.resized(20);
+  CHECK(longer.done_count() == 5);
+  CHECK(longer.done(8));
+  CHECK_FALSE(longer.done(10));
+  REQUIRE(longer.mark_done(3).ok());
+  REQUIRE(longer.mark_done(4).ok());
+  CHECK(longer.watermark() == 6);
+  batch_progress full{3};
+  for (uint64_t b = 0; b < 3; ++b)
+    REQUIRE(full.mark_done(b).ok());
+  auto grown = full.resized(5);
+  CHECK(grown.watermark() == 3);
+  CHECK(grown.next_undone(0) == 3);
+}

@@ -130,3 +130,33 @@ swarm:
           .find("target_batch") != std::string::npos);
 }
 
+
+TEST_CASE("the data a swarm's trainers read is an option: the text corpus or a token file") {
+  const std::string head = "swarm:\n  model: {layers: 2, width: 16, heads: 2, seq_len: 8}\n"
+                           "  stages: [{peers: [1.0]}]\n";
+  swarm_graph g;
+  REQUIRE(read_error(head, g).empty());
+  CHECK(g.data.kind == "text"); // the default: the KJV text
+  CHECK(g.layout == kernels::shard_layout::scattered);
+  swarm_graph t;
+  REQUIRE(read_error(head + "  data: {kind: tokens, path: /tmp/x.bin, dtype: uint32, stride: 4, "
+                            "layout: contiguous}\n",
+                     t)
+            .empty());
+  CHECK(t.data.kind == "tokens");
+  CHECK(t.data.tokens.file.path == "/tmp/x.bin");
+  CHECK(t.data.tokens.file.dtype == kernels::token_dtype::uint32);
+  CHECK(t.data.tokens.stride == 4);
+  CHECK(t.layout == kernels::shard_layout::contiguous);
+  // One clear line each for a token file without a path, a path for the text, an unknown kind or
+  // dtype, and a misspelt key.
+  swarm_graph x;
+  CHECK(read_error(head + "  data: {kind: tokens}\n", x).find("missing required key 'path'")
+        != std::string::npos);
+  CHECK(read_error(head + "  data: {kind: text, path: a.bin}\n", x).find("belong to kind: tokens")
+        != std::string::npos);
+  CHECK(read_error(head + "  data: {kind: images}\n", x).find("text") != std::string::npos);
+  CHECK(read_error(head + "  data: {kind: tokens, path: a, dtype: int8}\n", x).find("uint16")
+        != std::string::npos);
+  CHECK(read_error(head + "  data: {knd: text}\n", x).find("knd") != std::string::npos);
+}
