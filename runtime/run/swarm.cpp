@@ -104,13 +104,14 @@ caf::behavior board_view(caf::event_based_actor* self, host* h, caf::actor board
 caf::behavior trainer_reports(caf::event_based_actor*, caf::actor sink, std::string name) {
   return {
     [=](report_atom, const std::string&, double loss, int64_t samples, int64_t retries,
-        double seconds, uint64_t) {
+        double seconds, uint64_t batch) {
       caf::anon_send(sink, messages::metric_event{name,
                                                   "microbatch",
                                                   {{"loss", loss},
                                                    {"samples", static_cast<double>(samples)},
                                                    {"retries", static_cast<double>(retries)},
-                                                   {"latency_s", seconds}},
+                                                   {"latency_s", seconds},
+                                                   {"batch", static_cast<double>(batch)}},
                                                   {}});
     },
     [=](stop_atom, const std::string&) {

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
@@ -118,6 +119,10 @@ public:
   void on_metric(const metric_record& m) override {
     if (m.kind == "microbatch") {
       microbatches_++;
+      // A trainer's batch numbers name its samples (a pure function of seed, shard and batch):
+      // a batch seen twice would be samples trained twice.
+      if (!batches_[m.source].insert(static_cast<uint64_t>(m.value("batch", -1))).second)
+        repeated_++;
       samples_ += static_cast<int64_t>(m.value("samples"));
       retries_ += static_cast<int64_t>(m.value("retries"));
       auto loss = m.value("loss");
@@ -211,6 +216,8 @@ public:
                                                     : "");
     fmt::print("  {:<34} {}\n", "microbatches completed", microbatches_);
     fmt::print("  {:<34} {} of {} requested\n", "samples", samples_, requested);
+    fmt::print("  {:<34} {} distinct, {} completed twice\n", "batches",
+               microbatches_ - repeated_, repeated_);
     fmt::print("  {:<34} {:.1f} s, {:.1f} samples/s\n", "run time", ctx.run_s,
                static_cast<double>(samples_) / std::max(1e-9, ctx.run_s));
     fmt::print("  {:<34} {} ({} restarts, {} hop retries)\n", "preemptions", preemptions_,
@@ -292,6 +299,9 @@ private:
   double loss0_ = 0;
   int64_t microbatches_ = 0, samples_ = 0, retries_ = 0, done_ = 0;
   int64_t preemptions_ = 0, restarts_ = 0;
+  /// Completed batch numbers per trainer, and completions of a batch already completed.
+  std::map<std::string, std::set<uint64_t>> batches_;
+  int64_t repeated_ = 0;
   double ema_ = 0;
   bool has_loss_ = false;
   std::vector<std::pair<double, double>> loss_curve_;

@@ -79,6 +79,10 @@ TEST_CASE("swarm-tiny in local mode trains with preemptions and the loss falls")
   auto samples = p.wait_for("samples ", 120s);
   REQUIRE(samples);
   CHECK(samples->find("768 of 768 requested") != std::string::npos);
+  // 48 batches of 16 samples, each a fixed set of windows, each completed once despite retries.
+  auto batches = p.wait_for("batches ", 10s);
+  REQUIRE(batches);
+  CHECK(batches->find("48 distinct, 0 completed twice") != std::string::npos);
   auto held_out = p.wait_for("held-out loss (before -> after)", 60s);
   REQUIRE(held_out);
   std::smatch m;
