@@ -1,6 +1,7 @@
 #include "runtime/run/swarm.hpp"
 
 #include <cmath>
+#include <map>
 #include <mutex>
 #include <random>
 
@@ -14,6 +15,7 @@
 #include "actors/supervisor/supervisor.hpp"
 #include "actors/trainer/trainer.hpp"
 #include "actors/trainer/wiring.hpp"
+#include "kernels/data/batch_progress.hpp"
 #include "kernels/data/corpus.hpp"
 #include "kernels/data/text_source.hpp"
 #include "runtime/log/log.hpp"
@@ -189,6 +191,26 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
   return peer;
 }
 
+/// Which batches each trainer of this node completed (`kernels::batch_progress` by trainer name),
+/// so that a trainer restarted on the node redoes exactly the batches that were not done.
+caf::behavior progress_store(caf::event_based_actor*) {
+  auto done = std::make_shared<std::map<std::string, kernels::batch_progress>>();
+  return {
+    [done](get_atom, const std::string& name) -> std::string {
+      auto i = done->find(name);
+      return i == done->end() ? std::string{} : i->second.serialize();
+    },
+    [done](put_atom, const std::string& name, uint64_t total, uint64_t batch) {
+      auto i = done->find(name);
+      if (i == done->end())
+        i = done->emplace(name, kernels::batch_progress{total}).first;
+      else if (i->second.total() != total)
+        i->second = i->second.resized(total);
+      (void)i->second.mark_done(batch); // a batch beyond the total is not progress
+    },
+  };
+}
+
 caf::actor spawn_trainer(role_context& ctx, const swarm_role_options& o,
                          const std::shared_ptr<data_cache>& cache) {
   auto& s = *o.setup;
@@ -240,6 +262,8 @@ caf::actor spawn_trainer(role_context& ctx, const swarm_role_options& o,
   }
   auto& h = ctx.node;
   auto reports = h.system().spawn(trainer_reports, h.metrics(), ctx.name);
+  to.progress = h.service("swarm.progress",
+                          [](host& x) { return x.system().spawn(progress_store); });
   auto t = actors::trainer::spawn_trainer(h.system(), to, data, swarm_board(h, s), reports);
   t->attach_functor([reports](const caf::error&) {
     caf::anon_send_exit(reports, caf::exit_reason::user_shutdown);
