@@ -163,7 +163,8 @@ public:
       fmt::print(stderr, "\n");
     auto& g = s_->graph;
     auto stages = g.stages.size();
-    // The final model: one live peer per stage (a stage's peers agree closely), and every live
+    // The final model: per stage the live peer with the most optimizer steps (a stage's trained
+    // peers agree closely; one just restarted may still hold its initialization), and every live
     // peer's counters.
     std::vector<torch::Tensor> finals(stages);
     std::vector<stage_report> reports(stages);
@@ -174,6 +175,8 @@ public:
       if (!listed)
         continue;
       auto& r = reports[k];
+      caf::actor most_trained;
+      uint64_t most_steps = 0;
       for (auto& peer : std::get<1>(*listed)) {
         auto st = ask<std::vector<uint64_t>>(ctx, peer, std::chrono::seconds(5), status_atom::value);
         if (!st || std::get<0>(*st).size() < 10)
@@ -188,9 +191,13 @@ public:
         r.caught_up += v[7];
         r.downloads += v[8];
         r.donors += v[9];
-        if (finals[k].defined())
-          continue;
-        auto state = ask<messages::stage_state>(ctx, peer, std::chrono::seconds(10),
+        if (!most_trained || v[0] > most_steps) {
+          most_trained = peer;
+          most_steps = v[0];
+        }
+      }
+      if (most_trained) {
+        auto state = ask<messages::stage_state>(ctx, most_trained, std::chrono::seconds(10),
                                                 get_atom::value, state_atom::value);
         if (state)
           finals[k] = std::get<0>(*state).params.tensor;
