@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <regex>
 
@@ -73,14 +74,23 @@ TEST_CASE("swarm-tiny in simulation completes its samples and gives the same dig
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("swarm-tiny in local mode trains with preemptions, every batch once, and the loss "
-          "falls") {
+TEST_CASE("swarm-tiny in local mode trains with preemptions and a killed trainer, every batch "
+          "once, and the loss falls") {
   auto dir = temp_dir();
-  subprocess p{args({STARLING_BINARY, "run", config, "--out", dir})};
+  // swarm-tiny plus a kill of trainer 0 mid-run: restarted, it redoes only the batches its
+  // node's progress store does not have.
+  auto file = dir + "/swarm-tiny-kill.yaml";
+  {
+    std::ifstream in{config};
+    std::ofstream out{file};
+    out << in.rdbuf() << "faults:\n  - {kill: trainer, instance: 0, at: 4s, restart_after: 1s}\n";
+  }
+  subprocess p{args({STARLING_BINARY, "run", file, "--out", dir + "/run"})};
   auto samples = p.wait_for("samples ", 120s);
   REQUIRE(samples);
   CHECK(samples->find("768 of 768 requested") != std::string::npos);
-  // 48 batches of 16 samples, each a fixed set of windows, each completed once despite retries.
+  // 48 batches of 16 samples, each a fixed set of windows, each completed once despite retries
+  // and the trainer's restart.
   auto batches = p.wait_for("batches ", 10s);
   REQUIRE(batches);
   CHECK(batches->find("48 distinct, 0 completed twice") != std::string::npos);
