@@ -162,4 +162,22 @@ inline std::optional<loads_reply> ask_loads(runtime::sim::world& w, runtime::sim
   return *got;
 }
 
+/// Adds `count` simulated nodes "n0".."n<count-1>", each running a DHT node and a DHT-backed board
+/// (`dht_board_node` options; node 0 is the bootstrap), 500 ms of virtual time apart.
+inline void add_dht_board_nodes(runtime::sim::world& w, int count, uint64_t id_seed,
+                                const std::string& prefix, uint64_t stages) {
+  for (int i = 0; i < count; ++i) {
+    auto& nd = w.add_node("n" + std::to_string(i));
+    auto setup = dht_board_node(nd, i, id_seed, prefix, stages);
+    auto d = setup.dht;
+    auto b = setup.board;
+    nd.on_start([d, b](runtime::sim::sim_node& x) {
+      x.spawn("dht", actors::dht::dht_actor, x.resolver(), d);
+      x.spawn("board", actors::stage::dht_board_actor, x.lookup("dht"), x.resolver(), b);
+    });
+    w.run_for(std::chrono::milliseconds(500));
+  }
+}
+
+
 } // namespace starling::testing

@@ -33,17 +33,7 @@ struct three_boards {
   }()};
 
   three_boards() {
-    for (int i = 0; i < 3; ++i) {
-      auto& nd = w.add_node("n" + std::to_string(i));
-      auto setup = testing::dht_board_node(nd, i, 1300, "swarm/rebalance", 3);
-      auto d = setup.dht;
-      auto b = setup.board;
-      nd.on_start([d, b](runtime::sim::sim_node& x) {
-        x.spawn("dht", actors::dht::dht_actor, x.resolver(), d);
-        x.spawn("board", actors::stage::dht_board_actor, x.lookup("dht"), x.resolver(), b);
-      });
-      w.run_for(500ms);
-    }
+    testing::add_dht_board_nodes(w, 3, 1300, "swarm/rebalance", 3);
   }
 
   /// A stand-in stage peer named `name` on node `i`, announced in `stage`.

@@ -244,17 +244,7 @@ TEST_CASE("a simulated swarm of cost-model peers: a restarted peer downloads its
   wo.network.defaults.bandwidth = 100e6;
   runtime::sim::world w{wo};
   // Every node runs a DHT node and a DHT-backed board; node 0 is the bootstrap and the trainer's.
-  for (int i = 0; i < 3; ++i) {
-    auto& nd = w.add_node("n" + std::to_string(i));
-    auto setup = testing::dht_board_node(nd, i, 2100, "swarm/cost", 1);
-    auto d = setup.dht;
-    auto b = setup.board;
-    nd.on_start([d, b](runtime::sim::sim_node& x) {
-      x.spawn("dht", actors::dht::dht_actor, x.resolver(), d);
-      x.spawn("board", actors::stage::dht_board_actor, x.lookup("dht"), x.resolver(), b);
-    });
-    w.run_for(500ms);
-  }
+  testing::add_dht_board_nodes(w, 3, 2100, "swarm/cost", 1);
   auto& sys = w.system();
   // One stage of two cost-model peers (n1, n2) whose state weighs 200 MB (2 s over a link);
   // n2's peers after a restart are a new generation that must download the state first.

@@ -127,17 +127,7 @@ TEST_CASE("stage peers on three simulated nodes find each other through the DHT,
   wo.network.defaults.latency = 5ms;
   runtime::sim::world w{wo};
   // Every node runs a DHT node and a DHT-backed board; node 0 is the bootstrap.
-  for (int i = 0; i < 3; ++i) {
-    auto& nd = w.add_node("n" + std::to_string(i));
-    auto setup = testing::dht_board_node(nd, i, 900, "swarm/test", 2);
-    auto d = setup.dht;
-    auto b = setup.board;
-    nd.on_start([d, b](runtime::sim::sim_node& x) {
-      x.spawn("dht", actors::dht::dht_actor, x.resolver(), d);
-      x.spawn("board", actors::stage::dht_board_actor, x.lookup("dht"), x.resolver(), b);
-    });
-    w.run_for(500ms);
-  }
+  testing::add_dht_board_nodes(w, 3, 900, "swarm/test", 2);
   auto& sys = w.system();
   // Stage peers: node 1 serves both stages, node 2 too; a restart of node 2 respawns its peers
   // under new names (a new generation), as a supervisor would.
