@@ -44,6 +44,7 @@ std::vector<mm_effect> matchmaker::start(const std::string& group_key, int64_t n
   seed_ = seed;
   leader_.clear();
   followers_.clear();
+  members_.clear();
   refused_.clear();
   announced_.clear();
   closed_ = false;
@@ -197,13 +198,17 @@ std::vector<mm_effect> matchmaker::on_join(uint64_t ticket, const avg_join& j) {
   std::vector<mm_effect> out;
   bool current = phase_ == phase::matching && j.group_key == key_;
   if (!current && opts_.persistent_groups && waiting_.size() < opts_.target_group_size) {
-    // A member of our group under that key asking before our own next request: it waits.
-    auto prev = previous_.find(j.group_key);
-    if (prev != previous_.end() && prev->second.front().address == opts_.address
-        && std::any_of(prev->second.begin(), prev->second.end(),
-                       [&](const messages::member_info& m) {
-                         return m.address == j.member.address;
-                       })) {
+    // A member of the group we lead under that key (the one running now, or the last one)
+    // asking before our own next request: it waits.
+    const std::vector<messages::member_info>* group = nullptr;
+    if (phase_ == phase::formed && j.group_key == key_ && !members_.empty())
+      group = &members_;
+    else if (auto prev = previous_.find(j.group_key); prev != previous_.end())
+      group = &prev->second;
+    if (group != nullptr && group->front().address == opts_.address
+        && std::any_of(group->begin(), group->end(), [&](const messages::member_info& m) {
+             return m.address == j.member.address;
+           })) {
       for (auto& w : waiting_)
         if (w.join.member.address == j.member.address) {
           avg_join_reply stale;
@@ -259,6 +264,7 @@ void matchmaker::close_group(std::vector<mm_effect>& out) {
   avg_group g{key_, id, members, numel_};
   for (auto& m : followers_)
     out.push_back(mm::send_group{m.address, g});
+  members_ = members;
   out.push_back(mm::formed{id, std::move(members)});
 }
 
@@ -272,6 +278,7 @@ std::vector<mm_effect> matchmaker::on_group(const avg_group& g) {
     return out;
   closed_ = true;
   phase_ = phase::formed;
+  members_ = g.members;
   out.push_back(mm::formed{g.group_id, g.members});
   return out;
 }
@@ -323,6 +330,7 @@ std::vector<mm_effect> matchmaker::finish(std::vector<messages::member_info> mem
   key_.clear();
   leader_.clear();
   followers_.clear();
+  members_.clear();
   ++epoch_;
   return out;
 }

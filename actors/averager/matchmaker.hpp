@@ -25,9 +25,11 @@
 //   5. Persistent groups: after a round, every member remembers the group. Its next request under
 //      the same key sends `avg_join` to the old leader at once (no poll needed), and the old
 //      leader closes as soon as all old members are back. A join that reaches the old leader
-//      before its own next request waits there (answered when that request starts, for up to one
-//      window). When a member is missing the leader waits for the window as usual and forms the
-//      group without it; when the old leader is gone its followers find the next one in the DHT.
+//      before its own next request (while it still runs the round, or idles) waits there and is
+//      answered when that request starts; the joiner's own timeout covers a leader that never
+//      asks again. When a member is missing the leader waits for the window as usual and forms
+//      the group without it; when the old leader is gone its followers find the next one in the
+//      DHT.
 #pragma once
 
 #include <chrono>
@@ -205,6 +207,8 @@ private:
   std::map<std::string, int64_t> announced_;
   bool closed_ = false;
   bool window_over_ = false;
+  /// The group of this request once formed.
+  std::vector<messages::member_info> members_;
   /// Remembered groups by key (persistent groups).
   std::map<std::string, std::vector<messages::member_info>> previous_;
   /// Joins from remembered members that arrived before our request under their key.

@@ -292,10 +292,11 @@ TEST_CASE("a persistent group re-forms at once when everyone is back, and withou
     REQUIRE(net.result(i));
     REQUIRE(net.result(i)->formed);
   }
-  // Round 2 under the same key: members end their rounds at different times and ask at once;
-  // the followers' joins reach p0 before its own request and wait there.
-  for (size_t i = 0; i < 3; ++i)
-    net.finish(i, 3s + std::chrono::milliseconds(40 * (2 - i)), true);
+  // Round 2 under the same key: the followers end their first round and ask again while p0 still
+  // runs it (it has remembered no group yet); their joins wait for p0's own request.
+  net.finish(2, 3s, true);
+  net.finish(1, 3040ms, true);
+  net.finish(0, 3300ms, true);
   net.start(2, 3100ms);
   net.start(1, 3150ms);
   net.start(0, 3300ms);
@@ -306,6 +307,20 @@ TEST_CASE("a persistent group re-forms at once when everyone is back, and withou
     CHECK(net.result(i)->members == names(3));
     // Formed well before the window (2 s) ended: no poll or window was waited for.
     CHECK(net.result(i)->at - 3300ms < 100ms);
+  }
+  // The followers ask again while the leader still runs its round: they wait for its request.
+  net.finish(1, 4s, true);
+  net.finish(2, 4s, true);
+  net.start(1, 4010ms);
+  net.start(2, 4020ms);
+  net.finish(0, 4500ms, true);
+  net.start(0, 4500ms);
+  net.run(5500ms);
+  for (size_t i = 0; i < 3; ++i) {
+    REQUIRE(net.result(i));
+    CHECK(net.result(i)->formed);
+    CHECK(net.result(i)->members == names(3));
+    CHECK(net.result(i)->at - 4500ms < 100ms);
   }
   // Round 3: p2 left. p0 and p1 wait for it until the window ends, then form without it.
   for (size_t i = 0; i < 3; ++i)
