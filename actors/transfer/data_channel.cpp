@@ -289,7 +289,10 @@ public:
   /// ended.
   void send(const std::string& host, uint16_t port, const link_token& token,
             std::shared_ptr<const messages::chunk_source> payload, done_fn done) {
-    auto peer = host + ":" + std::to_string(port);
+    // Its own key, not the peer transport's id: the receiving side names a link opened with a
+    // transfer token "transfer-<token>", so an averager sharing this transport must not take
+    // such a link for one to that transport (its peer would drop chunks from an unknown link).
+    auto peer = "transfer@" + host + ":" + std::to_string(port);
     status_->wait(token, peer, done);
     if (auto st = transport_->connect(peer, host, port, token_to_hex(token)); !st) {
       status_->link_lost(peer, "cannot connect: " + st.what());

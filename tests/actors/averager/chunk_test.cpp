@@ -23,7 +23,7 @@ chunk_meta sample_meta() {
 
 } // namespace
 
-TEST_CASE("chunk meta round trips; truncated, padded and out-of-range metas are refused") {
+TEST_CASE("chunk meta round trips, truncated, padded and out-of-range metas are refused") {
   auto m = sample_meta();
   m.error = "reducer failed";
   auto bytes = encode_chunk_meta(m);

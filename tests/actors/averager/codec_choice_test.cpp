@@ -43,7 +43,7 @@ TEST_CASE("codec choice: uncompressed on a fast link, 8-bit on a slow one, fp16 
   CHECK(slow.estimated_seconds(codec_id::none, n, 4) == doctest::Approx(4.19).epsilon(0.01));
 }
 
-TEST_CASE("codec choice: a codec over the error budget is never chosen; none always fits") {
+TEST_CASE("codec choice: a codec over the error budget is never chosen, none always fits") {
   auto tight = typical(1e-3);
   tight.observe(24e6, 1.0);
   CHECK(tight.choose(int64_t{1} << 24, 4) == codec_id::fp16);

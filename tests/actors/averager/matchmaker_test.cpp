@@ -398,7 +398,7 @@ TEST_CASE("no peer waits past the window: random starts, orders and dead peers o
   CHECK(formed > 10 * alone);
 }
 
-TEST_CASE("announcements round trip; malformed ones are refused") {
+TEST_CASE("announcements round trip, malformed ones are refused") {
   double bw = 0;
   bool aux = false;
   int64_t numel = 0;

@@ -372,7 +372,7 @@ TEST_CASE("a sender that disconnects or stalls mid-stream loses its link and not
   CHECK(f.endpoint->delivered() == 0);
 }
 
-TEST_CASE("a data endpoint listens on the node's IPv4 address; the sender refuses other hosts") {
+TEST_CASE("a data endpoint listens on the node's IPv4 address, the sender refuses other hosts") {
   for (auto host : {"example.org", "::1", "300.1.2.3"}) {
     data_channel_options o;
     o.host = host;

@@ -151,7 +151,7 @@ void frame_head(raw_link& c, const std::vector<uint8_t>& meta, uint64_t payload)
 
 } // namespace
 
-TEST_CASE("link framing: preamble and frame header round trip; every malformed one is refused") {
+TEST_CASE("link framing: preamble and frame header round trip, every malformed one is refused") {
   auto t = sample_token();
   uint8_t pre[link_preamble_bytes];
   write_link_preamble(t, pre);
@@ -225,7 +225,7 @@ TEST_CASE("link framing: preamble and frame header round trip; every malformed o
     CHECK_FALSE_MESSAGE(check_listen_host(host).ok(), host);
 }
 
-TEST_CASE("transport: frames cross a link both ways; a shared frame reaches two peers") {
+TEST_CASE("transport: frames cross a link both ways, a shared frame reaches two peers") {
   transports w(3);
   w.link(0, 1);
   w.link(0, 2);
