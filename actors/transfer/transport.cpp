@@ -374,13 +374,18 @@ private:
       }
       stopping = l.stopping;
       l.queue.clear();
+    }
+    // Recorded before the socket is shut: whoever sees the link close (the peer, a test) then
+    // finds the reason. (Not under `l.mu`: `mu_` is taken before a link's mutex elsewhere.)
+    if (first && !clean && !stopping)
+      record_failure("link " + std::string{l.outgoing ? "to " : "from "} + l.peer + ": " + why);
+    {
+      std::lock_guard<std::mutex> lg{l.mu};
       if (l.fd >= 0)
         ::shutdown(l.fd, SHUT_RDWR);
     }
     l.cv.notify_all();
     l.credit->stop();
-    if (first && !clean && !stopping)
-      record_failure("link " + std::string{l.outgoing ? "to " : "from "} + l.peer + ": " + why);
   }
 
   /// After a link's threads stopped: tells the handlers unless the transport stops.
@@ -588,8 +593,9 @@ private:
       if (!h)
         return h.error();
       if (h->payload_bytes > opts_.max_payload_bytes)
-        return fail("a payload of " + std::to_string(h->payload_bytes) + " bytes from " + peer
-                    + " (limit " + std::to_string(opts_.max_payload_bytes) + ")");
+        return fail("a frame from " + peer + " declares a payload of "
+                    + std::to_string(h->payload_bytes) + " bytes, more than the limit of "
+                    + std::to_string(opts_.max_payload_bytes));
       meta.resize(h->meta_bytes);
       if (auto st = recv_all(fd, meta.data(), meta.size(), got); !st)
         return fail("meta from " + peer + ": " + st.what());
