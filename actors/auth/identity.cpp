@@ -229,8 +229,8 @@ result<std::string> parse_public_key(std::string_view text, key_role role,
                                      const std::string& what) {
   std::string_view header = header_of(role, false);
   if (text.substr(0, std::strlen(header_of(role, true))) == header_of(role, true))
-    return fail(what + ": this is a secret key file; pass the public key file ("
-                + role_name(role) + ".pub) instead, a secret key never leaves its owner");
+    return fail(what + ": this is a secret key file; pass the public key file (the .pub file "
+                         "beside it) instead, a secret key never leaves its owner");
   auto expected = header.size() + 2 * public_key_bytes + 1;
   if (text.size() != expected)
     return fail(what + ": a " + std::string{role_name(role)} + " public key file is "
