@@ -186,6 +186,11 @@ public:
   dht_response handle(dht_request& req) {
     dht_response resp;
     resp.responder = me();
+    // A refused envelope arrives empty with its reason: answer it, never act on it.
+    if (!req.wire_error.empty()) {
+      resp.refused = req.wire_error;
+      return resp;
+    }
     if (!admit(req.sender.address)) {
       resp.refused = "rate limit";
       return resp;
