@@ -10,6 +10,7 @@
 #include "messages/dht.hpp"
 #include "messages/chunked.hpp"
 #include "messages/direct.hpp"
+#include "messages/metrics.hpp"
 #include "messages/tensor_msg.hpp"
 #include "messages/types.hpp"
 #include "messages/vi.hpp"
@@ -53,6 +54,7 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<avg_group>("starling.avg_group");
   cfg.add_message_type<avg_chunk>("starling.avg_chunk");
   cfg.add_message_type<avg_ack>("starling.avg_ack");
+  cfg.add_message_type<metric_event>("starling.metric_event");
   // Counter lists: a stage peer's `(status_atom)` reply, a board's peers per stage.
   cfg.add_message_type<std::vector<uint64_t>>("starling.u64_list");
 }

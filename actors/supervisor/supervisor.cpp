@@ -26,6 +26,13 @@ struct child {
   std::optional<uint64_t> migrate_to;
   /// A rebalancing check of this child is in flight.
   bool checking = false;
+  /// Not spawned yet (waits for its `start_after`), or gone for good (left, or killed with no
+  /// restart).
+  bool waiting = false;
+  bool gone = false;
+  /// What the next death means: a kill's own restart delay (or never), set by the kill.
+  std::optional<caf::timespan> forced_restart;
+  bool forced_never = false;
 };
 
 struct data {
@@ -89,10 +96,20 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_s
   for (auto& s : specs) {
     child c{std::move(s)};
     c.stage = c.spec.stage;
+    c.generation = c.spec.first_generation;
     d->children.push_back(std::move(c));
   }
-  for (size_t i = 0; i < d->children.size(); ++i)
+  for (size_t i = 0; i < d->children.size(); ++i) {
+    auto& c = d->children[i];
+    if (c.spec.leave_after >= caf::timespan{0})
+      self->delayed_send(self, c.spec.leave_after, stop_atom::value, static_cast<uint64_t>(i));
+    if (c.spec.start_after > caf::timespan{0}) {
+      c.waiting = true;
+      self->delayed_send(self, c.spec.start_after, ready_atom::value, static_cast<uint64_t>(i));
+      continue;
+    }
     start(i);
+  }
   self->attach_functor([d] {
     d->stopping = true;
     for (auto& c : d->children)
@@ -107,8 +124,22 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_s
     d->index_of.erase(i);
     auto& c = d->children[idx];
     c.handle = nullptr;
-    if (d->stopping)
+    if (d->stopping || c.gone)
       return;
+    if (c.forced_restart || c.forced_never) {
+      // Killed by a fault that says when (or whether) it comes back.
+      auto delay = c.forced_restart;
+      auto never = c.forced_never;
+      c.forced_restart.reset();
+      c.forced_never = false;
+      if (never) {
+        c.gone = true;
+        return;
+      }
+      c.pending_restart = true;
+      self->delayed_send(self, *delay, tick_atom::value, static_cast<uint64_t>(idx));
+      return;
+    }
     if (c.migrate_to) {
       // Stopped to migrate: the next generation starts at once in the target stage.
       auto to = *c.migrate_to;
@@ -116,7 +147,7 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_s
       respawn(idx, to);
       return;
     }
-    if (c.spec.restart_delay < caf::timespan{0} || c.pending_restart)
+    if (c.spec.restart_delay < caf::timespan{0} || c.pending_restart || !c.spec.supervised)
       return;
     c.pending_restart = true;
     self->delayed_send(self, c.spec.restart_delay, tick_atom::value, static_cast<uint64_t>(idx));
@@ -134,12 +165,38 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_s
       if (idx < d->children.size() && d->children[idx].handle)
         self->send_exit(d->children[idx].handle, caf::exit_reason::kill);
     },
+    [=](preempt_atom, uint64_t idx, caf::timespan restart, bool never) {
+      if (idx >= d->children.size() || !d->children[idx].handle || d->children[idx].migrate_to)
+        return;
+      auto& c = d->children[idx];
+      c.forced_restart = restart;
+      c.forced_never = never;
+      self->send_exit(c.handle, caf::exit_reason::kill);
+    },
+    [=](stop_atom, uint64_t idx) {
+      if (idx >= d->children.size())
+        return;
+      auto& c = d->children[idx];
+      c.gone = true;
+      c.waiting = false;
+      if (c.handle)
+        self->send_exit(c.handle, caf::exit_reason::user_shutdown);
+    },
+    [=](ready_atom, uint64_t idx) {
+      if (idx >= d->children.size())
+        return;
+      auto& c = d->children[idx];
+      if (!c.waiting || c.gone)
+        return;
+      c.waiting = false;
+      start(idx);
+    },
     [=](tick_atom, uint64_t idx) {
       if (idx >= d->children.size())
         return;
       auto& c = d->children[idx];
       c.pending_restart = false;
-      if (c.handle)
+      if (c.handle || c.gone)
         return;
       auto& rb = d->rebalancing;
       if (!(c.spec.spawn_at && rb.place_new_peers && rb.board)) {

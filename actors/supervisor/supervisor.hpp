@@ -26,6 +26,17 @@ struct child_spec {
   std::function<caf::actor(int generation)> spawn;
   /// Delay before a dead child is respawned; negative: never respawn.
   caf::timespan restart_delay = std::chrono::seconds(5);
+  /// Respawn a child that died on its own (a crash); killed children follow the kill's orders.
+  bool supervised = true;
+  /// The first spawn happens this long after the supervisor starts (an instance that joins a
+  /// running experiment); 0 = at once.
+  caf::timespan start_after = caf::timespan{0};
+  /// The child leaves on purpose this long after the supervisor starts (stopped with
+  /// `user_shutdown`, never respawned); negative: never.
+  caf::timespan leave_after = caf::timespan{-1};
+  /// Generation of the first spawn (a node that restarts gives its children a later one, so
+  /// that they download their state and keep unique names).
+  int first_generation = 0;
   /// A stage peer that may change stage (rebalancing): when set, it is used instead of `spawn`
   /// and gets the stage to serve; `stage` is the initial one.
   std::function<caf::actor(int generation, uint64_t stage)> spawn_at = {};
@@ -54,9 +65,13 @@ struct rebalancing_options {
   uint64_t seed = 0;
 };
 
-/// Spawns the supervisor with `children` (all spawned at once, generation 0). Protocol:
+/// Spawns the supervisor with `children` (spawned at once, or after their `start_after`, at
+/// their `first_generation`). Protocol:
 /// - `(preempt_atom, uint64_t index)` kills child `index` now (fault injection); it comes back
 ///   after its restart delay. Killing a dead child is a no-op;
+/// - `(preempt_atom, uint64_t index, caf::timespan restart, bool never)` kills it and brings it
+///   back after `restart` (whatever its policy says), or never;
+/// - `(stop_atom, uint64_t index)` stops it for good (a departure on purpose);
 /// - `(get_atom, uint64_t index) -> caf::actor` the child's current handle (invalid while dead);
 /// - `(status_atom) -> (uint64_t alive, uint64_t respawns)`.
 /// Every respawn is reported to `observer` (if set) as `(respawn_atom, uint64_t index,

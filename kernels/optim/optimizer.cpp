@@ -32,7 +32,20 @@ make_optimizer(const optimizer_options& opts, const std::vector<torch::Tensor>& 
                  .weight_decay(opts.weight_decay);
     return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<lamb>(params, o));
   }
-  return fail(fmt::format("optimizer kind must be \"adam\" or \"lamb\", got \"{}\"", opts.kind));
+  if (opts.kind == "sgd") {
+    if (!(opts.momentum >= 0 && opts.momentum < 1))
+      return fail(fmt::format("sgd momentum must be in [0, 1), got {}", opts.momentum));
+    if (opts.nesterov && opts.momentum == 0)
+      return fail("sgd with nesterov needs a momentum > 0, got 0");
+    auto o = torch::optim::SGDOptions(opts.lr)
+                 .momentum(opts.momentum)
+                 .nesterov(opts.nesterov)
+                 .weight_decay(opts.weight_decay);
+    return std::unique_ptr<torch::optim::Optimizer>(
+        std::make_unique<torch::optim::SGD>(params, o));
+  }
+  return fail(fmt::format("optimizer kind must be \"adam\", \"lamb\" or \"sgd\", got \"{}\"",
+                          opts.kind));
 }
 
 double gradient_norm(const std::vector<torch::Tensor>& params) {
@@ -120,13 +133,15 @@ std::vector<torch::Tensor> all_params(const torch::optim::Optimizer& opt) {
 }
 
 /// Which optimizer has a canonical moment form: Adam (without amsgrad, whose extra maximum
-/// the form does not carry) or LAMB.
-enum class canonical_kind { adam, lamb };
+/// the form does not carry), LAMB or SGD.
+enum class canonical_kind { adam, lamb, sgd };
 
 result<canonical_kind> check_canonical(const torch::optim::Optimizer& opt) {
+  if (dynamic_cast<const torch::optim::SGD*>(&opt) != nullptr)
+    return canonical_kind::sgd;
   bool adam = dynamic_cast<const torch::optim::Adam*>(&opt) != nullptr;
   if (!adam && dynamic_cast<const lamb*>(&opt) == nullptr)
-    return fail("only Adam and LAMB states have a canonical form");
+    return fail("only Adam, LAMB and SGD states have a canonical form");
   for (auto& g : opt.param_groups())
     if (auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&g.options()); o && o->amsgrad())
       return fail("Adam with amsgrad has no canonical form here");
@@ -155,6 +170,9 @@ result<optimizer_moments> save_optimizer_moments(const torch::optim::Optimizer& 
         m = l->exp_avg();
         v = l->exp_avg_sq();
         step = static_cast<uint64_t>(l->step());
+      } else if (auto* g = dynamic_cast<const torch::optim::SGDParamState*>(it->second.get())) {
+        m = g->momentum_buffer();
+        step = m.defined() ? 1 : 0;
       }
     }
     auto zeros = torch::zeros({p.numel()}, torch::kFloat);
@@ -172,7 +190,6 @@ status load_optimizer_moments(torch::optim::Optimizer& opt, const optimizer_mome
   auto kind = check_canonical(opt);
   if (!kind)
     return kind.error();
-  bool adam = *kind == canonical_kind::adam;
   auto params = all_params(opt);
   if (m.steps.size() != params.size())
     return fail(fmt::format("optimizer state for {} parameter tensors, the optimizer has {}",
@@ -206,7 +223,11 @@ status load_optimizer_moments(torch::optim::Optimizer& opt, const optimizer_mome
       continue;
     }
     auto step = static_cast<int64_t>(m.steps[i]);
-    if (adam) {
+    if (*kind == canonical_kind::sgd) {
+      auto st = std::make_unique<torch::optim::SGDParamState>();
+      st->momentum_buffer(first);
+      opt.state()[key] = std::move(st);
+    } else if (*kind == canonical_kind::adam) {
       auto st = std::make_unique<torch::optim::AdamParamState>();
       st->step(step);
       st->exp_avg(first);

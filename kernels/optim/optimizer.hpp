@@ -1,4 +1,5 @@
-// Choosing and configuring a stage's optimizer (Adam or LAMB) and clipping by global norm.
+// Choosing and configuring an optimizer (SGD with momentum, Adam or LAMB) and clipping by global
+// norm.
 #pragma once
 
 #include "kernels/result.hpp"
@@ -14,7 +15,7 @@ namespace starling::kernels {
 
 /// Which optimizer and its hyper-parameters.
 struct optimizer_options {
-  /// "adam" or "lamb".
+  /// "adam", "lamb" or "sgd".
   std::string kind = "adam";
   /// Learning rate.
   double lr = 1e-3;
@@ -24,8 +25,12 @@ struct optimizer_options {
   double beta2 = 0.999;
   /// Denominator epsilon.
   double eps = 1e-8;
-  /// Weight decay (L2 for Adam, decoupled for LAMB).
+  /// Weight decay (L2 for Adam and SGD, decoupled for LAMB).
   double weight_decay = 0.0;
+  /// SGD: momentum in [0, 1); 0 is plain SGD.
+  double momentum = 0.0;
+  /// SGD: Nesterov momentum (needs momentum > 0), as DiLoCo's outer optimizer uses.
+  bool nesterov = false;
   /// Gradients are clipped to this global L2 norm before each step; <= 0 disables clipping.
   double max_grad_norm = 1.0;
 };
@@ -65,7 +70,9 @@ struct optimizer_moments {
   std::vector<uint64_t> steps;
 };
 
-/// The canonical state of an Adam (without amsgrad) or LAMB optimizer.
+/// The canonical state of an Adam (without amsgrad), LAMB or SGD optimizer. SGD's momentum
+/// buffers are its first moments; its second moments are zeros and its step count is 1 where a
+/// buffer exists (LibTorch's SGD keeps no count), so that every kind has one layout.
 result<optimizer_moments> save_optimizer_moments(const torch::optim::Optimizer& opt);
 
 /// Loads a canonical state (untrusted: from another peer) into an optimizer of the same kind

@@ -22,7 +22,8 @@
 #include "runtime/log/log.hpp"
 #include "runtime/metrics/metrics.hpp"
 #include "runtime/node/node.hpp"
-#include "runtime/run/workload.hpp"
+#include "runtime/cli/commands.hpp"
+#include "runtime/experiment/yaml.hpp"
 
 #ifndef STARLING_VERSION
 #  define STARLING_VERSION "0.1.0"
@@ -38,39 +39,45 @@ int die(const std::string& what) {
   return 2;
 }
 
+/// Loads and validates an experiment file for `mode` (unset: the file's own); one clear line
+/// and nothing created on any error.
+result<loaded_experiment> load(const std::string& file, const role_registry& registry,
+                               std::optional<run_mode> mode, std::optional<uint64_t> seed,
+                               const std::vector<std::string>& sets) {
+  graph_load_options lo;
+  lo.mode = mode;
+  lo.seed = seed;
+  lo.overrides = sets;
+  return load_experiment_file(file, registry, lo);
+}
+
 int cmd_run(const std::string& file, bool sim, std::optional<uint64_t> seed,
-            const std::string& out_opt) {
-  auto cfg = load_experiment(file);
-  if (!cfg)
-    return die(cfg.error().what);
-  if (seed)
-    cfg->experiment.seed = *seed;
-  set_log_level(parse_log_level(cfg->experiment.log_level));
-  const auto& table = workloads();
-  auto i = table.find(cfg->experiment.kind);
-  if (i == table.end()) {
-    std::string known;
-    for (auto& kv : table)
-      known += (known.empty() ? "" : ", ") + kv.first;
-    return die(fmt::format("{}: experiment.kind: unknown kind '{}' (known: {})", file,
-                           cfg->experiment.kind, known));
-  }
-  run_context ctx;
-  ctx.simulate = sim || cfg->experiment.mode == "sim";
-  ctx.out_dir = out_opt.empty() ? default_out_dir(cfg->experiment.name) : out_opt;
-  std::string why;
-  if (!make_dirs(ctx.out_dir, why))
-    return die(why);
-  std::filesystem::copy_file(file, ctx.out_dir + "/experiment.yaml",
-                             std::filesystem::copy_options::overwrite_existing);
-  fmt::print("starling {}: running '{}' ({}, {} mode, seed {}), output in {}\n",
-             STARLING_VERSION, cfg->experiment.name, cfg->experiment.kind,
-             ctx.simulate ? "sim" : cfg->experiment.mode, cfg->experiment.seed, ctx.out_dir);
-  try {
-    return i->second.run(*cfg, ctx);
-  } catch (const config_error& e) {
-    return die(e.what());
-  }
+            const std::string& out, const std::vector<std::string>& sets, size_t nodes) {
+  auto registry = builtin_registry();
+  auto ex = load(file, registry, sim ? std::optional<run_mode>{run_mode::sim} : std::nullopt,
+                 seed, sets);
+  if (!ex)
+    return die(ex.error().what);
+  set_log_level(parse_log_level(ex->log_level));
+  return command_run(ex->graph, registry, ex->mode, nodes, out, ex->source_text);
+}
+
+int cmd_plan(const std::string& file, const std::string& mode_text, size_t nodes,
+             const std::vector<std::string>& sets) {
+  auto registry = builtin_registry();
+  std::optional<run_mode> mode;
+  if (mode_text == "sim")
+    mode = run_mode::sim;
+  else if (mode_text == "local")
+    mode = run_mode::local;
+  else if (mode_text == "cluster")
+    mode = run_mode::cluster;
+  else if (!mode_text.empty())
+    return die(fmt::format("--mode: expected sim, local or cluster, got \"{}\"", mode_text));
+  auto ex = load(file, registry, mode, std::nullopt, sets);
+  if (!ex)
+    return die(ex.error().what);
+  return command_plan(ex->graph, registry, ex->mode, nodes);
 }
 
 /// Options of `starling node` beyond listen/join.
@@ -80,50 +87,31 @@ struct node_cli {
   std::optional<size_t> index;
   std::optional<size_t> nodes;
   std::string out;
+  std::vector<std::string> sets;
+  bool child = false;
+  int incarnation = 0;
+  int64_t elapsed_ms = 0;
 };
 
-int cmd_node(const std::string& listen, const std::vector<std::string>& join,
-             const node_cli& cli) {
-  caf_options caf_opts;
+/// `starling node` without an experiment: a bare node that answers pings and pings the nodes
+/// it joins (a connectivity check).
+int bare_node(const std::string& listen, const std::vector<std::string>& join,
+              const std::string& given_name, const std::string& config_file) {
   node_options node_opts;
-  std::optional<experiment_config> experiment;
-  if (!cli.config_file.empty()) {
-    auto cfg = load_experiment(cli.config_file);
-    if (!cfg)
-      return die(cfg.error().what);
-    caf_opts = cfg->caf;
-    node_opts = cfg->node;
-    experiment = std::move(*cfg);
+  caf_options caf_opts;
+  if (!config_file.empty()) {
+    auto settings = load_node_settings(config_file);
+    if (!settings)
+      return die(settings.error().what);
+    caf_opts = settings->first;
+    node_opts = settings->second;
   }
-  const workload* job = nullptr;
-  if (cli.index || cli.nodes) {
-    if (!cli.index || !cli.nodes)
-      return die("--index and --nodes go together (this node's share of the experiment)");
-    if (*cli.nodes < 1 || *cli.index >= *cli.nodes)
-      return die(fmt::format("--index {} must be below --nodes {}", *cli.index, *cli.nodes));
-    if (!experiment)
-      return die("--index/--nodes need --config EXPERIMENT.yaml");
-    auto i = workloads().find(experiment->experiment.kind);
-    if (i == workloads().end() || !i->second.cluster)
-      return die(fmt::format("{}: experiment kind '{}' has no cluster mode", cli.config_file,
-                             experiment->experiment.kind));
-    job = &i->second;
-    set_log_level(parse_log_level(experiment->experiment.log_level));
-  }
-  if (!listen.empty()) {
-    if (auto ep = parse_endpoint(listen); !ep)
-      return die(fmt::format("--listen: {}", ep.error().what));
+  if (!listen.empty())
     node_opts.listen = listen;
-  }
-  for (auto& j : join) {
-    auto ep = parse_endpoint(j);
-    if (!ep || ep->second == 0)
-      return die(fmt::format("--join: expected HOST:PORT with a port in [1, 65535], got \"{}\"",
-                             j));
-    node_opts.join.push_back(j);
-  }
+  if (!join.empty())
+    node_opts.join = join;
   install_shutdown_signals();
-  auto name = cli.name.empty() ? std::string{"node"} : cli.name;
+  auto name = given_name.empty() ? std::string{"node"} : given_name;
   auto n = node::start(caf_opts, node_opts, name);
   if (!n)
     return die(n.error().what);
@@ -163,43 +151,55 @@ int cmd_node(const std::string& listen, const std::vector<std::string>& join,
         [&](caf::error& e) { fmt::print("ping {}: failed: {}\n", ep, nd.system().render(e)); });
     std::fflush(stdout);
   }
-  if (job) {
-    // The experiment runs on this thread; a watcher thread turns SIGINT/SIGTERM into a stop flag.
-    cluster_context ctx;
-    ctx.index = *cli.index;
-    ctx.count = *cli.nodes;
-    ctx.join = node_opts.join;
-    ctx.out_dir = cli.out.empty() ? default_out_dir(experiment->experiment.name + "-node"
-                                                    + std::to_string(ctx.index))
-                                  : cli.out;
-    std::string why;
-    if (!make_dirs(ctx.out_dir, why))
-      return die(why);
-    auto stop = std::make_shared<std::atomic<bool>>(false);
-    ctx.stop = [stop] { return stop->load(); };
-    std::thread watcher{[stop] {
-      if (wait_for_shutdown_signal() != 0)
-        stop->store(true);
-    }};
-    int rc = 2;
-    try {
-      rc = job->cluster(*experiment, nd, ctx);
-    } catch (const config_error& e) {
-      rc = die(e.what());
-    }
-    if (!stop->load())
-      wake_shutdown_waiter();
-    watcher.join();
-    fmt::print("node {} shutting down\n", name);
-    std::fflush(stdout);
-    nd.shutdown();
-    return rc;
-  }
   int sig = wait_for_shutdown_signal();
   fmt::print("node {} shutting down ({})\n", name, sig == SIGINT ? "SIGINT" : "SIGTERM");
   std::fflush(stdout);
   nd.shutdown();
   return 0;
+}
+
+int cmd_node(const std::string& listen, const std::vector<std::string>& join,
+             const node_cli& cli, const std::vector<std::string>& argv) {
+  for (auto& j : join) {
+    auto ep = parse_endpoint(j);
+    if (!ep || ep->second == 0)
+      return die(fmt::format("--join: expected HOST:PORT with a port in [1, 65535], got \"{}\"",
+                             j));
+  }
+  if (!listen.empty())
+    if (auto ep = parse_endpoint(listen); !ep)
+      return die(fmt::format("--listen: {}", ep.error().what));
+  if (cli.index) {
+    if (!cli.nodes)
+      return die("--index and --nodes go together (this node's share of the experiment)");
+    if (*cli.nodes < 1 || *cli.index >= *cli.nodes)
+      return die(fmt::format("--index {} must be below --nodes {}", *cli.index, *cli.nodes));
+    if (cli.config_file.empty())
+      return die("--index/--nodes need --config EXPERIMENT.yaml");
+  } else if (!cli.sets.empty() && cli.config_file.empty()) {
+    return die("--set needs --config EXPERIMENT.yaml");
+  } else if (cli.nodes && cli.config_file.empty()) {
+    return die("--nodes needs --config EXPERIMENT.yaml");
+  }
+  if (cli.config_file.empty() || (!cli.index && !cli.nodes))
+    return bare_node(listen, join, cli.name, cli.config_file);
+  auto registry = builtin_registry();
+  auto ex = load(cli.config_file, registry, run_mode::cluster, std::nullopt, cli.sets);
+  if (!ex)
+    return die(ex.error().what);
+  set_log_level(parse_log_level(ex->log_level));
+  node_command nc;
+  nc.listen = listen.empty() ? ex->graph.node.listen : listen;
+  nc.join = join.empty() ? ex->graph.node.join : join;
+  nc.volunteer = !cli.index;
+  nc.index = cli.index.value_or(0);
+  nc.count = *cli.nodes;
+  nc.out = cli.out;
+  nc.child = cli.child;
+  nc.incarnation = cli.incarnation;
+  nc.elapsed_ms = cli.elapsed_ms;
+  nc.argv = argv;
+  return command_node(ex->graph, registry, nc);
 }
 
 } // namespace
@@ -210,15 +210,33 @@ int cli_main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
 
-  auto* run = app.add_subcommand("run", "Run an experiment file (configs/*.yaml)");
+  auto* run = app.add_subcommand("run", "Run an experiment file (configs/*.yaml) in this process");
   std::string run_file;
   bool run_sim = false;
   std::optional<uint64_t> run_seed;
   std::string run_out;
+  std::vector<std::string> run_sets;
+  size_t run_nodes = 0;
   run->add_option("experiment", run_file, "Experiment YAML file")->required();
   run->add_flag("--sim", run_sim, "Simulate: virtual time and the network model");
   run->add_option("--seed", run_seed, "Override experiment.seed");
   run->add_option("--out", run_out, "Output folder (default runs/<timestamp>-<name>)");
+  run->add_option("--nodes", run_nodes, "Number of nodes (default: experiment.nodes)");
+  run->add_option("--set", run_sets,
+                  "Override one value of the file: KEY.PATH=VALUE, e.g. swarm.trainers=3 or "
+                  "swarm.stages[1].peers[0]=0.5 (repeatable)")
+    ->allow_extra_args(false);
+
+  auto* planc = app.add_subcommand("plan", "Print an experiment's graph and plan");
+  std::string plan_file;
+  std::string plan_mode;
+  size_t plan_nodes = 0;
+  std::vector<std::string> plan_sets;
+  planc->add_option("experiment", plan_file, "Experiment YAML file")->required();
+  planc->add_option("--mode", plan_mode, "sim | local | cluster (default: experiment.mode)");
+  planc->add_option("--nodes", plan_nodes, "Number of nodes (default: experiment.nodes)");
+  planc->add_option("--set", plan_sets, "Override one value: KEY.PATH=VALUE (repeatable)")
+    ->allow_extra_args(false);
 
   auto* nodec = app.add_subcommand("node", "Run a cluster node until SIGINT/SIGTERM");
   std::string listen;
@@ -233,6 +251,13 @@ int cli_main(int argc, char** argv) {
                     "Run share INDEX of the experiment in --config (cluster mode)");
   nodec->add_option("--nodes", node_opts.nodes, "Number of nodes the experiment is spread over");
   nodec->add_option("--out", node_opts.out, "Output folder (default runs/<timestamp>-<name>)");
+  nodec->add_option("--set", node_opts.sets,
+                    "Override one value of --config: KEY.PATH=VALUE (repeatable)")
+    ->allow_extra_args(false);
+  // Set by a node's parent process when it (re)starts the node after a kill_node fault.
+  nodec->add_flag("--child", node_opts.child)->group("");
+  nodec->add_option("--incarnation", node_opts.incarnation)->group("");
+  nodec->add_option("--elapsed-ms", node_opts.elapsed_ms)->group("");
 
   auto* dhtc = app.add_subcommand("dht", "Run a standalone DHT node, or get/store through one");
   std::string dht_listen;
@@ -268,9 +293,13 @@ int cli_main(int argc, char** argv) {
   if (auto rc = auth.run())
     return *rc;
   if (run->parsed())
-    return cmd_run(run_file, run_sim, run_seed, run_out);
-  if (nodec->parsed())
-    return cmd_node(listen, join, node_opts);
+    return cmd_run(run_file, run_sim, run_seed, run_out, run_sets, run_nodes);
+  if (planc->parsed())
+    return cmd_plan(plan_file, plan_mode, plan_nodes, plan_sets);
+  if (nodec->parsed()) {
+    std::vector<std::string> args(argv, argv + argc);
+    return cmd_node(listen, join, node_opts, args);
+  }
   if (dhtc->parsed()) {
     if (dht_get->parsed())
       return cmd_dht_get(dht_node, dht_key);

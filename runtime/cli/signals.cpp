@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstring>
 #include <fcntl.h>
+#include <poll.h>
 #include <unistd.h>
 
 namespace starling::runtime {
@@ -48,6 +49,15 @@ int wait_for_shutdown_signal() {
       continue;
     return 0;
   }
+}
+
+int poll_shutdown_signal(int timeout_ms) {
+  install_shutdown_signals();
+  pollfd p{pipe_fds[0], POLLIN, 0};
+  if (::poll(&p, 1, timeout_ms) != 1)
+    return -1;
+  unsigned char b = 0;
+  return ::read(pipe_fds[0], &b, 1) == 1 ? b : -1;
 }
 
 void wake_shutdown_waiter() {

@@ -16,6 +16,9 @@ void install_shutdown_signals();
 /// called (returns 0).
 int wait_for_shutdown_signal();
 
+/// Waits at most `timeout_ms` for SIGINT or SIGTERM: its number, or -1 when none came.
+int poll_shutdown_signal(int timeout_ms);
+
 /// Wakes a thread blocked in `wait_for_shutdown_signal` without a signal.
 void wake_shutdown_waiter();
 

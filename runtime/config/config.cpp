@@ -84,40 +84,6 @@ void read_options(config_node& n, network_options& out) {
   }
 }
 
-void read_options(config_node& n, fault_options& out) {
-  read_real(n, "preemptions_per_hour", out.preemptions_per_hour, 0.0, 1e6);
-  read_duration(n, "restart_delay", out.restart_delay);
-  if (n.has("schedule")) {
-    for (auto& item : n.child("schedule").items()) {
-      if (!item.is_map())
-        item.expected("a map with at, action and target");
-      fault_event ev;
-      if (!item.has("at"))
-        item.fail("missing required key 'at'");
-      read_duration(item, "at", ev.at);
-      if (!item.has("action"))
-        item.fail("missing required key 'action'");
-      read_choice(item, "action", ev.action,
-                  {"kill_node", "kill_actor", "restart_node", "partition", "heal"});
-      if (!item.has("target"))
-        item.fail("missing required key 'target'");
-      read(item, "target", ev.target);
-      read(item, "peer", ev.peer);
-      if ((ev.action == "partition" || ev.action == "heal") && ev.peer.empty())
-        item.fail(fmt::format("action '{}' needs a 'peer' node", ev.action));
-      if (item.has("restart_after")) {
-        auto c = item.child("restart_after");
-        if (c.is_scalar() && c.as_string() == "never")
-          ev.restart_after = std::chrono::nanoseconds{-2};
-        else
-          read_duration(item, "restart_after", ev.restart_after);
-      }
-      item.finish();
-      out.schedule.push_back(std::move(ev));
-    }
-  }
-}
-
 void read_options(config_node& n, experiment_options& out) {
   read(n, "name", out.name);
   read(n, "kind", out.kind);
@@ -127,36 +93,12 @@ void read_options(config_node& n, experiment_options& out) {
   read_choice(n, "mode", out.mode, {"local", "sim", "cluster"});
   read_duration(n, "duration", out.duration);
   read_choice(n, "log_level", out.log_level, {"debug", "info", "warning", "error"});
-}
-
-experiment_config parse_experiment(config_node root) {
-  if (!root.is_map())
-    root.expected("a map of sections (experiment, caf, node, network, faults, ...)");
-  experiment_config cfg;
-  if (!root.has("experiment"))
-    root.fail("missing required section 'experiment'");
-  read_section(root, "experiment", cfg.experiment);
-  read_section(root, "caf", cfg.caf);
-  read_section(root, "node", cfg.node);
-  read_section(root, "network", cfg.network);
-  read_section(root, "faults", cfg.faults);
-  if (!cfg.experiment.kind.empty()) {
-    if (!root.has(cfg.experiment.kind)) {
-      auto e = root.child("experiment").child("kind");
-      e.fail(fmt::format("kind '{}' needs a section '{}' with its options",
-                         cfg.experiment.kind, cfg.experiment.kind));
-    }
-    cfg.workload = root.child(cfg.experiment.kind);
-  }
-  root.finish();
-  return cfg;
-}
-
-result<experiment_config> load_experiment(const std::string& path) {
-  try {
-    return parse_experiment(load_yaml_file(path));
-  } catch (const config_error& e) {
-    return fail(e.what());
+  if (n.has("nodes")) {
+    auto c = n.child("nodes");
+    if (c.is_scalar() && c.as_string() == "auto")
+      out.nodes = 0;
+    else
+      read_int(n, "nodes", out.nodes, 1, 1000000);
   }
 }
 

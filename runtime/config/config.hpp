@@ -3,7 +3,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,30 +59,6 @@ struct network_options {
   std::vector<link_override> links;
 };
 
-/// One scheduled fault.
-struct fault_event {
-  /// Time since the start of the run.
-  std::chrono::nanoseconds at{0};
-  /// `kill_node`, `kill_actor`, `restart_node`, `partition` or `heal`.
-  std::string action;
-  /// Node (or actor name for kill_actor) the fault applies to.
-  std::string target;
-  /// Second node, for partition/heal.
-  std::string peer;
-  /// For kills: restart after this delay; negative = use faults.restart_delay; `never` = -2.
-  std::chrono::nanoseconds restart_after{-1};
-};
-
-/// Failures injected into a run, from a seeded rate and/or an explicit schedule.
-struct fault_options {
-  /// Random preemptions per node per hour (0 = none).
-  double preemptions_per_hour = 0.0;
-  /// Delay before a preempted node restarts.
-  std::chrono::nanoseconds restart_delay = 5s;
-  /// Explicit faults, in addition to random ones.
-  std::vector<fault_event> schedule;
-};
-
 /// What the experiment is and how it runs.
 struct experiment_options {
   /// A name for logs and the output folder.
@@ -98,17 +73,9 @@ struct experiment_options {
   std::chrono::nanoseconds duration = 60s;
   /// Log level: `debug`, `info`, `warning` or `error`.
   std::string log_level = "info";
-};
-
-/// A whole experiment file.
-struct experiment_config {
-  experiment_options experiment;
-  caf_options caf;
-  node_options node;
-  network_options network;
-  fault_options faults;
-  /// The section named after `experiment.kind`, read by that workload's own loader.
-  std::optional<config_node> workload;
+  /// Nodes of the run (`starling node --nodes` overrides it in cluster mode); 0 or `auto` = one
+  /// node per role instance (pinned roles share their pinned nodes).
+  int64_t nodes = 0;
 };
 
 /// Reads each options struct from its section (absent keys keep their defaults).
@@ -116,14 +83,7 @@ void read_options(config_node& n, caf_options& out);
 void read_options(config_node& n, node_options& out);
 void read_options(config_node& n, link_options& out);
 void read_options(config_node& n, network_options& out);
-void read_options(config_node& n, fault_options& out);
 void read_options(config_node& n, experiment_options& out);
-
-/// Parses a whole experiment; throws config_error naming file, line and key on bad input.
-experiment_config parse_experiment(config_node root);
-
-/// Loads an experiment file; every error is one line `file:line: key: what went wrong`.
-result<experiment_config> load_experiment(const std::string& path);
 
 /// Splits `HOST:PORT` (port 0–65535); failure names the bad part.
 result<std::pair<std::string, uint16_t>> parse_endpoint(const std::string& text);

@@ -265,27 +265,4 @@ std::vector<std::pair<uint64_t, double>> peer_slots(const swarm_graph& g) {
   return out;
 }
 
-placement place(const swarm_graph& g, size_t index, size_t count) {
-  placement p;
-  auto slots = peer_slots(g);
-  if (count <= 1) {
-    for (size_t i = 0; i < slots.size(); ++i)
-      p.peers.push_back(i);
-    for (int64_t t = 0; t < g.trainers; ++t)
-      p.trainers.push_back(t);
-    return p;
-  }
-  if (index == 0)
-    for (int64_t t = 0; t < g.trainers; ++t)
-      p.trainers.push_back(t);
-  // Peer k of stage s goes to node 1 + (s + k) mod (count - 1): a stage's peers land on distinct
-  // nodes (while it has no more peers than there are stage nodes) and stages start staggered.
-  size_t slot = 0;
-  for (size_t s = 0; s < g.stages.size(); ++s)
-    for (size_t k = 0; k < g.stages[s].speeds.size(); ++k, ++slot)
-      if (1 + (s + k) % (count - 1) == index)
-        p.peers.push_back(slot);
-  return p;
-}
-
 } // namespace starling::runtime::graph

@@ -1,8 +1,8 @@
 // The experiment graph of SWARM pipeline training: which stages exist (layer ranges, peers and
 // their speeds), trainers, batch sizes, optimizer, compression and faults. Two front doors build
 // the same graph: the C++ builder below and the `swarm` section of a YAML experiment file
-// (`read_swarm_graph`). The same graph runs in local mode (one process), simulation mode and
-// cluster mode (one `starling node` per process, roles spread by `place`).
+// (`read_swarm_graph`). The `swarm` kind (runtime/run/swarm.hpp) turns it into roles of the
+// experiment graph, which runs in every mode.
 #pragma once
 
 #include <chrono>
@@ -124,20 +124,6 @@ private:
 /// The YAML front door: reads a `swarm` section into `g` (strict: unknown keys, bad types and
 /// out-of-range values are config errors naming the line).
 void read_swarm_graph(config_node& n, swarm_graph& g);
-
-/// The roles one node runs in cluster mode.
-struct placement {
-  /// Stage peer slots (indices into the graph's peers, stage-major order).
-  std::vector<size_t> peers;
-  /// Trainer indices.
-  std::vector<int64_t> trainers;
-};
-
-/// Spreads the graph over `count` nodes: with one node, everything; otherwise node 0 runs the
-/// trainers and peer k of stage s runs on node 1 + (s + k) mod (count - 1), so the peers of one
-/// stage land on distinct nodes and losing one node leaves every stage of two or more peers
-/// served.
-placement place(const swarm_graph& g, size_t index, size_t count);
 
 /// Stage of every peer slot, in slot order (stage-major).
 std::vector<std::pair<uint64_t, double>> peer_slots(const swarm_graph& g);

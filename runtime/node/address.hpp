@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "kernels/result.hpp"
@@ -24,6 +25,17 @@ struct peer_address {
   friend bool operator==(const peer_address& a, const peer_address& b) {
     return a.host == b.host && a.port == b.port && a.name == b.name;
   }
+};
+
+/// `@<node>/<name>`: an actor of node `<node>` of the running experiment, whatever its endpoint
+/// (hosts translate it: the simulation by node index, a cluster through the run's node table).
+struct instance_address {
+  /// The node index; -1 for `@open/<name>` (a volunteer slot, found through the DHT).
+  long node = 0;
+  std::string name;
+
+  /// Parses `@<node>/<name>` or `@open/<name>`; nothing when `text` is not of that form.
+  static std::optional<instance_address> parse(const std::string& text);
 };
 
 } // namespace starling::runtime

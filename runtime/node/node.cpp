@@ -128,8 +128,9 @@ caf::behavior watcher(caf::event_based_actor* self, caf::actor target, std::stri
 
 } // namespace
 
-result<std::unique_ptr<node>> node::start(const caf_options& caf_opts, const node_options& opts,
-                                          std::string name) {
+result<std::unique_ptr<node>>
+node::start(const caf_options& caf_opts, const node_options& opts, std::string name,
+            const std::function<void(caf::actor_system_config&)>& configure) {
   auto ep = parse_endpoint(opts.listen);
   if (!ep)
     return ep.error();
@@ -139,6 +140,8 @@ result<std::unique_ptr<node>> node::start(const caf_options& caf_opts, const nod
   n->timeout_ = caf::timespan{caf_opts.connection_timeout};
   n->cfg_ = std::make_unique<caf::actor_system_config>();
   configure_system(*n->cfg_, caf_opts, true);
+  if (configure)
+    configure(*n->cfg_);
   n->sys_ = std::make_unique<caf::actor_system>(*n->cfg_);
   n->directory_ = std::make_unique<caf::actor>(spawn_directory(*n->sys_));
   auto port = n->sys_->middleman().publish(*n->directory_, ep->second, n->host_.c_str(), true);

@@ -36,9 +36,11 @@ public:
   /// Called (on an actor thread) when a watched peer node is lost: endpoint and reason.
   using down_callback = std::function<void(const std::string&, const std::string&)>;
 
-  /// Starts the actor system and publishes the directory on `opts.listen`.
-  static result<std::unique_ptr<node>> start(const caf_options& caf, const node_options& opts,
-                                             std::string name);
+  /// Starts the actor system and publishes the directory on `opts.listen`; `configure` adds
+  /// settings to the system's config (message types of user roles).
+  static result<std::unique_ptr<node>>
+  start(const caf_options& caf, const node_options& opts, std::string name,
+        const std::function<void(caf::actor_system_config&)>& configure = {});
 
   ~node();
   node(const node&) = delete;

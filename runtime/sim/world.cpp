@@ -160,6 +160,8 @@ world::world(world_options opts)
   cfg_ = std::make_unique<caf::actor_system_config>();
   caf_options caf_opts;
   configure_system(*cfg_, caf_opts, false);
+  if (opts_.configure)
+    opts_.configure(*cfg_);
   cfg_->set("scheduler.policy", caf::atom("testing"));
   cfg_->set("logger.inline-output", true);
   sys_ = std::make_unique<caf::actor_system>(*cfg_);
@@ -393,42 +395,6 @@ void world::at(std::chrono::nanoseconds when, std::string what, std::function<vo
   pending_.emplace(when.count(), std::make_pair(std::move(what), std::move(action)));
 }
 
-void world::schedule_faults(const fault_options& faults, std::chrono::nanoseconds horizon) {
-  for (auto& ev : faults.schedule) {
-    auto restart = ev.restart_after.count() == -1 ? faults.restart_delay : ev.restart_after;
-    if (ev.action == "kill_node")
-      at(ev.at, ev.action, [=] { kill_node(ev.target, restart); });
-    else if (ev.action == "restart_node")
-      at(ev.at, ev.action, [=] { restart_node(ev.target); });
-    else if (ev.action == "kill_actor")
-      at(ev.at, ev.action, [=] {
-        auto slash = ev.target.find('/');
-        if (slash != std::string::npos)
-          kill_actor(ev.target.substr(0, slash), ev.target.substr(slash + 1));
-      });
-    else if (ev.action == "partition")
-      at(ev.at, ev.action, [=] { partition(ev.target, ev.peer); });
-    else if (ev.action == "heal")
-      at(ev.at, ev.action, [=] { heal(ev.target, ev.peer); });
-  }
-  if (faults.preemptions_per_hour <= 0)
-    return;
-  // Each node is preempted by a Poisson process; times come from the world's seeded generator.
-  std::exponential_distribution<double> gap{faults.preemptions_per_hour / 3600.0};
-  for (auto& n : nodes_) {
-    double t = 0;
-    for (;;) {
-      t += gap(rng_);
-      auto when = std::chrono::nanoseconds{static_cast<int64_t>(t * 1e9)};
-      if (when > horizon)
-        break;
-      auto name = n->name();
-      auto restart = faults.restart_delay;
-      at(elapsed() + when, "preempt " + name, [=] { kill_node(name, restart); });
-    }
-  }
-}
-
 caf::actor world::proxy(int from, const caf::actor& target) {
   auto key = std::make_pair(from, target.id());
   if (auto i = proxies_.find(key); i != proxies_.end())
@@ -469,6 +435,13 @@ std::string world::type_names(const caf::message& msg) const {
 }
 
 caf::expected<caf::actor> world::resolve(int from, const std::string& address) {
+  // `@<index>/<name>`: an actor of node <index> of the run (runtime/experiment addresses).
+  if (auto inst = instance_address::parse(address)) {
+    if (inst->node < 0 || static_cast<size_t>(inst->node) >= nodes_.size())
+      return caf::make_error(caf::sec::cannot_connect_to_node,
+                             "no node " + std::to_string(inst->node) + " in this run");
+    return resolve(from, nodes_[static_cast<size_t>(inst->node)]->endpoint() + "/" + inst->name);
+  }
   auto addr = peer_address::parse(address);
   if (!addr)
     return caf::make_error(caf::sec::invalid_argument, addr.error().what);

@@ -47,6 +47,8 @@ struct world_options {
   /// Record every message (`send`/`drop`) in the trace; large runs turn it off (faults and
   /// `world::record` calls are still recorded).
   bool trace_messages = true;
+  /// Extra settings of the actor system (message types of user roles).
+  std::function<void(caf::actor_system_config&)> configure;
 };
 
 /// A simulated node: a name, an index in the network model, an identity, and the actors
@@ -140,9 +142,6 @@ public:
   void kill_actor(const std::string& node, const std::string& actor);
   void partition(const std::string& a, const std::string& b);
   void heal(const std::string& a, const std::string& b);
-  /// Queues the explicit schedule and, with a positive rate, seeded random preemptions of
-  /// every node over `horizon`.
-  void schedule_faults(const fault_options& faults, std::chrono::nanoseconds horizon);
   /// Queues one action at virtual time `at` (since start).
   void at(std::chrono::nanoseconds at, std::string what, std::function<void()> action);
 

@@ -112,7 +112,7 @@ using raw_link = starling::testing::raw_socket;
 
 } // namespace
 
-TEST_CASE("plane framing: preamble, frame header and meta round trip; malformed bytes refused") {
+TEST_CASE("plane framing: preamble, frame header and meta round trip, malformed bytes refused") {
   plane_token t{};
   for (size_t i = 0; i < t.size(); ++i)
     t[i] = static_cast<uint8_t>(i * 17 + 3);
@@ -191,7 +191,7 @@ TEST_CASE("plane framing: preamble, frame header and meta round trip; malformed 
   CHECK_FALSE(token_from_hex(std::string(32, 'A')));
 }
 
-TEST_CASE("data plane: chunks cross links with their meta; a shared chunk reaches two peers") {
+TEST_CASE("data plane: chunks cross links with their meta, a shared chunk reaches two peers") {
   planes w(3);
   w.link(0, 1, "alice"); // plane 0 sends to plane 1 as "alice"
   w.link(0, 2, "alice");

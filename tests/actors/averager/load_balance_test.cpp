@@ -45,7 +45,7 @@ TEST_CASE("bandwidths 0.55, 0.44, 0.40 split 60 elements with a minimum part of 
   CHECK((*free)[2] < 10);
 }
 
-TEST_CASE("all-zero bandwidths are an error; negative ones too") {
+TEST_CASE("all-zero bandwidths are an error, negative ones too") {
   CHECK_FALSE(balance_parts({0.0, 0.0, 0.0}, 60, 1).ok());
   CHECK_FALSE(balance_parts({}, 60, 1).ok());
   CHECK_FALSE(balance_parts({1.0, -1.0}, 60, 1).ok());

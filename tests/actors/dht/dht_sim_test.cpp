@@ -366,7 +366,7 @@ TEST_CASE("requests beyond the per-peer rate are refused and counted") {
   CHECK(s.stats(1).peers == 7);
 }
 
-TEST_CASE("a typed value (a Cap'n Proto struct) is stored, found and decoded; garbage is an "
+TEST_CASE("a typed value (a Cap'n Proto struct) is stored, found and decoded, garbage is an "
           "error") {
   swarm s{19};
   s.grow(10);

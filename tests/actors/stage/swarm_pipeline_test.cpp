@@ -39,7 +39,7 @@ bool state_of(runtime::sim::world& w, runtime::sim::sim_node& n, caf::actor peer
 
 } // namespace
 
-TEST_CASE("a pipeline with a stage peer killed mid-run completes every microbatch exactly once; "
+TEST_CASE("a pipeline with a stage peer killed mid-run completes every microbatch exactly once, "
           "the supervisor respawns it, it downloads state and serves again") {
   runtime::sim::world_options wo;
   wo.seed = 11;
@@ -116,7 +116,7 @@ TEST_CASE("a pipeline with a stage peer killed mid-run completes every microbatc
   CHECK(st.samples > 0);
 }
 
-TEST_CASE("stage peers on three simulated nodes find each other through the DHT; a node lost "
+TEST_CASE("stage peers on three simulated nodes find each other through the DHT, a node lost "
           "mid-run is retried around, restarts, downloads state and serves again") {
   runtime::sim::world_options wo;
   wo.seed = 5;

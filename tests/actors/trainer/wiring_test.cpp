@@ -136,7 +136,7 @@ TEST_CASE("the in-flight window follows the live peers, shared by the trainers a
   CHECK(inflight_target(1000, 0, 6.0, 1024, 64) == 64);
 }
 
-TEST_CASE("peek names the peer pick would choose without charging it; charge moves it down") {
+TEST_CASE("peek names the peer pick would choose without charging it, charge moves it down") {
   wiring_policy w(1);
   w.refresh(0, {"a", "b", "c"});
   for (auto id : {"a", "b", "c"})

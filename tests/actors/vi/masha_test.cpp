@@ -57,7 +57,7 @@ TEST_CASE("the bilinear problem's z* is the saddle point: F(z*) = 0, min over x,
   }
 }
 
-TEST_CASE("Rand-k is unbiased and sends only a seed and k values; Top-k keeps the largest") {
+TEST_CASE("Rand-k is unbiased and sends only a seed and k values, Top-k keeps the largest") {
   std::vector<double> v(200);
   for (std::size_t i = 0; i < v.size(); ++i)
     v[i] = std::sin(0.37 * static_cast<double>(i)) * (1.0 + static_cast<double>(i % 7));

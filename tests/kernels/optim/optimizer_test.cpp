@@ -121,6 +121,66 @@ TEST_CASE("make_optimizer builds Adam and LAMB and rejects bad options") {
   CHECK_FALSE(make_optimizer(o, {w}).ok());
 }
 
+TEST_CASE("make_optimizer builds SGD with momentum and Nesterov and rejects bad SGD options") {
+  auto w = torch::zeros({2}).requires_grad_(true);
+  optimizer_options o;
+  o.kind = "sgd";
+  CHECK(make_optimizer(o, {w}).ok());
+  o.momentum = 0.9;
+  o.nesterov = true;
+  CHECK(make_optimizer(o, {w}).ok());
+  o.momentum = 0;
+  CHECK_FALSE(make_optimizer(o, {w}).ok()); // Nesterov without momentum
+  o.nesterov = false;
+  o.momentum = 1.0;
+  CHECK_FALSE(make_optimizer(o, {w}).ok());
+  o.momentum = -0.1;
+  CHECK_FALSE(make_optimizer(o, {w}).ok());
+}
+
+TEST_CASE("SGD with Nesterov momentum takes the hand-computed steps") {
+  auto w = torch::tensor({1.0f, 2.0f}).requires_grad_(true);
+  optimizer_options o;
+  o.kind = "sgd";
+  o.lr = 0.1;
+  o.momentum = 0.9;
+  o.nesterov = true;
+  auto opt = std::move(make_optimizer(o, {w})).value();
+  auto g = torch::tensor({0.5f, -1.0f});
+  // Step 1: buf = g; w -= lr (g + mu buf). Step 2: buf = mu buf + g; w -= lr (g + mu buf).
+  w.mutable_grad() = g.clone();
+  opt->step();
+  auto expect = torch::tensor({1.0f, 2.0f}) - 0.1 * (g + 0.9 * g);
+  CHECK(torch::allclose(w.detach(), expect, 0, 1e-6));
+  w.mutable_grad() = g.clone();
+  opt->step();
+  expect = expect - 0.1 * (g + 0.9 * (0.9 * g + g));
+  CHECK(torch::allclose(w.detach(), expect, 0, 1e-6));
+}
+
+TEST_CASE("SGD's momentum buffers travel in the canonical form and continue identically") {
+  two_peers t{"sgd"};
+  t.o.momentum = 0.9;
+  auto opt_a = std::move(make_optimizer(t.o, t.pa)).value();
+  auto opt_b = std::move(make_optimizer(t.o, t.pb)).value();
+  auto fresh = save_optimizer_moments(*opt_a);
+  REQUIRE(fresh.ok());
+  for (auto s : fresh->steps)
+    CHECK(s == 0);
+  t.train(*t.a, *opt_a, 3);
+  REQUIRE(unflatten_parameters(flatten_parameters(t.pa), t.pb).ok());
+  auto m = save_optimizer_moments(*opt_a);
+  REQUIRE(m.ok());
+  CHECK(m->moments.numel() == 2 * flatten_parameters(t.pa).numel());
+  CHECK(m->moments.abs().sum().item<double>() > 0);
+  for (auto s : m->steps)
+    CHECK(s == 1);
+  REQUIRE(load_optimizer_moments(*opt_b, *m).ok());
+  t.train(*t.a, *opt_a);
+  t.train(*t.b, *opt_b);
+  CHECK(torch::equal(flatten_parameters(t.pa), flatten_parameters(t.pb)));
+}
+
 TEST_CASE("Adam and LAMB with clipping lower a tiny GPT's loss on a fixed batch") {
   gpt_config cfg;
   cfg.layers = 2;

@@ -3,16 +3,22 @@
 #include <filesystem>
 
 #include "runtime/config/config.hpp"
+#include "runtime/experiment/yaml.hpp"
 
 using namespace starling::runtime;
 using namespace std::chrono_literals;
 
 namespace {
 
+/// Reads a whole experiment from `text`.
+loaded_experiment read_text(const std::string& text, const std::string& name = "configs/x.yaml") {
+  return read_experiment(load_yaml_string(text, name), builtin_registry(), {});
+}
+
 /// Parses `text` and returns the error message (empty if it parsed).
 std::string error_of(const std::string& text) {
   try {
-    parse_experiment(load_yaml_string(text, "configs/x.yaml"));
+    read_text(text);
     return {};
   } catch (const config_error& e) {
     return e.what();
@@ -22,13 +28,14 @@ std::string error_of(const std::string& text) {
 } // namespace
 
 TEST_CASE("a valid experiment file loads with typed values and defaults") {
-  auto cfg = parse_experiment(load_yaml_string(R"(
+  auto ex = read_text(R"(
 experiment:
   name: demo
   kind: ping
   seed: 7
   mode: sim
   duration: 1.5min
+  nodes: 3
 caf:
   scheduler: {policy: sharing, max_threads: 3}
   middleman: {heartbeat_interval: 250ms, connection_timeout: 2s}
@@ -40,47 +47,49 @@ network:
   links:
     - {from: a, to: b, bandwidth: 200mbit}
 faults:
-  preemptions_per_hour: 3
-  restart_delay: 10s
-  schedule:
-    - {at: 20s, action: kill_node, target: b, restart_after: never}
-    - {at: 30s, action: partition, target: a, peer: c}
+  - {kill_node: 1, at: 20s, restart_after: never}
+  - {partition: [[0], [1, 2]], at: 30s, until: 40s}
+  - {preempt: pinger, every: 10s}
 ping:
-  anything: 1
+  nodes: 3
 )",
-                                                 "demo.yaml"));
-  CHECK(cfg.experiment.name == "demo");
-  CHECK(cfg.experiment.seed == 7);
-  CHECK(cfg.experiment.mode == "sim");
-  CHECK(cfg.experiment.duration == 90s);
-  CHECK(cfg.caf.scheduler_policy == "sharing");
-  CHECK(cfg.caf.max_threads == 3);
-  CHECK(cfg.caf.heartbeat_interval == 250ms);
-  CHECK(cfg.caf.connection_timeout == 2s);
-  CHECK(cfg.node.join.size() == 1);
-  CHECK(cfg.network.defaults.latency == 50ms);
-  CHECK(cfg.network.defaults.bandwidth == doctest::Approx(10e6));
-  REQUIRE(cfg.network.links.size() == 1);
-  CHECK(cfg.network.links[0].link.bandwidth == doctest::Approx(25e6));
-  CHECK(cfg.network.links[0].link.latency == 50ms); // inherited from the defaults
-  CHECK(cfg.faults.preemptions_per_hour == doctest::Approx(3.0));
-  REQUIRE(cfg.faults.schedule.size() == 2);
-  CHECK(cfg.faults.schedule[0].restart_after.count() == -2);
-  CHECK(cfg.faults.schedule[1].peer == "c");
-  REQUIRE(cfg.workload.has_value());
-  CHECK(cfg.workload->path() == "ping");
+                      "demo.yaml");
+  auto& g = ex.graph;
+  CHECK(g.name == "demo");
+  CHECK(g.seed == 7);
+  CHECK(ex.mode == run_mode::sim);
+  CHECK(g.duration == 90s);
+  CHECK(g.caf.scheduler_policy == "sharing");
+  CHECK(g.caf.max_threads == 3);
+  CHECK(g.caf.heartbeat_interval == 250ms);
+  CHECK(g.caf.connection_timeout == 2s);
+  CHECK(g.node.join.size() == 1);
+  CHECK(g.network.defaults.latency == 50ms);
+  CHECK(g.network.defaults.bandwidth == doctest::Approx(10e6));
+  REQUIRE(g.network.links.size() == 1);
+  CHECK(g.network.links[0].link.bandwidth == doctest::Approx(25e6));
+  CHECK(g.network.links[0].link.latency == 50ms); // inherited from the defaults
+  REQUIRE(g.faults.size() == 3);
+  CHECK(g.faults[0].kind == fault_kind::kill_node);
+  CHECK(g.faults[0].restart.never);
+  CHECK(g.faults[1].groups == std::vector<std::vector<size_t>>{{0}, {1, 2}});
+  CHECK(g.faults[1].until == std::optional<std::chrono::nanoseconds>{40s});
+  CHECK(g.faults[2].every == 10s);
+  REQUIRE(g.roles.size() == 2);
+  CHECK(g.roles[1].name == "pinger");
 }
 
 TEST_CASE("defaults apply when a section is absent") {
-  auto cfg = parse_experiment(load_yaml_string("experiment: {name: x}\n", "x.yaml"));
-  CHECK(cfg.caf.heartbeat_interval == 1s);
-  CHECK(cfg.caf.connection_timeout == 5s);
-  CHECK(cfg.node.listen == "127.0.0.1:0");
-  CHECK_FALSE(cfg.workload.has_value());
+  auto ex = read_text("experiment: {name: x, kind: ping}\nping: {}\n");
+  CHECK(ex.graph.caf.heartbeat_interval == 1s);
+  CHECK(ex.graph.caf.connection_timeout == 5s);
+  CHECK(ex.graph.node.listen == "127.0.0.1:0");
+  CHECK(ex.mode == run_mode::local);
+  CHECK(ex.graph.faults.empty());
 }
 
 TEST_CASE("an unknown key names its path and line") {
-  auto e = error_of("experiment:\n  name: x\n  sede: 3\n");
+  auto e = error_of("experiment:\n  name: x\n  sede: 3\nroles: {}\n");
   CHECK(e.find("configs/x.yaml:3: experiment.sede: unknown key") == 0);
   auto top = error_of("experiment: {name: x}\nbogus: 1\n");
   CHECK(top.find("configs/x.yaml:2: bogus: unknown key") == 0);
@@ -107,10 +116,12 @@ TEST_CASE("out-of-range values are rejected") {
 
 TEST_CASE("missing required keys and sections are named") {
   CHECK(error_of("caf: {}\n").find("missing required section 'experiment'") != std::string::npos);
-  auto f = error_of("experiment: {name: x}\nfaults:\n  schedule:\n    - {action: kill_node}\n");
-  CHECK(f.find("configs/x.yaml:4: faults.schedule[0]: missing required key 'at'") == 0);
+  auto f = error_of("experiment: {name: x, kind: ping}\nping: {}\nfaults:\n  - {kill_node: 1}\n");
+  CHECK(f.find("configs/x.yaml:4: faults[0]: missing required key 'at'") == 0);
   auto k = error_of("experiment: {name: x, kind: swarm}\n");
-  CHECK(k.find("kind 'swarm' needs a section 'swarm'") != std::string::npos);
+  CHECK(k.find("swarm") != std::string::npos);
+  auto r = error_of("experiment: {name: x}\n");
+  CHECK(r.find("missing `roles:`") != std::string::npos);
 }
 
 TEST_CASE("syntax errors carry the line") {
@@ -135,7 +146,7 @@ TEST_CASE("every file under configs/ loads") {
       continue;
     ++files;
     auto path = entry.path().string();
-    auto cfg = load_experiment(path);
+    auto cfg = load_experiment_file(path, builtin_registry(), {});
     INFO(path);
     CHECK_MESSAGE(cfg.ok(), (cfg.ok() ? std::string{} : cfg.error().what));
   }

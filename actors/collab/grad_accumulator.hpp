@@ -1,0 +1,105 @@
+// The tensor side of the collaborative optimizer: accumulates a peer's gradients weighted by
+// samples, takes the step's mean gradient out for averaging while later backwards accumulate
+// into the next step, steps any kernels/optim optimizer (SGD, Adam, LAMB) on the averaged or own
+// gradient with clipping, and exports/imports parameters plus optimizer state for state
+// averaging and state download. The owning actor carries out the coordinator's effects with it.
+// LibTorch, no CAF; kept apart from the coordinator so that the decision core builds without
+// torch.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <torch/torch.h>
+
+#include "kernels/optim/optimizer.hpp"
+#include "kernels/result.hpp"
+
+namespace starling::actors::collab {
+
+/// A step's gradient taken out of the accumulator.
+struct taken_gradient {
+  /// The mean gradient over the step's samples, flat fp32 in parameter order (zeros when no
+  /// sample was accumulated).
+  torch::Tensor mean;
+  /// Samples in it (the averaging weight).
+  uint64_t samples = 0;
+};
+
+/// Parameters and optimizer state: what a donor serves and a state round averages.
+struct model_state {
+  /// All parameters, flat fp32 in order.
+  torch::Tensor params;
+  /// The optimizer's canonical state.
+  kernels::optimizer_moments optimizer;
+};
+
+/// Accumulates and steps one peer's gradients. Not thread-safe: one owner (the actor).
+class grad_accumulator {
+public:
+  /// An accumulator over `params` stepping `optimizer` (built over the same tensors) with
+  /// gradients clipped to `max_grad_norm` (<= 0: no clipping).
+  grad_accumulator(std::vector<torch::Tensor> params,
+                   std::unique_ptr<torch::optim::Optimizer> optimizer, double max_grad_norm);
+
+  /// Builds the optimizer `opts` names over `params`; fails where `make_optimizer` fails.
+  static result<grad_accumulator> make(std::vector<torch::Tensor> params,
+                                       const kernels::optimizer_options& opts);
+
+  /// Adds the gradients now in the parameters' `.grad`, the gradient of a mean loss over
+  /// `samples` samples, weighted by `samples`, and zeroes `.grad`. Fails, adding nothing, on a
+  /// non-finite gradient.
+  status accumulate(uint64_t samples);
+
+  /// Samples accumulated since the last `take` or `discard`.
+  uint64_t samples() const noexcept { return samples_; }
+
+  /// Takes the mean gradient out; the accumulator starts again from zero, so later backwards
+  /// count towards the next step.
+  taken_gradient take();
+
+  /// Drops what was accumulated (the samples are lost).
+  void discard();
+
+  /// Steps the optimizer on `mean_gradient` (flat, one element per parameter element: an
+  /// averaged or own mean gradient), clipped by global norm; the parameters' `.grad` are left as
+  /// they were. Returns the norm before clipping. Fails, changing nothing, on a wrong size or a
+  /// non-finite gradient (from the network).
+  result<double> apply(const torch::Tensor& mean_gradient);
+
+  /// Parameters and optimizer state, for a state round or a donor.
+  result<model_state> export_state() const;
+
+  /// Loads a (downloaded, untrusted) state: parameters and optimizer state, all or nothing.
+  status import_state(const model_state& s);
+
+  /// Parameters then optimizer moments in one flat fp32 vector: the unit a state round averages
+  /// (elementwise means of Adam's or LAMB's moments stay valid moments).
+  result<torch::Tensor> state_vector() const;
+
+  /// Loads an averaged `state_vector`, keeping the peer's own optimizer step counts; all or
+  /// nothing.
+  status load_state_vector(const torch::Tensor& v);
+
+  /// The parameters.
+  const std::vector<torch::Tensor>& params() const noexcept { return params_; }
+  /// The optimizer.
+  torch::optim::Optimizer& optimizer() noexcept { return *optimizer_; }
+  /// Optimizer steps taken through `apply`.
+  uint64_t steps() const noexcept { return steps_; }
+  /// Element count of the parameters (and of every flat gradient).
+  int64_t numel() const noexcept { return numel_; }
+
+private:
+  std::vector<torch::Tensor> params_;
+  std::unique_ptr<torch::optim::Optimizer> optimizer_;
+  double max_grad_norm_;
+  int64_t numel_;
+  /// Σ samples_i · gradient_i, in fp64 so that a long step's sum loses nothing to rounding.
+  torch::Tensor sum_;
+  uint64_t samples_ = 0;
+  uint64_t steps_ = 0;
+};
+
+} // namespace starling::actors::collab

@@ -1,0 +1,32 @@
+// Metrics: what roles report to their node's sink (runtime/experiment), which stamps the time,
+// writes one JSON line per event and hands it to the run's reporters.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include <caf/meta/type_name.hpp>
+
+namespace starling::messages {
+
+/// One measured event of a role instance.
+struct metric_event {
+  /// The instance that reports (`trainer.0`), or a host service (`node2/supervisor`).
+  std::string source;
+  /// What happened (`microbatch`, `restart`, `round`, ...): reporters dispatch on it.
+  std::string kind;
+  /// Numbers (`loss`, `samples`, `seconds`).
+  std::map<std::string, double> values;
+  /// Words (`peer`, `stage`, `reason`).
+  std::map<std::string, std::string> labels;
+  /// Run time in seconds when the first sink got it (set by that sink; negative until then),
+  /// so that an event forwarded to another node keeps the time it happened.
+  double t = -1;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, metric_event& x) {
+  return f(caf::meta::type_name("metric_event"), x.source, x.kind, x.values, x.labels, x.t);
+}
+
+} // namespace starling::messages

@@ -1,0 +1,337 @@
+#include "runtime/cli/commands.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include "runtime/cli/signals.hpp"
+#include "runtime/experiment/plan.hpp"
+#include "runtime/experiment/runner.hpp"
+#include "runtime/log/log.hpp"
+#include "runtime/metrics/metrics.hpp"
+#include "runtime/node/node.hpp"
+
+#ifndef STARLING_VERSION
+#  define STARLING_VERSION "0.1.0"
+#endif
+
+namespace starling::runtime {
+
+namespace {
+
+int die(const std::string& what) {
+  fmt::print(stderr, "starling: error: {}\n", what);
+  return 2;
+}
+
+/// The command line without `--listen X` / `--listen=X` (the parent gives its child its own).
+std::vector<std::string> without_listen(const std::vector<std::string>& argv) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (argv[i] == "--listen") {
+      ++i;
+      continue;
+    }
+    if (argv[i].rfind("--listen=", 0) == 0)
+      continue;
+    out.push_back(argv[i]);
+  }
+  return out;
+}
+
+/// A child process of the parent: its stdout comes through a pipe the parent echoes.
+struct child_process {
+  pid_t pid = -1;
+  int out = -1;
+  std::string buf;
+};
+
+child_process spawn_child(const std::vector<std::string>& args) {
+  child_process c;
+  int fds[2];
+  if (::pipe(fds) != 0)
+    return c;
+  c.pid = ::fork();
+  if (c.pid == 0) {
+    ::dup2(fds[1], 1);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    std::vector<char*> argv;
+    for (auto& a : args)
+      argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    ::execv("/proc/self/exe", argv.data());
+    std::_Exit(127);
+  }
+  ::close(fds[1]);
+  c.out = fds[0];
+  ::fcntl(c.out, F_SETFL, ::fcntl(c.out, F_GETFL) | O_NONBLOCK);
+  return c;
+}
+
+/// Echoes what the child printed; remembers the endpoint it listens on and, when it reports the
+/// run's clock, aligns `t0` (the parent's start of the run) with it.
+void pump(child_process& c, std::string& endpoint, std::chrono::steady_clock::time_point& t0) {
+  char tmp[4096];
+  for (;;) {
+    auto n = ::read(c.out, tmp, sizeof(tmp));
+    if (n <= 0)
+      break;
+    c.buf.append(tmp, static_cast<size_t>(n));
+  }
+  size_t nl;
+  while ((nl = c.buf.find('\n')) != std::string::npos) {
+    auto line = c.buf.substr(0, nl);
+    c.buf.erase(0, nl + 1);
+    fmt::print("{}\n", line);
+    std::fflush(stdout);
+    if (auto rc = line.find(": run clock "); rc != std::string::npos) {
+      char* end = nullptr;
+      auto secs = std::strtod(line.c_str() + rc + 12, &end);
+      if (end != line.c_str() + rc + 12 && secs >= 0)
+        t0 = std::chrono::steady_clock::now()
+             - std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+               std::chrono::duration<double>(secs));
+    }
+    auto at = line.find("listening on ");
+    if (endpoint.empty() && at != std::string::npos) {
+      endpoint = line.substr(at + 13);
+      if (auto sp = endpoint.find(' '); sp != std::string::npos)
+        endpoint.resize(sp);
+    }
+  }
+}
+
+/// Exit status of a finished child (128 + signal when killed).
+int status_of(int st) {
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+/// Runs the node as a child process and carries out the plan's kills of this node: SIGKILL at
+/// the fault's time, a new incarnation on the same port after the restart delay.
+int run_parent(const experiment_graph& g, const node_command& cmd,
+               std::vector<planned_fault> kills) {
+  install_shutdown_signals();
+  auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::steady_clock::now() - t0; };
+  std::string endpoint;
+  auto base = without_listen(cmd.argv);
+  size_t next_kill = 0;
+  for (int incarnation = 0;; ++incarnation) {
+    auto args = base;
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(elapsed()).count();
+    for (auto x : {std::string{"--child"}, std::string{"--incarnation"}, std::to_string(incarnation),
+                   std::string{"--elapsed-ms"}, std::to_string(ms), std::string{"--listen"},
+                   endpoint.empty() ? cmd.listen : endpoint})
+      args.push_back(x);
+    auto child = spawn_child(args);
+    if (child.pid < 0)
+      return die("cannot start the node process");
+    for (;;) {
+      pollfd p{child.out, POLLIN, 0};
+      ::poll(&p, 1, 50);
+      pump(child, endpoint, t0);
+      int st = 0;
+      if (::waitpid(child.pid, &st, WNOHANG) == child.pid) {
+        pump(child, endpoint, t0);
+        ::close(child.out);
+        return status_of(st);
+      }
+      if (auto sig = poll_shutdown_signal(0); sig > 0) {
+        ::kill(child.pid, SIGTERM);
+        ::waitpid(child.pid, &st, 0);
+        pump(child, endpoint, t0);
+        ::close(child.out);
+        return status_of(st);
+      }
+      if (next_kill < kills.size() && elapsed() >= kills[next_kill].at)
+        break;
+    }
+    auto& k = kills[next_kill++];
+    ::kill(child.pid, SIGKILL);
+    int st = 0;
+    ::waitpid(child.pid, &st, 0);
+    ::close(child.out);
+    fmt::print("node{}: killed at {:.1f} s (fault){}\n", cmd.index,
+               std::chrono::duration<double>(elapsed()).count(),
+               k.never ? ", not restarted"
+                       : fmt::format(", restarts in {:.1f} s",
+                                     std::chrono::duration<double>(k.restart).count()));
+    std::fflush(stdout);
+    auto until = k.never ? g.duration : k.at + k.restart;
+    while (elapsed() < until) {
+      if (poll_shutdown_signal(50) > 0)
+        return 0;
+    }
+    if (k.never)
+      return 0;
+  }
+}
+
+} // namespace
+
+int command_run(const experiment_graph& g, const role_registry& registry, run_mode mode,
+                size_t nodes, const std::string& out, const std::string& source_text) {
+  auto p = make_plan(g, mode, nodes, g.seed);
+  if (!p)
+    return die(p.error().what);
+  auto dir = out.empty() ? default_out_dir(g.name) : out;
+  std::string why;
+  if (!make_dirs(dir, why))
+    return die(why);
+  if (!source_text.empty())
+    std::ofstream{dir + "/experiment.yaml"} << source_text;
+  fmt::print("starling {}: running '{}'{} in {} mode, seed {}, {} node{}; output in {}\n",
+             STARLING_VERSION, g.name, g.kind.empty() ? "" : fmt::format(" ({})", g.kind),
+             to_string(mode), g.seed, p->total_nodes(), p->total_nodes() == 1 ? "" : "s", dir);
+  std::fflush(stdout);
+  run_settings s;
+  s.nodes = nodes;
+  s.out_dir = dir;
+  if (g.study)
+    return g.study(g, [&](const experiment_graph& variant) {
+      auto settings = s;
+      settings.write_trace = false;
+      settings.trace_messages = false;
+      return run_in_process(variant, registry, mode, settings);
+    }, dir);
+  auto r = run_in_process(g, registry, mode, s);
+  if (mode == run_mode::sim)
+    fmt::print("  {:<34} {:016x} ({} events; {:.1f} s simulated in {:.1f} s wall)\n",
+               "trace digest", r.trace_digest, r.trace_events, r.run_s, r.wall_s);
+  std::fflush(stdout);
+  return r.exit_code;
+}
+
+int command_plan(const experiment_graph& g, const role_registry& registry, run_mode mode,
+                 size_t nodes) {
+  if (auto st = validate(g, registry, mode); !st)
+    return die(st.what());
+  auto p = make_plan(g, mode, nodes, g.seed);
+  if (!p)
+    return die(p.error().what);
+  fmt::print("{}", describe(g, *p));
+  return 0;
+}
+
+int command_node(const experiment_graph& g, const role_registry& registry,
+                 const node_command& cmd) {
+  if (cmd.count < 1 || (!cmd.volunteer && cmd.index >= cmd.count))
+    return die(fmt::format("--index {} must be below --nodes {}", cmd.index, cmd.count));
+  if (cmd.volunteer && cmd.join.empty())
+    return die("a volunteer node (no --index) needs --join HOST:PORT of a node of the run");
+  auto p = make_plan(g, run_mode::cluster, cmd.count, g.seed);
+  if (!p)
+    return die(p.error().what);
+  std::vector<planned_fault> kills;
+  for (auto& f : p->faults)
+    if (!cmd.volunteer && f.what == planned_fault::action::kill_node && f.node == cmd.index)
+      kills.push_back(f);
+  if (!cmd.child && !kills.empty())
+    return run_parent(g, cmd, std::move(kills));
+  install_shutdown_signals();
+  node_options no = g.node;
+  no.listen = cmd.listen;
+  no.join = cmd.join;
+  auto name = cmd.volunteer ? std::string{"volunteer"} : fmt::format("node{}", cmd.index);
+  auto nd = node::start(g.caf, no, name,
+                        [&registry](caf::actor_system_config& cfg) { registry.configure(cfg); });
+  if (!nd)
+    return die(nd.error().what);
+  fmt::print("node {} listening on {}\n", name, (*nd)->endpoint());
+  std::fflush(stdout);
+  auto out = cmd.out.empty() ? default_out_dir(g.name + "-" + name) : cmd.out;
+  std::string why;
+  if (!make_dirs(out, why))
+    return die(why);
+  auto stop = std::make_shared<std::atomic<bool>>(false);
+  std::thread watcher{[stop] {
+    if (wait_for_shutdown_signal() != 0)
+      stop->store(true);
+  }};
+  cluster_settings s;
+  s.index = cmd.index;
+  s.count = cmd.count;
+  s.volunteer = cmd.volunteer;
+  s.join = cmd.join;
+  s.out_dir = out;
+  s.stop = [stop] { return stop->load(); };
+  s.incarnation = cmd.incarnation;
+  s.elapsed = std::chrono::milliseconds{cmd.elapsed_ms};
+  int rc = run_cluster_node(g, registry, **nd, s);
+  if (!stop->load())
+    wake_shutdown_waiter();
+  watcher.join();
+  fmt::print("node {} shutting down\n", name);
+  std::fflush(stdout);
+  (*nd)->shutdown();
+  return rc;
+}
+
+int experiment_main(int argc, char** argv, const role_registry& registry,
+                    const std::function<result<experiment_graph>(run_mode)>& build) {
+  CLI::App app{"a starling experiment built in C++"};
+  bool sim = false;
+  std::optional<uint64_t> seed;
+  size_t nodes = 0;
+  std::string out;
+  app.add_flag("--sim", sim, "Simulate: virtual time and the network model");
+  app.add_option("--seed", seed, "Override the graph's seed");
+  app.add_option("--nodes", nodes, "Number of nodes (default: the graph's)");
+  app.add_option("--out", out, "Output folder (default runs/<timestamp>-<name>)");
+  auto* planc = app.add_subcommand("plan", "Print the plan");
+  bool plan_cluster = false;
+  planc->add_flag("--cluster", plan_cluster, "The plan of a cluster run (default: local)");
+  auto* nodec = app.add_subcommand("node", "Run one node of a cluster run");
+  node_command nc;
+  std::optional<size_t> index;
+  nodec->add_option("--index", index, "This node's index (none: a volunteer taking an open slot)");
+  nodec->add_option("--nodes", nc.count, "Number of nodes")->required();
+  nodec->add_option("--listen", nc.listen, "HOST:PORT to listen on (port 0: the OS chooses)");
+  nodec->add_option("--join", nc.join, "HOST:PORT of a node to join (repeatable)");
+  nodec->add_option("--out", nc.out, "Output folder");
+  nodec->add_flag("--child", nc.child)->group("");
+  nodec->add_option("--incarnation", nc.incarnation)->group("");
+  nodec->add_option("--elapsed-ms", nc.elapsed_ms)->group("");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0)
+      return app.exit(e);
+    return die(e.what());
+  }
+  auto mode = nodec->parsed() || (planc->parsed() && plan_cluster) ? run_mode::cluster
+              : sim                                                ? run_mode::sim
+                                                                   : run_mode::local;
+  auto g = build(mode);
+  if (!g)
+    return die(g.error().what);
+  if (seed)
+    g->seed = *seed;
+  if (auto st = validate(*g, registry, mode); !st)
+    return die(st.what());
+  if (planc->parsed())
+    return command_plan(*g, registry, mode, nodes);
+  if (nodec->parsed()) {
+    nc.volunteer = !index;
+    nc.index = index.value_or(0);
+    for (int i = 0; i < argc; ++i)
+      nc.argv.emplace_back(argv[i]);
+    return command_node(*g, registry, nc);
+  }
+  return command_run(*g, registry, mode, nodes, out);
+}
+
+} // namespace starling::runtime

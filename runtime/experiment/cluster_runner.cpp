@@ -1,0 +1,648 @@
+// Cluster mode: this process is node `index` of the plan. It runs a DHT node (bootstrapped from
+// `--join`), announces itself in the run's node table (`<experiment>/nodes`, sub-key = index,
+// value = endpoint and listening ports) so that `@<node>/<name>` addresses resolve, starts its
+// share of the plan, and carries out its faults: instance kills on CAF's clock, partitions by
+// refusing to resolve the other side and shutting its own sockets to it (node kills are the
+// `starling node` parent's business: it kills and restarts this process). Node 0 runs the
+// reporters (the others forward their metrics to it) and, once they say the work is done,
+// tells the other nodes through the DHT (`<experiment>/done`).
+#include <chrono>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <unistd.h>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include "actors/averager/averager.hpp"
+#include "actors/dht/client.hpp"
+#include "actors/dht/dht.hpp"
+#include "messages/atoms.hpp"
+#include "messages/dht.hpp"
+#include "messages/metrics.hpp"
+#include "runtime/experiment/node_runtime.hpp"
+#include "runtime/experiment/runner.hpp"
+#include "runtime/log/log.hpp"
+#include "runtime/metrics/metrics.hpp"
+#include "runtime/node/address.hpp"
+#include "runtime/node/links.hpp"
+#include "runtime/node/node.hpp"
+
+namespace starling::runtime {
+
+namespace {
+
+using std::chrono::nanoseconds;
+
+/// A node of the table: its endpoint and the ports it listens on.
+struct table_entry {
+  std::string endpoint;
+  std::set<uint16_t> ports;
+};
+
+/// Parses `host:port p1,p2,...` (untrusted DHT bytes).
+std::optional<table_entry> parse_entry(const std::vector<char>& v) {
+  if (v.empty() || v.size() > 512)
+    return std::nullopt;
+  std::string text(v.begin(), v.end());
+  std::istringstream ss{text};
+  table_entry e;
+  std::string ports;
+  if (!(ss >> e.endpoint))
+    return std::nullopt;
+  if (!parse_endpoint(e.endpoint))
+    return std::nullopt;
+  if (ss >> ports) {
+    std::istringstream ps{ports};
+    std::string one;
+    while (std::getline(ps, one, ',')) {
+      char* end = nullptr;
+      auto p = std::strtoul(one.c_str(), &end, 10);
+      if (end == one.c_str() || *end != '\0' || p == 0 || p > 65535)
+        return std::nullopt;
+      e.ports.insert(static_cast<uint16_t>(p));
+    }
+  }
+  return e;
+}
+
+std::string nodes_key(const experiment_graph& g) {
+  return g.name + "/nodes";
+}
+
+std::string done_key(const experiment_graph& g) {
+  return g.name + "/done";
+}
+
+/// Volunteers' claims of open slots: sub-key = instance name, value = the claimant's endpoint.
+std::string slots_key(const experiment_graph& g) {
+  return g.name + "/slots";
+}
+
+/// When node 0 started the run (system clock, ns since the epoch, as text): every node runs
+/// the plan on this clock, so that fault times mean the same instant everywhere.
+std::string start_key(const experiment_graph& g) {
+  return g.name + "/start";
+}
+
+int64_t system_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+           std::chrono::system_clock::now().time_since_epoch())
+    .count();
+}
+
+/// Puts this node on the run's clock: node 0's first incarnation publishes its start; the
+/// others (and a restarted node 0) read it, waiting up to `patience` for it to appear. Without
+/// it a node keeps its own start (plan times then count from when it started).
+void sync_run_clock(caf::actor_system& sys, caf::actor dht, const experiment_graph& g,
+                    bool publish, std::chrono::nanoseconds own_elapsed,
+                    const std::function<void(nanoseconds)>& set_elapsed,
+                    std::chrono::seconds patience) {
+  caf::scoped_actor self{sys};
+  if (publish) {
+    auto start = std::to_string(system_now_ns() - own_elapsed.count());
+    auto put = actors::dht::make_put(start_key(g), std::vector<char>(start.begin(), start.end()),
+                                     actors::dht::dht_now_ns(self.ptr()) + g.duration.count()
+                                       + 3'600'000'000'000);
+    self->request(dht, std::chrono::seconds(5), std::move(put))
+      .receive([](const messages::dht_put_result&) {}, [](caf::error&) {});
+    return;
+  }
+  auto deadline = std::chrono::steady_clock::now() + patience;
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::optional<int64_t> start;
+    self->request(dht, std::chrono::seconds(2), get_atom::value, start_key(g))
+      .receive(
+        [&](const messages::dht_get_result& r) {
+          for (auto& rec : r.records)
+            if (!rec.has_subkey && !rec.value.empty() && rec.value.size() < 32) {
+              std::string text(rec.value.begin(), rec.value.end());
+              char* end = nullptr;
+              auto v = std::strtoll(text.c_str(), &end, 10);
+              if (end != text.c_str() && *end == '\0')
+                start = v;
+            }
+        },
+        [](caf::error&) {});
+    if (start) {
+      auto elapsed = system_now_ns() - *start;
+      if (elapsed >= 0)
+        set_elapsed(nanoseconds{elapsed});
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+}
+
+struct resolver_state {
+  std::map<size_t, table_entry> table;
+  caf::actor_clock::time_point fetched{};
+  std::set<size_t> blocked;
+};
+
+/// Resolves `@<node>/<name>` through the run's node table and refuses the nodes a partition
+/// cut off; everything else goes to the node's own resolver.
+caf::behavior run_resolver(caf::stateful_actor<resolver_state>* self, caf::actor base,
+                           caf::actor dht, size_t own, std::string own_endpoint,
+                           std::string table_key, std::string claims_key) {
+  using rp_type = caf::typed_response_promise<caf::actor>;
+  auto forward = [=](std::string address, rp_type rp) {
+    self->request(base, std::chrono::seconds(10), resolve_atom::value, std::move(address))
+      .then([rp](const caf::actor& a) mutable { rp.deliver(a); },
+            [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
+  };
+  auto blocked_endpoint = [=](const std::string& ep) {
+    for (auto n : self->state.blocked)
+      if (auto i = self->state.table.find(n); i != self->state.table.end() && i->second.endpoint == ep)
+        return true;
+    return false;
+  };
+  // Refreshes the table, then runs `k`.
+  auto refresh = [=](std::function<void()> k) {
+    actors::dht::dht_get(
+      self, dht, table_key, std::chrono::seconds(5),
+      [=](const messages::dht_get_result& r) {
+        for (auto& rec : r.records) {
+          if (!rec.has_subkey)
+            continue;
+          char* end = nullptr;
+          auto idx = std::strtoul(rec.subkey.c_str(), &end, 10);
+          if (end == rec.subkey.c_str() || *end != '\0')
+            continue;
+          if (auto e = parse_entry(rec.value))
+            self->state.table[idx] = *e;
+        }
+        self->state.fetched = self->clock().now();
+        k();
+      },
+      [=](caf::error&) { k(); });
+  };
+  auto cut = [=] {
+    for (auto n : self->state.blocked)
+      if (auto i = self->state.table.find(n); i != self->state.table.end()) {
+        auto ep = parse_endpoint(i->second.endpoint);
+        if (!ep)
+          continue;
+        auto k = cut_connections(ep->first, i->second.ports);
+        log(log_level::info, "partition", "cut {} connection(s) to node{} ({})", k, n,
+            i->second.endpoint);
+      }
+  };
+  return {
+    [=](resolve_atom, const std::string& address) -> caf::result<caf::actor> {
+      auto rp = self->make_response_promise<caf::actor>();
+      auto inst = instance_address::parse(address);
+      if (!inst) {
+        auto addr = peer_address::parse(address);
+        if (addr && blocked_endpoint(addr->endpoint()))
+          return caf::make_error(caf::sec::cannot_connect_to_node,
+                                 "partitioned from " + addr->endpoint());
+        forward(address, rp);
+        return rp;
+      }
+      if (inst->node < 0) {
+        // A volunteer slot: whoever claimed it is in the claims record.
+        auto name = inst->name;
+        actors::dht::dht_get(
+          self, dht, claims_key, std::chrono::seconds(5),
+          [=](const messages::dht_get_result& r) mutable {
+            for (auto& rec : r.records)
+              if (rec.has_subkey && rec.subkey == name && !rec.value.empty()
+                  && rec.value.size() < 256) {
+                std::string ep(rec.value.begin(), rec.value.end());
+                if (parse_endpoint(ep) && !blocked_endpoint(ep)) {
+                  forward(ep + "/" + name, rp);
+                  return;
+                }
+              }
+            rp.deliver(caf::make_error(caf::sec::cannot_connect_to_node,
+                                       "no volunteer holds slot " + name));
+          },
+          [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      }
+      auto n = static_cast<size_t>(inst->node);
+      if (n == own) {
+        forward(own_endpoint + "/" + inst->name, rp);
+        return rp;
+      }
+      if (self->state.blocked.count(n))
+        return caf::make_error(caf::sec::cannot_connect_to_node,
+                               fmt::format("partitioned from node{}", n));
+      auto use = [=]() mutable {
+        auto i = self->state.table.find(n);
+        if (i == self->state.table.end()) {
+          rp.deliver(caf::make_error(caf::sec::cannot_connect_to_node,
+                                     fmt::format("node{} is not in the run's node table", n)));
+          return;
+        }
+        forward(i->second.endpoint + "/" + inst->name, rp);
+      };
+      auto stale = self->clock().now() - self->state.fetched > std::chrono::seconds(2);
+      if (self->state.table.count(n) && !stale)
+        use();
+      else
+        refresh(use);
+      return rp;
+    },
+    // A partition (the nodes to cut off) or a heal (an empty list).
+    [=](put_atom, const std::vector<uint64_t>& nodes) {
+      self->state.blocked.clear();
+      for (auto n : nodes)
+        self->state.blocked.insert(static_cast<size_t>(n));
+      if (!nodes.empty())
+        refresh(cut);
+    },
+  };
+}
+
+/// Re-stores the node's table entry every `period` (ports change as data planes open).
+caf::behavior table_announcer(caf::event_based_actor* self, caf::actor dht, std::string key,
+                              size_t index, std::string endpoint, caf::timespan period) {
+  self->send(self, tick_atom::value);
+  return {
+    [=](tick_atom) {
+      std::string ports;
+      for (auto p : listening_ports())
+        ports += (ports.empty() ? "" : ",") + std::to_string(p);
+      auto text = endpoint + " " + ports;
+      auto put = actors::dht::make_subkey_put(key, std::to_string(index),
+                                              std::vector<char>(text.begin(), text.end()),
+                                              actors::dht::expires_in(self, 3 * period));
+      actors::dht::dht_store(self, dht, std::move(put), period,
+                             [](const messages::dht_put_result&) {}, [](caf::error&) {});
+      self->delayed_send(self, period, tick_atom::value);
+    },
+  };
+}
+
+class cluster_host : public node_host {
+public:
+  cluster_host(node& nd, size_t index, const experiment_graph& g, const struct plan& p,
+               caf::actor_clock::time_point t0)
+    : nd_(nd), index_(index), name_(fmt::format("node{}", index)), graph_(g), plan_(p), t0_(t0) {
+    // nop
+  }
+
+  caf::actor_system& system() override { return nd_.system(); }
+  run_mode mode() const override { return run_mode::cluster; }
+  size_t index() const override { return index_; }
+  const std::string& name() const override { return name_; }
+  std::string endpoint() const override { return nd_.endpoint(); }
+  caf::actor resolver() override { return resolver_; }
+  caf::actor dht() override { return dht_; }
+  caf::actor metrics() override { return sink; }
+
+  void register_actor(const std::string& name, const caf::actor& a) override {
+    caf::anon_send(nd_.directory(), put_atom::value, name, a);
+  }
+
+  void adopt(const caf::actor& a) override {
+    std::lock_guard<std::mutex> guard{mtx_};
+    owned_.push_back(a);
+  }
+
+  caf::actor service(const std::string& name,
+                     const std::function<caf::actor(host&)>& make) override {
+    {
+      std::lock_guard<std::mutex> guard{mtx_};
+      if (auto i = services_.find(name); i != services_.end())
+        return i->second;
+    }
+    auto a = make(*this);
+    if (a) {
+      register_actor(name, a);
+      adopt(a);
+      std::lock_guard<std::mutex> guard{mtx_};
+      services_[name] = a;
+    }
+    return a;
+  }
+
+  caf::actor spawn_averager(const std::string& name,
+                            actors::averager::averager_options opts) override {
+    opts.address = endpoint() + "/" + name;
+    auto ep = endpoint();
+    opts.data_host = ep.substr(0, ep.rfind(':'));
+    auto a = actors::averager::spawn_averager(nd_.system(), dht_, resolver_, opts);
+    register_actor(name, a);
+    adopt(a);
+    return a;
+  }
+
+  caf::actor view(const caf::actor& a) override { return a; }
+
+  caf::actor shared_service(const std::string&, const std::function<caf::actor()>&) override {
+    return {};
+  }
+
+  const experiment_graph& graph() const override { return graph_; }
+  const struct plan& plan() const override { return plan_; }
+  nanoseconds elapsed() override { return nd_.system().clock().now() - t0_; }
+
+  /// Moves the start of the run (the run's clock is node 0's).
+  void set_start(caf::actor_clock::time_point t0) { t0_ = t0; }
+
+  /// Starts the DHT, the node table and the run's resolver.
+  void start_services(const std::vector<std::string>& join) {
+    auto& sys = nd_.system();
+    actors::dht::dht_options d;
+    d.address = endpoint() + "/dht";
+    d.id = actors::dht::identity::generate();
+    for (auto& j : join)
+      d.bootstrap.push_back(j + "/dht");
+    dht_ = actors::dht::spawn_dht(sys, nd_.resolver(), d);
+    register_actor("dht", dht_);
+    adopt(dht_);
+    resolver_ = sys.spawn(run_resolver, nd_.resolver(), dht_, index_, endpoint(), nodes_key(graph_),
+                          slots_key(graph_));
+    adopt(resolver_);
+    adopt(sys.spawn(table_announcer, dht_, nodes_key(graph_), index_, endpoint(),
+                    caf::timespan{std::chrono::seconds(1)}));
+  }
+
+  void stop() {
+    std::vector<caf::actor> owned;
+    {
+      std::lock_guard<std::mutex> guard{mtx_};
+      owned.swap(owned_);
+    }
+    for (auto& a : owned)
+      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  }
+
+private:
+  node& nd_;
+  size_t index_;
+  std::string name_;
+  const experiment_graph& graph_;
+  const struct plan& plan_;
+  caf::actor_clock::time_point t0_;
+  std::mutex mtx_;
+  std::vector<caf::actor> owned_;
+  std::map<std::string, caf::actor> services_;
+  caf::actor dht_;
+  caf::actor resolver_;
+};
+
+class cluster_finish : public finish_context {
+public:
+  explicit cluster_finish(cluster_host& h) : h_(h) {}
+
+  std::vector<caf::actor> live(const std::string& role) override {
+    std::vector<caf::actor> out;
+    auto& g = h_.graph();
+    auto& p = h_.plan();
+    caf::scoped_actor self{h_.system()};
+    for (size_t r = 0; r < g.roles.size(); ++r) {
+      if (g.roles[r].name != role)
+        continue;
+      for (auto i : p.of_role(r)) {
+        auto& x = p.instances[i];
+        if (!x.node)
+          continue;
+        self->request(h_.resolver(), std::chrono::seconds(5), resolve_atom::value,
+                      fmt::format("@{}/{}", *x.node, x.name))
+          .receive([&](const caf::actor& a) { out.push_back(a); }, [](caf::error&) {});
+      }
+    }
+    return out;
+  }
+
+  void run(std::function<void(caf::event_based_actor*)> body, nanoseconds timeout) override {
+    auto a = h_.system().spawn([=](caf::event_based_actor* self) -> caf::behavior {
+      body(self);
+      return {[](stop_atom) {}};
+    });
+    // Waits for the actor to quit, at most `timeout`.
+    caf::scoped_actor self{h_.system()};
+    self->monitor(a);
+    bool gone = false;
+    self->receive_while([&] { return !gone; })(
+      [&](caf::down_msg&) { gone = true; },
+      caf::after(std::chrono::duration_cast<caf::timespan>(timeout)) >> [&] { gone = true; });
+    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  }
+
+  host& node() override { return h_; }
+
+private:
+  cluster_host& h_;
+};
+
+} // namespace
+
+namespace {
+
+/// Claims one open slot of the plan for this volunteer: the first one nobody holds, confirmed
+/// after a settle delay (of two volunteers racing for one slot, the claim the DHT kept wins and
+/// the other moves on to the next slot).
+/// Returns its index among the plan's instances, or nothing when every slot is held.
+std::optional<size_t> claim_slot(caf::actor_system& sys, caf::actor dht,
+                                 const experiment_graph& g, const plan& p,
+                                 const std::string& endpoint) {
+  caf::scoped_actor self{sys};
+  auto holders = [&] {
+    std::map<std::string, std::string> out;
+    self->request(dht, std::chrono::seconds(5), get_atom::value, slots_key(g))
+      .receive(
+        [&](const messages::dht_get_result& r) {
+          for (auto& rec : r.records)
+            if (rec.has_subkey && rec.value.size() < 256)
+              out[rec.subkey] = std::string(rec.value.begin(), rec.value.end());
+        },
+        [](caf::error&) {});
+    return out;
+  };
+  for (size_t i = 0; i < p.instances.size(); ++i) {
+    auto& x = p.instances[i];
+    if (x.node)
+      continue;
+    auto held = holders();
+    if (held.count(x.name) && held[x.name] != endpoint)
+      continue;
+    auto put = actors::dht::make_subkey_put(slots_key(g), x.name,
+                                            std::vector<char>(endpoint.begin(), endpoint.end()),
+                                            actors::dht::dht_now_ns(self.ptr()) + 6'000'000'000);
+    self->request(dht, std::chrono::seconds(5), std::move(put))
+      .receive([](const messages::dht_put_result&) {}, [](caf::error&) {});
+    std::this_thread::sleep_for(std::chrono::seconds(1)); // the settle delay of racing claims
+    held = holders();
+    if (held.count(x.name) && held[x.name] == endpoint)
+      return i;
+  }
+  return std::nullopt;
+}
+
+/// Keeps a volunteer's claim alive (it expires 6 s after the volunteer is gone).
+caf::behavior claim_keeper(caf::event_based_actor* self, caf::actor dht, std::string key,
+                           std::string slot, std::string endpoint) {
+  self->send(self, tick_atom::value);
+  return {
+    [=](tick_atom) {
+      auto put = actors::dht::make_subkey_put(key, slot,
+                                              std::vector<char>(endpoint.begin(), endpoint.end()),
+                                              actors::dht::expires_in(self, std::chrono::seconds(6)));
+      actors::dht::dht_store(self, dht, std::move(put), std::chrono::seconds(2),
+                             [](const messages::dht_put_result&) {}, [](caf::error&) {});
+      self->delayed_send(self, std::chrono::seconds(2), tick_atom::value);
+    },
+  };
+}
+
+} // namespace
+
+int run_cluster_node(const experiment_graph& g, const role_registry& registry, node& nd,
+                     const cluster_settings& settings) {
+  auto wall0 = std::chrono::steady_clock::now();
+  auto s = settings;
+  auto p = make_plan(g, run_mode::cluster, s.count, g.seed);
+  if (!p) {
+    fmt::print(stderr, "starling: error: {}\n", p.error().what);
+    return 2;
+  }
+  auto& sys = nd.system();
+  auto t0 = sys.clock().now() - std::chrono::duration_cast<caf::timespan>(s.elapsed);
+  if (s.volunteer)
+    s.index = s.count; // until it holds a slot: beyond the numbered nodes
+  cluster_host h{nd, s.index, g, *p, t0};
+  h.start_services(s.join);
+  sync_run_clock(
+    sys, h.dht(), g, s.index == 0 && s.incarnation == 0 && !s.volunteer, h.elapsed(),
+    [&](nanoseconds elapsed) {
+      h.set_start(sys.clock().now() - std::chrono::duration_cast<caf::timespan>(elapsed));
+    },
+    std::chrono::seconds(5));
+  // The `starling node` parent reads this line to put its own fault clock on the run's.
+  fmt::print("node{}: run clock {:.3f} s\n", s.index, seconds_of(h.elapsed()));
+  std::fflush(stdout);
+  if (s.volunteer) {
+    // Volunteers take the slots the plan leaves open: claim one, then run it as node
+    // `count + k` of this process's copy of the plan (the others address it as @open/<name>).
+    std::this_thread::sleep_for(std::chrono::seconds(1)); // the DHT bootstrap
+    auto slot = claim_slot(sys, h.dht(), g, *p, nd.endpoint());
+    if (!slot) {
+      fmt::print(stderr, "starling: error: every open slot of '{}' is taken (the plan has {})\n",
+                 g.name, [&] {
+                   size_t n = 0;
+                   for (auto& x : p->instances)
+                     n += x.node ? 0 : 1;
+                   return n;
+                 }());
+      h.stop();
+      return 2;
+    }
+    p->instances[*slot].node = s.count;
+    h.adopt(sys.spawn(claim_keeper, h.dht(), slots_key(g), p->instances[*slot].name,
+                      nd.endpoint()));
+    fmt::print("volunteer: holds slot {}\n", p->instances[*slot].name);
+    std::fflush(stdout);
+  }
+  bool reporting = s.index == 0 && !s.volunteer;
+  std::unique_ptr<metric_hub> hub;
+  std::unique_ptr<metric_hub> local_log;
+  if (reporting) {
+    hub = std::make_unique<metric_hub>(make_reporters(g), s.out_dir + "/metrics.jsonl");
+    run_info info;
+    info.graph = &g;
+    info.plan = &*p;
+    info.mode = run_mode::cluster;
+    info.out_dir = s.out_dir;
+    info.tty = ::isatty(2) != 0;
+    hub->start(info);
+    auto* hp = hub.get();
+    h.sink = spawn_metric_sink(h, [hp](const metric_record& m) { hp->deliver(m); }, "");
+  } else {
+    h.sink = spawn_metric_sink(h, {}, "@0/metrics");
+  }
+  h.register_actor("metrics", h.sink);
+  h.adopt(h.sink);
+  // The node's faults: its instances' kills, and partitions that include it. Its own kill is
+  // the parent process's (`starling node` restarts this one).
+  std::vector<size_t> mine;
+  for (auto f : p->faults_of(s.index))
+    if (p->faults[f].what != planned_fault::action::kill_node)
+      mine.push_back(f);
+  auto resolver = h.resolver();
+  auto index = s.index;
+  auto share = start_node_share(h, registry, s.incarnation, std::move(mine),
+                                [resolver, index](const planned_fault& f) {
+                                  std::vector<uint64_t> others;
+                                  if (f.what == planned_fault::action::partition) {
+                                    for (auto& grp : f.groups)
+                                      if (std::find(grp.begin(), grp.end(), index) == grp.end())
+                                        for (auto n : grp)
+                                          others.push_back(n);
+                                  }
+                                  caf::anon_send(resolver, put_atom::value, others);
+                                });
+  if (s.incarnation > 0) // this process replaces one that a kill_node fault killed
+    caf::anon_send(h.sink, messages::metric_event{fmt::format("node{}/faults", s.index),
+                                                  "restart_node",
+                                                  {{"incarnation", s.incarnation}},
+                                                  {{"node", fmt::format("node{}", s.index)}}});
+  fmt::print("node{} of {}: {} role instance(s), {} fault action(s); listening on {}\n", s.index,
+             s.count, share.children.size(), p->faults_of(s.index).size(), nd.endpoint());
+  std::fflush(stdout);
+  bool done = false;
+  bool stopped = false;
+  int rc = 0;
+  {
+    // Scoped: a live scoped actor would keep the actor system from shutting down.
+    caf::scoped_actor self{sys};
+    double next = 1.0;
+    for (;;) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      if (s.stop && s.stop()) {
+        stopped = true;
+        break;
+      }
+      auto t = seconds_of(h.elapsed());
+      if (t >= next) {
+        next = t + 1.0;
+        if (reporting) {
+          done = hub->tick(t);
+        } else {
+          self->request(h.dht(), std::chrono::seconds(1), get_atom::value, done_key(g))
+            .receive(
+              [&](const messages::dht_get_result& r) {
+                for (auto& rec : r.records)
+                  done = done || (!rec.has_subkey && !rec.value.empty());
+              },
+              [](caf::error&) {});
+        }
+      }
+      if (done || h.elapsed() >= g.duration)
+        break;
+    }
+    if (reporting) {
+      // The reporters ask the live roles first; then the other nodes hear that the run is over.
+      cluster_finish fin{h};
+      fin.run_s = seconds_of(h.elapsed());
+      fin.wall_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+      fin.timed_out = !done && !stopped;
+      fin.stopped = stopped;
+      rc = hub->finish(fin);
+      auto put = actors::dht::make_put(done_key(g), {'1'},
+                                       actors::dht::dht_now_ns(self.ptr()) + 600'000'000'000);
+      self->request(h.dht(), std::chrono::seconds(5), std::move(put))
+        .receive([](const messages::dht_put_result&) {}, [](caf::error&) {});
+    } else {
+      fmt::print("node{} stopping ({}) after {:.1f} s\n", s.index,
+                 stopped  ? "signal"
+                 : done   ? "the run is complete"
+                          : "duration",
+                 seconds_of(h.elapsed()));
+    }
+  }
+  h.stop();
+  // The node's actors use this host and the hub until they are gone.
+  nd.shutdown();
+  return rc;
+}
+
+} // namespace starling::runtime

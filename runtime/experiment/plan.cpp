@@ -1,0 +1,495 @@
+#include "runtime/experiment/plan.hpp"
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+
+#include <fmt/format.h>
+
+namespace starling::runtime {
+
+namespace {
+
+using std::chrono::nanoseconds;
+
+/// A stable 64-bit hash of text (FNV-1a): role names enter seeds, and std::hash may differ
+/// between builds.
+uint64_t text_hash(const std::string& s) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+uint64_t mix(uint64_t x) {
+  // splitmix64's finalizer: neighbouring inputs give unrelated outputs.
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+double seconds(nanoseconds d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+/// Placement state while the plan is built.
+struct placer {
+  size_t nodes;
+  /// Instances per node, in all and per role.
+  std::vector<size_t> total;
+  std::vector<std::map<size_t, size_t>> per_role;
+
+  explicit placer(size_t n) : nodes(n), total(n, 0), per_role(n) {}
+
+  void put(size_t node, size_t role) {
+    total[node]++;
+    per_role[node][role]++;
+  }
+
+  size_t count(size_t node, size_t role) const {
+    auto i = per_role[node].find(role);
+    return i == per_role[node].end() ? 0 : i->second;
+  }
+};
+
+} // namespace
+
+uint64_t instance_seed(uint64_t seed, const std::string& role, size_t index, int generation) {
+  return mix(mix(seed ^ text_hash(role)) + index * 0x100000001b3ULL
+             + static_cast<uint64_t>(generation) * 0x9e3779b97f4a7c15ULL);
+}
+
+const char* to_string(planned_fault::action a) {
+  switch (a) {
+    case planned_fault::action::kill_instance:
+      return "kill_instance";
+    case planned_fault::action::kill_node:
+      return "kill_node";
+    case planned_fault::action::partition:
+      return "partition";
+    case planned_fault::action::heal:
+      return "heal";
+    case planned_fault::action::slow_link:
+      return "slow_link";
+    default:
+      return "restore_link";
+  }
+}
+
+std::vector<size_t> plan::on_node(size_t n) const {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < instances.size(); ++i)
+    if (instances[i].node && *instances[i].node == n)
+      out.push_back(i);
+  return out;
+}
+
+std::vector<size_t> plan::of_role(size_t role) const {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < instances.size(); ++i)
+    if (instances[i].role == role)
+      out.push_back(i);
+  return out;
+}
+
+const planned_instance* plan::find(size_t role, size_t index) const {
+  for (auto& x : instances)
+    if (x.role == role && x.index == index)
+      return &x;
+  return nullptr;
+}
+
+std::vector<size_t> plan::faults_of(size_t n) const {
+  std::vector<size_t> out;
+  for (size_t i = 0; i < faults.size(); ++i) {
+    auto& f = faults[i];
+    bool mine = false;
+    switch (f.what) {
+      case planned_fault::action::kill_instance:
+        mine = instances[f.instance].node && *instances[f.instance].node == n;
+        break;
+      case planned_fault::action::kill_node:
+        mine = f.node == n;
+        break;
+      case planned_fault::action::partition:
+      case planned_fault::action::heal:
+        for (auto& g : f.groups)
+          mine = mine || std::find(g.begin(), g.end(), n) != g.end();
+        break;
+      default:
+        mine = false; // links with a speed exist only in the simulation's network model
+    }
+    if (mine)
+      out.push_back(i);
+  }
+  return out;
+}
+
+size_t plan::total_nodes() const {
+  size_t n = nodes;
+  for (auto& x : instances)
+    if (x.node)
+      n = std::max(n, *x.node + 1);
+  return n;
+}
+
+result<plan> make_plan(const experiment_graph& g, run_mode mode, size_t nodes, uint64_t seed) {
+  plan p;
+  p.mode = mode;
+  p.seed = seed;
+  // Instances: the replicas of every role, then the arrivals of join events in time order.
+  struct pending {
+    size_t role;
+    size_t index;
+    nanoseconds start;
+  };
+  std::vector<pending> todo;
+  std::vector<size_t> next_index(g.roles.size(), 0);
+  std::map<std::string, size_t> role_of;
+  for (size_t r = 0; r < g.roles.size(); ++r) {
+    role_of[g.roles[r].name] = r;
+    for (size_t i = 0; i < g.roles[r].replicas; ++i)
+      todo.push_back({r, next_index[r]++, nanoseconds{0}});
+  }
+  std::vector<size_t> order(g.events.size());
+  for (size_t i = 0; i < order.size(); ++i)
+    order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return g.events[a].at < g.events[b].at; });
+  for (auto e : order) {
+    auto& ev = g.events[e];
+    if (ev.what != event_spec::kind::join)
+      continue;
+    auto r = role_of.at(ev.role);
+    for (size_t k = 0; k < ev.count; ++k)
+      todo.push_back({r, next_index[r]++, ev.at});
+  }
+  // Nodes: as asked, else the graph's, else one per instance placed on its own (pinned roles
+  // share their pinned nodes; colocated and open instances need none of their own).
+  if (nodes == 0)
+    nodes = g.nodes;
+  if (nodes == 0) {
+    size_t pinned = 0;
+    size_t own = 0;
+    for (auto& t : todo) {
+      auto& pl = g.roles[t.role].placement;
+      if (pl.open || !pl.colocate.empty())
+        continue;
+      if (!pl.spread) {
+        for (auto n : pl.nodes)
+          pinned = std::max(pinned, n + 1);
+      } else {
+        own++;
+      }
+    }
+    nodes = std::max<size_t>(1, pinned + own);
+  }
+  p.nodes = nodes;
+  // Roles placed on their own come first; colocated ones after the role they follow.
+  std::vector<size_t> role_order;
+  std::set<size_t> placed_roles;
+  while (role_order.size() < g.roles.size()) {
+    bool progress = false;
+    for (size_t r = 0; r < g.roles.size(); ++r) {
+      if (placed_roles.count(r))
+        continue;
+      auto& c = g.roles[r].placement.colocate;
+      if (!c.empty() && !placed_roles.count(role_of.at(c)))
+        continue;
+      role_order.push_back(r);
+      placed_roles.insert(r);
+      progress = true;
+    }
+    if (!progress)
+      return fail("placement: colocation forms a cycle");
+  }
+  placer pl{nodes};
+  std::vector<std::vector<size_t>> by_role(g.roles.size()); // plan indices per role
+  size_t next_open = nodes;
+  // Pending instances grouped by role, keeping their order (replicas, then arrivals).
+  std::vector<std::vector<pending>> todo_of(g.roles.size());
+  for (auto& t : todo)
+    todo_of[t.role].push_back(t);
+  for (auto r : role_order) {
+    auto& spec = g.roles[r];
+    auto& place = spec.placement;
+    for (auto& t : todo_of[r]) {
+      planned_instance x;
+      x.role = r;
+      x.index = t.index;
+      x.name = fmt::format("{}.{}", spec.name, t.index);
+      x.start = t.start;
+      if (place.open) {
+        // Volunteer slots: nobody numbered runs them; in sim and local mode each gets an extra
+        // node of its own, standing for the volunteer's machine.
+        if (mode != run_mode::cluster)
+          x.node = next_open++;
+      } else if (!place.colocate.empty()) {
+        auto& targets = by_role[role_of.at(place.colocate)];
+        if (targets.empty())
+          return fail(fmt::format("placement.{}.colocate: role '{}' has no instances", spec.name,
+                                  place.colocate));
+        auto& target = p.instances[targets[t.index % targets.size()]];
+        if (!target.node)
+          return fail(fmt::format("placement.{}.colocate: role '{}' runs in volunteer slots",
+                                  spec.name, place.colocate));
+        x.node = target.node;
+      } else {
+        std::vector<size_t> eligible = place.nodes;
+        if (eligible.empty())
+          for (size_t n = 0; n < nodes; ++n)
+            eligible.push_back(n);
+        for (auto n : eligible)
+          if (n >= nodes)
+            return fail(fmt::format("placement.{}: node {} does not exist (the run has {} node{})",
+                                    spec.name, n, nodes, nodes == 1 ? "" : "s"));
+        if (!place.spread) {
+          x.node = eligible[t.index % eligible.size()];
+        } else {
+          // Prefer nodes without the avoided roles, if any are left.
+          std::vector<size_t> preferred;
+          for (auto n : eligible) {
+            bool clash = false;
+            for (auto& a : place.avoid)
+              clash = clash || pl.count(n, role_of.at(a)) > 0;
+            if (!clash)
+              preferred.push_back(n);
+          }
+          if (!preferred.empty())
+            eligible = preferred;
+          auto best = eligible.front();
+          for (auto n : eligible)
+            if (std::make_pair(pl.count(n, r), pl.total[n])
+                < std::make_pair(pl.count(best, r), pl.total[best]))
+              best = n;
+          x.node = best;
+        }
+      }
+      if (x.node && *x.node < nodes)
+        pl.put(*x.node, r);
+      by_role[r].push_back(p.instances.size());
+      p.instances.push_back(std::move(x));
+    }
+  }
+  // Keep the instances in graph order (role, then index) whatever the placement order was.
+  std::vector<size_t> perm(p.instances.size());
+  for (size_t i = 0; i < perm.size(); ++i)
+    perm[i] = i;
+  std::stable_sort(perm.begin(), perm.end(), [&](size_t a, size_t b) {
+    auto& x = p.instances[a];
+    auto& y = p.instances[b];
+    return std::make_pair(x.role, x.index) < std::make_pair(y.role, y.index);
+  });
+  std::vector<planned_instance> sorted;
+  for (auto i : perm)
+    sorted.push_back(std::move(p.instances[i]));
+  p.instances = std::move(sorted);
+  for (auto& ev : g.events)
+    if (ev.what == event_spec::kind::leave) {
+      for (auto& x : p.instances)
+        if (x.role == role_of.at(ev.role) && x.index == ev.instance)
+          x.leave = ev.at;
+    }
+  // The fault plan: each graph fault draws from a generator of its own (seed, fault index), so
+  // adding a fault leaves the others' times and victims as they were.
+  auto instances_of = [&](size_t r, nanoseconds at) {
+    std::vector<size_t> out;
+    for (size_t i = 0; i < p.instances.size(); ++i) {
+      auto& x = p.instances[i];
+      if (x.role == r && x.start <= at && (!x.leave || *x.leave > at))
+        out.push_back(i);
+    }
+    return out;
+  };
+  auto index_of = [&](size_t r, size_t index) -> size_t {
+    for (size_t i = 0; i < p.instances.size(); ++i)
+      if (p.instances[i].role == r && p.instances[i].index == index)
+        return i;
+    return p.instances.size();
+  };
+  const nanoseconds default_node_restart = std::chrono::seconds(5);
+  for (size_t k = 0; k < g.faults.size(); ++k) {
+    auto& f = g.faults[k];
+    std::mt19937_64 rng{mix(seed ^ mix(0xfa017ULL + k))};
+    auto end = f.until ? *f.until : g.duration;
+    planned_fault a;
+    a.origin = k;
+    a.at = f.at;
+    a.never = f.restart.never;
+    switch (f.kind) {
+      case fault_kind::kill:
+      case fault_kind::preempt: {
+        auto r = role_of.at(f.role);
+        a.what = planned_fault::action::kill_instance;
+        a.restart = f.restart.delay ? *f.restart.delay : g.roles[r].restart.delay;
+        auto victim = [&](nanoseconds t) -> std::optional<size_t> {
+          if (f.instance) {
+            auto i = index_of(r, *f.instance);
+            return i < p.instances.size() ? std::optional<size_t>{i} : std::nullopt;
+          }
+          auto live = instances_of(r, t);
+          if (live.empty())
+            return std::nullopt;
+          return live[std::uniform_int_distribution<size_t>{0, live.size() - 1}(rng)];
+        };
+        if (f.kind == fault_kind::kill) {
+          if (auto v = victim(f.at)) {
+            a.instance = *v;
+            p.faults.push_back(a);
+          }
+          break;
+        }
+        std::exponential_distribution<double> gap{1.0 / seconds(f.every)};
+        for (double t = seconds(f.at) + gap(rng); t < seconds(end); t += gap(rng)) {
+          auto when = nanoseconds{static_cast<int64_t>(t * 1e9)};
+          if (auto v = victim(when)) {
+            a.at = when;
+            a.instance = *v;
+            p.faults.push_back(a);
+          }
+        }
+        break;
+      }
+      case fault_kind::kill_node:
+        if (f.node >= nodes)
+          return fail(fmt::format("faults[{}]: node {} does not exist (the run has {} node{})", k,
+                                  f.node, nodes, nodes == 1 ? "" : "s"));
+        a.what = planned_fault::action::kill_node;
+        a.node = f.node;
+        a.restart = f.restart.delay ? *f.restart.delay : default_node_restart;
+        p.faults.push_back(a);
+        break;
+      case fault_kind::partition:
+        for (auto& grp : f.groups)
+          for (auto n : grp)
+            if (n >= nodes)
+              return fail(fmt::format("faults[{}]: node {} does not exist (the run has {} node{})",
+                                      k, n, nodes, nodes == 1 ? "" : "s"));
+        a.what = planned_fault::action::partition;
+        a.groups = f.groups;
+        p.faults.push_back(a);
+        if (f.until) {
+          a.what = planned_fault::action::heal;
+          a.at = *f.until;
+          p.faults.push_back(a);
+        }
+        break;
+      case fault_kind::slow_link:
+        if (f.node >= nodes || f.peer >= nodes)
+          return fail(fmt::format("faults[{}]: node {} does not exist (the run has {} node{})", k,
+                                  std::max(f.node, f.peer), nodes, nodes == 1 ? "" : "s"));
+        a.what = planned_fault::action::slow_link;
+        a.node = f.node;
+        a.peer = f.peer;
+        a.latency = f.latency;
+        a.bandwidth = f.bandwidth;
+        p.faults.push_back(a);
+        if (f.until) {
+          a.what = planned_fault::action::restore_link;
+          a.at = *f.until;
+          p.faults.push_back(a);
+        }
+        break;
+    }
+  }
+  std::stable_sort(p.faults.begin(), p.faults.end(),
+                   [](const planned_fault& x, const planned_fault& y) { return x.at < y.at; });
+  return p;
+}
+
+std::string describe(const experiment_graph& g, const plan& p) {
+  std::string out;
+  out += fmt::format("experiment '{}'{}: {} mode, {} node{}, seed {}, duration {:.1f} s\n", g.name,
+                     g.kind.empty() ? "" : fmt::format(" (kind {})", g.kind), to_string(p.mode),
+                     p.nodes, p.nodes == 1 ? "" : "s", p.seed, seconds(g.duration));
+  out += "roles:\n";
+  for (size_t r = 0; r < g.roles.size(); ++r) {
+    auto& spec = g.roles[r];
+    auto& pl = spec.placement;
+    std::string where = pl.open                ? "open (volunteer slots)"
+                        : !pl.colocate.empty() ? "with " + pl.colocate
+                        : pl.spread            ? "spread"
+                                               : "pinned";
+    if (!pl.nodes.empty()) {
+      std::string ns;
+      for (auto n : pl.nodes)
+        ns += (ns.empty() ? "" : ",") + std::to_string(n);
+      where += " on [" + ns + "]";
+    }
+    if (!pl.avoid.empty()) {
+      std::string av;
+      for (auto& a : pl.avoid)
+        av += (av.empty() ? "" : ",") + a;
+      where += ", avoiding " + av;
+    }
+    out += fmt::format("  {:<12} {:<16} x{:<4} restart {} after {:.1f} s{}, {}\n", spec.name,
+                       spec.type, spec.replicas, spec.restart.supervised ? "supervised" : "on faults",
+                       seconds(spec.restart.delay),
+                       spec.restart.download_state ? " (state download)" : "", where);
+  }
+  out += "nodes:\n";
+  for (size_t n = 0; n < p.total_nodes(); ++n) {
+    std::string names;
+    for (auto i : p.on_node(n)) {
+      auto& x = p.instances[i];
+      names += (names.empty() ? "" : " ") + x.name;
+      if (x.start > nanoseconds{0})
+        names += fmt::format("(+{:.1f}s)", seconds(x.start));
+      if (x.leave)
+        names += fmt::format("(-{:.1f}s)", seconds(*x.leave));
+    }
+    out += fmt::format("  node{:<4}{} {}\n", n, n >= p.nodes ? " (volunteer)" : "",
+                       names.empty() ? "-" : names);
+  }
+  std::string open;
+  for (auto& x : p.instances)
+    if (!x.node)
+      open += (open.empty() ? "" : " ") + x.name;
+  if (!open.empty())
+    out += fmt::format("open slots (taken by nodes started without --index): {}\n", open);
+  out += fmt::format("faults: {}\n", p.faults.empty() ? "none" : "");
+  for (auto& f : p.faults) {
+    std::string what;
+    auto restart = f.never ? std::string{"never restarted"}
+                           : fmt::format("restarted after {:.1f} s", seconds(f.restart));
+    switch (f.what) {
+      case planned_fault::action::kill_instance: {
+        auto& x = p.instances[f.instance];
+        what = fmt::format("kill {} on node{}, {}", x.name,
+                           x.node ? std::to_string(*x.node) : std::string{"?"}, restart);
+        break;
+      }
+      case planned_fault::action::kill_node:
+        what = fmt::format("kill node{}, {}", f.node, restart);
+        break;
+      case planned_fault::action::partition:
+      case planned_fault::action::heal: {
+        std::string gs;
+        for (auto& grp : f.groups) {
+          std::string one;
+          for (auto n : grp)
+            one += (one.empty() ? "" : ",") + std::to_string(n);
+          gs += (gs.empty() ? "" : " | ") + one;
+        }
+        what = fmt::format("{} {}", f.what == planned_fault::action::partition ? "partition" : "heal",
+                           gs);
+        break;
+      }
+      case planned_fault::action::slow_link:
+        what = fmt::format("slow link node{} <-> node{}: {:.1f} ms, {:.3g} B/s", f.node, f.peer,
+                           seconds(f.latency) * 1e3, f.bandwidth);
+        break;
+      case planned_fault::action::restore_link:
+        what = fmt::format("restore link node{} <-> node{}", f.node, f.peer);
+        break;
+    }
+    out += fmt::format("  {:>9.3f} s  {}\n", seconds(f.at), what);
+  }
+  return out;
+}
+
+} // namespace starling::runtime

@@ -1,0 +1,204 @@
+// The `ping` kind: every node runs an echo and a pinger; each pinger pings a random other echo
+// every `interval` with `payload` bytes and reports the round trip (or the loss) as a metric. A
+// network check, and the small role the fault matrix test runs every (fault kind, mode) pair on.
+#include "runtime/run/kinds.hpp"
+
+#include <algorithm>
+#include <random>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include "messages/atoms.hpp"
+#include "messages/metrics.hpp"
+#include "messages/types.hpp"
+#include "runtime/experiment/reporter.hpp"
+
+namespace starling::runtime {
+
+namespace {
+
+using messages::blob_msg;
+
+caf::behavior echo_actor(caf::event_based_actor*) {
+  return {[](const blob_msg& m) { return blob_msg{"pong", m.bytes}; }};
+}
+
+struct pinger_state {
+  std::mt19937_64 rng;
+  std::map<std::string, caf::actor> peers;
+  uint64_t seq = 0;
+};
+
+caf::behavior pinger_actor(caf::stateful_actor<pinger_state>* self, caf::actor resolver,
+                           caf::actor sink, std::string name, std::vector<std::string> targets,
+                           ping_options opts, uint64_t seed) {
+  self->state.rng.seed(seed);
+  auto interval = caf::timespan{opts.interval};
+  auto timeout = caf::timespan{opts.timeout};
+  auto report = [=](const std::string& target, double rtt_ms, bool lost) {
+    messages::metric_event e;
+    e.source = name;
+    e.kind = lost ? "lost" : "ping";
+    e.labels["target"] = target;
+    if (!lost)
+      e.values["rtt_ms"] = rtt_ms;
+    self->send(sink, std::move(e));
+  };
+  auto ping = [=](const caf::actor& peer, const std::string& target) {
+    auto t0 = self->clock().now();
+    self->request(peer, timeout, blob_msg{"ping", std::vector<char>(opts.payload, 'p')})
+      .then(
+        [=](const blob_msg&) {
+          auto rtt = std::chrono::duration<double, std::milli>(self->clock().now() - t0);
+          report(target, rtt.count(), false);
+        },
+        [=](caf::error&) {
+          self->state.peers.erase(target);
+          report(target, 0, true);
+        });
+  };
+  self->delayed_send(self, interval, tick_atom::value);
+  return {
+    [=](tick_atom) {
+      self->delayed_send(self, interval, tick_atom::value);
+      if (targets.empty())
+        return;
+      std::uniform_int_distribution<size_t> pick{0, targets.size() - 1};
+      auto target = targets[pick(self->state.rng)];
+      if (auto i = self->state.peers.find(target); i != self->state.peers.end()) {
+        ping(i->second, target);
+        return;
+      }
+      self->request(resolver, timeout, resolve_atom::value, target)
+        .then(
+          [=](const caf::actor& peer) {
+            self->state.peers[target] = peer;
+            ping(peer, target);
+          },
+          [=](caf::error&) { report(target, 0, true); });
+    },
+  };
+}
+
+/// The round trips of every pinger: a table at the end.
+class ping_reporter : public reporter {
+public:
+  void start(const run_info& info) override { mode_ = info.mode; }
+
+  void on_metric(const metric_record& m) override {
+    if (m.kind == "ping")
+      rtt_ms_.push_back(m.value("rtt_ms"));
+    else if (m.kind == "lost")
+      lost_++;
+    else if (m.kind == "fault")
+      faults_++;
+    else if (m.kind == "restart")
+      restarts_++;
+  }
+
+  bool tick(double t) override {
+    if (t >= next_) {
+      next_ = t + 10;
+      fmt::print(stderr, "  {:6.1f} s: {} replied, {} lost\n", t, rtt_ms_.size(), lost_);
+    }
+    return false;
+  }
+
+  int finish(finish_context& ctx) override {
+    auto rtts = rtt_ms_;
+    std::sort(rtts.begin(), rtts.end());
+    auto pct = [&](double q) {
+      return rtts.empty() ? 0.0 : rtts[static_cast<size_t>(q * static_cast<double>(rtts.size() - 1))];
+    };
+    double mean = 0;
+    for (auto r : rtts)
+      mean += r;
+    mean = rtts.empty() ? 0 : mean / static_cast<double>(rtts.size());
+    fmt::print("\nping summary ({} mode, {:.1f} s of run time, {:.2f} s wall)\n", to_string(mode_),
+               ctx.run_s, ctx.wall_s);
+    fmt::print("  {:>8} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>7} {:>9}\n", "sent",
+               "replied", "lost", "mean ms", "p50 ms", "p99 ms", "max ms", "faults", "restarts");
+    fmt::print("  {:>8} {:>8} {:>8} {:>10.3f} {:>10.3f} {:>10.3f} {:>10.3f} {:>7} {:>9}\n",
+               rtts.size() + lost_, rtts.size(), lost_, mean, pct(0.5), pct(0.99), pct(1.0),
+               faults_, restarts_);
+    return 0;
+  }
+
+private:
+  run_mode mode_ = run_mode::local;
+  std::vector<double> rtt_ms_;
+  uint64_t lost_ = 0;
+  uint64_t faults_ = 0;
+  uint64_t restarts_ = 0;
+  double next_ = 10;
+};
+
+void read_pinger(config_node& n, ping_options& out) {
+  if (n.has("payload"))
+    out.payload = n.child("payload").as_bytes();
+  read_duration(n, "interval", out.interval);
+  read_duration(n, "timeout", out.timeout);
+  read(n, "targets", out.targets);
+}
+
+status check_pinger(const ping_options& o) {
+  if (o.interval <= std::chrono::nanoseconds{0} || o.timeout <= std::chrono::nanoseconds{0})
+    return fail("interval and timeout must be positive durations");
+  if (o.payload > (64u << 20))
+    return fail(fmt::format("payload {} B is above 64 MiB", o.payload));
+  return {};
+}
+
+} // namespace
+
+void add_ping(role_registry& reg) {
+  reg.add<ping_options>(
+    "ping.echo", "answers every ping with its payload",
+    [](role_context& ctx, const ping_options&) { return ctx.node.system().spawn(echo_actor); });
+  reg.add<ping_options>(
+    "ping.pinger", "pings a random instance of the `targets` role every `interval`",
+    [](role_context& ctx, const ping_options& o) {
+      std::vector<std::string> targets;
+      for (auto& a : ctx.addresses_of(o.targets))
+        if (a.rfind(fmt::format("@{}/", ctx.node.index()), 0) != 0) // not its own node's
+          targets.push_back(a);
+      return ctx.node.system().spawn(pinger_actor, ctx.node.resolver(), ctx.node.metrics(),
+                                     ctx.name, targets, o, ctx.seed);
+    },
+    read_pinger, check_pinger,
+    [](const ping_options& o) {
+      return fmt::format("{} B every {:.2f} s to {}", o.payload,
+                         std::chrono::duration<double>(o.interval).count(), o.targets);
+    });
+  kind_type k;
+  k.name = "ping";
+  k.summary = "nodes exchange timed pings through the network model or loopback";
+  k.expand = [](config_node& n, experiment_graph& g, const expand_context&) {
+    int64_t nodes = 4;
+    read_int(n, "nodes", nodes, 2, 10000);
+    ping_options o;
+    read_pinger(n, o);
+    if (auto st = check_pinger(o); !st)
+      n.fail(st.what());
+    o.targets = "echo";
+    g.nodes = static_cast<size_t>(nodes);
+    role_spec echo;
+    echo.name = "echo";
+    echo.type = "ping.echo";
+    echo.replicas = static_cast<size_t>(nodes);
+    echo.options = o;
+    role_spec pinger;
+    pinger.name = "pinger";
+    pinger.type = "ping.pinger";
+    pinger.replicas = static_cast<size_t>(nodes);
+    pinger.options = o;
+    pinger.placement.colocate = "echo";
+    g.roles.push_back(echo);
+    g.roles.push_back(pinger);
+    g.reporters.push_back([] { return std::make_unique<ping_reporter>(); });
+  };
+  reg.add_kind(std::move(k));
+}
+
+} // namespace starling::runtime

@@ -1,0 +1,525 @@
+#include "runtime/run/swarm.hpp"
+
+#include <cmath>
+#include <mutex>
+#include <random>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include "actors/averager/averager.hpp"
+#include "actors/stage/board.hpp"
+#include "actors/stage/dht_board.hpp"
+#include "actors/stage/stage.hpp"
+#include "actors/supervisor/supervisor.hpp"
+#include "actors/trainer/trainer.hpp"
+#include "actors/trainer/wiring.hpp"
+#include "kernels/data/corpus.hpp"
+#include "messages/atoms.hpp"
+#include "messages/metrics.hpp"
+#include "messages/rebalance_atoms.hpp"
+#include "runtime/experiment/plan.hpp"
+#include "runtime/experiment/runner.hpp"
+#include "runtime/run/kinds.hpp"
+
+namespace starling::runtime {
+
+namespace {
+
+using std::chrono::nanoseconds;
+
+caf::timespan span(nanoseconds d) {
+  return std::chrono::duration_cast<caf::timespan>(d);
+}
+
+/// The training text, loaded once per process on first use (trainers share it).
+struct corpus_cache {
+  std::mutex mtx;
+  std::shared_ptr<const kernels::corpus> text;
+};
+
+std::shared_ptr<const kernels::corpus> corpus_for(corpus_cache& cache, bool modeled) {
+  std::lock_guard<std::mutex> guard{cache.mtx};
+  if (cache.text)
+    return cache.text;
+  if (modeled) {
+    // Modeled compute reads no text: a small synthetic one keeps the trainers' batches cheap.
+    std::string text;
+    for (int i = 0; i < 200; ++i)
+      text += "In the beginning God created the heaven and the earth. And the earth was without "
+              "form, and void; and darkness was upon the face of the deep. ";
+    cache.text = std::make_shared<const kernels::corpus>(text, 0.05, "synthetic (modeled)");
+  } else if (auto c = kernels::load_corpus({})) {
+    cache.text = std::make_shared<const kernels::corpus>(std::move(*c));
+  }
+  return cache.text;
+}
+
+/// The simulation's shared board as seen from one node: announcements and reports go to it;
+/// peer lists come back with handles as seen from this node (link proxies).
+caf::behavior board_view(caf::event_based_actor* self, host* h, caf::actor board) {
+  return {
+    [=](put_atom, uint64_t stage, const std::string& name, const caf::actor& peer) {
+      self->send(board, put_atom::value, stage, name, peer);
+    },
+    [=](load_atom, uint64_t stage, const std::string& name, double throughput, double queue) {
+      self->send(board, load_atom::value, stage, name, throughput, queue);
+    },
+    [=](get_atom, uint64_t stage)
+      -> caf::result<std::vector<std::string>, std::vector<caf::actor>> {
+      auto rp = self->make_response_promise<std::vector<std::string>, std::vector<caf::actor>>();
+      self->request(board, caf::infinite, get_atom::value, stage)
+        .then(
+          [=](std::vector<std::string>& names, std::vector<caf::actor>& handles) mutable {
+            for (auto& x : handles)
+              x = h->view(x);
+            rp.deliver(std::move(names), std::move(handles));
+          },
+          [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+      return rp;
+    },
+  };
+}
+
+/// Turns a trainer's reports into metrics for its node's sink.
+caf::behavior trainer_reports(caf::event_based_actor*, caf::actor sink, std::string name) {
+  return {
+    [=](report_atom, const std::string&, double loss, int64_t samples, int64_t retries,
+        double seconds) {
+      caf::anon_send(sink, messages::metric_event{name,
+                                                  "microbatch",
+                                                  {{"loss", loss},
+                                                   {"samples", static_cast<double>(samples)},
+                                                   {"retries", static_cast<double>(retries)},
+                                                   {"latency_s", seconds}},
+                                                  {}});
+    },
+    [=](stop_atom, const std::string&) {
+      caf::anon_send(sink, messages::metric_event{name, "done", {}, {}});
+    },
+  };
+}
+
+caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
+  auto& s = *o.setup;
+  auto& g = s.graph;
+  auto stage = ctx.variant;
+  auto slot = ctx.index;
+  if (stage >= s.ranges.size() || slot >= s.slots.size())
+    return {};
+  actors::stage::stage_options so;
+  so.stage = stage;
+  so.name = fmt::format("s{}p{}g{}", stage, slot, ctx.generation);
+  auto model = g.model;
+  model.seed = g.seed;
+  so.model = model;
+  so.begin = s.ranges[stage].first;
+  so.end = s.ranges[stage].second;
+  so.optimizer = g.optimizer;
+  so.local_batch = g.local_batch;
+  so.speed = s.slots[slot].second;
+  so.download_state = ctx.download_state();
+  so.seed = ctx.seed;
+  so.codec = s.modeled ? kernels::codec_id::none : g.compression;
+  if (s.modeled) {
+    auto work = s.sim.stage_work.empty() ? 1.0 : s.sim.stage_work[stage];
+    so.modeled.enabled = true;
+    so.modeled.forward_s = s.sim.forward_s * work;
+    so.modeled.backward_factor = s.sim.backward_factor;
+    so.modeled.noise = s.sim.noise;
+    so.modeled.payload = s.sim.payload;
+    so.modeled.state_transfer = span(s.sim.state_transfer);
+    so.timeout = caf::timespan{std::chrono::seconds(30)};
+    so.retry_every = caf::timespan{std::chrono::seconds(2)};
+    so.download_patience = caf::timespan{std::chrono::seconds(30)};
+    so.report_every = span(s.sim.report_every);
+  }
+  auto& h = ctx.node;
+  caf::actor averager;
+  if (g.averaging.enabled()) {
+    // One averager per stage peer (a node may host peers of several stages, each averaging on
+    // its own schedule); it lives and dies with its peer.
+    auto& avg = g.averaging;
+    actors::averager::averager_options ao;
+    ao.target_group_size = static_cast<uint32_t>(g.stages[stage].speeds.size());
+    ao.key_prefix = s.prefix + "/avg/";
+    ao.matchmaking_window = caf::timespan{avg.matchmaking_window};
+    ao.poll_interval =
+      std::min(caf::timespan{avg.progress_period}, caf::timespan{avg.matchmaking_window / 4});
+    ao.round_timeout = caf::timespan{avg.round_timeout};
+    ao.codec = avg.codec;
+    averager = h.spawn_averager("avg-" + so.name, ao);
+    so.averaging.averager = averager;
+    so.averaging.dht = h.dht();
+    so.averaging.prefix = s.prefix;
+    so.averaging.target_batch = avg.target_batch;
+    so.averaging.progress_period = caf::timespan{avg.progress_period};
+    so.averaging.average_timeout = caf::timespan{avg.matchmaking_window + ao.join_grace
+                                                 + avg.round_timeout + std::chrono::seconds(5)};
+  }
+  auto peer = actors::stage::spawn_stage(h.system(), so, swarm_board(h, s));
+  // The DHT board announces the peer as `<endpoint>/<its name>`: trainers resolve that name.
+  h.register_actor(so.name, peer);
+  if (averager)
+    peer->attach_functor([averager](const caf::error&) {
+      caf::anon_send_exit(averager, caf::exit_reason::user_shutdown);
+    });
+  return peer;
+}
+
+caf::actor spawn_trainer(role_context& ctx, const swarm_role_options& o,
+                         const std::shared_ptr<corpus_cache>& cache) {
+  auto& s = *o.setup;
+  auto& g = s.graph;
+  auto data = corpus_for(*cache, s.modeled);
+  if (!data)
+    return {};
+  auto i = static_cast<int64_t>(ctx.index);
+  actors::trainer::trainer_options to;
+  to.name = fmt::format("trainer{}", i);
+  to.stages = g.stages.size();
+  to.microbatch = g.microbatch;
+  to.seq_len = g.model.seq_len;
+  to.shard = i;
+  to.shards = s.trainers;
+  to.microbatches = g.microbatches_per_trainer;
+  to.max_inflight = g.max_inflight;
+  to.hop_timeout = caf::timespan{g.hop_timeout};
+  to.codec = g.compression;
+  to.seed = g.seed * 7919 + static_cast<uint64_t>(i);
+  if (s.modeled) {
+    auto& sim = s.sim;
+    to.codec = kernels::codec_id::none;
+    to.refresh_every = span(sim.refresh_every);
+    to.exclude_for = span(sim.refresh_every);
+    to.probe = sim.probe && sim.routing == swarm_routing::stochastic;
+    using actors::trainer::routing_kind;
+    to.routing = sim.routing == swarm_routing::uniform ? routing_kind::uniform
+                 : sim.routing == swarm_routing::fixed ? routing_kind::fixed
+                                                       : routing_kind::stochastic;
+    if (sim.routing == swarm_routing::fixed) {
+      // A fixed pipeline per trainer (peer i of every stage), sharing the graph's window.
+      auto total = g.trainers * g.max_inflight;
+      to.max_inflight = (total + s.trainers - 1) / s.trainers;
+      to.microbatches = (g.microbatches_per_trainer * g.trainers + s.trainers - 1) / s.trainers;
+      size_t first = 0;
+      for (size_t k = 0; k < g.stages.size(); ++k) {
+        to.fixed_route.push_back(fmt::format("s{}p{}g", k, first + ctx.index));
+        first += g.stages[k].speeds.size();
+      }
+    } else if (sim.inflight_per_peer > 0) {
+      to.inflight_per_peer = sim.inflight_per_peer;
+      to.inflight_cap = sim.inflight_cap;
+      to.trainers = s.trainers;
+    }
+  }
+  auto& h = ctx.node;
+  auto reports = h.system().spawn(trainer_reports, h.metrics(), ctx.name);
+  auto t = actors::trainer::spawn_trainer(h.system(), to, data, swarm_board(h, s), reports);
+  t->attach_functor([reports](const caf::error&) {
+    caf::anon_send_exit(reports, caf::exit_reason::user_shutdown);
+  });
+  return t;
+}
+
+/// Reads the optional `sim` section.
+void read_sim_options(config_node& n, swarm_sim_options& s) {
+  nanoseconds fwd{static_cast<int64_t>(s.forward_s * 1e9)};
+  read_duration(n, "forward_per_sample", fwd);
+  if (fwd.count() <= 0)
+    n.child("forward_per_sample").expected("a positive duration");
+  s.forward_s = std::chrono::duration<double>(fwd).count();
+  if (n.has("stage_work")) {
+    s.stage_work.clear();
+    for (auto& item : n.child("stage_work").items()) {
+      auto v = item.as_double();
+      if (!(v > 0 && v <= 1000))
+        item.expected("a work multiplier in (0, 1000]");
+      s.stage_work.push_back(v);
+    }
+  }
+  read_real(n, "backward_factor", s.backward_factor, 0.01, 100.0);
+  read_real(n, "noise", s.noise, 0.0, 3.0);
+  read_int(n, "payload", s.payload, 1, 1 << 20);
+  read_duration(n, "state_transfer", s.state_transfer);
+  std::string routing = "stochastic";
+  read_choice(n, "routing", routing, {"stochastic", "uniform", "fixed"});
+  s.routing = routing == "uniform" ? swarm_routing::uniform
+              : routing == "fixed" ? swarm_routing::fixed
+                                   : swarm_routing::stochastic;
+  bool rebalance = s.rebalance_period.count() > 0;
+  read(n, "rebalance", rebalance);
+  read_duration(n, "rebalance_period", s.rebalance_period);
+  if (!rebalance)
+    s.rebalance_period = nanoseconds{0};
+  read_real(n, "rebalance_threshold", s.rebalance_threshold, 0.0, 10.0);
+  read(n, "place_new_peers", s.place_new_peers);
+  read_real(n, "inflight_per_peer", s.inflight_per_peer, 0.0, 1000.0);
+  read_int(n, "inflight_cap", s.inflight_cap, 1, 1 << 20);
+  read(n, "probe", s.probe);
+  read_duration(n, "report_every", s.report_every);
+  read_duration(n, "refresh_every", s.refresh_every);
+  read_duration(n, "warmup", s.warmup);
+  if (s.report_every.count() <= 0 || s.refresh_every.count() <= 0)
+    n.fail("report_every and refresh_every must be positive durations");
+  read_int(n, "peers_per_stage", s.peers_per_stage, 0, 100000);
+  read_real(n, "speed_sigma", s.speed_sigma, 0.0, 3.0);
+  read(n, "study", s.study);
+  if (n.has("study_periods")) {
+    s.study_periods.clear();
+    for (auto& item : n.child("study_periods").items()) {
+      auto d = item.as_duration();
+      if (d.count() <= 0)
+        item.expected("a positive duration");
+      s.study_periods.push_back(d);
+    }
+  }
+  read(n, "trace_messages", s.trace_messages);
+  n.finish();
+}
+
+/// Builds the run's setup from the graph read from YAML or C++; fails naming the field.
+result<std::shared_ptr<swarm_setup>> make_setup(graph::swarm_graph g, const swarm_sim_options& sim,
+                                                const experiment_graph& eg, bool modeled) {
+  auto s = std::make_shared<swarm_setup>();
+  if (sim.peers_per_stage > 0) {
+    auto speeds = lognormal_speeds(static_cast<size_t>(sim.peers_per_stage) * g.stages.size(),
+                                   sim.speed_sigma, g.seed ^ 0x5bee5ULL);
+    for (size_t k = 0; k < g.stages.size(); ++k)
+      g.stages[k].speeds.assign(speeds.begin() + static_cast<long>(k * sim.peers_per_stage),
+                                speeds.begin() + static_cast<long>((k + 1) * sim.peers_per_stage));
+  }
+  auto ranges = graph::stage_ranges(g);
+  if (!ranges)
+    return ranges.error();
+  if (!sim.stage_work.empty() && sim.stage_work.size() != g.stages.size())
+    return fail(fmt::format("sim.stage_work: {} values for {} stages", sim.stage_work.size(),
+                            g.stages.size()));
+  s->ranges = *ranges;
+  s->slots = graph::peer_slots(g);
+  s->prefix = "swarm/" + eg.name;
+  s->modeled = modeled;
+  s->sim = sim;
+  s->bandwidth = eg.network.defaults.bandwidth;
+  s->latency = eg.network.defaults.latency;
+  s->trainers = g.trainers;
+  if (modeled && sim.routing == swarm_routing::fixed) {
+    // One trainer per fixed pipeline: as many as the thinnest stage has peers.
+    size_t pipelines = s->slots.size();
+    for (auto& st : g.stages)
+      pipelines = std::min(pipelines, st.speeds.size());
+    s->trainers = static_cast<int64_t>(pipelines);
+  }
+  s->graph = std::move(g);
+  return s;
+}
+
+/// Puts the swarm's roles, faults and reporter into `eg` for `setup`.
+void add_swarm_roles(experiment_graph& eg, const std::shared_ptr<const swarm_setup>& setup,
+                     std::shared_ptr<swarm_sim_outcome> outcome = {}) {
+  auto& g = setup->graph;
+  eg.roles.erase(std::remove_if(eg.roles.begin(), eg.roles.end(),
+                                [](const role_spec& r) {
+                                  return r.name == "peers" || r.name == "trainer";
+                                }),
+                 eg.roles.end());
+  role_spec peers;
+  peers.name = "peers";
+  peers.type = "swarm.stage";
+  peers.replicas = setup->slots.size();
+  peers.options = swarm_role_options{setup};
+  peers.restart.delay = g.restart_delay;
+  peers.placement.avoid = {"trainer"};
+  role_spec trainer;
+  trainer.name = "trainer";
+  trainer.type = "swarm.trainer";
+  trainer.replicas = static_cast<size_t>(setup->trainers);
+  trainer.options = swarm_role_options{setup};
+  trainer.restart.supervised = false; // a restarted trainer would train its shard again
+  trainer.placement.spread = false;
+  trainer.placement.nodes = {0};
+  eg.roles.insert(eg.roles.begin(), peers);
+  eg.roles.insert(eg.roles.begin(), trainer);
+  eg.reporters.clear();
+  if (setup->modeled)
+    eg.reporters.push_back([setup, outcome] { return make_swarm_sim_reporter(setup, outcome); });
+  else
+    eg.reporters.push_back([setup] { return make_swarm_reporter(setup); });
+}
+
+std::string seconds_text(nanoseconds d) {
+  return fmt::format("{:.0f}s", std::chrono::duration<double>(d).count());
+}
+
+/// The strategy comparison: the same workload, seed and fault plan for every strategy.
+int run_study(const experiment_graph& base, const run_function& run, const std::string&) {
+  auto& setup0 = std::any_cast<const swarm_role_options&>(base.find("peers")->options).setup;
+  auto s = setup0->sim;
+  auto main_t = s.rebalance_period.count() > 0 ? s.rebalance_period : std::chrono::seconds(60);
+  auto periods = s.study_periods.empty()
+                   ? std::vector<nanoseconds>{std::chrono::seconds(30), std::chrono::seconds(120),
+                                              std::chrono::seconds(300)}
+                   : s.study_periods;
+  std::vector<std::tuple<std::string, swarm_routing, nanoseconds>> runs{
+    {"stochastic + rebalancing (T=" + seconds_text(main_t) + ")", swarm_routing::stochastic,
+     main_t},
+    {"stochastic, no rebalancing", swarm_routing::stochastic, nanoseconds{0}},
+    {"uniform random routing", swarm_routing::uniform, nanoseconds{0}},
+    {"fixed pipelines (GPipe-style)", swarm_routing::fixed, nanoseconds{0}},
+  };
+  for (auto p : periods)
+    if (p != main_t)
+      runs.emplace_back("  sweep: stochastic + rebal. T=" + seconds_text(p),
+                        swarm_routing::stochastic, p);
+  fmt::print("\nstudy: same workload, seed and fault plan for every strategy; bound = integral of "
+             "min(fluid, Little) after the {:.0f} s warm-up; 'of assign' = vs. the bound of the "
+             "stage assignment in effect\n",
+             std::chrono::duration<double>(s.warmup).count());
+  fmt::print("  {:<38} {:>9} {:>9} {:>9} {:>9} {:>6} {:>6} {:>7} {:>8}\n", "strategy", "samples",
+             "samples/s", "of bound", "of assign", "moves", "preem", "retries", "wall s");
+  std::fflush(stdout);
+  for (auto& [name, routing, period] : runs) {
+    auto sim = s;
+    sim.routing = routing;
+    sim.rebalance_period = period;
+    sim.study = false;
+    auto setup = make_setup(setup0->graph, swarm_sim_options{sim}, base, true);
+    if (!setup) {
+      fmt::print(stderr, "starling: error: {}\n", setup.error().what);
+      return 2;
+    }
+    // Lognormal speeds were drawn already: keep the same peers.
+    (*setup)->sim.peers_per_stage = 0;
+    auto variant = base;
+    variant.study = nullptr;
+    auto outcome = std::make_shared<swarm_sim_outcome>();
+    add_swarm_roles(variant, *setup, outcome);
+    variant.reporters.clear();
+    variant.reporters.push_back([st = std::shared_ptr<const swarm_setup>(*setup), outcome] {
+      return make_swarm_sim_reporter(st, outcome);
+    });
+    auto r = run(variant);
+    if (r.exit_code == 2)
+      return 2;
+    auto& o = *outcome;
+    auto sec = o.measured_s > 0 ? o.measured_s : 1.0;
+    fmt::print("  {:<38} {:>9} {:>9.2f} {:>8.1f}% {:>8.1f}% {:>6} {:>6} {:>7} {:>8.1f}\n", name,
+               o.samples, o.measured_samples / sec,
+               o.bound_samples > 0 ? 100.0 * o.measured_samples / o.bound_samples : 0.0,
+               o.assigned_bound_samples > 0 ? 100.0 * o.measured_samples / o.assigned_bound_samples
+                                            : 0.0,
+               o.migrations, o.preemptions, o.retries, r.wall_s);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+} // namespace
+
+std::vector<double> lognormal_speeds(size_t count, double sigma, uint64_t seed) {
+  std::mt19937_64 rng{seed};
+  std::normal_distribution<double> z{0.0, 1.0};
+  std::vector<double> out(count);
+  double top = 0;
+  for (auto& v : out) {
+    v = std::exp(sigma * std::clamp(z(rng), -4.0, 4.0));
+    top = std::max(top, v);
+  }
+  for (auto& v : out)
+    v = std::max(1e-3, v / top);
+  return out;
+}
+
+caf::actor swarm_board(host& h, const swarm_setup& s) {
+  auto stages = s.graph.stages.size();
+  if (h.mode() == run_mode::sim) {
+    auto shared = h.shared_service("swarm.board", [&h, stages] {
+      return actors::stage::spawn_board(h.system(), stages);
+    });
+    return h.service("swarm.board_view",
+                     [shared](host& x) { return x.system().spawn(board_view, &x, shared); });
+  }
+  auto prefix = s.prefix;
+  return h.service("swarm.board", [prefix, stages](host& x) {
+    actors::stage::dht_board_options b;
+    b.prefix = prefix;
+    b.endpoint = x.endpoint();
+    b.stages = stages;
+    return actors::stage::spawn_dht_board(x.system(), x.dht(), x.resolver(), b);
+  });
+}
+
+void add_swarm(role_registry& reg) {
+  auto cache = std::make_shared<corpus_cache>();
+  auto describe = [](const swarm_role_options& o) {
+    auto& g = o.setup->graph;
+    return fmt::format("GPT {} layers x {}, {} stages, {} backend", g.model.layers, g.model.width,
+                       g.stages.size(), o.setup->modeled ? "cost-model" : "LibTorch");
+  };
+  auto check = [](const swarm_role_options& o) -> status {
+    if (!o.setup)
+      return fail("swarm roles need the swarm setup (use the `swarm:` section)");
+    return {};
+  };
+  auto& stage = reg.add<swarm_role_options>(
+    "swarm.stage", "a SWARM stage peer (instance i = peer slot i; rebalancing may move it)",
+    spawn_stage_peer, {}, check, describe,
+    [](const swarm_role_options& o, size_t i) {
+      return i < o.setup->slots.size() ? o.setup->slots[i].first : 0;
+    });
+  stage.rebalancing = [](host& h, const std::any& a,
+                         actors::supervisor::rebalancing_options& ro) {
+    auto& s = *std::any_cast<const swarm_role_options&>(a).setup;
+    bool on = s.modeled && s.sim.routing == swarm_routing::stochastic
+              && s.sim.rebalance_period > nanoseconds{0};
+    if (!on)
+      return false;
+    // The simulation's board is the shared one (rebalancing claims are not modeled traffic).
+    ro.board = h.shared_service("swarm.board", [&h, &s] {
+      return actors::stage::spawn_board(h.system(), s.graph.stages.size());
+    });
+    ro.period = span(s.sim.rebalance_period);
+    ro.policy.threshold = s.sim.rebalance_threshold;
+    ro.place_new_peers = s.sim.place_new_peers;
+    ro.seed = s.graph.seed * 7777 + h.index();
+    return true;
+  };
+  reg.add<swarm_role_options>(
+    "swarm.trainer", "a SWARM trainer (its shard of the data, stochastic wiring)",
+    [cache](role_context& ctx, const swarm_role_options& o) { return spawn_trainer(ctx, o, cache); },
+    {}, check, describe);
+  kind_type k;
+  k.name = "swarm";
+  k.summary = "SWARM pipeline training of a byte-level GPT with preemptions";
+  k.expand = [](config_node& n, experiment_graph& eg, const expand_context& ctx) {
+    swarm_sim_options sim;
+    if (n.has("sim")) {
+      auto c = n.child("sim");
+      if (!c.is_map())
+        c.expected("a map of simulation settings");
+      read_sim_options(c, sim);
+    }
+    graph::swarm_graph g;
+    graph::read_swarm_graph(n, g);
+    g.seed = eg.seed;
+    auto modeled = ctx.mode == run_mode::sim;
+    auto setup = make_setup(g, sim, eg, modeled);
+    if (!setup)
+      n.fail(setup.error().what);
+    eg.trace_messages = !modeled || sim.trace_messages;
+    add_swarm_roles(eg, *setup);
+    if (g.preempt_every > nanoseconds{0}) {
+      fault_spec f;
+      f.kind = fault_kind::preempt;
+      f.role = "peers";
+      f.every = g.preempt_every;
+      f.restart.delay = g.restart_delay;
+      eg.faults.push_back(f);
+    }
+    if (modeled && sim.study)
+      eg.study = run_study;
+  };
+  reg.add_kind(std::move(k));
+}
+
+} // namespace starling::runtime

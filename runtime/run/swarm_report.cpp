@@ -1,0 +1,483 @@
+// The swarm kind's reporters: the progress line, summary and plots of a training run (local and
+// cluster mode), and the throughput-against-the-bound report of a simulated run.
+#include "runtime/run/swarm.hpp"
+
+#include <cmath>
+#include <map>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include "actors/trainer/wiring.hpp"
+#include "kernels/data/corpus.hpp"
+#include "kernels/flat.hpp"
+#include "kernels/models/stage_module.hpp"
+#include "messages/atoms.hpp"
+#include "messages/swarm.hpp"
+#include "runtime/metrics/metrics.hpp"
+#include "runtime/plot/svg.hpp"
+
+namespace starling::runtime {
+
+namespace {
+
+using std::chrono::nanoseconds;
+
+double secs(nanoseconds d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+/// The instance index of `peers.7` (or -1).
+long peer_slot(const std::string& name) {
+  if (name.rfind("peers.", 0) != 0)
+    return -1;
+  char* end = nullptr;
+  auto v = std::strtol(name.c_str() + 6, &end, 10);
+  return *end == '\0' ? v : -1;
+}
+
+/// Mean held-out loss of the model given as one flat parameter vector per stage (undefined:
+/// the seeded initialization).
+result<double> evaluate(const swarm_setup& s, const std::vector<torch::Tensor>& flat,
+                        const std::vector<kernels::text_batch>& batches) {
+  auto model = s.graph.model;
+  model.seed = s.graph.seed;
+  std::vector<std::shared_ptr<kernels::stage_module>> stages;
+  for (size_t k = 0; k < s.ranges.size(); ++k) {
+    auto m = kernels::make_gpt_stage(model, s.ranges[k].first, s.ranges[k].second);
+    if (!m)
+      return m.error();
+    if (flat[k].defined()) {
+      torch::NoGradGuard guard;
+      auto params = (*m)->ordered_parameters();
+      if (auto st = kernels::unflatten_parameters(flat[k], params); !st)
+        return fail(st.what());
+    }
+    (*m)->eval();
+    stages.push_back(*m);
+  }
+  torch::NoGradGuard guard;
+  double total = 0;
+  for (auto& b : batches) {
+    auto x = b.inputs;
+    for (auto& st : stages)
+      x = st->compute(x, b.targets, 0);
+    total += x.item<double>();
+  }
+  return total / static_cast<double>(batches.size());
+}
+
+/// Counters of the live peers of a stage (`(status_atom)` replies summed).
+struct stage_report {
+  uint64_t peers = 0;
+  uint64_t max_steps = 0;
+  uint64_t rounds = 0, averaged = 0, no_partner = 0, failed = 0, caught_up = 0;
+  uint64_t downloads = 0, donors = 0;
+};
+
+class swarm_reporter : public reporter {
+public:
+  explicit swarm_reporter(std::shared_ptr<const swarm_setup> s) : s_(std::move(s)) {}
+
+  void start(const run_info& info) override {
+    info_ = info;
+    auto& g = s_->graph;
+    std::string layout;
+    for (size_t k = 0; k < g.stages.size(); ++k) {
+      layout += fmt::format("{}stage {} = blocks [{}, {}) on {} peers (speeds", k == 0 ? "" : "; ",
+                            k, s_->ranges[k].first, s_->ranges[k].second, g.stages[k].speeds.size());
+      for (auto v : g.stages[k].speeds)
+        layout += fmt::format(" {}", v);
+      layout += ")";
+    }
+    fmt::print("model: GPT {} layers, width {}, {} heads, seq {}; {}\n", g.model.layers,
+               g.model.width, g.model.heads, g.model.seq_len, layout);
+    kernels::corpus_options co;
+    auto data = kernels::load_corpus(co);
+    if (!data) {
+      fmt::print(stderr, "starling: warning: no held-out evaluation: {}\n", data.error().what);
+    } else {
+      auto batches = kernels::held_out_batches(*data, g.microbatch, g.model.seq_len, g.eval_batches);
+      if (batches) {
+        held_out_ = std::move(*batches);
+        fmt::print("data: {} ({:.1f} MB, {:.1f} MB for training)\n", data->source(),
+                   static_cast<double>(data->size()) / 1e6,
+                   static_cast<double>(data->train_size()) / 1e6);
+        if (auto l0 = evaluate(*s_, std::vector<torch::Tensor>(s_->ranges.size()), held_out_))
+          loss0_ = *l0;
+        fmt::print("held-out loss before training: {:.4f} (cross-entropy per byte, ln 256 = "
+                   "{:.4f})\n",
+                   loss0_, std::log(256.0));
+      }
+    }
+    std::fflush(stdout);
+  }
+
+  void on_metric(const metric_record& m) override {
+    if (m.kind == "microbatch") {
+      microbatches_++;
+      samples_ += static_cast<int64_t>(m.value("samples"));
+      retries_ += static_cast<int64_t>(m.value("retries"));
+      auto loss = m.value("loss");
+      ema_ = has_loss_ ? 0.95 * ema_ + 0.05 * loss : loss;
+      has_loss_ = true;
+      loss_curve_.emplace_back(m.t, ema_);
+      if (marks_.empty() || m.t - marks_.back().first >= 1.0)
+        marks_.emplace_back(m.t, samples_);
+    } else if (m.kind == "done") {
+      done_++;
+    } else if (m.kind == "fault" && peer_slot(m.label("instance")) >= 0) {
+      preemptions_++;
+      auto slot = static_cast<size_t>(peer_slot(m.label("instance")));
+      markers_.emplace_back(m.t, fmt::format("x s{}", slot < s_->slots.size() ? s_->slots[slot].first : 0));
+    } else if (m.kind == "restart") {
+      restarts_++;
+    }
+  }
+
+  bool tick(double t) override {
+    auto total = s_->trainers * s_->graph.microbatches_per_trainer;
+    if (info_.tty || t >= next_line_) {
+      next_line_ = t + 2.0;
+      auto rate = t > 0 ? static_cast<double>(samples_) / t : 0.0;
+      auto requested = total * s_->graph.microbatch;
+      auto left = rate > 0 ? static_cast<double>(requested - samples_) / rate : 0.0;
+      fmt::print(stderr,
+                 "{}  {:6.1f} s | {:5}/{} microbatches | loss {:.3f} | {:6.1f} samples/s | "
+                 "retries {} | preempted {} | restarts {} | ~{:.0f} s left   {}",
+                 info_.tty ? "\r" : "", t, microbatches_, total, has_loss_ ? ema_ : 0.0, rate,
+                 retries_, preemptions_, restarts_, left, info_.tty ? "" : "\n");
+    }
+    return done_ >= s_->trainers;
+  }
+
+  int finish(finish_context& ctx) override {
+    if (info_.tty)
+      fmt::print(stderr, "\n");
+    auto& g = s_->graph;
+    auto stages = g.stages.size();
+    // The final model: one live peer per stage (a stage's peers agree closely), and every live
+    // peer's counters.
+    std::vector<torch::Tensor> finals(stages);
+    std::vector<stage_report> reports(stages);
+    auto board = swarm_board(ctx.node(), *s_);
+    for (uint64_t k = 0; k < stages; ++k) {
+      auto listed = ask<std::vector<std::string>, std::vector<caf::actor>>(
+        ctx, board, std::chrono::seconds(5), get_atom::value, k);
+      if (!listed)
+        continue;
+      auto& r = reports[k];
+      for (auto& peer : std::get<1>(*listed)) {
+        auto st = ask<std::vector<uint64_t>>(ctx, peer, std::chrono::seconds(5), status_atom::value);
+        if (!st || std::get<0>(*st).size() < 10)
+          continue;
+        auto& v = std::get<0>(*st);
+        r.peers++;
+        r.max_steps = std::max(r.max_steps, v[0]);
+        r.rounds += v[2];
+        r.averaged += v[3];
+        r.no_partner += v[4];
+        r.failed += v[5];
+        r.caught_up += v[7];
+        r.downloads += v[8];
+        r.donors += v[9];
+        if (finals[k].defined())
+          continue;
+        auto state = ask<messages::stage_state>(ctx, peer, std::chrono::seconds(10),
+                                                get_atom::value, state_atom::value);
+        if (state)
+          finals[k] = std::get<0>(*state).params.tensor;
+      }
+    }
+    double loss1 = -1;
+    std::string eval_note;
+    bool complete = true;
+    for (auto& f : finals)
+      complete = complete && f.defined();
+    if (!held_out_.empty() && complete) {
+      if (auto l = evaluate(*s_, finals, held_out_))
+        loss1 = *l;
+      else
+        eval_note = l.error().what;
+    } else {
+      eval_note = held_out_.empty() ? "no held-out data" : "a stage had no live peer at the end";
+    }
+    auto requested = s_->trainers * g.microbatches_per_trainer * g.microbatch;
+    auto rss = peak_rss_bytes();
+    fmt::print("\nswarm summary{}\n", ctx.timed_out  ? " (stopped at experiment.duration)"
+                                      : ctx.stopped ? " (stopped by signal)"
+                                                    : "");
+    fmt::print("  {:<34} {}\n", "microbatches completed", microbatches_);
+    fmt::print("  {:<34} {} of {} requested\n", "samples", samples_, requested);
+    fmt::print("  {:<34} {:.1f} s, {:.1f} samples/s\n", "run time", ctx.run_s,
+               static_cast<double>(samples_) / std::max(1e-9, ctx.run_s));
+    fmt::print("  {:<34} {} ({} restarts, {} hop retries)\n", "preemptions", preemptions_,
+               restarts_, retries_);
+    fmt::print("  {:<34} {:.4f} -> {:.4f}\n", "training loss (EMA, first -> last)",
+               loss_curve_.empty() ? 0.0 : loss_curve_.front().second, ema_);
+    std::string steps;
+    stage_report sum;
+    for (auto& r : reports) {
+      steps += fmt::format("{}{}", steps.empty() ? "" : " ", r.max_steps);
+      sum.rounds += r.rounds;
+      sum.averaged += r.averaged;
+      sum.no_partner += r.no_partner;
+      sum.failed += r.failed;
+      sum.caught_up += r.caught_up;
+      sum.downloads += r.downloads;
+      sum.donors += r.donors;
+    }
+    if (g.averaging.enabled()) {
+      fmt::print("  {:<34} [{}] (target batch {})\n", "global steps per stage", steps,
+                 g.averaging.target_batch);
+      fmt::print("  {:<34} {} rounds of live peers: {} averaged, {} without partner, {} failed; "
+                 "{} catch-ups\n",
+                 "gradient averaging", sum.rounds, sum.averaged, sum.no_partner, sum.failed,
+                 sum.caught_up);
+    } else {
+      fmt::print("  {:<34} [{}] (local batch {}, parameters gossiped)\n",
+                 "optimizer steps (most per stage)", steps, g.local_batch);
+    }
+    fmt::print("  {:<34} {} by live peers, from {:.1f} donors on average\n", "state downloads",
+               sum.downloads,
+               sum.downloads > 0 ? static_cast<double>(sum.donors) / static_cast<double>(sum.downloads)
+                                 : 0.0);
+    if (loss1 >= 0)
+      fmt::print("  {:<34} {:.4f} -> {:.4f}\n", "held-out loss (before -> after)", loss0_, loss1);
+    else
+      fmt::print("  {:<34} unavailable: {}\n", "held-out loss", eval_note);
+    fmt::print("  {:<34} {:.0f} MiB\n", "peak resident memory", static_cast<double>(rss) / 1048576);
+    write_plots();
+    std::fflush(stdout);
+    return loss1 >= 0 && loss1 < loss0_ ? 0 : 1;
+  }
+
+private:
+  void write_plots() {
+    auto& dir = info_.out_dir;
+    if (dir.empty())
+      return;
+    plot::line_plot lp;
+    lp.title = "SWARM training loss (EMA) with preemptions";
+    lp.x_label = "seconds";
+    lp.y_label = "cross-entropy per byte";
+    lp.lines.push_back({"training loss", loss_curve_});
+    lp.markers = markers_;
+    plot::write_svg(lp, dir + "/loss.svg");
+    plot::line_plot tp;
+    tp.title = "SWARM throughput with preemptions";
+    tp.x_label = "seconds";
+    tp.y_label = "samples / s (5 s window)";
+    plot::series thr{"throughput", {}};
+    for (size_t i = 0, j = 0; i < marks_.size(); ++i) {
+      while (marks_[i].first - marks_[j].first > 5.0)
+        ++j;
+      if (marks_[i].first - marks_[j].first > 0.5)
+        thr.points.emplace_back(marks_[i].first,
+                                static_cast<double>(marks_[i].second - marks_[j].second)
+                                  / (marks_[i].first - marks_[j].first));
+    }
+    tp.lines.push_back(thr);
+    tp.markers = markers_;
+    plot::write_svg(tp, dir + "/throughput.svg");
+    fmt::print("  {:<34} {}/metrics.jsonl, {}/loss.svg, {}/throughput.svg\n", "output", dir, dir,
+               dir);
+  }
+
+  std::shared_ptr<const swarm_setup> s_;
+  run_info info_;
+  std::vector<kernels::text_batch> held_out_;
+  double loss0_ = 0;
+  int64_t microbatches_ = 0, samples_ = 0, retries_ = 0, done_ = 0;
+  int64_t preemptions_ = 0, restarts_ = 0;
+  double ema_ = 0;
+  bool has_loss_ = false;
+  std::vector<std::pair<double, double>> loss_curve_;
+  std::vector<std::pair<double, int64_t>> marks_;
+  std::vector<std::pair<double, std::string>> markers_;
+  double next_line_ = 0;
+};
+
+/// Throughput of a simulated run against the bounds (see runtime/run/SWARM-SIM.md): the fluid
+/// bound (every live peer's speed over the whole pipeline's work), the assigned bound (the
+/// slowest stage with the peers it has) and Little's law (microbatches in flight over the
+/// fastest possible microbatch), integrated over the run after the warm-up.
+class swarm_sim_reporter : public reporter {
+public:
+  swarm_sim_reporter(std::shared_ptr<const swarm_setup> s, std::shared_ptr<swarm_sim_outcome> out)
+    : s_(std::move(s)),
+      // With an outcome to fill, a study prints the row: no summary of its own.
+      quiet_(static_cast<bool>(out)),
+      out_(out ? std::move(out) : std::make_shared<swarm_sim_outcome>()) {
+    auto& g = s_->graph;
+    auto& sim = s_->sim;
+    auto stages = g.stages.size();
+    work_.resize(stages);
+    for (size_t k = 0; k < stages; ++k)
+      work_[k] = sim.forward_s * (sim.stage_work.empty() ? 1.0 : sim.stage_work[k])
+                 * (1.0 + sim.backward_factor);
+    for (auto& [stage, speed] : s_->slots)
+      slots_.push_back({speed, stage, true});
+    double wsum = 0;
+    for (auto w : work_)
+      wsum += w;
+    double vmax = 0;
+    for (auto& sl : slots_)
+      vmax = std::max(vmax, sl.speed);
+    wsum_ = wsum;
+    int64_t inflight = g.trainers * g.max_inflight;
+    if (sim.routing != swarm_routing::fixed && sim.inflight_per_peer > 0)
+      inflight = g.trainers
+                 * actors::trainer::inflight_target(s_->slots.size(), g.trainers,
+                                                    sim.inflight_per_peer, sim.inflight_cap,
+                                                    g.max_inflight);
+    auto m = static_cast<double>(g.microbatch);
+    double bytes = m * static_cast<double>(std::max<int64_t>(1, sim.payload)) * 4 + 256;
+    double t_min = m * wsum / std::max(vmax, 1e-9)
+                   + 4.0 * static_cast<double>(stages) * (secs(s_->latency) + bytes / s_->bandwidth);
+    out_->little_bound = static_cast<double>(inflight) * m / t_min;
+  }
+
+  void start(const run_info& info) override {
+    warmup_ = secs(s_->sim.warmup);
+    if (quiet_)
+      return;
+    auto& g = s_->graph;
+    auto& sim = s_->sim;
+    double speed_sum = 0;
+    for (auto& sl : slots_)
+      speed_sum += sl.speed;
+    fmt::print("swarm simulation (cost-model compute): {} stages, {} peers (mean speed {:.3f}), "
+               "{} trainers, forward {:.4g} s/sample at speed 1, backward x{}, noise {}, routing "
+               "{}{}, {:.0f} s simulated\n",
+               g.stages.size(), slots_.size(), speed_sum / static_cast<double>(slots_.size()),
+               s_->trainers, sim.forward_s, sim.backward_factor, sim.noise,
+               sim.routing == swarm_routing::uniform ? "uniform"
+               : sim.routing == swarm_routing::fixed ? "fixed"
+                                                     : "stochastic",
+               sim.rebalance_period.count() > 0 && sim.routing == swarm_routing::stochastic
+                 ? fmt::format(" + rebalancing every {:.0f} s", secs(sim.rebalance_period))
+                 : std::string{},
+               secs(info.graph->duration));
+    std::fflush(stdout);
+  }
+
+  void on_metric(const metric_record& m) override {
+    if (m.kind == "microbatch") {
+      out_->microbatches++;
+      auto n = static_cast<int64_t>(m.value("samples"));
+      out_->samples += n;
+      out_->retries += static_cast<int64_t>(m.value("retries"));
+      if (m.t >= warmup_)
+        out_->measured_samples += static_cast<double>(n);
+    } else if (m.kind == "done") {
+      done_++;
+    } else if (m.kind == "fault") {
+      auto slot = peer_slot(m.label("instance"));
+      if (slot >= 0 && static_cast<size_t>(slot) < slots_.size()) {
+        if (slots_[static_cast<size_t>(slot)].alive)
+          out_->preemptions++;
+        slots_[static_cast<size_t>(slot)].alive = false;
+      }
+    } else if (m.kind == "restart") {
+      auto slot = peer_slot(m.source);
+      if (slot >= 0 && static_cast<size_t>(slot) < slots_.size())
+        slots_[static_cast<size_t>(slot)].alive = true;
+      out_->restarts++;
+    } else if (m.kind == "migrate") {
+      auto slot = peer_slot(m.source);
+      if (slot >= 0 && static_cast<size_t>(slot) < slots_.size())
+        slots_[static_cast<size_t>(slot)].stage = static_cast<uint64_t>(m.value("to"));
+      out_->migrations++;
+    }
+  }
+
+  bool tick(double t) override {
+    // The bounds of the second that ended, with the peers alive now.
+    auto dt = t - last_;
+    last_ = t;
+    if (t - dt >= warmup_ - 1e-9 && dt > 0) {
+      double live = 0;
+      std::vector<double> per(work_.size(), 0.0);
+      for (auto& sl : slots_)
+        if (sl.alive) {
+          live += sl.speed;
+          per[sl.stage] += sl.speed;
+        }
+      double assigned = INFINITY;
+      for (size_t k = 0; k < work_.size(); ++k)
+        assigned = std::min(assigned, per[k] / work_[k]);
+      out_->bound_samples += std::min(live / wsum_, out_->little_bound) * dt;
+      out_->assigned_bound_samples += std::min(assigned, out_->little_bound) * dt;
+      out_->measured_s += dt;
+    }
+    if (t >= next_line_) {
+      next_line_ = t + 600;
+      fmt::print(stderr, "  {:7.0f} s simulated: {} samples, {} retries, {} migrations\n", t,
+                 out_->samples, out_->retries, out_->migrations);
+    }
+    return done_ >= s_->trainers;
+  }
+
+  int finish(finish_context& ctx) override {
+    auto& o = *out_;
+    o.wall_s = ctx.wall_s;
+    o.run_s = ctx.run_s;
+    o.peers_per_stage.assign(work_.size(), 0);
+    for (auto& sl : slots_)
+      if (sl.alive)
+        o.peers_per_stage[sl.stage]++;
+    if (quiet_)
+      return 0;
+    fmt::print("\nswarm simulation summary\n");
+    fmt::print("  {:<34} {:.0f} s simulated in {:.1f} s wall\n", "time", o.run_s, o.wall_s);
+    fmt::print("  {:<34} {} ({} microbatches, {} hop retries)\n", "samples", o.samples,
+               o.microbatches, o.retries);
+    fmt::print("  {:<34} {:.2f} samples/s (after the {:.0f} s warm-up)\n", "throughput",
+               o.measured_samples / std::max(1.0, o.measured_s), warmup_);
+    fmt::print("  {:<34} {:.1f}% of min(fluid, Little) = {:.0f} samples; {:.1f}% of the "
+               "assigned bound\n",
+               "vs. the upper bound", 100.0 * o.measured_samples / std::max(1.0, o.bound_samples),
+               o.bound_samples, 100.0 * o.measured_samples / std::max(1.0, o.assigned_bound_samples));
+    fmt::print("  {:<34} {:.2f} samples/s\n", "Little's-law bound", o.little_bound);
+    fmt::print("  {:<34} {} preemptions, {} restarts, {} migrations\n", "faults", o.preemptions,
+               o.restarts, o.migrations);
+    std::string last;
+    for (auto c : o.peers_per_stage)
+      last += (last.empty() ? "" : " ") + std::to_string(c);
+    fmt::print("  {:<34} [{}]\n", "live peers per stage at the end", last);
+    return 0;
+  }
+
+private:
+  struct slot_state {
+    double speed;
+    uint64_t stage;
+    bool alive;
+  };
+  std::shared_ptr<const swarm_setup> s_;
+  bool quiet_;
+  std::shared_ptr<swarm_sim_outcome> out_;
+  std::vector<double> work_;
+  std::vector<slot_state> slots_;
+  double wsum_ = 1;
+  double warmup_ = 0;
+  double last_ = 0;
+  double next_line_ = 600;
+  int64_t done_ = 0;
+};
+
+} // namespace
+
+std::unique_ptr<reporter> make_swarm_reporter(std::shared_ptr<const swarm_setup> s) {
+  return std::make_unique<swarm_reporter>(std::move(s));
+}
+
+std::unique_ptr<reporter> make_swarm_sim_reporter(std::shared_ptr<const swarm_setup> s,
+                                                  std::shared_ptr<swarm_sim_outcome> out) {
+  return std::make_unique<swarm_sim_reporter>(std::move(s), std::move(out));
+}
+
+} // namespace starling::runtime

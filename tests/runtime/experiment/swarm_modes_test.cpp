@@ -1,0 +1,116 @@
+// configs/swarm-tiny.yaml, shortened with --set, runs from the one plan in simulation (twice:
+// the same trace digest), in local mode and as a 4-process cluster.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <memory>
+#include <regex>
+
+#include <unistd.h>
+
+#include "support/subprocess.hpp"
+
+using starling::testing::subprocess;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string config = STARLING_SOURCE_DIR "/configs/swarm-tiny.yaml";
+
+/// Shortens the tiny swarm: fewer microbatches, a smaller model, faster preemptions.
+std::vector<std::string> shorter() {
+  return {"--set", "swarm.microbatches_per_trainer=24", "--set", "swarm.model.width=64",
+          "--set", "swarm.preempt_every=6s",           "--set", "swarm.restart_delay=2s",
+          "--set", "swarm.eval_batches=2",              "--set", "swarm.target_batch=64"};
+}
+
+std::vector<std::string> args(std::vector<std::string> head) {
+  for (auto& a : shorter())
+    head.push_back(a);
+  return head;
+}
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/starling-swarm-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  return tmpl;
+}
+
+/// The `nodes:` part of `starling plan` (where every instance runs).
+std::string placement(const std::string& mode) {
+  subprocess p{args({STARLING_BINARY, "plan", config, "--mode", mode})};
+  REQUIRE(p.wait_exit(60s) == 0);
+  auto out = p.output();
+  auto at = out.find("nodes:");
+  REQUIRE(at != std::string::npos);
+  return out.substr(at, out.find("faults:") - at);
+}
+
+} // namespace
+
+TEST_CASE("swarm-tiny has one placement in every mode") {
+  auto sim = placement("sim");
+  CHECK(sim == placement("local"));
+  CHECK(sim == placement("cluster"));
+  CHECK(sim.find("node0    trainer.0 trainer.1") != std::string::npos);
+}
+
+TEST_CASE("swarm-tiny in simulation completes its samples and gives the same digest twice") {
+  auto dir = temp_dir();
+  std::string digest[2];
+  for (int i = 0; i < 2; ++i) {
+    subprocess p{args({STARLING_BINARY, "run", config, "--sim", "--out",
+                       dir + "/r" + std::to_string(i)})};
+    auto samples = p.wait_for("samples", 120s);
+    REQUIRE(samples);
+    CHECK(samples->find("768 (") != std::string::npos); // 2 trainers x 24 x 16
+    auto d = p.wait_for("trace digest", 60s);
+    REQUIRE(d);
+    digest[i] = d->substr(d->find("digest") + 6, 20);
+    CHECK(p.wait_exit(30s) == 0);
+  }
+  CHECK(digest[0] == digest[1]);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("swarm-tiny in local mode trains with preemptions and the loss falls") {
+  auto dir = temp_dir();
+  subprocess p{args({STARLING_BINARY, "run", config, "--out", dir})};
+  auto samples = p.wait_for("samples ", 120s);
+  REQUIRE(samples);
+  CHECK(samples->find("768 of 768 requested") != std::string::npos);
+  auto held_out = p.wait_for("held-out loss (before -> after)", 60s);
+  REQUIRE(held_out);
+  std::smatch m;
+  REQUIRE(std::regex_search(*held_out, m, std::regex{R"(([0-9.]+) -> ([0-9.]+))"}));
+  CHECK(std::stod(m[2]) < std::stod(m[1]));
+  CHECK(p.wait_exit(60s) == 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("swarm-tiny as a 4-process cluster from the same plan") {
+  auto dir = temp_dir();
+  std::vector<std::unique_ptr<subprocess>> nodes;
+  std::string first;
+  for (int i = 0; i < 4; ++i) {
+    auto argv = args({STARLING_BINARY, "node", "--config", config, "--index", std::to_string(i),
+                      "--nodes", "4", "--out", dir + "/n" + std::to_string(i)});
+    if (i > 0) {
+      argv.push_back("--join");
+      argv.push_back(first);
+    }
+    nodes.push_back(std::make_unique<subprocess>(argv));
+    auto line = nodes.back()->wait_for("listening on", 60s);
+    REQUIRE(line);
+    if (i == 0) {
+      auto at = line->find("on ") + 3;
+      first = line->substr(at, line->find_first_of(" \n", at) - at);
+    }
+  }
+  auto samples = nodes[0]->wait_for("samples ", 180s);
+  REQUIRE(samples);
+  CHECK(samples->find("768 of 768 requested") != std::string::npos);
+  for (auto& n : nodes)
+    CHECK(n->wait_exit(60s) == 0);
+  std::filesystem::remove_all(dir);
+}
