@@ -27,6 +27,25 @@ struct Blob {
   bytes @1 :Data;          # at most 256 MiB
 }
 
+# A metric event a role reports, forwarded between nodes' sinks (messages/metrics.hpp).
+struct MetricEvent {
+  source @0 :Text;               # at most 256 bytes
+  kind @1 :Text;                 # at most 256 bytes
+  values @2 :List(NumberEntry);  # at most 1024, keys unique
+  labels @3 :List(LabelEntry);   # at most 1024, keys unique
+  t @4 :Float64;                 # run time in seconds (negative until a sink stamped it)
+}
+
+struct NumberEntry {
+  key @0 :Text;                  # at most 256 bytes
+  value @1 :Float64;
+}
+
+struct LabelEntry {
+  key @0 :Text;                  # at most 256 bytes
+  value @1 :Text;                # at most 4 KiB
+}
+
 struct Envelope {
   protocolVersion @0 :UInt16;
   # Wire protocol version of the sender; a receiver rejects versions it does not speak.
@@ -48,6 +67,7 @@ struct Envelope {
     vi @10 :ViMessage;     # MASHA
     transfer @11 :TransferMessage;
     blob @12 :Blob;
+    metric @13 :MetricEvent;
   }
 
   sequence @5 :UInt64;

@@ -133,6 +133,8 @@ std::string payload_name(wire::Envelope::Payload::Reader p) {
       return "ping";
     case P::BLOB:
       return "blob";
+    case P::METRIC:
+      return "metric";
     case P::DHT:
       switch (p.getDht().which()) {
         case wire::DhtMessage::REQUEST:

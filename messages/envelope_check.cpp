@@ -3,6 +3,7 @@
 #include "messages/dht.hpp"
 #include "messages/direct.hpp"
 #include "messages/envelope.hpp"
+#include "messages/metrics.hpp"
 #include "messages/types.hpp"
 #include "messages/vi.hpp"
 #include "messages/wire.hpp"
@@ -33,6 +34,8 @@ status check_payload(const payload_reader& p) {
       return decode_as<ping_msg>(p);
     case P::BLOB:
       return decode_as<blob_msg>(p);
+    case P::METRIC:
+      return decode_as<metric_event>(p);
     case P::DHT:
       switch (r.getDht().which()) {
         case wire::DhtMessage::REQUEST:

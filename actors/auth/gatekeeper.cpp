@@ -91,6 +91,7 @@ std::map<std::string, std::vector<std::string>> default_policy() {
     {"ping", {"*"}},
     {"tensor", {"*"}},
     {"blob", {"*"}},
+    {"metric", {"*"}},
     {"stage.forward", {"trainer"}},
     {"stage.backward", {"trainer"}},
     {"stage.backward_reply", {"*"}},

@@ -18,6 +18,7 @@
 #include "messages/dht.hpp"
 #include "messages/direct.hpp"
 #include "messages/envelope.hpp"
+#include "messages/metrics.hpp"
 #include "messages/types.hpp"
 #include "messages/vi.hpp"
 #include "messages/wire.hpp"
@@ -121,6 +122,7 @@ int main(int argc, char** argv) {
   dht_record rec{"key", true, "sub", {'v'}, 5, std::string(64, 's')};
   typed("ping", ping_msg{1, "seed"});
   typed("blob", blob_msg{"t", {'x'}});
+  typed("metric", metric_event{"trainer.0", "microbatch", {{"loss", 1.5}}, {{"peer", "p"}}, 2.0});
   typed("dht-request", dht_request{1, peer, {}, "key", {rec}});
   typed("dht-response", dht_response{peer, {peer}, {rec}, {1}, ""});
   typed("dht-put", dht_put{"key", false, "", {'v'}, 9, true});

@@ -10,6 +10,7 @@
 #include "messages/averager.hpp"
 #include "messages/chunked.hpp"
 #include "messages/dht.hpp"
+#include "messages/metrics.hpp"
 #include "messages/direct.hpp"
 #include "messages/registry.hpp"
 #include "messages/swarm.hpp"
@@ -112,6 +113,8 @@ TEST_CASE("every DHT, MASHA, transfer and runtime message type round-trips throu
   s.round_trip(vi_downlink{12, 1, true, v});
   s.round_trip(vi_report{40, {1.0, -2.5}, 100, 200, 3});
   s.round_trip(ping_msg{9, "node-a"});
+  s.round_trip(metric_event{"trainer.0", "microbatch", {{"loss", 2.5}, {"samples", 16}},
+                            {{"peer", "stage.1"}}, 12.25});
   s.round_trip(blob_msg{"schema", {'a', 'b', '\0', 'c'}});
   s.round_trip(direct_announce{std::vector<char>(16, 't'), 4096, 0, {16, 64}, 4});
   s.round_trip(direct_endpoint{"127.0.0.1", 4242});
