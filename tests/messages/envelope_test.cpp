@@ -143,8 +143,8 @@ TEST_CASE("garbage, truncated and oversized envelopes are refused, never crash")
   CHECK(b.refused(wire_reason::malformed) == 3);
 }
 
-TEST_CASE("a run that requires senders refuses envelopes without one; without context only "
-          "structure is checked") {
+TEST_CASE("a run that requires senders refuses envelopes without one, and without a context "
+          "only structure is checked") {
   int64_t now = 1000 * sec;
   wire_options o;
   o.experiment = "exp";
