@@ -33,24 +33,14 @@ placement:
   REQUIRE(plan.wait_exit(30s) == 0);
   CHECK(plan.output().find("open slots (taken by nodes started without --index): guest.0")
         != std::string::npos);
-  std::vector<std::unique_ptr<subprocess>> nodes;
-  std::string first;
-  for (int i = 0; i < 2; ++i) {
-    std::vector<std::string> argv{STARLING_BINARY, "node", "--config", config, "--index",
-                                  std::to_string(i), "--nodes", "2", "--out",
-                                  dir + "/n" + std::to_string(i)};
-    if (i > 0) {
-      argv.push_back("--join");
-      argv.push_back(first);
-    }
-    nodes.push_back(std::make_unique<subprocess>(argv));
-    auto line = nodes.back()->wait_for("listening on", 30s);
-    REQUIRE(line);
-    if (i == 0) {
-      auto at = line->find("on ") + 3;
-      first = line->substr(at, line->find_first_of(" \n", at) - at);
-    }
-  }
+  auto nodes = starling::testing::start_nodes(2, [&](int i) {
+    return std::vector<std::string>{STARLING_BINARY, "node", "--config", config, "--index",
+                                    std::to_string(i), "--nodes", "2", "--out",
+                                    dir + "/n" + std::to_string(i)};
+  });
+  REQUIRE(nodes.size() == 2);
+  // Node 0's first line is the one with its endpoint.
+  auto first = starling::testing::endpoint_of(nodes[0]->output());
   subprocess guest{{STARLING_BINARY, "node", "--config", config, "--nodes", "2", "--join", first,
                     "--out", dir + "/guest"}};
   CHECK(guest.wait_for("volunteer: holds slot guest.0", 30s));
