@@ -544,7 +544,7 @@ void averager_impl::switch_to(const std::string& leader) {
                     me->switch_to(r.redirect);
                     return;
                   }
-                  on_refused(r.reason);
+                  on_refused(r.wire_error.empty() ? r.reason : r.wire_error);
                 },
                 [on_refused](caf::error& err) { on_refused(caf::to_string(err)); });
       },
@@ -553,7 +553,10 @@ void averager_impl::switch_to(const std::string& leader) {
 
 avg_join_reply averager_impl::on_join(const avg_join& j, const caf::actor& sender) {
   avg_join_reply r;
-  if (phase_ != phase::matching || !cur_ || j.group_key != cur_->group_key) {
+  // A join whose envelope was refused (counted by the wire context) is answered with the reason.
+  if (!j.wire_error.empty()) {
+    r.reason = j.wire_error;
+  } else if (phase_ != phase::matching || !cur_ || j.group_key != cur_->group_key) {
     r.reason = "not matchmaking under this key";
   } else if (closed_) {
     r.reason = "group already closed";
@@ -592,7 +595,8 @@ avg_join_reply averager_impl::on_join(const avg_join& j, const caf::actor& sende
 }
 
 void averager_impl::on_leave(const avg_leave& l) {
-  if (!cur_ || l.group_key != cur_->group_key)
+  // Refused envelopes (wire_error) are counted by the wire context; one-way, nothing to answer.
+  if (!l.wire_error.empty() || !cur_ || l.group_key != cur_->group_key)
     return;
   if (phase_ == phase::round && round_) {
     for (uint32_t i = 0; i < round_->plan.num_members(); ++i)
@@ -633,7 +637,7 @@ void averager_impl::close_group() {
 }
 
 void averager_impl::on_group(const avg_group& g) {
-  if (phase_ != phase::matching || !cur_ || g.group_key != cur_->group_key || closed_
+  if (!g.wire_error.empty() || phase_ != phase::matching || !cur_ || g.group_key != cur_->group_key || closed_
       || g.numel != cur_->flat.numel() || g.group_id == 0 || g.members.size() < 2
       || g.members.size() > 4096)
     return;
@@ -874,7 +878,7 @@ void averager_impl::pump(uint32_t member, uint8_t kind) {
 }
 
 void averager_impl::on_ack(const avg_ack& a) {
-  if (!round_ || a.group_id != round_->id || a.from >= round_->plan.num_members())
+  if (!a.wire_error.empty() || !round_ || a.group_id != round_->id || a.from >= round_->plan.num_members())
     return;
   auto it = round_->streams.find({a.from, a.kind});
   if (it == round_->streams.end() || it->second.inflight == 0)
@@ -885,6 +889,10 @@ void averager_impl::on_ack(const avg_ack& a) {
 }
 
 void averager_impl::on_chunk(avg_chunk& c, const caf::strong_actor_ptr& sender) {
+  // A chunk whose envelope was refused names no round it belongs to (counted by the wire
+  // context): kept for later it would only take a slot of the early chunks.
+  if (!c.wire_error.empty())
+    return;
   if (!round_ || c.group_id != round_->id) {
     if (phase_ == phase::matching && early_.size() < 4096)
       early_.push_back(early_chunk{std::move(c), sender, {}});
