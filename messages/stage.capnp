@@ -33,6 +33,8 @@ struct StageState {
   optimizerSteps @2 :List(UInt64);   # at most 2^20
   steps @3 :UInt64;
   samples @4 :UInt64;
+  modeledBytes @5 :UInt64;      # the state a cost-model peer stands for; at most 2^50 (the
+                                # zero bytes themselves follow the envelope, see swarm.hpp)
 }
 
 struct StageStatePart {
@@ -47,6 +49,7 @@ struct StageStatePart {
   digest @8 :Data;              # empty or 32 bytes
   params @9 :Tensor;
   moments @10 :Tensor;
+  modeledBytes @11 :UInt64;     # this part's share of the modeled state; at most 2^50
 }
 
 struct StageMessage {

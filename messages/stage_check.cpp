@@ -10,6 +10,8 @@ using namespace codec;
 namespace {
 
 constexpr size_t max_steps_list = size_t{1} << 20;
+/// Modeled state bytes (a cost model's stand-in for parameters and optimizer state): 1 PiB.
+constexpr uint64_t max_modeled_bytes = uint64_t{1} << 50;
 
 status check_tensor(bool tensors, bool has, wire::Tensor::Reader r) {
   if (!tensors || !has)
@@ -42,6 +44,7 @@ status check_stage(wire::StageMessage::Reader m, bool tensors) {
     case M::STATE: {
       auto s = m.getState();
       STARLING_TRY(at_most("optimizer steps", s.getOptimizerSteps().size(), max_steps_list));
+      STARLING_TRY(within("modeled bytes", s.getModeledBytes(), max_modeled_bytes));
       STARLING_TRY(check_tensor(tensors, s.hasParams(), s.getParams()));
       return check_tensor(tensors, s.hasMoments(), s.getMoments());
     }
@@ -55,6 +58,7 @@ status check_stage(wire::StageMessage::Reader m, bool tensors) {
       STARLING_TRY(within("params dtype", p.getParamsDtype(), 0, 63));
       STARLING_TRY(within("moments numel", p.getMomentsNumel(), uint64_t{1} << 41));
       STARLING_TRY(at_most("optimizer steps", p.getOptimizerSteps().size(), max_steps_list));
+      STARLING_TRY(within("modeled bytes", p.getModeledBytes(), max_modeled_bytes));
       auto digest = p.getDigest().size();
       if (digest != 0 && digest != 32)
         return fail("a state digest has 32 bytes, got " + std::to_string(digest));

@@ -136,6 +136,7 @@ status wire_codec<stage_state>::write(payload_writer& w, const stage_state& x) {
            x.optimizer_steps);
   b.setSteps(x.steps);
   b.setSamples(x.samples);
+  b.setModeledBytes(x.modeled.size);
   return {};
 }
 
@@ -149,6 +150,7 @@ status wire_codec<stage_state>::read(const payload_reader& r, stage_state& x) {
   x.optimizer_steps = u64s(s.getOptimizerSteps());
   x.steps = s.getSteps();
   x.samples = s.getSamples();
+  x.modeled.size = s.getModeledBytes();
   return {};
 }
 
@@ -170,6 +172,7 @@ status wire_codec<stage_state_part>::write(payload_writer& w, const stage_state_
   b.setDigest(data(x.digest));
   STARLING_TRY(put(x.params, [&] { return b.initParams(); }));
   STARLING_TRY(put(x.moments, [&] { return b.initMoments(); }));
+  b.setModeledBytes(x.modeled.size);
   return {};
 }
 
@@ -185,6 +188,7 @@ status wire_codec<stage_state_part>::read(const payload_reader& r, stage_state_p
   x.params_numel = p.getParamsNumel();
   x.params_dtype = p.getParamsDtype();
   x.moments_numel = p.getMomentsNumel();
+  x.modeled.size = p.getModeledBytes();
   x.optimizer_steps = u64s(p.getOptimizerSteps());
   auto d = p.getDigest();
   x.digest.assign(reinterpret_cast<const char*>(d.begin()), d.size());

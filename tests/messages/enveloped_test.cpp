@@ -176,7 +176,9 @@ TEST_CASE("every stage and averager message type round-trips with its tensors") 
   same(r.grad_input, r2.grad_input);
 
   stage_state st{tensor({10}), tensor({20}), {1, 2}, 3, 4};
+  st.modeled.size = 5000;
   auto st2 = s.carry(st);
+  CHECK(st2.modeled.size == 5000);
   same(st.params, st2.params);
   same(st.moments, st2.moments);
   CHECK(st2.optimizer_steps == std::vector<uint64_t>{1, 2});
@@ -195,7 +197,9 @@ TEST_CASE("every stage and averager message type round-trips with its tensors") 
   p.digest = std::string(32, 'd');
   p.params = tensor({10});
   p.moments = tensor({20});
+  p.modeled.size = 777;
   auto p2 = s.carry(p);
+  CHECK(p2.modeled.size == 777);
   CHECK(caf::deep_to_string(p2) == caf::deep_to_string(p));
   same(p.params, p2.params);
 
@@ -273,6 +277,35 @@ TEST_CASE("a refused envelope arrives marked: tensors carry the reason, counts g
   CHECK(y.wire_error.find("envelope refused (experiment)") == 0);
   CHECK_FALSE(y.input.ok());
   CHECK_FALSE(y.input.tensor.defined());
+  CHECK(cfg_b.wire->refused(wire_reason::experiment) == 1);
+}
+
+TEST_CASE("a state's modeled bytes follow its envelope: counted on the wire, read past when refused") {
+  wire_config cfg_a{"exp-a", 'a'};
+  wire_config cfg_b{"exp-b", 'b'};
+  caf::actor_system a{cfg_a};
+  caf::actor_system b{cfg_b};
+  auto encode = [&](stage_state st, uint64_t after) {
+    std::vector<char> buf;
+    caf::binary_serializer sink{a, buf};
+    REQUIRE_FALSE(inspect(sink, st));
+    REQUIRE_FALSE(sink(after));
+    return buf;
+  };
+  stage_state st{tensor({4}), tensor({8}), {1}, 2, 3};
+  auto base = encode(st, 42).size();
+  st.modeled.size = 100'000;
+  auto buf = encode(st, 42);
+  CHECK(buf.size() == base + 100'000); // exactly the modeled bytes on top of the envelope
+  // Refused on arrival (another run): marked, its size 0, and what follows still decodes.
+  stage_state y;
+  uint64_t after = 0;
+  caf::binary_deserializer source{b, buf};
+  REQUIRE_FALSE(inspect(source, y));
+  REQUIRE_FALSE(source(after));
+  CHECK(y.wire_error.rfind("envelope refused (experiment)", 0) == 0);
+  CHECK(y.modeled.size == 0);
+  CHECK(after == 42);
   CHECK(cfg_b.wire->refused(wire_reason::experiment) == 1);
 }
 
