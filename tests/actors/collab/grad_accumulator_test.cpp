@@ -206,7 +206,7 @@ TEST_CASE("a malformed gradient from the network is refused and changes nothing"
   CHECK(acc.samples() == 0);
 }
 
-TEST_CASE("a downloaded state continues identically on the newcomer; a bad one changes nothing") {
+TEST_CASE("a downloaded state continues identically on the newcomer, a bad one changes nothing") {
   mlp_config cfg;
   auto b = global_batches(cfg, 3, 8);
   for (std::string kind : {"sgd", "adam", "lamb"}) {

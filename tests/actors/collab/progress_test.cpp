@@ -69,7 +69,7 @@ TEST_CASE("the estimate extrapolates each record from its own time") {
   CHECK_FALSE(estimate_progress(others, "me", 4, 10, 2, at, o).reached);
 }
 
-TEST_CASE("records at other steps do not count; peers ahead are reported, highest first") {
+TEST_CASE("records at other steps do not count, peers ahead are reported, highest first") {
   auto o = opts(100);
   std::vector<held_record> others{rec("old", 2, 50, 10, 0), rec("a1", 4, 1, 1, 0),
                                   rec("a2", 5, 1, 1, 0), rec("same", 3, 7, 0, 0)};
@@ -158,7 +158,7 @@ TEST_CASE("the ETA is never negative") {
   CHECK(stuck.refresh_in == o.max_refresh);
 }
 
-TEST_CASE("the refresh period follows ETA·N / max(N + 3, 1.2·N) and is clipped to [0.5, 30]") {
+TEST_CASE("the refresh period follows ETA·N / max(N + 3, 1.2·N) and is clipped to (0.5, 30)") {
   progress_options o;
   // N = 1: max(4, 1.2) = 4.
   CHECK(refresh_period(10, 1, o) == 2.5);
