@@ -150,7 +150,8 @@ public:
                 averager_options opts)
     : self_(self), dht_(std::move(dht)), resolver_(std::move(resolver)), opts_(std::move(opts)) {
     // An empty reducer is the weighted mean, which part_reducer streams without copies.
-    if (!opts_.data_host.empty()) {
+    // A client-mode averager (bandwidth 0) listens on nothing: no data plane.
+    if (!opts_.data_host.empty() && !client()) {
       data_plane_options po;
       po.host = opts_.data_host;
       po.io_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(opts_.data_io_timeout);
@@ -191,6 +192,10 @@ private:
   messages::member_info me() const {
     return {opts_.address, opts_.bandwidth, opts_.auxiliary};
   }
+  /// Client mode (bandwidth 0): leads no group, reduces nothing, is never connected to.
+  bool client() const { return opts_.bandwidth == 0; }
+  /// Whether member `i` of the round is in client mode.
+  bool client_member(uint32_t i) const { return round_->plan.members[i].bandwidth == 0; }
   void with_peer(const std::string& address, std::function<void(caf::actor)> ok,
                  std::function<void()> err);
 
@@ -222,6 +227,9 @@ private:
   caf::actor resolver_;
   averager_options opts_;
   std::map<std::string, caf::actor> peers_;
+  /// Addresses seen in client mode: never resolved (nobody connects to a client); reached only
+  /// through a handle it gave us by messaging us (a join, a chunk).
+  std::set<std::string> clients_;
   std::shared_ptr<data_plane> plane_;
   std::string plane_error_;
   /// Result and reduced-part buffers of earlier rounds, reused once nobody else holds them:
@@ -299,6 +307,10 @@ void averager_impl::with_peer(const std::string& address, std::function<void(caf
                               std::function<void()> err) {
   if (auto it = peers_.find(address); it != peers_.end()) {
     ok(it->second);
+    return;
+  }
+  if (clients_.count(address) > 0) {
+    err(); // a client-mode peer accepts no connection
     return;
   }
   auto weak = weak_from_this();
@@ -476,7 +488,9 @@ void averager_impl::on_records(const messages::dht_get_result& r) {
   // one does not. (Refusals that held for one poll only made all 7 other peers of an 8-peer bench
   // ask a smallest leader stuck in its previous round every poll until the window ended, and
   // nobody averaged.)
-  std::string best = leader_.empty() ? opts_.address : leader_;
+  // A client never leads: it follows the smallest non-client address, whatever its own.
+  auto current = leader_.empty() && !client() ? opts_.address : leader_;
+  std::string best = current;
   for (auto& rec : r.records) {
     if (!rec.has_subkey || rec.subkey.empty() || rec.subkey == opts_.address)
       continue;
@@ -485,6 +499,10 @@ void averager_impl::on_records(const messages::dht_get_result& r) {
     int64_t numel = 0;
     if (!decode_announce(rec.value, bw, aux, numel) || numel != cur_->flat.numel())
       continue;
+    if (bw == 0) {
+      clients_.insert(rec.subkey);
+      continue; // a client-mode peer is never a leader
+    }
     auto& seen = announced_[rec.subkey];
     seen = std::max(seen, rec.expiration_ns);
     if (auto it = refused_.find(rec.subkey); it != refused_.end()) {
@@ -492,15 +510,15 @@ void averager_impl::on_records(const messages::dht_get_result& r) {
         continue;
       refused_.erase(it); // announced anew since it refused
     }
-    if (rec.subkey < best)
+    if (best.empty() || rec.subkey < best)
       best = rec.subkey;
   }
-  if (best != (leader_.empty() ? opts_.address : leader_))
+  if (!best.empty() && best != current)
     switch_to(best);
 }
 
 void averager_impl::switch_to(const std::string& leader) {
-  if (leader >= opts_.address || refused_.count(leader) > 0)
+  if ((!client() && leader >= opts_.address) || refused_.count(leader) > 0)
     return;
   auto key = cur_->group_key;
   if (!leader_.empty() && leader_ != leader) {
@@ -557,14 +575,16 @@ avg_join_reply averager_impl::on_join(const avg_join& j, const caf::actor& sende
     r.reason = "not matchmaking under this key";
   } else if (closed_) {
     r.reason = "group already closed";
+  } else if (client()) {
+    r.reason = "a client-mode peer leads no group";
   } else if (!leader_.empty()) {
     r.verdict = avg_join_reply::redirected;
     r.redirect = leader_;
   } else if (j.numel != cur_->flat.numel()) {
     r.reason = fmt::format("vector size {} differs from the leader's {}", j.numel,
                            cur_->flat.numel());
-  } else if (j.member.address <= opts_.address) {
-    r.reason = "ask a smaller leader";
+  } else if (j.member.bandwidth > 0 && j.member.address <= opts_.address) {
+    r.reason = "ask a smaller leader"; // clients join any leader
   } else if (!std::isfinite(j.member.bandwidth) || j.member.bandwidth < 0) {
     r.reason = "bad bandwidth";
   } else {
@@ -586,6 +606,8 @@ avg_join_reply averager_impl::on_join(const avg_join& j, const caf::actor& sende
   // group closes (a leader that fails right after still informs everyone).
   if (r.verdict == avg_join_reply::accepted && sender)
     peers_.emplace(j.member.address, sender);
+  if (r.verdict == avg_join_reply::accepted && j.member.bandwidth == 0)
+    clients_.insert(j.member.address);
   if (r.verdict == avg_join_reply::accepted && followers_.size() + 1 >= opts_.target_group_size)
     close_group();
   return r;
@@ -785,6 +807,17 @@ void averager_impl::start_round(uint64_t id, std::vector<messages::member_info> 
   for (uint32_t i = 0; i < n; ++i) {
     if (i == r.self)
       continue;
+    if (client_member(i)) {
+      clients_.insert(r.plan.members[i].address);
+      // Nobody connects to a client: we reach it over the handle it gave us when it joined (the
+      // leader) or with its first chunk (on_chunk), i.e. over the link it opened.
+      if (auto it = peers_.find(r.plan.members[i].address); it != peers_.end()) {
+        r.handles[i] = it->second;
+        self_->monitor(it->second);
+        r.links[i] = link_mode::basp;
+      }
+      continue;
+    }
     with_peer(
         r.plan.members[i].address,
         [this, weak, rid, i](caf::actor a) {
@@ -894,6 +927,17 @@ void averager_impl::on_chunk(avg_chunk& c, const caf::strong_actor_ptr& sender) 
   auto n = r.plan.num_members();
   if (c.from >= n || c.from == r.self || r.gone[c.from])
     return;
+  if (client_member(c.from) && !r.handles[c.from] && sender) {
+    // A client's first chunk: answer it over the link it opened.
+    auto h = caf::actor_cast<caf::actor>(sender);
+    r.handles[c.from] = h;
+    peers_[r.plan.members[c.from].address] = h;
+    self_->monitor(h);
+    r.links[c.from] = link_mode::basp;
+    pump(c.from, avg_chunk::result);
+    if (!round_)
+      return;
+  }
   // Ack first: the credit goes back whatever we make of the chunk.
   // (To the message's sender: our handle to that member may not be resolved yet.)
   if (auto to = caf::actor_cast<caf::actor>(sender))
@@ -941,7 +985,7 @@ void averager_impl::open_link(uint32_t i, const caf::actor& handle) {
     if (round_)
       pump(member, avg_chunk::result);
   };
-  if (!plane_ || link_failures_[addr] >= max_link_failures) {
+  if (!plane_ || client_member(i) || link_failures_[addr] >= max_link_failures) {
     decide(i, link_mode::basp);
     return;
   }
@@ -1158,6 +1202,8 @@ void averager_impl::maybe_reduce(bool deadline) {
   for (uint32_t m = 0; m < r.plan.num_members(); ++m) {
     if (m == r.self || r.gone[m] || r.plan.members[m].auxiliary)
       continue;
+    if (client_member(m) && !r.handles[m])
+      continue; // it sent us nothing, so we cannot reach it
     auto& s = r.streams[{m, avg_chunk::result}];
     if (!r.reduce_error.empty())
       s.queue.push_back({0, 0});
