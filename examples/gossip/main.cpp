@@ -33,6 +33,7 @@ struct peer_state {
   std::vector<double> y;
   std::mt19937_64 rng;
   int64_t steps = 0;
+  bool ready = true; // false until a restarted peer has a live peer's weights
 };
 
 caf::behavior gossip_peer(caf::stateful_actor<peer_state>* self, role_context ctx, gossip_options o) {
@@ -57,6 +58,7 @@ caf::behavior gossip_peer(caf::stateful_actor<peer_state>* self, role_context ct
   auto resolver = ctx.node.resolver();
   auto sink = ctx.node.metrics();
   auto name = ctx.name;
+  // Averages with a random peer; a restarted peer (not ready) takes the peer's weights instead.
   auto average_with_random_peer = [=] {
     auto target = peers[std::uniform_int_distribution<size_t>{0, peers.size() - 1}(self->state.rng)];
     self->request(resolver, std::chrono::seconds(2), resolve_atom::value, target)
@@ -64,17 +66,22 @@ caf::behavior gossip_peer(caf::stateful_actor<peer_state>* self, role_context ct
         self->request(peer, std::chrono::seconds(2), get_atom::value).then([=](const weights& other) {
           auto& w = self->state.w;
           if (other.size() == w.size())
-            for (size_t j = 0; j < w.size(); ++j) w[j] = 0.5 * (w[j] + other[j]);
+            for (size_t j = 0; j < w.size(); ++j)
+              w[j] = self->state.ready ? 0.5 * (w[j] + other[j]) : other[j];
+          self->state.ready = true;
         }, [](caf::error&) {});
       }, [](caf::error&) {});
   };
-  if (ctx.download_state()) // a restarted peer starts from a live peer's weights
-    average_with_random_peer();
+  self->state.ready = !ctx.download_state();
   self->send(self, tick_atom::value);
   return {
     [=](tick_atom) {
       auto& s = self->state;
       self->delayed_send(self, o.step, tick_atom::value);
+      if (!s.ready) { // keep asking until a live peer answers
+        average_with_random_peer();
+        return;
+      }
       weights g(o.dim, 0.0);
       for (size_t i = 0; i < s.x.size(); ++i) {
         double err = -s.y[i];
@@ -91,7 +98,11 @@ caf::behavior gossip_peer(caf::stateful_actor<peer_state>* self, role_context ct
       }
       self->send(sink, messages::metric_event{name, "error", {{"error", d / n}}, {}});
     },
-    [=](get_atom) { return self->state.w; },
+    [=](get_atom) -> caf::result<weights> {
+      if (!self->state.ready)
+        return caf::make_error(caf::sec::runtime_error, "starting");
+      return self->state.w;
+    },
   };
 }
 

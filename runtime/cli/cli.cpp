@@ -32,10 +32,8 @@ namespace starling::runtime {
 
 namespace {
 
-/// Prints one clear line and returns the failure exit code.
 int die(const std::string& what) {
-  fmt::print(stderr, "starling: error: {}\n", what);
-  return 2;
+  return print_error(what);
 }
 
 /// Loads and validates an experiment file for `mode` (unset: the file's own); one clear line

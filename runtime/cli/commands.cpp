@@ -32,8 +32,7 @@ namespace starling::runtime {
 namespace {
 
 int die(const std::string& what) {
-  fmt::print(stderr, "starling: error: {}\n", what);
-  return 2;
+  return print_error(what);
 }
 
 /// The command line without `--listen X` / `--listen=X` (the parent gives its child its own).

@@ -1,5 +1,7 @@
 #include "runtime/cli/dht_cmd.hpp"
 
+#include "runtime/log/log.hpp"
+
 #include <csignal>
 
 #include "runtime/cli/signals.hpp"
@@ -21,8 +23,7 @@ namespace starling::runtime {
 namespace {
 
 int die(const std::string& what) {
-  fmt::print(stderr, "starling: error: {}\n", what);
-  return 2;
+  return print_error(what);
 }
 
 /// Starts a client-only node and resolves the DHT actor of the node at `endpoint`.

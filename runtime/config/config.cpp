@@ -4,22 +4,6 @@
 
 namespace starling::runtime {
 
-namespace {
-
-/// Reads `key` as a section: absent keeps defaults; present must be a map with known keys only.
-template <class T>
-void read_section(config_node& parent, const std::string& key, T& out) {
-  if (!parent.has(key))
-    return;
-  auto c = parent.child(key);
-  if (!c.is_map())
-    c.expected("a map");
-  read_options(c, out);
-  c.finish();
-}
-
-} // namespace
-
 void read_options(config_node& n, caf_options& out) {
   if (n.has("scheduler")) {
     auto s = n.child("scheduler");

@@ -85,6 +85,19 @@ void read_options(config_node& n, link_options& out);
 void read_options(config_node& n, network_options& out);
 void read_options(config_node& n, experiment_options& out);
 
+/// Reads `key` of `parent` as a section into `out`: absent keeps the defaults; present must be a
+/// map with known keys only (`read_options(config_node&, T&)` reads it).
+template <class T>
+void read_section(config_node& parent, const std::string& key, T& out) {
+  if (!parent.has(key))
+    return;
+  auto c = parent.child(key);
+  if (!c.is_map())
+    c.expected("a map");
+  read_options(c, out);
+  c.finish();
+}
+
 /// Splits `HOST:PORT` (port 0–65535); failure names the bad part.
 result<std::pair<std::string, uint16_t>> parse_endpoint(const std::string& text);
 

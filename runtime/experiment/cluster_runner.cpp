@@ -94,16 +94,40 @@ int64_t system_now_ns() {
     .count();
 }
 
-/// Puts this node on the run's clock: node 0's first incarnation publishes its start; the
-/// others (and a restarted node 0) read it, waiting up to `patience` for it to appear. Without
-/// it a node keeps its own start (plan times then count from when it started).
+/// Puts this node on the run's clock. Node 0's first incarnation waits until every numbered
+/// node has joined the node table (at most `patience`), then starts the run and publishes its
+/// start; the others (and a restarted node 0) wait for that record (at most `patience`) and take
+/// its time, so that plan times mean the same instant on every node and no node misses the
+/// start. Without the record a node keeps its own start (plan times then count from when it
+/// started).
 void sync_run_clock(caf::actor_system& sys, caf::actor dht, const experiment_graph& g,
-                    bool publish, std::chrono::nanoseconds own_elapsed,
+                    size_t nodes, bool publish,
                     const std::function<void(nanoseconds)>& set_elapsed,
                     std::chrono::seconds patience) {
   caf::scoped_actor self{sys};
+  auto deadline = std::chrono::steady_clock::now() + patience;
+  auto read = [&](const std::string& key, const std::function<void(const messages::dht_record&)>& f) {
+    self->request(dht, std::chrono::seconds(2), get_atom::value, key)
+      .receive(
+        [&](const messages::dht_get_result& r) {
+          for (auto& rec : r.records)
+            f(rec);
+        },
+        [](caf::error&) {});
+  };
   if (publish) {
-    auto start = std::to_string(system_now_ns() - own_elapsed.count());
+    while (std::chrono::steady_clock::now() < deadline) {
+      std::set<std::string> joined;
+      read(g.name + "/nodes", [&](const messages::dht_record& rec) {
+        if (rec.has_subkey)
+          joined.insert(rec.subkey);
+      });
+      if (joined.size() >= nodes)
+        break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    set_elapsed(nanoseconds{0});
+    auto start = std::to_string(system_now_ns());
     auto put = actors::dht::make_put(start_key(g), std::vector<char>(start.begin(), start.end()),
                                      actors::dht::dht_now_ns(self.ptr()) + g.duration.count()
                                        + 3'600'000'000'000);
@@ -111,26 +135,20 @@ void sync_run_clock(caf::actor_system& sys, caf::actor dht, const experiment_gra
       .receive([](const messages::dht_put_result&) {}, [](caf::error&) {});
     return;
   }
-  auto deadline = std::chrono::steady_clock::now() + patience;
   while (std::chrono::steady_clock::now() < deadline) {
     std::optional<int64_t> start;
-    self->request(dht, std::chrono::seconds(2), get_atom::value, start_key(g))
-      .receive(
-        [&](const messages::dht_get_result& r) {
-          for (auto& rec : r.records)
-            if (!rec.has_subkey && !rec.value.empty() && rec.value.size() < 32) {
-              std::string text(rec.value.begin(), rec.value.end());
-              char* end = nullptr;
-              auto v = std::strtoll(text.c_str(), &end, 10);
-              if (end != text.c_str() && *end == '\0')
-                start = v;
-            }
-        },
-        [](caf::error&) {});
+    read(start_key(g), [&](const messages::dht_record& rec) {
+      if (rec.has_subkey || rec.value.empty() || rec.value.size() >= 32)
+        return;
+      std::string text(rec.value.begin(), rec.value.end());
+      char* end = nullptr;
+      auto v = std::strtoll(text.c_str(), &end, 10);
+      if (end != text.c_str() && *end == '\0')
+        start = v;
+    });
     if (start) {
       auto elapsed = system_now_ns() - *start;
-      if (elapsed >= 0)
-        set_elapsed(nanoseconds{elapsed});
+      set_elapsed(nanoseconds{std::max<int64_t>(0, elapsed)});
       return;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -279,11 +297,17 @@ caf::behavior table_announcer(caf::event_based_actor* self, caf::actor dht, std:
   };
 }
 
-class cluster_host : public node_host {
+class cluster_host : public threaded_host {
 public:
   cluster_host(node& nd, size_t index, const experiment_graph& g, const struct plan& p,
                caf::actor_clock::time_point t0)
-    : nd_(nd), index_(index), name_(fmt::format("node{}", index)), graph_(g), plan_(p), t0_(t0) {
+    : threaded_host(nd.directory()),
+      nd_(nd),
+      index_(index),
+      name_(fmt::format("node{}", index)),
+      graph_(g),
+      plan_(p),
+      t0_(t0) {
     // nop
   }
 
@@ -296,40 +320,13 @@ public:
   caf::actor dht() override { return dht_; }
   caf::actor metrics() override { return sink; }
 
-  void register_actor(const std::string& name, const caf::actor& a) override {
-    caf::anon_send(nd_.directory(), put_atom::value, name, a);
-  }
-
-  void adopt(const caf::actor& a) override {
-    std::lock_guard<std::mutex> guard{mtx_};
-    owned_.push_back(a);
-  }
-
-  caf::actor service(const std::string& name,
-                     const std::function<caf::actor(host&)>& make) override {
-    {
-      std::lock_guard<std::mutex> guard{mtx_};
-      if (auto i = services_.find(name); i != services_.end())
-        return i->second;
-    }
-    auto a = make(*this);
-    if (a) {
-      register_actor(name, a);
-      adopt(a);
-      std::lock_guard<std::mutex> guard{mtx_};
-      services_[name] = a;
-    }
-    return a;
-  }
-
   caf::actor spawn_averager(const std::string& name,
                             actors::averager::averager_options opts) override {
     opts.address = endpoint() + "/" + name;
     auto ep = endpoint();
     opts.data_host = ep.substr(0, ep.rfind(':'));
     auto a = actors::averager::spawn_averager(nd_.system(), dht_, resolver_, opts);
-    register_actor(name, a);
-    adopt(a);
+    put(name, a);
     return a;
   }
 
@@ -355,8 +352,7 @@ public:
     for (auto& j : join)
       d.bootstrap.push_back(j + "/dht");
     dht_ = actors::dht::spawn_dht(sys, nd_.resolver(), d);
-    register_actor("dht", dht_);
-    adopt(dht_);
+    put("dht", dht_);
     resolver_ = sys.spawn(run_resolver, nd_.resolver(), dht_, index_, endpoint(), nodes_key(graph_),
                           slots_key(graph_));
     adopt(resolver_);
@@ -364,15 +360,7 @@ public:
                     caf::timespan{std::chrono::seconds(1)}));
   }
 
-  void stop() {
-    std::vector<caf::actor> owned;
-    {
-      std::lock_guard<std::mutex> guard{mtx_};
-      owned.swap(owned_);
-    }
-    for (auto& a : owned)
-      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-  }
+  void stop() { stop_all(caf::exit_reason::user_shutdown); }
 
 private:
   node& nd_;
@@ -381,9 +369,6 @@ private:
   const experiment_graph& graph_;
   const struct plan& plan_;
   caf::actor_clock::time_point t0_;
-  std::mutex mtx_;
-  std::vector<caf::actor> owned_;
-  std::map<std::string, caf::actor> services_;
   caf::actor dht_;
   caf::actor resolver_;
 };
@@ -413,18 +398,7 @@ public:
   }
 
   void run(std::function<void(caf::event_based_actor*)> body, nanoseconds timeout) override {
-    auto a = h_.system().spawn([=](caf::event_based_actor* self) -> caf::behavior {
-      body(self);
-      return {[](stop_atom) {}};
-    });
-    // Waits for the actor to quit, at most `timeout`.
-    caf::scoped_actor self{h_.system()};
-    self->monitor(a);
-    bool gone = false;
-    self->receive_while([&] { return !gone; })(
-      [&](caf::down_msg&) { gone = true; },
-      caf::after(std::chrono::duration_cast<caf::timespan>(timeout)) >> [&] { gone = true; });
-    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    run_and_wait(h_.system(), body, timeout);
   }
 
   host& node() override { return h_; }
@@ -511,11 +485,11 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
   cluster_host h{nd, s.index, g, *p, t0};
   h.start_services(s.join);
   sync_run_clock(
-    sys, h.dht(), g, s.index == 0 && s.incarnation == 0 && !s.volunteer, h.elapsed(),
+    sys, h.dht(), g, s.count, s.index == 0 && s.incarnation == 0 && !s.volunteer,
     [&](nanoseconds elapsed) {
       h.set_start(sys.clock().now() - std::chrono::duration_cast<caf::timespan>(elapsed));
     },
-    std::chrono::seconds(5));
+    std::chrono::seconds(60));
   // The `starling node` parent reads this line to put its own fault clock on the run's.
   fmt::print("node{}: run clock {:.3f} s\n", s.index, seconds_of(h.elapsed()));
   std::fflush(stdout);

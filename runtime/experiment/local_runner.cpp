@@ -74,16 +74,16 @@ caf::behavior local_resolver(caf::event_based_actor* self,
   };
 }
 
-class local_host : public node_host {
+class local_host : public threaded_host {
 public:
   local_host(caf::actor_system& sys, size_t index, caf::actor directory, caf::actor resolver,
              const experiment_graph& g, const struct plan& p, caf::actor_clock::time_point t0,
              std::map<std::string, caf::actor>& shared, std::vector<size_t>& dht_nodes,
              std::mutex& shared_mtx)
-    : sys_(sys),
+    : threaded_host(std::move(directory)),
+      sys_(sys),
       index_(index),
       name_(fmt::format("node{}", index)),
-      directory_(std::move(directory)),
       resolver_(std::move(resolver)),
       graph_(g),
       plan_(p),
@@ -120,31 +120,6 @@ public:
     }
     put("dht", made); // takes the lock itself
     return made;
-  }
-
-  void register_actor(const std::string& name, const caf::actor& a) override {
-    caf::anon_send(directory_, put_atom::value, name, a);
-  }
-
-  void adopt(const caf::actor& a) override {
-    std::lock_guard<std::mutex> guard{mtx_};
-    owned_.push_back(a);
-  }
-
-  caf::actor service(const std::string& name,
-                     const std::function<caf::actor(host&)>& make) override {
-    {
-      std::lock_guard<std::mutex> guard{mtx_};
-      if (auto i = services_.find(name); i != services_.end())
-        return i->second;
-    }
-    auto a = make(*this);
-    if (a) {
-      put(name, a);
-      std::lock_guard<std::mutex> guard{mtx_};
-      services_[name] = a;
-    }
-    return a;
   }
 
   caf::actor spawn_averager(const std::string& name,
@@ -187,28 +162,18 @@ public:
 
   /// Kills every actor of the node (`reason` kill for a fault, user_shutdown at the end).
   void stop(caf::exit_reason reason) {
-    std::vector<caf::actor> owned;
     {
       std::lock_guard<std::mutex> guard{mtx_};
-      owned.swap(owned_);
-      services_.clear();
       dht_ = nullptr;
     }
     alive_ = false;
-    for (auto& a : owned)
-      caf::anon_send_exit(a, reason);
+    stop_all(reason);
   }
 
 private:
-  void put(const std::string& name, const caf::actor& a) {
-    register_actor(name, a);
-    adopt(a);
-  }
-
   caf::actor_system& sys_;
   size_t index_;
   std::string name_;
-  caf::actor directory_;
   caf::actor resolver_;
   const experiment_graph& graph_;
   const struct plan& plan_;
@@ -216,9 +181,6 @@ private:
   std::map<std::string, caf::actor>& shared_;
   std::vector<size_t>& dht_nodes_;
   std::mutex& shared_mtx_;
-  std::mutex mtx_;
-  std::vector<caf::actor> owned_;
-  std::map<std::string, caf::actor> services_;
   caf::actor dht_;
   int incarnation_ = 0;
   bool alive_ = false;
@@ -250,18 +212,7 @@ public:
   }
 
   void run(std::function<void(caf::event_based_actor*)> body, nanoseconds timeout) override {
-    auto a = sys_.spawn([=](caf::event_based_actor* self) -> caf::behavior {
-      body(self);
-      return {[](stop_atom) {}};
-    });
-    // Waits for the actor to quit, at most `timeout`.
-    caf::scoped_actor self{sys_};
-    self->monitor(a);
-    bool gone = false;
-    self->receive_while([&] { return !gone; })(
-      [&](caf::down_msg&) { gone = true; },
-      caf::after(std::chrono::duration_cast<caf::timespan>(timeout)) >> [&] { gone = true; });
-    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    run_and_wait(sys_, body, timeout);
   }
 
   host& node() override { return node_; }

@@ -99,6 +99,65 @@ int metric_hub::finish(finish_context& ctx) {
   return rc;
 }
 
+// -- threaded_host ------------------------------------------------------------------------------
+
+void threaded_host::register_actor(const std::string& name, const caf::actor& a) {
+  caf::anon_send(directory_, put_atom::value, name, a);
+}
+
+void threaded_host::adopt(const caf::actor& a) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  owned_.push_back(a);
+}
+
+void threaded_host::put(const std::string& name, const caf::actor& a) {
+  register_actor(name, a);
+  adopt(a);
+}
+
+caf::actor threaded_host::service(const std::string& name,
+                                  const std::function<caf::actor(host&)>& make) {
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    if (auto i = services_.find(name); i != services_.end())
+      return i->second;
+  }
+  // Made outside the lock: a service's factory may ask the host for others (the DHT).
+  auto a = make(*this);
+  if (a) {
+    put(name, a);
+    std::lock_guard<std::mutex> guard{mtx_};
+    services_[name] = a;
+  }
+  return a;
+}
+
+void threaded_host::stop_all(caf::exit_reason reason) {
+  std::vector<caf::actor> owned;
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    owned.swap(owned_);
+    services_.clear();
+  }
+  for (auto& a : owned)
+    caf::anon_send_exit(a, reason);
+}
+
+void run_and_wait(caf::actor_system& sys, const std::function<void(caf::event_based_actor*)>& body,
+                  std::chrono::nanoseconds timeout) {
+  auto a = sys.spawn([=](caf::event_based_actor* self) -> caf::behavior {
+    body(self);
+    return {[](stop_atom) {}};
+  });
+  caf::scoped_actor self{sys};
+  self->monitor(a);
+  bool gone = false;
+  self->receive_while([&] { return !gone; })(
+    [&](caf::down_msg&) { gone = true; },
+    caf::after(std::chrono::duration_cast<caf::timespan>(timeout)) >> [&] { gone = true; });
+  caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+}
+
 // -- the metrics sink ---------------------------------------------------------------------------
 
 namespace {

@@ -6,12 +6,14 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include <caf/actor.hpp>
+#include <caf/exit_reason.hpp>
 #include <caf/fwd.hpp>
 
 #include "runtime/experiment/plan.hpp"
@@ -51,6 +53,39 @@ public:
   /// The node's metrics sink once started (`metrics()` returns it).
   caf::actor sink;
 };
+
+/// The part of a host that local and cluster nodes share: a directory of named actors, the
+/// actors the node owns (stopped with it) and its services, behind one lock (roles call the host
+/// from actor threads).
+class threaded_host : public node_host {
+public:
+  explicit threaded_host(caf::actor directory) : directory_(std::move(directory)) {}
+
+  void register_actor(const std::string& name, const caf::actor& a) override;
+  void adopt(const caf::actor& a) override;
+  caf::actor service(const std::string& name,
+                     const std::function<caf::actor(host&)>& make) override;
+
+  /// Stops every actor the node owns (`reason`: kill for a fault, user_shutdown at the end) and
+  /// forgets its services.
+  void stop_all(caf::exit_reason reason);
+
+protected:
+  /// Registers and adopts.
+  void put(const std::string& name, const caf::actor& a);
+
+  caf::actor directory_;
+  std::mutex mtx_;
+
+private:
+  std::vector<caf::actor> owned_;
+  std::map<std::string, caf::actor> services_;
+};
+
+/// Runs `body` in a fresh event-based actor of `sys` and blocks until the actor quits or
+/// `timeout` passes (the real-time finish contexts' `run`).
+void run_and_wait(caf::actor_system& sys, const std::function<void(caf::event_based_actor*)>& body,
+                  std::chrono::nanoseconds timeout);
 
 /// What `start_node_share` started on a node.
 struct node_share {

@@ -1,6 +1,8 @@
 #include "runtime/experiment/yaml.hpp"
 
+#include <fstream>
 #include <set>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
@@ -10,18 +12,6 @@ namespace starling::runtime {
 namespace {
 
 using std::chrono::nanoseconds;
-
-/// Reads `key` as a map section into `out` (absent: defaults).
-template <class T>
-void read_section(config_node& parent, const std::string& key, T& out) {
-  if (!parent.has(key))
-    return;
-  auto c = parent.child(key);
-  if (!c.is_map())
-    c.expected("a map");
-  read_options(c, out);
-  c.finish();
-}
 
 size_t read_index(config_node n, const char* what) {
   auto v = n.as_int();
@@ -371,10 +361,21 @@ result<loaded_experiment> load_experiment_file(const std::string& path,
     for (auto& o : opts.overrides)
       if (auto st = apply_override(root, o); !st)
         return fail(st.what());
-    YAML::Emitter em;
-    em << root.raw();
     auto out = read_experiment(root, registry, opts);
-    out.source_text = em.c_str();
+    // Kept beside the results: the file itself, or with overrides the tree as it ran, headed by
+    // the `--set` arguments (the file's comments are then lost).
+    std::ifstream in{path};
+    std::stringstream text;
+    text << in.rdbuf();
+    out.source_text = text.str();
+    if (!opts.overrides.empty()) {
+      YAML::Emitter em;
+      em << root.raw();
+      std::string head = "# " + path;
+      for (auto& o : opts.overrides)
+        head += " --set " + o;
+      out.source_text = head + "\n" + em.c_str() + "\n";
+    }
     return out;
   } catch (const config_error& e) {
     return fail(e.what());

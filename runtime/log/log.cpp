@@ -55,4 +55,9 @@ void write_log(log_level level, std::string_view prefix, std::string_view text) 
   std::fflush(stderr);
 }
 
+int print_error(std::string_view what) {
+  fmt::print(stderr, "starling: error: {}\n", what);
+  return 2;
+}
+
 } // namespace starling::runtime

@@ -23,6 +23,10 @@ log_level current_log_level();
 /// Writes one line with a timestamp (seconds since process start), level and prefix.
 void write_log(log_level level, std::string_view prefix, std::string_view text);
 
+/// Prints the one line `starling: error: WHAT` on stderr and returns 2, the exit code of bad
+/// input (the CLI's answer to every error it can name).
+int print_error(std::string_view what);
+
 /// Logs `fmt`-formatted text under `prefix` (typically the actor's or node's name).
 template <class... Ts>
 void log(log_level level, std::string_view prefix, fmt::format_string<Ts...> f, Ts&&... xs) {

@@ -134,11 +134,16 @@ private:
   double next_ = 10;
 };
 
-void read_pinger(config_node& n, ping_options& out) {
+/// The keys the `ping:` section and a pinger's options share.
+void read_ping_timing(config_node& n, ping_options& out) {
   if (n.has("payload"))
     out.payload = n.child("payload").as_bytes();
   read_duration(n, "interval", out.interval);
   read_duration(n, "timeout", out.timeout);
+}
+
+void read_pinger(config_node& n, ping_options& out) {
+  read_ping_timing(n, out);
   read(n, "targets", out.targets);
 }
 
@@ -178,7 +183,7 @@ void add_ping(role_registry& reg) {
     int64_t nodes = 4;
     read_int(n, "nodes", nodes, 2, 10000);
     ping_options o;
-    read_pinger(n, o);
+    read_ping_timing(n, o); // the kind aims every pinger at the echoes
     if (auto st = check_pinger(o); !st)
       n.fail(st.what());
     o.targets = "echo";

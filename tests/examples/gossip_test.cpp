@@ -62,23 +62,11 @@ TEST_CASE("the gossip example converges in local mode") {
 
 TEST_CASE("the gossip example converges as a 4-process cluster") {
   auto dir = temp_dir();
-  std::vector<std::unique_ptr<subprocess>> nodes;
-  std::string first;
-  for (int i = 0; i < 4; ++i) {
-    std::vector<std::string> argv{binary, "node", "--index", std::to_string(i), "--nodes", "4",
-                                  "--out", dir + "/n" + std::to_string(i)};
-    if (i > 0) {
-      argv.push_back("--join");
-      argv.push_back(first);
-    }
-    nodes.push_back(std::make_unique<subprocess>(argv));
-    auto line = nodes.back()->wait_for("listening on", 30s);
-    REQUIRE(line);
-    if (i == 0) {
-      auto at = line->find("on ") + 3;
-      first = line->substr(at, line->find_first_of(" \n", at) - at);
-    }
-  }
+  auto nodes = starling::testing::start_nodes(4, [&](int i) {
+    return std::vector<std::string>{binary, "node", "--index", std::to_string(i), "--nodes", "4",
+                                    "--out", dir + "/n" + std::to_string(i)};
+  });
+  REQUIRE(nodes.size() == 4);
   auto [e0, e1] = errors_of(*nodes[0]);
   CHECK(e1 < e0 / 100);
   for (auto& n : nodes)

@@ -139,4 +139,30 @@ std::optional<int> subprocess::wait_exit(std::chrono::milliseconds timeout) {
   return std::nullopt;
 }
 
+std::string endpoint_of(const std::string& listening_line) {
+  auto start = listening_line.find("on ") + 3;
+  return listening_line.substr(start, listening_line.find_first_of(" \n", start) - start);
+}
+
+std::vector<std::unique_ptr<subprocess>>
+start_nodes(int count, const std::function<std::vector<std::string>(int)>& argv_of,
+            std::chrono::milliseconds timeout) {
+  std::vector<std::unique_ptr<subprocess>> nodes;
+  std::string first;
+  for (int i = 0; i < count; ++i) {
+    auto argv = argv_of(i);
+    if (i > 0) {
+      argv.push_back("--join");
+      argv.push_back(first);
+    }
+    nodes.push_back(std::make_unique<subprocess>(argv));
+    auto line = nodes.back()->wait_for("listening on", timeout);
+    if (!line)
+      return {};
+    if (i == 0)
+      first = endpoint_of(*line);
+  }
+  return nodes;
+}
+
 } // namespace starling::testing

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -40,5 +42,15 @@ private:
   std::string buf_;
   std::string seen_;
 };
+
+/// The `HOST:PORT` of a `... listening on HOST:PORT` line.
+std::string endpoint_of(const std::string& listening_line);
+
+/// Starts `count` node processes, `argv_of(i)` each (node 0 first; every later one gets
+/// `--join HOST:PORT` of node 0 appended), each waited for until it prints "listening on".
+/// Empty when one of them does not start in time.
+std::vector<std::unique_ptr<subprocess>>
+start_nodes(int count, const std::function<std::vector<std::string>(int)>& argv_of,
+            std::chrono::milliseconds timeout = std::chrono::seconds(60));
 
 } // namespace starling::testing

@@ -178,24 +178,12 @@ metrics run_cluster(const std::string& yaml) {
   std::string dir = tmpl;
   auto config = dir + "/faults.yaml";
   std::ofstream{config} << yaml;
-  std::vector<std::unique_ptr<subprocess>> nodes;
-  std::string first;
-  for (int i = 0; i < 3; ++i) {
-    std::vector<std::string> argv{STARLING_BINARY, "node", "--listen", "127.0.0.1:0", "--config",
-                                  config, "--index", std::to_string(i), "--nodes", "3", "--out",
-                                  dir + "/n" + std::to_string(i)};
-    if (i > 0) {
-      argv.push_back("--join");
-      argv.push_back(first);
-    }
-    nodes.push_back(std::make_unique<subprocess>(argv));
-    auto line = nodes.back()->wait_for("listening on", 30s);
-    REQUIRE(line);
-    if (i == 0) {
-      auto at = line->find("on ") + 3;
-      first = line->substr(at, line->find_first_of(" \n", at) - at);
-    }
-  }
+  auto nodes = starling::testing::start_nodes(3, [&](int i) {
+    return std::vector<std::string>{STARLING_BINARY, "node", "--listen", "127.0.0.1:0",
+                                    "--config", config, "--index", std::to_string(i), "--nodes",
+                                    "3", "--out", dir + "/n" + std::to_string(i)};
+  });
+  REQUIRE(nodes.size() == 3);
   for (auto& n : nodes)
     CHECK(n->wait_exit(60s) == 0);
   metrics m;

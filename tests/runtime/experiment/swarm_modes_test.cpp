@@ -90,23 +90,11 @@ TEST_CASE("swarm-tiny in local mode trains with preemptions and the loss falls")
 
 TEST_CASE("swarm-tiny as a 4-process cluster from the same plan") {
   auto dir = temp_dir();
-  std::vector<std::unique_ptr<subprocess>> nodes;
-  std::string first;
-  for (int i = 0; i < 4; ++i) {
-    auto argv = args({STARLING_BINARY, "node", "--config", config, "--index", std::to_string(i),
-                      "--nodes", "4", "--out", dir + "/n" + std::to_string(i)});
-    if (i > 0) {
-      argv.push_back("--join");
-      argv.push_back(first);
-    }
-    nodes.push_back(std::make_unique<subprocess>(argv));
-    auto line = nodes.back()->wait_for("listening on", 60s);
-    REQUIRE(line);
-    if (i == 0) {
-      auto at = line->find("on ") + 3;
-      first = line->substr(at, line->find_first_of(" \n", at) - at);
-    }
-  }
+  auto nodes = starling::testing::start_nodes(4, [&](int i) {
+    return args({STARLING_BINARY, "node", "--config", config, "--index", std::to_string(i),
+                 "--nodes", "4", "--out", dir + "/n" + std::to_string(i)});
+  });
+  REQUIRE(nodes.size() == 4);
   auto samples = nodes[0]->wait_for("samples ", 180s);
   REQUIRE(samples);
   CHECK(samples->find("768 of 768 requested") != std::string::npos);

@@ -1,0 +1,60 @@
+// Open slots: a `starling node` started without `--index` claims one through the DHT and runs
+// it; the numbered nodes reach it as `@open/<role>.<i>` and its metrics reach node 0.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include <unistd.h>
+
+#include "support/subprocess.hpp"
+
+using starling::testing::subprocess;
+using namespace std::chrono_literals;
+
+TEST_CASE("a node started without --index takes the open slot and joins the run") {
+  char tmpl[] = "/tmp/starling-volunteer-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  std::string dir = tmpl;
+  auto config = dir + "/volunteer.yaml";
+  std::ofstream{config} << R"(
+experiment: {name: volunteers, seed: 5, duration: 10s}
+roles:
+  echo: {type: ping.echo, replicas: 2}
+  pinger: {type: ping.pinger, replicas: 2, options: {payload: 1KB, interval: 200ms, timeout: 1s, targets: guest}}
+  guest: {type: ping.echo, replicas: 1}
+placement:
+  pinger: {colocate: echo}
+  guest: {open: true}
+)";
+  // The plan leaves the guest's slot open.
+  subprocess plan{{STARLING_BINARY, "plan", config, "--mode", "cluster", "--nodes", "2"}};
+  REQUIRE(plan.wait_exit(30s) == 0);
+  CHECK(plan.output().find("open slots (taken by nodes started without --index): guest.0")
+        != std::string::npos);
+  auto nodes = starling::testing::start_nodes(2, [&](int i) {
+    return std::vector<std::string>{STARLING_BINARY, "node", "--config", config, "--index",
+                                    std::to_string(i), "--nodes", "2", "--out",
+                                    dir + "/n" + std::to_string(i)};
+  });
+  REQUIRE(nodes.size() == 2);
+  // Node 0's first line is the one with its endpoint.
+  auto first = starling::testing::endpoint_of(nodes[0]->output());
+  subprocess guest{{STARLING_BINARY, "node", "--config", config, "--nodes", "2", "--join", first,
+                    "--out", dir + "/guest"}};
+  CHECK(guest.wait_for("volunteer: holds slot guest.0", 30s));
+  for (auto& n : nodes)
+    CHECK(n->wait_exit(60s) == 0);
+  CHECK(guest.wait_exit(60s) == 0);
+  // The pingers reached the volunteer's echo.
+  std::ifstream in{dir + "/n0/metrics.jsonl"};
+  std::string line;
+  int replies = 0;
+  while (std::getline(in, line))
+    if (line.find("\"event\":\"ping\"") != std::string::npos
+        && line.find("@open/guest.0") != std::string::npos)
+      replies++;
+  CHECK(replies > 5);
+  std::filesystem::remove_all(dir);
+}
