@@ -10,9 +10,8 @@ namespace starling {
 
 using migrate_atom = caf::atom_constant<caf::atom("migrate")>;
 using load_atom = caf::atom_constant<caf::atom("load")>;
-/// Trainer → stage peer: `(probe_atom) -> double`, the seconds of work queued ahead of a new
-/// request (a modeled peer answers at once; a real peer does not answer and the trainer falls
-/// back to its first candidate).
+/// Trainer → stage peer: `(probe_atom) -> double`, the seconds of device time queued ahead of a
+/// new request (answered at once, also while the device is busy).
 using probe_atom = caf::atom_constant<caf::atom("probe")>;
 
 } // namespace starling

@@ -2,11 +2,16 @@
 // a new stage peer downloads its state from a live one.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include <caf/deserializer.hpp>
+#include <caf/error.hpp>
 #include <caf/meta/type_name.hpp>
+#include <caf/serializer.hpp>
 
 #include "messages/tensor_msg.hpp"
 
@@ -52,6 +57,43 @@ typename Inspector::result_type inspect(Inspector& f, stage_backward_reply& x) {
   return f(caf::meta::type_name("stage_backward_reply"), x.grad_input, x.loss);
 }
 
+/// State bytes a sender stands for but does not hold (a cost-model stage peer's parameters and
+/// optimizer state): serialized as `size` zero bytes, so that a transfer costs the network what
+/// the real state would while the process holds only the count; decoding reads past them.
+struct modeled_bytes {
+  uint64_t size = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, modeled_bytes& x) {
+  constexpr uint64_t block = 65536;
+  if constexpr (std::is_base_of<caf::serializer, Inspector>::value) {
+    static const char zeros[block] = {};
+    if (auto err = f(caf::meta::type_name("modeled_bytes"), x.size))
+      return err;
+    for (uint64_t left = x.size; left > 0;) {
+      auto n = std::min(left, block);
+      if (auto err = f.apply_raw(static_cast<size_t>(n), const_cast<char*>(zeros)))
+        return err;
+      left -= n;
+    }
+    return caf::none;
+  } else if constexpr (std::is_base_of<caf::deserializer, Inspector>::value) {
+    if (auto err = f(caf::meta::type_name("modeled_bytes"), x.size))
+      return err;
+    std::vector<char> scratch(static_cast<size_t>(std::min(x.size, block)));
+    for (uint64_t left = x.size; left > 0;) { // a short buffer fails here, never over-reads
+      auto n = std::min(left, block);
+      if (auto err = f.apply_raw(static_cast<size_t>(n), scratch.data()))
+        return err;
+      left -= n;
+    }
+    return caf::none;
+  } else {
+    return f(caf::meta::type_name("modeled_bytes"), x.size);
+  }
+}
+
 /// A stage peer's full state for a newcomer: flat parameters, optimizer state in a canonical
 /// form (equal states are equal bit for bit, whichever peer holds them), steps taken.
 struct stage_state {
@@ -62,12 +104,14 @@ struct stage_state {
   std::vector<uint64_t> optimizer_steps;
   uint64_t steps = 0;
   uint64_t samples = 0;
+  /// The state a cost-model peer stands for (0 for a real model's peer).
+  modeled_bytes modeled;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_state& x) {
   return f(caf::meta::type_name("stage_state"), x.params, x.moments, x.optimizer_steps, x.steps,
-           x.samples);
+           x.samples, x.modeled);
 }
 
 /// One part of a stage peer's state, for a newcomer that downloads from several donors at once:
@@ -91,13 +135,15 @@ struct stage_state_part {
   /// This part's slices of the parameters and of the moments.
   tensor_msg params;
   tensor_msg moments;
+  /// This part's share of the modeled state (see `modeled_bytes`).
+  modeled_bytes modeled;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_state_part& x) {
   return f(caf::meta::type_name("stage_state_part"), x.steps, x.samples, x.part, x.parts,
            x.params_numel, x.params_dtype, x.moments_numel, x.optimizer_steps, x.digest, x.params,
-           x.moments);
+           x.moments, x.modeled);
 }
 
 } // namespace starling::messages

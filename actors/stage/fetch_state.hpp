@@ -1,5 +1,5 @@
-// Fetching a stage's state from its live peers: what a (re)joining peer, a peer that fell behind
-// and a modeled peer all do before serving.
+// Fetching a stage's state from its live peers: what a (re)joining peer does before serving and
+// a peer that fell behind does to catch up.
 #pragma once
 
 #include <cstdint>

@@ -1,37 +1,45 @@
 #include "actors/stage/stage.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <optional>
 #include <random>
+#include <type_traits>
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
 #include "actors/dht/client.hpp"
+#include "actors/stage/device_queue.hpp"
 #include "actors/stage/fetch_state.hpp"
-#include "actors/stage/load_report.hpp"
 #include "actors/stage/load_view.hpp"
 #include "actors/stage/state_parts.hpp"
+#include "actors/stage/torch_backend.hpp"
 #include "kernels/flat.hpp"
-#include "kernels/models/stage_module.hpp"
 #include "messages/atoms.hpp"
-#include "messages/rebalance_atoms.hpp"
 #include "messages/averager.hpp"
 #include "messages/dht.hpp"
+#include "messages/rebalance_atoms.hpp"
 #include "messages/swarm.hpp"
 
 namespace starling::actors::stage {
 
 namespace {
 
+// The device queue takes CAF's clock readings.
+static_assert(std::is_same<caf::actor_clock::time_point, device_queue::time_point>::value,
+              "device_queue::time_point must be CAF's actor_clock::time_point");
+
 using messages::stage_backward;
 using messages::stage_backward_reply;
 using messages::stage_forward;
 using messages::stage_state;
 using messages::tensor_msg;
+using time_point = caf::actor_clock::time_point;
 
 /// Counters of collaborative stepping (reported by `(status_atom)`).
 struct averaging_stats {
@@ -47,35 +55,6 @@ struct averaging_stats {
 struct download_stats {
   uint64_t downloads = 0;
   uint64_t donors = 0; // summed over downloads: parts came from this many peers
-};
-
-struct stage_peer {
-  stage_options opts;
-  caf::actor board;
-  std::shared_ptr<kernels::stage_module> module;
-  std::unique_ptr<torch::optim::Optimizer> optim;
-  std::vector<torch::Tensor> params;
-  int64_t pending_samples = 0;
-  uint64_t steps = 0;
-  uint64_t samples = 0;
-  bool ready = false;
-  std::mt19937_64 rng;
-  /// Replies held back to emulate a slower device, by ticket.
-  std::map<uint64_t, std::function<void()>> held;
-  uint64_t next_ticket = 0;
-  /// Collaborative stepping: microbatches in `pending_samples` (the accumulated gradient is a sum
-  /// of microbatch means), whether an averaging round is in flight, counters.
-  int64_t pending_micro = 0;
-  bool averaging = false;
-  /// Samples of the step being averaged (what the peer keeps publishing for that step while its
-  /// round runs, so that peers still deciding see the stage's true total and join the round).
-  int64_t round_samples = 0;
-  /// Catching up: downloading a live peer's state after falling behind the stage's step.
-  bool catching_up = false;
-  averaging_stats avg;
-  download_stats dl;
-  /// Busy seconds (as emulated: compute / speed) and training samples, for throughput reports.
-  throughput_meter meter;
 };
 
 bool collaborative(const stage_options& o) {
@@ -107,90 +86,148 @@ caf::error to_error(const failure& f) {
   return caf::make_error(caf::sec::runtime_error, f.what);
 }
 
-/// Replies now (speed 1) or after the compute time stretched to compute / speed.
-template <class Self>
-void reply_later(Self* self, stage_peer& st, double compute_s, std::function<void()> deliver) {
-  if (st.opts.speed >= 1.0) {
-    deliver();
-    return;
-  }
-  auto extra = compute_s * (1.0 / st.opts.speed - 1.0);
-  auto ticket = st.next_ticket++;
-  st.held.emplace(ticket, std::move(deliver));
-  self->delayed_send(self, std::chrono::duration_cast<caf::timespan>(
-                             std::chrono::duration<double>(extra)),
-                     tick_atom::value, ticket);
+caf::error still_starting() {
+  return caf::make_error(caf::sec::runtime_error, "stage peer is still starting");
 }
 
-stage_state snapshot(stage_peer& st) {
-  stage_state s;
-  s.params.tensor = kernels::flatten_parameters(st.params);
-  s.params.codec = kernels::codec_id::none;
-  if (auto m = kernels::save_optimizer_moments(*st.optim); m.ok()) {
-    s.moments.tensor = m->moments;
-    s.moments.codec = kernels::codec_id::none;
-    s.optimizer_steps = m->steps;
-  }
-  s.steps = st.steps;
-  s.samples = st.samples;
-  return s;
+int64_t batch_of(const at::Tensor& t) {
+  return t.defined() && t.dim() > 0 ? std::max<int64_t>(1, t.size(0)) : 1;
 }
 
-/// Takes a donor's (untrusted) state: parameters, optimizer state and step, all or nothing.
-status load(stage_peer& st, const stage_state& s) {
-  if (!s.params.ok() || !s.params.tensor.defined())
-    return fail(fmt::format("the state's parameters did not arrive: {}", s.params.error));
-  if (!s.moments.ok())
-    return fail(fmt::format("the state's optimizer moments did not arrive: {}", s.moments.error));
-  torch::NoGradGuard guard;
-  auto before = kernels::flatten_parameters(st.params);
-  if (auto r = kernels::unflatten_parameters(s.params.tensor, st.params); !r.ok())
-    return r;
-  if (s.moments.tensor.defined()) {
-    auto r = kernels::load_optimizer_moments(*st.optim, {s.moments.tensor, s.optimizer_steps});
-    if (!r.ok()) {
-      (void)kernels::unflatten_parameters(before, st.params); // fits: it was taken from them
-      return r;
-    }
-  }
-  st.steps = s.steps;
-  return {};
+/// splitmix64: the placeholder parameters' seed from the stage's blocks, equal on every peer of
+/// a stage (as a real model's seeded initialization).
+uint64_t mix(uint64_t x) {
+  uint64_t z = x + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
 }
 
-/// Averages parameters with a sibling's (gossip): peers of a stage that step independently stay
-/// close without a synchronous round, and a failed partner costs nothing.
-void average_with(stage_peer& st, const stage_state& other) {
-  if (!other.params.ok() || !other.params.tensor.defined())
-    return;
-  torch::NoGradGuard guard;
-  auto mine = kernels::flatten_parameters(st.params);
-  if (mine.numel() != other.params.tensor.numel())
-    return;
-  auto avg = (mine + other.params.tensor.to(mine.dtype())) * 0.5;
-  kernels::unflatten_parameters(avg, st.params);
+/// The backend `opts` asks for.
+result<std::unique_ptr<backend>> make_backend(const stage_options& opts) {
+  if (opts.backend == compute_backend::cost_model) {
+    auto models = opts.models ? opts.models : kernels::model_registry::builtins();
+    auto depth = models->depth(opts.model);
+    if (!depth)
+      return depth.error();
+    auto init = mix(static_cast<uint64_t>(opts.begin) * 1000003ull
+                    + static_cast<uint64_t>(opts.end));
+    return make_cost_model(opts.cost_model, *depth, opts.begin, opts.end, opts.seed, init);
+  }
+  torch_backend_options t;
+  t.model = opts.model;
+  t.models = opts.models;
+  t.begin = opts.begin;
+  t.end = opts.end;
+  t.timer = opts.timer;
+  return make_torch_backend(std::move(t));
 }
 
-caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options opts,
-                          caf::actor board) {
-  auto& st = self->state;
-  st.opts = opts;
-  st.board = board;
-  st.rng.seed(opts.seed);
-  auto module = kernels::make_gpt_stage(opts.model, opts.begin, opts.end);
-  if (!module) {
-    self->quit(to_error(module.error()));
-    return {};
+/// A stage peer: the protocol around one backend and its device queue.
+class stage_peer {
+public:
+  explicit stage_peer(caf::event_based_actor* self) : self_(self) {
+    // nop
   }
-  st.module = *module;
-  st.params = st.module->ordered_parameters();
-  auto optim = kernels::make_optimizer(opts.optimizer, st.params);
-  if (!optim) {
-    self->quit(to_error(optim.error()));
-    return {};
-  }
-  st.optim = std::move(*optim);
-  if (collaborative(opts)) {
-    auto& a = opts.averaging;
+
+  /// Checks the options, builds the backend and the optimizer; an error ends the actor.
+  caf::error init(stage_options opts, caf::actor board);
+
+  /// Starts the state download (and the ticks) and returns the protocol.
+  caf::behavior make_behavior();
+
+private:
+  // -- serving ----------------------------------------------------------------------------------
+
+  caf::result<tensor_msg> forward(const stage_forward& req);
+  caf::result<stage_backward_reply> backward(const stage_backward& req);
+
+  /// Queues the computed request on the device: the reply leaves when its compute is done (at
+  /// once when that is now), or fails at once when the peer dies first.
+  template <class T>
+  caf::result<T> respond(time_point arrived, const compute_result& r, T value);
+
+  /// Runs `deliver` after `delay`; `fail` answers the caller if the peer dies first.
+  void hold(caf::timespan delay, std::function<void()> deliver,
+            std::function<void(const caf::error&)> fail);
+
+  // -- state ------------------------------------------------------------------------------------
+
+  stage_state snapshot() const;
+  status load(const stage_state& s);
+  void announce();
+  void report_load();
+
+  // -- local stepping ---------------------------------------------------------------------------
+
+  /// Averages parameters with a random sibling's (gossip): peers of a stage that step
+  /// independently stay close without a synchronous round, and a failed partner costs nothing.
+  void gossip();
+  void average_with(const stage_state& other);
+
+  // -- collaborative stepping -------------------------------------------------------------------
+
+  void progress();
+  void start_round();
+  void finish_round(uint64_t step, const torch::Tensor& grad, bool skip);
+  void catch_up(uint64_t target);
+
+  caf::event_based_actor* self_;
+  stage_options opts_;
+  caf::actor board_;
+  std::unique_ptr<backend> dev_;
+  std::unique_ptr<torch::optim::Optimizer> optim_;
+  std::vector<torch::Tensor> params_;
+  /// The device: requests in arrival order, each behind the ones before it.
+  device_queue queue_;
+  /// Replies waiting for their compute to finish, by ticket.
+  std::map<uint64_t, std::function<void()>> held_;
+  uint64_t next_ticket_ = 0;
+  /// How to fail each held reply when the peer dies (a preempted machine's connections break,
+  /// so its callers learn at once instead of at their timeout).
+  std::shared_ptr<std::map<uint64_t, std::function<void(const caf::error&)>>> on_death_ =
+    std::make_shared<std::map<uint64_t, std::function<void(const caf::error&)>>>();
+  /// The download before serving, called again for each retry (`make_join_download`).
+  std::function<void()> download_;
+  int64_t pending_samples_ = 0;
+  uint64_t steps_ = 0;
+  uint64_t samples_ = 0;
+  bool ready_ = false;
+  std::mt19937_64 rng_;
+  /// Collaborative stepping: microbatches in `pending_samples_` (the accumulated gradient is a
+  /// sum of microbatch means), whether an averaging round is in flight.
+  int64_t pending_micro_ = 0;
+  bool averaging_ = false;
+  /// Samples of the step being averaged (what the peer keeps publishing for that step while its
+  /// round runs, so that peers still deciding see the stage's true total and join the round).
+  int64_t round_samples_ = 0;
+  /// Catching up: downloading a live peer's state after falling behind the stage's step.
+  bool catching_up_ = false;
+  averaging_stats avg_;
+  download_stats dl_;
+  /// Device seconds and training samples served, for throughput reports.
+  throughput_meter meter_;
+};
+
+caf::error stage_peer::init(stage_options opts, caf::actor board) {
+  opts_ = std::move(opts);
+  board_ = std::move(board);
+  rng_.seed(opts_.seed);
+  if (!(opts_.speed > 0) || !std::isfinite(opts_.speed))
+    return caf::make_error(caf::sec::invalid_argument,
+                           fmt::format("a stage peer's speed must be positive, got {}",
+                                       opts_.speed));
+  auto dev = make_backend(opts_);
+  if (!dev)
+    return to_error(dev.error());
+  dev_ = std::move(*dev);
+  params_ = dev_->parameters();
+  auto optim = kernels::make_optimizer(opts_.optimizer, params_);
+  if (!optim)
+    return to_error(optim.error());
+  optim_ = std::move(*optim);
+  if (collaborative(opts_)) {
+    auto& a = opts_.averaging;
     std::string why;
     if (!a.dht)
       why = "collaborative stepping needs the node's DHT actor";
@@ -198,295 +235,401 @@ caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options o
       why = "target_batch must be positive";
     else if (a.progress_period <= caf::timespan{0} || a.average_timeout <= caf::timespan{0})
       why = "progress_period and average_timeout must be positive";
-    else if (opts.name.empty())
+    else if (opts_.name.empty())
       why = "collaborative stepping needs a peer name (its progress sub-key)";
-    if (!why.empty()) {
-      self->quit(caf::make_error(caf::sec::invalid_argument, why));
-      return {};
-    }
+    if (!why.empty())
+      return caf::make_error(caf::sec::invalid_argument, why);
   }
-  auto announce = [=] {
-    self->state.ready = true;
-    self->send(self->state.board, put_atom::value, self->state.opts.stage, self->state.opts.name,
-               caf::actor_cast<caf::actor>(self));
-  };
-  // Download the stage's state from a live peer before serving (from every live peer at once; the
-  // first complete state wins). A peer of the initial generation whose stage has nobody yet
+  // Download the stage's state from a live peer before serving (from every live peer at once;
+  // the first complete state wins). A peer of the initial generation whose stage has nobody yet
   // starts from the seeded initialization; a (re)joining peer keeps trying until a donor answers.
-  auto download = std::make_shared<std::function<void()>>(make_join_download(
-      self, board, opts.stage,
-      {opts.download_state, opts.timeout, opts.retry_every, opts.download_patience},
-      [=](const stage_state& s, size_t donors) {
-        if (auto r = load(self->state, s); !r.ok()) {
-          aout(self) << self->state.opts.name << ": cannot take the downloaded state (" << r.what()
-                     << "); asking again\n";
-          return false;
-        }
-        self->state.dl.downloads++;
-        self->state.dl.donors += donors;
-        return true;
-      },
-      announce));
-  (*download)();
-  auto gossip = [=] {
-    self->request(self->state.board, self->state.opts.timeout, get_atom::value,
-                  self->state.opts.stage)
-        .then(
-            [=](const std::vector<std::string>&, const std::vector<caf::actor>& peers) {
-              std::vector<caf::actor> others;
-              for (auto& p : peers)
-                if (p.address() != self->address())
-                  others.push_back(p);
-              if (others.empty())
-                return;
-              std::uniform_int_distribution<size_t> pick{0, others.size() - 1};
-              self->request(others[pick(self->state.rng)], self->state.opts.timeout,
-                            get_atom::value, state_atom::value)
-                  .then([=](const stage_state& s) { average_with(self->state, s); },
-                        [](caf::error&) {});
-            },
-            [](caf::error&) {});
-  };
-  // -- collaborative stepping ------------------------------------------------------------------
-  // Steps on `grad` (the mean gradient of the step, averaged or own) unless `skip`, keeping the
-  // gradient accumulated meanwhile (backwards served during the round) for the next step.
-  auto finish_round = [=](uint64_t step, const torch::Tensor& grad, bool skip) {
-    auto& s = self->state;
-    if (!skip) {
-      auto meanwhile = kernels::flatten_gradients(s.params);
-      kernels::unflatten_gradients(grad, s.params);
-      kernels::clipped_step(*s.optim, s.params, s.opts.optimizer);
-      kernels::unflatten_gradients(meanwhile, s.params);
-    }
-    s.steps = step + 1;
-    s.averaging = false;
-    s.round_samples = 0;
-  };
-  // Takes the step's gradient out and averages it with the stage's peers at step `step`.
-  auto start_round = [=] {
-    auto& s = self->state;
-    auto& a = s.opts.averaging;
-    s.averaging = true;
-    s.avg.rounds++;
-    auto step = s.steps;
-    auto samples = s.pending_samples;
-    auto grad = kernels::flatten_gradients(s.params);
-    if (s.pending_micro > 0)
-      grad.div_(static_cast<double>(s.pending_micro));
-    for (auto& p : s.params)
-      if (p.grad().defined())
-        p.grad().zero_();
-    s.round_samples = samples;
-    s.pending_samples = 0;
-    s.pending_micro = 0;
-    messages::tensor_list tl;
-    tl.tensors.push_back(tensor_msg{grad, kernels::codec_id::none, {}, {}});
-    self->request(a.averager, a.average_timeout, average_atom::value,
-                  step_key(a.prefix, s.opts.stage, step), std::move(tl),
-                  static_cast<double>(samples))
-      .then(
-        [=](messages::average_result& r) {
-          auto& st = self->state;
-          using messages::round_outcome;
-          auto out = r.report.outcome;
-          bool usable = r.tensors.size() == 1 && r.tensors[0].ok()
-                        && r.tensors[0].tensor.defined()
-                        && r.tensors[0].tensor.numel() == grad.numel();
-          if (out == round_outcome::complete || out == round_outcome::partial) {
-            if (usable) {
-              st.avg.averaged++;
-              finish_round(step, r.tensors[0].tensor.to(torch::kFloat).reshape({-1}),
-                           false);
-              return;
-            }
-            st.avg.failed++;
-          } else if (out == round_outcome::no_partner) {
-            st.avg.no_partner++;
-          } else {
-            st.avg.failed++;
-          }
-          if (samples == 0)
-            st.avg.skipped++;
-          finish_round(step, grad, samples == 0);
-        },
-        [=](caf::error&) {
-          auto& st = self->state;
-          st.avg.failed++;
-          if (samples == 0)
-            st.avg.skipped++;
-          finish_round(step, grad, samples == 0);
-        });
-  };
-  // Downloads the state (parameters, optimizer, step) of a stage peer at step `target` or later.
-  // The gradients accumulated meanwhile stay: they count towards the next step (computed on
-  // parameters one step old, the staleness of delayed averaging). No donor: retried next tick.
-  auto catch_up = [=](uint64_t target) {
-    auto& s = self->state;
-    s.catching_up = true;
-    fetch_stage_state(
-      self, s.board, s.opts.stage, s.opts.timeout, target,
-      [=](const stage_state& donor, size_t donors) {
-        auto& st = self->state;
-        st.catching_up = false;
-        if (!load(st, donor).ok())
-          return; // kept its own state; tried again at the next tick
-        st.avg.caught_up++;
-        st.dl.downloads++;
-        st.dl.donors += donors;
-        st.catching_up = false;
-      },
-      [=](bool) { self->state.catching_up = false; }); // retried at the next tick
-  };
-  // Publishes this peer's progress, reads the stage's, and starts a round when due.
-  auto progress = [=] {
-    auto& s = self->state;
-    auto& a = s.opts.averaging;
-    auto key = progress_key(a.prefix, s.opts.stage);
-    // While a round runs, the peer still stands at its step with the samples it put into it.
-    auto text = fmt::format("{} {}", s.steps, s.averaging ? s.round_samples : s.pending_samples);
-    auto put = dht::make_subkey_put(key, s.opts.name, std::vector<char>(text.begin(), text.end()),
-                                    dht::expires_in(self, 3 * a.progress_period));
-    auto timeout = std::min(a.progress_period, a.average_timeout);
-    dht::dht_store(self, a.dht, std::move(put), timeout,
-                   [](const messages::dht_put_result&) {}, [](caf::error&) {});
-    if (s.averaging || s.catching_up)
-      return;
-    auto asked_at = s.steps;
-    dht::dht_get(
-      self, a.dht, key, timeout,
-      [=](const messages::dht_get_result& r) {
-        auto& st = self->state;
-        if (st.averaging || st.catching_up || st.steps != asked_at)
-          return;
-        int64_t total = st.pending_samples; // our own count is never stale
-        uint64_t ahead = 0;
-        for (auto& rec : r.records) {
-          if (!rec.has_subkey || rec.subkey == st.opts.name)
-            continue;
-          auto pr = parse_progress(rec.value);
-          if (!pr)
-            continue;
-          if (pr->first == st.steps)
-            total += pr->second;
-          else if (pr->first > st.steps)
-            ahead = std::max(ahead, pr->first);
-        }
-        // A peer at a later step finished this step's round without us (we were late, or
-        // restarted): its parameters are the stage's, so take them and keep our gradients.
-        if (ahead > st.steps)
-          catch_up(ahead);
-        else if (total >= st.opts.averaging.target_batch)
-          start_round();
-      },
-      [](caf::error&) {});
-  };
-  if (collaborative(opts))
-    self->send(self, tick_atom::value);
-  if (opts.report_every > caf::timespan{0})
-    self->delayed_send(self, opts.report_every, load_atom::value);
-  return {
-    // Throughput report for rebalancing: training samples per busy second, and replies held.
-    [=](load_atom) { report_load(self, static_cast<double>(self->state.held.size())); },
-    [=](const stage_forward& req) -> caf::result<tensor_msg> {
-      auto& s = self->state;
-      if (!req.input.ok())
-        return caf::make_error(caf::sec::invalid_argument, "bad input: " + req.input.error);
-      auto t0 = std::chrono::steady_clock::now();
-      auto out = s.module->forward(req.input.tensor, req.targets.tensor, req.seed);
-      if (!out)
-        return to_error(out.error());
-      auto dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      tensor_msg reply{*out, s.opts.codec, {}, {}};
-      if (s.module->is_last())
-        reply.codec = kernels::codec_id::none;
-      auto rp = self->make_response_promise<tensor_msg>();
-      s.meter.add(dt / s.opts.speed, 0);
-      reply_later(self, s, dt, [rp, reply]() mutable { rp.deliver(reply); });
-      return rp;
-    },
-    [=](const stage_backward& req) -> caf::result<stage_backward_reply> {
-      auto& s = self->state;
-      if (!req.input.ok() || !req.grad_output.ok())
-        return caf::make_error(caf::sec::invalid_argument, "bad input or gradient");
-      auto t0 = std::chrono::steady_clock::now();
-      auto g = s.module->backward(req.input.tensor, req.grad_output.tensor, req.targets.tensor,
-                                  req.seed);
-      if (!g)
-        return to_error(g.error());
-      auto batch = req.input.tensor.size(0);
-      s.pending_samples += batch;
-      s.samples += static_cast<uint64_t>(batch);
-      bool stepped = false;
-      if (collaborative(s.opts)) {
-        s.pending_micro++; // the step is taken by the progress tick (start_round)
-      } else if (s.pending_samples >= s.opts.local_batch) {
-        // Gradients were summed over microbatches of mean losses: scale to a mean.
-        auto micro = static_cast<double>(s.pending_samples) / static_cast<double>(batch);
-        for (auto& p : s.params)
-          if (p.grad().defined())
-            p.grad().div_(micro);
-        kernels::clipped_step(*s.optim, s.params, s.opts.optimizer);
-        s.optim->zero_grad();
-        s.pending_samples = 0;
-        s.steps++;
-        stepped = true;
+  download_ = make_join_download(
+    self_, board_, opts_.stage,
+    {opts_.download_state, opts_.timeout, opts_.retry_every, opts_.download_patience},
+    [this](const stage_state& s, size_t donors) {
+      if (auto r = load(s); !r.ok()) {
+        aout(self_) << opts_.name << ": cannot take the downloaded state (" << r.what()
+                    << "); asking again\n";
+        return false;
       }
-      auto dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      stage_backward_reply reply;
-      if (g->grad_input.defined())
-        reply.grad_input = tensor_msg{g->grad_input, s.opts.codec, {}, {}};
-      if (s.module->is_last())
-        reply.loss = g->output.item<double>();
-      auto rp = self->make_response_promise<stage_backward_reply>();
-      s.meter.add(dt / s.opts.speed, static_cast<double>(batch));
-      reply_later(self, s, dt, [rp, reply]() mutable { rp.deliver(reply); });
-      if (stepped)
-        gossip();
-      return rp;
+      dl_.downloads++;
+      dl_.donors += donors;
+      return true;
     },
-    [=](get_atom, state_atom) -> caf::result<stage_state> {
-      if (!self->state.ready)
-        return caf::make_error(caf::sec::runtime_error, "stage peer is still starting");
-      return snapshot(self->state);
+    [this] { announce(); });
+  // Held replies fail when the peer dies (its callers retry elsewhere at once).
+  auto deaths = on_death_;
+  self_->attach_functor([deaths] {
+    auto err = caf::make_error(caf::sec::request_receiver_down, "stage peer died");
+    auto pending = std::move(*deaths);
+    deaths->clear();
+    for (auto& kv : pending)
+      kv.second(err);
+  });
+  return caf::none;
+}
+
+caf::behavior stage_peer::make_behavior() {
+  download_();
+  if (collaborative(opts_))
+    self_->send(self_, tick_atom::value);
+  if (opts_.report_every > caf::timespan{0})
+    self_->delayed_send(self_, opts_.report_every, load_atom::value);
+  return {
+    [this](const stage_forward& req) { return forward(req); },
+    [this](const stage_backward& req) { return backward(req); },
+    [this](get_atom, state_atom) -> caf::result<stage_state> {
+      if (!ready_)
+        return still_starting();
+      return snapshot();
     },
     // One part of the state, for a newcomer that downloads from several donors at once.
-    [=](get_atom, state_atom, uint64_t part,
-        uint64_t parts) -> caf::result<messages::stage_state_part> {
-      if (!self->state.ready)
-        return caf::make_error(caf::sec::runtime_error, "stage peer is still starting");
-      auto whole = snapshot(self->state);
+    [this](get_atom, state_atom, uint64_t part,
+           uint64_t parts) -> caf::result<messages::stage_state_part> {
+      if (!ready_)
+        return still_starting();
+      auto whole = snapshot();
       auto cut = cut_state_part(whole, state_digest(whole), part, parts);
       if (!cut.ok())
         return caf::make_error(caf::sec::invalid_argument, cut.error().what);
       return std::move(*cut);
     },
-    [=](state_atom) {
-      if (!self->state.ready)
-        (*download)();
+    // A retry of the download before serving.
+    [this](state_atom) {
+      if (!ready_)
+        download_();
     },
+    // A trainer's probe: seconds of device time queued ahead of a request arriving now.
+    [this](probe_atom) { return queue_.backlog(self_->clock().now()); },
+    // Throughput report for rebalancing.
+    [this](load_atom) { report_load(); },
     // Progress tick of collaborative stepping (a bare tick; held replies carry a ticket).
-    [=](tick_atom) {
-      self->delayed_send(self, self->state.opts.averaging.progress_period, tick_atom::value);
-      if (self->state.ready)
+    [this](tick_atom) {
+      self_->delayed_send(self_, opts_.averaging.progress_period, tick_atom::value);
+      if (ready_)
         progress();
     },
-    /// `(status_atom) -> [steps, samples, rounds, averaged, no_partner, failed, skipped,
-    /// caught_up, downloads, donors summed over downloads]`.
-    [=](status_atom) -> std::vector<uint64_t> {
-      auto& s = self->state;
-      return {s.steps,         s.samples,     s.avg.rounds,  s.avg.averaged,
-              s.avg.no_partner, s.avg.failed, s.avg.skipped, s.avg.caught_up,
-              s.dl.downloads,  s.dl.donors};
-    },
-    [=](tick_atom, uint64_t ticket) {
-      auto i = self->state.held.find(ticket);
-      if (i == self->state.held.end())
+    [this](tick_atom, uint64_t ticket) {
+      auto i = held_.find(ticket);
+      if (i == held_.end())
         return;
       auto deliver = std::move(i->second);
-      self->state.held.erase(i);
+      held_.erase(i);
       deliver();
     },
+    [this](status_atom) -> std::vector<uint64_t> {
+      return {steps_,         samples_,     avg_.rounds,   avg_.averaged,
+              avg_.no_partner, avg_.failed, avg_.skipped,  avg_.caught_up,
+              dl_.downloads,  dl_.donors,   static_cast<uint64_t>(queue_.queued())};
+    },
   };
+}
+
+// -- serving ------------------------------------------------------------------------------------
+
+caf::result<tensor_msg> stage_peer::forward(const stage_forward& req) {
+  if (!req.input.ok())
+    return caf::make_error(caf::sec::invalid_argument, "bad input: " + req.input.error);
+  auto arrived = self_->clock().now();
+  auto r = dev_->forward(req.input.tensor, req.targets.tensor, req.seed);
+  if (!r)
+    return to_error(r.error());
+  // The loss travels exactly; activations with the peer's codec.
+  tensor_msg reply{r->output, dev_->is_last() ? kernels::codec_id::none : opts_.codec, {}, {}};
+  return respond(arrived, *r, std::move(reply));
+}
+
+caf::result<stage_backward_reply> stage_peer::backward(const stage_backward& req) {
+  if (!req.input.ok() || !req.grad_output.ok())
+    return caf::make_error(caf::sec::invalid_argument, "bad input or gradient");
+  auto arrived = self_->clock().now();
+  auto r = dev_->backward(req.input.tensor, req.grad_output.tensor, req.targets.tensor, req.seed);
+  if (!r)
+    return to_error(r.error());
+  auto batch = batch_of(req.input.tensor);
+  pending_samples_ += batch;
+  samples_ += static_cast<uint64_t>(batch);
+  bool stepped = false;
+  if (collaborative(opts_)) {
+    pending_micro_++; // the step is taken by the progress tick (start_round)
+  } else if (pending_samples_ >= opts_.local_batch) {
+    // Gradients were summed over microbatches of mean losses: scale to a mean.
+    auto micro = static_cast<double>(pending_samples_) / static_cast<double>(batch);
+    for (auto& p : params_)
+      if (p.grad().defined())
+        p.grad().div_(micro);
+    kernels::clipped_step(*optim_, params_, opts_.optimizer);
+    optim_->zero_grad();
+    pending_samples_ = 0;
+    steps_++;
+    stepped = true;
+  }
+  stage_backward_reply reply;
+  if (r->output.defined())
+    reply.grad_input = tensor_msg{r->output, opts_.codec, {}, {}};
+  if (dev_->is_last())
+    reply.loss = r->loss;
+  auto out = respond(arrived, *r, std::move(reply));
+  if (stepped)
+    gossip();
+  return out;
+}
+
+template <class T>
+caf::result<T> stage_peer::respond(time_point arrived, const compute_result& r, T value) {
+  auto now = self_->clock().now();
+  auto device_s = r.device_s / opts_.speed;
+  auto done = queue_.admit(arrived, now, device_s, r.ran_s);
+  auto samples = r.samples;
+  if (done <= now) {
+    queue_.complete();
+    meter_.add(device_s, samples);
+    return value;
+  }
+  auto rp = self_->make_response_promise<T>();
+  hold(
+    done - now,
+    [this, rp, device_s, samples, v = std::move(value)]() mutable {
+      queue_.complete();
+      meter_.add(device_s, samples);
+      rp.deliver(std::move(v));
+    },
+    [rp](const caf::error& e) mutable { rp.deliver(e); });
+  return rp;
+}
+
+void stage_peer::hold(caf::timespan delay, std::function<void()> deliver,
+                      std::function<void(const caf::error&)> fail) {
+  auto ticket = next_ticket_++;
+  auto deaths = on_death_;
+  deaths->emplace(ticket, std::move(fail));
+  held_.emplace(ticket, [deaths, ticket, f = std::move(deliver)] {
+    deaths->erase(ticket);
+    f();
+  });
+  self_->delayed_send(self_, delay, tick_atom::value, ticket);
+}
+
+// -- state --------------------------------------------------------------------------------------
+
+stage_state stage_peer::snapshot() const {
+  stage_state s;
+  s.params.tensor = kernels::flatten_parameters(params_);
+  s.params.codec = kernels::codec_id::none;
+  if (auto m = kernels::save_optimizer_moments(*optim_); m.ok()) {
+    s.moments.tensor = m->moments;
+    s.moments.codec = kernels::codec_id::none;
+    s.optimizer_steps = m->steps;
+  }
+  s.steps = steps_;
+  s.samples = samples_;
+  s.modeled.size = dev_->modeled_state_bytes();
+  return s;
+}
+
+/// Takes a donor's (untrusted) state: parameters, optimizer state and step, all or nothing.
+status stage_peer::load(const stage_state& s) {
+  if (!s.params.ok() || !s.params.tensor.defined())
+    return fail(fmt::format("the state's parameters did not arrive: {}", s.params.error));
+  if (!s.moments.ok())
+    return fail(fmt::format("the state's optimizer moments did not arrive: {}", s.moments.error));
+  torch::NoGradGuard guard;
+  auto before = kernels::flatten_parameters(params_);
+  if (auto r = kernels::unflatten_parameters(s.params.tensor, params_); !r.ok())
+    return r;
+  if (s.moments.tensor.defined()) {
+    auto r = kernels::load_optimizer_moments(*optim_, {s.moments.tensor, s.optimizer_steps});
+    if (!r.ok()) {
+      (void)kernels::unflatten_parameters(before, params_); // fits: it was taken from them
+      return r;
+    }
+  }
+  steps_ = s.steps;
+  return {};
+}
+
+void stage_peer::announce() {
+  ready_ = true;
+  self_->send(board_, put_atom::value, opts_.stage, opts_.name,
+              caf::actor_cast<caf::actor>(self_));
+}
+
+/// Schedules the next report and, once serving, sends `(load_atom, stage, name, throughput,
+/// queue)` with the smoothed throughput (nothing when the last period measured nothing).
+void stage_peer::report_load() {
+  self_->delayed_send(self_, opts_.report_every, load_atom::value);
+  if (!ready_)
+    return;
+  if (auto throughput = meter_.close())
+    self_->send(board_, load_atom::value, opts_.stage, opts_.name, *throughput,
+                static_cast<double>(queue_.queued()));
+}
+
+// -- local stepping -----------------------------------------------------------------------------
+
+void stage_peer::gossip() {
+  self_->request(board_, opts_.timeout, get_atom::value, opts_.stage)
+    .then(
+      [this](const std::vector<std::string>&, const std::vector<caf::actor>& peers) {
+        std::vector<caf::actor> others;
+        for (auto& p : peers)
+          if (p.address() != self_->address())
+            others.push_back(p);
+        if (others.empty())
+          return;
+        std::uniform_int_distribution<size_t> pick{0, others.size() - 1};
+        self_->request(others[pick(rng_)], opts_.timeout, get_atom::value, state_atom::value)
+          .then([this](const stage_state& s) { average_with(s); }, [](caf::error&) {});
+      },
+      [](caf::error&) {});
+}
+
+void stage_peer::average_with(const stage_state& other) {
+  if (!other.params.ok() || !other.params.tensor.defined())
+    return;
+  torch::NoGradGuard guard;
+  auto mine = kernels::flatten_parameters(params_);
+  if (mine.numel() != other.params.tensor.numel())
+    return;
+  auto avg = (mine + other.params.tensor.to(mine.dtype())) * 0.5;
+  kernels::unflatten_parameters(avg, params_);
+}
+
+// -- collaborative stepping ---------------------------------------------------------------------
+
+/// Publishes this peer's progress, reads the stage's, and starts a round when due.
+void stage_peer::progress() {
+  auto& a = opts_.averaging;
+  auto key = progress_key(a.prefix, opts_.stage);
+  // While a round runs, the peer still stands at its step with the samples it put into it.
+  auto text = fmt::format("{} {}", steps_, averaging_ ? round_samples_ : pending_samples_);
+  auto put = dht::make_subkey_put(key, opts_.name, std::vector<char>(text.begin(), text.end()),
+                                  dht::expires_in(self_, 3 * a.progress_period));
+  auto timeout = std::min(a.progress_period, a.average_timeout);
+  dht::dht_store(self_, a.dht, std::move(put), timeout, [](const messages::dht_put_result&) {},
+                 [](caf::error&) {});
+  if (averaging_ || catching_up_)
+    return;
+  auto asked_at = steps_;
+  dht::dht_get(
+    self_, a.dht, key, timeout,
+    [this, asked_at](const messages::dht_get_result& r) {
+      if (averaging_ || catching_up_ || steps_ != asked_at)
+        return;
+      int64_t total = pending_samples_; // our own count is never stale
+      uint64_t ahead = 0;
+      for (auto& rec : r.records) {
+        if (!rec.has_subkey || rec.subkey == opts_.name)
+          continue;
+        auto pr = parse_progress(rec.value);
+        if (!pr)
+          continue;
+        if (pr->first == steps_)
+          total += pr->second;
+        else if (pr->first > steps_)
+          ahead = std::max(ahead, pr->first);
+      }
+      // A peer at a later step finished this step's round without us (we were late, or
+      // restarted): its parameters are the stage's, so take them and keep our gradients.
+      if (ahead > steps_)
+        catch_up(ahead);
+      else if (total >= opts_.averaging.target_batch)
+        start_round();
+    },
+    [](caf::error&) {});
+}
+
+/// Takes the step's gradient out and averages it with the stage's peers at the current step.
+void stage_peer::start_round() {
+  auto& a = opts_.averaging;
+  averaging_ = true;
+  avg_.rounds++;
+  auto step = steps_;
+  auto samples = pending_samples_;
+  auto grad = kernels::flatten_gradients(params_);
+  if (pending_micro_ > 0)
+    grad.div_(static_cast<double>(pending_micro_));
+  for (auto& p : params_)
+    if (p.grad().defined())
+      p.grad().zero_();
+  round_samples_ = samples;
+  pending_samples_ = 0;
+  pending_micro_ = 0;
+  messages::tensor_list tl;
+  tl.tensors.push_back(tensor_msg{grad, kernels::codec_id::none, {}, {}});
+  self_
+    ->request(a.averager, a.average_timeout, average_atom::value,
+              step_key(a.prefix, opts_.stage, step), std::move(tl),
+              static_cast<double>(samples))
+    .then(
+      [this, step, samples, grad](messages::average_result& r) {
+        using messages::round_outcome;
+        auto out = r.report.outcome;
+        bool usable = r.tensors.size() == 1 && r.tensors[0].ok() && r.tensors[0].tensor.defined()
+                      && r.tensors[0].tensor.numel() == grad.numel();
+        if (out == round_outcome::complete || out == round_outcome::partial) {
+          if (usable) {
+            avg_.averaged++;
+            finish_round(step, r.tensors[0].tensor.to(torch::kFloat).reshape({-1}), false);
+            return;
+          }
+          avg_.failed++;
+        } else if (out == round_outcome::no_partner) {
+          avg_.no_partner++;
+        } else {
+          avg_.failed++;
+        }
+        if (samples == 0)
+          avg_.skipped++;
+        finish_round(step, grad, samples == 0);
+      },
+      [this, step, samples, grad](caf::error&) {
+        avg_.failed++;
+        if (samples == 0)
+          avg_.skipped++;
+        finish_round(step, grad, samples == 0);
+      });
+}
+
+/// Steps on `grad` (the mean gradient of the step, averaged or own) unless `skip`, keeping the
+/// gradient accumulated meanwhile (backwards served during the round) for the next step.
+void stage_peer::finish_round(uint64_t step, const torch::Tensor& grad, bool skip) {
+  if (!skip) {
+    auto meanwhile = kernels::flatten_gradients(params_);
+    kernels::unflatten_gradients(grad, params_);
+    kernels::clipped_step(*optim_, params_, opts_.optimizer);
+    kernels::unflatten_gradients(meanwhile, params_);
+  }
+  steps_ = step + 1;
+  averaging_ = false;
+  round_samples_ = 0;
+}
+
+/// Downloads the state (parameters, optimizer, step) of a stage peer at step `target` or later.
+/// The gradients accumulated meanwhile stay: they count towards the next step (computed on
+/// parameters one step old, the staleness of delayed averaging). No donor: retried next tick.
+void stage_peer::catch_up(uint64_t target) {
+  catching_up_ = true;
+  fetch_stage_state(
+    self_, board_, opts_.stage, opts_.timeout, target,
+    [this](const stage_state& donor, size_t donors) {
+      catching_up_ = false;
+      if (!load(donor).ok())
+        return; // kept its own state; tried again at the next tick
+      avg_.caught_up++;
+      dl_.downloads++;
+      dl_.donors += donors;
+    },
+    [this](bool) { catching_up_ = false; }); // retried at the next tick
+}
+
+caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options opts,
+                          caf::actor board) {
+  if (auto err = self->state.init(std::move(opts), std::move(board))) {
+    self->quit(std::move(err));
+    return {};
+  }
+  return self->state.make_behavior();
 }
 
 } // namespace
@@ -500,8 +643,6 @@ std::string step_key(const std::string& prefix, uint64_t stage, uint64_t step) {
 }
 
 caf::actor spawn_stage(caf::actor_system& sys, stage_options opts, caf::actor board) {
-  if (opts.modeled.enabled)
-    return spawn_modeled_stage(sys, std::move(opts), std::move(board));
   return sys.spawn(stage_actor, std::move(opts), std::move(board));
 }
 

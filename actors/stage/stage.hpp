@@ -1,6 +1,11 @@
 // A stage peer of a SWARM pipeline: serves forward and backward passes of layers [begin, end)
 // of a model, accumulates gradients, and downloads its state from a live peer of the same stage
-// before it announces itself. Two stepping modes:
+// before it announces itself. It computes with a backend (backend.hpp): the LibTorch stage
+// module of a registered model, or a cost model that only says how long the device would take
+// (simulation at scale). Either way the device is one FIFO queue on CAF's clock
+// (device_queue.hpp): requests wait behind each other and replies leave when their compute is
+// done, while the peer keeps answering probes, load reports, state requests and its averaging.
+// Two stepping modes:
 // - local (default, `averaging.averager` unset): steps its optimizer every `local_batch` samples
 //   and keeps close to its stage's other peers by gossip-averaging parameters;
 // - collaborative (`averaging` set): publishes its accumulated sample count for the current
@@ -20,13 +25,16 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include <caf/fwd.hpp>
 #include <caf/actor.hpp>
 
+#include "actors/stage/backend.hpp"
+#include "actors/stage/cost_model.hpp"
 #include "kernels/compress/format.hpp"
-#include "kernels/models/gpt.hpp"
+#include "kernels/models/registry.hpp"
 #include "kernels/optim/optimizer.hpp"
 
 namespace starling::actors::stage {
@@ -50,24 +58,12 @@ struct averaging_options {
   caf::timespan average_timeout = std::chrono::seconds(30);
 };
 
-/// Modeled compute (simulation mode): the peer builds no model; a forward of `b` samples takes
-/// `forward_s * b / speed` virtual seconds (backward `backward_factor` times that), times a
-/// seeded lognormal noise factor of mean 1, served one request at a time in arrival order (a
-/// FIFO queue, like one device); replies carry placeholder tensors of `payload` floats per
-/// sample (the last stage answers a constant loss). Everything else (announcing, state download,
-/// messages, the network model) is as for a real peer.
-struct modeled_compute {
-  bool enabled = false;
-  /// Forward seconds per sample at speed 1.
-  double forward_s = 0.01;
-  double backward_factor = 2.0;
-  /// Sigma of the per-request lognormal noise (0 = none).
-  double noise = 0.0;
-  /// Placeholder floats per sample in activations and gradients.
-  int64_t payload = 4;
-  /// Extra virtual time a donor takes to answer a state download (models the parameter and
-  /// optimizer-state transfer that the placeholder state does not carry).
-  caf::timespan state_transfer = std::chrono::seconds(0);
+/// What a stage peer computes with.
+enum class compute_backend {
+  /// The LibTorch stage module of `stage_options::model`.
+  torch,
+  /// `stage_options::cost_model`: no model runs (simulation at scale).
+  cost_model,
 };
 
 /// Everything a stage peer needs to know.
@@ -76,16 +72,27 @@ struct stage_options {
   uint64_t stage = 0;
   /// Unique peer name (what trainers and logs call it).
   std::string name;
-  /// The whole model's shape; the peer builds blocks [begin, end) of it.
-  kernels::gpt_config model;
+  /// The whole model by name and options (e.g. `kernels::gpt_model(cfg)`); the peer builds
+  /// blocks [begin, end) of it. The cost model only takes its depth.
+  kernels::model_spec model;
+  /// Where `model` is found; null: the built-in models.
+  std::shared_ptr<const kernels::model_registry> models;
   int64_t begin = 0;
   int64_t end = 1;
+  /// The backend: the model itself (default) or a cost model.
+  compute_backend backend = compute_backend::torch;
+  /// The cost model's settings (with `backend == compute_backend::cost_model`).
+  cost_model_options cost_model;
+  /// The LibTorch backend's measure of a call's device seconds; empty: its wall time. Tests
+  /// pass a fixed cost.
+  device_timer timer;
   /// Optimizer and gradient clipping.
   kernels::optimizer_options optimizer;
   /// Samples accumulated before each optimizer step.
   int64_t local_batch = 64;
-  /// Relative device speed in (0, 1]: a peer of speed s answers after compute / s, emulating a
-  /// slower device on the same machine.
+  /// Relative device speed in (0, 1]: a request occupies the device for its compute / s (with
+  /// the LibTorch backend the time beyond the real compute is queue time on CAF's clock),
+  /// emulating a slower device on the same machine.
   double speed = 1.0;
   /// Codec for the activations and gradients the peer sends back.
   kernels::codec_id codec = kernels::codec_id::blockwise8;
@@ -101,14 +108,12 @@ struct stage_options {
   /// peer of the stage is gone (the stage's training state is lost) and starts from the seeded
   /// initialization rather than never serving. A donor that exists but fails does not count.
   caf::timespan download_patience = std::chrono::seconds(10);
-  /// Seed of gossip partner choices.
+  /// Seed of gossip partner choices and of the cost model's noise.
   uint64_t seed = 0;
   /// Collaborative stepping (off when `averaging.averager` is unset: local steps + gossip).
   averaging_options averaging;
-  /// Modeled compute for simulation mode (off: the peer runs the model).
-  modeled_compute modeled;
   /// How often the peer reports its measured throughput (training samples per second of busy
-  /// compute time, forward and backward) and queue length to its board as
+  /// device time, forward and backward) and queue length to its board as
   /// `(load_atom, stage, name, throughput, queue)`, for rebalancing; 0 = never. Both boards
   /// handle it (the in-process one, and the DHT-backed one in DHT records).
   caf::timespan report_every = caf::timespan{0};
@@ -122,10 +127,15 @@ std::string step_key(const std::string& prefix, uint64_t stage, uint64_t step);
 
 /// Spawns a stage peer that announces itself on `board` once ready (after downloading state
 /// from a live peer of its stage, if there is one). Errors in requests are replied as errors;
-/// the actor never dies from bad input.
+/// the actor never dies from bad input. It quits at once (with the reason) when its options are
+/// invalid or its backend cannot be built. Its protocol:
+/// - `stage_forward -> tensor_msg`, `stage_backward -> stage_backward_reply` (queued on the
+///   device; a reply still queued when the peer dies fails at once);
+/// - `(get_atom, state_atom) -> stage_state`, `(get_atom, state_atom, part, parts) ->
+///   stage_state_part` (answered at once, also while the device is busy);
+/// - `(probe_atom) -> double`: seconds of device time queued ahead of a request arriving now;
+/// - `(status_atom) -> [steps, samples, rounds, averaged, no_partner, failed, skipped,
+///   caught_up, downloads, donors summed over downloads, queued requests]`.
 caf::actor spawn_stage(caf::actor_system& sys, stage_options opts, caf::actor board);
-
-/// Spawns a stage peer with modeled compute (what `spawn_stage` does when `opts.modeled.enabled`).
-caf::actor spawn_modeled_stage(caf::actor_system& sys, stage_options opts, caf::actor board);
 
 } // namespace starling::actors::stage

@@ -122,6 +122,8 @@ result<messages::stage_state_part> cut_state_part(const messages::stage_state& w
   out.moments_numel = numel_of(m);
   out.moments = slice_of(m, part, parts);
   out.optimizer_steps = whole.optimizer_steps;
+  auto [mb, me] = part_range(whole.modeled.size, part, parts);
+  out.modeled.size = me - mb;
   return out;
 }
 
@@ -170,6 +172,8 @@ result<messages::stage_state> assemble_state(
   out.params.codec = kernels::codec_id::none;
   out.moments.tensor = *moments;
   out.moments.codec = kernels::codec_id::none;
+  for (const auto& p : parts)
+    out.modeled.size += p.modeled.size;
   if (state_digest(out) != first.digest)
     return fail("the assembled state does not match the donors' digest");
   return out;

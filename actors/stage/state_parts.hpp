@@ -27,7 +27,8 @@ std::pair<uint64_t, uint64_t> part_range(uint64_t total, uint64_t part, uint64_t
 std::string state_digest(const messages::stage_state& s);
 
 /// Part `part` of `parts` of `whole`, whose digest is `digest` (computed once by the caller for
-/// all the parts it cuts). Fails on `parts` outside [1, max_state_parts] or `part >= parts`.
+/// all the parts it cuts); the part carries its share of the modeled state bytes. Fails on
+/// `parts` outside [1, max_state_parts] or `part >= parts`.
 result<messages::stage_state_part> cut_state_part(const messages::stage_state& whole,
                                                   const std::string& digest, uint64_t part,
                                                   uint64_t parts);
@@ -35,7 +36,8 @@ result<messages::stage_state_part> cut_state_part(const messages::stage_state& w
 /// Puts the parts of one state together (in any order). Fails, saying why, when a part is
 /// missing or repeated, when they disagree on the step, sizes, dtype or digest (the donors were
 /// at different states), when a slice does not have its range's length, or when the assembled
-/// state does not hash to the digest. `samples` of the result is the first part's.
+/// state does not hash to the digest. `samples` of the result is the first part's; its modeled
+/// bytes are the parts' sum.
 result<messages::stage_state> assemble_state(const std::vector<messages::stage_state_part>& parts);
 
 } // namespace starling::actors::stage

@@ -112,7 +112,7 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
   so.name = fmt::format("s{}p{}g{}", stage, slot, ctx.generation);
   auto model = g.model;
   model.seed = g.seed;
-  so.model = model;
+  so.model = kernels::gpt_model(model);
   so.begin = s.ranges[stage].first;
   so.end = s.ranges[stage].second;
   so.optimizer = g.optimizer;
@@ -123,12 +123,14 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
   so.codec = s.modeled ? kernels::codec_id::none : g.compression;
   if (s.modeled) {
     auto work = s.sim.stage_work.empty() ? 1.0 : s.sim.stage_work[stage];
-    so.modeled.enabled = true;
-    so.modeled.forward_s = s.sim.forward_s * work;
-    so.modeled.backward_factor = s.sim.backward_factor;
-    so.modeled.noise = s.sim.noise;
-    so.modeled.payload = s.sim.payload;
-    so.modeled.state_transfer = span(s.sim.state_transfer);
+    so.backend = actors::stage::compute_backend::cost_model;
+    so.cost_model.forward_s = s.sim.forward_s * work;
+    so.cost_model.backward_factor = s.sim.backward_factor;
+    so.cost_model.noise = s.sim.noise;
+    so.cost_model.payload = s.sim.payload;
+    // A state transfer weighs what `state_transfer` moves over a default link.
+    so.cost_model.state_bytes = static_cast<uint64_t>(
+      std::chrono::duration<double>(s.sim.state_transfer).count() * s.bandwidth);
     so.timeout = caf::timespan{std::chrono::seconds(30)};
     so.retry_every = caf::timespan{std::chrono::seconds(2)};
     so.download_patience = caf::timespan{std::chrono::seconds(30)};

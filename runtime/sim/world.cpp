@@ -1,6 +1,9 @@
 #include "runtime/sim/world.hpp"
 
 #include <fstream>
+#include <iomanip>
+#include <limits>
+#include <sstream>
 #include <stdexcept>
 
 #include <caf/all.hpp>
@@ -27,6 +30,82 @@ const char* drop_name(drop_reason r) {
       return "none";
   }
 }
+
+/// Counts the bytes CAF's binary serializer would write, without writing them: what a message
+/// weighs on a simulated link. Mirrors `caf::serializer_impl` (varbyte sequence sizes, network
+/// order integers, IEEE-754 floats); raw bytes (tensor payloads, modeled state bytes) are
+/// counted, not copied, so a measure costs no more than walking the message.
+class byte_counter final : public caf::serializer {
+public:
+  explicit byte_counter(caf::actor_system& sys) : caf::serializer(sys) {
+    // nop
+  }
+
+  uint64_t bytes() const noexcept { return bytes_; }
+
+  caf::error begin_object(uint16_t& nr, std::string& name) override {
+    if (nr != 0)
+      return apply(nr);
+    if (auto err = apply(nr))
+      return err;
+    return apply(name);
+  }
+
+  caf::error end_object() override { return caf::none; }
+
+  caf::error begin_sequence(size_t& size) override {
+    auto x = static_cast<uint32_t>(size);
+    bytes_ += 1;
+    while (x > 0x7f) {
+      bytes_ += 1;
+      x >>= 7;
+    }
+    return caf::none;
+  }
+
+  caf::error end_sequence() override { return caf::none; }
+
+  caf::error apply_raw(size_t num_bytes, void*) override {
+    bytes_ += num_bytes;
+    return caf::none;
+  }
+
+protected:
+  caf::error apply_impl(int8_t&) override { return add(1); }
+  caf::error apply_impl(uint8_t&) override { return add(1); }
+  caf::error apply_impl(int16_t&) override { return add(2); }
+  caf::error apply_impl(uint16_t&) override { return add(2); }
+  caf::error apply_impl(int32_t&) override { return add(4); }
+  caf::error apply_impl(uint32_t&) override { return add(4); }
+  caf::error apply_impl(int64_t&) override { return add(8); }
+  caf::error apply_impl(uint64_t&) override { return add(8); }
+  caf::error apply_impl(float&) override { return add(4); }
+  caf::error apply_impl(double&) override { return add(8); }
+  caf::error apply_impl(long double& x) override {
+    // As serializer_impl: long double travels as its decimal text.
+    std::ostringstream oss;
+    oss << std::setprecision(std::numeric_limits<long double>::digits) << x;
+    auto text = oss.str();
+    return apply_impl(text);
+  }
+  caf::error apply_impl(std::string& x) override { return text(x.size(), 1); }
+  caf::error apply_impl(std::u16string& x) override { return text(x.size(), 2); }
+  caf::error apply_impl(std::u32string& x) override { return text(x.size(), 4); }
+
+private:
+  caf::error add(uint64_t n) {
+    bytes_ += n;
+    return caf::none;
+  }
+
+  caf::error text(size_t count, uint64_t width) {
+    if (auto err = begin_sequence(count))
+      return err;
+    return add(count * width);
+  }
+
+  uint64_t bytes_ = 0;
+};
 
 /// "Actor `target` as seen from node `from`": relays every message to the target through the
 /// network model, replacing the sender by the sender as seen from the target's node, and keeping
@@ -411,14 +490,13 @@ bool world::serialized_size(const caf::message& msg, uint64_t& bytes, std::strin
     bytes = 0;
     return true;
   }
-  std::vector<char> buf;
-  caf::binary_serializer sink{*sys_, buf};
+  byte_counter sink{*sys_};
   auto err = caf::message::save(sink, msg.content());
   if (err) {
     error = sys_->render(err) + " (" + type_names(msg) + ")";
     return false;
   }
-  bytes = buf.size();
+  bytes = sink.bytes();
   return true;
 }
 

@@ -54,11 +54,13 @@ inline actors::stage::stage_options stage_opts(uint64_t stage, int64_t begin, in
   actors::stage::stage_options o;
   o.stage = stage;
   o.name = name;
-  o.model.layers = 2;
-  o.model.width = 16;
-  o.model.heads = 2;
-  o.model.seq_len = 8;
-  o.model.seed = 3;
+  kernels::gpt_config m;
+  m.layers = 2;
+  m.width = 16;
+  m.heads = 2;
+  m.seq_len = 8;
+  m.seed = 3;
+  o.model = kernels::gpt_model(m);
   o.begin = begin;
   o.end = end;
   o.local_batch = 8;
@@ -73,11 +75,11 @@ std::optional<T> ask(runtime::sim::world& w, runtime::sim::sim_node& n, caf::act
   auto got = std::make_shared<std::optional<T>>();
   auto asked = std::make_shared<bool>(false);
   n.spawn("", [=](caf::event_based_actor* self) {
-    self->request(peer, caf::timespan{std::chrono::seconds(5)}, xs...)
+    self->request(peer, caf::timespan{std::chrono::seconds(60)}, xs...)
       .then([=](const T& x) { *got = x; *asked = true; }, [=](caf::error&) { *asked = true; });
     return caf::behavior{[](int) {}};
   });
-  w.run_until([&] { return *asked; }, std::chrono::seconds(10));
+  w.run_until([&] { return *asked; }, std::chrono::seconds(120));
   return *got;
 }
 

@@ -79,7 +79,7 @@ void start_trainer(runtime::sim::world& w, std::shared_ptr<tally> t, int64_t mic
 
 /// What a newcomer to stage 1 (spawned on node 0 with `download_state`) ends with after 10 s.
 struct newcomer_view {
-  std::vector<uint64_t> status; // the stage peer's 10 counters
+  std::vector<uint64_t> status; // the stage peer's 11 counters
   messages::stage_state state;
 };
 
@@ -92,7 +92,7 @@ newcomer_view join_newcomer(runtime::sim::world& w) {
   w.run_for(10s);
   auto ns = ask<std::vector<uint64_t>>(w, n0, fresh, status_atom::value);
   REQUIRE(ns);
-  REQUIRE(ns->size() == 10);
+  REQUIRE(ns->size() == 11);
   auto got = ask<messages::stage_state>(w, n0, fresh, get_atom::value, state_atom::value);
   REQUIRE(got);
   return {*ns, *got};
@@ -137,7 +137,7 @@ TEST_CASE("stage peers with averaging take the same global steps on averaged gra
     REQUIRE(peer);
     auto s = ask<std::vector<uint64_t>>(w, w.node(i), peer, status_atom::value);
     REQUIRE(s);
-    REQUIRE(s->size() == 10);
+    REQUIRE(s->size() == 11);
     stats.push_back(*s);
     auto st = ask<messages::stage_state>(w, w.node(i), peer, get_atom::value, state_atom::value);
     REQUIRE(st);
@@ -209,7 +209,7 @@ TEST_CASE("a stage peer with averaging but no partner steps on its own gradients
   w.run_for(10s);
   auto s = ask<std::vector<uint64_t>>(w, n1, n1.lookup("s1"), status_atom::value);
   REQUIRE(s);
-  REQUIRE(s->size() == 10);
+  REQUIRE(s->size() == 11);
   MESSAGE("s1: steps " << (*s)[0] << " rounds " << (*s)[2] << " no_partner " << (*s)[4]);
   CHECK((*s)[1] == 40 * 4);
   CHECK((*s)[0] >= 2);
@@ -298,7 +298,7 @@ TEST_CASE("a newcomer whose donors hold different states falls back to one donor
   // Two stage-1 peers initialized from different seeds: replicas that diverged.
   for (int i = 1; i <= 2; ++i) {
     auto o = avg_stage_opts(1, "s1" + std::to_string(i));
-    o.model.seed = static_cast<uint64_t>(40 + i);
+    std::any_cast<kernels::gpt_config&>(o.model.options).seed = static_cast<uint64_t>(40 + i);
     auto& x = w.node(i);
     x.adopt(o.name, actors::stage::spawn_stage(w.system(), o, x.lookup("board")));
   }

@@ -72,7 +72,7 @@ TEST_CASE("a state cut into 1 to 16 parts assembles to the same bytes, in any or
   }
 }
 
-TEST_CASE("states without parameters or optimizer (modeled peers) cut and assemble") {
+TEST_CASE("states without parameters or optimizer cut and assemble") {
   stage_state s;
   s.steps = 4;
   auto whole = assemble_state(cut_all(s, 3));
@@ -80,6 +80,22 @@ TEST_CASE("states without parameters or optimizer (modeled peers) cut and assemb
   CHECK(whole->steps == 4);
   CHECK(!whole->params.tensor.defined());
   CHECK(!whole->moments.tensor.defined());
+}
+
+TEST_CASE("a cost model's modeled state bytes are shared out over the parts and summed back") {
+  auto s = make_state(100, 50, 3, 2);
+  s.modeled.size = 1000003;
+  auto ps = cut_all(s, 7);
+  uint64_t sum = 0;
+  for (auto& p : ps) {
+    CHECK(p.modeled.size >= 1000003 / 7);
+    CHECK(p.modeled.size <= 1000003 / 7 + 1);
+    sum += p.modeled.size;
+  }
+  CHECK(sum == 1000003);
+  auto whole = assemble_state(ps);
+  REQUIRE(whole.ok());
+  CHECK(whole->modeled.size == 1000003);
 }
 
 TEST_CASE("the digest changes with any byte, the step or the split between fields") {

@@ -182,7 +182,7 @@ TEST_CASE("stage peers on three simulated nodes find each other through the DHT,
 namespace {
 
 /// Training samples (backwards) served by the peers named `names`, one trainer of 10
-/// microbatches through a one-stage swarm of two equal modeled peers, the first of which has
+/// microbatches through a one-stage swarm of two equal cost-model peers, the first of which has
 /// 40 s of forwards queued from elsewhere; `probe` as in trainer_options.
 std::vector<uint64_t> served_with_one_peer_loaded(bool probe) {
   runtime::sim::world_options wo;
@@ -195,9 +195,9 @@ std::vector<uint64_t> served_with_one_peer_loaded(bool probe) {
   std::vector<caf::actor> peers;
   for (std::string name : {"s0loaded", "s0idle"}) {
     auto o = stage_opts(0, 0, 2, name);
-    o.modeled.enabled = true;
-    o.modeled.forward_s = 0.1; // a 4-sample forward takes 0.4 s, its backward 0.8 s
-    o.modeled.backward_factor = 2;
+    o.backend = actors::stage::compute_backend::cost_model;
+    o.cost_model.forward_s = 0.1; // a 4-sample forward takes 0.4 s, its backward 0.8 s
+    o.cost_model.backward_factor = 2;
     auto p = actors::stage::spawn_stage(sys, o, board);
     n.adopt(name, p);
     peers.push_back(p);
@@ -236,7 +236,7 @@ std::vector<uint64_t> served_with_one_peer_loaded(bool probe) {
 
 } // namespace
 
-TEST_CASE("probing: the trainer sends each hop to the less loaded of two modeled peers") {
+TEST_CASE("probing: the trainer sends each hop to the less loaded of two cost-model peers") {
   auto probed = served_with_one_peer_loaded(true);
   CHECK(probed[0] == 0);      // the peer with 40 s queued served nothing
   CHECK(probed[1] == 10 * 4); // the idle one everything
