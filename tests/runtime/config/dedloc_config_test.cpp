@@ -86,7 +86,7 @@ TEST_CASE("the churn schedule is a function of the seed") {
 
 TEST_CASE("bad dedloc options are rejected with the key named") {
   CHECK(section_error("  target_batch: 2048\n").empty());
-  CHECK(has(section_error("  algorithm: sgd\n"), "one of dedloc, diloco"));
+  CHECK(has(section_error("  algorithm: sgd\n"), "one of dedloc | diloco"));
   CHECK(has(section_error("  speeds: [1, 0]\n"), "positive speed"));
   CHECK(has(section_error("  target_batch: 8\n  microbatch: 32\n"), "below one microbatch"));
   CHECK(has(section_error("  mode: auxiliary\n"), "auxiliary: N"));
