@@ -1,5 +1,9 @@
 #include "runtime/config/config.hpp"
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
 #include <fmt/format.h>
 
 namespace starling::runtime {
@@ -71,6 +75,7 @@ void read_options(config_node& n, network_options& out) {
     for (auto& item : n.child("links").items()) {
       if (!item.is_map())
         item.expected("a map with from, to and link settings");
+      item.allow({"from", "to", "latency", "bandwidth", "loss"});
       link_override o;
       o.link = out.defaults;
       if (!item.has("from") || !item.has("to"))
@@ -91,6 +96,7 @@ void read_options(config_node& n, fault_options& out) {
     for (auto& item : n.child("schedule").items()) {
       if (!item.is_map())
         item.expected("a map with at, action and target");
+      item.allow({"at", "action", "target", "peer", "restart_after"});
       fault_event ev;
       if (!item.has("at"))
         item.fail("missing required key 'at'");
@@ -129,13 +135,54 @@ void read_options(config_node& n, experiment_options& out) {
   read_choice(n, "log_level", out.log_level, {"debug", "info", "warning", "error"});
 }
 
-experiment_config parse_experiment(config_node root) {
+namespace {
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (auto& x : names)
+    out += (out.empty() ? "" : ", ") + x;
+  return out;
+}
+
+bool contains(const std::vector<std::string>& names, const std::string& x) {
+  return std::find(names.begin(), names.end(), x) != names.end();
+}
+
+} // namespace
+
+experiment_config parse_experiment(config_node root, const std::vector<std::string>& kinds) {
   if (!root.is_map())
     root.expected("a map of sections (experiment, caf, node, network, faults, ...)");
+  std::vector<std::string> sections{"experiment", "caf", "node", "network", "faults"};
   experiment_config cfg;
-  if (!root.has("experiment"))
+  cfg.document = root.raw();
+  if (!root.has("experiment")) {
+    // A misspelt `experiment:` is an unknown key, not a missing section.
+    if (!kinds.empty()) {
+      auto all = sections;
+      all.insert(all.end(), kinds.begin(), kinds.end());
+      root.allow(all);
+    }
     root.fail("missing required section 'experiment'");
+  }
+  // The experiment section names the kind, whose section is the one other top-level key allowed;
+  // every top-level key is checked before the other sections are read.
   read_section(root, "experiment", cfg.experiment);
+  const auto& kind = cfg.experiment.kind;
+  if (!kinds.empty() && !kind.empty() && !contains(kinds, kind))
+    root.child("experiment")
+      .child("kind")
+      .expected(fmt::format("a known kind ({})", join(kinds)));
+  const YAML::Node& top = root.raw(); // a lookup that neither inserts nor marks a key known
+  if (kind.empty())
+    for (auto& k : kinds)
+      if (top[k].IsDefined())
+        root.child(k).fail(fmt::format("a '{}' section needs 'kind: {}' in the experiment section",
+                                       k, k));
+  auto allowed = sections;
+  if (!kind.empty())
+    allowed.push_back(kind);
+  root.allow(allowed);
   read_section(root, "caf", cfg.caf);
   read_section(root, "node", cfg.node);
   read_section(root, "network", cfg.network);
@@ -152,12 +199,35 @@ experiment_config parse_experiment(config_node root) {
   return cfg;
 }
 
-result<experiment_config> load_experiment(const std::string& path) {
+result<experiment_config> load_experiment(const std::string& path, const load_options& opts) {
   try {
-    return parse_experiment(load_yaml_file(path));
+    auto root = load_yaml_file(path);
+    for (auto& o : opts.overrides)
+      if (auto st = apply_override(root, o); !st)
+        return fail(st.what());
+    return parse_experiment(root, opts.kinds);
   } catch (const config_error& e) {
     return fail(e.what());
   }
+}
+
+status save_experiment(const std::string& file, const experiment_config& cfg,
+                       const std::vector<std::string>& overrides, const std::string& to) {
+  std::error_code ec;
+  if (overrides.empty()) {
+    std::filesystem::copy_file(file, to, std::filesystem::copy_options::overwrite_existing, ec);
+    if (ec)
+      return fail(fmt::format("cannot copy {} to {}: {}", file, to, ec.message()));
+    return {};
+  }
+  std::ofstream out{to};
+  out << "# " << file;
+  for (auto& o : overrides)
+    out << " --set " << o;
+  out << "\n" << YAML::Dump(cfg.document) << "\n";
+  if (!out)
+    return fail(fmt::format("cannot write {}", to));
+  return {};
 }
 
 result<std::pair<std::string, uint16_t>> parse_endpoint(const std::string& text) {

@@ -109,6 +109,16 @@ struct experiment_config {
   fault_options faults;
   /// The section named after `experiment.kind`, read by that workload's own loader.
   std::optional<config_node> workload;
+  /// The whole file as read, after `--set` overrides (what `save_experiment` writes).
+  YAML::Node document;
+};
+
+/// How `load_experiment` reads a file.
+struct load_options {
+  /// `key.path=value` assignments applied in order before the file is read (`--set`).
+  std::vector<std::string> overrides;
+  /// The experiment kinds there are; when not empty, `experiment.kind` must name one of them.
+  std::vector<std::string> kinds;
 };
 
 /// Reads each options struct from its section (absent keys keep their defaults).
@@ -119,11 +129,20 @@ void read_options(config_node& n, network_options& out);
 void read_options(config_node& n, fault_options& out);
 void read_options(config_node& n, experiment_options& out);
 
-/// Parses a whole experiment; throws config_error naming file, line and key on bad input.
-experiment_config parse_experiment(config_node root);
+/// Parses a whole experiment; throws config_error naming file, line and key on bad input. Every
+/// top-level key must be a known section or the kind's (checked before any section is read, so a
+/// misspelt section is reported as such); `kinds` as in `load_options`. The kind's own section
+/// is left to the kind (`workload::validate`).
+experiment_config parse_experiment(config_node root, const std::vector<std::string>& kinds = {});
 
-/// Loads an experiment file; every error is one line `file:line: key: what went wrong`.
-result<experiment_config> load_experiment(const std::string& path);
+/// Loads an experiment file, applies `opts.overrides`, and parses it; every error is one line
+/// `file:line: key: what went wrong` (or `--set ARG: what went wrong`).
+result<experiment_config> load_experiment(const std::string& path, const load_options& opts = {});
+
+/// Writes the experiment as it runs to `to`: a copy of `file`, or, when `overrides` is not empty,
+/// `cfg.document` headed by a comment with the `--set` arguments (the file's comments are lost).
+status save_experiment(const std::string& file, const experiment_config& cfg,
+                       const std::vector<std::string>& overrides, const std::string& to);
 
 /// Splits `HOST:PORT` (port 0–65535); failure names the bad part.
 result<std::pair<std::string, uint16_t>> parse_endpoint(const std::string& text);

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -50,14 +51,26 @@ bool split_number_unit(const std::string& text, double& value, std::string& unit
   return true;
 }
 
+/// The path of `key` inside the map at `parent` (`swarm` + `trainers` = `swarm.trainers`).
+std::string key_path(const std::string& parent, const std::string& key) {
+  return parent.empty() ? key : parent + "." + key;
+}
+
 } // namespace
 
 config_node::config_node(YAML::Node node, std::string path, std::string file)
   : node_(std::move(node)),
     path_(std::move(path)),
     file_(std::move(file)),
-    known_(std::make_shared<std::set<std::string>>()) {
+    known_(std::make_shared<std::set<std::string>>()),
+    overrides_(std::make_shared<override_map>()) {
   // nop
+}
+
+config_node config_node::sub(YAML::Node node, std::string path) const {
+  config_node out{std::move(node), std::move(path), file_};
+  out.overrides_ = overrides_;
+  return out;
 }
 
 int config_node::line() const {
@@ -68,6 +81,9 @@ int config_node::line() const {
 }
 
 void config_node::fail(const std::string& message) const {
+  // A value from the command line has no line in the file: name the argument instead.
+  if (auto o = overrides_->find(path_); o != overrides_->end())
+    throw config_error(fmt::format("--set {}: {}", o->second, message));
   auto l = line();
   auto where = l > 0 ? fmt::format("{}:{}", file_, l) : file_;
   if (path_.empty())
@@ -93,9 +109,8 @@ config_node config_node::child(const std::string& key) {
   if (!node_.IsMap())
     expected(fmt::format("a map with key '{}'", key));
   known_->insert(key);
-  auto sub = path_.empty() ? key : path_ + "." + key;
   const YAML::Node& self = node_; // const access: a lookup must not insert the key
-  return config_node{self[key], sub, file_};
+  return sub(self[key], key_path(path_, key));
 }
 
 bool config_node::has(const std::string& key) {
@@ -113,7 +128,7 @@ std::vector<config_node> config_node::items() const {
   std::vector<config_node> out;
   size_t i = 0;
   for (auto it = node_.begin(); it != node_.end(); ++it, ++i)
-    out.emplace_back(*it, fmt::format("{}[{}]", path_, i), file_);
+    out.push_back(sub(*it, fmt::format("{}[{}]", path_, i)));
   return out;
 }
 
@@ -128,18 +143,24 @@ std::vector<std::string> config_node::keys() {
   return out;
 }
 
+void config_node::allow(const std::vector<std::string>& keys) {
+  if (!node_.IsMap())
+    return;
+  known_->insert(keys.begin(), keys.end());
+  finish();
+}
+
 void config_node::finish() const {
   if (!node_.IsMap())
     return;
   for (auto it = node_.begin(); it != node_.end(); ++it) {
     auto key = it->first.Scalar();
     if (known_->count(key) == 0) {
-      auto sub = path_.empty() ? key : path_ + "." + key;
-      config_node k{it->first, sub, file_};
       std::string known;
       for (auto& x : *known_)
         known += (known.empty() ? "" : ", ") + x;
-      k.fail(fmt::format("unknown key (known keys here: {})", known.empty() ? "none" : known));
+      sub(it->first, key_path(path_, key))
+        .fail(fmt::format("unknown key (allowed here: {})", known.empty() ? "none" : known));
     }
   }
 }
@@ -333,13 +354,96 @@ void read_bandwidth(config_node& parent, const std::string& key, double& out) {
 
 namespace {
 
+/// Deeper than any experiment file; only a recursive alias (`&a [*a]`) gets there.
+constexpr int max_depth = 128;
+
+/// Rejects a key given twice in one map anywhere under `n` (found at `path`), in document order.
+void check_duplicate_keys(const YAML::Node& n, const std::string& path, const std::string& file,
+                          int depth) {
+  if (depth > max_depth)
+    throw config_error(fmt::format("{}: {}: nested more than {} levels deep (a recursive alias?)",
+                                   file, path, max_depth));
+  if (n.IsMap()) {
+    std::map<std::string, int> first_line;
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      const auto& key = it->first;
+      auto sub = key_path(path, key.Scalar());
+      if (key.IsScalar()) {
+        auto line = key.Mark().line + 1;
+        auto [first, fresh] = first_line.emplace(key.Scalar(), line);
+        if (!fresh)
+          throw config_error(fmt::format("{}:{}: {}: given twice (first at line {})", file, line,
+                                         sub, first->second));
+      }
+      check_duplicate_keys(it->second, sub, file, depth + 1);
+    }
+  } else if (n.IsSequence()) {
+    size_t i = 0;
+    for (auto it = n.begin(); it != n.end(); ++it, ++i)
+      check_duplicate_keys(*it, fmt::format("{}[{}]", path, i), file, depth + 1);
+  }
+}
+
 config_node parse(const std::string& text, const std::string& name) {
+  YAML::Node root;
   try {
-    return config_node{YAML::Load(text), "", name};
+    root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     auto l = e.mark.line >= 0 ? e.mark.line + 1 : 0;
     throw config_error(fmt::format("{}:{}: invalid YAML: {}", name, l, e.msg));
   }
+  check_duplicate_keys(root, "", name, 0);
+  return config_node{root, "", name};
+}
+
+/// One step of a `--set` path: a map key, or a list index.
+struct path_step {
+  std::string key;
+  size_t index = 0;
+  bool is_index = false;
+};
+
+/// Splits `a.b[1].c` into steps; false on bad syntax (empty keys, `a..b`, `a[x]`, `[0]` first).
+bool parse_path(const std::string& text, std::vector<path_step>& out) {
+  bool want_key = true; // at the start and after a '.'
+  size_t i = 0;
+  while (i < text.size()) {
+    char c = text[i];
+    if (c == '[') {
+      auto close = text.find(']', i);
+      if (want_key || close == std::string::npos || close == i + 1)
+        return false;
+      path_step st;
+      st.is_index = true;
+      auto [p, ec] = std::from_chars(text.data() + i + 1, text.data() + close, st.index);
+      if (ec != std::errc{} || p != text.data() + close)
+        return false;
+      out.push_back(st);
+      i = close + 1;
+    } else if (c == '.') {
+      if (want_key)
+        return false;
+      want_key = true;
+      ++i;
+    } else {
+      if (!want_key)
+        return false;
+      auto end = text.find_first_of(".[]", i);
+      if (end == std::string::npos)
+        end = text.size();
+      path_step st;
+      st.key = text.substr(i, end - i);
+      for (char k : st.key)
+        if (std::isspace(static_cast<unsigned char>(k)))
+          return false;
+      if (st.key.empty())
+        return false;
+      out.push_back(st);
+      want_key = false;
+      i = end;
+    }
+  }
+  return !out.empty() && !want_key;
 }
 
 } // namespace
@@ -355,6 +459,59 @@ config_node load_yaml_file(const std::string& path) {
 
 config_node load_yaml_string(const std::string& text, const std::string& name) {
   return parse(text, name);
+}
+
+status apply_override(config_node& root, const std::string& assignment) {
+  auto eq = assignment.find('=');
+  std::vector<path_step> steps;
+  if (eq == std::string::npos || !parse_path(trim(assignment.substr(0, eq)), steps))
+    return fail(fmt::format("--set: expected KEY.PATH=VALUE (e.g. swarm.trainers=3 or "
+                            "swarm.stages[1].peers[0]=0.5), got \"{}\"",
+                            assignment));
+  auto value = trim(assignment.substr(eq + 1));
+  auto bad = [&](const std::string& why) {
+    return fail(fmt::format("--set {}: {}", assignment, why));
+  };
+  YAML::Node cur = root.node_; // a handle: rebinding it with reset() leaves the tree alone
+  std::string at = root.path_;
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const auto& st = steps[k];
+    bool last = k + 1 == steps.size();
+    const YAML::Node& here = cur; // const access: a lookup must not insert the key
+    auto next_at = st.is_index ? fmt::format("{}[{}]", at, st.index) : key_path(at, st.key);
+    if (st.is_index) {
+      if (!cur.IsSequence())
+        return bad(fmt::format("{} is not a list", at));
+      if (st.index >= cur.size())
+        return bad(fmt::format("{} has {} item{}, so no [{}]", at, cur.size(),
+                               cur.size() == 1 ? "" : "s", st.index));
+    } else {
+      if (!cur.IsMap())
+        return bad(at.empty() ? std::string{"the file is not a map"}
+                              : fmt::format("{} is not a map", at));
+      if (!here[st.key].IsDefined()) {
+        if (!last)
+          return bad(fmt::format("{} is not in the file (--set adds only the last key of a "
+                                 "path, to a map that is)",
+                                 next_at));
+        cur[st.key] = value; // a new key: the readers validate it like any other
+        (*root.overrides_)[next_at] = assignment;
+        return {};
+      }
+    }
+    YAML::Node next = st.is_index ? here[st.index] : here[st.key];
+    if (last) {
+      if (next.IsMap() || next.IsSequence())
+        return bad(fmt::format("{} is a {}; --set replaces one value", next_at,
+                               next.IsMap() ? "map" : "list"));
+      next = value; // assigns the scalar in place (same node, so the tree sees it)
+      (*root.overrides_)[next_at] = assignment;
+      return {};
+    }
+    cur.reset(next);
+    at = next_at;
+  }
+  return {};
 }
 
 } // namespace starling::runtime

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <stdexcept>
@@ -11,6 +12,8 @@
 #include <vector>
 
 #include <yaml-cpp/yaml.h>
+
+#include "kernels/result.hpp"
 
 namespace starling::runtime {
 
@@ -21,7 +24,10 @@ public:
 };
 
 /// A view of one YAML node with its key path and source file, for precise error messages.
-/// Map readers record which keys were read; `finish()` rejects any key nobody asked for.
+/// Map readers record which keys were read; `finish()` rejects any key nobody asked for. A map
+/// whose reader can fail before `finish()` for reasons a misspelt key causes (a required key
+/// missing, a cross-field check on defaults) declares its keys up front with `allow()`, so the
+/// misspelt key is what gets reported.
 class config_node {
 public:
   /// Wraps `node`, found at `path` (e.g. `stages[1]`) in `file`.
@@ -48,7 +54,10 @@ public:
   std::vector<config_node> items() const;
   /// All keys of a map node, marking them known (for free-form maps such as overrides).
   std::vector<std::string> keys();
-  /// Throws if a map node holds a key that was never asked for.
+  /// Declares every key this map may hold: the first other key fails now as unknown, naming
+  /// the allowed ones, and `finish()` accepts all of `keys`. Does nothing on a non-map.
+  void allow(const std::vector<std::string>& keys);
+  /// Throws if a map node holds a key that was never asked for (nor allowed).
   void finish() const;
 
   /// Throws a config_error at this node: `file:line: path: message`.
@@ -69,12 +78,20 @@ public:
   double as_bandwidth() const;
 
 private:
+  friend status apply_override(config_node& root, const std::string& assignment);
+
+  /// `--set` arguments by the key path they set, shared by a root and every node under it.
+  using override_map = std::map<std::string, std::string>;
+
+  /// A node under this one: same file and overrides, fresh set of known keys.
+  config_node sub(YAML::Node node, std::string path) const;
   std::string describe() const;
 
   YAML::Node node_;
   std::string path_;
   std::string file_;
   std::shared_ptr<std::set<std::string>> known_;
+  std::shared_ptr<override_map> overrides_;
 };
 
 // -- field helpers: read an optional key into `out`, validating it -------------------------------
@@ -120,9 +137,18 @@ void read_duration(config_node& parent, const std::string& key,
 /// Reads a bandwidth (bytes/s, > 0).
 void read_bandwidth(config_node& parent, const std::string& key, double& out);
 
-/// Loads and parses a YAML file; syntax errors become config_errors with the line.
+/// Loads and parses a YAML file; syntax errors and a key given twice in one map become
+/// config_errors with the line (yaml-cpp itself keeps both and reads the first).
 config_node load_yaml_file(const std::string& path);
 /// Parses YAML text (for tests and inline configs); `name` stands in for the file name.
 config_node load_yaml_string(const std::string& text, const std::string& name);
+
+/// Applies one `--set` argument `key.path=value` (e.g. `swarm.trainers=3`,
+/// `swarm.stages[1].peers[0]=0.5`) to the tree under `root`: the value replaces one scalar, or
+/// becomes a new key of a map that exists (read and validated later like any key). Errors the
+/// reader later finds at that key name the argument instead of a file line. Fails, naming the
+/// argument, on bad syntax, a path through something that is not there, or a target that is a
+/// map or a list.
+status apply_override(config_node& root, const std::string& assignment);
 
 } // namespace starling::runtime

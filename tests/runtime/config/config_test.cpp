@@ -1,6 +1,10 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <unistd.h>
 
 #include "runtime/config/config.hpp"
 
@@ -10,13 +14,34 @@ using namespace std::chrono_literals;
 namespace {
 
 /// Parses `text` and returns the error message (empty if it parsed).
-std::string error_of(const std::string& text) {
+std::string error_of(const std::string& text, const std::vector<std::string>& kinds = {}) {
   try {
-    parse_experiment(load_yaml_string(text, "configs/x.yaml"));
+    parse_experiment(load_yaml_string(text, "configs/x.yaml"), kinds);
     return {};
   } catch (const config_error& e) {
     return e.what();
   }
+}
+
+const std::vector<std::string> kinds{"masha", "ping", "swarm"};
+
+/// A file under the temporary folder holding `text`, removed with the object.
+struct temp_file {
+  explicit temp_file(const std::string& name, const std::string& text)
+    : path((std::filesystem::temp_directory_path()
+            / ("starling-config-test-" + std::to_string(getpid()) + "-" + name))
+             .string()) {
+    std::ofstream{path} << text;
+  }
+  ~temp_file() { std::filesystem::remove(path); }
+  std::string path;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in{path};
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
 }
 
 } // namespace
@@ -140,4 +165,84 @@ TEST_CASE("every file under configs/ loads") {
     CHECK_MESSAGE(cfg.ok(), (cfg.ok() ? std::string{} : cfg.error().what));
   }
   CHECK(files >= 2);
+}
+
+TEST_CASE("a misspelt top-level section is reported before errors in other sections") {
+  CHECK(error_of("experiment: {name: x, kind: ping}\npnig: {nodes: 2}\n")
+        == "configs/x.yaml:2: pnig: unknown key (allowed here: caf, experiment, faults, network, "
+           "node, ping)");
+  CHECK(error_of("experiment: {name: x}\ncaf:\n  scheduler: {max_threads: two}\nnetwrok: {}\n")
+        == "configs/x.yaml:4: netwrok: unknown key (allowed here: caf, experiment, faults, "
+           "network, node)");
+  // With the kinds known, a misspelt `experiment:` is unknown rather than missing.
+  CHECK(error_of("experimnet: {name: x, kind: ping}\nping: {}\n", kinds)
+        == "configs/x.yaml:1: experimnet: unknown key (allowed here: caf, experiment, faults, "
+           "masha, network, node, ping, swarm)");
+}
+
+TEST_CASE("an unknown kind and a kind section without a kind are named") {
+  CHECK(error_of("experiment: {name: x, kind: swram}\nswarm: {}\n", kinds)
+        == "configs/x.yaml:1: experiment.kind: expected a known kind (masha, ping, swarm), got "
+           "\"swram\"");
+  CHECK(error_of("experiment: {name: x}\nping: {nodes: 2}\n", kinds)
+        == "configs/x.yaml:2: ping: a 'ping' section needs 'kind: ping' in the experiment "
+           "section");
+  // Without the list of kinds, the section of another kind is simply unknown.
+  CHECK(error_of("experiment: {name: x, kind: ping}\nping: {}\nswarm: {}\n").find(
+          "configs/x.yaml:3: swarm: unknown key")
+        == 0);
+}
+
+TEST_CASE("a misspelt key in a list item wins over the required key it hides") {
+  auto f = error_of("experiment: {name: x}\nfaults:\n  schedule:\n"
+                    "    - {at: 1s, action: kill_node, targte: a}\n");
+  CHECK(f == "configs/x.yaml:4: faults.schedule[0].targte: unknown key (allowed here: action, at, "
+             "peer, restart_after, target)");
+  auto l = error_of("experiment: {name: x}\nnetwork:\n  links:\n    - {form: a, to: b}\n");
+  CHECK(l == "configs/x.yaml:4: network.links[0].form: unknown key (allowed here: bandwidth, "
+             "from, latency, loss, to)");
+}
+
+TEST_CASE("load_experiment applies --set overrides before it validates") {
+  temp_file f{"set.yaml", "experiment:\n  name: x\n  kind: ping\n  duration: 60s\nping: {}\n"};
+  auto cfg = load_experiment(f.path, {{"experiment.duration=20s", "experiment.seed=7"}, kinds});
+  REQUIRE_MESSAGE(cfg.ok(), (cfg.ok() ? std::string{} : cfg.error().what));
+  CHECK(cfg->experiment.duration == 20s);
+  CHECK(cfg->experiment.seed == 7);
+  auto typo = load_experiment(f.path, {{"experiment.sede=7"}, kinds});
+  REQUIRE_FALSE(typo.ok());
+  CHECK(typo.error().what
+        == "--set experiment.sede=7: unknown key (allowed here: duration, kind, log_level, mode, "
+           "name, seed)");
+  auto bad = load_experiment(f.path, {{"experiment.duration=soon"}, kinds});
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.error().what.find("--set experiment.duration=soon: expected a duration") == 0);
+  auto syntax = load_experiment(f.path, {{"experiment.duration"}, kinds});
+  REQUIRE_FALSE(syntax.ok());
+  CHECK(syntax.error().what.find("--set: expected KEY.PATH=VALUE") == 0);
+}
+
+TEST_CASE("a key given twice in an experiment file is an error naming both lines") {
+  temp_file f{"twice.yaml", "experiment:\n  name: x\n  seed: 1\n  seed: 2\n"};
+  auto cfg = load_experiment(f.path);
+  REQUIRE_FALSE(cfg.ok());
+  CHECK(cfg.error().what == f.path + ":4: experiment.seed: given twice (first at line 3)");
+}
+
+TEST_CASE("save_experiment copies the file, or writes the overridden tree with the --set list") {
+  temp_file f{"save.yaml", "# a comment\nexperiment: {name: x, seed: 1}\n"};
+  temp_file copy{"save-copy.yaml", ""};
+  auto cfg = load_experiment(f.path);
+  REQUIRE(cfg.ok());
+  REQUIRE(save_experiment(f.path, *cfg, {}, copy.path));
+  CHECK(slurp(copy.path) == slurp(f.path));
+  auto set = load_experiment(f.path, {{"experiment.seed=9"}, {}});
+  REQUIRE(set.ok());
+  REQUIRE(save_experiment(f.path, *set, {"experiment.seed=9"}, copy.path));
+  auto text = slurp(copy.path);
+  CHECK(text.find("# " + f.path + " --set experiment.seed=9\n") == 0);
+  auto again = load_experiment(copy.path);
+  REQUIRE(again.ok());
+  CHECK(again->experiment.seed == 9);
+  CHECK(again->experiment.name == "x");
 }
