@@ -37,15 +37,34 @@ int die(const std::string& what) {
   return 2;
 }
 
+/// How the CLI loads an experiment file: `--set` overrides, and the kinds there are.
+load_options cli_load_options(const std::vector<std::string>& sets) {
+  load_options opts;
+  opts.overrides = sets;
+  for (auto& kv : workloads())
+    opts.kinds.push_back(kv.first);
+  return opts;
+}
+
+/// Runs the kind's own reader over its section; the error line, or empty when it is valid.
+std::string validate_kind(const workload& w, const experiment_config& cfg, bool simulate) {
+  try {
+    w.validate(cfg, simulate);
+    return {};
+  } catch (const config_error& e) {
+    return e.what();
+  }
+}
+
 int cmd_run(const std::string& file, bool sim, std::optional<uint64_t> seed,
-            const std::string& out_opt) {
-  auto cfg = load_experiment(file);
+            const std::string& out_opt, const std::vector<std::string>& sets) {
+  const auto& table = workloads();
+  auto cfg = load_experiment(file, cli_load_options(sets));
   if (!cfg)
     return die(cfg.error().what);
   if (seed)
     cfg->experiment.seed = *seed;
   set_log_level(parse_log_level(cfg->experiment.log_level));
-  const auto& table = workloads();
   auto i = table.find(cfg->experiment.kind);
   if (i == table.end()) {
     std::string known;
@@ -56,12 +75,15 @@ int cmd_run(const std::string& file, bool sim, std::optional<uint64_t> seed,
   }
   run_context ctx;
   ctx.simulate = sim || cfg->experiment.mode == "sim";
+  // The whole file, the kind's section included, validates before anything is created.
+  if (auto why = validate_kind(i->second, *cfg, ctx.simulate); !why.empty())
+    return die(why);
   ctx.out_dir = out_opt.empty() ? default_out_dir(cfg->experiment.name) : out_opt;
   std::string why;
   if (!make_dirs(ctx.out_dir, why))
     return die(why);
-  std::filesystem::copy_file(file, ctx.out_dir + "/experiment.yaml",
-                             std::filesystem::copy_options::overwrite_existing);
+  if (auto st = save_experiment(file, *cfg, sets, ctx.out_dir + "/experiment.yaml"); !st)
+    return die(st.what());
   fmt::print("starling {}: running '{}' ({}, {} mode, seed {}), output in {}\n",
              STARLING_VERSION, cfg->experiment.name, cfg->experiment.kind,
              ctx.simulate ? "sim" : cfg->experiment.mode, cfg->experiment.seed, ctx.out_dir);
@@ -79,6 +101,8 @@ struct node_cli {
   std::optional<size_t> index;
   std::optional<size_t> nodes;
   std::string out;
+  /// `--set key.path=value` overrides of the experiment file.
+  std::vector<std::string> sets;
 };
 
 int cmd_node(const std::string& listen, const std::vector<std::string>& join,
@@ -86,10 +110,16 @@ int cmd_node(const std::string& listen, const std::vector<std::string>& join,
   caf_options caf_opts;
   node_options node_opts;
   std::optional<experiment_config> experiment;
+  if (!cli.sets.empty() && cli.config_file.empty())
+    return die("--set needs --config EXPERIMENT.yaml");
   if (!cli.config_file.empty()) {
-    auto cfg = load_experiment(cli.config_file);
+    auto cfg = load_experiment(cli.config_file, cli_load_options(cli.sets));
     if (!cfg)
       return die(cfg.error().what);
+    // The kind's section validates before the node starts or creates anything.
+    if (auto w = workloads().find(cfg->experiment.kind); w != workloads().end())
+      if (auto why = validate_kind(w->second, *cfg, false); !why.empty())
+        return die(why);
     caf_opts = cfg->caf;
     node_opts = cfg->node;
     experiment = std::move(*cfg);
@@ -218,6 +248,11 @@ int cli_main(int argc, char** argv) {
   run->add_flag("--sim", run_sim, "Simulate: virtual time and the network model");
   run->add_option("--seed", run_seed, "Override experiment.seed");
   run->add_option("--out", run_out, "Output folder (default runs/<timestamp>-<name>)");
+  std::vector<std::string> run_sets;
+  run->add_option("--set", run_sets,
+                  "Override one value of the file: KEY.PATH=VALUE, e.g. swarm.trainers=3 or "
+                  "swarm.stages[1].peers[0]=0.5 (repeatable)")
+    ->allow_extra_args(false);
 
   auto* nodec = app.add_subcommand("node", "Run a cluster node until SIGINT/SIGTERM");
   std::string listen;
@@ -232,6 +267,9 @@ int cli_main(int argc, char** argv) {
                     "Run share INDEX of the experiment in --config (cluster mode)");
   nodec->add_option("--nodes", node_opts.nodes, "Number of nodes the experiment is spread over");
   nodec->add_option("--out", node_opts.out, "Output folder (default runs/<timestamp>-<name>)");
+  nodec->add_option("--set", node_opts.sets,
+                    "Override one value of --config: KEY.PATH=VALUE (repeatable)")
+    ->allow_extra_args(false);
 
   auto* dhtc = app.add_subcommand("dht", "Run a standalone DHT node, or get/store through one");
   std::string dht_listen;
@@ -264,7 +302,7 @@ int cli_main(int argc, char** argv) {
     return die(e.what());
   }
   if (run->parsed())
-    return cmd_run(run_file, run_sim, run_seed, run_out);
+    return cmd_run(run_file, run_sim, run_seed, run_out, run_sets);
   if (nodec->parsed())
     return cmd_node(listen, join, node_opts);
   if (dhtc->parsed()) {

@@ -172,6 +172,12 @@ result<swarm_graph> swarm_builder::build() const {
 // -- YAML ---------------------------------------------------------------------------------------
 
 void read_swarm_graph(config_node& n, swarm_graph& out) {
+  // Declared up front so that a misspelt key is reported before the errors its absence causes
+  // (a missing `stages`, ranges checked against the default model). `sim` tunes `--sim` runs and
+  // is read there (runtime/run/swarm_sim.cpp).
+  n.allow({"model", "stages", "trainers", "microbatch", "microbatches_per_trainer", "max_inflight",
+           "local_batch", "target_batch", "averaging", "optimizer", "compression", "hop_timeout",
+           "preempt_every", "restart_delay", "eval_batches", "torch_threads", "sim"});
   if (n.has("model")) {
     auto m = n.child("model");
     read_int(m, "layers", out.model.layers, 1, 64);
@@ -187,8 +193,11 @@ void read_swarm_graph(config_node& n, swarm_graph& out) {
     n.fail("missing required key 'stages' (a list of {peers: [speed, ...], layers: [a, b]})");
   out.stages.clear();
   for (auto& item : n.child("stages").items()) {
-    if (!item.is_map() || !item.has("peers"))
+    if (!item.is_map())
       item.expected("a map {peers: [speed, ...]} (optionally with layers: [begin, end])");
+    item.allow({"peers", "layers"});
+    if (!item.has("peers"))
+      item.fail("missing required key 'peers' (the speed of each peer: peers: [1.0, 0.5])");
     stage_spec spec;
     for (auto& p : item.child("peers").items()) {
       auto v = p.as_double();

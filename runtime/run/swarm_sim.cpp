@@ -511,6 +511,15 @@ nlohmann::json to_json(const std::string& name, const swarm_sim_result& r) {
 
 } // namespace
 
+void validate_swarm_sim_section(config_node& sim) {
+  swarm_sim_settings s;
+  int64_t peers_per_stage = 0;
+  double speed_sigma = 0;
+  bool study = false;
+  std::vector<std::chrono::nanoseconds> periods;
+  read_sim_section(sim, s, peers_per_stage, speed_sigma, study, periods);
+}
+
 int run_swarm_sim(const experiment_config& cfg, const run_context& ctx) {
   graph::swarm_graph g;
   swarm_sim_settings s;

@@ -122,6 +122,10 @@ result<swarm_sim_result> simulate_swarm(const graph::swarm_graph& graph,
 /// largest), seeded.
 std::vector<double> lognormal_speeds(size_t count, double sigma, uint64_t seed);
 
+/// Reads the `sim` section under `swarm` as `run_swarm_sim` does, and discards it; throws
+/// config_error.
+void validate_swarm_sim_section(config_node& sim);
+
 /// `starling run <swarm config> --sim`: reads `swarm` (and its optional `sim` section), runs one
 /// simulation, or with `sim.study` the strategy comparison and the rebalancing-period sweep, and
 /// prints the results.

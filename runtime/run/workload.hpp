@@ -35,6 +35,9 @@ struct cluster_context {
 /// returns the process exit code. Config errors are thrown as config_error.
 struct workload {
   std::string summary;
+  /// Reads the kind's section strictly, as `run` and `cluster` will, and discards it; throws
+  /// config_error. The CLI calls it before it creates anything. `simulate`: a `--sim` run.
+  std::function<void(const experiment_config&, bool simulate)> validate;
   std::function<int(const experiment_config&, const run_context&)> run;
   /// Cluster mode (one `starling node` per process), where the kind supports it.
   std::function<int(const experiment_config&, node&, const cluster_context&)> cluster = {};

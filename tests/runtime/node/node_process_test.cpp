@@ -1,9 +1,13 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <vector>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -27,6 +31,70 @@ std::string fast_config() {
 
 std::string port_of(const std::string& listening_line) {
   return listening_line.substr(listening_line.rfind(':') + 1);
+}
+
+/// An empty folder of its own under the temporary directory, removed with everything in it.
+struct scratch_dir {
+  explicit scratch_dir(const std::string& name)
+    : path(std::filesystem::temp_directory_path()
+           / fmt::format("starling-cli-test-{}-{}", getpid(), name)) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~scratch_dir() { std::filesystem::remove_all(path); }
+  /// Writes `text` to `name` inside the folder; returns its path.
+  std::string write(const std::string& name, const std::string& text) const {
+    auto file = (path / name).string();
+    std::ofstream{file} << text;
+    return file;
+  }
+  /// True when the folder holds nothing but the files `write` put there.
+  bool holds_only(const std::vector<std::string>& names) const {
+    size_t n = 0;
+    for (auto& entry : std::filesystem::directory_iterator{path}) {
+      ++n;
+      if (std::find(names.begin(), names.end(), entry.path().filename().string()) == names.end())
+        return false;
+    }
+    return n == names.size();
+  }
+  std::filesystem::path path;
+};
+
+/// What one `starling` command did: its exit code and its whole output (stdout + stderr).
+struct outcome {
+  int rc = -1;
+  std::string output;
+};
+
+/// Runs `starling ARGS` with `cwd` as working directory (where `runs/` would appear).
+outcome starling_in(const std::filesystem::path& cwd, const std::vector<std::string>& args) {
+  auto cmd = fmt::format("cd '{}' && exec '{}'", cwd.string(), STARLING_BINARY);
+  for (auto& a : args)
+    cmd += fmt::format(" '{}'", a);
+  subprocess p{{"/bin/sh", "-c", cmd}};
+  auto rc = p.wait_exit(60s);
+  return {rc ? *rc : -1, p.output()};
+}
+
+/// A ping experiment (cheap to validate, and to run in simulation) with `extra` lines appended.
+std::string ping_yaml(const std::string& extra = "") {
+  return "experiment: {name: strict, kind: ping, seed: 1, mode: sim, duration: 2s}\n"
+         "ping: {nodes: 2, payload: 1KB, interval: 500ms, timeout: 1s}\n"
+         + extra;
+}
+
+/// A swarm experiment: stages on lines 5-6, trainers on line 7.
+std::string swarm_yaml(const std::string& stage0 = "{peers: [1.0]}",
+                       const std::string& extra = "") {
+  return "experiment: {name: strict, kind: swarm, duration: 5s}\n"
+         "swarm:\n"
+         "  model: {layers: 2, width: 16, heads: 2, seq_len: 8}\n"
+         "  stages:\n"
+         "    - " + stage0 + "\n"
+         "    - {peers: [1.0]}\n"
+         "  trainers: 1\n"
+         + extra;
 }
 
 } // namespace
@@ -85,4 +153,114 @@ TEST_CASE("the CLI rejects bad input with one clear line and a non-zero exit") {
   rc = no_cmd.wait_exit(30s);
   REQUIRE(rc);
   CHECK(*rc != 0);
+}
+
+TEST_CASE("starling run rejects each strictness case with one line, exit 2, and creates nothing") {
+  scratch_dir dir{"run"};
+  auto out = (dir.path / "out").string();
+  struct bad_case {
+    const char* what;
+    std::string yaml;
+    std::vector<std::string> extra_args;
+    std::string line; // after "starling: error: <file>"
+  };
+  std::vector<bad_case> cases{
+    {"a key given twice", swarm_yaml("{peers: [1.0]}", "  trainers: 3\n"), {},
+     ":8: swarm.trainers: given twice (first at line 7)"},
+    {"a misspelt key inside a stage", swarm_yaml("{peerz: [1.0]}"), {},
+     ":5: swarm.stages[0].peerz: unknown key (allowed here: layers, peers)"},
+    {"a misspelt top-level section",
+     ping_yaml("netwrok: {defaults: {latency: 1ms}}\nfaults: {restart_delay: soon}\n"), {},
+     ":3: netwrok: unknown key (allowed here: caf, experiment, faults, network, node, ping)"},
+    {"an error in the kind's own section",
+     "experiment: {name: strict, kind: ping, mode: sim}\nping: {nodes: 1}\n", {},
+     ":2: ping.nodes: expected an integer in [2, 10000], got \"1\""},
+    {"a mode the kind does not have", "experiment: {name: strict, kind: masha}\nmasha: {d: 10}\n",
+     {"--sim"},
+     ":2: masha: the masha workload runs in local mode only (experiment.mode: local, no --sim)"},
+    {"a misspelt key in the swarm's sim section",
+     swarm_yaml("{peers: [1.0]}", "  sim: {forward_per_sampel: 1ms}\n"), {},
+     ":8: swarm.sim.forward_per_sampel: unknown key"},
+  };
+  for (auto& c : cases) {
+    INFO(c.what);
+    auto file = dir.write("x.yaml", c.yaml);
+    for (bool with_out : {false, true}) {
+      std::vector<std::string> args{"run", file};
+      if (with_out) {
+        args.push_back("--out");
+        args.push_back(out);
+      }
+      args.insert(args.end(), c.extra_args.begin(), c.extra_args.end());
+      auto r = starling_in(dir.path, args);
+      CHECK(r.rc == 2);
+      CHECK(r.output.find("starling: error: " + file + c.line) == 0);
+      CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+      CHECK(dir.holds_only({"x.yaml"})); // no runs/ folder, no --out folder
+    }
+  }
+}
+
+TEST_CASE("starling run --set overrides values; a bad --set is one line, exit 2, nothing made") {
+  scratch_dir dir{"set"};
+  auto file = dir.write("x.yaml", swarm_yaml());
+  struct bad_case {
+    std::string arg;
+    std::string output;
+  };
+  std::vector<bad_case> cases{
+    {"swarm.trainers", "starling: error: --set: expected KEY.PATH=VALUE (e.g. swarm.trainers=3 "
+                       "or swarm.stages[1].peers[0]=0.5), got \"swarm.trainers\"\n"},
+    {"swarm.trainerz=3", "starling: error: --set swarm.trainerz=3: unknown key (allowed here: "
+                         "averaging, compression, eval_batches, hop_timeout, local_batch, "
+                         "max_inflight, microbatch, microbatches_per_trainer, model, optimizer, "
+                         "preempt_every, restart_delay, sim, stages, target_batch, torch_threads, "
+                         "trainers)\n"},
+    {"swarm.stages[1].peers[0]=1.5", "starling: error: --set swarm.stages[1].peers[0]=1.5: "
+                                     "expected a speed in (0, 1], got \"1.5\"\n"},
+    {"swarm.stages[2].peers[0]=1", "starling: error: --set swarm.stages[2].peers[0]=1: "
+                                   "swarm.stages has 2 items, so no [2]\n"},
+    {"experiment.duration=soon", "starling: error: --set experiment.duration=soon: expected a "
+                                 "duration such as 250ms, 2s, 1.5min or 1h, got \"soon\"\n"},
+  };
+  for (auto& c : cases) {
+    INFO(c.arg);
+    auto r = starling_in(dir.path, {"run", file, "--set", c.arg});
+    CHECK(r.rc == 2);
+    CHECK(r.output == c.output);
+    CHECK(dir.holds_only({"x.yaml"}));
+  }
+  // A good run: two overrides (one of them a new key) reach the run and its saved experiment.
+  auto ping = dir.write("ping.yaml", ping_yaml());
+  auto out = (dir.path / "out").string();
+  auto r = starling_in(dir.path, {"run", ping, "--out", out, "--set", "experiment.duration=1s",
+                                  "--set", "ping.timeout=400ms"});
+  CHECK(r.rc == 0);
+  CHECK(r.output.find("running 'strict'") != std::string::npos);
+  std::ifstream saved{out + "/experiment.yaml"};
+  std::string first_line;
+  std::getline(saved, first_line);
+  CHECK(first_line == "# " + ping + " --set experiment.duration=1s --set ping.timeout=400ms");
+  CHECK_FALSE(std::filesystem::exists(dir.path / "runs"));
+}
+
+TEST_CASE("starling node validates --config and --set before it starts or creates anything") {
+  scratch_dir dir{"node"};
+  auto out = (dir.path / "out").string();
+  auto file = dir.write("x.yaml", swarm_yaml("{peerz: [1.0]}"));
+  auto r = starling_in(dir.path, {"node", "--config", file, "--index", "0", "--nodes", "1",
+                                  "--out", out});
+  CHECK(r.rc == 2);
+  CHECK(r.output == "starling: error: " + file
+                      + ":5: swarm.stages[0].peerz: unknown key (allowed here: layers, peers)\n");
+  auto good = dir.write("good.yaml", swarm_yaml());
+  r = starling_in(dir.path, {"node", "--config", good, "--index", "0", "--nodes", "1", "--out",
+                             out, "--set", "swarm.trainers=0"});
+  CHECK(r.rc == 2);
+  CHECK(r.output == "starling: error: --set swarm.trainers=0: expected an integer in [1, 1024], "
+                    "got \"0\"\n");
+  r = starling_in(dir.path, {"node", "--set", "swarm.trainers=2"});
+  CHECK(r.rc == 2);
+  CHECK(r.output == "starling: error: --set needs --config EXPERIMENT.yaml\n");
+  CHECK(dir.holds_only({"x.yaml", "good.yaml"}));
 }
