@@ -13,13 +13,17 @@
 
 namespace starling {
 
-/// Averager data plane (kept here, not in atoms.hpp, which nearly every file includes):
-///   peer -> averager (BASP): `(avg_plane_atom, std::string sender_address)
-///                              -> (std::string host, uint16_t port, std::string token)`
-///   (port 0: no data plane, chunks travel over BASP);
-///   data plane -> its averager (local, with the plane's tag):
+/// Averager direct links (kept here, not in atoms.hpp, which nearly every file includes):
+///   peer -> averager (BASP): `(avg_plane_atom, std::string sender_address,
+///                              std::string sender_transport_id)
+///     -> (std::string transport_id, std::string host, uint16_t port, std::string token,
+///         uint32_t channel)`
+///   (channel 0: no direct transport, chunks travel over BASP; port 0: a client-mode transport,
+///   reached over the link it opens);
+///   transport -> its averager (local, with the averager's tag; peer = the link's transport id):
 ///   `(avg_plane_atom, uint64_t tag, std::string peer, avg_chunk)` for a delivered chunk,
-///   `(avg_plane_atom, uint64_t tag, std::string peer, std::string error)` for a lost link.
+///   `(avg_plane_atom, uint64_t tag, std::string peer, std::string error)` for a lost link,
+///   `(avg_plane_atom, uint64_t tag, std::string peer)` for a link that came up.
 using avg_plane_atom = caf::atom_constant<caf::atom("avg_plane")>;
 
 } // namespace starling

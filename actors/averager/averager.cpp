@@ -7,14 +7,17 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
-#include <sstream>
+
+#include <sodium.h>
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
-#include "actors/averager/data_plane.hpp"
+#include "actors/averager/codec_choice.hpp"
+#include "actors/averager/matchmaker.hpp"
+#include "actors/averager/round_engine.hpp"
+#include "actors/transfer/transport.hpp"
 #include "actors/dht/client.hpp"
 #include "messages/atoms.hpp"
 #include "messages/averager.hpp"
@@ -24,10 +27,6 @@ namespace starling::actors::averager {
 
 using messages::avg_ack;
 using messages::avg_chunk;
-using messages::avg_group;
-using messages::avg_join;
-using messages::avg_join_reply;
-using messages::avg_leave;
 using messages::average_result;
 using messages::tensor_list;
 using messages::tensor_msg;
@@ -55,39 +54,11 @@ status validate(const averager_options& o) {
 
 namespace {
 
-enum timer_kind : uint8_t { t_poll, t_window_end, t_follow_deadline, t_reduce, t_round_end };
+/// Round timers (matchmaking timers use `mm_timer`'s values below these).
+constexpr uint8_t t_reduce = 16;
+constexpr uint8_t t_round_end = 17;
 
-/// Announcement value: "v1 <bandwidth> <auxiliary> <numel>".
-std::vector<char> encode_announce(double bw, bool aux, int64_t numel) {
-  auto s = fmt::format("v1 {} {} {}", bw, aux ? 1 : 0, numel);
-  return {s.begin(), s.end()};
-}
-
-bool decode_announce(const std::vector<char>& v, double& bw, bool& aux, int64_t& numel) {
-  if (v.size() > 128)
-    return false;
-  std::istringstream in(std::string(v.begin(), v.end()));
-  std::string tag;
-  int a = 0;
-  if (!(in >> tag >> bw >> a >> numel) || tag != "v1")
-    return false;
-  aux = a != 0;
-  return std::isfinite(bw) && bw >= 0 && numel >= 0 && (a == 0 || a == 1);
-}
-
-/// One outgoing chunk not built yet: elements [offset, offset + len) of a part.
-struct pending_chunk {
-  int64_t offset = 0;
-  int64_t len = 0;
-};
-
-/// Chunks to one destination of one kind, with the credit window.
-struct out_stream {
-  std::deque<pending_chunk> queue;
-  uint32_t inflight = 0;
-};
-
-/// How chunks reach a member: not decided yet (asking for a data-plane token), BASP, data plane.
+/// How chunks reach a member: not decided yet (asking for its transport), BASP, direct link.
 enum class link_mode : uint8_t { pending, basp, plane };
 
 /// A chunk that arrived before its group message, with how it came.
@@ -95,42 +66,66 @@ struct early_chunk {
   avg_chunk chunk;
   /// BASP: the sender to acknowledge.
   caf::strong_actor_ptr sender;
-  /// Data plane: the address of the link's peer.
+  /// Direct link: the transport id of the link's peer.
   std::string plane_peer;
 };
 
-struct round_state {
-  uint64_t id = 0;
-  round_plan plan;
-  uint32_t self = 0;
-  bool aux = false;
-  double weight = 1;
-  /// Own input (never modified) and the result being assembled.
-  at::Tensor flat;
-  at::Tensor out;
-  std::vector<caf::actor> handles;
-  std::vector<bool> gone;
-  std::optional<part_reducer> reducer;
-  bool reduced = false;
-  at::Tensor reduced_part;
-  /// Who reached which segment of our part (one segment when everybody reached all of it).
-  std::vector<messages::part_segment> reduced_segments;
-  std::string reduce_error;
-  /// Result chunks received per part: (offset, size, contributors), for the report.
-  std::vector<std::vector<messages::part_segment>> result_pieces;
-  std::vector<messages::part_report> parts;
-  std::vector<bool> resolved;
-  /// Result elements received per part.
-  std::vector<range_set> result_ranges;
-  /// Key: (member, kind).
-  std::map<std::pair<uint32_t, uint8_t>, out_stream> streams;
-  std::vector<link_mode> links;
-  /// Our reduced part cut into plane chunks, built once and shared by every member's link.
-  std::map<int64_t, std::shared_ptr<plane_chunk>> result_chunks;
-  uint64_t contribution_chunks_total = 0;
-  uint64_t contribution_chunks_sent = 0;
-  bool replied = false;
-  caf::actor_clock::time_point started;
+/// Delivers the frames of the averager's channel to the averager (on the links' threads):
+///   `(avg_plane_atom, tag, peer, avg_chunk)` a chunk, `(avg_plane_atom, tag, peer, why)` a lost
+///   link, `(avg_plane_atom, tag, peer)` a link that came up; peer = the link's transport id.
+class avg_channel final : public transfer::channel_handler {
+public:
+  avg_channel(caf::actor sink, uint64_t tag) : sink_(std::move(sink)), tag_(tag) {}
+
+  status check(const std::string&, const uint8_t*, size_t,
+               const kernels::tensor_header& h) override {
+    if (h.shape.size() != 1)
+      return fail("an averager chunk must be a 1-D tensor");
+    return {};
+  }
+
+  status deliver(const std::string& peer, std::vector<uint8_t> body,
+                 messages::tensor_msg payload) override {
+    auto m = decode_chunk_meta(body.data(), body.size());
+    if (!m)
+      return m.error(); // closes the link: a peer that sends garbage is not one to listen to
+    if (!payload.tensor.defined() && m->error.empty())
+      return fail("an averager chunk without values or error");
+    avg_chunk c;
+    c.group_id = m->group_id;
+    c.kind = m->kind;
+    c.part = m->part;
+    c.from = m->from;
+    c.weight = m->weight;
+    c.offset = m->offset;
+    c.contributors = std::move(m->contributors);
+    c.error = std::move(m->error);
+    c.values = std::move(payload);
+    caf::anon_send(sink_, avg_plane_atom::value, tag_, peer, std::move(c));
+    return {};
+  }
+
+  void link_up(const std::string& peer) override {
+    caf::anon_send(sink_, avg_plane_atom::value, tag_, peer);
+  }
+
+  void link_lost(const std::string& peer, const std::string& why) override {
+    caf::anon_send(sink_, avg_plane_atom::value, tag_, peer, why);
+  }
+
+private:
+  caf::actor sink_;
+  uint64_t tag_;
+};
+
+/// What this averager knows of a peer averager's direct transport.
+struct peer_link {
+  /// Its transport's id (empty: unknown or none).
+  std::string id;
+  /// Its averager's channel there (0: unknown, or it has no transport).
+  uint32_t channel = 0;
+  /// The peer's actor when the channel was learned: a restarted averager is asked again.
+  caf::actor_addr asked;
 };
 
 struct job {
@@ -142,125 +137,153 @@ struct job {
   caf::actor_clock::time_point started;
 };
 
-enum class phase { idle, matching, round };
+class shell;
 
-class averager_impl : public std::enable_shared_from_this<averager_impl> {
+/// The engine's sink: each chunk leaves over the member's data-plane link or over BASP.
+class link_sink final : public round_sink {
 public:
-  averager_impl(caf::event_based_actor* self, caf::actor dht, caf::actor resolver,
-                averager_options opts)
-    : self_(self), dht_(std::move(dht)), resolver_(std::move(resolver)), opts_(std::move(opts)) {
-    // An empty reducer is the weighted mean, which part_reducer streams without copies.
-    if (!opts_.data_host.empty()) {
-      data_plane_options po;
-      po.host = opts_.data_host;
-      po.io_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(opts_.data_io_timeout);
+  explicit link_sink(shell& s) : shell_(s) {}
+  void send(uint32_t to, const out_chunk_ptr& c) override;
+
+private:
+  shell& shell_;
+};
+
+/// One running round: the engine and how its members are reached.
+struct round_state {
+  std::unique_ptr<link_sink> sink;
+  std::unique_ptr<round_engine> engine;
+  std::vector<messages::member_info> members;
+  std::vector<caf::actor> handles;
+  std::vector<link_mode> links;
+  /// Result chunks' payloads for the direct links, encoded once for every receiver.
+  std::map<const out_chunk*, std::shared_ptr<transfer::outgoing_payload>> shared;
+  caf::actor_clock::time_point started;
+  bool replied = false;
+  /// The codec of this round's chunks (adaptive: chosen at its start).
+  kernels::codec_id codec = kernels::codec_id::none;
+  /// What the links to each transport had written when the round started (adaptive codec).
+  std::map<std::string, transfer::link_stats> written;
+};
+
+class shell : public std::enable_shared_from_this<shell> {
+public:
+  shell(caf::event_based_actor* self, caf::actor dht, caf::actor resolver, averager_options opts)
+    : self_(self), dht_(std::move(dht)), resolver_(std::move(resolver)), opts_(std::move(opts)),
+      mm_(matchmaker_options{opts_.address, opts_.bandwidth, opts_.auxiliary,
+                             opts_.target_group_size, opts_.key_prefix,
+                             opts_.matchmaking_window, opts_.poll_interval, opts_.join_grace,
+                             opts_.persistent_groups}) {
+    transport_ = opts_.transport;
+    if (!transport_ && !opts_.data_host.empty()) {
+      transfer::transport_options to;
+      to.host = opts_.data_host;
+      to.io_timeout =
+          std::chrono::duration_cast<std::chrono::milliseconds>(opts_.data_io_timeout);
       // Each incoming link holds at most `link_buffers` (2) delivered chunks at once (plus one
       // being read): the weighted mean adds a chunk and drops it, so a round needs about three
       // buffers per link, which the pool keeps for the next round (fresh pages are expensive).
-      po.pool_buffers = 32;
-      auto p = data_plane::open(caf::actor_cast<caf::actor>(self_), po);
-      if (p)
-        plane_ = std::move(*p);
-      else
-        plane_error_ = p.error().what; // BASP only; said in every round's report
+      to.pool_buffers = 32;
+      auto t = transfer::transport::open(to);
+      if (t) {
+        transport_ = std::move(*t);
+        own_transport_ = true;
+      } else {
+        transport_error_ = t.error().what; // BASP only; said in every round's report
+      }
+    }
+    if (opts_.adaptive_codec) {
+      codec_choice_options co;
+      co.candidates = opts_.codec_candidates;
+      co.error_budget = opts_.codec_error_budget;
+      chooser_.emplace(co);
+    }
+    if (transport_) {
+      randombytes_buf(&tag_, sizeof tag_);
+      channel_ = transport_->add_channel(
+          std::make_shared<avg_channel>(caf::actor_cast<caf::actor>(self_), tag_));
     }
   }
 
   caf::behavior make_behavior();
 
+  /// Sends one engine chunk to member `to` (the sink's work).
+  void send_chunk(uint32_t to, const out_chunk_ptr& c);
+
 private:
-  // -- jobs ----------------------------------------------------------------------------------
-  void enqueue(job j);
+  // -- jobs ------------------------------------------------------------------------------------
   void start_next();
   void finish_job(average_result res);
   void fail_job(const std::string& why, messages::round_outcome outcome);
   average_result unchanged_result(messages::round_outcome outcome, const std::string& why);
-  std::string dht_key() const { return opts_.key_prefix + cur_->group_key; }
   void cancel();
+  messages::member_info me() const { return {opts_.address, opts_.bandwidth, opts_.auxiliary}; }
 
-  // -- matchmaking -----------------------------------------------------------------------------
-  void start_matching();
-  void poll();
-  void on_records(const messages::dht_get_result& r);
-  void switch_to(const std::string& leader);
-  avg_join_reply on_join(const avg_join& j, const caf::actor& sender);
-  void on_leave(const avg_leave& l);
-  void on_group(const avg_group& g);
-  void close_group();
-  void timer(uint64_t epoch, uint8_t kind);
-  messages::member_info me() const {
-    return {opts_.address, opts_.bandwidth, opts_.auxiliary};
-  }
+  // -- matchmaking effects ---------------------------------------------------------------------
+  void apply(std::vector<mm_effect> effects);
   void with_peer(const std::string& address, std::function<void(caf::actor)> ok,
                  std::function<void()> err);
 
-  // -- round -----------------------------------------------------------------------------------
+  // -- round -------------------------------------------------------------------------------------
   void start_round(uint64_t id, std::vector<messages::member_info> members);
+  void open_link(uint32_t member, const caf::actor& handle);
   void on_chunk(avg_chunk& c, const caf::strong_actor_ptr& sender);
   void on_plane_chunk(avg_chunk& c, const std::string& peer);
-  void accept_chunk(avg_chunk& c);
-  void open_link(uint32_t member, const caf::actor& handle);
+  void deliver(const avg_chunk& c);
   void on_link_lost(const std::string& peer, const std::string& why);
-  void pump_plane(uint32_t member, uint8_t kind);
-  /// Counts a contribution chunk handed to a path; false when the `fail_sending` fault quit.
-  bool contribution_sent();
-  void on_ack(const avg_ack& a);
-  void pump(uint32_t member, uint8_t kind);
-  void member_gone(uint32_t i, const std::string& why);
-  void maybe_reduce(bool deadline);
-  /// The members averaged into our reduced part at element `offset` of it.
-  std::vector<uint32_t> contributors_at(int64_t offset) const;
-  void resolve_part(uint32_t part, messages::part_status st, std::string reason,
-                    std::vector<uint32_t> contributors = {});
-  void check_done();
+  void on_link_up(const std::string& peer);
+  /// Starts sending to member `i` over its direct link.
+  void use_link(uint32_t i);
+  /// Replies once the engine is ready and ends the round once it is finished.
+  void progress();
   void reply_round();
   void end_round();
-  void apply_fault_at_start();
 
   caf::event_based_actor* self_;
   caf::actor dht_;
   caf::actor resolver_;
   averager_options opts_;
+  matchmaker mm_;
   std::map<std::string, caf::actor> peers_;
-  std::shared_ptr<data_plane> plane_;
-  std::string plane_error_;
+  std::shared_ptr<transfer::transport> transport_;
+  bool own_transport_ = false;
+  std::string transport_error_;
+  /// Our channel on the transport, and the tag its deliveries carry (a remote node could send
+  /// the same messages over BASP).
+  uint32_t channel_ = 0;
+  uint64_t tag_ = 0;
+  /// Peer averagers' transports, by averager address.
+  std::map<std::string, peer_link> remotes_;
   /// Result and reduced-part buffers of earlier rounds, reused once nobody else holds them:
   /// fresh pages cost more than the copies themselves (a 16 MiB copy into new memory took
   /// 100-200 ms on this VM, page faults included).
   std::vector<at::Tensor> out_cache_;
   std::vector<at::Tensor> reduced_cache_;
-  /// Lost or refused data-plane links per peer; from `max_link_failures` on, BASP only.
+  /// Lost or refused direct links per peer averager; from `max_link_failures` on, BASP only.
   std::map<std::string, int> link_failures_;
   static constexpr int max_link_failures = 3;
 
   std::deque<job> queue_;
   std::optional<job> cur_;
-  phase phase_ = phase::idle;
-  uint64_t epoch_ = 0;
-
-  // matchmaking
-  std::string leader_;
-  std::vector<messages::member_info> followers_;
-  /// Leaders that refused us, with the expiration of their announcement when they did: a
-  /// refusal holds until the leader announces itself anew (it starts matchmaking again).
-  std::map<std::string, int64_t> refused_;
-  /// The latest announcement expiration seen per address in this matchmaking.
-  std::map<std::string, int64_t> announced_;
-  void refuse(const std::string& leader) {
-    auto it = announced_.find(leader);
-    refused_[leader] = it == announced_.end() ? 0 : it->second;
-  }
-  bool closed_ = false;
-  bool window_over_ = false;
+  /// Joins waiting for the matchmaker's answer, by ticket: the promise and the joiner's handle.
+  std::map<uint64_t, std::pair<caf::response_promise, caf::actor>> tickets_;
+  std::map<uint64_t, std::string> ticket_addresses_;
+  uint64_t next_ticket_ = 1;
   std::vector<early_chunk> early_;
-
-  // round
   std::optional<round_state> round_;
+  /// Bumped per round: round timers and resolves of older rounds are ignored.
+  uint64_t round_epoch_ = 0;
+  /// `adaptive_codec`: the choice, fed with codec profiles and link throughput.
+  std::optional<codec_chooser> chooser_;
 };
+
+void link_sink::send(uint32_t to, const out_chunk_ptr& c) {
+  shell_.send_chunk(to, c);
+}
 
 // -- helpers -------------------------------------------------------------------------------------
 
-/// A fp32 buffer of `n` elements from `cache` that nobody else references, or a new one.
+/// A fp32 buffer of `n` elements from `cache` that nobody else references, or an undefined one.
 at::Tensor take_buffer(std::vector<at::Tensor>& cache, int64_t n) {
   for (auto it = cache.begin(); it != cache.end(); ++it)
     if (it->numel() == n && it->use_count() == 1 && it->storage().use_count() == 1) {
@@ -268,22 +291,7 @@ at::Tensor take_buffer(std::vector<at::Tensor>& cache, int64_t n) {
       cache.erase(it);
       return t;
     }
-  return torch::empty({n}, torch::kFloat32);
-}
-
-/// A part's received result chunks as segments: in order, adjacent chunks with the same
-/// contributors merged.
-std::vector<messages::part_segment> merge_pieces(std::vector<messages::part_segment> pieces) {
-  std::sort(pieces.begin(), pieces.end(),
-            [](const auto& a, const auto& b) { return a.offset < b.offset; });
-  std::vector<messages::part_segment> out;
-  for (auto& p : pieces) {
-    std::sort(p.contributors.begin(), p.contributors.end());
-    p.contributors.erase(std::unique(p.contributors.begin(), p.contributors.end()),
-                         p.contributors.end());
-    append_segment(out, std::move(p));
-  }
-  return out;
+  return {};
 }
 
 /// Keeps `t` for reuse (at most two per cache: a caller may still hold the previous result).
@@ -295,8 +303,8 @@ void keep_buffer(std::vector<at::Tensor>& cache, at::Tensor t) {
     cache.erase(cache.begin());
 }
 
-void averager_impl::with_peer(const std::string& address, std::function<void(caf::actor)> ok,
-                              std::function<void()> err) {
+void shell::with_peer(const std::string& address, std::function<void(caf::actor)> ok,
+                      std::function<void()> err) {
   if (auto it = peers_.find(address); it != peers_.end()) {
     ok(it->second);
     return;
@@ -323,14 +331,7 @@ void averager_impl::with_peer(const std::string& address, std::function<void(caf
 
 // -- jobs ----------------------------------------------------------------------------------------
 
-void averager_impl::enqueue(job j) {
-  queue_.push_back(std::move(j));
-  if (phase_ == phase::idle && !cur_)
-    start_next();
-}
-
-average_result averager_impl::unchanged_result(messages::round_outcome outcome,
-                                               const std::string& why) {
+average_result shell::unchanged_result(messages::round_outcome outcome, const std::string& why) {
   average_result res;
   res.tensors = cur_->inputs;
   res.report.group_key = cur_->group_key;
@@ -340,7 +341,7 @@ average_result averager_impl::unchanged_result(messages::round_outcome outcome,
   return res;
 }
 
-void averager_impl::finish_job(average_result res) {
+void shell::finish_job(average_result res) {
   if (!cur_)
     return;
   res.report.elapsed_ns =
@@ -349,15 +350,15 @@ void averager_impl::finish_job(average_result res) {
   cur_->rp.deliver(std::move(res));
 }
 
-void averager_impl::fail_job(const std::string& why, messages::round_outcome outcome) {
+void shell::fail_job(const std::string& why, messages::round_outcome outcome) {
   finish_job(unchanged_result(outcome, why));
+  apply(mm_.finish());
   cur_.reset();
-  phase_ = phase::idle;
   early_.clear();
   start_next();
 }
 
-void averager_impl::start_next() {
+void shell::start_next() {
   while (!cur_ && !queue_.empty()) {
     cur_ = std::move(queue_.front());
     queue_.pop_front();
@@ -401,655 +402,349 @@ void averager_impl::start_next() {
       cur_.reset();
       continue;
     }
-    start_matching();
+    early_.clear();
+    auto now = self_->clock().now().time_since_epoch();
+    apply(mm_.start(cur_->group_key, cur_->flat.numel(),
+                    std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()));
   }
 }
 
-void averager_impl::cancel() {
+void shell::cancel() {
   if (!cur_)
     return;
   cur_->rp.deliver(caf::make_error(caf::sec::request_timeout, "averaging cancelled"));
-  if (phase_ == phase::round && round_) {
-    avg_leave l{cur_->group_key, opts_.address, std::string{}};
-    for (uint32_t i = 0; i < round_->plan.num_members(); ++i)
-      if (i != round_->self)
-        with_peer(round_->plan.members[i].address, [this, l](caf::actor a) { self_->send(a, l); },
+  if (round_) {
+    messages::avg_leave l{cur_->group_key, opts_.address, std::string{}};
+    for (uint32_t i = 0; i < round_->members.size(); ++i)
+      if (round_->members[i].address != opts_.address)
+        with_peer(round_->members[i].address, [this, l](caf::actor a) { self_->send(a, l); },
                   [] {});
+    for (auto& h : round_->handles)
+      if (h)
+        self_->demonitor(h);
     round_.reset();
-  } else if (phase_ == phase::matching) {
-    if (!leader_.empty())
-      with_peer(leader_, [this](caf::actor a) {
-        self_->send(a, avg_leave{cur_ ? cur_->group_key : "", opts_.address, ""});
-      }, [] {});
+    ++round_epoch_;
   }
-  ++epoch_;
+  apply(mm_.finish());
   cur_.reset();
-  phase_ = phase::idle;
   early_.clear();
   start_next();
 }
 
-// -- matchmaking ---------------------------------------------------------------------------------
+// -- matchmaking effects -------------------------------------------------------------------------
 
-void averager_impl::start_matching() {
-  ++epoch_;
-  phase_ = phase::matching;
-  leader_.clear();
-  followers_.clear();
-  refused_.clear();
-  announced_.clear();
-  closed_ = false;
-  window_over_ = false;
-  early_.clear();
-  auto put = dht::make_subkey_put(
-      dht_key(), opts_.address,
-      encode_announce(opts_.bandwidth, opts_.auxiliary, cur_->flat.numel()),
-      dht::expires_in(self_, 2 * opts_.matchmaking_window + opts_.join_grace));
-  dht::dht_store(
-      self_, dht_, std::move(put), opts_.rpc_timeout, [](const messages::dht_put_result&) {},
-      [](caf::error&) {});
-  auto e = epoch_;
-  self_->delayed_send(self_, opts_.poll_interval, avg_timer_atom::value, e, uint8_t{t_poll});
-  self_->delayed_send(self_, opts_.matchmaking_window, avg_timer_atom::value, e,
-                      uint8_t{t_window_end});
-}
-
-void averager_impl::poll() {
-  auto e = epoch_;
+void shell::apply(std::vector<mm_effect> effects) {
   auto weak = weak_from_this();
-  dht::dht_get(
-      self_, dht_, dht_key(), opts_.rpc_timeout,
-      [weak, e](const messages::dht_get_result& r) {
-        auto me = weak.lock();
-        if (me && me->epoch_ == e && me->phase_ == phase::matching)
-          me->on_records(r);
-      },
-      [](caf::error&) {});
-  self_->delayed_send(self_, opts_.poll_interval, avg_timer_atom::value, e, uint8_t{t_poll});
-}
-
-void averager_impl::on_records(const messages::dht_get_result& r) {
-  if (closed_ || window_over_)
-    return;
-  // A refusal holds until the refusing peer announces itself again: a leader still busy with its
-  // previous round re-announces when it starts matching (then it is asked again), a full or closed
-  // one does not. (Refusals that held for one poll only made all 7 other peers of an 8-peer bench
-  // ask a smallest leader stuck in its previous round every poll until the window ended, and
-  // nobody averaged.)
-  std::string best = leader_.empty() ? opts_.address : leader_;
-  for (auto& rec : r.records) {
-    if (!rec.has_subkey || rec.subkey.empty() || rec.subkey == opts_.address)
-      continue;
-    double bw = 0;
-    bool aux = false;
-    int64_t numel = 0;
-    if (!decode_announce(rec.value, bw, aux, numel) || numel != cur_->flat.numel())
-      continue;
-    auto& seen = announced_[rec.subkey];
-    seen = std::max(seen, rec.expiration_ns);
-    if (auto it = refused_.find(rec.subkey); it != refused_.end()) {
-      if (rec.expiration_ns <= it->second)
+  for (auto& e : effects) {
+    if (auto* a = std::get_if<mm::announce>(&e)) {
+      auto put = dht::make_subkey_put(
+          a->key, opts_.address, a->value,
+          dht::expires_in(self_, std::chrono::duration_cast<caf::timespan>(a->ttl)));
+      dht::dht_store(
+          self_, dht_, std::move(put), opts_.rpc_timeout, [](const messages::dht_put_result&) {},
+          [](caf::error&) {});
+    } else if (auto* p = std::get_if<mm::poll>(&e)) {
+      auto epoch = mm_.epoch();
+      dht::dht_get(
+          self_, dht_, p->key, opts_.rpc_timeout,
+          [weak, epoch](const messages::dht_get_result& r) {
+            auto me = weak.lock();
+            if (!me || me->mm_.epoch() != epoch)
+              return;
+            std::vector<announcement> recs;
+            for (auto& rec : r.records)
+              if (rec.has_subkey)
+                recs.push_back({rec.subkey, rec.value, rec.expiration_ns});
+            me->apply(me->mm_.on_records(recs));
+          },
+          [](caf::error&) {});
+    } else if (auto* j = std::get_if<mm::send_join>(&e)) {
+      auto leader = j->to;
+      auto epoch = j->epoch;
+      auto join = j->join;
+      auto failed = [weak, epoch, leader](const std::string& why) {
+        if (auto me = weak.lock())
+          me->apply(me->mm_.on_join_failed(epoch, leader, why));
+      };
+      with_peer(
+          leader,
+          [this, weak, epoch, leader, join, failed](caf::actor a) {
+            self_->request(a, opts_.rpc_timeout, join)
+                .then(
+                    [weak, epoch, leader](const messages::avg_join_reply& r) {
+                      if (auto me = weak.lock())
+                        me->apply(me->mm_.on_join_reply(epoch, leader, r));
+                    },
+                    [failed](caf::error& err) { failed(caf::to_string(err)); });
+          },
+          [failed] { failed("unresolvable"); });
+    } else if (auto* l = std::get_if<mm::send_leave>(&e)) {
+      auto leave = l->leave;
+      with_peer(l->to, [this, leave](caf::actor a) { self_->send(a, leave); }, [] {});
+    } else if (auto* g = std::get_if<mm::send_group>(&e)) {
+      auto group = g->group;
+      with_peer(g->to, [this, group](caf::actor a) { self_->send(a, group); }, [] {});
+    } else if (auto* a = std::get_if<mm::answer_join>(&e)) {
+      auto it = tickets_.find(a->ticket);
+      if (it == tickets_.end())
         continue;
-      refused_.erase(it); // announced anew since it refused
+      // The joiner's handle as we see it: the group message then leaves synchronously when the
+      // group closes (a leader that fails right after still informs everyone).
+      if (a->reply.verdict == messages::avg_join_reply::accepted && it->second.second)
+        peers_[ticket_addresses_[a->ticket]] = it->second.second;
+      it->second.first.deliver(a->reply);
+      tickets_.erase(it);
+      ticket_addresses_.erase(a->ticket);
+    } else if (auto* t = std::get_if<mm::set_timer>(&e)) {
+      self_->delayed_send(self_, std::chrono::duration_cast<caf::timespan>(t->delay),
+                          avg_timer_atom::value, t->epoch, static_cast<uint8_t>(t->kind));
+    } else if (auto* f = std::get_if<mm::formed>(&e)) {
+      start_round(f->group_id, f->members);
+    } else if (auto* g = std::get_if<mm::gave_up>(&e)) {
+      fail_job(g->why, messages::round_outcome::no_partner);
+      return; // the next job's effects were applied by fail_job
     }
-    if (rec.subkey < best)
-      best = rec.subkey;
-  }
-  if (best != (leader_.empty() ? opts_.address : leader_))
-    switch_to(best);
-}
-
-void averager_impl::switch_to(const std::string& leader) {
-  if (leader >= opts_.address || refused_.count(leader) > 0)
-    return;
-  auto key = cur_->group_key;
-  if (!leader_.empty() && leader_ != leader) {
-    auto old = leader_;
-    with_peer(old, [this, key](caf::actor a) {
-      self_->send(a, avg_leave{key, opts_.address, std::string{}});
-    }, [] {});
-  }
-  for (auto& f : followers_)
-    with_peer(f.address, [this, key, leader](caf::actor a) {
-      self_->send(a, avg_leave{key, opts_.address, leader});
-    }, [] {});
-  followers_.clear();
-  leader_ = leader;
-  auto e = epoch_;
-  auto weak = weak_from_this();
-  auto on_refused = [weak, e, leader](const std::string&) {
-    auto me = weak.lock();
-    if (!me || me->epoch_ != e || me->phase_ != phase::matching)
-      return;
-    me->refuse(leader);
-    if (me->leader_ == leader)
-      me->leader_.clear();
-  };
-  avg_join j{key, me(), cur_->flat.numel()};
-  with_peer(
-      leader,
-      [this, weak, e, j, leader, on_refused](caf::actor a) {
-        self_->request(a, opts_.rpc_timeout, j)
-            .then(
-                [weak, e, leader, on_refused](const avg_join_reply& r) {
-                  auto me = weak.lock();
-                  if (!me || me->epoch_ != e || me->phase_ != phase::matching)
-                    return;
-                  if (r.verdict == avg_join_reply::accepted)
-                    return;
-                  if (r.verdict == avg_join_reply::redirected && !r.redirect.empty()
-                      && me->leader_ == leader) {
-                    me->refuse(leader);
-                    me->leader_.clear();
-                    me->switch_to(r.redirect);
-                    return;
-                  }
-                  on_refused(r.reason);
-                },
-                [on_refused](caf::error& err) { on_refused(caf::to_string(err)); });
-      },
-      [on_refused] { on_refused("unresolvable"); });
-}
-
-avg_join_reply averager_impl::on_join(const avg_join& j, const caf::actor& sender) {
-  avg_join_reply r;
-  if (phase_ != phase::matching || !cur_ || j.group_key != cur_->group_key) {
-    r.reason = "not matchmaking under this key";
-  } else if (closed_) {
-    r.reason = "group already closed";
-  } else if (!leader_.empty()) {
-    r.verdict = avg_join_reply::redirected;
-    r.redirect = leader_;
-  } else if (j.numel != cur_->flat.numel()) {
-    r.reason = fmt::format("vector size {} differs from the leader's {}", j.numel,
-                           cur_->flat.numel());
-  } else if (j.member.address <= opts_.address) {
-    r.reason = "ask a smaller leader";
-  } else if (!std::isfinite(j.member.bandwidth) || j.member.bandwidth < 0) {
-    r.reason = "bad bandwidth";
-  } else {
-    auto it = std::find_if(followers_.begin(), followers_.end(),
-                           [&](const messages::member_info& m) {
-                             return m.address == j.member.address;
-                           });
-    if (it == followers_.end() && followers_.size() + 1 >= opts_.target_group_size) {
-      r.reason = "group full";
-    } else {
-      if (it == followers_.end())
-        followers_.push_back(j.member);
-      else
-        *it = j.member;
-      r.verdict = avg_join_reply::accepted;
-    }
-  }
-  // The joiner's handle as we see it: the group message then leaves synchronously when the
-  // group closes (a leader that fails right after still informs everyone).
-  if (r.verdict == avg_join_reply::accepted && sender)
-    peers_.emplace(j.member.address, sender);
-  if (r.verdict == avg_join_reply::accepted && followers_.size() + 1 >= opts_.target_group_size)
-    close_group();
-  return r;
-}
-
-void averager_impl::on_leave(const avg_leave& l) {
-  if (!cur_ || l.group_key != cur_->group_key)
-    return;
-  if (phase_ == phase::round && round_) {
-    for (uint32_t i = 0; i < round_->plan.num_members(); ++i)
-      if (round_->plan.members[i].address == l.address && i != round_->self)
-        member_gone(i, "left the round");
-    return;
-  }
-  if (phase_ != phase::matching || closed_)
-    return;
-  if (l.leader.empty()) {
-    followers_.erase(std::remove_if(followers_.begin(), followers_.end(),
-                                    [&](const messages::member_info& m) {
-                                      return m.address == l.address;
-                                    }),
-                     followers_.end());
-  } else if (l.address == leader_) {
-    refuse(leader_);
-    leader_.clear();
-    switch_to(l.leader);
-  }
-}
-
-void averager_impl::close_group() {
-  if (closed_ || followers_.empty())
-    return;
-  closed_ = true;
-  std::vector<messages::member_info> members = followers_;
-  members.push_back(me());
-  std::sort(members.begin(), members.end(),
-            [](const auto& a, const auto& b) { return a.address < b.address; });
-  auto now = self_->clock().now().time_since_epoch().count();
-  uint64_t id = std::hash<std::string>{}(fmt::format("{}/{}/{}", opts_.address, epoch_, now));
-  id |= 1; // never 0
-  avg_group g{cur_->group_key, id, members, cur_->flat.numel()};
-  for (auto& m : followers_)
-    with_peer(m.address, [this, g](caf::actor a) { self_->send(a, g); }, [] {});
-  start_round(id, members);
-}
-
-void averager_impl::on_group(const avg_group& g) {
-  if (phase_ != phase::matching || !cur_ || g.group_key != cur_->group_key || closed_
-      || g.numel != cur_->flat.numel() || g.group_id == 0 || g.members.size() < 2
-      || g.members.size() > 4096)
-    return;
-  bool found = false;
-  for (auto& m : g.members)
-    found = found || m.address == opts_.address;
-  if (!found)
-    return;
-  closed_ = true;
-  start_round(g.group_id, g.members);
-}
-
-void averager_impl::timer(uint64_t epoch, uint8_t kind) {
-  if (epoch != epoch_ || !cur_)
-    return;
-  switch (kind) {
-    case t_poll:
-      if (phase_ == phase::matching && !closed_ && !window_over_)
-        poll();
-      break;
-    case t_window_end:
-      if (phase_ != phase::matching || closed_)
-        break;
-      window_over_ = true;
-      if (leader_.empty()) {
-        if (!followers_.empty())
-          close_group();
-        else
-          fail_job("no partner found within the matchmaking window",
-                   messages::round_outcome::no_partner);
-      } else {
-        self_->delayed_send(self_, opts_.join_grace, avg_timer_atom::value, epoch,
-                            uint8_t{t_follow_deadline});
-      }
-      break;
-    case t_follow_deadline:
-      if (phase_ == phase::matching && !closed_)
-        fail_job(fmt::format("leader {} sent no group", leader_),
-                 messages::round_outcome::no_partner);
-      break;
-    case t_reduce:
-      if (phase_ == phase::round && round_)
-        maybe_reduce(true);
-      break;
-    case t_round_end:
-      if (phase_ == phase::round && round_) {
-        for (uint32_t p = 0; p < round_->plan.num_members(); ++p)
-          if (!round_->resolved[p])
-            resolve_part(p, messages::part_status::own_value_kept, "round deadline passed");
-        reply_round();
-        end_round();
-      }
-      break;
   }
 }
 
 // -- round ---------------------------------------------------------------------------------------
 
-void averager_impl::start_round(uint64_t id, std::vector<messages::member_info> members) {
-  phase_ = phase::round;
-  ++epoch_; // matchmaking timers are stale from here on
+void shell::start_round(uint64_t id, std::vector<messages::member_info> members) {
   auto plan = make_plan(members, cur_->flat.numel(), opts_.min_part);
   if (!plan) {
     fail_job("cannot plan the round: " + plan.error().what, messages::round_outcome::error);
     return;
   }
+  auto n = static_cast<uint32_t>(members.size());
+  uint32_t self = 0;
+  for (uint32_t i = 0; i < n; ++i)
+    if (members[i].address == opts_.address)
+      self = i;
+  ++round_epoch_;
   round_.emplace();
   auto& r = *round_;
-  r.id = id;
   r.started = self_->clock().now();
-  r.plan = std::move(*plan);
-  auto n = static_cast<uint32_t>(r.plan.num_members());
-  for (uint32_t i = 0; i < n; ++i)
-    if (r.plan.members[i].address == opts_.address)
-      r.self = i;
-  r.aux = r.plan.members[r.self].auxiliary;
-  r.weight = r.aux ? 0.0 : cur_->weight;
-  r.flat = cur_->flat;
-  // Every part of the result is written before the reply (averaged values or our own ones).
-  r.out = take_buffer(out_cache_, r.flat.numel());
+  r.members = members;
   r.handles.resize(n);
   r.links.assign(n, link_mode::pending);
-  r.gone.assign(n, false);
-  r.resolved.assign(n, false);
-  r.result_ranges.assign(n, {});
-  r.result_pieces.assign(n, {});
-  r.parts.resize(n);
-  for (uint32_t p = 0; p < n; ++p) {
-    auto& pr = r.parts[p];
-    pr.reducer = p;
-    pr.offset = r.plan.offsets[p];
-    pr.size = r.plan.sizes[p];
-    if (pr.size == 0) {
-      r.resolved[p] = true;
-      pr.status = messages::part_status::averaged;
-      pr.reason = "empty part";
-    } else if (r.aux) {
-      r.resolved[p] = true;
-      pr.status = messages::part_status::own_value_kept;
-      pr.reason = "auxiliary member keeps its own values";
-    }
+  r.sink = std::make_unique<link_sink>(*this);
+  r.codec = opts_.codec;
+  if (chooser_) {
+    // Profiles on a slice of this round's vector (its data decide the errors), then the choice.
+    auto sample = cur_->flat.narrow(0, 0, std::min<int64_t>(cur_->flat.numel(), 1 << 16));
+    auto now = [] {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+          .count();
+    };
+    if (sample.numel() > 0)
+      for (auto c : opts_.codec_candidates)
+        if (auto p = measure_codec(sample, c, opts_.codec_params, now); p)
+          chooser_->set_profile(*p);
+    r.codec = chooser_->choose(cur_->flat.numel(), n);
+    if (transport_)
+      for (auto& m : members)
+        if (auto it = remotes_.find(m.address); it != remotes_.end() && !it->second.id.empty())
+          r.written[it->second.id] = transport_->written(it->second.id);
   }
-  // Our own reducer.
-  if (r.plan.sizes[r.self] > 0)
-    r.reducer.emplace(r.plan.sizes[r.self], r.plan.senders(), opts_.reducer,
-                      take_buffer(reduced_cache_, r.plan.sizes[r.self]));
-  else
-    r.reduced = true;
-  auto e = epoch_;
+  round_engine_options eo;
+  eo.chunk_elems = opts_.chunk_bytes == 0
+                       ? std::numeric_limits<int64_t>::max()
+                       : std::max<int64_t>(1, static_cast<int64_t>(opts_.chunk_bytes / 4));
+  eo.reducer = opts_.reducer;
+  eo.hash_parts = opts_.hash_parts;
+  auto own = plan->sizes[self];
+  r.engine = std::make_unique<round_engine>(
+      id, std::move(*plan), self, cur_->flat, cur_->weight, std::move(eo), *r.sink,
+      take_buffer(out_cache_, cur_->flat.numel()), take_buffer(reduced_cache_, own));
+  auto e = round_epoch_;
   self_->delayed_send(self_,
                       std::chrono::duration_cast<caf::timespan>(opts_.round_timeout
                                                                 * opts_.reduce_fraction),
-                      avg_timer_atom::value, e, uint8_t{t_reduce});
-  self_->delayed_send(self_, opts_.round_timeout, avg_timer_atom::value, e, uint8_t{t_round_end});
-
-  if (opts_.fault == injected_fault::fail_before) {
-    self_->quit(caf::exit_reason::user_shutdown);
-    return;
-  }
-  if (opts_.fault == injected_fault::cancel) {
-    cancel();
-    return;
-  }
-
-  // Queue our contributions (chunk descriptors; tensors are sliced when sent).
-  auto chunk_elems = opts_.chunk_bytes == 0
-                         ? std::numeric_limits<int64_t>::max()
-                         : std::max<int64_t>(1, static_cast<int64_t>(opts_.chunk_bytes / 4));
-  if (!r.aux) {
-    for (uint32_t p = 0; p < n; ++p) {
-      auto size = r.plan.sizes[p];
-      if (size == 0)
-        continue;
-      if (p == r.self) {
-        auto st = r.reducer->add(r.self, r.weight, 0, r.flat.narrow(0, r.plan.offsets[p], size));
-        (void) st;
-        continue;
-      }
-      auto& s = r.streams[{p, avg_chunk::contribution}];
-      for (int64_t off = 0; off < size; off += chunk_elems) {
-        s.queue.push_back({off, std::min(chunk_elems, size - off)});
-        ++r.contribution_chunks_total;
-      }
-    }
-  }
-  // Resolve and monitor every other member, then start sending to it.
-  auto weak = weak_from_this();
-  auto rid = r.id;
+                      avg_timer_atom::value, e, t_reduce);
+  self_->delayed_send(self_, opts_.round_timeout, avg_timer_atom::value, e, t_round_end);
+  // Resolve and monitor every other member, then open its link.
   for (uint32_t i = 0; i < n; ++i) {
-    if (i == r.self)
+    if (i == self)
       continue;
     with_peer(
-        r.plan.members[i].address,
-        [this, weak, rid, i](caf::actor a) {
-          if (!round_ || round_->id != rid || round_->gone[i])
+        members[i].address,
+        [this, e, i](caf::actor a) {
+          if (!round_ || round_epoch_ != e || round_->engine->gone(i))
             return;
           round_->handles[i] = a;
           self_->monitor(a);
           open_link(i, a);
+          progress(); // an open link may let the round finish
         },
-        [this, weak, rid, i] {
-          if (round_ && round_->id == rid)
-            member_gone(i, "could not be resolved");
+        [this, e, i] {
+          if (round_ && round_epoch_ == e) {
+            round_->engine->member_gone(i, "could not be resolved");
+            progress();
+          }
         });
+    if (!round_ || round_epoch_ != e)
+      return;
   }
   // Chunks that arrived before the group message.
   auto early = std::move(early_);
   early_.clear();
-  for (auto& e : early) {
-    if (!round_ || e.chunk.group_id != rid)
-      continue;
-    if (e.plane_peer.empty())
-      on_chunk(e.chunk, e.sender);
+  for (auto& c : early) {
+    if (!round_ || round_epoch_ != e)
+      break;
+    if (c.plane_peer.empty())
+      on_chunk(c.chunk, c.sender);
     else
-      on_plane_chunk(e.chunk, e.plane_peer);
+      on_plane_chunk(c.chunk, c.plane_peer);
   }
-  maybe_reduce(false);
-  check_done();
+  progress();
 }
 
-void averager_impl::pump(uint32_t member, uint8_t kind) {
-  if (!round_)
-    return;
+void shell::open_link(uint32_t i, const caf::actor& handle) {
   auto& r = *round_;
-  if (r.gone[member] || !r.handles[member])
-    return;
-  auto delayed = (kind == avg_chunk::contribution && opts_.fault == injected_fault::slow_sending)
-                 || (kind == avg_chunk::result && opts_.fault == injected_fault::slow_reducing);
-  if (r.links[member] == link_mode::pending)
-    return; // asking for a data-plane token
-  if (r.links[member] == link_mode::plane && !delayed) {
-    pump_plane(member, kind);
+  auto addr = r.members[i].address;
+  auto e = round_epoch_;
+  if (!transport_ || link_failures_[addr] >= max_link_failures) {
+    r.links[i] = link_mode::basp;
+    r.engine->open(i, opts_.window);
     return;
   }
-  auto it = r.streams.find({member, kind});
-  if (it == r.streams.end())
+  // Known from an earlier round (same actor, link still open): no question to ask.
+  if (auto it = remotes_.find(addr); it != remotes_.end() && it->second.channel != 0
+                                   && it->second.asked == handle.address()
+                                   && transport_->linked(it->second.id)) {
+    use_link(i);
     return;
-  auto& s = it->second;
-  while (s.inflight < opts_.window && !s.queue.empty() && round_) {
-    auto pc = s.queue.front();
-    s.queue.pop_front();
-    avg_chunk c;
-    c.group_id = r.id;
-    c.kind = kind;
-    c.from = r.self;
-    c.offset = pc.offset;
-    at::Tensor slice;
-    if (kind == avg_chunk::contribution) {
-      c.part = member;
-      c.weight = r.weight;
-      slice = r.flat.narrow(0, r.plan.offsets[member] + pc.offset, pc.len);
-    } else {
-      c.part = r.self;
-      c.contributors = contributors_at(pc.offset);
-      if (!r.reduce_error.empty())
-        c.error = r.reduce_error;
-      else
-        slice = r.reduced_part.narrow(0, pc.offset, pc.len);
-    }
-    if (slice.defined()) {
-      tensor_msg tm{slice, opts_.codec, opts_.codec_params, {}};
-      if (opts_.codec == kernels::codec_id::none) {
-        c.values = std::move(tm);
-      } else if (auto st = messages::save_tensor(tm, c.encoded); !st) {
-        // A codec that cannot encode this chunk (e.g. out of range): send it uncompressed.
-        c.encoded.clear();
-        c.values = tensor_msg{slice, kernels::codec_id::none, {}, {}};
+  }
+  self_->request(handle, opts_.rpc_timeout, avg_plane_atom::value, opts_.address,
+                 transport_->id())
+      .then(
+          [this, e, i, addr, handle](std::string& id, std::string& host, uint16_t port,
+                                     std::string& token, uint32_t channel) {
+            auto& info = remotes_[addr];
+            info.id = id;
+            info.channel = channel;
+            info.asked = handle.address();
+            bool linked = false;
+            if (channel == 0 || id.empty()) {
+              link_failures_[addr] = max_link_failures; // the peer has no transport
+            } else if (transport_->linked(id)) {
+              linked = true;
+            } else if (port != 0) {
+              if (auto st = transport_->connect(id, host, port, token); st)
+                linked = true;
+              else
+                ++link_failures_[addr];
+            } // else: a client-mode peer, reached once it opened its link to us (on_link_up)
+            if (!round_ || round_epoch_ != e || round_->engine->gone(i))
+              return;
+            if (linked) {
+              use_link(i);
+            } else {
+              round_->links[i] = link_mode::basp;
+              round_->engine->open(i, opts_.window);
+            }
+            progress();
+          },
+          [this, e, i, addr](caf::error&) {
+            ++link_failures_[addr];
+            if (!round_ || round_epoch_ != e || round_->engine->gone(i))
+              return;
+            round_->links[i] = link_mode::basp;
+            round_->engine->open(i, opts_.window);
+            progress();
+          });
+}
+
+void shell::use_link(uint32_t i) {
+  round_->links[i] = link_mode::plane;
+  round_->engine->open(i, 0); // TCP paces the link
+}
+
+void shell::send_chunk(uint32_t to, const out_chunk_ptr& c) {
+  auto& r = *round_;
+  if (r.links[to] == link_mode::plane) {
+    auto& info = remotes_[r.members[to].address];
+    std::shared_ptr<transfer::outgoing_payload> payload;
+    if (c->values.defined()) {
+      if (c->meta.kind == result_chunk) { // one encoding for every receiver
+        auto& shared = r.shared[c.get()];
+        if (!shared)
+          shared = std::make_shared<transfer::outgoing_payload>(c->values, r.codec,
+                                                                opts_.codec_params);
+        payload = shared;
+      } else {
+        payload = std::make_shared<transfer::outgoing_payload>(c->values, r.codec,
+                                                               opts_.codec_params);
       }
     }
-    ++s.inflight;
-    if (delayed)
-      self_->delayed_send(r.handles[member], opts_.fault_delay, std::move(c));
-    else
-      self_->send(r.handles[member], std::move(c));
-    if (kind == avg_chunk::contribution && !contribution_sent())
+    auto meta = encode_chunk_meta(c->meta);
+    if (meta && transport_->send(info.id, std::make_shared<transfer::outgoing_frame>(
+                                              info.channel, *meta, std::move(payload))))
       return;
+    // The link died since this round chose it: this chunk takes BASP, and the lost-link report
+    // reopens the member with a credit window.
+    r.links[to] = link_mode::basp;
   }
+  if (!r.handles[to])
+    return;
+  avg_chunk m;
+  m.group_id = c->meta.group_id;
+  m.kind = c->meta.kind;
+  m.part = c->meta.part;
+  m.from = c->meta.from;
+  m.weight = c->meta.weight;
+  m.offset = c->meta.offset;
+  m.contributors = c->meta.contributors;
+  m.error = c->meta.error;
+  if (c->values.defined()) {
+    tensor_msg tm{c->values, r.codec, opts_.codec_params, {}};
+    if (r.codec == kernels::codec_id::none) {
+      m.values = std::move(tm);
+    } else if (auto st = messages::save_tensor(tm, m.encoded); !st) {
+      // A codec that cannot encode this chunk (e.g. out of range): send it uncompressed.
+      m.encoded.clear();
+      m.values = tensor_msg{c->values, kernels::codec_id::none, {}, {}};
+    }
+  }
+  self_->send(r.handles[to], std::move(m));
 }
 
-void averager_impl::on_ack(const avg_ack& a) {
-  if (!round_ || a.group_id != round_->id || a.from >= round_->plan.num_members())
-    return;
-  auto it = round_->streams.find({a.from, a.kind});
-  if (it == round_->streams.end() || it->second.inflight == 0)
-    return;
-  --it->second.inflight;
-  pump(a.from, a.kind);
-  check_done();
-}
-
-void averager_impl::on_chunk(avg_chunk& c, const caf::strong_actor_ptr& sender) {
-  if (!round_ || c.group_id != round_->id) {
-    if (phase_ == phase::matching && early_.size() < 4096)
+void shell::on_chunk(avg_chunk& c, const caf::strong_actor_ptr& sender) {
+  if (!round_ || c.group_id != round_->engine->id()) {
+    if (mm_.matching() && early_.size() < 4096)
       early_.push_back(early_chunk{std::move(c), sender, {}});
     return;
   }
-  auto& r = *round_;
-  auto n = r.plan.num_members();
-  if (c.from >= n || c.from == r.self || r.gone[c.from])
+  auto& e = *round_->engine;
+  if (c.from >= e.plan().num_members() || c.from == e.self() || e.gone(c.from))
     return;
-  // Ack first: the credit goes back whatever we make of the chunk.
-  // (To the message's sender: our handle to that member may not be resolved yet.)
+  // Ack first: the credit goes back whatever the engine makes of the chunk. (To the message's
+  // sender: our handle to that member may not be resolved yet.)
   if (auto to = caf::actor_cast<caf::actor>(sender))
-    self_->send(to, avg_ack{r.id, c.kind, c.part, r.self});
-  // In-process the values are a view of the sender's own tensor, which its caller may change
-  // once the sender's round is over: a reducer that keeps chunks until it reduces (not the
-  // streamed weighted mean, which reads them at once) needs a copy.
-  if (opts_.reducer && c.kind == avg_chunk::contribution && sender
-      && sender->node() == self_->node() && c.values.tensor.defined())
-    c.values.tensor = c.values.tensor.clone();
-  accept_chunk(c);
+    self_->send(to, avg_ack{c.group_id, c.kind, c.part, e.self()});
+  deliver(c);
 }
 
-void averager_impl::on_plane_chunk(avg_chunk& c, const std::string& peer) {
-  // A plane chunk's tensor holds one of its link's few receive slots until it is freed: one
-  // kept past this handler (before the group message; by a reducer that keeps chunks) is
-  // copied so that the link reads on.
-  auto release_link = [&c] {
-    if (c.values.tensor.defined())
-      c.values.tensor = c.values.tensor.clone();
-  };
-  if (!round_ || c.group_id != round_->id) {
-    if (phase_ == phase::matching && early_.size() < 4096) {
-      release_link();
+void shell::on_plane_chunk(avg_chunk& c, const std::string& peer) {
+  if (!round_ || c.group_id != round_->engine->id()) {
+    if (mm_.matching() && early_.size() < 4096) {
+      // Kept past this handler: copied, so that the link's receive slot is free again.
+      if (c.values.tensor.defined())
+        c.values.tensor = c.values.tensor.clone();
       early_.push_back(early_chunk{std::move(c), nullptr, peer});
     }
     return;
   }
-  if (opts_.reducer && c.kind == avg_chunk::contribution)
-    release_link();
-  auto& r = *round_;
-  auto n = r.plan.num_members();
-  // The link is bound to the address that asked for its token: a chunk must come from there.
-  if (c.from >= n || c.from == r.self || r.gone[c.from] || r.plan.members[c.from].address != peer)
+  // A chunk must come over a link to the transport its sender named when it asked us.
+  if (c.from >= round_->members.size())
     return;
-  accept_chunk(c);
+  auto it = remotes_.find(round_->members[c.from].address);
+  if (it == remotes_.end() || it->second.id != peer)
+    return;
+  deliver(c);
 }
 
-void averager_impl::open_link(uint32_t i, const caf::actor& handle) {
-  auto& r = *round_;
-  auto addr = r.plan.members[i].address;
-  auto decide = [this](uint32_t member, link_mode m) {
-    round_->links[member] = m;
-    pump(member, avg_chunk::contribution);
-    if (round_)
-      pump(member, avg_chunk::result);
-  };
-  if (!plane_ || link_failures_[addr] >= max_link_failures) {
-    decide(i, link_mode::basp);
-    return;
-  }
-  if (plane_->linked(addr)) {
-    decide(i, link_mode::plane);
-    return;
-  }
-  auto rid = r.id;
-  auto still = [this, rid, i] { return round_ && round_->id == rid && !round_->gone[i]; };
-  self_->request(handle, opts_.rpc_timeout, avg_plane_atom::value, opts_.address)
-      .then(
-          [this, addr, still, decide, i](std::string& host, uint16_t port, std::string& token) {
-            bool ok = false;
-            if (port == 0 || host.empty()) {
-              link_failures_[addr] = max_link_failures; // the peer has no data plane
-            } else if (auto st = plane_->connect(addr, host, port, token); st) {
-              ok = true;
-            } else {
-              ++link_failures_[addr];
-            }
-            if (still())
-              decide(i, ok ? link_mode::plane : link_mode::basp);
-          },
-          [this, addr, still, decide, i](caf::error&) {
-            ++link_failures_[addr];
-            if (still())
-              decide(i, link_mode::basp);
-          });
-}
-
-void averager_impl::on_link_lost(const std::string& peer, const std::string& why) {
-  ++link_failures_[peer];
-  if (!round_)
-    return;
-  // What was queued on the link is lost (the round's rules cover it); later chunks take BASP.
-  auto& r = *round_;
-  for (uint32_t i = 0; i < r.plan.num_members(); ++i)
-    if (r.plan.members[i].address == peer && r.links[i] == link_mode::plane) {
-      r.links[i] = link_mode::basp;
-      r.parts[i].reason = "data plane: " + why;
-    }
-}
-
-bool averager_impl::contribution_sent() {
-  auto& r = *round_;
-  ++r.contribution_chunks_sent;
-  if (opts_.fault == injected_fault::fail_sending
-      && r.contribution_chunks_sent * 2 >= r.contribution_chunks_total) {
-    self_->quit(caf::exit_reason::user_shutdown);
-    round_.reset();
-    return false;
-  }
-  return true;
-}
-
-void averager_impl::pump_plane(uint32_t member, uint8_t kind) {
-  auto& r = *round_;
-  auto it = r.streams.find({member, kind});
-  if (it == r.streams.end())
-    return;
-  auto& s = it->second;
-  const auto& addr = r.plan.members[member].address;
-  while (!s.queue.empty() && round_) {
-    auto pc = s.queue.front();
-    std::shared_ptr<plane_chunk> c;
-    if (kind == avg_chunk::contribution) {
-      plane_meta m;
-      m.group_id = r.id;
-      m.kind = kind;
-      m.part = member;
-      m.from = r.self;
-      m.weight = r.weight;
-      m.offset = pc.offset;
-      c = std::make_shared<plane_chunk>(
-          std::move(m), r.flat.narrow(0, r.plan.offsets[member] + pc.offset, pc.len), opts_.codec,
-          opts_.codec_params);
-    } else {
-      auto& shared = r.result_chunks[pc.offset];
-      if (!shared) {
-        plane_meta m;
-        m.group_id = r.id;
-        m.kind = kind;
-        m.part = r.self;
-        m.from = r.self;
-        m.offset = pc.offset;
-        m.contributors = contributors_at(pc.offset);
-        m.error = r.reduce_error;
-        shared = std::make_shared<plane_chunk>(
-            std::move(m),
-            r.reduce_error.empty() ? r.reduced_part.narrow(0, pc.offset, pc.len) : at::Tensor{},
-            opts_.codec, opts_.codec_params);
-      }
-      c = shared;
-    }
-    if (!plane_->send(addr, std::move(c))) {
-      // The link died since this round chose it: the rest goes over BASP.
-      r.links[member] = link_mode::basp;
-      pump(member, kind);
-      return;
-    }
-    s.queue.pop_front();
-    if (kind == avg_chunk::contribution && !contribution_sent())
-      return;
-  }
-}
-
-void averager_impl::accept_chunk(avg_chunk& c) {
-  auto& r = *round_;
+void shell::deliver(const avg_chunk& c) {
   at::Tensor values;
   if (c.error.empty()) {
     if (!c.encoded.empty()) {
@@ -1059,200 +754,89 @@ void averager_impl::accept_chunk(avg_chunk& c) {
     } else if (c.values.ok() && c.values.tensor.defined()) {
       values = c.values.tensor;
     }
-    if (values.defined())
-      values = values.reshape({-1});
   }
-  if (c.kind == avg_chunk::contribution) {
-    if (c.part != r.self || !r.reducer || r.reduced)
-      return;
-    if (values.defined() && r.reducer->has(c.from, c.offset, values.numel()))
-      return; // a duplicate of what arrived: no harm, and no reason to exclude the sender
-    if (!values.defined() || !r.reducer->add(c.from, c.weight, c.offset, values)) {
-      r.reducer->exclude(c.from); // a malformed contribution is no contribution
-    }
-    maybe_reduce(false);
-  } else {
-    if (c.part != c.from || r.resolved[c.part] || r.aux)
-      return;
-    auto size = r.plan.sizes[c.part];
-    if (!c.error.empty()) {
-      resolve_part(c.part, messages::part_status::failed, "reducer: " + c.error);
-    } else if (!values.defined() || c.offset < 0 || values.numel() > size
-               || c.offset > size - values.numel()) {
-      resolve_part(c.part, messages::part_status::own_value_kept, "malformed result chunk");
-    } else if (r.result_ranges[c.part].covers(c.offset, c.offset + values.numel())) {
-      return; // a duplicate: counting it again would resolve the part with elements missing
-    } else if (auto st = r.result_ranges[c.part].insert(c.offset, c.offset + values.numel());
-               !st) {
-      resolve_part(c.part, messages::part_status::own_value_kept,
-                   "malformed result chunk: " + st.what());
-    } else {
-      // Straight into the result: a part that ends unaveraged gets the own values back there.
-      r.out.narrow(0, r.plan.offsets[c.part] + c.offset, values.numel())
-          .copy_(values.to(torch::kFloat32));
-      r.result_pieces[c.part].push_back({c.offset, values.numel(), c.contributors});
-      if (r.result_ranges[c.part].size() == size) {
-        auto segments = merge_pieces(std::move(r.result_pieces[c.part]));
-        r.result_pieces[c.part].clear();
-        resolve_part(c.part, messages::part_status::averaged, "", common_contributors(segments));
-        if (segments.size() > 1)
-          r.parts[c.part].segments = std::move(segments);
-      }
-    }
-    check_done();
-  }
+  chunk_meta m;
+  m.group_id = c.group_id;
+  m.kind = c.kind;
+  m.part = c.part;
+  m.from = c.from;
+  m.weight = c.weight;
+  m.offset = c.offset;
+  m.contributors = c.contributors;
+  m.error = c.error;
+  round_->engine->on_chunk(m, values);
+  progress();
 }
 
-std::vector<uint32_t> averager_impl::contributors_at(int64_t offset) const {
-  for (auto& seg : round_->reduced_segments)
-    if (offset >= seg.offset && offset < seg.offset + seg.size)
-      return seg.contributors;
-  return {};
-}
-
-void averager_impl::maybe_reduce(bool deadline) {
+void shell::on_link_lost(const std::string& peer, const std::string&) {
+  for (auto& [addr, info] : remotes_)
+    if (info.id == peer)
+      ++link_failures_[addr];
   if (!round_)
     return;
+  // What was queued on the link is lost (the round's rules cover it); later chunks take BASP.
   auto& r = *round_;
-  if (r.reduced || !r.reducer)
-    return;
-  if (!deadline && !r.reducer->complete())
-    return;
-  if (opts_.fault == injected_fault::fail_reducing) {
-    self_->quit(caf::exit_reason::user_shutdown);
-    round_.reset();
-    return;
-  }
-  r.reduced = true;
-  for (auto p : r.plan.senders())
-    r.reducer->exclude(p); // incomplete ones are cut
-  auto out = r.reducer->reduce();
-  auto size = r.plan.sizes[r.self];
-  std::vector<uint32_t> common;
-  if (out) {
-    r.reduced_part = std::move(out->values);
-    r.reduced_segments = std::move(out->segments);
-    common = common_contributors(r.reduced_segments);
-    if (!r.aux) {
-      r.out.narrow(0, r.plan.offsets[r.self], size).copy_(r.reduced_part);
-      resolve_part(r.self, messages::part_status::averaged, "", common);
-      if (r.reduced_segments.size() > 1)
-        r.parts[r.self].segments = r.reduced_segments;
+  for (uint32_t i = 0; i < r.members.size(); ++i)
+    if (r.links[i] == link_mode::plane && remotes_[r.members[i].address].id == peer) {
+      r.links[i] = link_mode::basp;
+      r.engine->open(i, opts_.window);
     }
-  } else {
-    r.reduce_error = out.error().what;
-    if (!r.aux)
-      resolve_part(r.self, messages::part_status::failed, "reduction failed: " + r.reduce_error);
-  }
-  r.reducer.reset(); // free the contributions
-  if (r.aux) {
-    r.parts[r.self].contributors = common;
-    if (r.reduced_segments.size() > 1)
-      r.parts[r.self].segments = r.reduced_segments;
-    r.parts[r.self].reason = r.reduce_error.empty() ? "auxiliary: reduced for the group"
-                                                    : "auxiliary: " + r.reduce_error;
-  }
-  auto chunk_elems = opts_.chunk_bytes == 0
-                         ? std::numeric_limits<int64_t>::max()
-                         : std::max<int64_t>(1, static_cast<int64_t>(opts_.chunk_bytes / 4));
-  for (uint32_t m = 0; m < r.plan.num_members(); ++m) {
-    if (m == r.self || r.gone[m] || r.plan.members[m].auxiliary)
-      continue;
-    auto& s = r.streams[{m, avg_chunk::result}];
-    if (!r.reduce_error.empty())
-      s.queue.push_back({0, 0});
-    else // chunks never straddle a segment: each carries its own contributors
-      for (auto& seg : r.reduced_segments)
-        for (int64_t off = 0; off < seg.size; off += chunk_elems)
-          s.queue.push_back({seg.offset + off, std::min(chunk_elems, seg.size - off)});
-    pump(m, avg_chunk::result);
-    if (!round_)
-      return;
-  }
-  check_done();
+  progress();
 }
 
-void averager_impl::resolve_part(uint32_t part, messages::part_status st, std::string reason,
-                                 std::vector<uint32_t> contributors) {
-  auto& r = *round_;
-  if (r.resolved[part])
-    return;
-  r.resolved[part] = true;
-  auto& pr = r.parts[part];
-  pr.status = st;
-  pr.reason = std::move(reason);
-  pr.contributors = std::move(contributors);
-  if (st != messages::part_status::averaged && pr.size > 0) {
-    // Own values for the whole part, whatever partial result had arrived.
-    r.out.narrow(0, pr.offset, pr.size).copy_(r.flat.narrow(0, pr.offset, pr.size));
-  }
-}
-
-void averager_impl::member_gone(uint32_t i, const std::string& why) {
+void shell::on_link_up(const std::string& peer) {
   if (!round_)
     return;
+  // A client-mode member opened its link to us: our chunks to it take that link from now on.
   auto& r = *round_;
-  if (r.gone[i])
-    return;
-  r.gone[i] = true;
-  r.streams.erase({i, avg_chunk::contribution});
-  r.streams.erase({i, avg_chunk::result});
-  if (!r.resolved[i])
-    resolve_part(i, messages::part_status::own_value_kept,
-                 fmt::format("reducer {} {}", r.plan.members[i].address, why));
-  if (r.reducer && !r.reduced)
-    r.reducer->exclude(i);
-  maybe_reduce(false);
-  check_done();
+  for (uint32_t i = 0; i < r.members.size(); ++i) {
+    auto it = remotes_.find(r.members[i].address);
+    if (r.links[i] == link_mode::basp && it != remotes_.end() && it->second.id == peer
+        && it->second.channel != 0 && !r.engine->gone(i))
+      use_link(i);
+  }
+  progress();
 }
 
-void averager_impl::check_done() {
+void shell::progress() {
   if (!round_)
     return;
-  auto& r = *round_;
-  bool all = std::all_of(r.resolved.begin(), r.resolved.end(), [](bool b) { return b; });
-  if (all && (!r.aux || r.reduced))
+  if (round_->engine->ready() && !round_->replied)
     reply_round();
-  if (!r.replied || !r.reduced)
-    return;
-  // Our parts are settled: what we still owe reducers is of no use to anybody.
-  for (auto it = r.streams.begin(); it != r.streams.end();)
-    it = it->first.second == avg_chunk::contribution ? r.streams.erase(it) : std::next(it);
-  for (auto& [k, s] : r.streams)
-    if (!s.queue.empty() || s.inflight > 0)
-      return;
-  end_round();
+  if (round_ && round_->engine->finished())
+    end_round();
 }
 
-void averager_impl::reply_round() {
+void shell::reply_round() {
   auto& r = *round_;
-  if (r.replied)
-    return;
   r.replied = true;
+  auto& e = *r.engine;
+  auto result = e.result();
   average_result res;
   res.report.group_key = cur_->group_key;
-  res.report.group_id = r.id;
-  res.report.members = r.plan.members;
-  res.report.self = r.self;
-  res.report.parts = r.parts;
+  res.report.group_id = e.id();
+  res.report.members = r.members;
+  res.report.self = e.self();
+  res.report.parts = std::move(result.parts);
   finish_report(res.report);
-  if (!plane_error_.empty())
-    res.report.detail = "data plane unavailable, BASP only: " + plane_error_;
+  if (!transport_error_.empty())
+    res.report.detail = "direct transport unavailable, BASP only: " + transport_error_;
+  if (chooser_) // which codec `auto` took (the report has no field of its own for it yet)
+    res.report.detail += (res.report.detail.empty() ? "" : "; ") + std::string{"codec auto: "}
+                         + std::string{kernels::to_string(r.codec)};
   for (auto m : r.links)
     res.report.plane_links += m == link_mode::plane ? 1 : 0;
   res.report.round_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(self_->clock().now() - r.started)
           .count();
-  if (r.aux) {
-    res.report.outcome = r.reduce_error.empty() ? messages::round_outcome::complete
-                                                : messages::round_outcome::partial;
+  if (e.auxiliary()) {
     res.tensors = cur_->inputs;
   } else {
     int64_t off = 0;
     for (auto& in : cur_->inputs) {
       auto n = in.tensor.numel();
-      // Views of the round's result buffer (dropped by the round right after): no copy.
-      auto t = r.out.narrow(0, off, n).view(in.tensor.sizes()).to(in.tensor.scalar_type());
+      // Views of the round's result buffer (kept for reuse only once nobody holds them).
+      auto t = result.values.narrow(0, off, n).view(in.tensor.sizes()).to(in.tensor.scalar_type());
       off += n;
       res.tensors.push_back(tensor_msg{t, in.codec, in.params, {}});
     }
@@ -1260,21 +844,40 @@ void averager_impl::reply_round() {
   finish_job(std::move(res));
 }
 
-void averager_impl::end_round() {
-  keep_buffer(out_cache_, std::move(round_->out));
-  keep_buffer(reduced_cache_, std::move(round_->reduced_part));
-  for (auto& h : round_->handles)
+void shell::end_round() {
+  auto& r = *round_;
+  auto [out, reduced] = r.engine->buffers();
+  // A group whose members all stayed is remembered (persistent groups); otherwise the next
+  // request matches through the DHT.
+  bool all_stayed = true;
+  for (uint32_t i = 0; i < r.members.size(); ++i)
+    all_stayed = all_stayed && (i == r.engine->self() || !r.engine->gone(i));
+  auto members = r.members;
+  if (chooser_ && transport_) {
+    // The links' throughput during the round: all bytes over the longest writing time (links
+    // write in parallel and share this node's uplink).
+    double bytes = 0, seconds = 0;
+    for (auto& [id, before] : r.written) {
+      auto now = transport_->written(id);
+      bytes += static_cast<double>(now.bytes - before.bytes);
+      seconds = std::max(seconds, now.seconds - before.seconds);
+    }
+    chooser_->observe(bytes, seconds);
+  }
+  for (auto& h : r.handles)
     if (h)
       self_->demonitor(h);
   round_.reset();
+  ++round_epoch_;
+  keep_buffer(out_cache_, std::move(out));
+  keep_buffer(reduced_cache_, std::move(reduced));
+  apply(mm_.finish(all_stayed ? std::move(members) : std::vector<messages::member_info>{}));
   cur_.reset();
-  phase_ = phase::idle;
-  ++epoch_;
   early_.clear();
   start_next();
 }
 
-caf::behavior averager_impl::make_behavior() {
+caf::behavior shell::make_behavior() {
   auto me = shared_from_this();
   self_->set_down_handler([me](caf::down_msg& dm) {
     for (auto it = me->peers_.begin(); it != me->peers_.end();)
@@ -1284,14 +887,19 @@ caf::behavior averager_impl::make_behavior() {
     auto& r = *me->round_;
     for (uint32_t i = 0; i < r.handles.size(); ++i)
       if (r.handles[i] && r.handles[i].address() == dm.source)
-        me->member_gone(i, "went down");
+        r.engine->member_gone(i, "went down");
+    me->progress();
   });
   self_->attach_functor([me] {
-    if (me->plane_)
-      me->plane_->stop();
+    if (me->transport_) {
+      me->transport_->remove_channel(me->channel_);
+      if (me->own_transport_)
+        me->transport_->stop();
+    }
     me->round_.reset();
     me->queue_.clear();
     me->cur_.reset();
+    me->tickets_.clear();
   });
   return {
       [me](average_atom, std::string key, tensor_list tl,
@@ -1302,31 +910,75 @@ caf::behavior averager_impl::make_behavior() {
         j.weight = weight;
         auto rp = me->self_->make_response_promise();
         j.rp = rp;
-        me->enqueue(std::move(j));
+        me->queue_.push_back(std::move(j));
+        if (!me->cur_)
+          me->start_next();
         return rp;
       },
       [me](average_atom, stop_atom) { me->cancel(); },
-      [me](avg_timer_atom, uint64_t epoch, uint8_t kind) { me->timer(epoch, kind); },
-      [me](const avg_join& j) -> avg_join_reply {
-        return me->on_join(j, caf::actor_cast<caf::actor>(me->self_->current_sender()));
+      [me](avg_timer_atom, uint64_t epoch, uint8_t kind) {
+        if (kind == t_reduce || kind == t_round_end) {
+          if (!me->round_ || epoch != me->round_epoch_)
+            return;
+          if (kind == t_reduce)
+            me->round_->engine->reduce_deadline();
+          else
+            me->round_->engine->round_deadline();
+          me->progress();
+          return;
+        }
+        me->apply(me->mm_.on_timer(epoch, static_cast<mm_timer>(kind)));
       },
-      [me](const avg_leave& l) { me->on_leave(l); },
-      [me](const avg_group& g) { me->on_group(g); },
+      [me](const messages::avg_join& j) -> caf::result<messages::avg_join_reply> {
+        auto ticket = me->next_ticket_++;
+        auto rp = me->self_->make_response_promise<messages::avg_join_reply>();
+        me->tickets_.emplace(
+            ticket, std::make_pair(caf::response_promise{rp},
+                                   caf::actor_cast<caf::actor>(me->self_->current_sender())));
+        me->ticket_addresses_[ticket] = j.member.address;
+        me->apply(me->mm_.on_join(ticket, j));
+        return rp;
+      },
+      [me](const messages::avg_leave& l) {
+        if (me->round_ && me->cur_ && l.group_key == me->cur_->group_key && l.leader.empty()) {
+          auto& r = *me->round_;
+          for (uint32_t i = 0; i < r.members.size(); ++i)
+            if (r.members[i].address == l.address && i != r.engine->self())
+              r.engine->member_gone(i, "left the round");
+          me->progress();
+        }
+        me->apply(me->mm_.on_leave(l)); // also drops a join waiting for our next request
+      },
+      [me](const messages::avg_group& g) { me->apply(me->mm_.on_group(g)); },
       [me](avg_chunk& c) { me->on_chunk(c, me->self_->current_sender()); },
-      [me](const avg_ack& a) { me->on_ack(a); },
-      [me](avg_plane_atom, const std::string& peer)
-          -> caf::result<std::string, uint16_t, std::string> {
-        if (!me->plane_ || peer.empty() || peer.size() > 1024)
-          return {std::string{}, uint16_t{0}, std::string{}};
-        return {me->plane_->host(), me->plane_->port(), me->plane_->issue(peer)};
+      [me](const avg_ack& a) {
+        if (!me->round_ || a.group_id != me->round_->engine->id())
+          return;
+        me->round_->engine->on_ack(a.from, a.kind);
+        me->progress();
+      },
+      [me](avg_plane_atom, const std::string& address, const std::string& transport_id)
+          -> caf::result<std::string, std::string, uint16_t, std::string, uint32_t> {
+        if (!me->transport_ || address.empty() || address.size() > 1024 || transport_id.empty()
+            || transport_id.size() > 1024)
+          return {std::string{}, std::string{}, uint16_t{0}, std::string{}, uint32_t{0}};
+        // Chunks from `address` must come over a link to `transport_id` from now on.
+        auto& info = me->remotes_[address];
+        info.id = transport_id;
+        return {me->transport_->id(), me->transport_->host(), me->transport_->port(),
+                me->transport_->issue(transport_id), me->channel_};
       },
       [me](avg_plane_atom, uint64_t tag, const std::string& peer, avg_chunk& c) {
-        if (me->plane_ && tag == me->plane_->tag())
+        if (me->transport_ && tag == me->tag_)
           me->on_plane_chunk(c, peer);
       },
       [me](avg_plane_atom, uint64_t tag, const std::string& peer, const std::string& why) {
-        if (me->plane_ && tag == me->plane_->tag())
+        if (me->transport_ && tag == me->tag_)
           me->on_link_lost(peer, why);
+      },
+      [me](avg_plane_atom, uint64_t tag, const std::string& peer) {
+        if (me->transport_ && tag == me->tag_)
+          me->on_link_up(peer);
       },
   };
 }
@@ -1339,9 +991,8 @@ caf::behavior averager_actor(caf::event_based_actor* self, caf::actor dht, caf::
     self->quit(caf::make_error(caf::sec::invalid_argument, st.what()));
     return {};
   }
-  auto impl = std::make_shared<averager_impl>(self, std::move(dht), std::move(resolver),
-                                               std::move(opts));
-  return impl->make_behavior();
+  auto s = std::make_shared<shell>(self, std::move(dht), std::move(resolver), std::move(opts));
+  return s->make_behavior();
 }
 
 caf::actor spawn_averager(caf::actor_system& sys, caf::actor dht, caf::actor resolver,

@@ -7,48 +7,32 @@
 // must not modify it in place until the reply. `(average_atom, stop_atom)` cancels the current request (it is answered
 // with an error; the group treats this peer as gone). Requests are served one at a time, in order.
 //
-// Matchmaking protocol (why: peers see slightly different DHT views, so "everyone computes the
-// same group from the DHT" does not converge; a leader that decides the membership and tells
-// everyone does, and needs only that views eventually agree on who is smallest):
-//   1. A peer announces itself under the DHT dictionary key `key_prefix + group_key`
-//      (subkey = its address, value = bandwidth, auxiliary flag, vector size; expiration =
-//      now + 2 windows) and then polls that key every `poll_interval` during the window.
-//   2. Its leader is the smallest address it has seen with the same vector size, itself included,
-//      that has not refused it. When it sees a smaller one than its current leader it sends
-//      `avg_join` to it (and `avg_leave` to the old one; if it was leading, it sends `avg_leave`
-//      with the new leader to its followers, who follow it there). A leader only ever switches
-//      to smaller addresses, so the choices converge on the smallest live peer.
-//   3. A leader accepts joins from larger addresses while it leads and is not full, redirects
-//      joiners to its own leader when it follows someone, and refuses otherwise. It closes the
-//      group when full (`target_group_size`) or at the end of the window, and sends `avg_group`
-//      (the ordered members, sorted by address, and a group id) to every member.
-//   4. A peer that leads nobody at the end of the window, or follows a leader that sends no group
-//      within `join_grace` after it, answers `no_partner` with its values unchanged.
-//   A member that never starts the round (crashed, joined another group in a race) is handled
-//   like any failure below, so a wrong membership costs parts, never a hang.
+// The actor is a thin shell around two pure cores: the matchmaker (matchmaker.hpp: DHT
+// announcements, leader election, persistent groups) and the round engine (round_engine.hpp:
+// the butterfly round, its chunks, credit windows, deadlines and report). The shell carries out
+// their effects with CAF (DHT calls, peer messages, timers on CAF's clock), monitors the
+// members, and moves chunks: over BASP (credit window `window`) or over the averagers' data
+// plane.
 //
-// Butterfly round: the plan (`make_plan`) gives member i part i. Every non-auxiliary member
-// sends part j of its flat fp32 vector to member j in chunks of at most `chunk_bytes`, at most
-// `window` unacknowledged chunks per destination, compressed with `codec`; member j reduces
-// (pluggable, weighted mean by default) once every sender completed or was excluded, or at
-// `reduce_fraction` of the round deadline, and sends the result back the same way. Members
-// monitor each other: a sender that goes down or is cut at the deadline stops counting there —
-// the weighted mean streams chunk by chunk, so the chunks it delivered count and the rest of the
-// part is averaged without it (the report's `segments` say who reached which elements; a kept-
-// chunks reducer such as CenteredClip counts only complete contributions); a reducer that goes down, fails or misses the round deadline leaves its part with the peer's own
-// values. The round ends at the latest at `round_timeout` after the group message arrived.
+// A member that never starts the round (crashed, joined another group in a race) is handled
+// like any failure, so a wrong membership costs parts, never a hang. The round ends at the
+// latest at `round_timeout` after the group message arrived.
 //
-// Data plane: with `data_host` set, chunks between two averagers that both have a plane travel
-// over a persistent direct TCP link (data_plane.hpp) instead of BASP: no credit window (TCP's
-// flow control; a link reads no further while 2 of its chunks wait in the averager's mailbox),
-// encoded on the link's thread, a result chunk encoded once for all its
-// receivers. The first round between two peers asks the receiver for a link token over BASP;
-// later rounds reuse the link. Test faults that delay chunks use BASP.
+// Direct links: chunks between two averagers that both have a direct transport
+// (actors/transfer/transport.hpp: the node's, or one of the averager's own on `data_host`) travel
+// over a pooled direct link instead of BASP: no credit window (TCP's flow control; a link reads
+// no further while 2 of its chunks wait in the averager's mailbox), encoded on the link's thread,
+// a result chunk encoded once for all its receivers. Before its first chunk to a member, an
+// averager asks it over BASP for its transport and channel (and a link token); later rounds reuse
+// the answer and the link. A member in client mode (no listener) is reached over the link it
+// opened to send its own chunks; until that link exists its chunks take BASP.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
@@ -56,24 +40,11 @@
 #include "actors/averager/butterfly.hpp"
 #include "kernels/compress/format.hpp"
 
-namespace starling::actors::averager {
+namespace starling::actors::transfer {
+class transport;
+}
 
-/// Faults a test can inject into one averager (hivemind's tests do the same with a subclass).
-enum class injected_fault : uint8_t {
-  none,
-  /// Quits as soon as the group is formed, before sending anything.
-  fail_before,
-  /// Quits after sending half of its contribution chunks.
-  fail_sending,
-  /// Quits once it has everything to reduce, before sending any result.
-  fail_reducing,
-  /// Delays every contribution chunk by `fault_delay`.
-  slow_sending,
-  /// Delays every result chunk by `fault_delay`.
-  slow_reducing,
-  /// Cancels its request as soon as the group is formed (as `(average_atom, stop_atom)`).
-  cancel,
-};
+namespace starling::actors::averager {
 
 /// Settings of one averager.
 struct averager_options {
@@ -103,22 +74,37 @@ struct averager_options {
   uint64_t chunk_bytes = uint64_t{1} << 20;
   /// Unacknowledged chunks per destination.
   uint32_t window = 4;
-  /// Codec of the chunks that leave the peer (its own part is never compressed).
+  /// Codec of the chunks that leave the peer (its own part is never compressed), unless
+  /// `adaptive_codec`.
   kernels::codec_id codec = kernels::codec_id::none;
   kernels::codec_params codec_params;
+  /// `codec: auto`: per round, the candidate that should finish soonest on the links' measured
+  /// throughput within `codec_error_budget` (codec_choice.hpp). Throughput is measured on direct
+  /// links only; without one the smallest codec within the budget is used.
+  bool adaptive_codec = false;
+  /// Largest estimated relative L2 error of the result for `adaptive_codec`.
+  double codec_error_budget = 1e-2;
+  /// Codecs `adaptive_codec` chooses from (`none` is always among them).
+  std::vector<kernels::codec_id> codec_candidates = {
+      kernels::codec_id::none, kernels::codec_id::fp16, kernels::codec_id::blockwise8};
   /// Smallest part (elements) a reducer gets; smaller parts are merged away.
   int64_t min_part = 1;
   /// The reduction (weighted mean when empty).
   reduce_fn reducer;
-  /// IPv4 address the averager's data plane listens on (data_plane.hpp; the node's own address).
-  /// Empty: no data plane, every chunk travels over BASP. Peers without a plane, or whose plane
-  /// cannot be reached, are served over BASP either way.
+  /// The direct transport to use (e.g. the node's, shared with its other users); null: one of
+  /// the averager's own on `data_host`, if set.
+  std::shared_ptr<transfer::transport> transport;
+  /// IPv4 address the averager's own transport listens on (the node's address) when `transport`
+  /// is null. Both empty: every chunk travels over BASP. Peers without a transport, or whose
+  /// transport cannot be reached, are served over BASP either way.
   std::string data_host;
-  /// Longest wait for progress inside a data-plane frame or connect.
+  /// Longest wait for progress inside a direct link's frame or connect (own transport).
   caf::timespan data_io_timeout = std::chrono::seconds(10);
-  /// Test hook.
-  injected_fault fault = injected_fault::none;
-  caf::timespan fault_delay = std::chrono::seconds(30);
+  /// Remember a group that completed a round and re-form it at once while its members stay
+  /// (matchmaker.hpp); the DHT is asked only when membership changes.
+  bool persistent_groups = true;
+  /// BTARD hook: digest every part sent and received (round_engine.hpp). Off: no cost.
+  bool hash_parts = false;
 };
 
 /// Checks an options struct (address set, positive timeouts, window >= 1, ...).

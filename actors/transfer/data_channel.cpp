@@ -1,30 +1,21 @@
 #include "actors/transfer/data_channel.hpp"
-#include "actors/transfer/socket_io.hpp"
 
 #include <algorithm>
-#include <arpa/inet.h>
 #include <atomic>
-#include <cerrno>
 #include <cstring>
-#include <list>
+#include <functional>
 #include <map>
 #include <mutex>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-#include <thread>
-#include <unistd.h>
+#include <set>
 #include <utility>
 #include <vector>
 
-#include <ATen/ATen.h>
 #include <caf/all.hpp>
 #include <sodium.h>
 
 #include "messages/atoms.hpp"
 #include "messages/direct.hpp"
 #include "messages/tensor_msg.hpp"
-#include "messages/wire.hpp"
 
 namespace starling::actors::transfer {
 
@@ -36,16 +27,7 @@ using clk = std::chrono::steady_clock;
 
 namespace {
 
-/// Bytes a refusing receiver reads and discards before it closes (see `accept_loop`).
-constexpr size_t drain_limit = size_t{1} << 20;
-/// Send buffer of a data connection, set before connecting: a fresh connection starts with room
-/// for 4 MiB in flight instead of waiting for the kernel's autotuning. (A fixed 4 MiB receive
-/// buffer as well made 1 MiB transfers ~4x slower here, so the receiver keeps autotuning.)
-constexpr int socket_buffer = 4 << 20;
-
-using token_type = std::array<uint8_t, 16>;
-
-/// An announced transfer waiting for its connection.
+/// An announced transfer waiting for its frame.
 struct pending {
   uint64_t total = 0;
   uint8_t dtype = 0;
@@ -58,235 +40,317 @@ struct pending {
 
 /// Checks a payload's header against its announcement.
 status matches(const pending& p, const kernels::tensor_header& h) {
-  if (static_cast<uint8_t>(h.dtype) != p.dtype || h.shape != p.shape ||
-      static_cast<uint8_t>(h.codec) != p.codec)
+  if (static_cast<uint8_t>(h.dtype) != p.dtype || h.shape != p.shape
+      || static_cast<uint8_t>(h.codec) != p.codec)
     return fail("the payload's dtype, shape or codec differs from the announcement");
   return {};
 }
 
-class endpoint_impl final : public data_endpoint {
+link_token token_of(const uint8_t* body) {
+  link_token t;
+  std::memcpy(t.data(), body, t.size());
+  return t;
+}
+
+/// The receiving side: announced transfers arrive on `transfer_channel`.
+class receive_channel final : public channel_handler {
 public:
-  endpoint_impl(data_channel_options opts, int fd, std::string host, uint16_t port)
-    : opts_(std::move(opts)), listen_fd_(fd), host_(std::move(host)), port_(port),
-      pool_(std::make_shared<buffer_pool>(opts_.pool_buffers)) {
-    acceptor_ = std::make_unique<acceptor>(
-        listen_fd_, opts_.max_connections, [this](int fd) { serve_connection(fd); },
-        [this](std::string why) { record_failure(std::move(why)); });
-  }
+  receive_channel(std::weak_ptr<transport> t, std::chrono::milliseconds ttl)
+    : transport_(std::move(t)), ttl_(ttl) {}
 
-  ~endpoint_impl() override { stop(); }
-
-  const std::string& host() const override { return host_; }
-  uint16_t port() const override { return port_; }
-  uint64_t delivered() const override { return delivered_; }
-  uint64_t failed() const override { return failed_; }
-  std::string last_error() const override {
+  /// Remembers an announcement; fails on a duplicate token.
+  status expect(const link_token& token, pending p) {
     std::lock_guard<std::mutex> guard{mu_};
-    return last_error_;
-  }
-
-  /// Remembers an announcement; fails on a duplicate token or after `stop`.
-  status expect(const token_type& token, pending p) {
-    std::lock_guard<std::mutex> guard{mu_};
-    if (stopped_)
-      return fail("the data endpoint is stopped");
-    purge_expired(clk::now());
-    p.deadline = clk::now() + opts_.announce_ttl;
+    purge(clk::now());
+    p.deadline = clk::now() + ttl_;
     if (!expected_.emplace(token, std::move(p)).second)
       return fail("a transfer with this token is already announced");
     return {};
   }
 
-  void stop() override {
+  status admit(const std::string& peer, const uint8_t* body, size_t size,
+               uint64_t payload_bytes) override {
+    if (size != link_token{}.size())
+      return fail("data channel: a transfer frame's meta of " + std::to_string(size)
+                  + " bytes, expected a 16-byte token");
+    std::lock_guard<std::mutex> guard{mu_};
+    purge(clk::now());
+    auto i = expected_.find(token_of(body));
+    if (i == expected_.end())
+      return fail("data channel: unknown or expired token");
+    auto p = std::move(i->second);
+    expected_.erase(i); // one-time, whatever happens next
+    if (payload_bytes != p.total)
+      return fail("data channel: the frame declares " + std::to_string(payload_bytes)
+                  + " bytes, the announcement " + std::to_string(p.total));
+    if (payload_bytes > p.max_bytes)
+      return fail("data channel: the frame declares " + std::to_string(payload_bytes)
+                  + " bytes, more than the limit of " + std::to_string(p.max_bytes));
+    active_[peer] = std::move(p); // frames of one link come one at a time
+    return {};
+  }
+
+  status check(const std::string& peer, const uint8_t*, size_t,
+               const kernels::tensor_header& h) override {
+    std::lock_guard<std::mutex> guard{mu_};
+    auto i = active_.find(peer);
+    if (i == active_.end())
+      return fail("data channel: no transfer in progress");
+    return matches(i->second, h);
+  }
+
+  status deliver(const std::string& peer, std::vector<uint8_t> body,
+                 messages::tensor_msg payload) override {
+    caf::actor sink;
     {
       std::lock_guard<std::mutex> guard{mu_};
-      if (stopped_)
-        return;
-      stopped_ = true;
-      expected_.clear();
+      auto i = active_.find(peer);
+      if (i == active_.end())
+        return fail("data channel: no transfer in progress");
+      sink = std::move(i->second.sink);
+      active_.erase(i);
     }
-    acceptor_->stop();
+    if (!payload.tensor.defined()) {
+      answer(peer, token_of(body.data()), "data channel: a transfer without a payload");
+      return {};
+    }
+    ++delivered_;
+    caf::anon_send(sink, std::move(payload));
+    answer(peer, token_of(body.data()), {});
+    return {};
+  }
+
+  bool refused(const std::string& peer, const uint8_t* body, size_t size,
+               const std::string& why) override {
+    {
+      std::lock_guard<std::mutex> guard{mu_};
+      active_.erase(peer);
+      ++failed_;
+      last_error_ = why;
+    }
+    if (size != link_token{}.size())
+      return false; // not even a transfer: a hostile or broken peer
+    auto text = why.rfind("data channel: ", 0) == 0 ? why : "data channel: " + why;
+    answer(peer, token_of(body), text);
+    return true;
+  }
+
+  void forget() {
+    std::lock_guard<std::mutex> guard{mu_};
+    expected_.clear();
+    active_.clear();
+  }
+
+  uint64_t delivered() const { return delivered_; }
+  uint64_t failed() const { return failed_; }
+  std::string last_error() const {
+    std::lock_guard<std::mutex> guard{mu_};
+    return last_error_;
   }
 
 private:
-
-  void purge_expired(clk::time_point now) {
+  void purge(clk::time_point now) {
     for (auto i = expected_.begin(); i != expected_.end();)
       i = i->second.deadline < now ? expected_.erase(i) : std::next(i);
   }
 
-  void record_failure(std::string what) {
-    std::lock_guard<std::mutex> guard{mu_};
-    ++failed_;
-    last_error_ = std::move(what);
+  /// The transfer's status, back on the link it came on (best effort: the sender may be gone).
+  void answer(const std::string& peer, const link_token& token, const std::string& text) {
+    if (auto t = transport_.lock())
+      t->send(peer, std::make_shared<outgoing_frame>(transfer_status_channel,
+                                                     encode_transfer_status(token, text)));
   }
 
-  /// One connection (on its own thread; the acceptor closes the socket afterwards).
-  void serve_connection(int fd) {
-    if (serve(fd))
-      return;
-    // Refused or failed: stop writing, then discard what the sender still has in flight
-    // (bounded) so that closing does not reset the connection before the sender read the status.
-    ::shutdown(fd, SHUT_WR);
-    std::vector<char> discard(size_t{1} << 16);
-    size_t drained = 0;
-    while (drained < drain_limit) {
-      auto r = ::recv(fd, discard.data(), discard.size(), 0);
-      if (r <= 0)
-        break;
-      drained += static_cast<size_t>(r);
-    }
-  }
-
-  /// Writes the status frame (best effort: the sender may be gone).
-  void answer(int fd, const std::string& error) {
-    auto n = static_cast<uint32_t>(std::min<size_t>(error.size(), max_status_bytes));
-    uint8_t len[4];
-    write_le(len, n, 4);
-    if (send_all(fd, len, 4, n ? MSG_MORE : 0))
-      (void) send_all(fd, error.data(), n);
-  }
-
-  /// Serves one connection; false when the transfer failed (the status says why).
-  bool serve(int fd) {
-    set_timeouts(fd, opts_.io_timeout);
-    auto failed = [&](std::string what) {
-      what = "data channel: " + what;
-      answer(fd, what);
-      record_failure(std::move(what));
-      return false;
-    };
-    uint8_t raw[frame_header_bytes];
-    size_t got = 0;
-    if (auto st = recv_all(fd, raw, sizeof raw, got); !st)
-      return failed("frame header: " + st.what());
-    auto h = parse_frame_header(raw, sizeof raw);
-    if (!h)
-      return failed(h.error().what);
-    pending p;
-    bool known = false;
-    {
-      std::lock_guard<std::mutex> guard{mu_};
-      purge_expired(clk::now());
-      if (auto i = expected_.find(h->token); i != expected_.end()) {
-        p = std::move(i->second);
-        expected_.erase(i); // one-time, whatever happens next
-        known = true;
-      }
-    }
-    if (!known)
-      return failed("unknown or expired token");
-    if (h->length != p.total)
-      return failed("the frame declares " + std::to_string(h->length) +
-                    " bytes, the announcement " + std::to_string(p.total));
-    if (h->length > p.max_bytes)
-      return failed("the frame declares " + std::to_string(h->length) +
-                    " bytes, more than the limit of " + std::to_string(p.max_bytes));
-    auto b = pool_->take(h->length);
-    if (auto st = recv_all(fd, b.data.get(), h->length, got); !st) {
-      pool_->give(std::move(b));
-      return failed("payload: " + st.what());
-    }
-    tensor_msg x;
-    auto check = [&p](const kernels::tensor_header& header) { return matches(p, header); };
-    if (auto st = decode_pooled(pool_, std::move(b), h->length, check, x); !st)
-      return failed("decode: " + st.what());
-    ++delivered_; // first: a sink that got the tensor sees it counted
-    caf::anon_send(p.sink, std::move(x));
-    answer(fd, {});
-    return true;
-  }
-
-  data_channel_options opts_;
-  int listen_fd_;
-  std::string host_;
-  uint16_t port_;
-  std::shared_ptr<buffer_pool> pool_;
+  std::weak_ptr<transport> transport_;
+  std::chrono::milliseconds ttl_;
   mutable std::mutex mu_;
-  bool stopped_ = false;
-  std::map<token_type, pending> expected_;
-  std::unique_ptr<acceptor> acceptor_;
+  std::map<link_token, pending> expected_;
+  std::map<std::string, pending> active_;
   std::atomic<uint64_t> delivered_{0};
   std::atomic<uint64_t> failed_{0};
   std::string last_error_;
+};
+
+/// Told when a transfer ends: the error ("" = delivered) and whether its link ever opened.
+using done_fn = std::function<void(const std::string& error, bool connected)>;
+
+/// The sending side: statuses arrive on `transfer_status_channel`.
+class status_channel final : public channel_handler {
+public:
+  void wait(const link_token& token, const std::string& peer, done_fn done) {
+    std::lock_guard<std::mutex> guard{mu_};
+    waiting_[token] = {peer, std::move(done)};
+  }
+
+  status admit(const std::string&, const uint8_t* body, size_t size,
+               uint64_t payload_bytes) override {
+    if (payload_bytes != 0)
+      return fail("data channel: a transfer status with a payload");
+    if (auto st = decode_transfer_status(body, size); !st)
+      return st.error();
+    return {};
+  }
+
+  status deliver(const std::string& peer, std::vector<uint8_t> body,
+                 messages::tensor_msg) override {
+    auto st = decode_transfer_status(body.data(), body.size());
+    if (!st)
+      return st.error();
+    done_fn done;
+    {
+      std::lock_guard<std::mutex> guard{mu_};
+      auto i = waiting_.find(st->first);
+      if (i == waiting_.end() || i->second.first != peer)
+        return {}; // not ours (any more): ignored
+      done = std::move(i->second.second);
+      waiting_.erase(i);
+    }
+    done(st->second.empty() ? std::string{} : "the receiver reports: " + st->second, true);
+    return {};
+  }
+
+  void link_up(const std::string& peer) override {
+    std::lock_guard<std::mutex> guard{mu_};
+    up_.insert(peer);
+  }
+
+  void link_lost(const std::string& peer, const std::string& why) override {
+    std::vector<done_fn> lost;
+    bool connected = false;
+    {
+      std::lock_guard<std::mutex> guard{mu_};
+      connected = up_.erase(peer) > 0;
+      for (auto i = waiting_.begin(); i != waiting_.end();) {
+        if (i->second.first == peer) {
+          lost.push_back(std::move(i->second.second));
+          i = waiting_.erase(i);
+        } else {
+          ++i;
+        }
+      }
+    }
+    for (auto& f : lost)
+      f(why, connected);
+  }
+
+private:
+  std::mutex mu_;
+  std::map<link_token, std::pair<std::string, done_fn>> waiting_;
+  std::set<std::string> up_;
+};
+
+class endpoint_impl final : public data_endpoint {
+public:
+  endpoint_impl(std::shared_ptr<transport> t, const data_channel_options& opts, bool owned)
+    : transport_(std::move(t)), owned_(owned),
+      rx_(std::make_shared<receive_channel>(transport_, opts.announce_ttl)),
+      status_(std::make_shared<status_channel>()) {
+    transport_->set_channel(transfer_channel, rx_);
+    transport_->set_channel(transfer_status_channel, status_);
+  }
+
+  ~endpoint_impl() override { stop(); }
+
+  const std::shared_ptr<transport>& link_layer() const override { return transport_; }
+  const std::string& host() const override { return transport_->host(); }
+  uint16_t port() const override { return transport_->port(); }
+  uint64_t delivered() const override { return rx_->delivered(); }
+  uint64_t failed() const override { return rx_->failed() + transport_->failed(); }
+  std::string last_error() const override {
+    auto e = rx_->last_error();
+    return e.empty() ? transport_->last_error() : e;
+  }
+
+  void stop() override {
+    if (stopped_.exchange(true))
+      return;
+    rx_->forget();
+    if (owned_) {
+      transport_->stop();
+    } else {
+      transport_->remove_channel(transfer_channel);
+      transport_->remove_channel(transfer_status_channel);
+    }
+  }
+
+  /// Receiver side of an announcement: expects its frame and lets its token open a link once.
+  status expect(const link_token& token, pending p) {
+    if (stopped_)
+      return fail("the data endpoint is stopped");
+    if (auto st = rx_->expect(token, std::move(p)); !st)
+      return st;
+    // A sender without a link to this node opens one with the token; a pooled link leaves it
+    // unused until it expires.
+    (void) transport_->accept(token, "transfer-" + token_to_hex(token));
+    return {};
+  }
+
+  /// Sender side: the frame to `host:port`, on a pooled link or a new one; `done` tells how it
+  /// ended.
+  void send(const std::string& host, uint16_t port, const link_token& token,
+            std::shared_ptr<const messages::chunk_source> payload, done_fn done) {
+    // Its own key, not the peer transport's id: the receiving side names a link opened with a
+    // transfer token "transfer-<token>", so an averager sharing this transport must not take
+    // such a link for one to that transport (its peer would drop chunks from an unknown link).
+    auto peer = "transfer@" + host + ":" + std::to_string(port);
+    status_->wait(token, peer, done);
+    if (auto st = transport_->connect(peer, host, port, token_to_hex(token)); !st) {
+      status_->link_lost(peer, "cannot connect: " + st.what());
+      return;
+    }
+    std::vector<uint8_t> body(token.begin(), token.end());
+    auto frame = std::make_shared<outgoing_frame>(
+      transfer_channel, body, std::make_shared<outgoing_payload>(std::move(payload)));
+    if (!transport_->send(peer, std::move(frame)))
+      status_->link_lost(peer, "the link to " + peer + " closed");
+  }
+
+private:
+  std::shared_ptr<transport> transport_;
+  bool owned_;
+  std::shared_ptr<receive_channel> rx_;
+  std::shared_ptr<status_channel> status_;
+  std::atomic<bool> stopped_{false};
 };
 
 caf::error transfer_error(std::string what) {
   return caf::make_error(caf::sec::runtime_error, "direct transfer: " + std::move(what));
 }
 
-/// What a streamer is asked to do: write `source` with `token` to `host:port`.
-struct stream_job {
-  std::string host;
-  uint16_t port = 0;
-  token_type token{};
-  std::shared_ptr<const messages::chunk_source> source;
-  std::chrono::milliseconds io_timeout{};
+/// A direct transfer whose status the sender waits for.
+struct in_flight {
+  uint64_t bytes = 0;
+  caf::response_promise rp;
+  std::function<void(std::string)> fallback;
 };
-
-/// Streams one payload and waits for the receiver's status. Connection failures come back as
-/// `sec::cannot_connect_to_node` (the sender falls back to chunks), all others as errors.
-caf::expected<uint64_t> stream(const stream_job& job) {
-  std::string why;
-  int fd = connect_ipv4(job.host, job.port, socket_buffer, why);
-  if (fd < 0)
-    return caf::make_error(caf::sec::cannot_connect_to_node, why);
-  set_timeouts(fd, job.io_timeout);
-  auto total = job.source->size();
-  auto run = [&]() -> status {
-    frame_header h;
-    h.token = job.token;
-    h.length = total;
-    uint8_t raw[frame_header_bytes];
-    write_frame_header(h, raw);
-    if (auto st = send_all(fd, raw, sizeof raw, MSG_MORE); !st)
-      return st;
-    status sent;
-    job.source->for_each(0, total, [&](const char* p, size_t n) -> caf::error {
-      sent = send_all(fd, p, n);
-      return sent ? caf::error{} : caf::make_error(caf::sec::runtime_error);
-    });
-    if (!sent) {
-      // The receiver may have refused the transfer and closed: its status may still be here.
-      uint8_t len[4];
-      if (::recv(fd, len, 4, MSG_DONTWAIT | MSG_PEEK) == 4) {
-        auto n = std::min<uint32_t>(static_cast<uint32_t>(read_le(len, 4)), max_status_bytes);
-        std::string text(4 + n, '\0');
-        auto r = ::recv(fd, text.data(), text.size(), MSG_DONTWAIT);
-        if (r > 4)
-          return fail("the receiver reports: " + text.substr(4, static_cast<size_t>(r) - 4));
-      }
-      return fail(sent.what());
-    }
-    uint8_t len[4];
-    size_t got = 0;
-    if (auto st = recv_all(fd, len, 4, got); !st)
-      return fail("no status from the receiver: " + st.what());
-    auto n = static_cast<uint32_t>(read_le(len, 4));
-    if (n == 0)
-      return {};
-    if (n > max_status_bytes)
-      return fail("the receiver's status is " + std::to_string(n) + " bytes long");
-    std::string text(n, '\0');
-    if (auto st = recv_all(fd, text.data(), n, got); !st)
-      return fail("truncated status from the receiver: " + st.what());
-    return fail("the receiver reports: " + text);
-  };
-  auto st = run();
-  ::close(fd);
-  if (!st)
-    return transfer_error(st.what());
-  return total;
-}
 
 struct sender_state {
   caf::actor chunks;
+  std::shared_ptr<endpoint_impl> endpoint;
+  bool own_endpoint = false;
+  /// By token (hex).
+  std::map<std::string, in_flight> waiting;
   static inline const char* name = "direct_sender";
 };
 
 caf::behavior direct_sender(caf::stateful_actor<sender_state>* self, direct_sender_options opts) {
   self->state.chunks = spawn_chunk_sender(self->system(), opts.chunks);
   self->link_to(self->state.chunks);
+  if (opts.endpoint) {
+    self->state.endpoint = std::static_pointer_cast<endpoint_impl>(opts.endpoint);
+  } else {
+    data_channel_options o;
+    o.host.clear(); // client mode: this sender only opens links
+    o.io_timeout = opts.io_timeout;
+    if (auto ep = data_endpoint::open(o); ep) {
+      self->state.endpoint = std::static_pointer_cast<endpoint_impl>(*ep);
+      self->state.own_endpoint = true;
+    }
+  }
+  self->attach_functor([self] {
+    if (self->state.own_endpoint && self->state.endpoint)
+      self->state.endpoint->stop();
+  });
   return {
     [self, opts](transfer_atom, tensor_msg& x,
                  caf::actor receiver) -> caf::result<transfer_report> {
@@ -298,18 +362,17 @@ caf::behavior direct_sender(caf::stateful_actor<sender_state>* self, direct_send
       auto source = messages::encode_tensor_source(x);
       if (!source)
         return transfer_error(source.error().what);
-      auto job = std::make_shared<stream_job>();
-      job->source = std::move(*source);
-      job->io_timeout = opts.io_timeout;
-      randombytes_buf(job->token.data(), job->token.size());
+      auto payload = std::move(*source);
+      link_token token;
+      randombytes_buf(token.data(), token.size());
       direct_announce a;
-      a.token.assign(job->token.begin(), job->token.end());
-      a.total_bytes = job->source->size();
+      a.token.assign(token.begin(), token.end());
+      a.total_bytes = payload->size();
       a.dtype = static_cast<uint8_t>(header->dtype);
       a.shape = header->shape;
       a.codec = static_cast<uint8_t>(header->codec);
       auto rp = self->make_response_promise<transfer_report>();
-      auto fallback = [self, x, receiver, rp](std::string why) mutable {
+      std::function<void(std::string)> fallback = [self, x, receiver, rp](std::string why) mutable {
         self->request(self->state.chunks, caf::infinite, transfer_atom::value, x, receiver)
           .then(
             [rp, why](uint64_t bytes) mutable {
@@ -319,36 +382,24 @@ caf::behavior direct_sender(caf::stateful_actor<sender_state>* self, direct_send
       };
       self->request(receiver, opts.announce_timeout, std::move(a))
         .then(
-          [self, job, rp, fallback](direct_endpoint& ep) mutable {
+          [self, token, payload, rp, fallback](direct_endpoint& ep) mutable {
             if (ep.port == 0)
               return fallback("the receiver has no data endpoint");
-            if (auto st = check_loopback(ep.host); !st) {
+            if (!self->state.endpoint)
+              return fallback("this sender has no transport");
+            if (auto st = check_listen_host(ep.host); !st) {
               rp.deliver(transfer_error("refusing the receiver's data endpoint: " + st.what()));
               return;
             }
-            job->host = ep.host;
-            job->port = ep.port;
-            // The blocking stream runs on its own thread (a detached actor), never on a
-            // scheduler worker; the actor system waits for it on shutdown.
-            auto streamer = self->spawn<caf::detached>(
-              [job](caf::event_based_actor* s) -> caf::behavior {
-                return {[s, job](transfer_atom) -> caf::result<uint64_t> {
-                  auto r = stream(*job);
-                  s->quit();
-                  if (!r)
-                    return std::move(r.error());
-                  return *r;
-                }};
-              });
-            self->request(streamer, caf::infinite, transfer_atom::value)
-              .then(
-                [rp](uint64_t bytes) mutable { rp.deliver(transfer_report{bytes, "direct", {}}); },
-                [self, rp, fallback](caf::error& e) mutable {
-                  if (e == caf::sec::cannot_connect_to_node)
-                    return fallback("cannot connect to the data endpoint: " +
-                                    self->system().render(e));
-                  rp.deliver(std::move(e));
-                });
+            // The link's threads report the end; the actor answers (a message to itself).
+            auto hex = token_to_hex(token);
+            self->state.waiting[hex] = in_flight{payload->size(), rp, fallback};
+            caf::actor me = caf::actor_cast<caf::actor>(self);
+            self->state.endpoint->send(ep.host, ep.port, token, std::move(payload),
+                                       [me, hex](const std::string& error, bool connected) {
+                                         caf::anon_send(me, transfer_atom::value, hex, error,
+                                                        connected);
+                                       });
           },
           [rp, fallback](caf::error& e) mutable {
             // A plain chunk receiver does not know the announcement.
@@ -358,44 +409,63 @@ caf::behavior direct_sender(caf::stateful_actor<sender_state>* self, direct_send
           });
       return rp;
     },
+    [self](transfer_atom, const std::string& hex, const std::string& error, bool connected) {
+      auto i = self->state.waiting.find(hex);
+      if (i == self->state.waiting.end())
+        return;
+      auto t = std::move(i->second);
+      self->state.waiting.erase(i);
+      if (error.empty())
+        t.rp.deliver(transfer_report{t.bytes, "direct", {}});
+      else if (!connected)
+        t.fallback("cannot connect to the data endpoint: " + error);
+      else
+        t.rp.deliver(transfer_error(error));
+    },
   };
 }
 
 } // namespace
 
 result<std::shared_ptr<data_endpoint>> data_endpoint::open(const data_channel_options& opts) {
-  if (auto st = check_loopback(opts.host); !st)
-    return fail("cannot open a data endpoint: " + st.what());
-  if (sodium_init() < 0)
-    return fail("cannot open a data endpoint: libsodium failed to initialize");
-  auto text = opts.host == "localhost" ? std::string{"127.0.0.1"} : opts.host;
-  uint16_t port = 0;
-  std::string why;
-  int fd = listen_ipv4(text, opts.port, port, why);
-  if (fd < 0)
-    return fail("cannot open a data endpoint: " + why);
-  return std::shared_ptr<data_endpoint>{
-    std::make_shared<endpoint_impl>(opts, fd, text, port)};
+  transport_options t;
+  t.host = opts.host;
+  t.port = opts.port;
+  t.io_timeout = opts.io_timeout;
+  t.token_ttl = opts.announce_ttl;
+  t.max_links = opts.max_connections;
+  t.pool_buffers = opts.pool_buffers;
+  auto tr = transport::open(t);
+  if (!tr)
+    return fail("cannot open a data endpoint: " + tr.error().what);
+  return std::shared_ptr<data_endpoint>{std::make_shared<endpoint_impl>(*tr, opts, true)};
+}
+
+std::shared_ptr<data_endpoint> data_endpoint::on(std::shared_ptr<transport> t,
+                                                 const data_channel_options& opts) {
+  return std::make_shared<endpoint_impl>(std::move(t), opts, false);
 }
 
 caf::actor spawn_direct_receiver(caf::actor_system& sys, caf::actor sink,
                                  std::shared_ptr<data_endpoint> endpoint,
                                  receiver_options opts) {
   auto ep = std::static_pointer_cast<endpoint_impl>(std::move(endpoint));
+  if (ep && ep->port() == 0)
+    ep.reset(); // client mode: nobody can connect to it
   return sys.spawn([sink, ep, opts](caf::event_based_actor* self) -> caf::behavior {
     caf::message_handler announcements{
       [sink, ep, opts](direct_announce& a) -> caf::result<direct_endpoint> {
         if (!ep)
           return direct_endpoint{};
-        if (a.token.size() != token_type{}.size())
+        if (a.token.size() != link_token{}.size())
           return caf::make_error(caf::sec::invalid_argument,
-                                 "direct transfer: a token of " + std::to_string(a.token.size()) +
-                                   " bytes, expected 16");
+                                 "direct transfer: a token of " + std::to_string(a.token.size())
+                                   + " bytes, expected 16");
         if (a.total_bytes == 0 || a.total_bytes > opts.max_bytes)
           return caf::make_error(caf::sec::invalid_argument,
-                                 "direct transfer: refused " + std::to_string(a.total_bytes) +
-                                   " bytes (limit " + std::to_string(opts.max_bytes) + ")");
-        token_type token;
+                                 "direct transfer: refused " + std::to_string(a.total_bytes)
+                                   + " bytes (limit " + std::to_string(opts.max_bytes) + ")");
+        link_token token;
         std::memcpy(token.data(), a.token.data(), token.size());
         pending p;
         p.total = a.total_bytes;

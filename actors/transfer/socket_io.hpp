@@ -1,6 +1,5 @@
-// Blocking socket helpers and the pooled receive buffers shared by the bulk data paths that run
-// beside BASP on their own threads: the direct data channel (data_channel.hpp) and the
-// averager's data plane (actors/averager/data_plane.hpp). No actor state is touched here.
+// Blocking socket helpers and the pooled receive buffers of the direct transport
+// (transport.hpp), whose threads run beside BASP. No actor state is touched here.
 #pragma once
 
 #include <chrono>

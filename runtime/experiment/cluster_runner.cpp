@@ -20,6 +20,7 @@
 #include "actors/averager/averager.hpp"
 #include "actors/dht/client.hpp"
 #include "actors/dht/dht.hpp"
+#include "actors/transfer/data_channel.hpp"
 #include "messages/atoms.hpp"
 #include "messages/dht.hpp"
 #include "messages/metrics.hpp"
@@ -323,8 +324,12 @@ public:
   caf::actor spawn_averager(const std::string& name,
                             actors::averager::averager_options opts) override {
     opts.address = endpoint() + "/" + name;
-    auto ep = endpoint();
-    opts.data_host = ep.substr(0, ep.rfind(':'));
+    if (auto data = nd_.data_endpoint()) {
+      opts.transport = data->link_layer(); // the node's link pool, shared with its transfers
+    } else {
+      auto ep = endpoint();
+      opts.data_host = ep.substr(0, ep.rfind(':'));
+    }
     auto a = actors::averager::spawn_averager(nd_.system(), dht_, resolver_, opts);
     put(name, a);
     return a;

@@ -151,7 +151,7 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
     return fail(fmt::format("cannot listen on {}: {}", opts.listen, why));
   }
   n->port_ = *port;
-  if (opts.data_endpoint && actors::transfer::check_loopback(n->host_).ok()) {
+  if (opts.data_endpoint && actors::transfer::check_listen_host(n->host_).ok()) {
     actors::transfer::data_channel_options dopts;
     dopts.host = n->host_;
     auto data = actors::transfer::data_endpoint::open(dopts);
@@ -194,6 +194,8 @@ caf::actor node::spawn_transfer_receiver(caf::actor sink,
 }
 
 caf::actor node::spawn_transfer_sender(actors::transfer::direct_sender_options opts) {
+  if (!opts.endpoint)
+    opts.endpoint = data_; // the node's link pool
   auto h = actors::transfer::spawn_direct_sender(*sys_, opts);
   owned_.push_back(h);
   return h;

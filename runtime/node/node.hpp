@@ -59,8 +59,8 @@ public:
   /// The resolver every actor of this node uses.
   caf::actor resolver() const;
 
-  /// The node's data endpoint for direct tensor transfers; null when `node_options::
-  /// data_endpoint` is off or the node does not listen on a loopback host.
+  /// The node's data endpoint for direct tensor transfers (its direct transport: `link_layer()`);
+  /// null when `node_options::data_endpoint` is off or the node listens on the wildcard address.
   std::shared_ptr<actors::transfer::data_endpoint> data_endpoint() const { return data_; }
 
   /// Spawns a transfer receiver delivering to `sink`: direct transfers over the node's data

@@ -1,22 +1,31 @@
-// starling's averager (butterfly all-reduce over CAF/BASP) side by side with
+// starling's averager (butterfly all-reduce, chunks over the direct transport) side by side with
 // c10d::ProcessGroupGloo::allreduce in the same run: N processes on loopback, fp32 vectors.
 //   gloo      ProcessGroupGloo over 127.0.0.1, FileStore rendezvous; allreduce (sum) timed.
-//   starling  one runtime::node + DHT + averager per process; the averager's `round_ns` (group
-//             message -> reply, i.e. the all-reduce without matchmaking) and the wall time of
-//             the whole request (with matchmaking) are printed.
-// Times are medians of `reps` rounds after one warm-up; RSS is each process's peak resident
-// memory (the largest over the N processes is printed). Both run in fresh processes per row.
+//   starling  one runtime::node + DHT + averager per process (chunks over the node's transport);
+//             `round` is the averager's `round_ns` (group message -> reply: the all-reduce
+//             without matchmaking), `w/mm` the wall time of the whole request (matchmaking
+//             included; groups persist across rounds while their members stay).
+// Per row: round time = median over the rounds after the first (slowest process), GB/s = vector
+// bytes / round time, w/mm = mean wall time of all rounds, the first matchmaking included
+// (slowest process); x_gloo and x_gloo_mm = both over Gloo's median. RSS is each process's peak
+// resident memory (the largest over the N processes is printed).
 //
-// "mse" is the mean squared error of the last round's result against the exact mean (computed
-// after the peak RSS was taken).
+// Every round's result is checked: at 4096 sampled elements against the exact mean (made once
+// before the rounds from every rank's input); "mse" is the largest sampled mean squared error
+// over all rounds and processes. A round without a complete result counts as missing: such a row
+// prints "missing" instead of an error and "NO" under ok; a process that printed no result at all
+// leaves its row's times missing too.
 //
-// usage: bench_allreduce [--n 2,4] [--kinds starling,starling-fp16,starling-bw8]
-//                        [--netns PREFIX] [reps] [sizes...]   (default 3; 1M and 16M floats)
+// usage: bench_allreduce [--n 2,4] [--kinds starling,starling-fp16,starling-bw8,starling-auto]
+//                        [--netns PREFIX] [reps] [sizes...]   (default 10; 1M and 16M floats)
 //   --netns PREFIX  child r runs in network namespace PREFIX<r> at 10.77.0.<r+1> (set up, shaped
 //                   and removed by scripts/netns-allreduce, which passes this option)
 // env: STARLING_BENCH_BASP=1 (averager over BASP only), STARLING_BENCH_CHUNK_KIB=N (chunk
 //      size), STARLING_BENCH_TRACE=1 (each child's RSS after every round, to stderr)
-// children: bench_allreduce --child gloo|starling|starling-fp16|starling-bw8 RANK N NUMEL DIR REPS
+// starling-auto: `codec: auto` (adaptive_codec), the codec each round is printed with
+//   STARLING_BENCH_TRACE=1.
+// children: bench_allreduce --child gloo|starling|starling-fp16|starling-bw8|starling-auto
+//           RANK N NUMEL DIR REPS
 //           (address from $STARLING_BENCH_HOST, default 127.0.0.1)
 #include <algorithm>
 #include <chrono>
@@ -38,6 +47,7 @@
 #include <torch/torch.h>
 
 #include "actors/averager/averager.hpp"
+#include "actors/transfer/data_channel.hpp"
 #include "actors/dht/dht.hpp"
 #include "messages/atoms.hpp"
 #include "messages/averager.hpp"
@@ -55,19 +65,31 @@ std::string bench_host() {
   return h && *h ? h : "127.0.0.1";
 }
 
-/// Mean squared error of `got` against the exact mean of the N inputs (rank r's input is
-/// `randn(numel)` seeded with r), generated one at a time.
-double mse_to_mean(const torch::Tensor& got, int n, int64_t numel) {
-  auto mean = torch::zeros({numel});
-  for (int r = 0; r < n; ++r) {
-    torch::manual_seed(r);
-    mean.add_(torch::randn({numel}));
+/// The exact mean at sampled elements: rank r's input is `randn(numel)` seeded with r; each is
+/// made once, sampled and dropped, so only the samples stay resident.
+struct mean_samples {
+  torch::Tensor index;
+  torch::Tensor mean;
+
+  mean_samples(int n, int64_t numel) {
+    auto k = std::min<int64_t>(numel, 4096);
+    index = torch::arange(k, torch::kLong) * (numel / std::max<int64_t>(k, 1));
+    mean = torch::zeros({k}, torch::kDouble);
+    for (int r = 0; r < n; ++r) {
+      torch::manual_seed(r);
+      mean += torch::randn({numel}).index_select(0, index).to(torch::kDouble);
+    }
+    mean /= n;
   }
-  mean.div_(n);
-  return got.defined() && got.numel() == numel
-             ? (got.to(torch::kFloat).reshape({-1}) - mean).pow(2).mean().item<double>()
-             : -1.0;
-}
+
+  /// Sampled mean squared error of `got` (flat, numel elements); -1 when it is missing.
+  double mse(const torch::Tensor& got) const {
+    if (!got.defined() || got.numel() == 0 || (index.numel() > 0 && got.numel() <= index.max().item<int64_t>()))
+      return -1;
+    auto g = got.reshape({-1}).index_select(0, index).to(torch::kDouble);
+    return (g - mean).pow(2).mean().item<double>();
+  }
+};
 
 /// Resident memory now (VmRSS), for the baseline before the vector exists.
 uint64_t current_rss_bytes() {
@@ -84,18 +106,31 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+double mean_of(const std::vector<double>& v) {
+  double s = 0;
+  for (auto x : v)
+    s += x;
+  return v.empty() ? 0 : s / static_cast<double>(v.size());
+}
+
+/// The worse of two sampled errors, a missing one (-1) winning.
+double worse(double a, double b) {
+  return a < 0 || b < 0 ? -1 : std::max(a, b);
+}
+
 int child_gloo(int rank, int n, int64_t numel, const std::string& dir, int reps) {
   auto store = c10::make_intrusive<::c10d::FileStore>(dir + "/gloo.store", n);
   auto opts = ::c10d::ProcessGroupGloo::Options::create();
   opts->devices.push_back(::c10d::ProcessGroupGloo::createDeviceForHostname(bench_host()));
   opts->timeout = std::chrono::seconds(120);
   ::c10d::ProcessGroupGloo pg(store, rank, n, opts);
+  mean_samples check(n, numel);
   auto base = current_rss_bytes();
   torch::manual_seed(rank);
   auto x = torch::randn({numel});
   std::vector<double> times;
-  torch::Tensor last;
-  for (int i = 0; i <= reps; ++i) {
+  double mse = 0;
+  for (int i = 0; i < reps; ++i) {
     std::vector<at::Tensor> ts{x.clone()};
     std::vector<at::Tensor> bar{torch::zeros({1})};
     pg.allreduce(bar)->wait(); // start together
@@ -104,13 +139,11 @@ int child_gloo(int rank, int n, int64_t numel, const std::string& dir, int reps)
     auto dt = std::chrono::duration<double>(clk::now() - t0).count();
     if (i > 0)
       times.push_back(dt);
-    if (i == reps) // only the last result is kept (for the mse), as a caller that applies it would
-      last = ts[0];
+    mse = worse(mse, check.mse(ts[0] / n));
   }
   auto rss = runtime::peak_rss_bytes();
-  auto mse = mse_to_mean(last / n, n, numel);
-  fmt::print("RESULT {} {:.6f} {:.6f} {} 0 {:.3e} {}\n", rank, median(times), median(times), rss,
-             mse, base);
+  fmt::print("RESULT {} {:.6f} {:.6f} {} 0 {:.3e} {}\n", rank, median(times), 0.0, rss, mse,
+             base);
   std::fflush(stdout);
   return 0;
 }
@@ -127,7 +160,7 @@ std::string wait_file(const std::string& path) {
 }
 
 int child_starling(int rank, int n, int64_t numel, const std::string& dir, int reps,
-                   kernels::codec_id codec) {
+                   kernels::codec_id codec, bool adaptive = false) {
   runtime::caf_options caf_opts;
   caf_opts.scheduler_policy = "sharing";
   runtime::node_options node_opts;
@@ -164,20 +197,23 @@ int child_starling(int rank, int n, int64_t numel, const std::string& dir, int r
     a.chunk_bytes = std::max<uint64_t>(4, std::strtoull(c, nullptr, 10) * 1024);
   a.window = 4;
   a.codec = codec;
-  if (!std::getenv("STARLING_BENCH_BASP"))
-    a.data_host = bench_host(); // the averager's data plane (STARLING_BENCH_BASP=1: BASP only)
+  a.adaptive_codec = adaptive;
+  // Chunks over the node's direct transport (STARLING_BENCH_BASP=1: BASP only).
+  if (!std::getenv("STARLING_BENCH_BASP") && node.data_endpoint())
+    a.transport = node.data_endpoint()->link_layer();
   auto avg = actors::averager::spawn_averager(node.system(), dht, node.resolver(), a);
   node.register_actor("averager", avg);
   std::this_thread::sleep_for(std::chrono::milliseconds(500)); // DHT joins settle
+  mean_samples check(n, numel);
   auto base = current_rss_bytes();
   torch::manual_seed(rank);
   auto x = torch::randn({numel});
   std::vector<double> rounds, walls;
-  torch::Tensor last;
+  double mse = 0;
   int bad = 0;
   {
     caf::scoped_actor self{node.system()};
-    for (int i = 0; i <= reps; ++i) {
+    for (int i = 0; i < reps; ++i) {
       messages::tensor_list tl;
       tl.tensors.push_back(messages::tensor_msg{x, kernels::codec_id::none, {}, {}});
       auto t0 = clk::now();
@@ -186,33 +222,39 @@ int child_starling(int rank, int n, int64_t numel, const std::string& dir, int r
           .receive(
               [&](messages::average_result& r) {
                 auto wall = std::chrono::duration<double>(clk::now() - t0).count();
-                if (r.report.outcome != messages::round_outcome::complete
-                    || r.report.members.size() != static_cast<size_t>(n)) {
+                bool complete = r.report.outcome == messages::round_outcome::complete
+                                && r.report.members.size() == static_cast<size_t>(n)
+                                && !r.tensors.empty();
+                if (!complete) {
                   ++bad;
+                  mse = -1;
                   fmt::print(stderr, "rank {}: {}\n", rank,
                              actors::averager::summary(r.report));
+                } else {
+                  mse = worse(mse, check.mse(r.tensors.front().tensor));
                 }
-                if (i > 0) {
+                // Every round counts with matchmaking (the first one's included); the first is
+                // left out of the round time (warm-up, as for Gloo).
+                walls.push_back(wall);
+                if (i > 0)
                   rounds.push_back(static_cast<double>(r.report.round_ns) * 1e-9);
-                  walls.push_back(wall);
-                }
-                if (i == reps && !r.tensors.empty()) // kept for the mse only
-                  last = r.tensors.front().tensor;
                 if (std::getenv("STARLING_BENCH_TRACE"))
-                  fmt::print(stderr, "rank {} round {}: rss {:.1f} MiB, peak {:.1f} MiB over base\n",
-                             rank, i, (current_rss_bytes() - base) / 1048576.0,
-                             (runtime::peak_rss_bytes() - base) / 1048576.0);
+                  fmt::print(stderr, "rank {} round {}: {:.4f} s ({:.4f} s round), rss {:.1f} MiB, "
+                             "peak {:.1f} MiB over base {}\n",
+                             rank, i, wall, static_cast<double>(r.report.round_ns) * 1e-9,
+                             (current_rss_bytes() - base) / 1048576.0,
+                             (runtime::peak_rss_bytes() - base) / 1048576.0, r.report.detail);
               },
               [&](caf::error& e) {
                 ++bad;
+                mse = -1;
                 fmt::print(stderr, "rank {}: {}\n", rank, node.system().render(e));
               });
     }
   }
   auto rss = runtime::peak_rss_bytes();
-  auto mse = mse_to_mean(last, n, numel);
-  fmt::print("RESULT {} {:.6f} {:.6f} {} {} {:.3e} {}\n", rank, median(rounds), median(walls), rss,
-             bad, mse, base);
+  fmt::print("RESULT {} {:.6f} {:.6f} {} {} {:.3e} {}\n", rank, median(rounds), mean_of(walls),
+             rss, bad, mse, base);
   std::fflush(stdout);
   std::this_thread::sleep_for(std::chrono::seconds(1)); // let the others finish their rounds
   node.shutdown();
@@ -253,7 +295,7 @@ row run_children(const std::string& kind, int n, int64_t numel, int reps,
       if (std::sscanf(line, "RESULT %d %lf %lf %llu %d %lf %llu", &rank, &t, &w, &rss, &bad, &mse,
                       &base) == 7) {
         out.extra = std::max<uint64_t>(out.extra, rss > base ? rss - base : 0);
-        out.mse = std::max(out.mse, mse);
+        out.mse = worse(out.mse, mse);
         out.time = std::max(out.time, t);
         out.wall = std::max(out.wall, w);
         out.rss = std::max<uint64_t>(out.rss, rss);
@@ -287,10 +329,12 @@ int main(int argc, char** argv) {
       return child_starling(rank, n, numel, dir, reps, kernels::codec_id::fp16);
     if (kind == "starling-bw8")
       return child_starling(rank, n, numel, dir, reps, kernels::codec_id::blockwise8);
+    if (kind == "starling-auto")
+      return child_starling(rank, n, numel, dir, reps, kernels::codec_id::none, true);
     return 2;
   }
   std::vector<int> ns{2, 4};
-  std::vector<std::string> kinds{"starling", "starling-fp16", "starling-bw8"};
+  std::vector<std::string> kinds{"starling", "starling-fp16", "starling-bw8", "starling-auto"};
   std::string netns;
   std::vector<std::string> positional;
   auto split = [](const std::string& s) {
@@ -330,40 +374,49 @@ int main(int argc, char** argv) {
       return 2;
     }
   for (auto& k : kinds)
-    if (k != "starling" && k != "starling-fp16" && k != "starling-bw8") {
+    if (k != "starling" && k != "starling-fp16" && k != "starling-bw8" && k != "starling-auto") {
       fmt::print(stderr, "bench_allreduce: unknown kind {}\n", k);
       return 2;
     }
-  int reps = positional.empty() ? 3 : std::max(1, std::atoi(positional[0].c_str()));
+  int reps = positional.empty() ? 10 : std::max(2, std::atoi(positional[0].c_str()));
   std::vector<int64_t> sizes;
   for (size_t i = 1; i < positional.size(); ++i)
     sizes.push_back(std::atoll(positional[i].c_str()));
   if (sizes.empty())
     sizes = {int64_t{1} << 20, int64_t{16} << 20};
-  fmt::print("all-reduce {}, median of {} rounds; time = slowest process; rss = largest "
-             "peak RSS; extra = largest peak RSS growth over the process's RSS before the "
-             "vector existed (LibTorch, CAF and Gloo themselves excluded), x_vec = extra / vector "
-             "bytes; mse = error against the exact mean\n",
+  fmt::print("all-reduce {}, {} rounds per row (see the header of allreduce.cpp); round = median "
+             "round time after the first, slowest process; GB/s = vector bytes / round; w/mm = mean "
+             "wall time of all rounds with matchmaking; rss = largest peak RSS; extra = largest "
+             "peak RSS growth over the process's RSS before the vector existed, x_vec = extra / "
+             "vector bytes; mse = largest sampled error against the exact mean over every round\n",
              netns.empty() ? "over loopback" : "across network namespaces " + netns + "*", reps);
-  fmt::print("{:>2} {:>10} {:>14} {:>10} {:>10} {:>9} {:>9} {:>6} {:>8} {:>9} {:>6}\n", "N",
-             "floats", "method", "time_s", "wall_s", "rss_MiB", "extra_MiB", "x_vec", "x_gloo",
-             "mse", "ok");
+  fmt::print("{:>2} {:>10} {:>14} {:>9} {:>6} {:>9} {:>7} {:>9} {:>8} {:>9} {:>6} {:>9} {:>4}\n",
+             "N", "floats", "method", "round_s", "GB/s", "w/mm_s", "x_gloo", "x_gloo_mm",
+             "rss_MiB", "extra_MiB", "x_vec", "mse", "ok");
+  auto num = [](bool have, double v, const char* f) {
+    return have ? fmt::format(fmt::runtime(f), v) : std::string{"missing"};
+  };
   for (int n : ns)
     for (auto numel : sizes) {
-      auto g = run_children("gloo", n, numel, reps, netns);
       auto vec = static_cast<double>(numel) * 4;
-      fmt::print("{:>2} {:>10} {:>14} {:>10.4f} {:>10} {:>9.1f} {:>9.1f} {:>6.2f} {:>8} {:>9.2e} "
-                 "{:>6}\n",
-                 n, numel, "gloo", g.time, "-", g.rss / 1048576.0, g.extra / 1048576.0,
-                 g.extra / vec, "1.00", g.mse, g.ok ? "yes" : "NO");
+      auto g = run_children("gloo", n, numel, reps, netns);
+      bool gt = g.ok && g.time > 0;
+      fmt::print("{:>2} {:>10} {:>14} {:>9} {:>6} {:>9} {:>7} {:>9} {:>8.1f} {:>9.1f} {:>6.2f} "
+                 "{:>9} {:>4}\n",
+                 n, numel, "gloo", num(gt, g.time, "{:.4f}"), num(gt, vec / g.time / 1e9, "{:.2f}"),
+                 "-", "1.00", "-", g.rss / 1048576.0, g.extra / 1048576.0, g.extra / vec,
+                 num(g.mse >= 0 && g.ok, g.mse, "{:.2e}"), g.ok && g.mse >= 0 ? "yes" : "NO");
       std::fflush(stdout);
       for (auto& kind : kinds) {
         auto s = run_children(kind, n, numel, reps, netns);
-        fmt::print("{:>2} {:>10} {:>14} {:>10.4f} {:>10.4f} {:>9.1f} {:>9.1f} {:>6.2f} {:>8.2f} "
-                   "{:>9.2e} {:>6}\n",
-                   n, numel, kind, s.time, s.wall, s.rss / 1048576.0, s.extra / 1048576.0,
-                   s.extra / vec, g.time > 0 ? s.time / g.time : 0.0, s.mse,
-                   s.ok && s.bad == 0 ? "yes" : "NO");
+        bool st = s.ok && s.time > 0;
+        fmt::print("{:>2} {:>10} {:>14} {:>9} {:>6} {:>9} {:>7} {:>9} {:>8.1f} {:>9.1f} {:>6.2f} "
+                   "{:>9} {:>4}\n",
+                   n, numel, kind, num(st, s.time, "{:.4f}"), num(st, vec / s.time / 1e9, "{:.2f}"),
+                   num(s.ok, s.wall, "{:.4f}"), num(st && gt, s.time / g.time, "{:.2f}"),
+                   num(s.ok && gt, s.wall / g.time, "{:.2f}"), s.rss / 1048576.0,
+                   s.extra / 1048576.0, s.extra / vec, num(s.mse >= 0 && s.ok, s.mse, "{:.2e}"),
+                   s.ok && s.bad == 0 && s.mse >= 0 ? "yes" : "NO");
         std::fflush(stdout);
       }
     }

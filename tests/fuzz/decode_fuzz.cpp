@@ -1,14 +1,14 @@
 // libFuzzer target: untrusted bytes through the envelope and tensor decoders (capnp parse,
-// header validation, payload size and invariant checks) and the data channel's frame header
-// (an input may be a frame: 32 header bytes, then the tensor), and the averager data plane's
-// preamble, frame header and chunk meta. Must return an error, never crash.
+// header validation, payload size and invariant checks), the direct transport's framing (an
+// input may be a frame: 16 header bytes, its meta, then the tensor; or a preamble; or a transfer
+// status) and the averager's chunk meta. Must return an error, never crash.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
-#include "actors/averager/plane_frame.hpp"
-#include "actors/transfer/frame.hpp"
+#include "actors/averager/chunk.hpp"
+#include "actors/transfer/link_frame.hpp"
 #include "messages/wire.hpp"
 
 using namespace starling;
@@ -50,33 +50,35 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return s;
   });
   (void) st;
-  using actors::transfer::frame_header_bytes;
-  if (size >= frame_header_bytes) {
-    auto h = actors::transfer::parse_frame_header(data, frame_header_bytes);
+  namespace tr = actors::transfer;
+  if (size >= tr::link_frame_header_bytes) {
+    auto h = tr::parse_link_frame_header(data, tr::link_frame_header_bytes);
     if (h.ok()) {
-      // A parsed header re-serializes to the same bytes and declares 1 .. 2^31 bytes.
-      uint8_t again[frame_header_bytes];
-      actors::transfer::write_frame_header(*h, again);
-      if (std::memcmp(again, data, frame_header_bytes) != 0 || h->length == 0 ||
-          h->length > max_message_bytes)
+      // A parsed header re-serializes to the same bytes and declares lengths in range.
+      uint8_t again[tr::link_frame_header_bytes];
+      tr::write_link_frame_header(*h, again);
+      if (std::memcmp(again, data, tr::link_frame_header_bytes) != 0
+          || h->meta_bytes < tr::link_min_meta_bytes || h->meta_bytes > tr::link_max_meta_bytes
+          || h->payload_bytes > tr::link_max_payload_bytes)
         std::abort();
-      tensor_msg_free_check(bytes + frame_header_bytes, size - frame_header_bytes);
+      auto rest = size - tr::link_frame_header_bytes;
+      if (rest >= h->meta_bytes)
+        tensor_msg_free_check(bytes + tr::link_frame_header_bytes + h->meta_bytes,
+                              rest - h->meta_bytes);
     }
   }
-  // The averager data plane: preamble, frame header and meta parsers on the same bytes.
-  namespace av = actors::averager;
-  if (size >= av::plane_preamble_bytes)
-    (void) av::parse_plane_preamble(data, av::plane_preamble_bytes);
-  if (size >= av::plane_frame_header_bytes) {
-    auto h = av::parse_plane_frame_header(data, av::plane_frame_header_bytes);
-    if (h.ok() && (h->meta_bytes > av::plane_max_meta_bytes
-                   || h->payload_bytes > av::plane_max_payload_bytes))
+  if (size >= tr::link_preamble_bytes)
+    (void) tr::parse_link_preamble(data, tr::link_preamble_bytes);
+  if (auto st = tr::decode_transfer_status(data, size); st.ok()) {
+    auto again = tr::encode_transfer_status(st->first, st->second);
+    if (again.size() != size || std::memcmp(again.data(), data, size) != 0)
       std::abort();
   }
-  auto meta = av::decode_plane_meta(data, size);
+  // The averager's chunk meta: a decoded meta re-encodes to exactly the same bytes.
+  namespace av = actors::averager;
+  auto meta = av::decode_chunk_meta(data, size);
   if (meta.ok()) {
-    // A decoded meta re-encodes to exactly the same bytes.
-    auto again = av::encode_plane_meta(*meta);
+    auto again = av::encode_chunk_meta(*meta);
     if (!again.ok() || again->size() != size || std::memcmp(again->data(), data, size) != 0)
       std::abort();
   }

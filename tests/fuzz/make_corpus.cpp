@@ -1,5 +1,5 @@
 // Writes seed inputs for decode_fuzz into the directory given as argv[1]: envelopes with a ping
-// and with a small tensor of every codec, the bare tensors, and the tensors as data-channel frames.
+// and with a small tensor of every codec, the bare tensors, and the tensors as direct-link frames.
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -7,7 +7,7 @@
 
 #include <capnp/message.h>
 
-#include "actors/transfer/frame.hpp"
+#include "actors/transfer/link_frame.hpp"
 #include "messages/wire.hpp"
 
 using namespace starling;
@@ -79,12 +79,14 @@ int main(int argc, char** argv) {
     fill(h, chunks2);
     write_flat(bare, bytes);
     save(dir + "/tensor-" + name, bytes);
-    // The same tensor as a data-channel frame: header (token, length), then the bytes.
-    actors::transfer::frame_header fh;
-    fh.token.fill(0x5a);
-    fh.length = bytes.size();
-    std::vector<char> frame(actors::transfer::frame_header_bytes);
-    actors::transfer::write_frame_header(fh, reinterpret_cast<uint8_t*>(frame.data()));
+    // The same tensor as a direct-link frame: header (meta and payload lengths), the meta
+    // (the transfer channel and a token), then the bytes.
+    namespace tr = actors::transfer;
+    auto meta = tr::make_link_meta(tr::transfer_channel, std::vector<uint8_t>(16, 0x5a));
+    std::vector<char> frame(tr::link_frame_header_bytes);
+    tr::write_link_frame_header({static_cast<uint32_t>(meta.size()), bytes.size()},
+                                reinterpret_cast<uint8_t*>(frame.data()));
+    frame.insert(frame.end(), meta.begin(), meta.end());
     frame.insert(frame.end(), bytes.begin(), bytes.end());
     save(dir + "/frame-" + name, frame);
   }

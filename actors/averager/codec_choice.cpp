@@ -1,0 +1,108 @@
+#include "actors/averager/codec_choice.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+#include <torch/torch.h>
+
+#include "kernels/compress/codec.hpp"
+
+namespace starling::actors::averager {
+
+result<codec_profile> measure_codec(const at::Tensor& sample, kernels::codec_id codec,
+                                    const kernels::codec_params& params,
+                                    const std::function<double()>& now_seconds) {
+  if (!sample.defined() || sample.dim() != 1 || sample.scalar_type() != torch::kFloat32
+      || sample.numel() == 0)
+    return fail("measure_codec: a non-empty 1-D fp32 sample was expected");
+  codec_profile p;
+  p.codec = codec;
+  auto n = static_cast<double>(sample.numel());
+  auto t0 = now_seconds();
+  auto enc = kernels::encode(sample, codec, params);
+  if (!enc)
+    return fail(fmt::format("measure_codec: {}", enc.error().what));
+  auto dec = kernels::decode(*enc);
+  auto t1 = now_seconds();
+  if (!dec)
+    return fail(fmt::format("measure_codec: {}", dec.error().what));
+  p.bytes_per_element = static_cast<double>(enc->payload_bytes()) / n;
+  p.seconds_per_element = std::max(0.0, t1 - t0) / n;
+  auto norm = sample.norm().item<double>();
+  auto diff = (dec->to(torch::kFloat32).reshape({-1}) - sample).norm().item<double>();
+  p.relative_error = norm > 0 ? diff / norm : (diff > 0 ? 1.0 : 0.0);
+  return p;
+}
+
+codec_chooser::codec_chooser(codec_choice_options opts) : opts_(std::move(opts)) {
+  if (std::find(opts_.candidates.begin(), opts_.candidates.end(), kernels::codec_id::none)
+      == opts_.candidates.end())
+    opts_.candidates.push_back(kernels::codec_id::none);
+  opts_.smoothing = std::clamp(opts_.smoothing, 1e-3, 1.0);
+}
+
+void codec_chooser::set_profile(const codec_profile& p) {
+  profiles_[p.codec] = p;
+}
+
+bool codec_chooser::profiled() const {
+  return std::all_of(opts_.candidates.begin(), opts_.candidates.end(),
+                     [this](kernels::codec_id c) { return profiles_.count(c) > 0; });
+}
+
+void codec_chooser::observe(double bytes, double seconds) {
+  if (!(bytes > 0) || !(seconds > 0) || !std::isfinite(bytes) || !std::isfinite(seconds))
+    return;
+  auto b = bytes / seconds;
+  throughput_ = throughput_ ? (1 - opts_.smoothing) * *throughput_ + opts_.smoothing * b : b;
+}
+
+double codec_chooser::estimated_error(kernels::codec_id codec, size_t members) const {
+  auto it = profiles_.find(codec);
+  if (it == profiles_.end())
+    return codec == kernels::codec_id::none ? 0.0 : std::numeric_limits<double>::infinity();
+  auto n = static_cast<double>(std::max<size_t>(members, 1));
+  return it->second.relative_error * std::sqrt(1 + 1 / n);
+}
+
+double codec_chooser::estimated_seconds(kernels::codec_id codec, int64_t elements,
+                                        size_t members) const {
+  auto it = profiles_.find(codec);
+  if (it == profiles_.end())
+    return std::numeric_limits<double>::infinity();
+  auto n = static_cast<double>(std::max<size_t>(members, 2));
+  auto moved = 2 * (n - 1) / n * static_cast<double>(elements);
+  auto cpu = moved * it->second.seconds_per_element;
+  auto net = throughput_ ? moved * it->second.bytes_per_element / *throughput_ : 0.0;
+  return std::max(cpu, net);
+}
+
+kernels::codec_id codec_chooser::choose(int64_t elements, size_t members) const {
+  if (!profiled())
+    return kernels::codec_id::none;
+  auto best = kernels::codec_id::none;
+  auto best_time = std::numeric_limits<double>::infinity();
+  auto best_bytes = std::numeric_limits<double>::infinity();
+  for (auto c : opts_.candidates) {
+    if (estimated_error(c, members) > opts_.error_budget)
+      continue;
+    auto& p = profiles_.at(c);
+    if (!throughput_) { // nothing measured yet: the fewest bytes
+      if (p.bytes_per_element < best_bytes) {
+        best_bytes = p.bytes_per_element;
+        best = c;
+      }
+      continue;
+    }
+    auto t = estimated_seconds(c, elements, members);
+    if (t < best_time) {
+      best_time = t;
+      best = c;
+    }
+  }
+  return best;
+}
+
+} // namespace starling::actors::averager

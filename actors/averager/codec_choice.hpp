@@ -1,0 +1,93 @@
+// Adaptive compression (`codec: auto`): per round, the codec that should finish the round
+// soonest among those whose estimated error of the result stays within a budget. Pure (no CAF):
+// the averager feeds it measurements; tests feed it numbers.
+//
+// Model. In a butterfly round of n members over N elements each member sends and receives about
+// m = 2 (n - 1) / n · N elements (contributions, then results). With codec c (b_c bytes and k_c
+// CPU seconds per element for encoding plus decoding, measured on this member's data) over links
+// of throughput B (bytes per second, measured by the transport while it writes), the round takes
+// about T(c) = max(m · b_c / B, m · k_c): the links' threads encode and decode while others
+// write, so whichever is slower bounds the round.
+//
+// Error. A codec's relative L2 error e_c is measured on a sample of this member's vector. A
+// result element carries the error of n averaged contributions (e_c / sqrt(n) relative, when the
+// members' errors are independent) and that of the compressed result chunk (e_c): the estimate
+// is e_c · sqrt(1 + 1/n), relative to the scale of the members' vectors. (It assumes that the mean
+// is about as large as the inputs, as for gradients of one model; for unrelated inputs whose mean
+// is much smaller, the error relative to the mean grows accordingly.) Codecs whose estimate
+// exceeds the budget are never chosen; `none` always fits.
+//
+// Before any throughput was measured, B counts as unknown and the smallest codec within budget is
+// chosen (a slow network then pays no uncompressed first round; a fast one switches after it).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "kernels/compress/format.hpp"
+#include "kernels/result.hpp"
+
+namespace starling::actors::averager {
+
+/// What one codec costs and loses on this member's data.
+struct codec_profile {
+  kernels::codec_id codec = kernels::codec_id::none;
+  /// Encoded bytes per element.
+  double bytes_per_element = 4;
+  /// CPU seconds per element to encode and decode.
+  double seconds_per_element = 0;
+  /// ||decode(encode(x)) - x|| / ||x|| on a sample.
+  double relative_error = 0;
+};
+
+/// Settings of the choice.
+struct codec_choice_options {
+  /// Codecs to choose from (`none` is always among them).
+  std::vector<kernels::codec_id> candidates = {kernels::codec_id::none, kernels::codec_id::fp16,
+                                               kernels::codec_id::blockwise8};
+  /// Largest estimated relative L2 error of the result.
+  double error_budget = 1e-2;
+  /// Weight of the newest throughput measurement in the running estimate (0, 1].
+  double smoothing = 0.5;
+};
+
+/// Measures `codec` on `sample` (1-D fp32): size, error and the time to encode and decode it,
+/// read from `now_seconds` (a steady clock in the actor).
+result<codec_profile> measure_codec(const at::Tensor& sample, kernels::codec_id codec,
+                                    const kernels::codec_params& params,
+                                    const std::function<double()>& now_seconds);
+
+/// Picks the codec of each round from profiles and link throughput measurements.
+class codec_chooser {
+public:
+  explicit codec_chooser(codec_choice_options opts = {});
+
+  /// Sets (or replaces) a candidate's profile.
+  void set_profile(const codec_profile& p);
+  /// True once every candidate has a profile.
+  bool profiled() const;
+  /// A throughput measurement: `bytes` written to peers in `seconds` of writing (ignored when
+  /// either is not positive).
+  void observe(double bytes, double seconds);
+  /// The current throughput estimate in bytes per second, if any was measured.
+  std::optional<double> throughput() const { return throughput_; }
+  /// Estimated relative error of the result with `codec` in a group of `members`.
+  double estimated_error(kernels::codec_id codec, size_t members) const;
+  /// Estimated seconds of a round over `elements` with `members`; unknown throughput counts as
+  /// zero-cost network only when `throughput` is set.
+  double estimated_seconds(kernels::codec_id codec, int64_t elements, size_t members) const;
+  /// The codec for a round over `elements` with `members` (none before profiling).
+  kernels::codec_id choose(int64_t elements, size_t members) const;
+
+private:
+  codec_choice_options opts_;
+  std::map<kernels::codec_id, codec_profile> profiles_;
+  std::optional<double> throughput_;
+};
+
+} // namespace starling::actors::averager

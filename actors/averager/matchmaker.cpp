@@ -1,0 +1,342 @@
+#include "actors/averager/matchmaker.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <sstream>
+
+#include <fmt/format.h>
+
+namespace starling::actors::averager {
+
+std::vector<char> encode_announcement(double bandwidth, bool auxiliary, int64_t numel) {
+  auto s = fmt::format("v1 {} {} {}", bandwidth, auxiliary ? 1 : 0, numel);
+  return {s.begin(), s.end()};
+}
+
+bool decode_announcement(const std::vector<char>& v, double& bandwidth, bool& auxiliary,
+                         int64_t& numel) {
+  if (v.size() > 128)
+    return false;
+  std::istringstream in(std::string(v.begin(), v.end()));
+  std::string tag;
+  int a = 0;
+  if (!(in >> tag >> bandwidth >> a >> numel) || tag != "v1")
+    return false;
+  auxiliary = a != 0;
+  return std::isfinite(bandwidth) && bandwidth >= 0 && numel >= 0 && (a == 0 || a == 1);
+}
+
+matchmaker::matchmaker(matchmaker_options opts) : opts_(std::move(opts)) {}
+
+messages::member_info matchmaker::me() const {
+  return {opts_.address, opts_.bandwidth, opts_.auxiliary};
+}
+
+std::vector<mm_effect> matchmaker::start(const std::string& group_key, int64_t numel,
+                                         int64_t now_ns, uint64_t seed) {
+  std::vector<mm_effect> out;
+  ++epoch_;
+  phase_ = phase::matching;
+  key_ = group_key;
+  numel_ = numel;
+  now_ns_ = now_ns;
+  seed_ = seed;
+  leader_.clear();
+  followers_.clear();
+  members_.clear();
+  refused_.clear();
+  announced_.clear();
+  closed_ = false;
+  window_over_ = false;
+  auto key = opts_.key_prefix + key_;
+  out.push_back(mm::announce{key, encode_announcement(opts_.bandwidth, opts_.auxiliary, numel_),
+                             2 * opts_.matchmaking_window + opts_.join_grace});
+  out.push_back(mm::poll{key});
+  out.push_back(mm::set_timer{epoch_, mm_timer::poll, opts_.poll_interval});
+  out.push_back(mm::set_timer{epoch_, mm_timer::window_end, opts_.matchmaking_window});
+  // A remembered group: ask its leader at once instead of waiting for the DHT.
+  if (auto prev = previous_.find(key_); opts_.persistent_groups && prev != previous_.end())
+    switch_to(prev->second.front().address, out);
+  // Joins that waited for this request.
+  auto waiting = std::move(waiting_);
+  waiting_.clear();
+  for (auto& w : waiting) {
+    avg_join_reply r;
+    if (w.join.group_key == key_)
+      r = decide_join(w.join, out);
+    else
+      r.reason = "not matchmaking under this key";
+    out.push_back(mm::answer_join{w.ticket, std::move(r)});
+  }
+  return out;
+}
+
+std::vector<mm_effect> matchmaker::on_records(const std::vector<announcement>& records) {
+  std::vector<mm_effect> out;
+  if (phase_ != phase::matching || closed_ || window_over_)
+    return out;
+  // A refusal holds until the refusing peer announces itself again: a leader still busy with its
+  // previous round re-announces when it starts matching (then it is asked again), a full or
+  // closed one does not. (Refusals that held for one poll only made all 7 other peers of an
+  // 8-peer bench ask a smallest leader stuck in its previous round every poll until the window
+  // ended, and nobody averaged.)
+  auto current = leader_.empty() ? opts_.address : leader_;
+  auto best = current;
+  for (auto& rec : records) {
+    if (rec.address.empty() || rec.address == opts_.address)
+      continue;
+    double bw = 0;
+    bool aux = false;
+    int64_t numel = 0;
+    if (!decode_announcement(rec.value, bw, aux, numel) || numel != numel_)
+      continue;
+    auto& seen = announced_[rec.address];
+    seen = std::max(seen, rec.expiration_ns);
+    if (auto it = refused_.find(rec.address); it != refused_.end()) {
+      if (rec.expiration_ns <= it->second)
+        continue;
+      refused_.erase(it); // announced anew since it refused
+    }
+    if (rec.address < best)
+      best = rec.address;
+  }
+  if (best != current)
+    switch_to(best, out);
+  return out;
+}
+
+void matchmaker::refuse(const std::string& leader) {
+  auto it = announced_.find(leader);
+  refused_[leader] = it == announced_.end() ? 0 : it->second;
+}
+
+void matchmaker::switch_to(const std::string& leader, std::vector<mm_effect>& out) {
+  if (leader >= opts_.address || refused_.count(leader) > 0 || leader == leader_)
+    return;
+  if (!leader_.empty())
+    out.push_back(mm::send_leave{leader_, avg_leave{key_, opts_.address, std::string{}}});
+  for (auto& f : followers_)
+    out.push_back(mm::send_leave{f.address, avg_leave{key_, opts_.address, leader}});
+  followers_.clear();
+  leader_ = leader;
+  out.push_back(mm::send_join{leader, avg_join{key_, me(), numel_}, epoch_});
+}
+
+std::vector<mm_effect> matchmaker::on_join_reply(uint64_t epoch, const std::string& leader,
+                                                 const avg_join_reply& r) {
+  std::vector<mm_effect> out;
+  if (epoch != epoch_ || phase_ != phase::matching || r.verdict == avg_join_reply::accepted)
+    return out;
+  if (r.verdict == avg_join_reply::redirected && !r.redirect.empty() && leader_ == leader) {
+    refuse(leader);
+    leader_.clear();
+    switch_to(r.redirect, out);
+    return out;
+  }
+  return on_join_failed(epoch, leader, r.reason);
+}
+
+std::vector<mm_effect> matchmaker::on_join_failed(uint64_t epoch, const std::string& leader,
+                                                  const std::string&) {
+  if (epoch != epoch_ || phase_ != phase::matching)
+    return {};
+  refuse(leader);
+  if (leader_ == leader)
+    leader_.clear();
+  return {};
+}
+
+bool matchmaker::previous_group_back() const {
+  auto prev = previous_.find(key_);
+  if (!opts_.persistent_groups || prev == previous_.end())
+    return false;
+  for (auto& m : prev->second)
+    if (m.address != opts_.address
+        && std::none_of(followers_.begin(), followers_.end(),
+                        [&](const messages::member_info& f) { return f.address == m.address; }))
+      return false;
+  return true;
+}
+
+avg_join_reply matchmaker::decide_join(const avg_join& j, std::vector<mm_effect>& out) {
+  avg_join_reply r;
+  if (phase_ != phase::matching || j.group_key != key_) {
+    r.reason = "not matchmaking under this key";
+  } else if (closed_) {
+    r.reason = "group already closed";
+  } else if (!leader_.empty()) {
+    r.verdict = avg_join_reply::redirected;
+    r.redirect = leader_;
+  } else if (j.numel != numel_) {
+    r.reason = fmt::format("vector size {} differs from the leader's {}", j.numel, numel_);
+  } else if (j.member.address <= opts_.address) {
+    r.reason = "ask a smaller leader";
+  } else if (!std::isfinite(j.member.bandwidth) || j.member.bandwidth < 0) {
+    r.reason = "bad bandwidth";
+  } else {
+    auto it = std::find_if(followers_.begin(), followers_.end(),
+                           [&](const messages::member_info& m) {
+                             return m.address == j.member.address;
+                           });
+    if (it == followers_.end() && followers_.size() + 1 >= opts_.target_group_size) {
+      r.reason = "group full";
+    } else {
+      if (it == followers_.end())
+        followers_.push_back(j.member);
+      else
+        *it = j.member;
+      r.verdict = avg_join_reply::accepted;
+      if (followers_.size() + 1 >= opts_.target_group_size || previous_group_back())
+        close_group(out);
+    }
+  }
+  return r;
+}
+
+std::vector<mm_effect> matchmaker::on_join(uint64_t ticket, const avg_join& j) {
+  std::vector<mm_effect> out;
+  bool current = phase_ == phase::matching && j.group_key == key_;
+  if (!current && opts_.persistent_groups && waiting_.size() < opts_.target_group_size) {
+    // A member of the group we lead under that key (the one running now, or the last one)
+    // asking before our own next request: it waits.
+    const std::vector<messages::member_info>* group = nullptr;
+    if (phase_ == phase::formed && j.group_key == key_ && !members_.empty())
+      group = &members_;
+    else if (auto prev = previous_.find(j.group_key); prev != previous_.end())
+      group = &prev->second;
+    if (group != nullptr && group->front().address == opts_.address
+        && std::any_of(group->begin(), group->end(), [&](const messages::member_info& m) {
+             return m.address == j.member.address;
+           })) {
+      for (auto& w : waiting_)
+        if (w.join.member.address == j.member.address) {
+          avg_join_reply stale;
+          stale.reason = "asked again";
+          out.push_back(mm::answer_join{w.ticket, std::move(stale)});
+          w = waiting_join{ticket, j};
+          return out;
+        }
+      waiting_.push_back(waiting_join{ticket, j});
+      return out;
+    }
+  }
+  auto r = decide_join(j, out);
+  out.insert(out.begin(), mm::answer_join{ticket, std::move(r)});
+  return out;
+}
+
+std::vector<mm_effect> matchmaker::on_leave(const avg_leave& l) {
+  std::vector<mm_effect> out;
+  waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(),
+                                [&](const waiting_join& w) {
+                                  return w.join.member.address == l.address && l.leader.empty();
+                                }),
+                 waiting_.end());
+  if (phase_ != phase::matching || l.group_key != key_ || closed_)
+    return out;
+  if (l.leader.empty()) {
+    followers_.erase(std::remove_if(followers_.begin(), followers_.end(),
+                                    [&](const messages::member_info& m) {
+                                      return m.address == l.address;
+                                    }),
+                     followers_.end());
+  } else if (l.address == leader_) {
+    refuse(leader_);
+    leader_.clear();
+    switch_to(l.leader, out);
+  }
+  return out;
+}
+
+void matchmaker::close_group(std::vector<mm_effect>& out) {
+  if (closed_ || followers_.empty())
+    return;
+  closed_ = true;
+  phase_ = phase::formed;
+  std::vector<messages::member_info> members = followers_;
+  members.push_back(me());
+  std::sort(members.begin(), members.end(),
+            [](const auto& a, const auto& b) { return a.address < b.address; });
+  uint64_t id = std::hash<std::string>{}(
+      fmt::format("{}/{}/{}/{}", opts_.address, epoch_, now_ns_, seed_));
+  id |= 1; // never 0
+  avg_group g{key_, id, members, numel_};
+  for (auto& m : followers_)
+    out.push_back(mm::send_group{m.address, g});
+  members_ = members;
+  out.push_back(mm::formed{id, std::move(members)});
+}
+
+std::vector<mm_effect> matchmaker::on_group(const avg_group& g) {
+  std::vector<mm_effect> out;
+  if (phase_ != phase::matching || g.group_key != key_ || closed_ || g.numel != numel_
+      || g.group_id == 0 || g.members.size() < 2 || g.members.size() > 4096)
+    return out;
+  if (std::none_of(g.members.begin(), g.members.end(),
+                   [&](const messages::member_info& m) { return m.address == opts_.address; }))
+    return out;
+  closed_ = true;
+  phase_ = phase::formed;
+  members_ = g.members;
+  out.push_back(mm::formed{g.group_id, g.members});
+  return out;
+}
+
+void matchmaker::give_up(std::string why, std::vector<mm_effect>& out) {
+  phase_ = phase::formed; // nothing more happens in this request
+  closed_ = true;
+  out.push_back(mm::gave_up{std::move(why)});
+}
+
+std::vector<mm_effect> matchmaker::on_timer(uint64_t epoch, mm_timer kind) {
+  std::vector<mm_effect> out;
+  if (epoch != epoch_ || phase_ != phase::matching || closed_)
+    return out;
+  switch (kind) {
+    case mm_timer::poll:
+      if (!window_over_) {
+        out.push_back(mm::poll{opts_.key_prefix + key_});
+        out.push_back(mm::set_timer{epoch_, mm_timer::poll, opts_.poll_interval});
+      }
+      break;
+    case mm_timer::window_end:
+      window_over_ = true;
+      if (!leader_.empty())
+        out.push_back(mm::set_timer{epoch_, mm_timer::follow_deadline, opts_.join_grace});
+      else if (!followers_.empty())
+        close_group(out);
+      else
+        give_up("no partner found within the matchmaking window", out);
+      break;
+    case mm_timer::follow_deadline:
+      give_up(fmt::format("leader {} sent no group", leader_), out);
+      break;
+  }
+  return out;
+}
+
+std::vector<mm_effect> matchmaker::finish(std::vector<messages::member_info> members) {
+  std::vector<mm_effect> out;
+  if (phase_ == phase::matching && !closed_ && !leader_.empty())
+    out.push_back(mm::send_leave{leader_, avg_leave{key_, opts_.address, std::string{}}});
+  if (opts_.persistent_groups && !key_.empty()) {
+    if (members.size() >= 2)
+      previous_[key_] = std::move(members);
+    else
+      previous_.erase(key_);
+  }
+  phase_ = phase::idle;
+  key_.clear();
+  leader_.clear();
+  followers_.clear();
+  members_.clear();
+  ++epoch_;
+  return out;
+}
+
+void matchmaker::forget(const std::string& group_key) {
+  previous_.erase(group_key);
+}
+
+} // namespace starling::actors::averager

@@ -1,0 +1,718 @@
+#include "actors/transfer/transport.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <poll.h>
+#include <sys/socket.h>
+#include <thread>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+#include <sodium.h>
+
+#include "actors/transfer/socket_io.hpp"
+#include "messages/chunked.hpp"
+
+namespace starling::actors::transfer {
+
+using clk = std::chrono::steady_clock;
+
+// -- outgoing payloads and frames --------------------------------------------------------------
+
+outgoing_payload::outgoing_payload(at::Tensor values, kernels::codec_id codec,
+                                   kernels::codec_params params)
+  : values_(std::move(values)), codec_(codec), params_(params) {}
+
+outgoing_payload::outgoing_payload(std::shared_ptr<const messages::chunk_source> encoded)
+  : codec_(kernels::codec_id::none), bytes_(std::move(encoded)) {}
+
+outgoing_payload::~outgoing_payload() = default;
+
+const status& outgoing_payload::encode() {
+  std::call_once(once_, [this] {
+    if (bytes_ || !values_.defined())
+      return;
+    auto src = messages::encode_tensor_source({values_, codec_, params_, {}});
+    if (!src && codec_ != kernels::codec_id::none)
+      src = messages::encode_tensor_source({values_, kernels::codec_id::none, {}, {}});
+    if (!src) {
+      status_ = src.error();
+      return;
+    }
+    bytes_ = std::move(*src);
+    values_ = at::Tensor{}; // a referencing payload keeps what it needs alive
+  });
+  return status_;
+}
+
+outgoing_frame::outgoing_frame(uint32_t channel, const std::vector<uint8_t>& body,
+                               std::shared_ptr<outgoing_payload> payload)
+  : meta_(make_link_meta(channel, body)), payload_(std::move(payload)) {}
+
+outgoing_frame::outgoing_frame(uint32_t channel, const std::vector<uint8_t>& body,
+                               at::Tensor values, kernels::codec_id codec,
+                               kernels::codec_params params)
+  : meta_(make_link_meta(channel, body)),
+    payload_(values.defined()
+               ? std::make_shared<outgoing_payload>(std::move(values), codec, params)
+               : nullptr) {}
+
+// -- channel_handler defaults ------------------------------------------------------------------
+
+status channel_handler::admit(const std::string&, const uint8_t*, size_t, uint64_t) {
+  return {};
+}
+
+status channel_handler::check(const std::string&, const uint8_t*, size_t,
+                              const kernels::tensor_header&) {
+  return {};
+}
+
+bool channel_handler::refused(const std::string&, const uint8_t*, size_t, const std::string&) {
+  return false;
+}
+
+void channel_handler::link_up(const std::string&) {}
+
+void channel_handler::link_lost(const std::string&, const std::string&) {}
+
+namespace {
+
+/// Socket send buffer of a link this side opens: room for 4 MiB in flight at once instead of
+/// waiting for the kernel's autotuning.
+constexpr int send_buffer = 4 << 20;
+
+struct token_entry {
+  std::string peer;
+  clk::time_point deadline;
+};
+
+/// Received payloads of one link that its handlers still hold. The reader takes no new buffer
+/// while `limit` are out: TCP's flow control then slows the sender, instead of payloads piling
+/// up in an actor's mailbox (a 4-peer 16M-float round had 12 x 4 MiB queued).
+struct link_credit {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint32_t out = 0;
+  bool stopping = false;
+
+  /// Waits for a free slot and takes it; false once the link or the transport stops.
+  bool acquire(uint32_t limit) {
+    std::unique_lock<std::mutex> lock{mu};
+    cv.wait(lock, [&] { return out < limit || stopping; });
+    if (stopping)
+      return false;
+    ++out;
+    return true;
+  }
+  void release() {
+    {
+      std::lock_guard<std::mutex> guard{mu};
+      --out;
+    }
+    cv.notify_all();
+  }
+  void stop() {
+    {
+      std::lock_guard<std::mutex> guard{mu};
+      stopping = true;
+    }
+    cv.notify_all();
+  }
+};
+
+/// A delivered payload's tensor and its link's slot, returned (buffer first) when the last copy
+/// of the tensor is freed.
+struct credit_hold {
+  at::Tensor tensor;
+  std::shared_ptr<link_credit> credit;
+  ~credit_hold() {
+    tensor.reset();
+    if (credit)
+      credit->release();
+  }
+};
+
+/// One TCP connection to a peer transport, both directions.
+struct link {
+  std::string peer;
+  /// This side connected (its writer thread owns the link and joins its reader).
+  bool outgoing = false;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::shared_ptr<outgoing_frame>> queue;
+  int fd = -1;
+  bool dead = false;
+  bool stopping = false;
+  /// Set by the owner thread as its last act: the link can be reaped.
+  std::atomic<bool> finished{false};
+  std::string why;
+  std::thread writer;
+  std::thread reader;
+  std::shared_ptr<link_credit> credit = std::make_shared<link_credit>();
+};
+
+class transport_impl final : public transport {
+public:
+  transport_impl(transport_options opts, int fd, uint16_t port)
+    : opts_(std::move(opts)), port_(port), pool_(std::make_shared<buffer_pool>(opts_.pool_buffers)) {
+    if (fd >= 0) {
+      host_ = opts_.host == "localhost" ? std::string{"127.0.0.1"} : opts_.host;
+      id_ = host_ + ":" + std::to_string(port_);
+      acceptor_ = std::make_unique<acceptor>(
+        fd, opts_.max_links, [this](int c) { serve(c); },
+        [this](std::string why) { record_failure(std::move(why)); });
+    } else {
+      link_token t;
+      randombytes_buf(t.data(), t.size());
+      id_ = "client-" + token_to_hex(t);
+    }
+  }
+
+  ~transport_impl() override { stop(); }
+
+  const std::string& id() const override { return id_; }
+  const std::string& host() const override { return host_; }
+  uint16_t port() const override { return port_; }
+  uint64_t delivered() const override { return delivered_; }
+  uint64_t failed() const override { return failed_; }
+  uint64_t connections_opened() const override { return connections_; }
+  std::string last_error() const override {
+    std::lock_guard<std::mutex> guard{mu_};
+    return last_error_;
+  }
+
+  std::string issue(const std::string& peer) override {
+    link_token t;
+    randombytes_buf(t.data(), t.size());
+    std::lock_guard<std::mutex> guard{mu_};
+    purge_tokens();
+    tokens_[t] = token_entry{peer, clk::now() + opts_.token_ttl};
+    return token_to_hex(t);
+  }
+
+  status accept(const link_token& token, const std::string& peer) override {
+    std::lock_guard<std::mutex> guard{mu_};
+    if (stopped_)
+      return fail("direct transport: stopped");
+    purge_tokens();
+    if (!tokens_.emplace(token, token_entry{peer, clk::now() + opts_.token_ttl}).second)
+      return fail("direct transport: this token is already expected");
+    return {};
+  }
+
+  status connect(const std::string& peer, const std::string& host, uint16_t port,
+                 const std::string& token) override {
+    auto t = token_from_hex(token);
+    if (!t)
+      return t.error();
+    if (port == 0)
+      return fail("direct transport: port 0");
+    if (auto st = check_ipv4(host); !st)
+      return fail("direct transport: " + st.what());
+    std::vector<std::shared_ptr<link>> reaped;
+    {
+      std::lock_guard<std::mutex> guard{mu_};
+      if (stopped_)
+        return fail("direct transport: stopped");
+      reaped = reap();
+      for (auto& l : links_)
+        if (l->peer == peer && alive(*l))
+          return {}; // pooled
+      auto l = std::make_shared<link>();
+      l->peer = peer;
+      l->outgoing = true;
+      links_.push_back(l);
+      l->writer = std::thread([this, l, host, port, tok = *t] { run_outgoing(l, host, port, tok); });
+    }
+    join_all(reaped);
+    return {};
+  }
+
+  link_stats written(const std::string& peer) const override {
+    std::lock_guard<std::mutex> guard{stats_mu_};
+    auto i = written_.find(peer);
+    return i == written_.end() ? link_stats{} : i->second;
+  }
+
+  bool linked(const std::string& peer) const override {
+    std::lock_guard<std::mutex> guard{mu_};
+    for (auto& l : links_)
+      if (l->peer == peer && alive(*l))
+        return true;
+    return false;
+  }
+
+  bool send(const std::string& peer, std::shared_ptr<outgoing_frame> f) override {
+    std::shared_ptr<link> target;
+    {
+      std::lock_guard<std::mutex> guard{mu_};
+      for (auto& l : links_)
+        if (l->peer == peer && alive(*l)) {
+          target = l;
+          break;
+        }
+    }
+    if (!target)
+      return false;
+    {
+      std::lock_guard<std::mutex> lg{target->mu};
+      if (target->dead || target->stopping)
+        return false;
+      target->queue.push_back(std::move(f));
+    }
+    target->cv.notify_one();
+    return true;
+  }
+
+  uint32_t add_channel(std::shared_ptr<channel_handler> h) override {
+    std::lock_guard<std::mutex> guard{mu_};
+    auto id = next_channel_++;
+    channels_[id] = std::move(h);
+    return id;
+  }
+
+  void set_channel(uint32_t id, std::shared_ptr<channel_handler> h) override {
+    std::lock_guard<std::mutex> guard{mu_};
+    channels_[id] = std::move(h);
+  }
+
+  void remove_channel(uint32_t id) override {
+    std::lock_guard<std::mutex> guard{mu_};
+    channels_.erase(id);
+  }
+
+  void stop() override {
+    std::vector<std::shared_ptr<link>> links;
+    {
+      std::lock_guard<std::mutex> guard{mu_};
+      if (stopped_)
+        return;
+      stopped_ = true;
+      tokens_.clear();
+      links.swap(links_);
+    }
+    for (auto& l : links) {
+      {
+        std::lock_guard<std::mutex> lg{l->mu};
+        l->stopping = true;
+        l->queue.clear();
+        if (l->fd >= 0)
+          ::shutdown(l->fd, SHUT_RDWR);
+      }
+      l->cv.notify_all();
+      l->credit->stop();
+    }
+    join_all(links);
+    if (acceptor_)
+      acceptor_->stop(); // joins the accepted links' threads (they join their writers)
+    std::lock_guard<std::mutex> guard{mu_};
+    channels_.clear();
+  }
+
+private:
+  static bool alive(link& l) {
+    std::lock_guard<std::mutex> lg{l.mu};
+    return !l.dead && !l.stopping;
+  }
+
+  void purge_tokens() {
+    auto now = clk::now();
+    for (auto i = tokens_.begin(); i != tokens_.end();)
+      i = i->second.deadline < now ? tokens_.erase(i) : std::next(i);
+  }
+
+  /// Takes the finished links this side opened out of `links_` (under `mu_`); join them after.
+  std::vector<std::shared_ptr<link>> reap() {
+    std::vector<std::shared_ptr<link>> out;
+    for (auto i = links_.begin(); i != links_.end();) {
+      if ((*i)->outgoing && (*i)->finished) {
+        out.push_back(*i);
+        i = links_.erase(i);
+      } else {
+        ++i;
+      }
+    }
+    return out;
+  }
+
+  static void join_all(std::vector<std::shared_ptr<link>>& links) {
+    for (auto& l : links)
+      if (l->outgoing && l->writer.joinable())
+        l->writer.join();
+  }
+
+  void record_failure(std::string what) {
+    std::lock_guard<std::mutex> guard{mu_};
+    ++failed_;
+    last_error_ = std::move(what);
+  }
+
+  std::vector<std::shared_ptr<channel_handler>> handlers() {
+    std::lock_guard<std::mutex> guard{mu_};
+    std::vector<std::shared_ptr<channel_handler>> out;
+    for (auto& [id, h] : channels_)
+      out.push_back(h);
+    return out;
+  }
+
+  /// Ends a link: both its threads wake up and stop. The first reason counts, and is recorded
+  /// as a failure unless the peer closed cleanly or the transport stops.
+  void close_link(link& l, const std::string& why, bool clean = false) {
+    bool first = false;
+    bool stopping = false;
+    {
+      std::lock_guard<std::mutex> lg{l.mu};
+      if (!l.dead) {
+        l.dead = true;
+        l.why = why;
+        first = true;
+      }
+      stopping = l.stopping;
+      l.queue.clear();
+    }
+    // Recorded before the socket is shut: whoever sees the link close (the peer, a test) then
+    // finds the reason. (Not under `l.mu`: `mu_` is taken before a link's mutex elsewhere.)
+    if (first && !clean && !stopping)
+      record_failure("link " + std::string{l.outgoing ? "to " : "from "} + l.peer + ": " + why);
+    {
+      std::lock_guard<std::mutex> lg{l.mu};
+      if (l.fd >= 0)
+        ::shutdown(l.fd, SHUT_RDWR);
+    }
+    l.cv.notify_all();
+    l.credit->stop();
+  }
+
+  /// After a link's threads stopped: tells the handlers unless the transport stops.
+  void report_lost(link& l) {
+    std::string why;
+    bool stopping = false;
+    {
+      std::lock_guard<std::mutex> lg{l.mu};
+      why = l.why;
+      stopping = l.stopping;
+    }
+    if (stopping)
+      return;
+    auto what = "link " + std::string{l.outgoing ? "to " : "from "} + l.peer + ": " + why;
+    for (auto& h : handlers())
+      h->link_lost(l.peer, what);
+  }
+
+  void announce_up(const std::string& peer) {
+    for (auto& h : handlers())
+      h->link_up(peer);
+  }
+
+  // -- a link this side opened (its writer thread) ---------------------------------------------
+
+  void run_outgoing(const std::shared_ptr<link>& l, std::string host, uint16_t port,
+                    link_token token) {
+    auto opened = [&]() -> status {
+      std::string why;
+      int fd = connect_ipv4(host, port, send_buffer, why, opts_.io_timeout);
+      if (fd < 0)
+        return fail(why);
+      ++connections_;
+      set_timeouts(fd, opts_.io_timeout);
+      {
+        std::lock_guard<std::mutex> lg{l->mu};
+        l->fd = fd;
+        if (l->stopping) {
+          ::shutdown(fd, SHUT_RDWR);
+          return fail("stopped");
+        }
+      }
+      uint8_t pre[link_preamble_bytes];
+      write_link_preamble(token, pre);
+      return send_all(fd, pre, sizeof pre);
+    }();
+    if (opened) {
+      announce_up(l->peer);
+      l->reader = std::thread([this, l] {
+        auto st = read_frames(l->fd, l->peer, l->credit);
+        close_link(*l, st ? std::string{"closed by the peer"} : st.what(), st.ok());
+      });
+      auto st = write_frames(*l);
+      close_link(*l, st.what());
+      l->reader.join();
+    } else {
+      close_link(*l, opened.what());
+    }
+    {
+      std::lock_guard<std::mutex> lg{l->mu};
+      if (l->fd >= 0)
+        ::close(l->fd);
+      l->fd = -1;
+    }
+    report_lost(*l);
+    l->finished = true;
+  }
+
+  // -- a link the peer opened (on the acceptor's connection thread) ----------------------------
+
+  void serve(int fd) {
+    set_timeouts(fd, opts_.io_timeout);
+    uint8_t pre[link_preamble_bytes];
+    size_t got = 0;
+    if (auto st = recv_all(fd, pre, sizeof pre, got); !st) {
+      record_failure("incoming link: preamble: " + st.what());
+      return;
+    }
+    auto token = parse_link_preamble(pre, sizeof pre);
+    if (!token) {
+      record_failure("incoming link: " + token.error().what);
+      return;
+    }
+    auto l = std::make_shared<link>();
+    l->fd = fd;
+    {
+      std::lock_guard<std::mutex> guard{mu_};
+      if (stopped_)
+        return;
+      purge_tokens();
+      auto i = tokens_.find(*token);
+      if (i == tokens_.end()) {
+        ++failed_;
+        last_error_ = "incoming link: unknown or expired token";
+        return;
+      }
+      l->peer = std::move(i->second.peer);
+      tokens_.erase(i); // one-time
+      links_.push_back(l);
+      l->writer = std::thread([this, l] {
+        auto st = write_frames(*l);
+        close_link(*l, st.what());
+      });
+    }
+    announce_up(l->peer);
+    auto st = read_frames(fd, l->peer, l->credit);
+    close_link(*l, st ? std::string{"closed by the peer"} : st.what(), st.ok());
+    l->writer.join();
+    {
+      std::lock_guard<std::mutex> guard{mu_};
+      links_.erase(std::remove(links_.begin(), links_.end(), l), links_.end());
+    }
+    report_lost(*l);
+    // The acceptor closes the socket.
+  }
+
+  // -- writing ----------------------------------------------------------------------------------
+
+  /// Sends queued frames until the link dies or stops; the reason.
+  status write_frames(link& l) {
+    for (;;) {
+      std::shared_ptr<outgoing_frame> f;
+      int fd = -1;
+      {
+        std::unique_lock<std::mutex> lk{l.mu};
+        l.cv.wait(lk, [&] { return l.stopping || l.dead || !l.queue.empty(); });
+        if (l.stopping)
+          return fail("stopped");
+        if (l.dead)
+          return fail(l.why);
+        f = std::move(l.queue.front());
+        l.queue.pop_front();
+        fd = l.fd;
+      }
+      auto& meta = f->meta();
+      if (meta.size() > link_max_meta_bytes)
+        return fail("a frame's meta of " + std::to_string(meta.size()) + " bytes");
+      std::shared_ptr<const messages::chunk_source> payload;
+      if (f->payload()) {
+        if (auto& st = f->payload()->encode(); !st)
+          return st;
+        payload = f->payload()->bytes();
+      }
+      link_frame_header h;
+      h.meta_bytes = static_cast<uint32_t>(meta.size());
+      h.payload_bytes = payload ? payload->size() : 0;
+      uint8_t raw[link_frame_header_bytes];
+      write_link_frame_header(h, raw);
+      if (auto st = send_all(fd, raw, sizeof raw, MSG_MORE); !st)
+        return st;
+      if (auto st = send_all(fd, meta.data(), meta.size(), payload ? MSG_MORE : 0); !st)
+        return st;
+      if (payload) {
+        status sent;
+        auto t0 = clk::now();
+        payload->for_each(0, payload->size(), [&](const char* p, size_t n) -> caf::error {
+          sent = send_all(fd, p, n);
+          return sent ? caf::error{} : caf::make_error(caf::sec::runtime_error);
+        });
+        if (!sent)
+          return sent;
+        auto dt = std::chrono::duration<double>(clk::now() - t0).count();
+        std::lock_guard<std::mutex> guard{stats_mu_};
+        auto& w = written_[l.peer];
+        w.bytes += payload->size();
+        w.seconds += dt;
+      }
+    }
+  }
+
+  // -- reading ----------------------------------------------------------------------------------
+
+  /// Waits until `fd` is readable (or closed); no timeout: links idle between uses.
+  static bool wait_readable(int fd) {
+    pollfd p{fd, POLLIN, 0};
+    for (;;) {
+      auto r = ::poll(&p, 1, -1);
+      if (r < 0 && errno == EINTR)
+        continue;
+      return r > 0;
+    }
+  }
+
+  std::shared_ptr<channel_handler> handler(uint32_t channel) {
+    std::lock_guard<std::mutex> guard{mu_};
+    auto i = channels_.find(channel);
+    return i == channels_.end() ? nullptr : i->second;
+  }
+
+  /// Reads frames until the link closes (success) or something is malformed (the reason).
+  status read_frames(int fd, const std::string& peer,
+                     const std::shared_ptr<link_credit>& credit) {
+    std::vector<uint8_t> meta;
+    size_t got = 0;
+    for (;;) {
+      if (!wait_readable(fd))
+        return {};
+      uint8_t raw[link_frame_header_bytes];
+      auto r = ::recv(fd, raw, 1, MSG_PEEK);
+      if (r <= 0)
+        return {}; // closed between frames: a clean end
+      if (auto st = recv_all(fd, raw, sizeof raw, got); !st)
+        return fail("frame header from " + peer + ": " + st.what());
+      auto h = parse_link_frame_header(raw, sizeof raw);
+      if (!h)
+        return h.error();
+      if (h->payload_bytes > opts_.max_payload_bytes)
+        return fail("a frame from " + peer + " declares a payload of "
+                    + std::to_string(h->payload_bytes) + " bytes, more than the limit of "
+                    + std::to_string(opts_.max_payload_bytes));
+      meta.resize(h->meta_bytes);
+      if (auto st = recv_all(fd, meta.data(), meta.size(), got); !st)
+        return fail("meta from " + peer + ": " + st.what());
+      auto channel = static_cast<uint32_t>(read_le(meta.data(), 4));
+      const uint8_t* body = meta.data() + 4;
+      size_t body_size = meta.size() - 4;
+      auto h_ = handler(channel);
+      if (!h_) { // a channel closed meanwhile (its user stopped): read and drop the frame
+        if (auto st = discard(fd, h->payload_bytes); !st)
+          return fail("payload from " + peer + ": " + st.what());
+        continue;
+      }
+      if (auto st = h_->admit(peer, body, body_size, h->payload_bytes); !st) {
+        record_failure("a frame from " + peer + ": " + st.what());
+        if (!h_->refused(peer, body, body_size, st.what()))
+          return st;
+        if (auto d = discard(fd, h->payload_bytes); !d)
+          return fail("payload from " + peer + ": " + d.what());
+        continue;
+      }
+      messages::tensor_msg payload;
+      if (h->payload_bytes > 0) {
+        if (!credit->acquire(std::max<uint32_t>(1, opts_.link_buffers)))
+          return {}; // stopping
+        // The slot returns when the handler drops the payload's tensor (at once on failure).
+        struct slot_guard {
+          link_credit* c;
+          ~slot_guard() {
+            if (c != nullptr)
+              c->release();
+          }
+        } guard{credit.get()};
+        auto b = pool_->take(h->payload_bytes);
+        if (auto st = recv_all(fd, b.data.get(), h->payload_bytes, got); !st) {
+          pool_->give(std::move(b));
+          return fail("payload from " + peer + ": " + st.what());
+        }
+        auto check = [&](const kernels::tensor_header& th) {
+          return h_->check(peer, body, body_size, th);
+        };
+        if (auto st = decode_pooled(pool_, std::move(b), h->payload_bytes, check, payload);
+            !st) {
+          auto why = "payload from " + peer + ": " + st.what();
+          record_failure(why);
+          if (!h_->refused(peer, body, body_size, "decode: " + st.what()))
+            return fail(why);
+          continue; // the bytes were read: the link is still in step
+        }
+        if (payload.tensor.defined()) {
+          auto hold = std::make_shared<credit_hold>();
+          hold->tensor = payload.tensor;
+          hold->credit = credit;
+          auto& t = hold->tensor;
+          payload.tensor = at::from_blob(
+            t.data_ptr(), t.sizes(), t.strides(), [hold](void*) mutable { hold.reset(); },
+            t.options());
+          guard.c = nullptr; // the tensor holds the slot now
+        }
+      }
+      ++delivered_; // first: a handler that got the frame sees it counted
+      if (auto st = h_->deliver(peer, std::vector<uint8_t>(body, body + body_size),
+                                std::move(payload));
+          !st)
+        return st;
+    }
+  }
+
+  /// Reads and drops `n` bytes.
+  static status discard(int fd, uint64_t n) {
+    std::vector<char> sink(size_t{1} << 16);
+    size_t got = 0;
+    while (n > 0) {
+      auto take = static_cast<size_t>(std::min<uint64_t>(n, sink.size()));
+      if (auto st = recv_all(fd, sink.data(), take, got); !st)
+        return st;
+      n -= take;
+    }
+    return {};
+  }
+
+  transport_options opts_;
+  std::string id_;
+  std::string host_;
+  uint16_t port_;
+  std::shared_ptr<buffer_pool> pool_;
+  mutable std::mutex mu_;
+  bool stopped_ = false;
+  std::map<link_token, token_entry> tokens_;
+  std::vector<std::shared_ptr<link>> links_;
+  std::map<uint32_t, std::shared_ptr<channel_handler>> channels_;
+  uint32_t next_channel_ = first_dynamic_channel;
+  std::unique_ptr<acceptor> acceptor_;
+  mutable std::mutex stats_mu_;
+  std::map<std::string, link_stats> written_;
+  std::atomic<uint64_t> delivered_{0};
+  std::atomic<uint64_t> failed_{0};
+  std::atomic<uint64_t> connections_{0};
+  std::string last_error_;
+};
+
+} // namespace
+
+result<std::shared_ptr<transport>> transport::open(transport_options opts) {
+  if (sodium_init() < 0)
+    return fail("cannot open the direct transport: libsodium failed to initialize");
+  int fd = -1;
+  uint16_t port = 0;
+  if (!opts.host.empty()) {
+    if (auto st = check_ipv4(opts.host); !st)
+      return fail("cannot open the direct transport: " + st.what());
+    std::string why;
+    auto host = opts.host == "localhost" ? std::string{"127.0.0.1"} : opts.host;
+    fd = listen_ipv4(host, opts.port, port, why);
+    if (fd < 0)
+      return fail("cannot open the direct transport: " + why);
+  }
+  return std::shared_ptr<transport>{std::make_shared<transport_impl>(std::move(opts), fd, port)};
+}
+
+} // namespace starling::actors::transfer

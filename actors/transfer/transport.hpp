@@ -1,0 +1,203 @@
+// The direct transport: one way to move bulk tensors between nodes beside BASP, used by the
+// averager's chunks, tensor transfers (data_channel.hpp) and stage state downloads.
+//
+// Why beside BASP: over BASP a tensor is encoded into a buffer, copied by CAF's serializer, copied
+// into the multiplexer's write buffer, read into CAF's buffer, deserialized and decoded, all on
+// CAF's one I/O thread (CAF-NOTES, pitfall 7). Here a link's writer thread writes the tensor's
+// bytes straight from its storage (fp32 `none` is referenced, not copied; a compressed payload is
+// encoded once, on the first link that sends it, and shared by every link it goes to), and the
+// reader reads into a pooled buffer that becomes the tensor.
+//
+// Links: a link is one TCP connection to a peer transport and carries frames in both directions,
+// so a peer that accepts no connections (client mode: no listener) still sends and receives over
+// the links it opened. Links stay open (a pool keyed by the peer's transport id) until they fail
+// or the transport stops: a transfer between two nodes that met before pays no connection and no
+// thread start. The side that connects presents a one-time token that the other side issued
+// (over BASP, to the peer it names); the link then counts as a link to that peer. Frames carry a
+// channel (link_frame.hpp): a local user registers a `channel_handler` and tells its peers its
+// channel over BASP.
+//
+// Everything read from a link is validated (link_frame.hpp, the hardened tensor decoder, size
+// limits, the channel's own checks); a bad frame closes the link and delivers nothing more from
+// it. Each link holds at most `link_buffers` delivered payloads that its handlers still keep:
+// the reader reads no further (TCP then slows the sender) until one is freed.
+//
+// Threads: one acceptor (with one thread per accepted link, which reads it), and per link a
+// writer thread (which, for a link this side opened, also connects and starts its reader). They
+// never touch actor state: handlers are called on the reader threads.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "actors/transfer/link_frame.hpp"
+#include "kernels/compress/format.hpp"
+#include "kernels/result.hpp"
+#include "messages/tensor_msg.hpp"
+
+namespace starling::messages {
+class chunk_source;
+}
+
+namespace starling::actors::transfer {
+
+/// Settings of a transport.
+struct transport_options {
+  /// IPv4 literal to listen on (the node's configured address; "localhost" = 127.0.0.1). Empty:
+  /// client mode, no listener; links are opened by this side only and carry both directions.
+  std::string host = "127.0.0.1";
+  /// Port; 0 lets the OS choose.
+  uint16_t port = 0;
+  /// Longest wait for progress inside a frame, a preamble, a write or a connect.
+  std::chrono::milliseconds io_timeout{10000};
+  /// How long an issued token waits for its link.
+  std::chrono::milliseconds token_ttl{60000};
+  /// Accepted links at once; more are closed at once.
+  uint32_t max_links = 64;
+  /// Largest payload a frame may carry.
+  uint64_t max_payload_bytes = link_max_payload_bytes;
+  /// Receive buffers kept for reuse.
+  uint32_t pool_buffers = 16;
+  /// Delivered payloads of one link its handlers may hold at once (at least 1).
+  uint32_t link_buffers = 2;
+};
+
+/// A payload to send: a tensor encoded on first use by whichever link sends it first, then shared
+/// by every frame that carries it (a result chunk going to many peers is encoded once).
+/// Thread-safe.
+class outgoing_payload {
+public:
+  /// `values` encoded with `codec`; a codec that cannot encode them (e.g. fp16 out of range)
+  /// falls back to `none`.
+  outgoing_payload(at::Tensor values, kernels::codec_id codec = kernels::codec_id::none,
+                   kernels::codec_params params = {});
+  /// An encoded payload (a Cap'n Proto `Tensor`, see messages::encode_tensor_source).
+  explicit outgoing_payload(std::shared_ptr<const messages::chunk_source> encoded);
+  ~outgoing_payload();
+
+  /// Encodes once; the same status for every caller.
+  const status& encode();
+  /// The encoded bytes; valid after a successful `encode`.
+  const std::shared_ptr<const messages::chunk_source>& bytes() const { return bytes_; }
+
+private:
+  at::Tensor values_;
+  kernels::codec_id codec_;
+  kernels::codec_params params_;
+  std::once_flag once_;
+  status status_;
+  std::shared_ptr<const messages::chunk_source> bytes_;
+};
+
+/// A frame to send: its channel, its meta body and an optional payload.
+class outgoing_frame {
+public:
+  outgoing_frame(uint32_t channel, const std::vector<uint8_t>& body,
+                 std::shared_ptr<outgoing_payload> payload = nullptr);
+  /// A frame whose payload is `values` encoded with `codec` (its own payload object).
+  outgoing_frame(uint32_t channel, const std::vector<uint8_t>& body, at::Tensor values,
+                 kernels::codec_id codec = kernels::codec_id::none,
+                 kernels::codec_params params = {});
+
+  /// The frame's meta: channel and body.
+  const std::vector<uint8_t>& meta() const { return meta_; }
+  /// The payload, null when there is none.
+  const std::shared_ptr<outgoing_payload>& payload() const { return payload_; }
+
+private:
+  std::vector<uint8_t> meta_;
+  std::shared_ptr<outgoing_payload> payload_;
+};
+
+/// A local user of a channel. Called on the links' reader threads (never two calls at once for
+/// one link, possibly at once for two links): keep it short and thread-safe.
+class channel_handler {
+public:
+  virtual ~channel_handler() = default;
+  /// A frame's meta body arrived from `peer`, `payload_bytes` follow. A failure refuses the frame
+  /// (see `refused`).
+  virtual status admit(const std::string& peer, const uint8_t* body, size_t size,
+                       uint64_t payload_bytes);
+  /// Checks the payload's tensor header before it is decoded (same frame as `admit`).
+  virtual status check(const std::string& peer, const uint8_t* body, size_t size,
+                       const kernels::tensor_header& header);
+  /// A whole frame: its body and payload (undefined tensor when there was none). The payload's
+  /// buffer holds one of the link's `link_buffers` slots until its last copy is freed. A
+  /// failure closes the link.
+  virtual status deliver(const std::string& peer, std::vector<uint8_t> body,
+                         messages::tensor_msg payload) = 0;
+  /// A frame `admit` or `check` refused or whose payload could not be decoded (its bytes are read
+  /// and dropped, nothing is delivered). True keeps the link (e.g. after telling the sender);
+  /// false, the default, closes it.
+  virtual bool refused(const std::string& peer, const uint8_t* body, size_t size,
+                       const std::string& why);
+  /// A link to `peer` can carry frames (either side opened it).
+  virtual void link_up(const std::string& peer);
+  /// A link to `peer` was lost (not called when the transport stops); frames queued on it are
+  /// dropped.
+  virtual void link_lost(const std::string& peer, const std::string& why);
+};
+
+/// What the links to one peer wrote: payload bytes and the seconds spent writing them. Writes
+/// block while the network (or the reader) is slower than the writer, so bytes / seconds is the
+/// links' throughput whatever the encoding costs.
+struct link_stats {
+  uint64_t bytes = 0;
+  double seconds = 0;
+};
+
+/// A transport with its listener and links. Thread-safe.
+class transport {
+public:
+  /// Opens a transport (listening on `opts.host` unless it is empty); fails on a host that is not
+  /// an IPv4 literal or a port that cannot be bound.
+  static result<std::shared_ptr<transport>> open(transport_options opts);
+
+  virtual ~transport() = default;
+
+  /// What peers key their links to this transport by: `host:port` when listening, a random
+  /// `client-<hex>` in client mode.
+  virtual const std::string& id() const = 0;
+  /// The address and port it listens on (port 0 in client mode).
+  virtual const std::string& host() const = 0;
+  virtual uint16_t port() const = 0;
+  /// A one-time token (32 hex digits): the link that presents it is a link to `peer`.
+  virtual std::string issue(const std::string& peer) = 0;
+  /// Accepts `token` (chosen by the peer, e.g. a transfer's) once for a link from `peer`.
+  virtual status accept(const link_token& token, const std::string& peer) = 0;
+  /// Opens a link to `peer` at `host:port` presenting `token`, in the background (frames may be
+  /// queued at once). Nothing happens when a link to `peer` is open or opening. Fails on a
+  /// malformed token or host, port 0, or after `stop`.
+  virtual status connect(const std::string& peer, const std::string& host, uint16_t port,
+                         const std::string& token) = 0;
+  /// True while a link to `peer` (opened by either side) is open or opening.
+  virtual bool linked(const std::string& peer) const = 0;
+  /// Queues `f` on a link to `peer`; false when there is none.
+  virtual bool send(const std::string& peer, std::shared_ptr<outgoing_frame> f) = 0;
+  /// Registers `h` under a new channel (>= first_dynamic_channel) and returns it.
+  virtual uint32_t add_channel(std::shared_ptr<channel_handler> h) = 0;
+  /// Registers `h` under the fixed channel `id` (transfer_channel, ...), replacing another.
+  virtual void set_channel(uint32_t id, std::shared_ptr<channel_handler> h) = 0;
+  /// Frames for a removed channel are read and dropped.
+  virtual void remove_channel(uint32_t id) = 0;
+  /// Payload bytes written to `peer` and the seconds spent writing them, over all links to it
+  /// so far (links that ended included).
+  virtual link_stats written(const std::string& peer) const = 0;
+  /// Frames delivered to handlers; frames, links or connections refused or failed; the last
+  /// failure; TCP connections this side opened (a pool's reuse shows here).
+  virtual uint64_t delivered() const = 0;
+  virtual uint64_t failed() const = 0;
+  virtual std::string last_error() const = 0;
+  virtual uint64_t connections_opened() const = 0;
+  /// Closes every link and the listener and joins the threads; queued frames are dropped.
+  /// Idempotent; the owner calls it before its actor system shuts down.
+  virtual void stop() = 0;
+};
+
+} // namespace starling::actors::transfer

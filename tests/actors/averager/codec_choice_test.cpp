@@ -1,0 +1,93 @@
+// Adaptive compression: the codec that finishes a round soonest within the error budget, from
+// profiles and throughput measurements (numbers given, no clock).
+#include "actors/averager/codec_choice.hpp"
+
+#include <doctest/doctest.h>
+
+#include <torch/torch.h>
+
+using namespace starling;
+using namespace starling::actors::averager;
+using kernels::codec_id;
+
+namespace {
+
+/// Profiles like the ones measured on this machine: fp32 costs nothing to encode, 8-bit costs
+/// CPU time and an error near 1%.
+codec_chooser typical(double budget = 1e-2) {
+  codec_choice_options o;
+  o.error_budget = budget;
+  codec_chooser c(o);
+  c.set_profile({codec_id::none, 4.0, 0.0, 0.0});
+  c.set_profile({codec_id::fp16, 2.0, 2e-9, 3e-4});
+  c.set_profile({codec_id::blockwise8, 1.0 + 4.0 / 4096, 6e-9, 8e-3});
+  return c;
+}
+
+} // namespace
+
+TEST_CASE("codec choice: uncompressed on a fast link, 8-bit on a slow one, fp16 in between") {
+  auto c = typical();
+  const int64_t n = int64_t{16} << 20;
+  // Nothing measured yet: the fewest bytes within the budget.
+  CHECK(c.choose(n, 4) == codec_id::blockwise8);
+  c.observe(3e9, 1.0); // loopback: 3 GB/s
+  CHECK(c.choose(n, 4) == codec_id::none);
+  codec_chooser slow = typical();
+  slow.observe(24e6, 1.0); // 191 Mbit/s
+  CHECK(slow.choose(n, 4) == codec_id::blockwise8);
+  codec_chooser mid = typical();
+  mid.observe(400e6, 1.0); // fp16 halves the bytes for little CPU; 8-bit costs more CPU
+  CHECK(mid.choose(n, 4) == codec_id::fp16);
+  // The estimates say why: fp32 over 191 Mbit/s takes ~4 s for 16M floats in a group of 4.
+  CHECK(slow.estimated_seconds(codec_id::none, n, 4) == doctest::Approx(4.19).epsilon(0.01));
+}
+
+TEST_CASE("codec choice: a codec over the error budget is never chosen, none always fits") {
+  auto tight = typical(1e-3);
+  tight.observe(24e6, 1.0);
+  CHECK(tight.choose(int64_t{1} << 24, 4) == codec_id::fp16);
+  auto strict = typical(1e-5);
+  strict.observe(24e6, 1.0);
+  CHECK(strict.choose(int64_t{1} << 24, 4) == codec_id::none);
+  // The result's error estimate grows with the compressed result chunk: sqrt(1 + 1/n).
+  CHECK(tight.estimated_error(codec_id::blockwise8, 4) == doctest::Approx(8e-3 * std::sqrt(1.25)));
+  // Unprofiled: none.
+  codec_chooser empty;
+  CHECK(empty.choose(1000, 2) == codec_id::none);
+}
+
+TEST_CASE("codec choice: the throughput estimate follows measurements, ignoring empty ones") {
+  codec_choice_options o;
+  o.smoothing = 0.5;
+  codec_chooser c(o);
+  CHECK_FALSE(c.throughput());
+  c.observe(100, 1);
+  c.observe(0, 1);
+  c.observe(100, 0);
+  REQUIRE(c.throughput());
+  CHECK(*c.throughput() == doctest::Approx(100));
+  c.observe(300, 1);
+  CHECK(*c.throughput() == doctest::Approx(200));
+}
+
+TEST_CASE("measure_codec: sizes and errors of real codecs on random data") {
+  torch::manual_seed(4);
+  auto x = torch::randn({1 << 16});
+  double t = 0;
+  auto clock = [&t] { return t += 0.001; };
+  auto none = measure_codec(x, codec_id::none, {}, clock);
+  REQUIRE(none);
+  CHECK(none->bytes_per_element == doctest::Approx(4.0));
+  CHECK(none->relative_error == 0);
+  CHECK(none->seconds_per_element == doctest::Approx(0.001 / (1 << 16)));
+  auto bw8 = measure_codec(x, codec_id::blockwise8, {}, clock);
+  REQUIRE(bw8);
+  CHECK(bw8->bytes_per_element < 1.01);
+  CHECK(bw8->relative_error > 1e-3);
+  CHECK(bw8->relative_error < 1e-2);
+  auto fp16 = measure_codec(x, codec_id::fp16, {}, clock);
+  REQUIRE(fp16);
+  CHECK(fp16->relative_error < 1e-3);
+  CHECK_FALSE(measure_codec(torch::ones({2, 2}), codec_id::none, {}, clock));
+}
