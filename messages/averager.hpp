@@ -9,6 +9,7 @@
 #include <caf/atom.hpp>
 #include <caf/meta/type_name.hpp>
 
+#include "messages/enveloped.hpp"
 #include "messages/tensor_msg.hpp"
 
 namespace starling {
@@ -148,11 +149,24 @@ typename Inspector::result_type inspect(Inspector& f, round_report& x) {
 /// A list of tensors (the payload of an average request; moved by reference in-process).
 struct tensor_list {
   std::vector<tensor_msg> tensors;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
+template <>
+struct wire_codec<tensor_list> {
+  static constexpr const char* name = "averager.tensor_list";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const tensor_list& x);
+  static status read(const payload_reader& r, tensor_list& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, tensor_list& x) {
-  return f(caf::meta::type_name("tensor_list"), x.tensors);
+  return inspect_enveloped(f, x, "tensor_list", [&] {
+    return f(caf::meta::type_name("tensor_list"), x.tensors);
+  });
 }
 
 /// Answer to `(average_atom, group_key, tensor_list, weight)`: the averaged tensors (same shapes
@@ -160,11 +174,24 @@ typename Inspector::result_type inspect(Inspector& f, tensor_list& x) {
 struct average_result {
   std::vector<tensor_msg> tensors;
   round_report report;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
+template <>
+struct wire_codec<average_result> {
+  static constexpr const char* name = "averager.average_result";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const average_result& x);
+  static status read(const payload_reader& r, average_result& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, average_result& x) {
-  return f(caf::meta::type_name("average_result"), x.tensors, x.report);
+  return inspect_enveloped(f, x, "average_result", [&] {
+    return f(caf::meta::type_name("average_result"), x.tensors, x.report);
+  });
 }
 
 // -- matchmaking -------------------------------------------------------------------------------
@@ -175,11 +202,24 @@ struct avg_join {
   member_info member;
   /// Elements of the joiner's flat vector: only equal sizes can average.
   int64_t numel = 0;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
+template <>
+struct wire_codec<avg_join> {
+  static constexpr const char* name = "averager.join";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const avg_join& x);
+  static status read(const payload_reader& r, avg_join& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, avg_join& x) {
-  return f(caf::meta::type_name("avg_join"), x.group_key, x.member, x.numel);
+  return inspect_enveloped(f, x, "avg_join", [&] {
+    return f(caf::meta::type_name("avg_join"), x.group_key, x.member, x.numel);
+  });
 }
 
 /// Leader -> follower: accepted, or "ask `redirect` instead", or refused (closed, busy, mismatch).
@@ -188,11 +228,24 @@ struct avg_join_reply {
   uint8_t verdict = refused;
   std::string redirect;
   std::string reason;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
+template <>
+struct wire_codec<avg_join_reply> {
+  static constexpr const char* name = "averager.join_reply";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const avg_join_reply& x);
+  static status read(const payload_reader& r, avg_join_reply& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, avg_join_reply& x) {
-  return f(caf::meta::type_name("avg_join_reply"), x.verdict, x.redirect, x.reason);
+  return inspect_enveloped(f, x, "avg_join_reply", [&] {
+    return f(caf::meta::type_name("avg_join_reply"), x.verdict, x.redirect, x.reason);
+  });
 }
 
 /// Follower -> old leader ("I left you"), or leader -> follower ("join `leader` instead").
@@ -201,11 +254,24 @@ struct avg_leave {
   std::string address;
   /// Set by a leader that now follows someone else: the leader its followers should ask.
   std::string leader;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
+template <>
+struct wire_codec<avg_leave> {
+  static constexpr const char* name = "averager.leave";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const avg_leave& x);
+  static status read(const payload_reader& r, avg_leave& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, avg_leave& x) {
-  return f(caf::meta::type_name("avg_leave"), x.group_key, x.address, x.leader);
+  return inspect_enveloped(f, x, "avg_leave", [&] {
+    return f(caf::meta::type_name("avg_leave"), x.group_key, x.address, x.leader);
+  });
 }
 
 /// Leader -> every member: the final, ordered membership of a group.
@@ -214,11 +280,24 @@ struct avg_group {
   uint64_t group_id = 0;
   std::vector<member_info> members;
   int64_t numel = 0;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
+template <>
+struct wire_codec<avg_group> {
+  static constexpr const char* name = "averager.group";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const avg_group& x);
+  static status read(const payload_reader& r, avg_group& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, avg_group& x) {
-  return f(caf::meta::type_name("avg_group"), x.group_key, x.group_id, x.members, x.numel);
+  return inspect_enveloped(f, x, "avg_group", [&] {
+    return f(caf::meta::type_name("avg_group"), x.group_key, x.group_id, x.members, x.numel);
+  });
 }
 
 // -- butterfly all-reduce ----------------------------------------------------------------------
@@ -246,12 +325,25 @@ struct avg_chunk {
   std::vector<uint32_t> contributors;
   /// Results: why the reducer could not reduce (then no values).
   std::string error;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
+template <>
+struct wire_codec<avg_chunk> {
+  static constexpr const char* name = "averager.chunk";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const avg_chunk& x);
+  static status read(const payload_reader& r, avg_chunk& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, avg_chunk& x) {
-  return f(caf::meta::type_name("avg_chunk"), x.group_id, x.kind, x.part, x.from, x.weight,
-           x.offset, x.values, x.encoded, x.contributors, x.error);
+  return inspect_enveloped(f, x, "avg_chunk", [&] {
+    return f(caf::meta::type_name("avg_chunk"), x.group_id, x.kind, x.part, x.from, x.weight,
+             x.offset, x.values, x.encoded, x.contributors, x.error);
+  });
 }
 
 /// Receiver -> sender: one chunk arrived (a credit back to the sender's window).
@@ -261,11 +353,29 @@ struct avg_ack {
   uint32_t part = 0;
   /// Member index of the acknowledging receiver.
   uint32_t from = 0;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
+template <>
+struct wire_codec<avg_ack> {
+  static constexpr const char* name = "averager.ack";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const avg_ack& x);
+  static status read(const payload_reader& r, avg_ack& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, avg_ack& x) {
-  return f(caf::meta::type_name("avg_ack"), x.group_id, x.kind, x.part, x.from);
+  return inspect_enveloped(f, x, "avg_ack", [&] {
+    return f(caf::meta::type_name("avg_ack"), x.group_id, x.kind, x.part, x.from);
+  });
+}
+
+/// A refused chunk also marks its values (see `mark_refused` in swarm.hpp).
+inline void mark_refused(avg_chunk& x, const std::string& why) {
+  x.wire_error = x.values.error = x.error = why;
 }
 
 } // namespace starling::messages

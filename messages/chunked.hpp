@@ -12,6 +12,7 @@
 #include <caf/error.hpp>
 #include <caf/meta/type_name.hpp>
 #include <caf/serializer.hpp>
+#include "messages/enveloped.hpp"
 
 namespace starling::messages {
 
@@ -75,6 +76,9 @@ struct chunk_msg {
   /// Number of payload bytes this chunk carries.
   uint64_t size() const { return source ? length : bytes.size(); }
 
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
+
   /// Calls `f(const char*, size_t)` (returning caf::error) on the chunk's bytes, in order.
   template <class F>
   caf::error view(F&& f) const {
@@ -84,27 +88,23 @@ struct chunk_msg {
   }
 };
 
-/// CAF 0.17 inspect for `chunk_msg`. A chunk cut from a `source` is written like a
-/// `std::vector<char>` (length, then the raw bytes) without materializing that vector.
+template <>
+struct wire_codec<chunk_msg> {
+  static constexpr const char* name = "transfer.chunk";
+  static bool matches(const payload_reader& r);
+  /// A chunk cut from a `source` writes that range (what `bytes` would hold).
+  static status write(payload_writer& w, const chunk_msg& x);
+  static status read(const payload_reader& r, chunk_msg& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp); receivers always see
+/// `bytes`.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, chunk_msg& x) {
-  if constexpr (std::is_base_of<caf::serializer, Inspector>::value) {
-    if (x.source) {
-      if (auto err = f(caf::meta::type_name("chunk_msg"), x.transfer_id, x.index, x.count,
-                       x.total_bytes))
-        return err;
-      auto n = static_cast<size_t>(x.length);
-      if (auto err = f.begin_sequence(n))
-        return err;
-      if (auto err = x.source->for_each(x.offset, x.length, [&](const char* p, size_t k) {
-            return f.apply_raw(k, const_cast<char*>(p));
-          }))
-        return err;
-      return f.end_sequence();
-    }
-  }
-  return f(caf::meta::type_name("chunk_msg"), x.transfer_id, x.index, x.count, x.total_bytes,
-           x.bytes);
+  return inspect_enveloped(f, x, "chunk_msg", [&] {
+    return f(caf::meta::type_name("chunk_msg"), x.transfer_id, x.index, x.count, x.total_bytes,
+             x.bytes);
+  });
 }
 
 /// The receiver's acknowledgement of one chunk: one credit back to the sender. The ack of the
@@ -118,12 +118,24 @@ struct chunk_ack_msg {
   bool done = false;
   /// Why the transfer failed (bad order, sizes, undecodable payload); empty when it did not.
   std::string error;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
-/// CAF 0.17 inspect for `chunk_ack_msg`.
+template <>
+struct wire_codec<chunk_ack_msg> {
+  static constexpr const char* name = "transfer.chunk_ack";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const chunk_ack_msg& x);
+  static status read(const payload_reader& r, chunk_ack_msg& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, chunk_ack_msg& x) {
-  return f(caf::meta::type_name("chunk_ack_msg"), x.transfer_id, x.index, x.done, x.error);
+  return inspect_enveloped(f, x, "chunk_ack_msg", [&] {
+    return f(caf::meta::type_name("chunk_ack_msg"), x.transfer_id, x.index, x.done, x.error);
+  });
 }
 
 } // namespace starling::messages

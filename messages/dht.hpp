@@ -8,17 +8,32 @@
 
 #include <caf/meta/type_name.hpp>
 
+#include "messages/enveloped.hpp"
+
 namespace starling::messages {
 
 /// A DHT peer as others see it: its 20-byte id and its address (`host:port/name`).
 struct dht_peer {
   std::string id;
   std::string address;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
+template <>
+struct wire_codec<dht_peer> {
+  static constexpr const char* name = "dht.peer";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const dht_peer& x);
+  static status read(const payload_reader& r, dht_peer& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, dht_peer& x) {
-  return f(caf::meta::type_name("dht_peer"), x.id, x.address);
+  return inspect_enveloped(f, x, "dht_peer", [&] {
+    return f(caf::meta::type_name("dht_peer"), x.id, x.address);
+  });
 }
 
 /// One stored value: a plain record (`has_subkey == false`) or one sub-key of a dictionary
@@ -31,12 +46,25 @@ struct dht_record {
   std::vector<char> value;
   int64_t expiration_ns = 0;
   std::string signature;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
+template <>
+struct wire_codec<dht_record> {
+  static constexpr const char* name = "dht.record";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const dht_record& x);
+  static status read(const payload_reader& r, dht_record& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, dht_record& x) {
-  return f(caf::meta::type_name("dht_record"), x.key, x.has_subkey, x.subkey, x.value,
-           x.expiration_ns, x.signature);
+  return inspect_enveloped(f, x, "dht_record", [&] {
+    return f(caf::meta::type_name("dht_record"), x.key, x.has_subkey, x.subkey, x.value,
+             x.expiration_ns, x.signature);
+  });
 }
 
 /// What a `dht_request` asks for.
@@ -52,11 +80,24 @@ struct dht_request {
   std::string key;
   /// store: the records to store.
   std::vector<dht_record> records;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
+template <>
+struct wire_codec<dht_request> {
+  static constexpr const char* name = "dht.request";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const dht_request& x);
+  static status read(const payload_reader& r, dht_request& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, dht_request& x) {
-  return f(caf::meta::type_name("dht_request"), x.kind, x.sender, x.target, x.key, x.records);
+  return inspect_enveloped(f, x, "dht_request", [&] {
+    return f(caf::meta::type_name("dht_request"), x.kind, x.sender, x.target, x.key, x.records);
+  });
 }
 
 /// The answer to a `dht_request`.
@@ -70,12 +111,25 @@ struct dht_response {
   std::vector<uint8_t> accepted;
   /// Non-empty when the request was refused as a whole (e.g. rate limit).
   std::string refused;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
+template <>
+struct wire_codec<dht_response> {
+  static constexpr const char* name = "dht.response";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const dht_response& x);
+  static status read(const payload_reader& r, dht_response& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, dht_response& x) {
-  return f(caf::meta::type_name("dht_response"), x.responder, x.closer, x.records, x.accepted,
-           x.refused);
+  return inspect_enveloped(f, x, "dht_response", [&] {
+    return f(caf::meta::type_name("dht_response"), x.responder, x.closer, x.records, x.accepted,
+             x.refused);
+  });
 }
 
 /// Client API: store one record (a value or one sub-key) at the key's closest peers. The DHT
@@ -87,12 +141,25 @@ struct dht_put {
   std::vector<char> value;
   int64_t expiration_ns = 0;
   bool sign = false;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
+template <>
+struct wire_codec<dht_put> {
+  static constexpr const char* name = "dht.put";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const dht_put& x);
+  static status read(const payload_reader& r, dht_put& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, dht_put& x) {
-  return f(caf::meta::type_name("dht_put"), x.key, x.has_subkey, x.subkey, x.value, x.expiration_ns,
-           x.sign);
+  return inspect_enveloped(f, x, "dht_put", [&] {
+    return f(caf::meta::type_name("dht_put"), x.key, x.has_subkey, x.subkey, x.value, x.expiration_ns,
+             x.sign);
+  });
 }
 
 /// Reply to `dht_put`: how many replicas accepted the record and how many lookup hops it took.
@@ -100,11 +167,24 @@ struct dht_put_result {
   uint32_t accepted = 0;
   uint32_t replicas = 0;
   uint32_t hops = 0;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
+template <>
+struct wire_codec<dht_put_result> {
+  static constexpr const char* name = "dht.put_result";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const dht_put_result& x);
+  static status read(const payload_reader& r, dht_put_result& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, dht_put_result& x) {
-  return f(caf::meta::type_name("dht_put_result"), x.accepted, x.replicas, x.hops);
+  return inspect_enveloped(f, x, "dht_put_result", [&] {
+    return f(caf::meta::type_name("dht_put_result"), x.accepted, x.replicas, x.hops);
+  });
 }
 
 /// Reply to a client get: the live records found (empty = not found) and the hops it took.
@@ -112,11 +192,24 @@ struct dht_get_result {
   bool found = false;
   std::vector<dht_record> records;
   uint32_t hops = 0;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
+template <>
+struct wire_codec<dht_get_result> {
+  static constexpr const char* name = "dht.get_result";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const dht_get_result& x);
+  static status read(const payload_reader& r, dht_get_result& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, dht_get_result& x) {
-  return f(caf::meta::type_name("dht_get_result"), x.found, x.records, x.hops);
+  return inspect_enveloped(f, x, "dht_get_result", [&] {
+    return f(caf::meta::type_name("dht_get_result"), x.found, x.records, x.hops);
+  });
 }
 
 /// Counters of a DHT node (limits hit, rejections), returned for `(status_atom)`.
@@ -130,13 +223,26 @@ struct dht_stats {
   uint64_t rejected_bad_signature = 0;
   uint64_t rejected_rate_limit = 0;
   uint64_t evicted_peers = 0;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
+template <>
+struct wire_codec<dht_stats> {
+  static constexpr const char* name = "dht.stats";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const dht_stats& x);
+  static status read(const payload_reader& r, dht_stats& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, dht_stats& x) {
-  return f(caf::meta::type_name("dht_stats"), x.records, x.peers, x.rejected_too_large,
-           x.rejected_store_full, x.rejected_older, x.rejected_expired, x.rejected_bad_signature,
-           x.rejected_rate_limit, x.evicted_peers);
+  return inspect_enveloped(f, x, "dht_stats", [&] {
+    return f(caf::meta::type_name("dht_stats"), x.records, x.peers, x.rejected_too_large,
+             x.rejected_store_full, x.rejected_older, x.rejected_expired, x.rejected_bad_signature,
+             x.rejected_rate_limit, x.evicted_peers);
+  });
 }
 
 } // namespace starling::messages

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include <caf/meta/type_name.hpp>
+#include "messages/enveloped.hpp"
 
 namespace starling::messages {
 
@@ -23,13 +24,25 @@ struct direct_announce {
   std::vector<int64_t> shape;
   /// kernels::codec_id of the payload.
   uint8_t codec = 0;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
-/// CAF 0.17 inspect for `direct_announce`.
+template <>
+struct wire_codec<direct_announce> {
+  static constexpr const char* name = "transfer.announce";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const direct_announce& x);
+  static status read(const payload_reader& r, direct_announce& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, direct_announce& x) {
-  return f(caf::meta::type_name("direct_announce"), x.token, x.total_bytes, x.dtype, x.shape,
-           x.codec);
+  return inspect_enveloped(f, x, "direct_announce", [&] {
+    return f(caf::meta::type_name("direct_announce"), x.token, x.total_bytes, x.dtype, x.shape,
+             x.codec);
+  });
 }
 
 /// Where a receiver takes direct transfers; `port == 0` means it has no data endpoint (the
@@ -39,12 +52,24 @@ struct direct_endpoint {
   std::string host;
   /// TCP port; 0 when there is no data endpoint.
   uint16_t port = 0;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
-/// CAF 0.17 inspect for `direct_endpoint`.
+template <>
+struct wire_codec<direct_endpoint> {
+  static constexpr const char* name = "transfer.endpoint";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const direct_endpoint& x);
+  static status read(const payload_reader& r, direct_endpoint& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, direct_endpoint& x) {
-  return f(caf::meta::type_name("direct_endpoint"), x.host, x.port);
+  return inspect_enveloped(f, x, "direct_endpoint", [&] {
+    return f(caf::meta::type_name("direct_endpoint"), x.host, x.port);
+  });
 }
 
 /// A transfer sender's reply: bytes moved and the path they took.
@@ -55,12 +80,24 @@ struct transfer_report {
   std::string path;
   /// Why the chunk path was used instead of the data channel; empty for "direct".
   std::string fallback_reason;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
-/// CAF 0.17 inspect for `transfer_report`.
+template <>
+struct wire_codec<transfer_report> {
+  static constexpr const char* name = "transfer.report";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const transfer_report& x);
+  static status read(const payload_reader& r, transfer_report& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, transfer_report& x) {
-  return f(caf::meta::type_name("transfer_report"), x.bytes, x.path, x.fallback_reason);
+  return inspect_enveloped(f, x, "transfer_report", [&] {
+    return f(caf::meta::type_name("transfer_report"), x.bytes, x.path, x.fallback_reason);
+  });
 }
 
 } // namespace starling::messages

@@ -13,6 +13,7 @@
 #include <caf/meta/type_name.hpp>
 #include <caf/serializer.hpp>
 
+#include "messages/enveloped.hpp"
 #include "messages/tensor_msg.hpp"
 
 namespace starling::messages {
@@ -23,11 +24,24 @@ struct stage_forward {
   tensor_msg input;
   tensor_msg targets;
   uint64_t seed = 0;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
+template <>
+struct wire_codec<stage_forward> {
+  static constexpr const char* name = "stage.forward";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const stage_forward& x);
+  static status read(const payload_reader& r, stage_forward& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_forward& x) {
-  return f(caf::meta::type_name("stage_forward"), x.input, x.targets, x.seed);
+  return inspect_enveloped(f, x, "stage_forward", [&] {
+    return f(caf::meta::type_name("stage_forward"), x.input, x.targets, x.seed);
+  });
 }
 
 /// Backward pass request: the stage recomputes its forward on `input` (it keeps nothing between
@@ -38,11 +52,30 @@ struct stage_backward {
   tensor_msg grad_output;
   tensor_msg targets;
   uint64_t seed = 0;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
+  /// The trainer's id of the microbatch; every retry of it keeps the id (so that a stage can
+  /// count a microbatch's gradient exactly once).
+  uint64_t microbatch_id = 0;
+  /// 0 for the first try of this backward, +1 for each retry.
+  uint32_t attempt = 0;
 };
 
+template <>
+struct wire_codec<stage_backward> {
+  static constexpr const char* name = "stage.backward";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const stage_backward& x);
+  static status read(const payload_reader& r, stage_backward& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_backward& x) {
-  return f(caf::meta::type_name("stage_backward"), x.input, x.grad_output, x.targets, x.seed);
+  return inspect_enveloped(f, x, "stage_backward", [&] {
+    return f(caf::meta::type_name("stage_backward"), x.input, x.grad_output, x.targets, x.seed,
+             x.microbatch_id, x.attempt);
+  });
 }
 
 /// Answer to a backward request: the gradient for the previous stage (undefined for the first
@@ -50,11 +83,24 @@ typename Inspector::result_type inspect(Inspector& f, stage_backward& x) {
 struct stage_backward_reply {
   tensor_msg grad_input;
   double loss = 0;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
+template <>
+struct wire_codec<stage_backward_reply> {
+  static constexpr const char* name = "stage.backward_reply";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const stage_backward_reply& x);
+  static status read(const payload_reader& r, stage_backward_reply& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_backward_reply& x) {
-  return f(caf::meta::type_name("stage_backward_reply"), x.grad_input, x.loss);
+  return inspect_enveloped(f, x, "stage_backward_reply", [&] {
+    return f(caf::meta::type_name("stage_backward_reply"), x.grad_input, x.loss);
+  });
 }
 
 /// State bytes a sender stands for but does not hold (a cost-model stage peer's parameters and
@@ -94,6 +140,28 @@ typename Inspector::result_type inspect(Inspector& f, modeled_bytes& x) {
   }
 }
 
+/// The body of `inspect` for the state messages: the envelope (which carries `modeled.size`,
+/// range-checked like every field), then the modeled bytes themselves right after it (they are
+/// zeros: in the envelope they would have to exist in memory on both sides). On arrival the
+/// padding is read past and the size taken from the envelope, also when it was refused (the
+/// message then arrives marked, its size 0).
+template <class Inspector, class T, class Fields>
+typename Inspector::result_type inspect_with_modeled(Inspector& f, T& x, const char* type_name,
+                                                     Fields&& fields) {
+  if constexpr (std::is_base_of<caf::serializer, Inspector>::value) {
+    if (auto err = inspect_enveloped(f, x, type_name, fields))
+      return err;
+    return inspect(f, x.modeled);
+  } else if constexpr (std::is_base_of<caf::deserializer, Inspector>::value) {
+    if (auto err = inspect_enveloped(f, x, type_name, fields))
+      return err;
+    modeled_bytes padding;
+    return inspect(f, padding);
+  } else {
+    return fields();
+  }
+}
+
 /// A stage peer's full state for a newcomer: flat parameters, optimizer state in a canonical
 /// form (equal states are equal bit for bit, whichever peer holds them), steps taken.
 struct stage_state {
@@ -106,12 +174,25 @@ struct stage_state {
   uint64_t samples = 0;
   /// The state a cost-model peer stands for (0 for a real model's peer).
   modeled_bytes modeled;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
+template <>
+struct wire_codec<stage_state> {
+  static constexpr const char* name = "stage.state";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const stage_state& x);
+  static status read(const payload_reader& r, stage_state& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_state& x) {
-  return f(caf::meta::type_name("stage_state"), x.params, x.moments, x.optimizer_steps, x.steps,
-           x.samples, x.modeled);
+  return inspect_with_modeled(f, x, "stage_state", [&] {
+    return f(caf::meta::type_name("stage_state"), x.params, x.moments, x.optimizer_steps, x.steps,
+             x.samples, x.modeled);
+  });
 }
 
 /// One part of a stage peer's state, for a newcomer that downloads from several donors at once:
@@ -137,13 +218,52 @@ struct stage_state_part {
   tensor_msg moments;
   /// This part's share of the modeled state (see `modeled_bytes`).
   modeled_bytes modeled;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
+template <>
+struct wire_codec<stage_state_part> {
+  static constexpr const char* name = "stage.state_part";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const stage_state_part& x);
+  static status read(const payload_reader& r, stage_state_part& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_state_part& x) {
-  return f(caf::meta::type_name("stage_state_part"), x.steps, x.samples, x.part, x.parts,
-           x.params_numel, x.params_dtype, x.moments_numel, x.optimizer_steps, x.digest, x.params,
-           x.moments, x.modeled);
+  return inspect_with_modeled(f, x, "stage_state_part", [&] {
+    return f(caf::meta::type_name("stage_state_part"), x.steps, x.samples, x.part, x.parts,
+             x.params_numel, x.params_dtype, x.moments_numel, x.optimizer_steps, x.digest, x.params,
+             x.moments, x.modeled);
+  });
+}
+
+/// A refused stage message also marks its tensors, so an actor that checks `tensor.ok()` answers
+/// with the reason instead of computing on undefined tensors.
+inline void mark_refused(stage_forward& x, const std::string& why) {
+  x.wire_error = x.input.error = x.targets.error = why;
+}
+
+/// See `mark_refused(stage_forward&, ...)`.
+inline void mark_refused(stage_backward& x, const std::string& why) {
+  x.wire_error = x.input.error = x.grad_output.error = x.targets.error = why;
+}
+
+/// See `mark_refused(stage_forward&, ...)`.
+inline void mark_refused(stage_backward_reply& x, const std::string& why) {
+  x.wire_error = x.grad_input.error = why;
+}
+
+/// See `mark_refused(stage_forward&, ...)`.
+inline void mark_refused(stage_state& x, const std::string& why) {
+  x.wire_error = x.params.error = x.moments.error = why;
+}
+
+/// See `mark_refused(stage_forward&, ...)`.
+inline void mark_refused(stage_state_part& x, const std::string& why) {
+  x.wire_error = x.params.error = x.moments.error = why;
 }
 
 } // namespace starling::messages

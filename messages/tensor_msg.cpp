@@ -8,6 +8,8 @@
 #include <capnp/message.h>
 #include <capnp/orphan.h>
 
+#include "messages/envelope.hpp"
+#include "messages/tensor_wire.hpp"
 #include "messages/wire.hpp"
 
 namespace starling::messages {
@@ -46,8 +48,7 @@ result<plan> make_plan(const tensor_msg& x) {
 
 /// Builds the Cap'n Proto message of `x` into `msg`: the payload is encoded in place, or, for a
 /// referenceable payload, the chunks point at the tensor's storage (which must outlive `msg`).
-status build_tensor(const tensor_msg& x, const plan& p, capnp::MessageBuilder& msg) {
-  auto root = msg.initRoot<wire::Tensor>();
+status build_tensor(const tensor_msg& x, const plan& p, wire::Tensor::Builder root) {
   if (p.reference) {
     write_tensor_fields(root, p.header);
     auto chunk = p.header.params.chunk_bytes;
@@ -101,7 +102,7 @@ public:
   status build(const tensor_msg& x, const plan& p) {
     if (p.reference)
       tensor_ = x.tensor; // the message references its storage
-    if (auto st = build_tensor(x, p, *msg_); !st)
+    if (auto st = build_tensor(x, p, msg_->initRoot<wire::Tensor>()); !st)
       return st;
     auto segs = msg_->getSegmentsForOutput();
     // The stream framing of capnp::writeMessage: (count - 1), each size in words, padded to 8.
@@ -137,7 +138,7 @@ status save_tensor(const tensor_msg& x, std::vector<char>& out) {
     if (!p)
       return fail(p.error().what);
     capnp::MallocMessageBuilder msg(first_segment_words(*p));
-    if (auto st = build_tensor(x, *p, msg); !st)
+    if (auto st = build_tensor(x, *p, msg.initRoot<wire::Tensor>()); !st)
       return st;
     write_flat(msg, out);
     return {};
@@ -162,6 +163,27 @@ result<std::shared_ptr<const chunk_source>> encode_tensor_source(const tensor_ms
   } catch (const std::exception& e) {
     return fail(std::string{"encoding failed: "} + e.what());
   }
+}
+
+status write_tensor_msg(wire::Tensor::Builder b, const tensor_msg& x) {
+  auto p = make_plan(x);
+  if (!p)
+    return fail(p.error().what);
+  return build_tensor(x, *p, b);
+}
+
+status read_tensor_msg(wire::Tensor::Reader r, tensor_msg& x) {
+  tensor_view view;
+  if (auto st = read_tensor(r, view); !st)
+    return st;
+  auto t = kernels::decode_payload(view.header, view.data, view.size);
+  if (!t)
+    return fail(t.error().what);
+  x.tensor = std::move(*t);
+  x.codec = view.header.codec;
+  x.params = view.header.params;
+  x.error.clear();
+  return {};
 }
 
 status load_tensor(const std::vector<char>& bytes, tensor_msg& x) {
@@ -238,6 +260,27 @@ std::string describe(const tensor_msg& x) {
   if (!x.error.empty())
     s += ", error: " + x.error;
   return s + ")";
+}
+
+} // namespace starling::messages
+
+namespace starling::messages {
+
+bool wire_codec<tensor_msg>::matches(const payload_reader& r) {
+  return r.get().isTensor();
+}
+
+status wire_codec<tensor_msg>::write(payload_writer& w, const tensor_msg& x) {
+  // An undefined tensor leaves the payload's pointer unset (the union already names `tensor`).
+  if (!x.tensor.defined())
+    return {};
+  return write_tensor_msg(w.get().initTensor(), x);
+}
+
+status wire_codec<tensor_msg>::read(const payload_reader& r, tensor_msg& x) {
+  if (!r.get().hasTensor())
+    return {};
+  return read_tensor_msg(r.get().getTensor(), x);
 }
 
 } // namespace starling::messages

@@ -17,6 +17,7 @@
 #include "kernels/compress/codec.hpp"
 #include "kernels/result.hpp"
 #include "messages/chunked.hpp"
+#include "messages/enveloped.hpp"
 
 namespace starling::messages {
 
@@ -60,35 +61,28 @@ result<std::shared_ptr<const chunk_source>> encode_tensor_source(const tensor_ms
 /// One line describing the message (dtype, shape, codec) for logs; never the values.
 std::string describe(const tensor_msg& x);
 
-/// CAF 0.17 inspect: serializers encode, deserializers decode (a failed decode is stored in
-/// `x.error`), other inspectors (to_string) see a description.
+template <>
+struct wire_codec<tensor_msg> {
+  static constexpr const char* name = "tensor";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const tensor_msg& x);
+  static status read(const payload_reader& r, tensor_msg& x);
+};
+
+/// A refused tensor arrives undefined with `error` set.
+inline void mark_refused(tensor_msg& x, const std::string& why) {
+  x.error = why;
+}
+
+/// CAF 0.17 inspect: across processes an envelope whose payload is the tensor (an undefined
+/// tensor travels as an envelope without one); a refused or invalid payload arrives as an
+/// undefined tensor with `error` set; other inspectors (to_string) see a description.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, tensor_msg& x) {
-  if constexpr (std::is_base_of<caf::serializer, Inspector>::value) {
-    std::vector<char> buf;
-    // An undefined tensor (a default-constructed message) travels as an empty buffer.
-    if (x.tensor.defined())
-      if (auto st = save_tensor(x, buf); !st)
-        return caf::make_error(caf::sec::invalid_argument, "tensor_msg: " + st.what());
-    return f(caf::meta::type_name("tensor_msg"), buf);
-  } else if constexpr (std::is_base_of<caf::deserializer, Inspector>::value) {
-    std::vector<char> buf;
-    if (auto err = f(caf::meta::type_name("tensor_msg"), buf))
-      return err;
-    if (buf.empty()) {
-      x.tensor = at::Tensor{};
-      x.error.clear();
-    } else if (auto st = load_tensor(buf, x); !st) {
-      x.tensor = at::Tensor{};
-      x.error = st.what();
-    } else {
-      x.error.clear();
-    }
-    return caf::none;
-  } else {
+  return inspect_enveloped(f, x, "tensor_msg", [&] {
     auto text = describe(x);
     return f(caf::meta::type_name("tensor_msg"), text);
-  }
+  });
 }
 
 } // namespace starling::messages

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <caf/meta/type_name.hpp>
+#include "messages/enveloped.hpp"
 
 namespace starling::messages {
 
@@ -29,6 +31,8 @@ struct vi_vector {
   uint64_t seed = 0;
   std::vector<uint32_t> indices;
   std::vector<float> values;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
 /// Exact payload bits of a `vi_vector`, as defined above.
@@ -37,9 +41,20 @@ inline uint64_t payload_bits(const vi_vector& v) {
          + (v.codec == static_cast<uint8_t>(vi_codec::rand_k) ? 64u : 0u);
 }
 
+template <>
+struct wire_codec<vi_vector> {
+  static constexpr const char* name = "vi.vector";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const vi_vector& x);
+  static status read(const payload_reader& r, vi_vector& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, vi_vector& x) {
-  return f(caf::meta::type_name("vi_vector"), x.codec, x.dim, x.seed, x.indices, x.values);
+  return inspect_enveloped(f, x, "vi_vector", [&] {
+    return f(caf::meta::type_name("vi_vector"), x.codec, x.dim, x.seed, x.indices, x.values);
+  });
 }
 
 /// What kind of round a message belongs to; both ends check that they agree.
@@ -61,11 +76,24 @@ struct vi_uplink {
   uint64_t round = 0;
   uint8_t phase = 0;
   vi_vector payload;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
+template <>
+struct wire_codec<vi_uplink> {
+  static constexpr const char* name = "vi.uplink";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const vi_uplink& x);
+  static status read(const payload_reader& r, vi_uplink& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, vi_uplink& x) {
-  return f(caf::meta::type_name("vi_uplink"), x.worker, x.round, x.phase, x.payload);
+  return inspect_enveloped(f, x, "vi_uplink", [&] {
+    return f(caf::meta::type_name("vi_uplink"), x.worker, x.round, x.phase, x.payload);
+  });
 }
 
 /// Server → every worker: the aggregate of one round and, for compressed MASHA rounds, the shared
@@ -75,6 +103,8 @@ struct vi_downlink {
   uint8_t phase = 0;
   bool coin = false;
   vi_vector payload;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
 /// Exact payload bits of a downlink: its vector plus the coin bit in compressed rounds.
@@ -82,9 +112,20 @@ inline uint64_t payload_bits(const vi_downlink& d) {
   return payload_bits(d.payload) + (d.phase == static_cast<uint8_t>(vi_phase::compressed) ? 1u : 0u);
 }
 
+template <>
+struct wire_codec<vi_downlink> {
+  static constexpr const char* name = "vi.downlink";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const vi_downlink& x);
+  static status read(const payload_reader& r, vi_downlink& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, vi_downlink& x) {
-  return f(caf::meta::type_name("vi_downlink"), x.round, x.phase, x.coin, x.payload);
+  return inspect_enveloped(f, x, "vi_downlink", [&] {
+    return f(caf::meta::type_name("vi_downlink"), x.round, x.phase, x.coin, x.payload);
+  });
 }
 
 } // namespace starling::messages
@@ -103,12 +144,25 @@ struct vi_report {
   uint64_t bits_down = 0;
   /// Workers still alive at the end.
   uint32_t live_workers = 0;
+  /// Set on arrival when the envelope was refused (then every other field is empty).
+  std::string wire_error;
 };
 
+template <>
+struct wire_codec<vi_report> {
+  static constexpr const char* name = "vi.report";
+  static bool matches(const payload_reader& r);
+  static status write(payload_writer& w, const vi_report& x);
+  static status read(const payload_reader& r, vi_report& x);
+};
+
+/// CAF 0.17 inspect: an envelope across processes (see enveloped.hpp).
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, vi_report& x) {
-  return f(caf::meta::type_name("vi_report"), x.iterations, x.z, x.bits_up, x.bits_down,
-           x.live_workers);
+  return inspect_enveloped(f, x, "vi_report", [&] {
+    return f(caf::meta::type_name("vi_report"), x.iterations, x.z, x.bits_up, x.bits_down,
+             x.live_workers);
+  });
 }
 
 } // namespace starling::messages

@@ -142,36 +142,4 @@ void write_flat(capnp::MessageBuilder& msg, std::vector<char>& out) {
   capnp::writeMessage(stream, msg);
 }
 
-status read_envelope(const char* bytes, size_t size, envelope_view& out) {
-  return read_flat(bytes, size, [&](capnp::MessageReader& reader) -> status {
-    auto env = reader.getRoot<wire::Envelope>();
-    out.version = env.getProtocolVersion();
-    if (out.version != protocol_version)
-      return fail("protocol version " + std::to_string(out.version) + ", expected "
-                  + std::to_string(protocol_version));
-    auto id = env.getExperimentId();
-    out.experiment_id.assign(id.begin(), id.size());
-    auto sender = env.getSenderPeerId();
-    out.sender.assign(sender.begin(), sender.begin() + sender.size());
-    auto payload = env.getPayload();
-    out.kind = payload.which();
-    switch (out.kind) {
-      case wire::Envelope::Payload::PING:
-        out.ping_seq = payload.getPing().getSeq();
-        return {};
-      case wire::Envelope::Payload::TENSOR: {
-        if (auto st = read_tensor(payload.getTensor(), out.tensor); !st)
-          return st;
-        if (out.tensor.gathered.empty() && out.tensor.size > 0) {
-          // The view points into the message, which dies with this call: copy it out.
-          out.tensor.gathered.assign(out.tensor.data, out.tensor.data + out.tensor.size);
-          out.tensor.data = out.tensor.gathered.data();
-        }
-        return {};
-      }
-    }
-    return fail("unknown envelope payload " + std::to_string(static_cast<int>(out.kind)));
-  });
-}
-
 } // namespace starling::messages

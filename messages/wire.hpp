@@ -13,13 +13,14 @@
 
 #include "kernels/compress/format.hpp"
 #include "kernels/result.hpp"
-#include "messages/envelope.capnp.h"
 #include "messages/tensor.capnp.h"
 
 namespace starling::messages {
 
-/// The wire protocol version this build speaks (Envelope.protocolVersion).
-inline constexpr uint16_t protocol_version = 1;
+/// The wire protocol version this build speaks (Envelope.protocolVersion); messages/README.md
+/// says which changes bump it. 2: every cross-process message is an envelope, with sequence
+/// numbers and send times.
+inline constexpr uint16_t protocol_version = 2;
 
 /// Largest flat array accepted from the network (BASP carries at most ~2 GB per message anyway).
 inline constexpr size_t max_message_bytes = size_t{1} << 31;
@@ -57,24 +58,5 @@ status read_flat(const char* bytes, size_t size,
 
 /// Serializes a built message into `out` (replacing its content) as one flat array.
 void write_flat(capnp::MessageBuilder& msg, std::vector<char>& out);
-
-/// The contents of an Envelope, copied out of the message.
-struct envelope_view {
-  /// The sender's protocol version (equal to `protocol_version` after a successful read).
-  uint16_t version = 0;
-  /// The experiment id.
-  std::string experiment_id;
-  /// The sender's peer id.
-  std::vector<uint8_t> sender;
-  /// Which payload the envelope carries.
-  wire::Envelope::Payload::Which kind = wire::Envelope::Payload::PING;
-  /// Ping sequence number (kind == PING).
-  uint64_t ping_seq = 0;
-  /// The checked tensor (kind == TENSOR); its payload is always owned by `tensor.gathered`.
-  tensor_view tensor;
-};
-
-/// Reads and fully checks an Envelope from untrusted bytes.
-status read_envelope(const char* bytes, size_t size, envelope_view& out);
 
 } // namespace starling::messages

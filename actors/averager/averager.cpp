@@ -710,6 +710,10 @@ void shell::send_chunk(uint32_t to, const out_chunk_ptr& c) {
 }
 
 void shell::on_chunk(avg_chunk& c, const caf::strong_actor_ptr& sender) {
+  // A chunk whose envelope was refused names no round it belongs to (counted by the wire
+  // context): kept for later it would only take a slot of the early chunks.
+  if (!c.wire_error.empty())
+    return;
   if (!round_ || c.group_id != round_->engine->id()) {
     if (mm_.matching() && early_.size() < 4096)
       early_.push_back(early_chunk{std::move(c), sender, {}});
@@ -930,6 +934,13 @@ caf::behavior shell::make_behavior() {
         me->apply(me->mm_.on_timer(epoch, static_cast<mm_timer>(kind)));
       },
       [me](const messages::avg_join& j) -> caf::result<messages::avg_join_reply> {
+        // A join whose envelope was refused (counted by the wire context) is answered with the
+        // reason; the matchmaker never sees it.
+        if (!j.wire_error.empty()) {
+          messages::avg_join_reply r;
+          r.reason = j.wire_error;
+          return r;
+        }
         auto ticket = me->next_ticket_++;
         auto rp = me->self_->make_response_promise<messages::avg_join_reply>();
         me->tickets_.emplace(
@@ -940,6 +951,10 @@ caf::behavior shell::make_behavior() {
         return rp;
       },
       [me](const messages::avg_leave& l) {
+        // Refused envelopes (wire_error) are counted by the wire context; one-way, nothing to
+        // answer, and their empty fields must not act on the round or the matchmaker.
+        if (!l.wire_error.empty())
+          return;
         if (me->round_ && me->cur_ && l.group_key == me->cur_->group_key && l.leader.empty()) {
           auto& r = *me->round_;
           for (uint32_t i = 0; i < r.members.size(); ++i)
@@ -949,10 +964,13 @@ caf::behavior shell::make_behavior() {
         }
         me->apply(me->mm_.on_leave(l)); // also drops a join waiting for our next request
       },
-      [me](const messages::avg_group& g) { me->apply(me->mm_.on_group(g)); },
+      [me](const messages::avg_group& g) {
+        if (g.wire_error.empty())
+          me->apply(me->mm_.on_group(g));
+      },
       [me](avg_chunk& c) { me->on_chunk(c, me->self_->current_sender()); },
       [me](const avg_ack& a) {
-        if (!me->round_ || a.group_id != me->round_->engine->id())
+        if (!a.wire_error.empty() || !me->round_ || a.group_id != me->round_->engine->id())
           return;
         me->round_->engine->on_ack(a.from, a.kind);
         me->progress();

@@ -134,7 +134,8 @@ std::vector<mm_effect> matchmaker::on_join_reply(uint64_t epoch, const std::stri
     switch_to(r.redirect, out);
     return out;
   }
-  return on_join_failed(epoch, leader, r.reason);
+  // A reply whose envelope was refused carries only the reason (wire_error).
+  return on_join_failed(epoch, leader, r.wire_error.empty() ? r.reason : r.wire_error);
 }
 
 std::vector<mm_effect> matchmaker::on_join_failed(uint64_t epoch, const std::string& leader,

@@ -137,6 +137,10 @@ public:
       self_->request(h, opts_.rpc_timeout, req)
           .then(
               [this, ok, err, refused](dht_response& resp) {
+                // A response whose envelope we refused arrives empty with the reason (already
+                // counted by the wire context): a refusal, never an answer to act on.
+                if (!resp.wire_error.empty())
+                  resp.refused = resp.wire_error;
                 if (resp.refused.empty()) {
                   ok(resp);
                   return;
@@ -186,6 +190,11 @@ public:
   dht_response handle(dht_request& req) {
     dht_response resp;
     resp.responder = me();
+    // A refused envelope arrives empty with its reason: answer it, never act on it.
+    if (!req.wire_error.empty()) {
+      resp.refused = req.wire_error;
+      return resp;
+    }
     if (!admit(req.sender.address)) {
       resp.refused = "rate limit";
       return resp;

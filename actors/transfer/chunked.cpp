@@ -95,6 +95,10 @@ caf::behavior sender(caf::stateful_actor<sender_state>* self, chunked_options op
         return t.promise;
       },
       [self, opts](chunk_ack_msg& a) {
+        // An ack whose envelope was refused names no transfer (ids start at 1; the refusal is
+        // counted by the wire context): the transfer it was for ends at its timeout.
+        if (!a.wire_error.empty())
+          return;
         auto i = self->state.transfers.find(a.transfer_id);
         if (i == self->state.transfers.end())
           return; // already finished or failed
@@ -141,6 +145,9 @@ caf::behavior chunk_receiver_behavior(caf::event_based_actor* self, caf::actor s
         auto reply = [&](bool done, std::string error) {
           self->send(from, chunk_ack_msg{m.transfer_id, m.index, done, std::move(error)});
         };
+        // A chunk whose envelope was refused is answered with the reason, never stored.
+        if (!m.wire_error.empty())
+          return reply(true, m.wire_error);
         auto i = transfers->find(key);
         if (i == transfers->end()) {
           if (m.index != 0)

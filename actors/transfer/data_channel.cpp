@@ -383,6 +383,10 @@ caf::behavior direct_sender(caf::stateful_actor<sender_state>* self, direct_send
       self->request(receiver, opts.announce_timeout, std::move(a))
         .then(
           [self, token, payload, rp, fallback](direct_endpoint& ep) mutable {
+            if (!ep.wire_error.empty()) {
+              rp.deliver(transfer_error("the receiver's answer was refused: " + ep.wire_error));
+              return;
+            }
             if (ep.port == 0)
               return fallback("the receiver has no data endpoint");
             if (!self->state.endpoint)
@@ -455,6 +459,9 @@ caf::actor spawn_direct_receiver(caf::actor_system& sys, caf::actor sink,
   return sys.spawn([sink, ep, opts](caf::event_based_actor* self) -> caf::behavior {
     caf::message_handler announcements{
       [sink, ep, opts](direct_announce& a) -> caf::result<direct_endpoint> {
+        // An announcement whose envelope was refused (counted by the wire context): the reason.
+        if (!a.wire_error.empty())
+          return caf::make_error(caf::sec::invalid_argument, "direct transfer: " + a.wire_error);
         if (!ep)
           return direct_endpoint{};
         if (a.token.size() != link_token{}.size())

@@ -44,6 +44,9 @@ caf::behavior worker_impl(caf::stateful_actor<worker_state>* self,
   self->state.core.emplace(std::move(problem), index, options, std::vector<double>(dim, 0.0));
   return {
     [=](vi_step_atom, const vi_downlink& d, bool apply) -> caf::result<vi_uplink> {
+      // A downlink whose envelope was refused (counted by the wire context): answer the reason.
+      if (!d.wire_error.empty())
+        return caf::make_error(caf::sec::invalid_argument, d.wire_error);
       auto& core = *self->state.core;
       if (apply)
         if (auto st = core.downlink(d); !st)
@@ -51,6 +54,8 @@ caf::behavior worker_impl(caf::stateful_actor<worker_state>* self,
       return core.uplink();
     },
     [=](vi_finish_atom, const vi_downlink& d) -> caf::result<vi_report> {
+      if (!d.wire_error.empty())
+        return caf::make_error(caf::sec::invalid_argument, d.wire_error);
       auto& core = *self->state.core;
       if (auto st = core.downlink(d); !st)
         return caf::make_error(caf::sec::runtime_error, st.what());
@@ -147,7 +152,10 @@ void on_uplink_done(server_actor* self) {
     self->request(st.workers[i], st.options.timeout, vi_finish_atom::value, *down)
       .then(
         [=](vi_report& r) {
-          self->state.reports.emplace_back(i, std::move(r));
+          if (!r.wire_error.empty())
+            lose_worker(self, i, r.wire_error);
+          else
+            self->state.reports.emplace_back(i, std::move(r));
           if (--self->state.outstanding == 0)
             finish_round(self);
         },
@@ -169,7 +177,11 @@ void step_round(server_actor* self, const vi_downlink& d, bool apply) {
     self->request(st.workers[i], st.options.timeout, vi_step_atom::value, d, apply)
       .then(
         [=](vi_uplink& u) {
-          self->state.uplinks.push_back(std::move(u));
+          // An uplink whose envelope was refused carries no vector: the worker is lost.
+          if (!u.wire_error.empty())
+            lose_worker(self, i, u.wire_error);
+          else
+            self->state.uplinks.push_back(std::move(u));
           on_uplink_done(self);
         },
         [=](caf::error& e) {

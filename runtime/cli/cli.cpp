@@ -16,6 +16,7 @@
 
 #include "messages/atoms.hpp"
 #include "messages/types.hpp"
+#include "runtime/cli/auth_cmd.hpp"
 #include "runtime/cli/dht_cmd.hpp"
 #include "runtime/config/config.hpp"
 #include "runtime/log/log.hpp"
@@ -278,6 +279,7 @@ int cli_main(int argc, char** argv) {
   dht_store->add_option("--ttl", dht_ttl, "Time to live (60s, 5m, 500ms)");
 
   app.add_subcommand("version", "Print the version");
+  auth_commands auth{app};
 
   try {
     app.parse(argc, argv);
@@ -286,6 +288,8 @@ int cli_main(int argc, char** argv) {
       return app.exit(e);
     return die(e.what());
   }
+  if (auto rc = auth.run())
+    return *rc;
   if (run->parsed())
     return cmd_run(run_file, run_sim, run_seed, run_out, run_sets, run_nodes);
   if (planc->parsed())

@@ -1,48 +1,68 @@
-// libFuzzer target: untrusted bytes through the envelope and tensor decoders (capnp parse,
-// header validation, payload size and invariant checks), the direct transport's framing (an
-// input may be a frame: 16 header bytes, its meta, then the tensor; or a preamble; or a transfer
-// status) and the averager's chunk meta. Must return an error, never crash.
+// libFuzzer target: every decoder that reads untrusted bytes, torch-free. The first byte picks the
+// decoder, the rest is its input:
+//   0 envelope (header checks with a wire context, then every payload kind via check_payload)
+//   1 envelope without a context (structure only), 2 bare Cap'n Proto tensor,
+//   3 direct transport link (16-byte frame header, its meta, then a tensor; or a preamble; or a
+//   transfer status), 4 averager chunk meta, 5 token, 6 deny list, 7 hello (and a gatekeeper admitting it),
+//   8 secret key file, 9 public key file, 10 token file text.
+// Everything must be refused with a reason or decoded, never crash.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <string_view>
 
+#include "actors/auth/gatekeeper.hpp"
+#include "actors/auth/identity.hpp"
+#include "actors/auth/token.hpp"
 #include "actors/averager/chunk.hpp"
 #include "actors/transfer/link_frame.hpp"
+#include "messages/envelope.hpp"
 #include "messages/wire.hpp"
 
 using namespace starling;
 using namespace starling::messages;
+namespace auth = starling::actors::auth;
 
 namespace {
 
-// The receiving side of a data frame: the bytes after the header through the tensor decoder.
-void tensor_msg_free_check(const char* bytes, size_t size) {
-  auto st = read_flat(bytes, size, [](capnp::MessageReader& r) -> status {
-    tensor_view v;
-    return read_tensor(r.getRoot<wire::Tensor>(), v);
-  });
-  (void) st;
+constexpr int64_t now_ns = int64_t{1'800'000'000} * 1'000'000'000;
+
+/// A fresh receiving context per input: fuzz inputs must not depend on earlier ones.
+wire_options context_options() {
+  wire_options o;
+  o.experiment = "seed";
+  o.clock = [] { return now_ns; };
+  o.max_clock_skew_ns = 0; // seeds carry send time 0
+  return o;
 }
 
-} // namespace
+const auth::key_pair& authority() {
+  // Derived once; a constant, not state.
+  static const auto k = auth::key_pair::from_test_seed(100);
+  return k;
+}
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  const auto* bytes = reinterpret_cast<const char*>(data);
-  envelope_view env;
-  if (read_envelope(bytes, size, env).ok() && env.kind == wire::Envelope::Payload::TENSOR) {
-    // A checked payload has exactly the size its header promises.
-    auto n = kernels::checked_numel(env.tensor.header.shape);
-    if (!n.ok()
-        || kernels::payload_bytes(*n, env.tensor.header.codec, env.tensor.header.params)
-             != env.tensor.size)
-      std::abort();
-  }
+auth::trust_anchor trust() {
+  return auth::trust_anchor{authority().public_key(), "seed"};
+}
+
+void envelope(const char* bytes, size_t size, wire_context* ctx) {
+  auto r = decode_envelope(
+    bytes, size, ctx, "any", [](const payload_reader&) { return true; },
+    [](const payload_reader& p) { return check_payload(p); });
+  (void) r;
+}
+
+void bare_tensor(const char* bytes, size_t size) {
   auto st = read_flat(bytes, size, [](capnp::MessageReader& r) -> status {
     tensor_view v;
     auto s = read_tensor(r.getRoot<wire::Tensor>(), v);
     if (s.ok()) {
-      // Touch every payload byte: out-of-bounds views show up under ASan.
+      // A checked payload has exactly the size its header promises; touch every byte (ASan).
+      auto n = kernels::checked_numel(v.header.shape);
+      if (!n.ok() || kernels::payload_bytes(*n, v.header.codec, v.header.params) != v.size)
+        std::abort();
       volatile uint8_t acc = 0;
       for (size_t i = 0; i < v.size; ++i)
         acc = acc ^ v.data[i];
@@ -50,7 +70,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return s;
   });
   (void) st;
+}
+
+void link(const uint8_t* data, size_t size) {
   namespace tr = actors::transfer;
+  const auto* bytes = reinterpret_cast<const char*>(data);
   if (size >= tr::link_frame_header_bytes) {
     auto h = tr::parse_link_frame_header(data, tr::link_frame_header_bytes);
     if (h.ok()) {
@@ -63,8 +87,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         std::abort();
       auto rest = size - tr::link_frame_header_bytes;
       if (rest >= h->meta_bytes)
-        tensor_msg_free_check(bytes + tr::link_frame_header_bytes + h->meta_bytes,
-                              rest - h->meta_bytes);
+        bare_tensor(bytes + tr::link_frame_header_bytes + h->meta_bytes, rest - h->meta_bytes);
     }
   }
   if (size >= tr::link_preamble_bytes)
@@ -74,13 +97,96 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (again.size() != size || std::memcmp(again.data(), data, size) != 0)
       std::abort();
   }
-  // The averager's chunk meta: a decoded meta re-encodes to exactly the same bytes.
+}
+
+void chunk_meta(const uint8_t* data, size_t size) {
   namespace av = actors::averager;
   auto meta = av::decode_chunk_meta(data, size);
   if (meta.ok()) {
+    // A decoded meta re-encodes to exactly the same bytes.
     auto again = av::encode_chunk_meta(*meta);
     if (!again.ok() || again->size() != size || std::memcmp(again->data(), data, size) != 0)
       std::abort();
+  }
+}
+
+void token(std::string_view bytes) {
+  auto t = auth::verify_token(bytes, trust(), now_ns);
+  // Only the authority's signature makes a token valid, and fuzzing cannot forge it unless the
+  // input is a seed token unchanged in its signed bytes.
+  if (t.ok() && t->authority_key != authority().public_key())
+    std::abort();
+  (void) auth::decode_token(bytes);
+}
+
+void deny(std::string_view bytes) {
+  auto d = auth::verify_deny_list(bytes, trust());
+  if (d.ok())
+    for (auto& e : d->entries)
+      (void) e.active(now_ns);
+}
+
+void hello(std::string_view bytes) {
+  (void) auth::decode_hello(bytes);
+  auth::gatekeeper_options o;
+  o.trust = trust();
+  o.self_key = auth::key_pair::from_test_seed(50).public_key();
+  o.protocol_version = protocol_version;
+  o.random = [](uint8_t* p, size_t n) { std::memset(p, 7, n); };
+  auth::gatekeeper gk{o};
+  gk.open(1);
+  auto p = gk.admit_hello(1, bytes, now_ns);
+  (void) gk.check(1, p.ok() ? "stage.forward" : "ping", now_ns);
+}
+
+} // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size == 0)
+    return 0;
+  auto kind = data[0];
+  ++data;
+  --size;
+  const auto* bytes = reinterpret_cast<const char*>(data);
+  std::string_view text(bytes, size);
+  switch (kind % 11) {
+    case 0: {
+      wire_context ctx{context_options()};
+      envelope(bytes, size, &ctx);
+      break;
+    }
+    case 1:
+      envelope(bytes, size, nullptr);
+      break;
+    case 2:
+      bare_tensor(bytes, size);
+      break;
+    case 3:
+      link(data, size);
+      break;
+    case 4:
+      chunk_meta(data, size);
+      break;
+    case 5:
+      token(text);
+      break;
+    case 6:
+      deny(text);
+      break;
+    case 7:
+      hello(text);
+      break;
+    case 8:
+      (void) auth::parse_secret_key(text, auth::key_role::node, "fuzz");
+      (void) auth::parse_secret_key(text, auth::key_role::authority, "fuzz");
+      break;
+    case 9:
+      (void) auth::parse_public_key(text, auth::key_role::node, "fuzz");
+      break;
+    case 10:
+      if (auto t = auth::parse_token_file(text, "fuzz"); t.ok())
+        (void) auth::decode_token(*t);
+      break;
   }
   return 0;
 }

@@ -1,5 +1,7 @@
-// Writes seed inputs for decode_fuzz into the directory given as argv[1]: envelopes with a ping
-// and with a small tensor of every codec, the bare tensors, and the tensors as direct-link frames.
+// Writes seed inputs for decode_fuzz into the directory given as argv[1], each prefixed with the
+// byte that selects its decoder (see decode_fuzz.cpp): envelopes of every payload kind, bare
+// tensors of every codec and the same as direct-link frames, an averager chunk meta, a token,
+// a deny list, a hello, key files and a token file.
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -7,17 +9,40 @@
 
 #include <capnp/message.h>
 
+#include "actors/auth/gatekeeper.hpp"
+#include "actors/auth/identity.hpp"
+#include "actors/auth/token.hpp"
+#include "actors/averager/chunk.hpp"
 #include "actors/transfer/link_frame.hpp"
+#include "messages/chunked.hpp"
+#include "messages/dht.hpp"
+#include "messages/direct.hpp"
+#include "messages/envelope.hpp"
+#include "messages/metrics.hpp"
+#include "messages/types.hpp"
+#include "messages/vi.hpp"
 #include "messages/wire.hpp"
 
 using namespace starling;
 using namespace starling::messages;
+namespace auth = starling::actors::auth;
 
 namespace {
 
-void save(const std::string& path, const std::vector<char>& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+std::string dir;
+
+void save(const std::string& name, uint8_t kind, const char* data, size_t size) {
+  std::ofstream out(dir + "/" + name, std::ios::binary);
+  out.put(static_cast<char>(kind));
+  out.write(data, static_cast<std::streamsize>(size));
+}
+
+void save(const std::string& name, uint8_t kind, const std::vector<char>& bytes) {
+  save(name, kind, bytes.data(), bytes.size());
+}
+
+void save(const std::string& name, uint8_t kind, const std::string& bytes) {
+  save(name, kind, bytes.data(), bytes.size());
 }
 
 // A small, valid payload for each codec (zero bytes, with the invariants a checker wants).
@@ -38,6 +63,52 @@ void fill(const kernels::tensor_header& h, std::vector<kj::ArrayPtr<kj::byte>>& 
   }
 }
 
+kernels::tensor_header header(kernels::codec_id c) {
+  kernels::tensor_header h;
+  h.codec = c;
+  h.shape = {3, 7};
+  kernels::codec_params p;
+  p.ratio = 0.25;
+  p.block_size = 8;
+  p.chunk_bytes = 16;
+  h.params = *kernels::resolve_params(21, h.codec, p);
+  return h;
+}
+
+void tensor_into(wire::Tensor::Builder b, kernels::codec_id c) {
+  auto h = header(c);
+  auto chunks = write_tensor(b, h);
+  fill(h, chunks);
+}
+
+/// An envelope of the seed experiment whose payload `write` fills.
+template <class Write>
+std::vector<char> envelope(Write&& write) {
+  wire_options o;
+  o.experiment = "seed";
+  o.peer_id = std::string(20, 'p');
+  o.clock = [] { return int64_t{0}; };
+  wire_context ctx{o};
+  std::vector<char> out;
+  auto st = encode_envelope(&ctx, [&](payload_writer& w) {
+    write(w.get());
+    return status{};
+  }, out);
+  if (!st) {
+    std::fprintf(stderr, "make_corpus: %s\n", st.what().c_str());
+    std::exit(1);
+  }
+  return out;
+}
+
+template <class T>
+void typed(const std::string& name, const T& x) {
+  save("envelope-" + name, 0, envelope([&](wire::Envelope::Payload::Builder p) {
+         payload_writer w{p};
+         (void) wire_codec<T>::write(w, x);
+       }));
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -45,50 +116,127 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: make_corpus DIR\n");
     return 2;
   }
-  std::string dir = argv[1];
-  std::vector<char> bytes;
-  {
-    capnp::MallocMessageBuilder msg;
-    auto env = msg.initRoot<wire::Envelope>();
-    env.setProtocolVersion(protocol_version);
-    env.setExperimentId("seed");
-    env.getPayload().initPing().setSeq(1);
-    write_flat(msg, bytes);
-    save(dir + "/envelope-ping", bytes);
-  }
-  for (uint8_t c = 0; c < kernels::codec_count; ++c) {
-    kernels::tensor_header h;
-    h.codec = static_cast<kernels::codec_id>(c);
-    h.shape = {3, 7};
-    kernels::codec_params p;
-    p.ratio = 0.25;
-    p.block_size = 8;
-    p.chunk_bytes = 16;
-    h.params = *kernels::resolve_params(21, h.codec, p);
-    std::string name{kernels::to_string(h.codec)};
-    capnp::MallocMessageBuilder msg;
-    auto env = msg.initRoot<wire::Envelope>();
-    env.setProtocolVersion(protocol_version);
-    env.setExperimentId("seed");
-    auto chunks = write_tensor(env.getPayload().initTensor(), h);
-    fill(h, chunks);
-    write_flat(msg, bytes);
-    save(dir + "/envelope-" + name, bytes);
+  dir = argv[1];
+  // Envelopes: torch-free message types through their codecs.
+  dht_peer peer{std::string(20, 'i'), "127.0.0.1:1/dht"};
+  dht_record rec{"key", true, "sub", {'v'}, 5, std::string(64, 's')};
+  typed("ping", ping_msg{1, "seed"});
+  typed("blob", blob_msg{"t", {'x'}});
+  typed("metric", metric_event{"trainer.0", "microbatch", {{"loss", 1.5}}, {{"peer", "p"}}, 2.0});
+  typed("dht-request", dht_request{1, peer, {}, "key", {rec}});
+  typed("dht-response", dht_response{peer, {peer}, {rec}, {1}, ""});
+  typed("dht-put", dht_put{"key", false, "", {'v'}, 9, true});
+  typed("dht-get-result", dht_get_result{true, {rec}, 2});
+  typed("dht-stats", dht_stats{1, 2, 3, 4, 5, 6, 7, 8, 9});
+  vi_vector v{2, 8, 3, {1, 4}, {0.5f, 1.5f}};
+  typed("vi-uplink", vi_uplink{1, 2, 1, v});
+  typed("vi-downlink", vi_downlink{2, 1, true, v});
+  typed("vi-report", vi_report{3, {1.0}, 4, 5, 2});
+  typed("transfer-announce", direct_announce{std::vector<char>(16, 't'), 64, 0, {4, 4}, 0});
+  typed("transfer-endpoint", direct_endpoint{"127.0.0.1", 9});
+  chunk_msg c;
+  c.count = 2;
+  c.total_bytes = 8;
+  c.bytes = {'a', 'b', 'c', 'd'};
+  typed("transfer-chunk", c);
+  typed("transfer-ack", chunk_ack_msg{1, 0, true, ""});
+  // Stage and averager payloads, with tensors.
+  save("envelope-stage-backward", 0, envelope([](wire::Envelope::Payload::Builder p) {
+         auto b = p.initStage().initBackward();
+         tensor_into(b.initInput(), kernels::codec_id::none);
+         tensor_into(b.initGradOutput(), kernels::codec_id::blockwise8);
+         b.setMicrobatchId(7);
+         b.setAttempt(1);
+       }));
+  save("envelope-stage-state-part", 0, envelope([](wire::Envelope::Payload::Builder p) {
+         auto s = p.initStage().initStatePart();
+         s.setParts(2);
+         s.setPart(1);
+         s.setDigest(capnp::Data::Reader(reinterpret_cast<const kj::byte*>(
+                                            std::string(32, 'd').data()),
+                                          32));
+         tensor_into(s.initParams(), kernels::codec_id::fp16);
+       }));
+  save("envelope-averager-chunk", 0, envelope([](wire::Envelope::Payload::Builder p) {
+         auto c = p.initAverager().initChunk();
+         c.setKind(1);
+         c.setWeight(2.0);
+         tensor_into(c.initValues(), kernels::codec_id::topk);
+         c.initContributors(2).set(1, 1);
+       }));
+  save("envelope-averager-result", 0, envelope([](wire::Envelope::Payload::Builder p) {
+         auto r = p.initAverager().initAverageResult();
+         tensor_into(r.initTensors(2)[0].initTensor(), kernels::codec_id::quantile8);
+         auto rep = r.initReport();
+         auto m = rep.initMembers(2);
+         m[0].setAddress("a");
+         m[0].setBandwidth(1.0);
+         m[1].setBandwidth(0.0);
+         auto parts = rep.initParts(1);
+         parts[0].initSegments(1)[0].setSize(3);
+       }));
+  save("envelope-averager-join", 0, envelope([](wire::Envelope::Payload::Builder p) {
+         auto j = p.initAverager().initJoin();
+         j.setGroupKey("g");
+         j.initMember().setBandwidth(1.0);
+         j.setNumel(10);
+       }));
+  // Tensors of every codec: in an envelope, bare, and as direct-link frames.
+  for (uint8_t i = 0; i < kernels::codec_count; ++i) {
+    auto codec = static_cast<kernels::codec_id>(i);
+    std::string name{kernels::to_string(codec)};
+    save("envelope-tensor-" + name, 0, envelope([&](wire::Envelope::Payload::Builder p) {
+           tensor_into(p.initTensor(), codec);
+         }));
     capnp::MallocMessageBuilder bare;
-    auto chunks2 = write_tensor(bare.initRoot<wire::Tensor>(), h);
-    fill(h, chunks2);
+    tensor_into(bare.initRoot<wire::Tensor>(), codec);
+    std::vector<char> bytes;
     write_flat(bare, bytes);
-    save(dir + "/tensor-" + name, bytes);
-    // The same tensor as a direct-link frame: header (meta and payload lengths), the meta
-    // (the transfer channel and a token), then the bytes.
+    save("tensor-" + name, 2, bytes);
+    // The direct-link frame: header (meta and payload lengths), the meta (the transfer channel
+    // and a token), then the bytes.
     namespace tr = actors::transfer;
-    auto meta = tr::make_link_meta(tr::transfer_channel, std::vector<uint8_t>(16, 0x5a));
+    auto lm = tr::make_link_meta(tr::transfer_channel, std::vector<uint8_t>(16, 0x5a));
     std::vector<char> frame(tr::link_frame_header_bytes);
-    tr::write_link_frame_header({static_cast<uint32_t>(meta.size()), bytes.size()},
+    tr::write_link_frame_header({static_cast<uint32_t>(lm.size()), bytes.size()},
                                 reinterpret_cast<uint8_t*>(frame.data()));
-    frame.insert(frame.end(), meta.begin(), meta.end());
+    frame.insert(frame.end(), lm.begin(), lm.end());
     frame.insert(frame.end(), bytes.begin(), bytes.end());
-    save(dir + "/frame-" + name, frame);
+    save("frame-" + name, 3, frame);
   }
+  actors::averager::chunk_meta meta;
+  meta.kind = 1;
+  meta.weight = 1.0;
+  if (auto m = actors::averager::encode_chunk_meta(meta); m.ok())
+    save("chunk-meta", 4, reinterpret_cast<const char*>(m->data()), m->size());
+  // Membership: a token, a deny list, a hello, key files and a token file.
+  auto authority = auth::key_pair::from_test_seed(100);
+  auto node = auth::key_pair::from_test_seed(1);
+  auth::token t;
+  t.id = std::string(16, 'i');
+  t.peer_key = node.public_key();
+  t.roles = {"trainer", "stage"};
+  t.experiment = "seed";
+  t.issued_at_ns = 1;
+  t.expires_at_ns = int64_t{1} << 62;
+  auto signed_token = *auth::encode_token(t, authority);
+  save("token", 5, signed_token);
+  auth::deny_list d;
+  d.experiment = "seed";
+  d.serial = 3;
+  d.entries.push_back({auth::deny_entry::kind_t::token, std::string(16, 'x'), "leaked", 1, 0});
+  d.entries.push_back({auth::deny_entry::kind_t::peer, std::string(32, 'y'), "", 1, 99});
+  save("deny-list", 6, *auth::encode_deny_list(d, authority));
+  auth::hello h;
+  h.version = protocol_version;
+  h.experiment = "seed";
+  h.token = signed_token;
+  h.challenge = std::string(auth::challenge_bytes, '\x07');
+  h.acceptor_peer_id = auth::key_pair::from_test_seed(50).peer_id();
+  h.time_ns = int64_t{1'800'000'000} * 1'000'000'000;
+  save("hello", 7, auth::make_hello(node, h));
+  save("secret-key", 8, auth::format_secret_key(node, auth::key_role::node));
+  save("public-key", 9, auth::format_public_key(node.public_key(), auth::key_role::node));
+  save("token-file", 10, auth::format_token_file(signed_token));
   return 0;
 }

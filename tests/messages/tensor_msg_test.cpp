@@ -11,6 +11,7 @@
 
 #include "messages/registry.hpp"
 #include "messages/tensor_msg.hpp"
+#include "messages/envelope.hpp"
 #include "messages/wire.hpp"
 
 using namespace starling;
@@ -354,20 +355,24 @@ TEST_CASE("an envelope carries a tensor or a ping and checks its version") {
   std::memset(chunks[0].begin(), 0, chunks[0].size());
   std::vector<char> bytes;
   write_flat(msg, bytes);
-  envelope_view v;
-  REQUIRE(read_envelope(bytes.data(), bytes.size(), v).ok());
-  CHECK(v.experiment_id == "exp-1");
-  CHECK(v.kind == wire::Envelope::Payload::TENSOR);
-  CHECK(v.tensor.size == 32);
-  CHECK(v.tensor.header.shape == std::vector<int64_t>{4, 4});
+  tensor_view v;
+  auto is_tensor = [](const payload_reader& p) { return p.get().isTensor(); };
+  auto read = [&](const payload_reader& p) { return read_tensor(p.get().getTensor(), v); };
+  CHECK_FALSE(decode_envelope(bytes.data(), bytes.size(), nullptr, "tensor", is_tensor, read));
+  CHECK(v.size == 32);
+  CHECK(v.header.shape == std::vector<int64_t>{4, 4});
 
   env.getPayload().initPing().setSeq(77);
   write_flat(msg, bytes);
-  REQUIRE(read_envelope(bytes.data(), bytes.size(), v).ok());
-  CHECK(v.kind == wire::Envelope::Payload::PING);
-  CHECK(v.ping_seq == 77);
+  auto wrong = decode_envelope(bytes.data(), bytes.size(), nullptr, "tensor", is_tensor, read);
+  REQUIRE(wrong);
+  CHECK(wrong->why == wire_reason::wrong_payload);
 
   env.setProtocolVersion(protocol_version + 1);
   write_flat(msg, bytes);
-  CHECK_FALSE(read_envelope(bytes.data(), bytes.size(), v).ok());
+  auto old = decode_envelope(bytes.data(), bytes.size(), nullptr, "ping",
+                             [](const payload_reader& p) { return p.get().isPing(); },
+                             [](const payload_reader&) { return status{}; });
+  REQUIRE(old);
+  CHECK(old->why == wire_reason::version);
 }

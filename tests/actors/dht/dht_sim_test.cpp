@@ -9,6 +9,7 @@
 #include "actors/dht/client.hpp"
 #include "actors/dht/dht.hpp"
 #include "messages/atoms.hpp"
+#include "messages/envelope.capnp.h"
 #include "runtime/sim/world.hpp"
 
 using namespace starling;

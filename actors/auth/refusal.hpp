@@ -1,0 +1,113 @@
+// Why a token, a deny list, a hello or a message was refused: one closed set of reasons, so that
+// every refusal is counted by reason and told to the refused peer in one line.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+
+namespace starling::actors::auth {
+
+/// A reason for refusing; each has a stable name used in counters and the refusal line.
+enum class reason : uint8_t {
+  /// Bytes that do not parse, or fields out of range.
+  malformed = 0,
+  /// A signature that does not verify with the key it claims.
+  forged,
+  /// Signed by another authority than this run's.
+  wrong_authority,
+  /// Issued for another experiment (run).
+  foreign_experiment,
+  /// The token's expiry has passed.
+  expired,
+  /// Issued in the future (beyond the allowed clock skew).
+  not_yet_valid,
+  /// A valid token presented by a node whose key is not the token's.
+  wrong_key,
+  /// The token is on the deny list.
+  revoked,
+  /// The peer's key is on the deny list.
+  banned,
+  /// The peer sent something other than a hello first.
+  no_hello,
+  /// A hello of another protocol version.
+  version_mismatch,
+  /// A hello that answers another connection's challenge, or another acceptor.
+  wrong_challenge,
+  /// A hello whose clock is too far from ours.
+  stale,
+  /// A token is required (the run has an authority) and none came.
+  no_token,
+  /// The peer's roles do not allow this message.
+  role_denied,
+  /// A second hello on an admitted connection, or a message after a refusal.
+  protocol_violation,
+};
+
+/// Number of reasons.
+inline constexpr size_t reason_count = static_cast<size_t>(reason::protocol_violation) + 1;
+
+/// The stable name of a reason (`"expired"`, `"role_denied"`...).
+std::string_view to_string(reason r);
+
+/// A refusal: its reason and a one-line detail for the refused peer and the log.
+struct refusal {
+  /// The counted reason.
+  reason why = reason::malformed;
+  /// What was expected and what came; one line, no secrets.
+  std::string detail;
+
+  /// `"refused (<reason>): <detail>"`, the line sent to the refused peer.
+  std::string line() const;
+};
+
+/// Either a `T` or a `refusal` (the `result` of checks whose failures are counted by reason).
+template <class T>
+class checked {
+public:
+  checked(T value) : v_(std::move(value)) {}
+  checked(refusal r) : v_(std::move(r)) {}
+  /// True when a value is held.
+  bool ok() const noexcept { return v_.index() == 0; }
+  explicit operator bool() const noexcept { return ok(); }
+  /// The value; only valid when `ok()`.
+  T& operator*() & { return std::get<0>(v_); }
+  /// The value; only valid when `ok()`.
+  const T& operator*() const& { return std::get<0>(v_); }
+  /// The value's members; only valid when `ok()`.
+  T* operator->() { return &std::get<0>(v_); }
+  /// The value's members; only valid when `ok()`.
+  const T* operator->() const { return &std::get<0>(v_); }
+  /// The refusal; only valid when `!ok()`.
+  const refusal& error() const { return std::get<1>(v_); }
+
+private:
+  std::variant<T, refusal> v_;
+};
+
+/// Shorthand for a refusal.
+inline refusal refuse(reason why, std::string detail) {
+  return refusal{why, std::move(detail)};
+}
+
+/// Refusals counted by reason.
+class refusal_counts {
+public:
+  /// Counts one refusal.
+  void add(reason r) { ++counts_[static_cast<size_t>(r)]; }
+  /// Refusals of reason `r` so far.
+  uint64_t of(reason r) const { return counts_[static_cast<size_t>(r)]; }
+  /// All refusals so far.
+  uint64_t total() const;
+  /// `"expired=2 forged=1"`: the non-zero counts in reason order; empty when none.
+  std::string summary() const;
+
+private:
+  std::array<uint64_t, reason_count> counts_{};
+};
+
+} // namespace starling::actors::auth

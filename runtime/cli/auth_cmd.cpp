@@ -1,0 +1,231 @@
+#include "runtime/cli/auth_cmd.hpp"
+
+#include <chrono>
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "actors/auth/authority.hpp"
+#include "actors/auth/certificates.hpp"
+#include "actors/auth/identity.hpp"
+#include "actors/auth/token.hpp"
+
+namespace starling::runtime {
+
+namespace auth = actors::auth;
+
+namespace {
+
+int die(const std::string& what) {
+  fmt::print(stderr, "starling: error: {}\n", what);
+  return 2;
+}
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+           std::chrono::system_clock::now().time_since_epoch())
+    .count();
+}
+
+} // namespace
+
+bool parse_duration(const std::string& text, int64_t& out_ns) {
+  size_t pos = 0;
+  while (pos < text.size() && text[pos] >= '0' && text[pos] <= '9')
+    ++pos;
+  if (pos == 0 || pos > 9)
+    return false;
+  int64_t n = std::stoll(text.substr(0, pos));
+  auto unit = text.substr(pos);
+  int64_t scale = 0;
+  if (unit.empty() || unit == "s")
+    scale = 1'000'000'000;
+  else if (unit == "ms")
+    scale = 1'000'000;
+  else if (unit == "m")
+    scale = int64_t{60} * 1'000'000'000;
+  else if (unit == "h")
+    scale = int64_t{3600} * 1'000'000'000;
+  else if (unit == "d")
+    scale = int64_t{86400} * 1'000'000'000;
+  else
+    return false;
+  out_ns = n * scale;
+  return out_ns > 0;
+}
+
+auth_commands::auth_commands(CLI::App& app) {
+  auto* key = app.add_subcommand("key", "A node's identity key");
+  key->require_subcommand(1);
+  key_init_ = key->add_subcommand("init", "Create the node key file (mode 0600) if it is missing, "
+                                          "write FILE.pub and print the peer id");
+  key_init_->add_option("--out", out_, "Key file (e.g. ~/.starling/node.key)")->required();
+
+  auto* authority = app.add_subcommand("authority", "The run's authority (owner) key and CA");
+  authority->require_subcommand(1);
+  authority_init_ = authority->add_subcommand(
+    "init", "Create an authority folder: key pair, experiment id, CA certificate, deny list");
+  authority_init_->add_option("--out", out_, "Folder to create")->required();
+  authority_init_->add_option("--experiment", experiment_,
+                              "Experiment id (default: run-<12 hex digits of the key>)");
+
+  auto* token = app.add_subcommand("token", "Access tokens signed by the authority");
+  token->require_subcommand(1);
+  token_issue_ = token->add_subcommand("issue", "Issue a token (and TLS certificate) for a node");
+  token_issue_->add_option("--authority", authority_dir_, "Authority folder")->required();
+  token_issue_->add_option("--peer-key", peer_key_file_, "The node's public key file (FILE.pub)")
+    ->required();
+  token_issue_->add_option("--role", roles_, "NAME[,NAME...] or any")->required();
+  token_issue_->add_option("--expires", expires_, "Validity (30m, 6h, 7d; default 6h)");
+  token_issue_->add_option("--out", out_, "Token file to write")->required();
+  token_show_ = token->add_subcommand("show", "Print a token file's content (and verify it)");
+  token_show_->add_option("file", token_file_, "Token file")->required();
+  token_show_->add_option("--authority", authority_dir_, "Verify against this authority folder");
+
+  deny_ = app.add_subcommand("deny", "Revoke a token or ban a node key (signs a new deny list)");
+  deny_->add_option("--authority", authority_dir_, "Authority folder")->required();
+  auto* id_opt = deny_->add_option("--token-id", token_id_hex_, "Token id (hex, from issued.log)");
+  auto* key_opt = deny_->add_option("--peer-key", peer_key_file_, "Node public key file to ban");
+  id_opt->excludes(key_opt);
+  deny_->add_option("--reason", reason_, "Why (one line, told to the refused node)")->required();
+  deny_->add_option("--for", for_, "How long (30m, 6h, 7d; default: for ever)");
+}
+
+std::optional<int> auth_commands::run() const {
+  if (key_init_->parsed())
+    return key_init();
+  if (authority_init_->parsed())
+    return authority_init();
+  if (token_issue_->parsed())
+    return token_issue();
+  if (token_show_->parsed())
+    return token_show();
+  if (deny_->parsed())
+    return deny_add();
+  return std::nullopt;
+}
+
+int auth_commands::key_init() const {
+  auto key = auth::load_or_create_key(out_, auth::key_role::node);
+  if (!key)
+    return die(key.error().what);
+  auto pub = out_ + ".pub";
+  if (auto st = auth::write_public_key_file(pub, key->key.public_key(), auth::key_role::node); !st)
+    return die(st.what());
+  fmt::print("{} node key {}\npeer id {}\npublic key file {} (give it to the run's owner for a "
+             "token)\n",
+             key->created ? "created" : "loaded", out_, auth::to_hex(key->key.peer_id()), pub);
+  return 0;
+}
+
+int auth_commands::authority_init() const {
+  auth::authority_init_options opts;
+  opts.dir = out_;
+  opts.experiment = experiment_;
+  opts.now_ns = now_ns();
+  auto a = auth::init_authority(opts);
+  if (!a)
+    return die(a.error().what);
+  fmt::print("authority created in {}\nexperiment {}\nauthority key {}\nCA certificate {}/ca.crt\n"
+             "keep {}/authority.key secret; nodes trust {}/authority.pub\n",
+             out_, a->experiment, auth::to_hex(a->key.public_key()), out_, out_, out_);
+  return 0;
+}
+
+int auth_commands::token_issue() const {
+  auto a = auth::load_authority(authority_dir_);
+  if (!a)
+    return die(a.error().what);
+  auto peer = auth::load_public_key_file(peer_key_file_, auth::key_role::node);
+  if (!peer)
+    return die(peer.error().what);
+  auto roles = auth::parse_roles(roles_);
+  if (!roles)
+    return die(roles.error().what);
+  int64_t valid = 0;
+  if (!parse_duration(expires_, valid))
+    return die(fmt::format("--expires: expected a duration like 30m, 6h or 7d, got \"{}\"",
+                           expires_));
+  auto issued = auth::issue_token(*a, {*peer, *roles, now_ns(), valid, {}});
+  if (!issued)
+    return die(issued.error().what);
+  if (auto st = auth::write_file_atomically(out_, issued->file_text, 0600); !st)
+    return die(st.what());
+  fmt::print("issued {}\nwrote {} (the token, the node's certificate and the CA's; mode 0600)\n",
+             issued->content.describe(), out_);
+  return 0;
+}
+
+int auth_commands::token_show() const {
+  auto text = auth::read_small_file(token_file_, 64 * 1024);
+  if (!text)
+    return die(text.error().what);
+  auto bytes = auth::parse_token_file(*text, token_file_);
+  if (!bytes)
+    return die(bytes.error().detail);
+  auto t = auth::decode_token(*bytes);
+  if (!t)
+    return die(t.error().line());
+  fmt::print("{}\ntoken id {}\n", t->describe(), auth::to_hex(t->id));
+  if (authority_dir_.empty())
+    return 0;
+  auto a = auth::load_authority(authority_dir_);
+  if (!a)
+    return die(a.error().what);
+  auto trust = a->trust();
+  auto list_text = auth::read_small_file(authority_dir_ + "/deny.list", auth::max_deny_list_bytes);
+  std::optional<auth::deny_list> deny;
+  if (list_text)
+    if (auto l = auth::verify_deny_list(*list_text, trust))
+      deny = std::move(*l);
+  auto v = auth::verify_token(*bytes, trust, now_ns(), deny ? &*deny : nullptr);
+  if (!v) {
+    fmt::print("invalid: {}\n", v.error().line());
+    return 1;
+  }
+  fmt::print("valid for {}\n", a->experiment);
+  return 0;
+}
+
+int auth_commands::deny_add() const {
+  auto a = auth::load_authority(authority_dir_);
+  if (!a)
+    return die(a.error().what);
+  auth::deny_entry e;
+  if (!token_id_hex_.empty()) {
+    auto id = auth::from_hex(token_id_hex_);
+    if (!id || id->size() != auth::token_id_bytes)
+      return die("--token-id: expected 32 hex digits (a token id from issued.log)");
+    e.kind = auth::deny_entry::kind_t::token;
+    e.id = *id;
+  } else if (!peer_key_file_.empty()) {
+    auto pk = auth::load_public_key_file(peer_key_file_, auth::key_role::node);
+    if (!pk)
+      return die(pk.error().what);
+    e.kind = auth::deny_entry::kind_t::peer;
+    e.id = *pk;
+  } else {
+    return die("deny: expected --token-id HEX or --peer-key FILE");
+  }
+  e.reason = reason_;
+  auto now = now_ns();
+  if (!for_.empty()) {
+    int64_t d = 0;
+    if (!parse_duration(for_, d))
+      return die(fmt::format("--for: expected a duration like 30m, 6h or 7d, got \"{}\"", for_));
+    e.until_ns = now + d;
+  }
+  auto list = auth::deny(*a, e, now);
+  if (!list)
+    return die(list.error().what);
+  fmt::print("{} {} denied: {}\nwrote {}/deny.list\n",
+             e.kind == auth::deny_entry::kind_t::token ? "token" : "peer",
+             auth::to_hex(e.kind == auth::deny_entry::kind_t::token ? e.id
+                                                                    : auth::peer_id_of(e.id))
+               .substr(0, 12),
+             e.reason, authority_dir_);
+  return 0;
+}
+
+} // namespace starling::runtime

@@ -1,0 +1,231 @@
+// Envelopes without CAF: the header a sender stamps, and every reason a receiver refuses one for,
+// each counted; the replay window per sender.
+#include <doctest/doctest.h>
+
+#include <capnp/message.h>
+
+#include "messages/dht.hpp"
+#include "messages/envelope.hpp"
+#include "messages/types.hpp"
+#include "messages/wire.hpp"
+#include "messages/wire_context.hpp"
+
+using namespace starling;
+using namespace starling::messages;
+
+namespace {
+
+constexpr int64_t sec = 1'000'000'000;
+
+/// A context of experiment `exp` for peer `id` whose clock reads `*now`.
+std::shared_ptr<wire_context> make_ctx(const std::string& exp, char id, const int64_t* now) {
+  wire_options o;
+  o.experiment = exp;
+  o.peer_id = std::string(20, id);
+  o.clock = [now] { return *now; };
+  return std::make_shared<wire_context>(o);
+}
+
+template <class T>
+std::vector<char> encode(wire_context* ctx, const T& x) {
+  std::vector<char> out;
+  auto st = encode_envelope(ctx, [&](payload_writer& w) { return wire_codec<T>::write(w, x); },
+                            out);
+  REQUIRE_MESSAGE(st.ok(), st.what());
+  return out;
+}
+
+template <class T>
+std::optional<wire_refusal> decode(wire_context* ctx, const std::vector<char>& bytes, T& x) {
+  return decode_envelope(
+    bytes.data(), bytes.size(), ctx, wire_codec<T>::name,
+    [](const payload_reader& p) { return wire_codec<T>::matches(p); },
+    [&](const payload_reader& p) { return wire_codec<T>::read(p, x); });
+}
+
+} // namespace
+
+TEST_CASE("an envelope carries the sender's header and is admitted once") {
+  int64_t now = 1000 * sec;
+  auto a = make_ctx("exp", 'a', &now);
+  auto b = make_ctx("exp", 'b', &now);
+  auto bytes = encode(a.get(), ping_msg{7, "node-a"});
+  ping_msg got;
+  auto r = decode(b.get(), bytes, got);
+  REQUIRE_FALSE(r);
+  CHECK(got.seq == 7);
+  CHECK(got.origin == "node-a");
+  CHECK(b->admitted() == 1);
+  // The same bytes again: a replay.
+  auto again = decode(b.get(), bytes, got);
+  REQUIRE(again);
+  CHECK(again->why == wire_reason::replay);
+  CHECK(b->refused(wire_reason::replay) == 1);
+  CHECK(again->line().rfind("envelope refused (replay): ", 0) == 0);
+  // The next envelope from a has the next sequence number and is admitted.
+  CHECK_FALSE(decode(b.get(), encode(a.get(), ping_msg{8, "node-a"}), got));
+  CHECK(b->summary() == "replay=1");
+}
+
+TEST_CASE("envelopes of another experiment or version, or sent too far in time, are refused") {
+  int64_t now = 1000 * sec;
+  int64_t skewed = now + 301 * sec;
+  auto b = make_ctx("exp", 'b', &now);
+  ping_msg got;
+  auto other_run = make_ctx("other", 'a', &now);
+  auto r = decode(b.get(), encode(other_run.get(), ping_msg{1, "x"}), got);
+  REQUIRE(r);
+  CHECK(r->why == wire_reason::experiment);
+  CHECK(r->detail.find("'other'") != std::string::npos);
+
+  auto fast_clock = make_ctx("exp", 'c', &skewed);
+  r = decode(b.get(), encode(fast_clock.get(), ping_msg{1, "x"}), got);
+  REQUIRE(r);
+  CHECK(r->why == wire_reason::stale);
+
+  capnp::MallocMessageBuilder msg;
+  auto env = msg.initRoot<wire::Envelope>();
+  env.setProtocolVersion(protocol_version + 1);
+  env.setExperimentId("exp");
+  env.getPayload().initPing();
+  std::vector<char> bytes;
+  write_flat(msg, bytes);
+  r = decode(b.get(), bytes, got);
+  REQUIRE(r);
+  CHECK(r->why == wire_reason::version);
+  CHECK(r->detail.find("this node speaks " + std::to_string(protocol_version))
+        != std::string::npos);
+  CHECK(b->refused_total() == 3);
+}
+
+TEST_CASE("a payload of another kind, or a field out of range, is refused by reason") {
+  int64_t now = 1000 * sec;
+  auto a = make_ctx("exp", 'a', &now);
+  auto b = make_ctx("exp", 'b', &now);
+  dht_request req;
+  auto r = decode(b.get(), encode(a.get(), ping_msg{1, "x"}), req);
+  REQUIRE(r);
+  CHECK(r->why == wire_reason::wrong_payload);
+  CHECK(r->detail == "carries ping, expected dht.request");
+
+  req.kind = 9; // not an RPC
+  r = decode(b.get(), encode(a.get(), req), req);
+  REQUIRE(r);
+  CHECK(r->why == wire_reason::out_of_range);
+  CHECK(r->detail.find("request kind is 9") != std::string::npos);
+
+  dht_record rec;
+  rec.signature = "short";
+  dht_record got;
+  r = decode(b.get(), encode(a.get(), rec), got);
+  REQUIRE(r);
+  CHECK(r->why == wire_reason::out_of_range);
+  CHECK(b->refused(wire_reason::out_of_range) == 2);
+  CHECK(b->refused(wire_reason::wrong_payload) == 1);
+}
+
+TEST_CASE("garbage, truncated and oversized envelopes are refused, never crash") {
+  int64_t now = 1000 * sec;
+  auto a = make_ctx("exp", 'a', &now);
+  wire_options small;
+  small.experiment = "exp";
+  small.max_envelope_bytes = 64;
+  small.clock = [&] { return now; };
+  wire_context b{small};
+  ping_msg got;
+  std::vector<char> garbage(40, '\x7f');
+  CHECK(decode(&b, garbage, got)->why == wire_reason::malformed);
+  auto bytes = encode(a.get(), ping_msg{1, std::string(100, 'x')});
+  CHECK(decode(&b, bytes, got)->why == wire_reason::too_large);
+  bytes.resize(56);
+  CHECK(decode(&b, bytes, got)->why == wire_reason::malformed);
+  CHECK(decode(&b, std::vector<char>{}, got)->why == wire_reason::malformed);
+  CHECK(b.refused(wire_reason::malformed) == 3);
+}
+
+TEST_CASE("a run that requires senders refuses envelopes without one, and without a context "
+          "only structure is checked") {
+  int64_t now = 1000 * sec;
+  wire_options o;
+  o.experiment = "exp";
+  o.require_sender = true;
+  o.clock = [&] { return now; };
+  wire_context strict{o};
+  wire_options no_id;
+  no_id.experiment = "exp";
+  no_id.clock = [&] { return now; };
+  wire_context anonymous_sender{no_id};
+  ping_msg got;
+  auto anonymous = encode<ping_msg>(&anonymous_sender, ping_msg{1, "x"});
+  CHECK(decode(&strict, anonymous, got)->why == wire_reason::sender);
+  // Without a context: no experiment, clock or replay checks.
+  auto bare = encode<ping_msg>(nullptr, ping_msg{1, "x"});
+  CHECK_FALSE(decode<ping_msg>(nullptr, bare, got));
+  CHECK_FALSE(decode<ping_msg>(nullptr, bare, got));
+}
+
+TEST_CASE("the replay window takes reordered numbers once and refuses those below it") {
+  int64_t now = 0;
+  wire_options o;
+  o.replay_window = 128;
+  o.clock = [&] { return now; };
+  wire_context ctx{o};
+  envelope_header h;
+  h.sender = std::string(20, 's');
+  wire_refusal why;
+  auto take = [&](uint64_t seq) {
+    h.sequence = seq;
+    return ctx.record(h, why);
+  };
+  CHECK(take(1000));
+  CHECK(take(1002));
+  CHECK(take(1001)); // late but new
+  CHECK_FALSE(take(1001));
+  CHECK(take(1100));
+  CHECK(take(1010)); // within the window (1100 - 127 .. 1100), unseen
+  CHECK_FALSE(take(1002)); // remembered across the shift
+  CHECK(take(1300));
+  CHECK_FALSE(take(1100)); // below the window now
+  CHECK(why.why == wire_reason::replay);
+  CHECK(take(1299));
+  CHECK_FALSE(take(1300));
+  // Another sender has its own window; senders without an id are not tracked.
+  h.sender = std::string(20, 't');
+  CHECK(take(1));
+  h.sender.clear();
+  CHECK(take(1));
+  CHECK(take(1));
+}
+
+TEST_CASE("a sender's sequence numbers start at its clock and increase") {
+  int64_t now = 5 * sec;
+  auto a = make_ctx("exp", 'a', &now);
+  auto [s1, t1] = a->stamp();
+  auto [s2, t2] = a->stamp();
+  CHECK(s1 == static_cast<uint64_t>(5 * sec));
+  CHECK(s2 == s1 + 1);
+  CHECK(t1 == now);
+  // A restart later starts above everything the old incarnation sent.
+  now = 6 * sec;
+  auto restarted = make_ctx("exp", 'a', &now);
+  CHECK(restarted->stamp().first > s2);
+}
+
+TEST_CASE("check_payload decodes torch-free payloads and refuses bad fields") {
+  int64_t now = 0;
+  auto a = make_ctx("exp", 'a', &now);
+  dht_response resp;
+  resp.accepted = {1, 0, 2};
+  auto bytes = encode(a.get(), resp);
+  auto st = read_flat(bytes.data(), bytes.size(), [](capnp::MessageReader& r) {
+    return check_payload(payload_reader{r.getRoot<wire::Envelope>().getPayload()});
+  });
+  CHECK_FALSE(st.ok());
+  CHECK(st.what().find("accepted flag") != std::string::npos);
+  resp.accepted = {1, 0};
+  bytes = encode(a.get(), resp);
+  st = read_flat(bytes.data(), bytes.size(), [](capnp::MessageReader& r) {
+    return check_payload(payload_reader{r.getRoot<wire::Envelope>().getPayload()});
+  });
+  CHECK(st.ok());
+}
