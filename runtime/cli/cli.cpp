@@ -31,6 +31,15 @@
 
 namespace starling::runtime {
 
+caf::behavior ping_responder(caf::event_based_actor*, std::string name) {
+  return {[name](const messages::ping_msg& m) -> caf::result<messages::ping_msg> {
+    // A refused envelope (counted by the wire context) gets the reason, never an empty pong.
+    if (!m.wire_error.empty())
+      return caf::make_error(caf::sec::invalid_argument, "ping refused: " + m.wire_error);
+    return messages::ping_msg{m.seq, name};
+  }};
+}
+
 namespace {
 
 int die(const std::string& what) {
@@ -114,9 +123,7 @@ int bare_node(const std::string& listen, const std::vector<std::string>& join,
   if (!n)
     return die(n.error().what);
   auto& nd = **n;
-  nd.register_actor("ping", nd.system().spawn([name](caf::event_based_actor*) -> caf::behavior {
-    return {[=](const messages::ping_msg& m) { return messages::ping_msg{m.seq, name}; }};
-  }));
+  nd.register_actor("ping", nd.system().spawn(ping_responder, name));
   fmt::print("node {} listening on {}\n", name, nd.endpoint());
   std::fflush(stdout);
   for (auto& ep : node_opts.join) {
@@ -137,6 +144,10 @@ int bare_node(const std::string& listen, const std::vector<std::string>& join,
           self->request(peer, timeout, messages::ping_msg{1, name})
             .receive(
               [&](const messages::ping_msg& reply) {
+                if (!reply.wire_error.empty()) {
+                  fmt::print("ping {}: failed: the reply was refused: {}\n", ep, reply.wire_error);
+                  return;
+                }
                 auto ms = std::chrono::duration<double, std::milli>(
                             std::chrono::steady_clock::now() - t0)
                             .count();

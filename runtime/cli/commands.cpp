@@ -16,6 +16,7 @@
 #include <caf/all.hpp>
 #include <fmt/format.h>
 
+#include "actors/auth/identity.hpp"
 #include "runtime/cli/signals.hpp"
 #include "runtime/experiment/plan.hpp"
 #include "runtime/experiment/runner.hpp"
@@ -245,16 +246,21 @@ int command_node(const experiment_graph& g, const role_registry& registry,
   no.listen = cmd.listen;
   no.join = cmd.join;
   auto name = cmd.volunteer ? std::string{"volunteer"} : fmt::format("node{}", cmd.index);
-  auto nd = node::start(g.caf, no, name,
-                        [&registry](caf::actor_system_config& cfg) { registry.configure(cfg); });
-  if (!nd)
-    return die(nd.error().what);
-  fmt::print("node {} listening on {}\n", name, (*nd)->endpoint());
-  std::fflush(stdout);
   auto out = cmd.out.empty() ? default_out_dir(g.name + "-" + name) : cmd.out;
   std::string why;
   if (!make_dirs(out, why))
     return die(why);
+  // Envelopes carry the experiment's name and this node's peer id; the key stays in the output
+  // folder, so a restarted node (same folder) keeps its identity.
+  no.experiment = g.name;
+  no.key_file = out + "/node.key";
+  auto nd = node::start(g.caf, no, name,
+                        [&registry](caf::actor_system_config& cfg) { registry.configure(cfg); });
+  if (!nd)
+    return die(nd.error().what);
+  fmt::print("node {} listening on {} (peer id {})\n", name, (*nd)->endpoint(),
+             actors::auth::to_hex((*nd)->peer_id()));
+  std::fflush(stdout);
   auto stop = std::make_shared<std::atomic<bool>>(false);
   std::thread watcher{[stop] {
     if (wait_for_shutdown_signal() != 0)

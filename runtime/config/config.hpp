@@ -34,6 +34,14 @@ struct node_options {
   /// Open a direct data endpoint for bulk tensor transfers (actors/transfer/data_channel.hpp)
   /// beside BASP. Only where `listen` is a loopback host: other nodes use BASP chunks.
   bool data_endpoint = true;
+  /// The experiment id every envelope this node sends carries and every arriving one must carry
+  /// (set by the runner from the experiment's name, not read from a file; empty for a node
+  /// outside an experiment, such as `starling dht`).
+  std::string experiment;
+  /// The node's identity: a secret key file, created with a fresh key on the first start (mode
+  /// 0600) and loaded on later ones; its peer id is the sender of every envelope. Empty: a fresh
+  /// key for this process only.
+  std::string key_file;
 };
 
 /// One simulated link direction.

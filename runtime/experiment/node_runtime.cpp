@@ -223,7 +223,19 @@ caf::actor spawn_metric_sink(node_host& h, std::function<void(const metric_recor
         self->state.forward = nullptr;
     });
     return {
-      [=](messages::metric_event& e) { handle(e); },
+      [=](messages::metric_event& e) {
+        if (!e.wire_error.empty()) {
+          // A metric whose envelope was refused (counted by the wire context) is nobody's
+          // metric: it becomes this node's note of the refusal, with the reason.
+          messages::metric_event note;
+          note.source = name + "/wire";
+          note.kind = "refused";
+          note.labels["reason"] = e.wire_error;
+          handle(note);
+          return;
+        }
+        handle(e);
+      },
       // The supervisor's notes: restarts and stage migrations of the node's instances.
       [=](respawn_atom, uint64_t, const std::string& instance, int generation) {
         messages::metric_event e;

@@ -6,8 +6,10 @@
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 
+#include "actors/auth/identity.hpp"
 #include "messages/atoms.hpp"
 #include "messages/registry.hpp"
+#include "messages/wire_context.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/node/address.hpp"
 
@@ -128,6 +130,13 @@ caf::behavior watcher(caf::event_based_actor* self, caf::actor target, std::stri
 
 } // namespace
 
+namespace {
+
+/// A node's CAF config: also the holder through which envelopes find the node's wire context.
+struct node_config : caf::actor_system_config, messages::wire_context_holder {};
+
+} // namespace
+
 result<std::unique_ptr<node>>
 node::start(const caf_options& caf_opts, const node_options& opts, std::string name,
             const std::function<void(caf::actor_system_config&)>& configure) {
@@ -138,7 +147,22 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
   n->name_ = std::move(name);
   n->host_ = ep->first;
   n->timeout_ = caf::timespan{caf_opts.connection_timeout};
-  n->cfg_ = std::make_unique<caf::actor_system_config>();
+  auto key = actors::auth::key_pair::generate();
+  if (!opts.key_file.empty()) {
+    auto loaded = actors::auth::load_or_create_key(opts.key_file, actors::auth::key_role::node);
+    if (!loaded)
+      return fail(fmt::format("node {}: {}", n->name_, loaded.error().what));
+    key = std::move(loaded->key);
+    n->key_created_ = loaded->created;
+  }
+  n->peer_id_ = key.peer_id();
+  messages::wire_options wo;
+  wo.experiment = opts.experiment;
+  wo.peer_id = n->peer_id_;
+  n->wire_ = std::make_shared<messages::wire_context>(std::move(wo));
+  auto cfg = std::make_unique<node_config>();
+  cfg->wire = n->wire_;
+  n->cfg_ = std::move(cfg);
   configure_system(*n->cfg_, caf_opts, true);
   if (configure)
     configure(*n->cfg_);

@@ -14,6 +14,10 @@
 #include "kernels/result.hpp"
 #include "runtime/config/config.hpp"
 
+namespace starling::messages {
+class wire_context;
+} // namespace starling::messages
+
 namespace starling::runtime {
 
 /// Applies starling's settings to a CAF config: message types, scheduler, middleman heartbeat
@@ -37,7 +41,9 @@ public:
   using down_callback = std::function<void(const std::string&, const std::string&)>;
 
   /// Starts the actor system and publishes the directory on `opts.listen`; `configure` adds
-  /// settings to the system's config (message types of user roles).
+  /// settings to the system's config (message types of user roles). The system gets the node's
+  /// wire context: envelopes carry `opts.experiment` and the peer id of the key in
+  /// `opts.key_file` (created on first start), and arriving ones are checked against them.
   static result<std::unique_ptr<node>>
   start(const caf_options& caf, const node_options& opts, std::string name,
         const std::function<void(caf::actor_system_config&)>& configure = {});
@@ -54,6 +60,12 @@ public:
   std::string endpoint() const;
   /// The node's name for logs.
   const std::string& name() const { return name_; }
+  /// The node's peer id (20 bytes: BLAKE2b-160 of its identity's public key).
+  const std::string& peer_id() const { return peer_id_; }
+  /// True when this start created the key file (`node_options::key_file`).
+  bool key_created() const { return key_created_; }
+  /// The node's wire context: its stamps and the refusals of arriving envelopes by reason.
+  const std::shared_ptr<messages::wire_context>& wire() const { return wire_; }
   /// The directory actor (published on `port()`).
   caf::actor directory() const;
   /// The resolver every actor of this node uses.
@@ -86,6 +98,9 @@ private:
   node() = default;
 
   std::string name_;
+  std::string peer_id_;
+  bool key_created_ = false;
+  std::shared_ptr<messages::wire_context> wire_;
   std::string host_;
   uint16_t port_ = 0;
   caf::timespan timeout_{};

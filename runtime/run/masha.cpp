@@ -59,6 +59,12 @@ caf::behavior vi_driver(caf::stateful_actor<vi_driver_state>* self, role_context
     self->request(self->state.server, caf::infinite, vi_run_atom::value, n)
       .then(
         [=](vi_report& r) {
+          if (!r.wire_error.empty()) {
+            // A report whose envelope was refused carries no numbers: the run fails with why.
+            self->send(sink, messages::metric_event{
+                               name, "failed", {}, {{"reason", "report refused: " + r.wire_error}}});
+            return;
+          }
           messages::metric_event m{name, "segment", {}, {}};
           m.values["iterations"] = static_cast<double>(r.iterations);
           m.values["bits_up"] = static_cast<double>(r.bits_up);

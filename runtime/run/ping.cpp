@@ -20,10 +20,6 @@ namespace {
 
 using messages::blob_msg;
 
-caf::behavior echo_actor(caf::event_based_actor*) {
-  return {[](const blob_msg& m) { return blob_msg{"pong", m.bytes}; }};
-}
-
 struct pinger_state {
   std::mt19937_64 rng;
   std::map<std::string, caf::actor> peers;
@@ -36,11 +32,14 @@ caf::behavior pinger_actor(caf::stateful_actor<pinger_state>* self, caf::actor r
   self->state.rng.seed(seed);
   auto interval = caf::timespan{opts.interval};
   auto timeout = caf::timespan{opts.timeout};
-  auto report = [=](const std::string& target, double rtt_ms, bool lost) {
+  auto report = [=](const std::string& target, double rtt_ms, bool lost,
+                    const std::string& reason = {}) {
     messages::metric_event e;
     e.source = name;
     e.kind = lost ? "lost" : "ping";
     e.labels["target"] = target;
+    if (!reason.empty())
+      e.labels["reason"] = reason;
     if (!lost)
       e.values["rtt_ms"] = rtt_ms;
     self->send(sink, std::move(e));
@@ -49,13 +48,18 @@ caf::behavior pinger_actor(caf::stateful_actor<pinger_state>* self, caf::actor r
     auto t0 = self->clock().now();
     self->request(peer, timeout, blob_msg{"ping", std::vector<char>(opts.payload, 'p')})
       .then(
-        [=](const blob_msg&) {
+        [=](const blob_msg& reply) {
+          if (!reply.wire_error.empty()) {
+            // The pong's envelope was refused here: counted by the wire context, and a loss.
+            report(target, 0, true, reply.wire_error);
+            return;
+          }
           auto rtt = std::chrono::duration<double, std::milli>(self->clock().now() - t0);
           report(target, rtt.count(), false);
         },
-        [=](caf::error&) {
+        [=](caf::error& e) {
           self->state.peers.erase(target);
-          report(target, 0, true);
+          report(target, 0, true, self->system().render(e));
         });
   };
   self->delayed_send(self, interval, tick_atom::value);
@@ -157,10 +161,20 @@ status check_pinger(const ping_options& o) {
 
 } // namespace
 
+caf::behavior ping_echo(caf::event_based_actor*) {
+  return {[](const blob_msg& m) -> caf::result<blob_msg> {
+    // A ping whose envelope was refused (counted by the wire context) is answered with the
+    // reason: an empty pong would pass for a successful round trip.
+    if (!m.wire_error.empty())
+      return caf::make_error(caf::sec::invalid_argument, "ping refused: " + m.wire_error);
+    return blob_msg{"pong", m.bytes};
+  }};
+}
+
 void add_ping(role_registry& reg) {
   reg.add<ping_options>(
     "ping.echo", "answers every ping with its payload",
-    [](role_context& ctx, const ping_options&) { return ctx.node.system().spawn(echo_actor); });
+    [](role_context& ctx, const ping_options&) { return ctx.node.system().spawn(ping_echo); });
   reg.add<ping_options>(
     "ping.pinger", "pings a random instance of the `targets` role every `interval`",
     [](role_context& ctx, const ping_options& o) {

@@ -1,0 +1,152 @@
+// A node's wire context (experiment id and peer id on every envelope, arriving ones checked and
+// refusals counted) and the bare node's ping actor answering a refused envelope with the reason.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include "actors/auth/identity.hpp"
+#include "messages/atoms.hpp"
+#include "messages/types.hpp"
+#include "messages/wire_context.hpp"
+#include "runtime/cli/cli.hpp"
+#include "runtime/node/node.hpp"
+
+using namespace starling;
+using namespace starling::runtime;
+using namespace std::chrono_literals;
+using starling::messages::ping_msg;
+using starling::messages::wire_reason;
+
+namespace {
+
+caf_options fast_caf() {
+  caf_options o;
+  o.heartbeat_interval = 100ms;
+  o.connection_timeout = 1s;
+  return o;
+}
+
+std::unique_ptr<node> start(const std::string& name, const std::string& experiment) {
+  node_options no;
+  no.experiment = experiment;
+  auto n = node::start(fast_caf(), no, name);
+  REQUIRE(n.ok());
+  return std::move(*n);
+}
+
+/// Resolves `address` from `from` (fails the test when it cannot).
+caf::actor resolve(node& from, const std::string& address) {
+  caf::scoped_actor self{from.system()};
+  caf::actor out;
+  self->request(from.resolver(), 5s, resolve_atom::value, address)
+    .receive([&](const caf::actor& h) { out = h; },
+             [&](caf::error& e) { FAIL("resolve failed: " << from.system().render(e)); });
+  return out;
+}
+
+struct temp_dir {
+  std::string path;
+  temp_dir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "starling-wire-XXXXXX").string();
+    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
+    path = tmpl;
+  }
+  ~temp_dir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
+
+} // namespace
+
+TEST_CASE("a ping from another experiment is answered with the refusal's reason and counted") {
+  auto a = start("a", "exp-a");
+  auto b = start("b", "exp-b");
+  auto c = start("c", "exp-a");
+  a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
+  auto address = fmt::format("127.0.0.1:{}/ping", a->port());
+  {
+    auto peer = resolve(*b, address);
+    REQUIRE(peer);
+    caf::scoped_actor self{b->system()};
+    std::string why;
+    bool replied = false;
+    self->request(peer, 5s, ping_msg{7, "b"})
+      .receive([&](const ping_msg&) { replied = true; },
+               [&](caf::error& e) { why = b->system().render(e); });
+    CHECK_FALSE(replied);
+    CHECK(why.find("ping refused") != std::string::npos);
+    CHECK(why.find("experiment 'exp-b', this node runs 'exp-a'") != std::string::npos);
+    CHECK(a->wire()->refused(wire_reason::experiment) == 1);
+    CHECK(a->wire()->refused_total() == 1);
+  }
+  {
+    // A node of the same experiment is served, and its envelope is admitted.
+    auto admitted = a->wire()->admitted();
+    auto peer = resolve(*c, address);
+    REQUIRE(peer);
+    caf::scoped_actor self{c->system()};
+    ping_msg reply;
+    self->request(peer, 5s, ping_msg{8, "c"})
+      .receive([&](const ping_msg& m) { reply = m; },
+               [&](caf::error& e) { FAIL("ping failed: " << c->system().render(e)); });
+    CHECK(reply.wire_error.empty());
+    CHECK(reply.seq == 8);
+    CHECK(reply.origin == "a");
+    CHECK(a->wire()->admitted() == admitted + 1);
+    CHECK(a->wire()->refused_total() == 1);
+    // The reply crossed as an envelope too, admitted by c.
+    CHECK(c->wire()->admitted() >= 1);
+    CHECK(c->wire()->refused_total() == 0);
+  }
+  // Each node's wire context carries its own experiment and peer id.
+  CHECK(a->wire()->options().experiment == "exp-a");
+  CHECK(a->wire()->options().peer_id == a->peer_id());
+  CHECK(a->peer_id().size() == 20);
+  CHECK(a->peer_id() != c->peer_id());
+}
+
+TEST_CASE("a node's key file is created on its first start and gives it the same peer id later") {
+  temp_dir dir;
+  node_options no;
+  no.experiment = "exp";
+  no.key_file = dir.path + "/keys/node.key";
+  std::string first;
+  {
+    auto n = node::start(fast_caf(), no, "n");
+    REQUIRE(n.ok());
+    CHECK((*n)->key_created());
+    first = (*n)->peer_id();
+  }
+  struct stat st {};
+  REQUIRE(::stat(no.key_file.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  auto key = actors::auth::load_secret_key_file(no.key_file, actors::auth::key_role::node);
+  REQUIRE(key.ok());
+  CHECK(key->peer_id() == first);
+  auto again = node::start(fast_caf(), no, "n");
+  REQUIRE(again.ok());
+  CHECK_FALSE((*again)->key_created());
+  CHECK((*again)->peer_id() == first);
+  CHECK((*again)->wire()->options().peer_id == first);
+}
+
+TEST_CASE("a node whose key file is open to others does not start, and says how to fix it") {
+  temp_dir dir;
+  node_options no;
+  no.key_file = dir.path + "/node.key";
+  {
+    auto n = node::start(fast_caf(), no, "n");
+    REQUIRE(n.ok());
+  }
+  REQUIRE(::chmod(no.key_file.c_str(), 0644) == 0);
+  auto n = node::start(fast_caf(), no, "n");
+  REQUIRE_FALSE(n.ok());
+  CHECK(n.error().what.find("chmod") != std::string::npos);
+}
