@@ -101,15 +101,16 @@ TEST_CASE("a metric whose envelope was refused becomes the receiving node's note
   auto other = start("c", "run-2");
   sink_host h{*a, "node0"};
   delivered got;
-  h.sink = spawn_metric_sink(h, [&](const metric_record& m) { got.add(m); }, "");
+  h.sink = spawn_metric_sink(
+      h, [&](const metric_record& m) { got.add(m); }, "");
   a->register_actor("metrics", h.sink);
   auto address = fmt::format("127.0.0.1:{}/metrics", a->port());
   auto send_from = [&](node& from, messages::metric_event e) {
     caf::scoped_actor self{from.system()};
     caf::actor sink;
     self->request(from.resolver(), 5s, resolve_atom::value, address)
-      .receive([&](const caf::actor& x) { sink = x; },
-               [&](caf::error& err) { FAIL("resolve failed: " << from.system().render(err)); });
+        .receive([&](const caf::actor& x) { sink = x; },
+                 [&](caf::error& err) { FAIL("resolve failed: " << from.system().render(err)); });
     REQUIRE(sink);
     self->send(sink, std::move(e));
   };
@@ -134,8 +135,8 @@ TEST_CASE("a metric whose envelope was refused becomes the receiving node's note
   CHECK(note.kind == "refused");
   CHECK(note.values.empty());
   REQUIRE(note.labels.count("reason") == 1);
-  CHECK(note.labels.at("reason").find("experiment 'run-2', this node runs 'run-1'")
-        != std::string::npos);
+  CHECK(note.labels.at("reason").find("experiment 'run-2', this node runs 'run-1'") !=
+        std::string::npos);
   // Stamped with the receiving node's run time, not a time the refused sender claimed.
   CHECK(note.t == 3.0);
   CHECK(a->wire()->refused(messages::wire_reason::experiment) == 1);

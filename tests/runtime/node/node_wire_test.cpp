@@ -45,8 +45,8 @@ caf::actor resolve(node& from, const std::string& address) {
   caf::scoped_actor self{from.system()};
   caf::actor out;
   self->request(from.resolver(), 5s, resolve_atom::value, address)
-    .receive([&](const caf::actor& h) { out = h; },
-             [&](caf::error& e) { FAIL("resolve failed: " << from.system().render(e)); });
+      .receive([&](const caf::actor& h) { out = h; },
+               [&](caf::error& e) { FAIL("resolve failed: " << from.system().render(e)); });
   return out;
 }
 
@@ -78,8 +78,8 @@ TEST_CASE("a ping from another experiment is answered with the refusal's reason 
     std::string why;
     bool replied = false;
     self->request(peer, 5s, ping_msg{7, "b"})
-      .receive([&](const ping_msg&) { replied = true; },
-               [&](caf::error& e) { why = b->system().render(e); });
+        .receive([&](const ping_msg&) { replied = true; },
+                 [&](caf::error& e) { why = b->system().render(e); });
     CHECK_FALSE(replied);
     CHECK(why.find("ping refused") != std::string::npos);
     CHECK(why.find("experiment 'exp-b', this node runs 'exp-a'") != std::string::npos);
@@ -94,8 +94,8 @@ TEST_CASE("a ping from another experiment is answered with the refusal's reason 
     caf::scoped_actor self{c->system()};
     ping_msg reply;
     self->request(peer, 5s, ping_msg{8, "c"})
-      .receive([&](const ping_msg& m) { reply = m; },
-               [&](caf::error& e) { FAIL("ping failed: " << c->system().render(e)); });
+        .receive([&](const ping_msg& m) { reply = m; },
+                 [&](caf::error& e) { FAIL("ping failed: " << c->system().render(e)); });
     CHECK(reply.wire_error.empty());
     CHECK(reply.seq == 8);
     CHECK(reply.origin == "a");

@@ -39,24 +39,25 @@ std::pair<std::vector<char>, std::string> ping(node& from, const std::string& ad
   caf::scoped_actor self{from.system()};
   caf::actor echo;
   self->request(from.resolver(), 5s, resolve_atom::value, address)
-    .receive([&](const caf::actor& x) { echo = x; },
-             [&](caf::error& e) { FAIL("resolve failed: " << from.system().render(e)); });
+      .receive([&](const caf::actor& x) { echo = x; },
+               [&](caf::error& e) { FAIL("resolve failed: " << from.system().render(e)); });
   REQUIRE(echo);
   std::pair<std::vector<char>, std::string> out;
   self->request(echo, 5s, blob_msg{"ping", {'a', 'b', 'c'}})
-    .receive(
-      [&](const blob_msg& m) {
-        CHECK(m.wire_error.empty());
-        CHECK(m.tag == "pong");
-        out.first = m.bytes;
-      },
-      [&](caf::error& e) { out.second = from.system().render(e); });
+      .receive(
+          [&](const blob_msg& m) {
+            CHECK(m.wire_error.empty());
+            CHECK(m.tag == "pong");
+            out.first = m.bytes;
+          },
+          [&](caf::error& e) { out.second = from.system().render(e); });
   return out;
 }
 
 } // namespace
 
-TEST_CASE("the ping echo answers a refused ping with the reason and a ping of its run with a pong") {
+TEST_CASE(
+    "the ping echo answers a refused ping with the reason and a ping of its run with a pong") {
   auto a = start("a", "pings");
   auto same = start("b", "pings");
   auto other = start("c", "other");
