@@ -495,6 +495,12 @@ caf::behavior dht_actor(caf::event_based_actor* self, caf::actor resolver, dht_o
       [impl](dht_request& req) { return impl->handle(req); },
       [impl, self](dht_put& p) {
         auto rp = self->make_response_promise();
+        // A put whose envelope was refused (counted by the wire context) has an empty key and
+        // value: storing it would write a record nobody asked for. Answered with the reason.
+        if (!p.wire_error.empty()) {
+          rp.deliver(caf::make_error(caf::sec::invalid_argument, "dht put refused: " + p.wire_error));
+          return rp;
+        }
         impl->put(std::move(p), rp);
         return rp;
       },

@@ -126,6 +126,11 @@ int cmd_dht_get(const std::string& endpoint, const std::string& key) {
     self->request(dht, std::chrono::seconds(30), get_atom::value, key)
         .receive(
             [&](const messages::dht_get_result& r) {
+              if (!r.wire_error.empty()) {
+                fmt::print(stderr, "starling: error: get: the answer was refused: {}\n",
+                           r.wire_error);
+                return;
+              }
               if (!r.found) {
                 fmt::print("not found ({} hops)\n", r.hops);
                 code = 1;
@@ -170,6 +175,11 @@ int cmd_dht_store(const std::string& endpoint, const std::string& key, const std
     self->request(dht, std::chrono::seconds(30), put)
         .receive(
             [&](const messages::dht_put_result& r) {
+              if (!r.wire_error.empty()) {
+                fmt::print(stderr, "starling: error: store: the answer was refused: {}\n",
+                           r.wire_error);
+                return;
+              }
               fmt::print("stored on {} of {} replicas ({} hops)\n", r.accepted, r.replicas, r.hops);
               code = r.accepted > 0 ? 0 : 1;
             },

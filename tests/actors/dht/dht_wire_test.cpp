@@ -1,0 +1,84 @@
+// A DHT node across processes: a client put whose envelope was refused is answered with the
+// reason and stores nothing; a put of the same experiment is stored.
+#include <doctest/doctest.h>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include "actors/dht/client.hpp"
+#include "actors/dht/dht.hpp"
+#include "messages/atoms.hpp"
+#include "messages/dht.hpp"
+#include "messages/wire_context.hpp"
+#include "runtime/node/node.hpp"
+
+using namespace starling;
+using namespace starling::runtime;
+using namespace std::chrono_literals;
+
+namespace {
+
+caf_options fast_caf() {
+  caf_options o;
+  o.heartbeat_interval = 100ms;
+  o.connection_timeout = 1s;
+  return o;
+}
+
+std::unique_ptr<node> start(const std::string& name, const std::string& experiment) {
+  node_options no;
+  no.experiment = experiment;
+  auto n = node::start(fast_caf(), no, name);
+  REQUIRE(n.ok());
+  return std::move(*n);
+}
+
+/// Puts `key` = "v" through the DHT at `address` from `from`: the result, or the error's text.
+std::pair<messages::dht_put_result, std::string> put(node& from, const std::string& address,
+                                                     const std::string& key) {
+  caf::scoped_actor self{from.system()};
+  caf::actor dht;
+  self->request(from.resolver(), 5s, resolve_atom::value, address)
+      .receive([&](const caf::actor& x) { dht = x; },
+               [&](caf::error& e) { FAIL("resolve failed: " << from.system().render(e)); });
+  REQUIRE(dht);
+  std::pair<messages::dht_put_result, std::string> out;
+  auto p = actors::dht::make_put(key, {'v'}, actors::dht::expires_in(self.ptr(), 60s));
+  self->request(dht, 10s, std::move(p))
+      .receive([&](const messages::dht_put_result& r) { out.first = r; },
+               [&](caf::error& e) { out.second = from.system().render(e); });
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("a dht put of another experiment is answered with the reason and stores nothing") {
+  auto a = start("a", "dht-run");
+  auto same = start("b", "dht-run");
+  auto other = start("c", "elsewhere");
+  actors::dht::dht_options opts;
+  opts.address = a->endpoint() + "/dht";
+  opts.id = actors::dht::identity::generate();
+  auto dht = actors::dht::spawn_dht(a->system(), a->resolver(), opts);
+  a->register_actor("dht", dht);
+  auto [refused, why] = put(*other, opts.address, "intruder");
+  CHECK(why.find("dht put refused") != std::string::npos);
+  CHECK(why.find("experiment 'elsewhere', this node runs 'dht-run'") != std::string::npos);
+  CHECK(a->wire()->refused(messages::wire_reason::experiment) == 1);
+  auto [stored, none] = put(*same, opts.address, "member");
+  CHECK(none.empty());
+  CHECK(stored.wire_error.empty());
+  CHECK(stored.accepted == 1);
+  // Only the member's record is there: the refused put wrote no (empty-keyed) record.
+  caf::scoped_actor self{a->system()};
+  auto found = [&](const std::string& key) {
+    bool f = false;
+    self->request(dht, 10s, get_atom::value, key)
+        .receive([&](const messages::dht_get_result& r) { f = r.found; },
+                 [&](caf::error&) { f = false; });
+    return f;
+  };
+  CHECK(found("member"));
+  CHECK_FALSE(found("intruder"));
+  CHECK_FALSE(found(""));
+}
