@@ -159,6 +159,9 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
   messages::wire_options wo;
   wo.experiment = opts.experiment;
   wo.peer_id = n->peer_id_;
+  // Every node has an identity, so every envelope between nodes names its sender: one without
+  // could not be checked for replays.
+  wo.require_sender = true;
   n->wire_ = std::make_shared<messages::wire_context>(std::move(wo));
   auto cfg = std::make_unique<node_config>();
   cfg->wire = n->wire_;

@@ -43,7 +43,8 @@ public:
   /// Starts the actor system and publishes the directory on `opts.listen`; `configure` adds
   /// settings to the system's config (message types of user roles). The system gets the node's
   /// wire context: envelopes carry `opts.experiment` and the peer id of the key in
-  /// `opts.key_file` (created on first start), and arriving ones are checked against them.
+  /// `opts.key_file` (created on first start), and arriving ones are checked against them (an
+  /// envelope without a sender peer id is refused).
   static result<std::unique_ptr<node>>
   start(const caf_options& caf, const node_options& opts, std::string name,
         const std::function<void(caf::actor_system_config&)>& configure = {});

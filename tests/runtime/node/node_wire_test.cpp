@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <caf/all.hpp>
+#include <caf/io/all.hpp>
 #include <fmt/format.h>
 
 #include "actors/auth/identity.hpp"
@@ -149,4 +150,28 @@ TEST_CASE("a node whose key file is open to others does not start, and says how 
   auto n = node::start(fast_caf(), no, "n");
   REQUIRE_FALSE(n.ok());
   CHECK(n.error().what.find("chmod") != std::string::npos);
+}
+
+TEST_CASE("an envelope without a sender peer id is refused by a node with the reason") {
+  auto a = start("a", "");
+  a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
+  // A bare actor system: no wire context, so its envelopes name no sender and no experiment.
+  caf::actor_system_config cfg;
+  configure_system(cfg, fast_caf(), true);
+  caf::actor_system sys{cfg};
+  auto peer = sys.middleman().remote_actor("127.0.0.1", a->port());
+  REQUIRE(peer);
+  caf::scoped_actor self{sys};
+  caf::actor ping;
+  self->request(caf::actor_cast<caf::actor>(*peer), 5s, get_atom::value, std::string{"ping"})
+      .receive([&](const caf::actor& h) { ping = h; },
+               [&](caf::error& e) { FAIL("lookup failed: " << sys.render(e)); });
+  REQUIRE(ping);
+  std::string why;
+  self->request(ping, 5s, ping_msg{1, "anonymous"})
+      .receive([&](const ping_msg&) { FAIL("an anonymous ping was served"); },
+               [&](caf::error& e) { why = sys.render(e); });
+  CHECK(why.find("ping refused") != std::string::npos);
+  CHECK(why.find("no sender peer id") != std::string::npos);
+  CHECK(a->wire()->refused(wire_reason::sender) == 1);
 }
