@@ -5,6 +5,7 @@
 #include <deque>
 #include <limits>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 
@@ -227,6 +228,10 @@ private:
   // -- round -------------------------------------------------------------------------------------
   void start_round(uint64_t id, std::vector<messages::member_info> members);
   void open_link(uint32_t member, const caf::actor& handle);
+  /// A client-mode member of the round (nobody resolves or connects to it) reached us over a
+  /// link it opened: `handle` is its averager as that link shows it.
+  void adopt_client(uint32_t member, const caf::actor& handle);
+  bool client_member(uint32_t member) const { return round_->members[member].bandwidth == 0; }
   void on_chunk(avg_chunk& c, const caf::strong_actor_ptr& sender);
   void on_plane_chunk(avg_chunk& c, const std::string& peer);
   void deliver(const avg_chunk& c);
@@ -245,6 +250,9 @@ private:
   averager_options opts_;
   matchmaker mm_;
   std::map<std::string, caf::actor> peers_;
+  /// Addresses of client-mode peers: never resolved (nobody connects to a client); reached only
+  /// over a handle it gave us by messaging us (a join, a chunk, a link request).
+  std::set<std::string> clients_;
   std::shared_ptr<transfer::transport> transport_;
   bool own_transport_ = false;
   std::string transport_error_;
@@ -307,6 +315,10 @@ void shell::with_peer(const std::string& address, std::function<void(caf::actor)
                       std::function<void()> err) {
   if (auto it = peers_.find(address); it != peers_.end()) {
     ok(it->second);
+    return;
+  }
+  if (clients_.count(address) > 0) {
+    err(); // a client-mode peer accepts no connection
     return;
   }
   auto weak = weak_from_this();
@@ -566,6 +578,21 @@ void shell::start_round(uint64_t id, std::vector<messages::member_info> members)
   for (uint32_t i = 0; i < n; ++i) {
     if (i == self)
       continue;
+    if (members[i].bandwidth == 0 && members[i].address != opts_.address) {
+      // Nobody connects to a client: we reach it over the handle it gave us when it joined (the
+      // leader's case) or with its first message of this round (a chunk or a link request).
+      clients_.insert(members[i].address);
+      if (auto it = peers_.find(members[i].address); it != peers_.end()) {
+        adopt_client(i, it->second);
+      } else if (members[self].bandwidth == 0) {
+        // Two clients: neither reduces a part, so nothing passes between them.
+        r.links[i] = link_mode::basp;
+        r.engine->open(i, opts_.window);
+      }
+      if (!round_ || round_epoch_ != e)
+        return;
+      continue;
+    }
     with_peer(
         members[i].address,
         [this, e, i](caf::actor a) {
@@ -655,6 +682,21 @@ void shell::open_link(uint32_t i, const caf::actor& handle) {
           });
 }
 
+void shell::adopt_client(uint32_t i, const caf::actor& handle) {
+  auto& r = *round_;
+  if (!handle || r.handles[i] || r.engine->gone(i))
+    return;
+  r.handles[i] = handle;
+  peers_[r.members[i].address] = handle;
+  self_->monitor(handle);
+  // Our chunks to it go back over the connection it opened (its own chunks to us take its
+  // direct link to our transport when it has one).
+  if (r.links[i] == link_mode::pending) {
+    r.links[i] = link_mode::basp;
+    r.engine->open(i, opts_.window);
+  }
+}
+
 void shell::use_link(uint32_t i) {
   round_->links[i] = link_mode::plane;
   round_->engine->open(i, 0); // TCP paces the link
@@ -722,6 +764,11 @@ void shell::on_chunk(avg_chunk& c, const caf::strong_actor_ptr& sender) {
   auto& e = *round_->engine;
   if (c.from >= e.plan().num_members() || c.from == e.self() || e.gone(c.from))
     return;
+  if (client_member(c.from) && !round_->handles[c.from] && sender) {
+    adopt_client(c.from, caf::actor_cast<caf::actor>(sender)); // answered over its link
+    if (!round_)
+      return;
+  }
   // Ack first: the credit goes back whatever the engine makes of the chunk. (To the message's
   // sender: our handle to that member may not be resolved yet.)
   if (auto to = caf::actor_cast<caf::actor>(sender))
@@ -942,11 +989,17 @@ caf::behavior shell::make_behavior() {
           return r;
         }
         auto ticket = me->next_ticket_++;
+        // Before the promise: making it moves the sender out of the current message.
+        auto sender = caf::actor_cast<caf::actor>(me->self_->current_sender());
         auto rp = me->self_->make_response_promise<messages::avg_join_reply>();
-        me->tickets_.emplace(
-            ticket, std::make_pair(caf::response_promise{rp},
-                                   caf::actor_cast<caf::actor>(me->self_->current_sender())));
+        me->tickets_.emplace(ticket, std::make_pair(caf::response_promise{rp}, sender));
         me->ticket_addresses_[ticket] = j.member.address;
+        if (j.member.bandwidth == 0 && !j.member.address.empty() && j.member.address.size() <= 1024
+            && sender) {
+          // A client: never resolved; the handle it asked us from is how we reach it.
+          me->clients_.insert(j.member.address);
+          me->peers_[j.member.address] = sender;
+        }
         me->apply(me->mm_.on_join(ticket, j));
         return rp;
       },
@@ -983,6 +1036,13 @@ caf::behavior shell::make_behavior() {
         // Chunks from `address` must come over a link to `transport_id` from now on.
         auto& info = me->remotes_[address];
         info.id = transport_id;
+        if (me->round_)
+          for (uint32_t i = 0; i < me->round_->members.size(); ++i)
+            if (me->round_->members[i].address == address && me->client_member(i)) {
+              // A client asking for our transport: it links to us, we answer over that link.
+              me->adopt_client(i, caf::actor_cast<caf::actor>(me->self_->current_sender()));
+              break;
+            }
         return {me->transport_->id(), me->transport_->host(), me->transport_->port(),
                 me->transport_->issue(transport_id), me->channel_};
       },

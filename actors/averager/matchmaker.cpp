@@ -27,6 +27,17 @@ bool decode_announcement(const std::vector<char>& v, double& bandwidth, bool& au
   return std::isfinite(bandwidth) && bandwidth >= 0 && numel >= 0 && (a == 0 || a == 1);
 }
 
+namespace {
+/// The leader of a formed group: its smallest address that is not a client's (members are sorted
+/// by address; clients join any leader, so one may sort first).
+const std::string& leader_of(const std::vector<messages::member_info>& members) {
+  for (auto& m : members)
+    if (m.bandwidth > 0)
+      return m.address;
+  return members.front().address;
+}
+} // namespace
+
 matchmaker::matchmaker(matchmaker_options opts) : opts_(std::move(opts)) {}
 
 messages::member_info matchmaker::me() const {
@@ -57,7 +68,7 @@ std::vector<mm_effect> matchmaker::start(const std::string& group_key, int64_t n
   out.push_back(mm::set_timer{epoch_, mm_timer::window_end, opts_.matchmaking_window});
   // A remembered group: ask its leader at once instead of waiting for the DHT.
   if (auto prev = previous_.find(key_); opts_.persistent_groups && prev != previous_.end())
-    switch_to(prev->second.front().address, out);
+    switch_to(leader_of(prev->second), out);
   // Joins that waited for this request.
   auto waiting = std::move(waiting_);
   waiting_.clear();
@@ -81,7 +92,9 @@ std::vector<mm_effect> matchmaker::on_records(const std::vector<announcement>& r
   // closed one does not. (Refusals that held for one poll only made all 7 other peers of an
   // 8-peer bench ask a smallest leader stuck in its previous round every poll until the window
   // ended, and nobody averaged.)
-  auto current = leader_.empty() ? opts_.address : leader_;
+  // A client never leads: without a leader it follows the smallest non-client address,
+  // whatever its own.
+  auto current = leader_.empty() && !client() ? opts_.address : leader_;
   auto best = current;
   for (auto& rec : records) {
     if (rec.address.empty() || rec.address == opts_.address)
@@ -89,8 +102,8 @@ std::vector<mm_effect> matchmaker::on_records(const std::vector<announcement>& r
     double bw = 0;
     bool aux = false;
     int64_t numel = 0;
-    if (!decode_announcement(rec.value, bw, aux, numel) || numel != numel_)
-      continue;
+    if (!decode_announcement(rec.value, bw, aux, numel) || numel != numel_ || bw == 0)
+      continue; // a client-mode peer is never a leader
     auto& seen = announced_[rec.address];
     seen = std::max(seen, rec.expiration_ns);
     if (auto it = refused_.find(rec.address); it != refused_.end()) {
@@ -98,10 +111,10 @@ std::vector<mm_effect> matchmaker::on_records(const std::vector<announcement>& r
         continue;
       refused_.erase(it); // announced anew since it refused
     }
-    if (rec.address < best)
+    if (best.empty() || rec.address < best)
       best = rec.address;
   }
-  if (best != current)
+  if (!best.empty() && best != current)
     switch_to(best, out);
   return out;
 }
@@ -112,7 +125,7 @@ void matchmaker::refuse(const std::string& leader) {
 }
 
 void matchmaker::switch_to(const std::string& leader, std::vector<mm_effect>& out) {
-  if (leader >= opts_.address || refused_.count(leader) > 0 || leader == leader_)
+  if ((!client() && leader >= opts_.address) || refused_.count(leader) > 0 || leader == leader_)
     return;
   if (!leader_.empty())
     out.push_back(mm::send_leave{leader_, avg_leave{key_, opts_.address, std::string{}}});
@@ -166,13 +179,15 @@ avg_join_reply matchmaker::decide_join(const avg_join& j, std::vector<mm_effect>
     r.reason = "not matchmaking under this key";
   } else if (closed_) {
     r.reason = "group already closed";
+  } else if (client()) {
+    r.reason = "a client-mode peer leads no group";
   } else if (!leader_.empty()) {
     r.verdict = avg_join_reply::redirected;
     r.redirect = leader_;
   } else if (j.numel != numel_) {
     r.reason = fmt::format("vector size {} differs from the leader's {}", j.numel, numel_);
-  } else if (j.member.address <= opts_.address) {
-    r.reason = "ask a smaller leader";
+  } else if (j.member.bandwidth > 0 && j.member.address <= opts_.address) {
+    r.reason = "ask a smaller leader"; // a client joins any leader: it leads none itself
   } else if (!std::isfinite(j.member.bandwidth) || j.member.bandwidth < 0) {
     r.reason = "bad bandwidth";
   } else {
@@ -206,7 +221,7 @@ std::vector<mm_effect> matchmaker::on_join(uint64_t ticket, const avg_join& j) {
       group = &members_;
     else if (auto prev = previous_.find(j.group_key); prev != previous_.end())
       group = &prev->second;
-    if (group != nullptr && group->front().address == opts_.address
+    if (group != nullptr && leader_of(*group) == opts_.address
         && std::any_of(group->begin(), group->end(), [&](const messages::member_info& m) {
              return m.address == j.member.address;
            })) {

@@ -185,6 +185,8 @@ public:
 private:
   enum class phase { idle, matching, formed };
   messages::member_info me() const;
+  /// Client mode (bandwidth 0): leads no group, follows the smallest non-client address.
+  bool client() const { return opts_.bandwidth == 0; }
   void switch_to(const std::string& leader, std::vector<mm_effect>& out);
   void refuse(const std::string& leader);
   avg_join_reply decide_join(const avg_join& j, std::vector<mm_effect>& out);

@@ -109,7 +109,9 @@ std::vector<effect> coordinator::progress_read(const std::vector<progress_entry>
   // "The ETA has passed" is judged against the ETA of the last read, as DeDLOC does: between
   // reads the peer trusts the prediction instead of the records it no longer refreshes.
   eta_at_ = e.eta_at;
-  next_refresh_ = now + e.refresh_in;
+  // An auxiliary peer has no samples of its own to improve the estimate between reads, and a
+  // round it enters late finds the group closed: it reads as often as the bounds allow.
+  next_refresh_ = now + (contributes() ? e.refresh_in : opts_.progress.min_refresh);
   advance(now, out);
   return out;
 }
@@ -316,7 +318,10 @@ void coordinator::decide(seconds now, effects& out) {
     if (phase_ == coordinator_phase::downloading)
       return;
   }
-  if (e.reached || e.eta <= eta_tolerance || now >= eta_at_)
+  // The ETA stands in for the others' samples, which the peer cannot see between reads; a peer
+  // that counts nobody but itself knows its own count exactly and waits for the target.
+  bool alone = e.peers <= 1 && contributes();
+  if (e.reached || e.eta <= eta_tolerance || (now >= eta_at_ && !alone))
     start_round_now(now, out);
 }
 

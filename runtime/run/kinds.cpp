@@ -7,6 +7,7 @@ role_registry builtin_registry() {
   add_ping(reg);
   add_swarm(reg);
   add_masha(reg);
+  add_dedloc(reg);
   return reg;
 }
 

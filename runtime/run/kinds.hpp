@@ -1,5 +1,6 @@
 // The role types and kind shorthands starling ships, each kind in a file of its own:
-// ping.cpp (`ping`), swarm.cpp (`swarm`), masha.cpp (`masha`, `masha-adversarial`).
+// ping.cpp (`ping`), swarm.cpp (`swarm`), masha.cpp (`masha`, `masha-adversarial`), dedloc.cpp
+// (`dedloc`).
 #pragma once
 
 #include <chrono>
@@ -37,5 +38,8 @@ void add_swarm(role_registry& reg);
 
 /// Registers `vi.server`, `vi.worker` and the `masha` and `masha-adversarial` kinds.
 void add_masha(role_registry& reg);
+
+/// Registers `dedloc.peer` and the `dedloc` kind (runtime/run/dedloc.hpp).
+void add_dedloc(role_registry& reg);
 
 } // namespace starling::runtime

@@ -1,0 +1,297 @@
+#include "actors/dp_peer/backend.hpp"
+
+#include <cmath>
+#include <exception>
+
+#include <fmt/format.h>
+
+#include "kernels/flat.hpp"
+#include "messages/tensor_msg.hpp"
+
+namespace starling::actors::dp_peer {
+
+namespace {
+
+uint64_t mix(uint64_t a, uint64_t b) {
+  uint64_t z = a + b * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/// The state in the donor message form.
+messages::stage_state to_message(const collab::model_state& s, uint64_t step) {
+  messages::stage_state out;
+  out.params.tensor = s.params;
+  out.moments.tensor = s.optimizer.moments;
+  out.optimizer_steps = s.optimizer.steps;
+  out.steps = step;
+  return out;
+}
+
+class torch_backend : public backend {
+public:
+  torch_backend(torch_backend_options opts, std::shared_ptr<kernels::stage_module> model,
+                collab::grad_accumulator acc,
+                std::shared_ptr<const kernels::data_source> train,
+                std::shared_ptr<const kernels::data_source> eval)
+      : opts_(std::move(opts)),
+        model_(std::move(model)),
+        acc_(std::move(acc)),
+        train_(std::move(train)),
+        eval_(std::move(eval)) {
+    // Ready: the model starts at the collaboration's seeded initialization.
+  }
+
+  std::string describe() const override {
+    return fmt::format("MLP {}-{}x{}-{} ({} parameters) on {}", opts_.model.inputs,
+                       opts_.model.width, opts_.model.layers, opts_.model.classes, numel(),
+                       train_->describe());
+  }
+
+  int64_t numel() const override { return acc_.numel(); }
+
+  result<microbatch_result> compute(uint64_t index) override {
+    auto ids = microbatch_ids(train_->size(), opts_.stream, index);
+    if (!ids)
+      return ids.error();
+    auto batch = train_->batch(*ids);
+    if (!batch)
+      return batch.error();
+    try {
+      model_->train();
+      auto loss = model_->compute(batch->inputs, batch->targets);
+      loss.backward();
+      if (auto st = acc_.accumulate(ids->size()); !st)
+        return fail(st.what());
+      return microbatch_result{ids->size(), loss.item<double>()};
+    } catch (const std::exception& e) {
+      for (auto& p : acc_.params())
+        if (p.grad().defined())
+          p.mutable_grad().zero_();
+      return fail(fmt::format("microbatch {} failed: {}", index, e.what()));
+    }
+  }
+
+  uint64_t accumulated() const override { return acc_.samples(); }
+
+  collab::taken_gradient take() override { return acc_.take(); }
+
+  void discard() override { acc_.discard(); }
+
+  status apply(const torch::Tensor& mean_gradient) override {
+    auto r = acc_.apply(mean_gradient);
+    if (!r)
+      return fail(r.error().what);
+    return {};
+  }
+
+  result<messages::stage_state> export_state(uint64_t step) const override {
+    auto s = acc_.export_state();
+    if (!s)
+      return s.error();
+    return to_message(*s, step);
+  }
+
+  status import_state(const messages::stage_state& s) override {
+    if (!s.params.ok() || !s.moments.ok())
+      return fail(fmt::format("the downloaded state arrived broken: {}",
+                              s.params.ok() ? s.moments.error : s.params.error));
+    if (!s.params.tensor.defined() || !s.moments.tensor.defined())
+      return fail("the downloaded state lacks parameters or moments");
+    collab::model_state m;
+    m.params = s.params.tensor.to(torch::kFloat).reshape({-1});
+    m.optimizer.moments = s.moments.tensor.to(torch::kFloat).reshape({-1});
+    m.optimizer.steps = s.optimizer_steps;
+    return acc_.import_state(m);
+  }
+
+  result<torch::Tensor> state_vector() const override { return acc_.state_vector(); }
+
+  status load_state_vector(const torch::Tensor& v) override { return acc_.load_state_vector(v); }
+
+  std::optional<evaluation> evaluate() override {
+    if (!eval_ || opts_.eval_samples == 0)
+      return std::nullopt;
+    auto n = std::min<uint64_t>(opts_.eval_samples, eval_->size());
+    evaluation e;
+    torch::NoGradGuard guard;
+    model_->eval();
+    constexpr uint64_t chunk = 500;
+    double loss = 0;
+    uint64_t correct = 0;
+    for (uint64_t first = 0; first < n; first += chunk) {
+      std::vector<uint64_t> ids;
+      for (auto i = first; i < std::min(n, first + chunk); ++i)
+        ids.push_back(i);
+      auto b = eval_->batch(ids);
+      if (!b)
+        return std::nullopt;
+      auto logits = mlp_logits(*model_, b->inputs);
+      if (!logits)
+        return std::nullopt;
+      loss += kernels::mean_cross_entropy(*logits, b->targets).item<double>()
+              * static_cast<double>(ids.size());
+      correct += logits->argmax(1).eq(b->targets).sum().item<int64_t>();
+    }
+    model_->train();
+    e.samples = n;
+    e.loss = loss / static_cast<double>(n);
+    e.accuracy = static_cast<double>(correct) / static_cast<double>(n);
+    return e;
+  }
+
+  std::vector<torch::Tensor> parameters() override { return acc_.params(); }
+
+  result<uint64_t> inner_step() override {
+    auto g = acc_.take();
+    if (g.samples == 0)
+      return uint64_t{0};
+    if (auto r = acc_.apply(g.mean); !r)
+      return r.error();
+    return g.samples;
+  }
+
+private:
+  torch_backend_options opts_;
+  std::shared_ptr<kernels::stage_module> model_;
+  collab::grad_accumulator acc_;
+  std::shared_ptr<const kernels::data_source> train_;
+  std::shared_ptr<const kernels::data_source> eval_;
+};
+
+/// The cost model: a vector of the model's size that averaging moves; no computation.
+class modeled_backend : public backend {
+public:
+  explicit modeled_backend(const modeled_backend_options& opts)
+      : opts_(opts), params_(torch::zeros({opts.numel}, torch::kFloat)) {
+    // Zeros: the values do not matter, their size does.
+  }
+
+  std::string describe() const override {
+    return fmt::format("cost model ({} parameters, {} samples per microbatch)", opts_.numel,
+                       opts_.microbatch);
+  }
+
+  int64_t numel() const override { return opts_.numel; }
+
+  result<microbatch_result> compute(uint64_t) override {
+    samples_ += opts_.microbatch;
+    return microbatch_result{opts_.microbatch, std::numeric_limits<double>::quiet_NaN()};
+  }
+
+  uint64_t accumulated() const override { return samples_; }
+
+  collab::taken_gradient take() override {
+    collab::taken_gradient g;
+    g.samples = samples_;
+    g.mean = torch::zeros({opts_.numel}, torch::kFloat);
+    samples_ = 0;
+    return g;
+  }
+
+  void discard() override { samples_ = 0; }
+
+  status apply(const torch::Tensor& g) override {
+    if (!g.defined() || g.numel() != opts_.numel)
+      return fail(fmt::format("a gradient of {} elements was expected, got {}", opts_.numel,
+                              g.defined() ? g.numel() : 0));
+    return {};
+  }
+
+  result<messages::stage_state> export_state(uint64_t step) const override {
+    collab::model_state s;
+    s.params = params_;
+    s.optimizer.moments = torch::zeros({2 * opts_.numel}, torch::kFloat);
+    s.optimizer.steps = {step};
+    return to_message(s, step);
+  }
+
+  status import_state(const messages::stage_state& s) override {
+    if (!s.params.ok() || !s.params.tensor.defined() || s.params.tensor.numel() != opts_.numel)
+      return fail(fmt::format("a state of {} parameters was expected", opts_.numel));
+    return {};
+  }
+
+  result<torch::Tensor> state_vector() const override {
+    return torch::zeros({3 * opts_.numel}, torch::kFloat);
+  }
+
+  status load_state_vector(const torch::Tensor& v) override {
+    if (!v.defined() || v.numel() != 3 * opts_.numel)
+      return fail(fmt::format("a state vector of {} elements was expected", 3 * opts_.numel));
+    return {};
+  }
+
+  std::optional<evaluation> evaluate() override { return std::nullopt; }
+
+  std::vector<torch::Tensor> parameters() override { return {params_}; }
+
+  result<uint64_t> inner_step() override {
+    auto n = samples_;
+    samples_ = 0;
+    return n;
+  }
+
+private:
+  modeled_backend_options opts_;
+  torch::Tensor params_;
+  uint64_t samples_ = 0;
+};
+
+} // namespace
+
+backend::~backend() = default;
+
+result<std::vector<uint64_t>> microbatch_ids(uint64_t samples, const stream_options& s,
+                                             uint64_t index) {
+  kernels::loader_options lo;
+  lo.seed = mix(s.seed, s.stream);
+  lo.shards = 1;
+  lo.shard = 0;
+  return kernels::batch_for_step(samples, lo, index, s.microbatch);
+}
+
+result<torch::Tensor> mlp_logits(kernels::stage_module& model, const torch::Tensor& input) {
+  // The stage registers its layers in model order (input, blocks, head); the last one is the
+  // head, whose output `compute` would turn into the loss.
+  try {
+    auto x = input;
+    for (auto& child : model.children()) {
+      auto layer = std::dynamic_pointer_cast<kernels::stage_layer>(child);
+      if (!layer)
+        return fail("the model holds a layer that is not a stage layer");
+      x = layer->forward(x);
+    }
+    return x;
+  } catch (const std::exception& e) {
+    return fail(fmt::format("cannot compute logits: {}", e.what()));
+  }
+}
+
+result<std::unique_ptr<backend>> make_torch_backend(
+  const torch_backend_options& opts, std::shared_ptr<const kernels::data_source> train,
+  std::shared_ptr<const kernels::data_source> eval) {
+  if (!train)
+    return fail("the torch backend needs a training data source");
+  if (opts.stream.microbatch == 0)
+    return fail("microbatch must be at least 1 sample");
+  auto model = kernels::make_mlp(opts.model);
+  if (!model)
+    return model.error();
+  auto acc = collab::grad_accumulator::make((*model)->ordered_parameters(), opts.optimizer);
+  if (!acc)
+    return acc.error();
+  return std::unique_ptr<backend>(new torch_backend(opts, *model, std::move(*acc),
+                                                    std::move(train), std::move(eval)));
+}
+
+result<std::unique_ptr<backend>> make_modeled_backend(const modeled_backend_options& opts) {
+  if (opts.numel < 1)
+    return fail(fmt::format("the modeled parameter count must be positive, got {}", opts.numel));
+  if (opts.microbatch == 0)
+    return fail("microbatch must be at least 1 sample");
+  return std::unique_ptr<backend>(new modeled_backend(opts));
+}
+
+} // namespace starling::actors::dp_peer

@@ -1,0 +1,1032 @@
+#include "actors/dp_peer/dp_peer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <set>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include "actors/dht/client.hpp"
+#include "actors/dht/signing.hpp"
+#include "actors/dp_peer/backend.hpp"
+#include "actors/stage/state_parts.hpp"
+#include "messages/atoms.hpp"
+#include "messages/averager.hpp"
+#include "messages/collab.hpp"
+#include "messages/metrics.hpp"
+#include "messages/swarm.hpp"
+
+namespace starling::actors::dp_peer {
+
+namespace {
+
+using collab::seconds;
+using dp_tick_atom = caf::atom_constant<caf::atom("dp_tick")>;
+using dp_wake_atom = caf::atom_constant<caf::atom("dp_wake")>;
+using dp_gather_atom = caf::atom_constant<caf::atom("dp_gather")>;
+using dp_start_atom = caf::atom_constant<caf::atom("dp_start")>;
+
+caf::timespan span_of(seconds s) {
+  return std::chrono::duration_cast<caf::timespan>(
+    std::chrono::duration<double>(std::max(0.0, s)));
+}
+
+caf::timespan span_of(std::chrono::nanoseconds d) {
+  return std::chrono::duration_cast<caf::timespan>(d);
+}
+
+/// How long DiLoCo members gather under a round's key before they pick its reducer.
+constexpr seconds diloco_window = 2.0;
+
+const char* mode_name(collab::peer_mode m) {
+  switch (m) {
+  case collab::peer_mode::full:
+    return "full";
+  case collab::peer_mode::client:
+    return "client";
+  case collab::peer_mode::auxiliary:
+    return "auxiliary";
+  }
+  return "?";
+}
+
+messages::wire_tensor_msg to_msg(const collab::wire_tensor& w) {
+  messages::wire_tensor_msg m;
+  m.dtype = static_cast<uint8_t>(w.header.dtype);
+  m.shape = w.header.shape;
+  m.codec = static_cast<uint8_t>(w.header.codec);
+  m.ratio = w.header.params.ratio;
+  m.k = w.header.params.k;
+  m.seed = w.header.params.seed;
+  m.block_size = w.header.params.block_size;
+  m.sample_size = w.header.params.sample_size;
+  m.index_bits = w.header.params.index_bits;
+  m.chunk_bytes = w.header.params.chunk_bytes;
+  m.bytes.assign(w.bytes.begin(), w.bytes.end());
+  return m;
+}
+
+collab::wire_tensor from_msg(const messages::wire_tensor_msg& m) {
+  // Out-of-range enums are caught by `decode_wire`'s header validation.
+  collab::wire_tensor w;
+  w.header.dtype = static_cast<kernels::wire_dtype>(m.dtype);
+  w.header.shape = m.shape;
+  w.header.codec = static_cast<kernels::codec_id>(m.codec);
+  w.header.params.ratio = m.ratio;
+  w.header.params.k = m.k;
+  w.header.params.seed = m.seed;
+  w.header.params.block_size = m.block_size;
+  w.header.params.sample_size = m.sample_size;
+  w.header.params.index_bits = m.index_bits;
+  w.header.params.chunk_bytes = m.chunk_bytes;
+  w.bytes.assign(m.bytes.begin(), m.bytes.end());
+  return w;
+}
+
+/// A gradient taken out for a round, with the microbatches in it.
+struct taken_round {
+  collab::taken_gradient g;
+  uint64_t first = 0;
+  uint64_t last = 0;
+  uint64_t microbatches = 0;
+  double loss = 0;
+  caf::actor_clock::time_point started;
+  /// The core gave up on it: a late answer is dropped.
+  bool abandoned = false;
+  /// What the averager said (group size, parts' smallest contributor count).
+  double group = 1;
+  double contributors = 1;
+  /// DiLoCo: the round's compressed average.
+  std::optional<collab::wire_tensor> wire;
+};
+
+/// A DiLoCo round this peer reduces.
+struct reducer_round {
+  uint64_t round_id = 0;
+  uint64_t step = 0;
+  /// Members expected to contribute (this peer included when it contributes).
+  size_t expected = 0;
+  size_t added = 0;
+  /// Contributors waiting for the result.
+  std::vector<caf::response_promise> waiting;
+  bool finished = false;
+};
+
+/// Contributions that came before this peer decided on a round.
+struct early_contribution {
+  messages::diloco_contribution c;
+  caf::response_promise rp;
+};
+
+struct peer_state {
+  dp_peer_services svc;
+  std::shared_ptr<backend> model;
+  dp_peer_options opts;
+  /// The sub-key of its records: its address, and its node key's owner marker when signing.
+  std::string id;
+  std::unique_ptr<collab::coordinator> core;
+  bool paused = false;
+  bool ticking = false;
+  bool left = false;
+  uint64_t next_micro = 0;
+  uint64_t pending_first = 0;
+  double loss_sum = 0;
+  uint64_t loss_count = 0;
+  std::map<uint64_t, taken_round> taken;
+  std::map<uint64_t, torch::Tensor> averaged;
+  std::map<uint64_t, torch::Tensor> state_results;
+  std::set<uint64_t> abandoned;
+  std::map<std::string, caf::actor> handles;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  uint64_t microbatches = 0;
+  // DiLoCo
+  std::optional<collab::diloco_peer> diloco;
+  std::optional<collab::diloco_reducer> reducer;
+  std::map<std::string, reducer_round> reducing;
+  std::map<std::string, std::vector<early_contribution>> early;
+  std::set<std::string> not_reducing;
+
+  static inline const char* name = "dp_peer";
+};
+
+using peer_actor = caf::stateful_actor<peer_state>;
+
+seconds now_s(peer_actor* self) {
+  return static_cast<double>(dht::dht_now_ns(self)) / 1e9;
+}
+
+int64_t ns_of(seconds s) {
+  return static_cast<int64_t>(std::llround(s * 1e9));
+}
+
+std::string progress_key(const dp_peer_options& o) {
+  return o.key_prefix + "/progress";
+}
+
+std::string address_of_id(const std::string& id) {
+  return id.substr(0, id.find('|'));
+}
+
+void metric(peer_actor* self, std::string kind, std::map<std::string, double> values,
+            std::map<std::string, std::string> labels = {}) {
+  auto& s = self->state;
+  if (!s.svc.metrics)
+    return;
+  self->send(s.svc.metrics, messages::metric_event{s.opts.name, std::move(kind),
+                                                   std::move(values), std::move(labels)});
+}
+
+void carry(peer_actor* self, std::vector<collab::effect> es);
+void schedule_tick(peer_actor* self, bool fresh);
+
+/// The handle of `address`, resolved once.
+void with_handle(peer_actor* self, const std::string& address,
+                 std::function<void(caf::actor)> ok, std::function<void(std::string)> err) {
+  auto& s = self->state;
+  if (auto i = s.handles.find(address); i != s.handles.end()) {
+    ok(i->second);
+    return;
+  }
+  self->request(s.svc.resolver, span_of(s.opts.rpc_timeout), resolve_atom::value, address)
+    .then(
+      [=](const caf::actor& a) {
+        if (!a) {
+          err("resolved to nothing");
+          return;
+        }
+        self->state.handles[address] = a;
+        ok(a);
+      },
+      [=](caf::error& e) { err(caf::to_string(e)); });
+}
+
+void forget_handle(peer_actor* self, const std::string& address) {
+  self->state.handles.erase(address);
+}
+
+void maybe_evaluate(peer_actor* self) {
+  auto& s = self->state;
+  auto step = s.core->step();
+  if (s.opts.eval_every == 0 || step == 0 || step % s.opts.eval_every != 0)
+    return;
+  auto e = s.model->evaluate();
+  if (!e)
+    return;
+  metric(self, "dp_eval",
+         {{"step", static_cast<double>(step)},
+          {"accuracy", e->accuracy},
+          {"loss", e->loss},
+          {"bytes_sent", static_cast<double>(s.bytes_sent)},
+          {"bytes_received", static_cast<double>(s.bytes_received)}});
+}
+
+void report_step(peer_actor* self, uint64_t step, const taken_round& t, bool averaged) {
+  auto& s = self->state;
+  auto round_s = std::chrono::duration<double>(self->clock().now() - t.started).count();
+  metric(self, "dp_step",
+         {{"step", static_cast<double>(step)},
+          {"samples", static_cast<double>(t.g.samples)},
+          {"averaged", averaged ? 1.0 : 0.0},
+          {"group", t.group},
+          {"contributors", t.contributors},
+          {"first", static_cast<double>(t.first)},
+          {"last", static_cast<double>(t.last)},
+          {"microbatches", static_cast<double>(t.microbatches)},
+          {"loss", t.microbatches > 0 ? t.loss / static_cast<double>(t.microbatches)
+                                      : std::nan("")},
+          {"bytes_sent", static_cast<double>(s.bytes_sent)},
+          {"bytes_received", static_cast<double>(s.bytes_received)},
+          {"round_s", round_s}});
+}
+
+void report_dropped(peer_actor* self, uint64_t first, uint64_t microbatches, uint64_t samples) {
+  if (microbatches == 0)
+    return;
+  metric(self, "dp_dropped",
+         {{"first", static_cast<double>(first)},
+          {"last", static_cast<double>(first + microbatches - 1)},
+          {"samples", static_cast<double>(samples)}});
+}
+
+// -- progress records ----------------------------------------------------------------------------
+
+void put_record(peer_actor* self, std::vector<char> value, seconds expires_at) {
+  auto& s = self->state;
+  auto put = dht::make_subkey_put(progress_key(s.opts), s.id, std::move(value), ns_of(expires_at),
+                                  s.opts.sign_records);
+  dht::dht_store(
+    self, s.svc.dht, std::move(put), span_of(s.opts.rpc_timeout),
+    [](const messages::dht_put_result&) {}, [](caf::error&) {});
+}
+
+void read_records(peer_actor* self) {
+  auto& s = self->state;
+  dht::dht_get(
+    self, s.svc.dht, progress_key(s.opts), span_of(s.opts.rpc_timeout),
+    [=](const messages::dht_get_result& r) {
+      auto& st = self->state;
+      if (!st.core)
+        return;
+      std::vector<collab::progress_entry> entries;
+      for (auto& rec : r.records)
+        if (rec.has_subkey)
+          entries.push_back({rec.subkey, rec.value, static_cast<double>(rec.expiration_ns) / 1e9});
+      carry(self, st.core->progress_read(entries, now_s(self)));
+    },
+    [=](caf::error&) {
+      if (self->state.core)
+        carry(self, self->state.core->progress_read_failed(now_s(self)));
+    });
+}
+
+// -- DeDLOC rounds -------------------------------------------------------------------------------
+
+/// Bytes that one averaging round moved for this member: its contribution to every other
+/// reducer and the results back, plus what its own part received and sent as a reducer.
+void count_round_bytes(peer_actor* self, const messages::round_report& r) {
+  auto& s = self->state;
+  if (r.members.size() < 2 || r.self >= r.members.size())
+    return;
+  auto b = s.opts.wire_bytes_per_element;
+  int64_t own = 0, others = 0;
+  for (auto& p : r.parts) {
+    if (p.reducer == r.self)
+      own += p.size;
+    else
+      others += p.size;
+  }
+  size_t senders = 0;
+  for (auto& m : r.members)
+    if (!m.auxiliary)
+      senders++;
+  bool aux = r.members[r.self].auxiliary;
+  size_t other_senders = aux ? senders : senders - 1;
+  double sent = (aux ? 0.0 : static_cast<double>(others) * b)
+                + static_cast<double>(own) * b * static_cast<double>(other_senders);
+  double received = static_cast<double>(own) * b * static_cast<double>(other_senders)
+                    + (aux ? 0.0 : static_cast<double>(others) * b);
+  s.bytes_sent += static_cast<uint64_t>(sent);
+  s.bytes_received += static_cast<uint64_t>(received);
+}
+
+void start_dedloc_round(peer_actor* self, const collab::start_round& r) {
+  auto& s = self->state;
+  auto& t = s.taken[r.id];
+  auto weight = static_cast<double>(t.g.samples);
+  auto key = fmt::format("{}/grad/{}", s.opts.key_prefix, r.step);
+  auto timeout = span_of(r.deadline - now_s(self) + 1.0);
+  messages::tensor_list tl;
+  tl.tensors.push_back(messages::tensor_msg{t.g.mean, kernels::codec_id::none, {}, {}});
+  auto id = r.id;
+  self->request(s.svc.averager, timeout, average_atom::value, key, std::move(tl), weight)
+    .then(
+      [=](messages::average_result& res) {
+        auto& st = self->state;
+        auto it = st.taken.find(id);
+        if (!st.core || it == st.taken.end() || it->second.abandoned)
+          return;
+        auto& rep = res.report;
+        count_round_bytes(self, rep);
+        it->second.group = static_cast<double>(rep.members.size());
+        size_t least = rep.members.size();
+        for (auto& p : rep.parts)
+          if (p.size > 0)
+            least = std::min(least, p.status == messages::part_status::averaged
+                                      ? p.contributors.size()
+                                      : size_t{1});
+        it->second.contributors = static_cast<double>(least);
+        bool any = rep.averaged > 0 && rep.members.size() > 1
+                   && (rep.outcome == messages::round_outcome::complete
+                       || rep.outcome == messages::round_outcome::partial);
+        if (st.opts.collab.mode == collab::peer_mode::auxiliary && rep.members.size() > 1
+            && (rep.outcome == messages::round_outcome::complete
+                || rep.outcome == messages::round_outcome::partial)) {
+          // An auxiliary peer reduced for the others and applies nothing: its step is done.
+          carry(self, st.core->round_done(id, now_s(self)));
+        } else if (any && !res.tensors.empty() && res.tensors[0].ok()
+            && res.tensors[0].tensor.defined()) {
+          st.averaged[id] = res.tensors[0].tensor.reshape({-1});
+          carry(self, st.core->round_done(id, now_s(self)));
+        } else {
+          carry(self, st.core->round_failed(id, now_s(self)));
+        }
+      },
+      [=](caf::error&) {
+        auto& st = self->state;
+        auto it = st.taken.find(id);
+        if (!st.core || it == st.taken.end() || it->second.abandoned)
+          return;
+        carry(self, st.core->round_failed(id, now_s(self)));
+      });
+}
+
+// -- DiLoCo rounds -------------------------------------------------------------------------------
+
+std::string diloco_key(const dp_peer_options& o, uint64_t step) {
+  return fmt::format("{}/diloco/{}", o.key_prefix, step);
+}
+
+void finish_reduction(peer_actor* self, const std::string& round) {
+  auto& s = self->state;
+  auto it = s.reducing.find(round);
+  if (it == s.reducing.end() || it->second.finished)
+    return;
+  auto& rr = it->second;
+  rr.finished = true;
+  auto& red = *s.reducer;
+  bool own = s.opts.collab.mode != collab::peer_mode::auxiliary;
+  auto recipients = rr.waiting.size();
+  if (red.contributions() == 0) {
+    for (auto& rp : rr.waiting)
+      rp.deliver(caf::make_error(caf::sec::runtime_error, "no contribution reached the reducer"));
+    if (s.core && own)
+      carry(self, s.core->round_failed(rr.round_id, now_s(self)));
+    return;
+  }
+  auto w = red.finish(std::max<size_t>(recipients, 1));
+  if (!w) {
+    for (auto& rp : rr.waiting)
+      rp.deliver(caf::make_error(caf::sec::runtime_error, w.error().what));
+    if (s.core)
+      carry(self, s.core->round_failed(rr.round_id, now_s(self)));
+    return;
+  }
+  auto msg = to_msg(*w);
+  for (auto& rp : rr.waiting) {
+    s.bytes_sent += w->size();
+    rp.deliver(msg);
+  }
+  rr.waiting.clear();
+  auto t = s.taken.find(rr.round_id);
+  if (!s.core || t == s.taken.end() || t->second.abandoned)
+    return;
+  t->second.wire = *w;
+  t->second.group = static_cast<double>(rr.expected);
+  t->second.contributors = static_cast<double>(rr.added);
+  carry(self, s.core->round_done(rr.round_id, now_s(self)));
+}
+
+void add_contribution(peer_actor* self, const std::string& round,
+                      const messages::diloco_contribution& c, caf::response_promise rp) {
+  auto& s = self->state;
+  auto& rr = s.reducing[round];
+  if (rr.finished) {
+    rp.deliver(caf::make_error(caf::sec::runtime_error, "the round was already reduced"));
+    return;
+  }
+  auto w = from_msg(c.delta);
+  if (auto st = s.reducer->add(w, c.weight); !st) {
+    rp.deliver(caf::make_error(caf::sec::invalid_argument, st.what()));
+    return;
+  }
+  s.bytes_received += w.size();
+  rr.added++;
+  rr.waiting.push_back(std::move(rp));
+  if (rr.added >= rr.expected)
+    finish_reduction(self, round);
+}
+
+/// The round's members have gathered under its key: pick the reducer and send to it (or reduce).
+void diloco_gathered(peer_actor* self, uint64_t id, uint64_t step,
+                     const std::vector<messages::dht_record>& records) {
+  auto& s = self->state;
+  auto t = s.taken.find(id);
+  if (!s.core || t == s.taken.end() || t->second.abandoned)
+    return;
+  auto round = diloco_key(s.opts, step);
+  std::string reducer;
+  size_t contributors = 0;
+  std::set<std::string> seen;
+  auto consider = [&](const std::string& address, char mode) {
+    if (!seen.insert(address).second)
+      return;
+    if (mode != 'a')
+      contributors++;
+    if (mode != 'c' && (reducer.empty() || address < reducer))
+      reducer = address;
+  };
+  consider(s.opts.address, s.opts.collab.mode == collab::peer_mode::client      ? 'c'
+                           : s.opts.collab.mode == collab::peer_mode::auxiliary ? 'a'
+                                                                                : 'f');
+  for (auto& r : records)
+    if (r.has_subkey && r.value.size() == 1)
+      consider(r.subkey, r.value[0]);
+  bool contributes = s.opts.collab.mode != collab::peer_mode::auxiliary;
+  if (reducer.empty() || contributors < 2) {
+    // Alone (or nobody may reduce): no exchange.
+    carry(self, s.core->round_failed(id, now_s(self)));
+    return;
+  }
+  if (reducer == s.opts.address) {
+    auto& rr = s.reducing[round];
+    rr.round_id = id;
+    rr.step = step;
+    rr.expected = contributors;
+    if (contributes && t->second.g.samples > 0
+        && s.reducer->add(*t->second.wire, static_cast<double>(t->second.g.samples)).ok())
+      rr.added++;
+    else if (contributes)
+      rr.expected--; // nothing of its own to add
+    auto early = std::move(s.early[round]);
+    s.early.erase(round);
+    for (auto& e : early)
+      add_contribution(self, round, e.c, std::move(e.rp));
+    if (rr.added >= rr.expected)
+      finish_reduction(self, round);
+    else
+      self->delayed_send(self, span_of(s.opts.collab.round_timeout / 2), dp_gather_atom::value,
+                         round);
+    return;
+  }
+  // Someone else reduces: contributions sent here early go back with an error.
+  s.not_reducing.insert(round);
+  for (auto& e : s.early[round])
+    e.rp.deliver(caf::make_error(caf::sec::runtime_error, "not this round's reducer"));
+  s.early.erase(round);
+  if (!contributes || t->second.g.samples == 0) {
+    carry(self, s.core->round_failed(id, now_s(self)));
+    return;
+  }
+  messages::diloco_contribution c;
+  c.round = round;
+  c.sender = s.opts.address;
+  c.weight = static_cast<double>(t->second.g.samples);
+  c.delta = to_msg(*t->second.wire);
+  auto sent = t->second.wire->size();
+  auto timeout = span_of(s.opts.collab.round_timeout);
+  with_handle(
+    self, reducer,
+    [=](caf::actor a) {
+      self->state.bytes_sent += sent;
+      self->request(a, timeout, c)
+        .then(
+          [=](messages::wire_tensor_msg& m) {
+            auto& st = self->state;
+            auto it = st.taken.find(id);
+            if (!st.core || it == st.taken.end() || it->second.abandoned)
+              return;
+            auto w = from_msg(m);
+            st.bytes_received += w.size();
+            it->second.wire = std::move(w);
+            it->second.group = static_cast<double>(contributors);
+            it->second.contributors = static_cast<double>(contributors);
+            carry(self, st.core->round_done(id, now_s(self)));
+          },
+          [=](caf::error&) {
+            forget_handle(self, reducer);
+            auto& st = self->state;
+            auto it = st.taken.find(id);
+            if (st.core && it != st.taken.end() && !it->second.abandoned)
+              carry(self, st.core->round_failed(id, now_s(self)));
+          });
+    },
+    [=](std::string) {
+      auto& st = self->state;
+      auto it = st.taken.find(id);
+      if (st.core && it != st.taken.end() && !it->second.abandoned)
+        carry(self, st.core->round_failed(id, now_s(self)));
+    });
+}
+
+void start_diloco_round(peer_actor* self, const collab::start_round& r) {
+  auto& s = self->state;
+  auto& t = s.taken[r.id];
+  if (s.opts.collab.mode != collab::peer_mode::auxiliary) {
+    auto out = s.diloco->outgoing();
+    if (!out) {
+      carry(self, s.core->round_failed(r.id, now_s(self)));
+      return;
+    }
+    t.wire = std::move(*out);
+  }
+  auto round = diloco_key(s.opts, r.step);
+  char mode = s.opts.collab.mode == collab::peer_mode::client      ? 'c'
+              : s.opts.collab.mode == collab::peer_mode::auxiliary ? 'a'
+                                                                   : 'f';
+  auto put = dht::make_subkey_put(round, s.opts.address, std::vector<char>{mode},
+                                  ns_of(now_s(self) + 4 * diloco_window + 60));
+  dht::dht_store(
+    self, s.svc.dht, std::move(put), span_of(s.opts.rpc_timeout),
+    [](const messages::dht_put_result&) {}, [](caf::error&) {});
+  auto id = r.id;
+  auto step = r.step;
+  self->delayed_send(self, span_of(diloco_window), dp_gather_atom::value, id, step);
+}
+
+// -- state download ------------------------------------------------------------------------------
+
+void download_whole(peer_actor* self, uint64_t id, uint64_t min_step,
+                    std::shared_ptr<std::vector<std::string>> donors, size_t next,
+                    size_t parts_donors);
+
+void finish_download(peer_actor* self, uint64_t id, const messages::stage_state& st,
+                     size_t donors) {
+  auto& s = self->state;
+  if (!s.core || s.abandoned.count(id) > 0)
+    return;
+  auto ok = s.model->import_state(st);
+  metric(self, "dp_download",
+         {{"step", static_cast<double>(st.steps)},
+          {"donors", static_cast<double>(donors)},
+          {"ok", ok ? 1.0 : 0.0}});
+  if (!ok) {
+    carry(self, s.core->download_failed(id, now_s(self)));
+    return;
+  }
+  if (s.opts.algo == algorithm::diloco) {
+    // The downloaded parameters are the collaboration's outer start.
+    auto d = collab::diloco_peer::make(s.model->parameters(), s.opts.diloco);
+    if (d)
+      s.diloco.emplace(std::move(*d));
+  }
+  carry(self, s.core->download_done(id, st.steps, now_s(self)));
+}
+
+void download_whole(peer_actor* self, uint64_t id, uint64_t min_step,
+                    std::shared_ptr<std::vector<std::string>> donors, size_t next,
+                    size_t parts_donors) {
+  auto& s = self->state;
+  if (!s.core || s.abandoned.count(id) > 0)
+    return;
+  if (next >= donors->size()) {
+    metric(self, "dp_download",
+           {{"step", 0.0}, {"donors", static_cast<double>(parts_donors)}, {"ok", 0.0}});
+    carry(self, s.core->download_failed(id, now_s(self)));
+    return;
+  }
+  auto address = address_of_id((*donors)[next]);
+  auto retry = [=] { download_whole(self, id, min_step, donors, next + 1, parts_donors); };
+  with_handle(
+    self, address,
+    [=](caf::actor a) {
+      self->request(a, span_of(self->state.opts.rpc_timeout * 4), get_atom::value,
+                    state_atom::value)
+        .then(
+          [=](messages::stage_state& st) {
+            if (st.steps < min_step) {
+              retry();
+              return;
+            }
+            finish_download(self, id, st, 1);
+          },
+          [=](caf::error&) {
+            forget_handle(self, address);
+            retry();
+          });
+    },
+    [=](std::string) { retry(); });
+}
+
+void download(peer_actor* self, const collab::download_state& d) {
+  auto timeout = span_of(self->state.opts.rpc_timeout * 4);
+  auto donors = std::make_shared<std::vector<std::string>>(d.donors);
+  auto n = std::min<size_t>(donors->size(), stage::max_state_parts);
+  auto id = d.id;
+  auto min_step = d.step;
+  if (n <= 1) {
+    download_whole(self, id, min_step, donors, 0, n);
+    return;
+  }
+  // Part i of n from donor i, at once; put together only when every part is of one state.
+  auto parts = std::make_shared<std::vector<messages::stage_state_part>>(n);
+  auto left = std::make_shared<size_t>(n);
+  auto failed = std::make_shared<bool>(false);
+  auto done_one = [=](bool ok) {
+    if (!ok)
+      *failed = true;
+    if (--*left > 0)
+      return;
+    if (!*failed) {
+      auto whole = stage::assemble_state(*parts);
+      if (whole && whole->steps >= min_step) {
+        finish_download(self, id, *whole, n);
+        return;
+      }
+    }
+    download_whole(self, id, min_step, donors, 0, n);
+  };
+  for (size_t i = 0; i < n; ++i) {
+    auto address = address_of_id((*donors)[i]);
+    with_handle(
+      self, address,
+      [=](caf::actor a) {
+        self->request(a, timeout, get_atom::value, state_atom::value, static_cast<uint64_t>(i),
+                      static_cast<uint64_t>(n))
+          .then(
+            [=](messages::stage_state_part& p) {
+              (*parts)[i] = std::move(p);
+              done_one(true);
+            },
+            [=](caf::error&) {
+              forget_handle(self, address);
+              done_one(false);
+            });
+      },
+      [=](std::string) { done_one(false); });
+  }
+}
+
+// -- effects -------------------------------------------------------------------------------------
+
+void apply_update(peer_actor* self, uint64_t id, uint64_t step, bool averaged) {
+  auto& s = self->state;
+  auto it = s.taken.find(id);
+  if (it == s.taken.end())
+    return;
+  auto& t = it->second;
+  status st;
+  if (s.opts.algo == algorithm::diloco) {
+    if (averaged && t.wire)
+      st = s.diloco->outer_step(*t.wire);
+    else
+      st = s.diloco->outer_step(s.diloco->pseudo_gradient());
+  } else if (averaged) {
+    auto a = s.averaged.find(id);
+    st = a == s.averaged.end() ? status{fail("no averaged gradient kept")} : s.model->apply(a->second);
+  } else {
+    st = s.model->apply(t.g.mean);
+  }
+  if (!st)
+    metric(self, "dp_error", {{"step", static_cast<double>(step)}}, {{"what", st.what()}});
+  report_step(self, step, t, averaged && st.ok());
+  s.averaged.erase(id);
+  s.taken.erase(it);
+  maybe_evaluate(self);
+}
+
+void carry(peer_actor* self, std::vector<collab::effect> es) {
+  auto& s = self->state;
+  for (auto& e : es) {
+    if (auto* p = std::get_if<collab::publish_progress>(&e)) {
+      put_record(self, std::move(p->value), p->expires_at);
+    } else if (auto* w = std::get_if<collab::withdraw_progress>(&e)) {
+      put_record(self, std::move(w->value), w->expires_at);
+    } else if (std::holds_alternative<collab::read_progress>(e)) {
+      read_records(self);
+    } else if (auto* wk = std::get_if<collab::wake_at>(&e)) {
+      self->delayed_send(self, span_of(wk->at - now_s(self)), dp_wake_atom::value);
+    } else if (auto* r = std::get_if<collab::start_round>(&e)) {
+      auto& t = s.taken[r->id];
+      if (s.opts.algo == algorithm::diloco && s.opts.collab.mode != collab::peer_mode::auxiliary)
+        (void)s.model->inner_step(); // the remainder since the last inner step
+      t.g = s.model->take();
+      if (s.opts.algo == algorithm::diloco)
+        t.g.samples = r->samples; // the weight: every sample since the last outer step
+      t.first = s.pending_first;
+      t.microbatches = s.next_micro - s.pending_first;
+      t.last = t.microbatches > 0 ? s.next_micro - 1 : s.pending_first;
+      t.loss = s.loss_sum;
+      t.started = self->clock().now();
+      s.pending_first = s.next_micro;
+      s.loss_sum = 0;
+      s.loss_count = 0;
+      if (s.opts.algo == algorithm::diloco)
+        start_diloco_round(self, *r);
+      else
+        start_dedloc_round(self, *r);
+    } else if (auto* a = std::get_if<collab::abandon_round>(&e)) {
+      if (auto it = s.taken.find(a->id); it != s.taken.end())
+        it->second.abandoned = true;
+      if (s.opts.algo == algorithm::dedloc)
+        self->send(s.svc.averager, average_atom::value, stop_atom::value);
+    } else if (auto* ap = std::get_if<collab::apply_averaged>(&e)) {
+      apply_update(self, ap->id, ap->step, true);
+    } else if (auto* own = std::get_if<collab::step_own>(&e)) {
+      apply_update(self, own->id, own->step, false);
+    } else if (auto* sk = std::get_if<collab::skip_step>(&e)) {
+      if (auto it = s.taken.find(sk->id); it != s.taken.end()) {
+        report_dropped(self, it->second.first, it->second.microbatches, it->second.g.samples);
+        s.taken.erase(it);
+      }
+      s.averaged.erase(sk->id);
+    } else if (std::holds_alternative<collab::pause_compute>(e)) {
+      s.paused = true;
+    } else if (std::holds_alternative<collab::resume_compute>(e)) {
+      s.paused = false;
+      schedule_tick(self, true);
+    } else if (auto* sr = std::get_if<collab::start_state_round>(&e)) {
+      auto v = s.model->state_vector();
+      auto id = sr->id;
+      if (!v) {
+        carry(self, s.core->state_round_failed(id, now_s(self)));
+        continue;
+      }
+      messages::tensor_list tl;
+      tl.tensors.push_back(messages::tensor_msg{*v, kernels::codec_id::none, {}, {}});
+      auto key = fmt::format("{}/state/{}", s.opts.key_prefix, sr->step);
+      self->request(s.svc.averager, span_of(sr->deadline - now_s(self) + 1.0),
+                    average_atom::value, key, std::move(tl), 1.0)
+        .then(
+          [=](messages::average_result& res) {
+            auto& st = self->state;
+            if (!st.core || st.abandoned.count(id) > 0)
+              return;
+            count_round_bytes(self, res.report);
+            if (res.report.averaged > 0 && !res.tensors.empty() && res.tensors[0].ok()) {
+              st.state_results[id] = res.tensors[0].tensor.reshape({-1});
+              carry(self, st.core->state_round_done(id, now_s(self)));
+            } else {
+              carry(self, st.core->state_round_failed(id, now_s(self)));
+            }
+          },
+          [=](caf::error&) {
+            auto& st = self->state;
+            if (st.core && st.abandoned.count(id) == 0)
+              carry(self, st.core->state_round_failed(id, now_s(self)));
+          });
+    } else if (auto* ls = std::get_if<collab::load_averaged_state>(&e)) {
+      if (auto it = s.state_results.find(ls->id); it != s.state_results.end()) {
+        (void)s.model->load_state_vector(it->second);
+        s.state_results.erase(it);
+      }
+    } else if (auto* as = std::get_if<collab::abandon_state_round>(&e)) {
+      s.abandoned.insert(as->id);
+      self->send(s.svc.averager, average_atom::value, stop_atom::value);
+    } else if (auto* d = std::get_if<collab::download_state>(&e)) {
+      download(self, *d);
+    } else if (auto* ad = std::get_if<collab::abandon_download>(&e)) {
+      s.abandoned.insert(ad->id);
+    } else if (std::holds_alternative<collab::discard_gradients>(e)) {
+      auto samples = s.model->accumulated();
+      report_dropped(self, s.pending_first, s.next_micro - s.pending_first, samples);
+      s.model->discard();
+      s.pending_first = s.next_micro;
+      s.loss_sum = 0;
+      s.loss_count = 0;
+    }
+  }
+}
+
+// -- compute -------------------------------------------------------------------------------------
+
+caf::timespan microbatch_delay(peer_actor* self, caf::timespan measured) {
+  auto& o = self->state.opts;
+  auto base = std::max<caf::timespan>(span_of(o.compute_time), measured);
+  auto target = std::chrono::duration_cast<caf::timespan>(
+    std::chrono::duration<double, std::nano>(static_cast<double>(base.count()) / o.speed));
+  return std::max(caf::timespan{0}, target - measured);
+}
+
+void schedule_tick(peer_actor* self, bool fresh) {
+  auto& s = self->state;
+  if (s.ticking || s.left || s.opts.collab.mode == collab::peer_mode::auxiliary)
+    return;
+  s.ticking = true;
+  (void)fresh;
+  self->delayed_send(self, microbatch_delay(self, caf::timespan{0}), dp_tick_atom::value);
+}
+
+void on_tick(peer_actor* self) {
+  auto& s = self->state;
+  s.ticking = false;
+  if (s.paused || s.left || !s.core)
+    return;
+  auto t0 = self->clock().now();
+  auto index = s.next_micro;
+  auto r = s.model->compute(index);
+  auto measured = std::chrono::duration_cast<caf::timespan>(self->clock().now() - t0);
+  if (!r) {
+    metric(self, "dp_error", {{"microbatch", static_cast<double>(index)}},
+           {{"what", r.error().what}});
+  } else {
+    s.next_micro++;
+    s.microbatches++;
+    if (std::isfinite(r->loss)) {
+      s.loss_sum += r->loss;
+      s.loss_count++;
+    }
+    if (s.opts.algo == algorithm::diloco && s.model->accumulated() >= s.opts.inner_batch)
+      (void)s.model->inner_step();
+    carry(self, s.core->samples_done(r->samples, now_s(self)));
+  }
+  if (s.paused || s.left || s.ticking)
+    return;
+  s.ticking = true;
+  self->delayed_send(self, microbatch_delay(self, measured), dp_tick_atom::value);
+}
+
+void start_core(peer_actor* self) {
+  auto& s = self->state;
+  s.core = std::make_unique<collab::coordinator>(s.id, s.opts.collab);
+  if (s.opts.algo == algorithm::diloco) {
+    auto d = collab::diloco_peer::make(s.model->parameters(), s.opts.diloco);
+    if (!d) {
+      metric(self, "dp_error", {}, {{"what", d.error().what}});
+      self->quit(caf::sec::invalid_argument);
+      return;
+    }
+    s.diloco.emplace(std::move(*d));
+    s.reducer.emplace(s.model->numel(), s.opts.diloco.codec, s.opts.diloco.codec_params,
+                      s.opts.diloco.error_feedback);
+  }
+  metric(self, "dp_join",
+         {{"generation", static_cast<double>(s.opts.generation)},
+          {"numel", static_cast<double>(s.model->numel())}},
+         {{"mode", mode_name(s.opts.collab.mode)}, {"algorithm", to_string(s.opts.algo)}});
+  carry(self, s.core->start(now_s(self)));
+  schedule_tick(self, true);
+}
+
+std::vector<uint64_t> counters(peer_actor* self) {
+  auto& s = self->state;
+  std::vector<uint64_t> v(st_count, 0);
+  if (s.core) {
+    auto& c = s.core->stats();
+    v[st_step] = s.core->step();
+    v[st_samples_reported] = c.samples_reported;
+    v[st_samples_averaged] = c.samples_averaged;
+    v[st_samples_alone] = c.samples_alone;
+    v[st_samples_dropped] = c.samples_dropped;
+    v[st_pending] = s.core->pending_samples();
+    v[st_in_flight] = s.core->round_samples();
+    v[st_rounds] = c.rounds;
+    v[st_rounds_averaged] = c.rounds_averaged;
+    v[st_downloads_done] = c.downloads_done;
+  }
+  v[st_bytes_sent] = s.bytes_sent;
+  v[st_bytes_received] = s.bytes_received;
+  v[st_microbatches] = s.microbatches;
+  return v;
+}
+
+result<messages::stage_state> own_state(peer_actor* self) {
+  auto& s = self->state;
+  auto step = s.core ? s.core->step() : 0;
+  auto st = s.model->export_state(step);
+  if (st && s.opts.algo == algorithm::diloco && s.diloco)
+    st->params.tensor = s.diloco->start().clone(); // the outer start, common to the peers
+  return st;
+}
+
+caf::behavior dp_peer_actor(peer_actor* self, dp_peer_services svc, std::shared_ptr<backend> model,
+                            dp_peer_options opts) {
+  auto& s = self->state;
+  s.svc = std::move(svc);
+  s.model = std::move(model);
+  s.opts = std::move(opts);
+  self->set_exit_handler([=](const caf::exit_msg& m) {
+    auto& st = self->state;
+    if (m.reason == caf::exit_reason::user_shutdown && st.core && !st.left) {
+      st.left = true;
+      carry(self, st.core->leave(now_s(self)));
+      metric(self, "dp_leave", {{"step", static_cast<double>(st.core->step())}});
+      report_dropped(self, st.pending_first, st.next_micro - st.pending_first,
+                     st.model->accumulated());
+    }
+    self->quit(m.reason);
+  });
+  self->send(self, dp_start_atom::value);
+  return {
+    [=](dp_start_atom) {
+      auto& st = self->state;
+      if (!st.opts.sign_records) {
+        st.id = st.opts.address;
+        start_core(self);
+        return;
+      }
+      self->request(st.svc.dht, span_of(st.opts.rpc_timeout), dht_key_atom::value)
+        .then(
+          [=](const std::string& key) {
+            auto& x = self->state;
+            x.id = x.opts.address + "|" + dht::owner_marker(key);
+            start_core(self);
+          },
+          [=](caf::error&) {
+            self->delayed_send(self, std::chrono::seconds(1), dp_start_atom::value);
+          });
+    },
+    [=](dp_tick_atom) { on_tick(self); },
+    [=](dp_wake_atom) {
+      auto& st = self->state;
+      if (st.core && !st.left)
+        carry(self, st.core->timer(now_s(self)));
+    },
+    [=](dp_gather_atom, uint64_t id, uint64_t step) {
+      auto& st = self->state;
+      auto t = st.taken.find(id);
+      if (!st.core || t == st.taken.end() || t->second.abandoned)
+        return;
+      dht::dht_get(
+        self, st.svc.dht, diloco_key(st.opts, step), span_of(st.opts.rpc_timeout),
+        [=](const messages::dht_get_result& r) { diloco_gathered(self, id, step, r.records); },
+        [=](caf::error&) { diloco_gathered(self, id, step, {}); });
+    },
+    [=](dp_gather_atom, const std::string& round) { finish_reduction(self, round); },
+    [=](messages::diloco_contribution& c) -> caf::result<messages::wire_tensor_msg> {
+      auto& st = self->state;
+      auto rp = self->make_response_promise<messages::wire_tensor_msg>();
+      if (st.opts.algo != algorithm::diloco || !st.reducer
+          || st.opts.collab.mode == collab::peer_mode::client || st.not_reducing.count(c.round)) {
+        rp.deliver(caf::make_error(caf::sec::runtime_error, "not this round's reducer"));
+        return rp;
+      }
+      if (st.reducing.count(c.round) > 0) {
+        add_contribution(self, c.round, c, rp);
+        return rp;
+      }
+      // Not decided on this round yet: keep it until this peer gathers (or gives up).
+      st.early[c.round].push_back({c, rp});
+      return rp;
+    },
+    [=](get_atom, state_atom) -> caf::result<messages::stage_state> {
+      auto& st = self->state;
+      if (st.opts.collab.mode == collab::peer_mode::auxiliary)
+        return caf::make_error(caf::sec::runtime_error, "an auxiliary peer holds no state");
+      auto w = own_state(self);
+      if (!w)
+        return caf::make_error(caf::sec::runtime_error, w.error().what);
+      return std::move(*w);
+    },
+    [=](get_atom, state_atom, uint64_t part,
+        uint64_t parts) -> caf::result<messages::stage_state_part> {
+      auto& st = self->state;
+      if (st.opts.collab.mode != collab::peer_mode::full)
+        return caf::make_error(caf::sec::runtime_error, "only full-mode peers serve their state");
+      auto w = own_state(self);
+      if (!w)
+        return caf::make_error(caf::sec::runtime_error, w.error().what);
+      auto cut = stage::cut_state_part(*w, stage::state_digest(*w), part, parts);
+      if (!cut)
+        return caf::make_error(caf::sec::invalid_argument, cut.error().what);
+      return std::move(*cut);
+    },
+    [=](status_atom) { return counters(self); },
+  };
+}
+
+} // namespace
+
+const char* to_string(algorithm a) {
+  return a == algorithm::diloco ? "diloco" : "dedloc";
+}
+
+status validate(const dp_peer_options& o) {
+  if (o.address.empty())
+    return fail("a peer needs its address");
+  if (auto st = collab::validate(o.collab); !st)
+    return st;
+  if (!(o.speed > 0) || !std::isfinite(o.speed))
+    return fail(fmt::format("speed must be a positive number, got {}", o.speed));
+  if (o.compute_time < std::chrono::nanoseconds{0})
+    return fail("compute_time must not be negative");
+  if (o.algo == algorithm::diloco) {
+    if (o.inner_batch == 0)
+      return fail("inner_batch must be at least 1 sample");
+    if (auto st = collab::validate(o.diloco); !st)
+      return st;
+  }
+  if (!(o.wire_bytes_per_element > 0))
+    return fail("wire_bytes_per_element must be positive");
+  return {};
+}
+
+caf::actor spawn_dp_peer(caf::actor_system& sys, dp_peer_services services,
+                         std::shared_ptr<backend> model, dp_peer_options opts) {
+  return sys.spawn(dp_peer_actor, std::move(services), std::move(model), std::move(opts));
+}
+
+} // namespace starling::actors::dp_peer

@@ -1,0 +1,548 @@
+// The `dedloc` kind: role type, YAML reader, expansion (peers, auxiliary peers, a seeded churn
+// schedule), and the reporter. See dedloc.hpp.
+#include "runtime/run/dedloc.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include "actors/averager/averager.hpp"
+#include "actors/dp_peer/backend.hpp"
+#include "actors/dp_peer/dp_peer.hpp"
+#include "kernels/compress/format.hpp"
+#include "kernels/data/idx_source.hpp"
+#include "runtime/experiment/plan.hpp"
+#include "runtime/plot/svg.hpp"
+#include "runtime/run/kinds.hpp"
+
+namespace starling::runtime {
+
+namespace {
+
+using std::chrono::nanoseconds;
+namespace dp = actors::dp_peer;
+
+double secs(nanoseconds d) {
+  return std::chrono::duration<double>(d).count();
+}
+
+/// Fashion-MNIST (or its synthetic stand-in), loaded once per process and shared by its peers.
+class data_cache {
+public:
+  using sources = std::pair<std::shared_ptr<const kernels::data_source>,
+                            std::shared_ptr<const kernels::data_source>>;
+
+  result<sources> get(const dedloc_role_options& o) {
+    std::lock_guard<std::mutex> guard{mtx_};
+    auto key = fmt::format("{}|{}|{}", o.data_dir, o.synthetic, o.train_samples);
+    if (auto i = cache_.find(key); i != cache_.end())
+      return i->second;
+    kernels::idx_source_options io;
+    io.dir = o.data_dir;
+    io.train = true;
+    io.max_items = o.train_samples;
+    io.synthetic_when_absent = o.synthetic;
+    auto train = kernels::idx_source::load(io);
+    if (!train)
+      return train.error();
+    io.train = false;
+    io.max_items = 0;
+    auto test = kernels::idx_source::load(io);
+    if (!test)
+      return test.error();
+    sources s{*train, *test};
+    cache_[key] = s;
+    return s;
+  }
+
+private:
+  std::mutex mtx_;
+  std::map<std::string, sources> cache_;
+};
+
+actors::collab::peer_mode mode_of(const dedloc_role_options& o, size_t index) {
+  if (o.cycle > 0 && o.clients > 0 && index % o.cycle >= o.cycle - std::min(o.clients, o.cycle))
+    return actors::collab::peer_mode::client;
+  if (o.mode == "client")
+    return actors::collab::peer_mode::client;
+  if (o.mode == "auxiliary")
+    return actors::collab::peer_mode::auxiliary;
+  return actors::collab::peer_mode::full;
+}
+
+kernels::codec_id codec_of(const std::string& name) {
+  auto c = kernels::parse_codec(name);
+  return c ? *c : kernels::codec_id::none;
+}
+
+/// Bytes per element a codec puts on the wire for large vectors (payload only).
+double wire_bytes(kernels::codec_id c) {
+  auto b = kernels::payload_bytes_for(1 << 20, c, {});
+  return b ? static_cast<double>(*b) / static_cast<double>(1 << 20) : 4.0;
+}
+
+caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
+                      const std::shared_ptr<data_cache>& cache) {
+  auto& h = ctx.node;
+  auto mode = mode_of(o, ctx.index);
+  auto speed = o.speeds.empty() ? 1.0 : o.speeds[ctx.index % o.speeds.size()];
+  std::shared_ptr<dp::backend> model;
+  if (o.backend == "modeled") {
+    dp::modeled_backend_options mo;
+    mo.numel = o.modeled_params;
+    mo.microbatch = o.microbatch;
+    auto b = dp::make_modeled_backend(mo);
+    if (!b)
+      return {};
+    model = std::move(*b);
+  } else {
+    auto data = cache->get(o);
+    if (!data) {
+      fmt::print(stderr, "starling: {}: {}\n", ctx.name, data.error().what);
+      return {};
+    }
+    dp::torch_backend_options to;
+    to.model.inputs = 784;
+    to.model.width = o.width;
+    to.model.layers = o.layers;
+    to.model.classes = 10;
+    to.model.seed = h.graph().seed; // every peer starts from the same parameters
+    to.optimizer.kind = o.optimizer;
+    to.optimizer.lr = o.lr;
+    to.optimizer.momentum = o.momentum;
+    to.optimizer.max_grad_norm = o.max_grad_norm;
+    to.stream.seed = h.graph().seed;
+    to.stream.stream = static_cast<uint64_t>(ctx.index) * 1024 + static_cast<uint64_t>(ctx.generation);
+    to.stream.microbatch = o.microbatch;
+    to.eval_samples = mode == actors::collab::peer_mode::auxiliary ? 0 : o.eval_samples;
+    auto b = dp::make_torch_backend(to, data->first, data->second);
+    if (!b) {
+      fmt::print(stderr, "starling: {}: {}\n", ctx.name, b.error().what);
+      return {};
+    }
+    model = std::move(*b);
+  }
+  dp::dp_peer_options po;
+  po.address = ctx.address_of(ctx.role.name, ctx.index);
+  po.name = ctx.name;
+  po.key_prefix = ctx.key_prefix() + "/dp/" + ctx.role.name;
+  po.generation = ctx.generation;
+  po.algo = o.algorithm == "diloco" ? dp::algorithm::diloco : dp::algorithm::dedloc;
+  po.speed = speed;
+  po.compute_time = o.compute_time;
+  po.eval_every = o.eval_every;
+  auto& c = po.collab;
+  c.mode = mode;
+  c.progress.target_batch = o.target_batch;
+  c.progress.record_lifetime = secs(o.record_lifetime);
+  c.progress.max_refresh = std::min(30.0, secs(o.record_lifetime) / 2);
+  c.round_timeout = secs(o.round_timeout);
+  c.average_state_every = o.average_state_every;
+  po.inner_batch = o.inner_batch;
+  po.diloco.outer.kind = "sgd";
+  po.diloco.outer.lr = o.outer_lr;
+  po.diloco.outer.momentum = o.outer_momentum;
+  po.diloco.outer.nesterov = o.outer_nesterov && o.outer_momentum > 0;
+  po.diloco.outer.max_grad_norm = 0;
+  po.diloco.codec = codec_of(o.outer_codec);
+  po.diloco.codec_params.ratio = o.outer_ratio;
+  po.diloco.error_feedback = o.error_feedback && po.diloco.codec != kernels::codec_id::randk
+                             && po.diloco.codec != kernels::codec_id::none;
+  auto codec = codec_of(o.codec);
+  po.wire_bytes_per_element = wire_bytes(codec);
+  caf::actor averager;
+  if (po.algo == dp::algorithm::dedloc) {
+    actors::averager::averager_options ao;
+    ao.key_prefix = ctx.key_prefix() + "/avg/";
+    ao.bandwidth = mode == actors::collab::peer_mode::client ? 0.0 : 1.0;
+    ao.auxiliary = mode == actors::collab::peer_mode::auxiliary;
+    ao.target_group_size = static_cast<uint32_t>(o.group_size);
+    ao.matchmaking_window = std::chrono::duration_cast<caf::timespan>(o.window);
+    ao.poll_interval = std::chrono::duration_cast<caf::timespan>(o.window / 8);
+    ao.round_timeout = std::chrono::duration_cast<caf::timespan>(o.averager_timeout);
+    ao.codec = codec;
+    averager = h.spawn_averager(fmt::format("{}-avg{}", ctx.name, ctx.generation), ao);
+  }
+  auto peer = dp::spawn_dp_peer(h.system(), {h.dht(), averager, h.resolver(), h.metrics()},
+                                std::move(model), po);
+  if (averager)
+    peer->attach_functor([averager](const caf::error&) {
+      caf::anon_send_exit(averager, caf::exit_reason::user_shutdown);
+    });
+  return peer;
+}
+
+// -- the reporter --------------------------------------------------------------------------------
+
+class dedloc_reporter : public reporter {
+public:
+  void start(const run_info& info) override { info_ = info; }
+
+  void on_metric(const metric_record& m) override {
+    if (m.kind == "dp_step") {
+      auto step = static_cast<uint64_t>(m.value("step"));
+      auto samples = m.value("samples");
+      step_samples_[step] += samples;
+      samples_ += samples;
+      steps_ = std::max(steps_, step + 1);
+      rounds_++;
+      if (m.value("averaged") > 0)
+        averaged_++;
+      round_s_ += m.value("round_s");
+      if (std::isfinite(m.value("loss", std::nan(""))))
+        train_loss_[step].push_back(m.value("loss"));
+      sent_[m.source] = m.value("bytes_sent");
+      received_[m.source] = m.value("bytes_received");
+      last_t_ = m.t;
+    } else if (m.kind == "dp_eval") {
+      auto step = static_cast<uint64_t>(m.value("step"));
+      auto& e = evals_[step];
+      e.accuracy.push_back(m.value("accuracy"));
+      e.loss.push_back(m.value("loss"));
+      e.bytes.push_back(m.value("bytes_sent"));
+    } else if (m.kind == "dp_join") {
+      joins_++;
+      peers_.insert(m.source);
+      if (m.label("mode") == "client")
+        clients_.insert(m.source);
+    } else if (m.kind == "dp_leave") {
+      leaves_++;
+    } else if (m.kind == "dp_download") {
+      if (m.value("ok") > 0)
+        downloads_++;
+      else
+        failed_downloads_++;
+    } else if (m.kind == "dp_dropped") {
+      dropped_ += m.value("samples");
+    } else if (m.kind == "fault") {
+      faults_++;
+    }
+  }
+
+  bool tick(double t) override {
+    if (t >= next_) {
+      next_ = t + 10;
+      auto acc = latest_accuracy();
+      fmt::print(stderr, "  {:6.1f} s: step {}, {:.0f} samples, {} peers joined, {} left{}\n", t,
+                 steps_, samples_, joins_, leaves_,
+                 acc ? fmt::format(", test accuracy {:.2f}%", 100 * acc->second) : "");
+    }
+    return false;
+  }
+
+  int finish(finish_context& ctx) override {
+    auto mean = [](const std::vector<double>& v) {
+      double s = 0;
+      for (auto x : v)
+        s += x;
+      return v.empty() ? std::nan("") : s / static_cast<double>(v.size());
+    };
+    double sent = 0, received = 0;
+    for (auto& [k, v] : sent_)
+      sent += v;
+    for (auto& [k, v] : received_)
+      received += v;
+    auto per_peer = sent_.empty() ? 0.0 : sent / static_cast<double>(sent_.size());
+    auto per_peer_in = received_.empty() ? 0.0 : received / static_cast<double>(received_.size());
+    auto acc = latest_accuracy();
+    fmt::print("\ndedloc summary ({} mode, {:.1f} s of run time, {:.1f} s wall)\n",
+               to_string(info_.mode), ctx.run_s, ctx.wall_s);
+    fmt::print("  {:<34} {}\n", "global steps", steps_);
+    fmt::print("  {:<34} {:.0f} ({:.1f}/s over {:.1f} s)\n", "samples in updates", samples_,
+               last_t_ > 0 ? samples_ / last_t_ : 0.0, last_t_);
+    fmt::print("  {:<34} {:.0f}\n", "samples dropped", dropped_);
+    fmt::print("  {:<34} {} ({} averaged, mean {:.2f} s from start to update)\n",
+               "peer updates", rounds_, averaged_,
+               rounds_ > 0 ? round_s_ / static_cast<double>(rounds_) : 0.0);
+    fmt::print("  {:<34} {} distinct ({} starts, {} in client mode), {} left on purpose\n",
+               "peers", peers_.size(), joins_, clients_.size(), leaves_);
+    fmt::print("  {:<34} {} done, {} failed\n", "state downloads", downloads_, failed_downloads_);
+    fmt::print("  {:<34} {:.2f} MB sent, {:.2f} MB received (mean per peer)\n", "traffic",
+               per_peer / 1e6, per_peer_in / 1e6);
+    fmt::print("  {:<34} {}\n", "faults", faults_);
+    if (acc)
+      fmt::print("  {:<34} {:.2f}% (loss {:.4f}) after step {}\n", "test accuracy",
+                 100 * acc->second, mean(evals_.at(acc->first).loss), acc->first);
+    write_plots(mean);
+    return steps_ > 0 ? 0 : 1;
+  }
+
+private:
+  struct eval_points {
+    std::vector<double> accuracy, loss, bytes;
+  };
+
+  std::optional<std::pair<uint64_t, double>> latest_accuracy() const {
+    if (evals_.empty())
+      return std::nullopt;
+    auto& [step, e] = *evals_.rbegin();
+    double s = 0;
+    for (auto a : e.accuracy)
+      s += a;
+    return std::make_pair(step, s / static_cast<double>(e.accuracy.size()));
+  }
+
+  template <class Mean>
+  void write_plots(const Mean& mean) {
+    if (info_.out_dir.empty() || evals_.empty())
+      return;
+    // Samples before the update that made step s: every update of steps < s.
+    std::map<uint64_t, double> cumulative;
+    double run = 0;
+    uint64_t s = 0;
+    for (auto& [step, n] : step_samples_) {
+      for (; s <= step; ++s)
+        cumulative[s] = run;
+      run += n;
+    }
+    cumulative[s] = run;
+    auto samples_at = [&](uint64_t step) {
+      auto it = cumulative.upper_bound(step);
+      return it == cumulative.begin() ? 0.0 : std::prev(it)->second;
+    };
+    plot::series acc_s{"test accuracy", {}}, loss_s{"test loss", {}}, train_s{"training loss", {}};
+    plot::series acc_b{"test accuracy", {}}, loss_b{"test loss", {}};
+    for (auto& [step, e] : evals_) {
+      auto x = samples_at(step);
+      acc_s.points.emplace_back(x, mean(e.accuracy));
+      loss_s.points.emplace_back(x, mean(e.loss));
+      acc_b.points.emplace_back(mean(e.bytes) / 1e6, mean(e.accuracy));
+      loss_b.points.emplace_back(mean(e.bytes) / 1e6, mean(e.loss));
+    }
+    for (auto& [step, v] : train_loss_)
+      train_s.points.emplace_back(samples_at(step + 1), mean(v));
+    auto dir = info_.out_dir;
+    plot::line_plot p;
+    p.title = "test accuracy against samples";
+    p.x_label = "samples in updates";
+    p.y_label = "accuracy";
+    p.lines = {acc_s};
+    (void)plot::write_svg(p, dir + "/accuracy.svg");
+    p.title = "loss against samples";
+    p.y_label = "cross-entropy";
+    p.lines = {loss_s, train_s};
+    (void)plot::write_svg(p, dir + "/loss.svg");
+    p.title = "test accuracy against bytes sent";
+    p.x_label = "MB sent per peer";
+    p.y_label = "accuracy";
+    p.lines = {acc_b};
+    (void)plot::write_svg(p, dir + "/accuracy_bytes.svg");
+    p.title = "test loss against bytes sent";
+    p.y_label = "cross-entropy";
+    p.lines = {loss_b};
+    (void)plot::write_svg(p, dir + "/loss_bytes.svg");
+    fmt::print("  {:<34} {}/accuracy.svg, loss.svg, accuracy_bytes.svg, loss_bytes.svg\n",
+               "plots", dir);
+  }
+
+  run_info info_;
+  std::map<uint64_t, double> step_samples_;
+  std::map<uint64_t, std::vector<double>> train_loss_;
+  std::map<uint64_t, eval_points> evals_;
+  std::map<std::string, double> sent_, received_;
+  std::set<std::string> peers_, clients_;
+  double samples_ = 0, dropped_ = 0, round_s_ = 0, last_t_ = 0;
+  uint64_t steps_ = 0, rounds_ = 0, averaged_ = 0;
+  uint64_t joins_ = 0, leaves_ = 0, downloads_ = 0, failed_downloads_ = 0, faults_ = 0;
+  double next_ = 10;
+};
+
+void read_reals(config_node& n, const std::string& key, std::vector<double>& out) {
+  if (!n.has(key))
+    return;
+  auto c = n.child(key);
+  out.clear();
+  for (auto& item : c.items()) {
+    auto v = item.as_double();
+    if (!(v > 0) || !std::isfinite(v))
+      item.expected("a positive speed");
+    out.push_back(v);
+  }
+  if (out.empty())
+    c.expected("at least one speed");
+}
+
+} // namespace
+
+void read_dedloc_role(config_node& n, dedloc_role_options& o) {
+  read_choice(n, "algorithm", o.algorithm, {"dedloc", "diloco"});
+  read_choice(n, "backend", o.backend, {"torch", "modeled"});
+  read_choice(n, "mode", o.mode, {"full", "client", "auxiliary"});
+  read_non_negative(n, "clients", o.clients);
+  read_non_negative(n, "cycle", o.cycle);
+  read_reals(n, "speeds", o.speeds);
+  read_duration(n, "compute_time", o.compute_time);
+  read_positive(n, "microbatch", o.microbatch);
+  read_positive(n, "target_batch", o.target_batch);
+  read_positive(n, "width", o.width);
+  read_positive(n, "layers", o.layers);
+  read_choice(n, "optimizer", o.optimizer, {"adam", "lamb", "sgd"});
+  read_real(n, "lr", o.lr, 0, 10);
+  read_real(n, "momentum", o.momentum, 0, 0.999);
+  read_real(n, "max_grad_norm", o.max_grad_norm, 0, 1e9);
+  read_non_negative(n, "eval_every", o.eval_every);
+  read_non_negative(n, "eval_samples", o.eval_samples);
+  read(n, "data_dir", o.data_dir);
+  read(n, "synthetic", o.synthetic);
+  read_non_negative(n, "train_samples", o.train_samples);
+  read_positive(n, "modeled_params", o.modeled_params);
+  read_duration(n, "window", o.window);
+  read_duration(n, "averager_timeout", o.averager_timeout);
+  read_choice(n, "codec", o.codec, {"none", "fp16", "blockwise8", "quantile8"});
+  read_positive(n, "group_size", o.group_size);
+  read_duration(n, "round_timeout", o.round_timeout);
+  read_non_negative(n, "average_state_every", o.average_state_every);
+  read_duration(n, "record_lifetime", o.record_lifetime);
+  read_positive(n, "inner_batch", o.inner_batch);
+  read_real(n, "outer_lr", o.outer_lr, 0, 10);
+  read_real(n, "outer_momentum", o.outer_momentum, 0, 0.999);
+  read(n, "outer_nesterov", o.outer_nesterov);
+  read_choice(n, "outer_codec", o.outer_codec,
+              {"none", "fp16", "blockwise8", "quantile8", "topk"});
+  read_real(n, "outer_ratio", o.outer_ratio, 1e-6, 1);
+  read(n, "error_feedback", o.error_feedback);
+}
+
+status check_dedloc_role(const dedloc_role_options& o) {
+  if (o.algorithm != "dedloc" && o.algorithm != "diloco")
+    return fail(fmt::format("algorithm must be dedloc or diloco, got '{}'", o.algorithm));
+  if (o.backend != "torch" && o.backend != "modeled")
+    return fail(fmt::format("backend must be torch or modeled, got '{}'", o.backend));
+  if (o.mode != "full" && o.mode != "client" && o.mode != "auxiliary")
+    return fail(fmt::format("mode must be full, client or auxiliary, got '{}'", o.mode));
+  if (o.speeds.empty())
+    return fail("speeds needs at least one value");
+  for (auto v : o.speeds)
+    if (!(v > 0) || !std::isfinite(v))
+      return fail(fmt::format("speeds must be positive, got {}", v));
+  if (o.compute_time <= nanoseconds{0})
+    return fail("compute_time must be positive (it paces the peers in every mode)");
+  if (o.microbatch == 0 || o.target_batch == 0 || o.width < 1 || o.layers < 1)
+    return fail("microbatch, target_batch, width and layers must be positive");
+  if (o.target_batch < o.microbatch)
+    return fail(fmt::format("target_batch {} is below one microbatch ({})", o.target_batch,
+                            o.microbatch));
+  for (auto* c : {&o.codec, &o.outer_codec})
+    if (!kernels::parse_codec(*c))
+      return fail(fmt::format("unknown codec '{}'", *c));
+  if (o.window <= nanoseconds{0} || o.averager_timeout <= nanoseconds{0}
+      || o.round_timeout <= nanoseconds{0} || o.record_lifetime <= nanoseconds{0})
+    return fail("window, averager_timeout, round_timeout and record_lifetime must be positive");
+  if (o.clients > 0 && o.cycle == 0)
+    return fail("clients needs cycle (the instances it counts in)");
+  return {};
+}
+
+void add_churn(experiment_graph& g, const std::string& role, size_t replicas, double per_minute,
+               uint64_t seed, nanoseconds rejoin_after, size_t keep) {
+  if (!(per_minute > 0))
+    return;
+  std::mt19937_64 rng{seed ^ 0xC4A7C4A7ull};
+  std::vector<size_t> live;
+  for (size_t i = 0; i < replicas; ++i)
+    live.push_back(i);
+  size_t next_index = replicas;
+  // Joins scheduled but not yet arrived, by time: they arrive in time order, so indices follow.
+  std::vector<std::pair<double, size_t>> arriving;
+  double t = 0;
+  auto end = secs(g.duration);
+  while (true) {
+    auto rate = per_minute * static_cast<double>(std::max<size_t>(live.size(), 1)) / 60.0;
+    t += std::exponential_distribution<double>{rate}(rng);
+    if (t >= end)
+      break;
+    // Newcomers that arrived by now are live.
+    while (!arriving.empty() && arriving.front().first <= t) {
+      live.push_back(arriving.front().second);
+      arriving.erase(arriving.begin());
+    }
+    if (live.size() <= keep)
+      continue;
+    auto pick = std::uniform_int_distribution<size_t>{0, live.size() - 1}(rng);
+    auto victim = live[pick];
+    live.erase(live.begin() + static_cast<std::ptrdiff_t>(pick));
+    auto at = std::chrono::duration_cast<nanoseconds>(std::chrono::duration<double>(t));
+    event_spec leave;
+    leave.what = event_spec::kind::leave;
+    leave.role = role;
+    leave.instance = victim;
+    leave.at = at;
+    g.events.push_back(leave);
+    auto join_at = at + rejoin_after;
+    if (join_at < g.duration) {
+      event_spec join;
+      join.what = event_spec::kind::join;
+      join.role = role;
+      join.at = join_at;
+      join.count = 1;
+      g.events.push_back(join);
+      arriving.emplace_back(secs(join_at), next_index++);
+    }
+  }
+}
+
+std::unique_ptr<reporter> make_dedloc_reporter() {
+  return std::make_unique<dedloc_reporter>();
+}
+
+void add_dedloc(role_registry& reg) {
+  auto cache = std::make_shared<data_cache>();
+  reg.add<dedloc_role_options>(
+    "dedloc.peer",
+    "a data-parallel peer (DeDLOC or DiLoCo) with a LibTorch MLP or the cost model",
+    [cache](role_context& ctx, const dedloc_role_options& o) { return spawn_peer(ctx, o, cache); },
+    read_dedloc_role, check_dedloc_role,
+    [](const dedloc_role_options& o) {
+      return fmt::format("{} {} backend, target batch {}, microbatch {}, {} speeds, {} clients "
+                         "per {}",
+                         o.algorithm, o.backend, o.target_batch, o.microbatch, o.speeds.size(),
+                         o.clients, o.cycle);
+    });
+  kind_type k;
+  k.name = "dedloc";
+  k.summary = "data-parallel peers training together (DeDLOC or DiLoCo), joining and leaving";
+  k.expand = [](config_node& n, experiment_graph& g, const expand_context& ctx) {
+    int64_t peers = 8, auxiliary = 0;
+    double churn = 0;
+    read_int(n, "peers", peers, 1, 100000);
+    read_int(n, "auxiliary", auxiliary, 0, 100000);
+    read_real(n, "churn", churn, 0, 60);
+    dedloc_role_options o;
+    o.cycle = static_cast<uint64_t>(peers);
+    read_dedloc_role(n, o);
+    if (auto st = check_dedloc_role(o); !st)
+      n.fail(st.what());
+    if (o.mode == "auxiliary")
+      n.fail("mode: the peers of the kind compute; add auxiliary peers with `auxiliary: N`");
+    role_spec r;
+    r.name = "peers";
+    r.type = "dedloc.peer";
+    r.replicas = static_cast<size_t>(peers);
+    r.options = o;
+    r.restart.delay = std::chrono::seconds(5);
+    g.roles.push_back(r);
+    if (auxiliary > 0) {
+      auto a = o;
+      a.mode = "auxiliary";
+      a.clients = 0;
+      role_spec aux;
+      aux.name = "aux";
+      aux.type = "dedloc.peer";
+      aux.replicas = static_cast<size_t>(auxiliary);
+      aux.options = a;
+      g.roles.push_back(aux);
+    }
+    (void)ctx;
+    add_churn(g, "peers", static_cast<size_t>(peers), churn, g.seed);
+    g.reporters.push_back([] { return make_dedloc_reporter(); });
+  };
+  reg.add_kind(std::move(k));
+}
+
+} // namespace starling::runtime

@@ -1,0 +1,101 @@
+// The `dedloc` kind: data-parallel peers (actors/dp_peer) training one model together — DeDLOC's
+// collaborative optimizer or DiLoCo — with peers of different speeds, some in client mode, some
+// auxiliary, joining and leaving on a seeded schedule. Its role type `dedloc.peer`, the
+// schedule, and the reporter (accuracy and loss against samples and against bytes sent, as SVG,
+// and a summary table) are public so that C++ graphs (examples/dedloc) use the same pieces.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/experiment/reporter.hpp"
+#include "runtime/experiment/role.hpp"
+
+namespace starling::runtime {
+
+/// Options of a `dedloc.peer` role (the `dedloc:` section's keys besides `peers`, `auxiliary`
+/// and `churn`).
+struct dedloc_role_options {
+  /// `dedloc` (average gradients every global step) or `diloco` (inner steps, outer steps on
+  /// averaged compressed pseudo-gradients).
+  std::string algorithm = "dedloc";
+  /// `torch` (an MLP on Fashion-MNIST) or `modeled` (the cost model: no tensors but a vector of
+  /// `modeled_params` that averaging moves).
+  std::string backend = "torch";
+  /// `full`, `client` or `auxiliary`: the mode of every instance, except that the last
+  /// `clients` of every `cycle` instances are clients.
+  std::string mode = "full";
+  /// Instance i is in client mode when `i mod cycle >= cycle - clients` (cycle 0: no clients).
+  uint64_t clients = 0;
+  uint64_t cycle = 0;
+  /// Relative speeds; instance i computes at `speeds[i mod size]`.
+  std::vector<double> speeds = {1.0};
+  /// Seconds per microbatch at speed 1 (on CAF's clock: virtual in simulation).
+  std::chrono::nanoseconds compute_time = std::chrono::milliseconds(50);
+  /// Samples per microbatch.
+  uint64_t microbatch = 32;
+  /// Samples per global step, summed over the collaboration.
+  uint64_t target_batch = 1024;
+  /// MLP hidden width and hidden blocks (inputs 784, 10 classes).
+  int64_t width = 128;
+  int64_t layers = 1;
+  /// The collaboration's optimizer (DiLoCo: the inner one): `adam`, `lamb` or `sgd`, its
+  /// learning rate, SGD momentum and the global-norm clip of each step.
+  std::string optimizer = "adam";
+  double lr = 1e-3;
+  double momentum = 0.0;
+  double max_grad_norm = 1.0;
+  /// Held-out evaluation every this many global steps (0: never) on this many test images.
+  uint64_t eval_every = 5;
+  uint64_t eval_samples = 2000;
+  /// Fashion-MNIST folder; `synthetic`: a generated stand-in when the files are absent.
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  bool synthetic = false;
+  /// Training images used (0: all 60000).
+  uint64_t train_samples = 0;
+  /// Cost model: elements of the modeled parameter vector.
+  int64_t modeled_params = 100'000;
+  /// Averaging: matchmaking window, the averager's round deadline, chunk codec, largest group.
+  std::chrono::nanoseconds window = std::chrono::seconds(2);
+  std::chrono::nanoseconds averager_timeout = std::chrono::seconds(15);
+  std::string codec = "none";
+  uint64_t group_size = 64;
+  /// Collaborative optimizer: a round not finished this long after it started is given up;
+  /// parameters and optimizer state are averaged every this many steps (0: never).
+  std::chrono::nanoseconds round_timeout = std::chrono::seconds(30);
+  uint64_t average_state_every = 0;
+  /// Progress records expire this long after they were made (a silent leaver stops counting).
+  std::chrono::nanoseconds record_lifetime = std::chrono::seconds(30);
+  /// DiLoCo: samples per inner step, the outer optimizer (SGD), pseudo-gradient codec.
+  uint64_t inner_batch = 128;
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
+  bool outer_nesterov = true;
+  std::string outer_codec = "topk";
+  double outer_ratio = 0.005;
+  bool error_feedback = true;
+};
+
+/// Reads a `dedloc.peer` options map (strictly) into `o`.
+void read_dedloc_role(config_node& n, dedloc_role_options& o);
+
+/// Checks the options (known algorithm, backend, mode and codecs; positive sizes).
+status check_dedloc_role(const dedloc_role_options& o);
+
+/// A seeded churn schedule for `role` (initially `replicas` instances): on average `per_minute`
+/// of the live instances leave per minute (a Poisson process), each replaced by a newcomer
+/// `rejoin_after` later; at least `keep` stay. Appends join and leave events to `g` (which
+/// must hold the role) for the run's duration.
+void add_churn(experiment_graph& g, const std::string& role, size_t replicas, double per_minute,
+               uint64_t seed, std::chrono::nanoseconds rejoin_after = std::chrono::seconds(5),
+               size_t keep = 2);
+
+/// The reporter of a collaboration: progress lines; at the end a summary table and, into the
+/// run's folder, accuracy.svg and loss.svg (against samples) and accuracy_bytes.svg and
+/// loss_bytes.svg (against megabytes sent per peer). Exit code 1 when no global step was taken.
+std::unique_ptr<reporter> make_dedloc_reporter();
+
+} // namespace starling::runtime

@@ -1,0 +1,627 @@
+// Data-parallel peers (actors/dp_peer) in simulation: the collaboration's parameters against a
+// single process stepping on the same microbatches, newcomers, leavers, client and auxiliary
+// peers, and determinism of a large modeled collaboration. Timing-dependent behaviour runs in
+// virtual time, so every case is deterministic.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <set>
+
+#include <caf/all.hpp>
+
+#include <fmt/format.h>
+
+#include "actors/averager/averager.hpp"
+#include "actors/dht/dht.hpp"
+#include "actors/dp_peer/backend.hpp"
+#include "actors/dp_peer/dp_peer.hpp"
+#include "kernels/data/idx_source.hpp"
+#include "messages/atoms.hpp"
+#include "messages/metrics.hpp"
+#include "messages/swarm.hpp"
+#include "runtime/experiment/graph.hpp"
+#include "runtime/experiment/plan.hpp"
+#include "runtime/experiment/reporter.hpp"
+#include "runtime/experiment/runner.hpp"
+#include "runtime/run/dedloc.hpp"
+#include "runtime/run/kinds.hpp"
+#include "runtime/sim/world.hpp"
+
+using namespace starling;
+using namespace starling::runtime;
+using namespace std::chrono_literals;
+namespace dp = starling::actors::dp_peer;
+
+namespace {
+
+/// Small and fast: a 784-32-10 MLP on 2048 synthetic images, 16-sample microbatches.
+dedloc_role_options small_options() {
+  dedloc_role_options o;
+  o.backend = "torch";
+  o.data_dir = "/nonexistent/fashion-mnist"; // the synthetic stand-in, on every machine
+  o.synthetic = true;
+  o.train_samples = 2048;
+  o.width = 32;
+  o.layers = 1;
+  o.microbatch = 16;
+  o.target_batch = 64;
+  o.compute_time = 100ms;
+  o.eval_every = 0;
+  o.lr = 1e-2;
+  o.window = 1s;
+  o.averager_timeout = 5s;
+  o.round_timeout = 10s;
+  o.record_lifetime = 20s;
+  return o;
+}
+
+/// One peer's update as its dp_step metric tells it.
+struct step_record {
+  double t = 0;
+  std::string peer;
+  uint64_t step = 0;
+  uint64_t first = 0;
+  uint64_t microbatches = 0;
+  uint64_t samples = 0;
+  bool averaged = false;
+  double group = 0;
+  double contributors = 0;
+};
+
+struct captured {
+  std::vector<metric_record> all;
+  /// At the end: each live peer's whole state and counters, by instance name.
+  std::map<std::string, messages::stage_state> states;
+  std::map<std::string, std::vector<uint64_t>> counters;
+
+  std::vector<metric_record> of(const std::string& kind, const std::string& source = "") const {
+    std::vector<metric_record> out;
+    for (auto& m : all)
+      if (m.kind == kind && (source.empty() || m.source == source))
+        out.push_back(m);
+    return out;
+  }
+
+  std::vector<step_record> steps(const std::string& source = "") const {
+    std::vector<step_record> out;
+    for (auto& m : of("dp_step", source)) {
+      step_record r;
+      r.t = m.t;
+      r.peer = m.source;
+      r.step = static_cast<uint64_t>(m.value("step"));
+      r.first = static_cast<uint64_t>(m.value("first"));
+      r.microbatches = static_cast<uint64_t>(m.value("microbatches"));
+      r.samples = static_cast<uint64_t>(m.value("samples"));
+      r.averaged = m.value("averaged") > 0;
+      r.group = m.value("group");
+      r.contributors = m.value("contributors");
+      out.push_back(r);
+    }
+    return out;
+  }
+};
+
+/// Keeps every metric and, at the end, asks every live instance of `role` for its state.
+class capture_reporter : public reporter {
+public:
+  capture_reporter(std::shared_ptr<captured> out, std::string role)
+    : out_(std::move(out)), role_(std::move(role)) {}
+
+  void start(const run_info& info) override { info_ = info; }
+
+  void on_metric(const metric_record& m) override { out_->all.push_back(m); }
+
+  int finish(finish_context& ctx) override {
+    auto& g = *info_.graph;
+    auto& p = *info_.plan;
+    for (auto& x : p.instances) {
+      if (g.roles[x.role].name != role_ || !x.node)
+        continue;
+      auto addr = fmt::format("@{}/{}", *x.node, x.name);
+      auto h = ask<caf::actor>(ctx, ctx.node().resolver(), 5s, resolve_atom::value, addr);
+      if (!h || !std::get<0>(*h))
+        continue;
+      auto peer = std::get<0>(*h);
+      if (auto st = ask<messages::stage_state>(ctx, peer, 10s, get_atom::value, state_atom::value))
+        out_->states[x.name] = std::get<0>(*st);
+      if (auto c = ask<std::vector<uint64_t>>(ctx, peer, 10s, status_atom::value))
+        out_->counters[x.name] = std::get<0>(*c);
+    }
+    return 0;
+  }
+
+private:
+  std::shared_ptr<captured> out_;
+  std::string role_;
+  run_info info_;
+};
+
+/// A graph of `peers` instances of `dedloc.peer` with `o`, capturing into `out`.
+experiment_builder collaboration(const std::string& name, uint64_t seed,
+                                 std::chrono::nanoseconds duration, size_t peers,
+                                 const dedloc_role_options& o, std::shared_ptr<captured> out) {
+  experiment_builder b{name};
+  b.seed(seed).duration(duration);
+  network_options net;
+  net.defaults.latency = 5ms;
+  net.defaults.bandwidth = 50e6;
+  b.network(net);
+  b.role("peers", "dedloc.peer", o).replicas(peers).unsupervised();
+  b.reporter([out] { return std::make_unique<capture_reporter>(out, "peers"); });
+  return b;
+}
+
+run_result run_sim(const experiment_builder& b) {
+  auto reg = builtin_registry();
+  auto g = b.build(reg, run_mode::sim);
+  REQUIRE_MESSAGE(g.ok(), (g.ok() ? "" : g.error().what));
+  run_settings s;
+  s.trace_messages = false;
+  s.write_trace = false;
+  return run_in_process(*g, reg, run_mode::sim, s);
+}
+
+/// The training data the role uses for `o` (the same synthetic stand-in).
+std::shared_ptr<const kernels::data_source> train_source(const dedloc_role_options& o) {
+  kernels::idx_source_options io;
+  io.dir = o.data_dir;
+  io.max_items = o.train_samples;
+  io.synthetic_when_absent = o.synthetic;
+  auto s = kernels::idx_source::load(io);
+  REQUIRE(s.ok());
+  return *s;
+}
+
+/// A backend as instance `index` (generation 0) of the role builds it.
+std::unique_ptr<dp::backend> peer_backend(const dedloc_role_options& o, uint64_t seed,
+                                          size_t index) {
+  dp::torch_backend_options to;
+  to.model.inputs = 784;
+  to.model.width = o.width;
+  to.model.layers = o.layers;
+  to.model.classes = 10;
+  to.model.seed = seed;
+  to.optimizer.kind = o.optimizer;
+  to.optimizer.lr = o.lr;
+  to.optimizer.momentum = o.momentum;
+  to.optimizer.max_grad_norm = o.max_grad_norm;
+  to.stream.seed = seed;
+  to.stream.stream = static_cast<uint64_t>(index) * 1024;
+  to.stream.microbatch = o.microbatch;
+  to.eval_samples = 0;
+  auto b = dp::make_torch_backend(to, train_source(o), nullptr);
+  REQUIRE(b.ok());
+  return std::move(*b);
+}
+
+size_t index_of(const std::string& name) {
+  return static_cast<size_t>(std::stoul(name.substr(name.find('.') + 1)));
+}
+
+/// What a single process computes when every step averages the given peers' microbatches
+/// (weights = samples), each peer's gradient taken on the common parameters: the parameters
+/// after the steps of `records` (grouped by step, all averaged), as a flat vector.
+torch::Tensor reference(const dedloc_role_options& o, uint64_t seed,
+                        const std::vector<step_record>& records) {
+  std::map<uint64_t, std::vector<step_record>> by_step;
+  std::set<std::string> peers;
+  for (auto& r : records) {
+    by_step[r.step].push_back(r);
+    peers.insert(r.peer);
+  }
+  std::map<std::string, std::unique_ptr<dp::backend>> models;
+  for (auto& p : peers)
+    models[p] = peer_backend(o, seed, index_of(p));
+  for (auto& [step, rs] : by_step) {
+    torch::Tensor sum;
+    double weight = 0;
+    for (auto& r : rs) {
+      auto& m = *models[r.peer];
+      for (uint64_t i = r.first; i < r.first + r.microbatches; ++i)
+        REQUIRE(m.compute(i).ok());
+      auto g = m.take();
+      REQUIRE(g.samples == r.samples);
+      auto w = static_cast<double>(g.samples);
+      sum = sum.defined() ? sum + g.mean.to(torch::kDouble) * w : g.mean.to(torch::kDouble) * w;
+      weight += w;
+    }
+    auto mean = (sum / weight).to(torch::kFloat);
+    for (auto& [p, m] : models)
+      REQUIRE(m->apply(mean).ok());
+  }
+  auto st = models.begin()->second->export_state(0);
+  REQUIRE(st.ok());
+  return st->params.tensor;
+}
+
+double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  REQUIRE(a.numel() == b.numel());
+  return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
+}
+
+} // namespace
+
+TEST_CASE("one peer without churn equals a single process stepping on the same global batches") {
+  auto o = small_options();
+  auto out = std::make_shared<captured>();
+  auto res = run_sim(collaboration("dp-one", 11, 30s, 1, o, out));
+  CHECK(res.exit_code == 0);
+  auto steps = out->steps("peers.0");
+  REQUIRE(steps.size() >= 4);
+  for (auto& r : steps) {
+    CHECK_FALSE(r.averaged); // alone: it steps on its own gradient
+    CHECK(r.samples >= o.target_batch);
+  }
+  REQUIRE(out->states.count("peers.0") == 1);
+  auto& st = out->states["peers.0"];
+  CHECK(st.steps == steps.size());
+  auto ref = reference(o, 11, steps);
+  auto d = max_diff(st.params.tensor, ref);
+  MESSAGE("one peer, ", steps.size(), " steps: max |param - single process| = ", d);
+  CHECK(d <= 1e-6);
+}
+
+TEST_CASE("four peers average every step and match a single process within the codec's error") {
+  auto o = small_options();
+  // SGD: Adam's first steps turn fp32 rounding of near-zero averages into whole steps of +-lr.
+  o.optimizer = "sgd";
+  o.lr = 0.1;
+  o.speeds = {1.0, 0.8, 0.6, 0.5};
+  auto out = std::make_shared<captured>();
+  auto res = run_sim(collaboration("dp-four", 12, 40s, 4, o, out));
+  CHECK(res.exit_code == 0);
+  auto steps = out->steps();
+  std::map<uint64_t, size_t> per_step;
+  for (auto& r : steps) {
+    CHECK(r.averaged);
+    CHECK(r.contributors == 4);
+    per_step[r.step]++;
+  }
+  REQUIRE(per_step.size() >= 3);
+  // Only complete steps (every peer reported it) go into the reference.
+  uint64_t last = 0;
+  for (auto& [s, n] : per_step)
+    if (n == 4)
+      last = s;
+    else
+      break;
+  std::vector<step_record> used;
+  for (auto& r : steps)
+    if (r.step <= last)
+      used.push_back(r);
+  auto ref = reference(o, 12, used);
+  REQUIRE(out->states.size() == 4);
+  for (auto& [name, st] : out->states) {
+    CAPTURE(name);
+    if (st.steps != last + 1)
+      continue; // a step further: compared by the others
+    auto d = max_diff(st.params.tensor, ref);
+    MESSAGE(name, " after ", st.steps, " steps: max |param - single process| = ", d);
+    CHECK(d <= 1e-5);
+  }
+  // Peers that stand at one step hold one state.
+  auto& a = out->states["peers.0"];
+  for (auto& [name, st] : out->states)
+    if (st.steps == a.steps)
+      CHECK(max_diff(st.params.tensor, a.params.tensor) == 0);
+}
+
+TEST_CASE("a peer killed mid-round does not block the others past the deadline and no sample is "
+          "counted twice") {
+  auto o = small_options();
+  // A dry run finds a time when peers.3 is inside a round (same seed, same plan until then).
+  auto dry = std::make_shared<captured>();
+  run_sim(collaboration("dp-leaver", 14, 20s, 4, o, dry));
+  auto rounds = dry->of("dp_step", "peers.3");
+  REQUIRE(rounds.size() >= 3);
+  auto& r2 = rounds[2];
+  auto mid = r2.t - r2.value("round_s") / 2;
+  CAPTURE(mid);
+  auto out = std::make_shared<captured>();
+  auto b = collaboration("dp-leaver", 14, 50s, 4, o, out);
+  b.kill("peers", 3, std::chrono::duration_cast<std::chrono::nanoseconds>(
+                       std::chrono::duration<double>(mid)),
+         restart_after{std::nullopt, true});
+  b.leave("peers", 2, 35s);
+  run_sim(b);
+  // The survivors keep stepping: none waits longer than the round deadline plus a window.
+  auto deadline = std::chrono::duration<double>(o.round_timeout + o.window).count() + 2;
+  for (auto who : {"peers.0", "peers.1"}) {
+    CAPTURE(who);
+    auto s = out->steps(who);
+    REQUIRE(s.size() >= 5);
+    double prev = mid;
+    size_t after = 0;
+    for (auto& r : s) {
+      if (r.t < mid)
+        continue;
+      CHECK(r.t - prev <= deadline);
+      prev = r.t;
+      after++;
+    }
+    CHECK(after >= 3);
+  }
+  // The leaver withdrew its record.
+  CHECK(out->of("dp_leave", "peers.2").size() == 1);
+  // Exactly once: every peer's microbatches reach at most one update or drop.
+  std::map<std::string, std::vector<std::pair<uint64_t, uint64_t>>> ranges;
+  for (auto& r : out->steps())
+    if (r.microbatches > 0)
+      ranges[r.peer].emplace_back(r.first, r.first + r.microbatches);
+  for (auto& m : out->of("dp_dropped"))
+    ranges[m.source].emplace_back(static_cast<uint64_t>(m.value("first")),
+                                  static_cast<uint64_t>(m.value("last")) + 1);
+  for (auto& [peer, rs] : ranges) {
+    CAPTURE(peer);
+    std::sort(rs.begin(), rs.end());
+    for (size_t i = 1; i < rs.size(); ++i)
+      CHECK(rs[i].first >= rs[i - 1].second);
+  }
+  // Every sample a live peer reported is in exactly one place.
+  for (auto& [name, c] : out->counters) {
+    CAPTURE(name);
+    CHECK(c[dp::st_samples_reported]
+          == c[dp::st_samples_averaged] + c[dp::st_samples_alone] + c[dp::st_samples_dropped]
+               + c[dp::st_pending] + c[dp::st_in_flight]);
+  }
+}
+
+namespace {
+
+/// `(resolve_atom, address)` through `inner`, logging every address asked for.
+caf::behavior counting_resolver(caf::event_based_actor* self, caf::actor inner,
+                                std::shared_ptr<std::vector<std::string>> log) {
+  return {
+    [=](resolve_atom, const std::string& a) -> caf::result<caf::actor> {
+      log->push_back(a);
+      auto rp = self->make_response_promise<caf::actor>();
+      self->request(inner, caf::infinite, resolve_atom::value, a)
+        .then([=](caf::actor& x) mutable { rp.deliver(x); },
+              [=](caf::error& e) mutable { rp.deliver(e); });
+      return rp;
+    },
+  };
+}
+
+caf::behavior metric_sink(caf::event_based_actor*, sim::world* w,
+                          std::shared_ptr<captured> out) {
+  return {
+    [=](messages::metric_event& e) {
+      metric_record m;
+      m.t = std::chrono::duration<double>(w->elapsed()).count();
+      m.source = e.source;
+      m.kind = e.kind;
+      m.values = e.values;
+      m.labels = e.labels;
+      out->all.push_back(m);
+    },
+  };
+}
+
+} // namespace
+
+TEST_CASE("client-mode contributions are in the average, auxiliary ones are not, and nobody "
+          "connects to a client") {
+  auto o = small_options();
+  o.optimizer = "sgd";
+  o.lr = 0.1;
+  const uint64_t seed = 15;
+  sim::world_options wo;
+  wo.seed = seed;
+  wo.network.defaults.latency = 5ms;
+  wo.network.defaults.bandwidth = 50e6;
+  wo.trace_messages = false;
+  sim::world w{wo};
+  // Nodes 0-2 full, node 3 a client (no DHT node of its own: it uses node 0's over the link it
+  // opens), node 4 auxiliary.
+  const int client = 3, aux = 4;
+  auto out = std::make_shared<captured>();
+  auto sink = w.system().spawn(metric_sink, &w, out);
+  std::vector<std::shared_ptr<std::vector<std::string>>> asked;
+  std::vector<caf::actor> peers;
+  caf::actor dht0;
+  for (int i = 0; i < 5; ++i) {
+    auto& n = w.add_node(fmt::format("node{}", i));
+    auto log = std::make_shared<std::vector<std::string>>();
+    asked.push_back(log);
+    auto resolver = n.spawn("counting-resolver", counting_resolver, n.resolver(), log);
+    caf::actor dht;
+    if (i == client) {
+      dht = w.proxy(i, dht0);
+    } else {
+      actors::dht::dht_options d;
+      d.address = n.endpoint() + "/dht";
+      d.id = actors::dht::identity::from_seed(seed * 100 + static_cast<uint64_t>(i));
+      if (i > 0)
+        d.bootstrap = {"node0:1/dht"};
+      dht = n.spawn("dht", actors::dht::dht_actor, resolver, d);
+      if (i == 0)
+        dht0 = dht;
+    }
+    actors::averager::averager_options ao;
+    ao.address = n.endpoint() + "/avg";
+    ao.key_prefix = "t/avg/";
+    ao.bandwidth = i == client ? 0.0 : 1.0;
+    ao.auxiliary = i == aux;
+    ao.matchmaking_window = std::chrono::duration_cast<caf::timespan>(o.window);
+    ao.poll_interval = std::chrono::duration_cast<caf::timespan>(o.window / 8);
+    ao.round_timeout = std::chrono::duration_cast<caf::timespan>(o.averager_timeout);
+    auto avg = n.spawn("avg", actors::averager::averager_actor, dht, resolver, ao);
+    dp::dp_peer_options po;
+    po.address = n.endpoint() + "/peer";
+    po.name = fmt::format("peers.{}", i);
+    po.key_prefix = "t/dp";
+    po.compute_time = o.compute_time;
+    po.collab.progress.target_batch = o.target_batch;
+    po.collab.progress.record_lifetime = 20;
+    po.collab.progress.max_refresh = 10;
+    po.collab.round_timeout = 10;
+    // A read sent while the node's DHT still bootstraps goes unanswered: ask again soon.
+    po.collab.read_timeout = 1;
+    po.collab.mode = i == client ? actors::collab::peer_mode::client
+                     : i == aux  ? actors::collab::peer_mode::auxiliary
+                                 : actors::collab::peer_mode::full;
+    REQUIRE(dp::validate(po).ok());
+    std::shared_ptr<dp::backend> model = peer_backend(o, seed, static_cast<size_t>(i));
+    auto peer = dp::spawn_dp_peer(w.system(), {dht, avg, resolver, sink}, model, po);
+    n.adopt("peer", peer);
+    peers.push_back(peer);
+  }
+  w.run_for(30s);
+  // Nobody resolved an address of the client's node: every link to it is one it opened.
+  for (int i = 0; i < 5; ++i) {
+    CAPTURE(i);
+    if (i == client)
+      continue;
+    for (auto& a : *asked[static_cast<size_t>(i)]) {
+      CAPTURE(a);
+      CHECK(a.rfind("node3:1", 0) != 0);
+      CHECK(a.rfind("@3/", 0) != 0);
+    }
+  }
+  CHECK(!asked[client]->empty()); // the client does resolve the others
+  // Every full peer's steps averaged the client's contribution and not the auxiliary peer's:
+  // 4 contributors in a group of 5.
+  auto steps = out->steps("peers.0");
+  REQUIRE(steps.size() >= 3);
+  for (auto& r : steps) {
+    CAPTURE(r.step);
+    CHECK(r.averaged);
+    // The auxiliary peer's first read can go unanswered while its DHT node still bootstraps
+    // (asked again after read_timeout): from step 1 on it reduces in every group.
+    if (r.step > 0)
+      CHECK(r.group == 5);
+    CHECK(r.group >= 4);
+    CHECK(r.contributors == 4);
+  }
+  // Numerically: the parameters are a single process's over the full peers' and the client's
+  // microbatches (the auxiliary peer computes nothing and weighs 0).
+  CHECK(out->steps("peers.4").empty());
+  std::vector<step_record> used;
+  auto last = steps[1].step;
+  for (auto& r : out->steps())
+    if (r.step <= last)
+      used.push_back(r);
+  std::set<std::string> who;
+  for (auto& r : used)
+    who.insert(r.peer);
+  CHECK((who == std::set<std::string>{"peers.0", "peers.1", "peers.2", "peers.3"}));
+  auto ref = reference(o, seed, used);
+  // Ask peers.0 and the client for their state once they stand at step last + 1: run a probe.
+  auto got = std::make_shared<std::map<int, messages::stage_state>>();
+  auto probe = w.system().spawn([=](caf::event_based_actor* self) -> caf::behavior {
+    for (int i : {0, client})
+      self->request(peers[static_cast<size_t>(i)], 10s, get_atom::value, state_atom::value)
+        .then([=](messages::stage_state& st) { (*got)[i] = st; }, [](caf::error&) {});
+    return {[](stop_atom) {}};
+  });
+  w.run_for(1s);
+  caf::anon_send_exit(probe, caf::exit_reason::kill);
+  caf::anon_send_exit(sink, caf::exit_reason::kill);
+  REQUIRE(got->size() == 2);
+  CHECK(max_diff((*got)[0].params.tensor, (*got)[client].params.tensor) == 0);
+  // The peers went on past `last`: compare with the reference of every complete step they took.
+  std::vector<step_record> all_used;
+  std::map<uint64_t, size_t> per_step;
+  for (auto& r : out->steps())
+    per_step[r.step]++;
+  for (auto& r : out->steps())
+    if (per_step[r.step] == 4 && r.step < (*got)[0].steps)
+      all_used.push_back(r);
+  auto ref_all = reference(o, seed, all_used);
+  auto d = max_diff((*got)[0].params.tensor, ref_all);
+  MESSAGE("3 full + 1 client peer, ", (*got)[0].steps, " steps: max |param - single process| = ",
+          d);
+  CHECK(d <= 1e-5);
+  (void)ref;
+}
+
+TEST_CASE("a 16-peer modeled collaboration with churn in virtual time is deterministic for a seed") {
+  dedloc_role_options o;
+  o.backend = "modeled";
+  o.modeled_params = 20'000;
+  o.microbatch = 32;
+  o.target_batch = 512;
+  o.compute_time = 200ms;
+  o.speeds = {1.0, 0.75, 0.5, 0.25};
+  o.cycle = 16;
+  o.clients = 2;
+  o.eval_every = 0;
+  auto run = [&](uint64_t seed) {
+    auto out = std::make_shared<captured>();
+    auto b = collaboration("dp-16", seed, 30s, 16, o, out);
+    b.graph().nodes = 4;
+    add_churn(b.graph(), "peers", 16, 0.2, seed);
+    auto reg = builtin_registry();
+    auto g = b.build(reg, run_mode::sim);
+    REQUIRE(g.ok());
+    run_settings s;
+    s.trace_messages = true;
+    s.write_trace = false;
+    auto res = run_in_process(*g, reg, run_mode::sim, s);
+    return std::make_pair(res, out);
+  };
+  auto [a, out_a] = run(21);
+  auto [b, out_b] = run(21);
+  CHECK(a.trace_digest == b.trace_digest);
+  CHECK(a.trace_events == b.trace_events);
+  CHECK(out_a->all.size() == out_b->all.size());
+  auto steps = out_a->steps();
+  REQUIRE(!steps.empty());
+  uint64_t top = 0;
+  for (auto& r : steps)
+    top = std::max(top, r.step);
+  MESSAGE("16 modeled peers, 30 s: ", top + 1, " global steps, ", out_a->all.size(),
+          " metrics, trace digest ", a.trace_digest);
+  CHECK(top >= 2);
+  CHECK(!out_a->of("dp_leave").empty());
+}
+
+TEST_CASE("DiLoCo peers exchange Top-k pseudo-gradients through one reducer and share the outer "
+          "state, at over 100 times fewer bytes than fp32") {
+  auto o = small_options();
+  o.algorithm = "diloco";
+  o.target_batch = 256;
+  o.inner_batch = 32;
+  o.outer_codec = "topk";
+  o.outer_ratio = 0.005;
+  o.error_feedback = true;
+  o.outer_momentum = 0;
+  o.outer_nesterov = false;
+  o.cycle = 3;
+  o.clients = 1; // peers.2 is a client: it never reduces
+  auto out = std::make_shared<captured>();
+  run_sim(collaboration("dp-diloco", 16, 40s, 3, o, out));
+  auto steps = out->steps();
+  std::map<uint64_t, size_t> per_step;
+  for (auto& r : steps) {
+    CHECK(r.averaged);
+    CHECK(r.contributors == 3);
+    per_step[r.step]++;
+  }
+  REQUIRE(per_step.size() >= 3);
+  // Every peer at the same outer step holds the same start parameters (the same bytes applied).
+  REQUIRE(out->states.size() == 3);
+  auto& a = out->states["peers.0"];
+  for (auto& [name, st] : out->states)
+    if (st.steps == a.steps)
+      CHECK(max_diff(st.params.tensor, a.params.tensor) == 0);
+  // Bytes per peer and outer step, both directions, against fp32's 4 bytes per parameter.
+  auto numel = static_cast<double>(a.params.tensor.numel());
+  for (auto& [name, c] : out->counters) {
+    CAPTURE(name);
+    auto rounds = static_cast<double>(out->steps(name).size());
+    REQUIRE(rounds > 0);
+    auto fp32 = 4 * numel * rounds;
+    CHECK(c[dp::st_bytes_received] > 0);
+    if (name != "peers.0") { // peers.0 (smallest address) reduces: it sends to both others
+      CHECK(c[dp::st_bytes_sent] > 0);
+      CHECK(static_cast<double>(c[dp::st_bytes_sent]) * 100 < fp32);
+    }
+    CHECK(static_cast<double>(c[dp::st_bytes_received]) * 100 < 2 * fp32);
+    MESSAGE(name, ": ", c[dp::st_bytes_sent], " B sent, ", c[dp::st_bytes_received],
+            " B received over ", rounds, " outer steps (fp32: ", fp32, " B each way)");
+  }
+}

@@ -1,0 +1,264 @@
+// Collaborative training benchmarks (issue 20), all in simulation (virtual time; LibTorch runs
+// for real, so accuracy is real):
+//   accuracy    DeDLOC (8 peers, speeds 1 to 0.25, 2 in client mode) against one peer alone with
+//               the same global batch: test accuracy after the same number of global steps.
+//   diloco      bytes sent per peer to reach DeDLOC's accuracy minus 1 point, for DiLoCo with the
+//               pseudo-gradients in fp32, blockwise8 and Top-k 0.5% with error feedback, as the
+//               ratio DeDLOC bytes / DiLoCo bytes.
+//   throughput  the cost-model backend: samples/s of 1, 4, 16 and 64 peers on 100 Mbit/s links
+//               against the sum of the peers' speeds (the bound).
+// Usage: bench_dedloc [accuracy] [diloco] [throughput] [--steps N]   (default: all, 60 steps)
+// Prints tables; asserts nothing.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "runtime/experiment/graph.hpp"
+#include "runtime/experiment/reporter.hpp"
+#include "runtime/experiment/runner.hpp"
+#include "runtime/run/dedloc.hpp"
+#include "runtime/run/kinds.hpp"
+
+using namespace starling;
+using namespace starling::runtime;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// Evaluations (mean over peers) by step, bytes sent per peer at each, samples by step.
+struct outcome {
+  std::map<uint64_t, std::vector<double>> acc, bytes;
+  std::map<uint64_t, double> step_samples;
+  double samples = 0;
+  uint64_t steps = 0;
+  double run_s = 0, wall_s = 0;
+
+  double mean(const std::vector<double>& v) const {
+    double s = 0;
+    for (auto x : v)
+      s += x;
+    return v.empty() ? std::nan("") : s / static_cast<double>(v.size());
+  }
+  /// Accuracy at the last evaluated step <= `step`.
+  double accuracy_at(uint64_t step) const {
+    auto it = acc.upper_bound(step);
+    return it == acc.begin() ? std::nan("") : mean(std::prev(it)->second);
+  }
+  /// Mean bytes sent per peer at the first evaluation reaching `target` (NaN: never).
+  double bytes_to(double target, uint64_t* at = nullptr) const {
+    for (auto& [step, v] : acc)
+      if (mean(v) >= target) {
+        if (at)
+          *at = step;
+        return mean(bytes.at(step));
+      }
+    return std::nan("");
+  }
+  /// Samples in the updates before step `step`.
+  double samples_before(uint64_t step) const {
+    double s = 0;
+    for (auto& [k, n] : step_samples)
+      if (k < step)
+        s += n;
+    return s;
+  }
+};
+
+/// Collects metrics; ends the run once some peer took `stop_at` steps.
+class bench_reporter : public reporter {
+public:
+  bench_reporter(std::shared_ptr<outcome> out, uint64_t stop_at)
+    : out_(std::move(out)), stop_at_(stop_at) {}
+
+  void on_metric(const metric_record& m) override {
+    if (m.kind == "dp_step") {
+      auto step = static_cast<uint64_t>(m.value("step"));
+      out_->step_samples[step] += m.value("samples");
+      out_->samples += m.value("samples");
+      out_->steps = std::max(out_->steps, step + 1);
+    } else if (m.kind == "dp_eval") {
+      auto step = static_cast<uint64_t>(m.value("step"));
+      out_->acc[step].push_back(m.value("accuracy"));
+      out_->bytes[step].push_back(m.value("bytes_sent"));
+    }
+  }
+
+  bool tick(double) override { return stop_at_ > 0 && out_->steps >= stop_at_; }
+
+  int finish(finish_context& ctx) override {
+    out_->run_s = ctx.run_s;
+    out_->wall_s = ctx.wall_s;
+    return 0;
+  }
+
+private:
+  std::shared_ptr<outcome> out_;
+  uint64_t stop_at_;
+};
+
+std::shared_ptr<outcome> run(const std::string& name, const dedloc_role_options& o, size_t peers,
+                             uint64_t stop_at, std::chrono::nanoseconds duration,
+                             double bandwidth, size_t nodes = 0) {
+  auto out = std::make_shared<outcome>();
+  auto reg = builtin_registry();
+  experiment_builder b{name};
+  b.seed(7).duration(duration).nodes(nodes);
+  network_options net;
+  net.defaults.latency = 20ms;
+  net.defaults.bandwidth = bandwidth;
+  b.network(net);
+  b.role("peers", "dedloc.peer", o).replicas(peers);
+  b.reporter([out, stop_at] { return std::make_unique<bench_reporter>(out, stop_at); });
+  auto g = b.build(reg, run_mode::sim);
+  if (!g) {
+    std::fprintf(stderr, "%s: %s\n", name.c_str(), g.error().what.c_str());
+    std::exit(2);
+  }
+  run_settings s;
+  s.trace_messages = false;
+  s.write_trace = false;
+  auto res = run_in_process(*g, reg, run_mode::sim, s);
+  out->run_s = res.run_s;
+  out->wall_s = res.wall_s;
+  return out;
+}
+
+dedloc_role_options fmnist() {
+  dedloc_role_options o;
+  o.backend = "torch";
+  o.synthetic = true; // only when the Fashion-MNIST files are absent
+  o.width = 128;
+  o.layers = 1;
+  o.lr = 0.002;
+  o.microbatch = 32;
+  o.target_batch = 1024;
+  o.compute_time = 40ms;
+  o.eval_every = 5;
+  o.eval_samples = 10000;
+  return o;
+}
+
+const double mbit100 = 100e6 / 8;
+
+void accuracy(uint64_t steps) {
+  std::printf("\n== DeDLOC vs one peer with the same global batch (1024), Fashion-MNIST, MLP "
+              "784-128-10, Adam 2e-3, %llu steps\n",
+              static_cast<unsigned long long>(steps));
+  auto single = fmnist();
+  auto collab = fmnist();
+  collab.speeds = {1.0, 0.9, 0.8, 0.7, 0.55, 0.45, 0.35, 0.25};
+  collab.cycle = 8;
+  collab.clients = 2;
+  auto a = run("single", single, 1, steps, 30min, mbit100);
+  auto b = run("dedloc", collab, 8, steps, 30min, mbit100);
+  std::printf("  %-28s %8s %12s %10s %12s %10s\n", "run", "steps", "samples", "test acc",
+              "virtual s", "wall s");
+  for (auto [label, r] : {std::pair{"one peer", a}, std::pair{"8 peers (2 clients)", b}}) {
+    std::printf("  %-28s %8llu %12.0f %9.2f%% %12.1f %10.1f\n", label,
+                static_cast<unsigned long long>(steps), r->samples_before(steps),
+                100 * r->accuracy_at(steps), r->run_s, r->wall_s);
+  }
+  std::printf("  difference: %.2f points (goal: within 0.5)\n",
+              100 * (b->accuracy_at(steps) - a->accuracy_at(steps)));
+}
+
+void diloco(uint64_t steps) {
+  std::printf("\n== DiLoCo: bytes sent per peer to reach DeDLOC's accuracy - 1 point (8 peers, "
+              "speeds 1 to 0.25, 2 clients)\n");
+  auto base = fmnist();
+  base.speeds = {1.0, 0.9, 0.8, 0.7, 0.55, 0.45, 0.35, 0.25};
+  base.cycle = 8;
+  base.clients = 2;
+  auto ded = run("dedloc", base, 8, steps, 30min, mbit100);
+  auto final_acc = ded->accuracy_at(steps);
+  auto target = final_acc - 0.01;
+  auto samples = ded->samples_before(steps);
+  uint64_t ded_at = 0;
+  auto ded_bytes = ded->bytes_to(target, &ded_at);
+  std::printf("  DeDLOC: %.2f%% after %llu steps (%.0f samples); reaches %.2f%% at step %llu "
+              "with %.2f MB sent per peer\n",
+              100 * final_acc, static_cast<unsigned long long>(steps), samples, 100 * target,
+              static_cast<unsigned long long>(ded_at), ded_bytes / 1e6);
+  std::printf("  %-34s %10s %12s %12s %10s %10s\n", "pseudo-gradient codec", "best acc",
+              "MB to target", "ratio", "outer", "samples");
+  struct variant {
+    const char* name;
+    const char* codec;
+    bool ef;
+  };
+  for (auto v : {variant{"fp32", "none", false}, variant{"blockwise8", "blockwise8", false},
+                 variant{"top-k 0.5% + EF both sides", "topk", true}}) {
+    auto o = base;
+    o.algorithm = "diloco";
+    o.inner_batch = 128;
+    o.target_batch = 8192;
+    o.eval_every = 1;
+    o.outer_codec = v.codec;
+    o.outer_ratio = 0.005;
+    o.error_feedback = v.ef;
+    o.outer_lr = 0.7;
+    o.outer_momentum = v.ef ? 0.0 : 0.9;
+    o.outer_nesterov = !v.ef;
+    // The same samples as DeDLOC's run.
+    auto outer_steps = static_cast<uint64_t>(std::ceil(samples / 8192.0));
+    auto r = run(std::string("diloco-") + v.codec, o, 8, outer_steps, 30min, mbit100);
+    double best = 0;
+    for (auto& [k, a] : r->acc)
+      best = std::max(best, r->mean(a));
+    uint64_t at = 0;
+    auto bytes = r->bytes_to(target, &at);
+    std::printf("  %-34s %9.2f%% %12.3f %12.1f %10llu %10.0f\n", v.name, 100 * best, bytes / 1e6,
+                ded_bytes / bytes, static_cast<unsigned long long>(at), r->samples_before(at));
+  }
+  std::printf("  (ratio: DeDLOC MB / DiLoCo MB to the target; goal >= 50; NaN: target not "
+              "reached)\n");
+}
+
+void throughput() {
+  std::printf("\n== Throughput, cost model: 1M-parameter model (4 MB fp32), 32-sample "
+              "microbatches of 100 ms at speed 1, target batch 4096, 100 Mbit/s links, 20 ms\n");
+  std::printf("  %6s %14s %14s %8s %10s %8s\n", "peers", "samples/s", "bound", "ratio",
+              "steps", "wall s");
+  for (size_t n : {size_t{1}, size_t{4}, size_t{16}, size_t{64}}) {
+    dedloc_role_options o;
+    o.backend = "modeled";
+    o.modeled_params = 1'000'000;
+    o.microbatch = 32;
+    o.compute_time = 100ms;
+    o.target_batch = 4096;
+    o.eval_every = 0;
+    auto r = run("throughput", o, n, 0, 120s, mbit100, std::min<size_t>(n, 16));
+    auto bound = static_cast<double>(n) * 32 / 0.1;
+    auto rate = r->samples / r->run_s;
+    std::printf("  %6zu %14.0f %14.0f %7.1f%% %10llu %8.1f\n", n, rate, bound, 100 * rate / bound,
+                static_cast<unsigned long long>(r->steps), r->wall_s);
+  }
+}
+
+} // namespace
+
+int main(int argc, char** argv) {
+  std::set<std::string> what;
+  uint64_t steps = 60;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
+      steps = std::strtoull(argv[++i], nullptr, 10);
+    else
+      what.insert(argv[i]);
+  }
+  auto all = what.empty();
+  if (all || what.count("accuracy"))
+    accuracy(steps);
+  if (all || what.count("diloco"))
+    diloco(steps);
+  if (all || what.count("throughput"))
+    throughput();
+  return 0;
+}

@@ -1,0 +1,95 @@
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include <fmt/format.h>
+
+#include "runtime/config/reader.hpp"
+#include "runtime/experiment/plan.hpp"
+#include "runtime/experiment/yaml.hpp"
+#include "runtime/run/dedloc.hpp"
+#include "runtime/run/kinds.hpp"
+
+using namespace starling::runtime;
+
+namespace {
+
+/// Reads a dedloc section with `body`; returns the error message (empty if valid).
+std::string section_error(const std::string& body) {
+  try {
+    read_experiment(load_yaml_string("experiment: {name: x, kind: dedloc}\ndedloc:\n  peers: 4\n"
+                                       + body,
+                                     "x.yaml"),
+                    builtin_registry(), {});
+    return {};
+  } catch (const config_error& e) {
+    return e.what();
+  }
+}
+
+bool has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+} // namespace
+
+TEST_CASE("configs/dedloc-fmnist.yaml and diloco-fmnist.yaml are 8 peers with 2 clients and "
+          "seeded churn") {
+  for (auto name : {"dedloc-fmnist", "diloco-fmnist"}) {
+    CAPTURE(name);
+    for (auto mode : {run_mode::sim, run_mode::local}) {
+      graph_load_options lo;
+      lo.mode = mode;
+      auto cfg = load_experiment_file(std::string(STARLING_SOURCE_DIR "/configs/") + name + ".yaml",
+                                      builtin_registry(), lo);
+      REQUIRE_MESSAGE(cfg.ok(), (cfg.ok() ? "" : cfg.error().what));
+      auto& g = cfg->graph;
+      REQUIRE(g.find("peers"));
+      CHECK(g.find("peers")->replicas == 8);
+      auto& o = std::any_cast<const dedloc_role_options&>(g.find("peers")->options);
+      CHECK(o.cycle == 8);
+      CHECK(o.clients == 2);
+      CHECK(o.target_batch >= 1024);
+      CHECK(o.speeds.front() == 1.0);
+      CHECK(o.speeds.back() == 0.25);
+      // About 20% of 8 peers per minute over 3 minutes: a handful of leaves, each replaced.
+      size_t joins = 0, leaves = 0;
+      for (auto& e : g.events)
+        (e.what == event_spec::kind::join ? joins : leaves)++;
+      CHECK(leaves >= 2);
+      CHECK(leaves <= 12);
+      CHECK(joins + 1 >= leaves);
+      auto p = make_plan(g, mode, 0, g.seed);
+      REQUIRE_MESSAGE(p.ok(), (p.ok() ? "" : p.error().what));
+    }
+  }
+}
+
+TEST_CASE("the churn schedule is a function of the seed") {
+  auto events = [](uint64_t seed) {
+    experiment_graph g;
+    g.duration = std::chrono::minutes(5);
+    role_spec r;
+    r.name = "peers";
+    g.roles.push_back(r);
+    add_churn(g, "peers", 8, 0.2, seed);
+    std::string out;
+    for (auto& e : g.events)
+      out += fmt::format("{}{}@{};", e.what == event_spec::kind::join ? "+" : "-", e.instance,
+                         e.at.count());
+    return out;
+  };
+  CHECK(events(1) == events(1));
+  CHECK(events(1) != events(2));
+  CHECK(!events(1).empty());
+}
+
+TEST_CASE("bad dedloc options are rejected with the key named") {
+  CHECK(section_error("  target_batch: 2048\n").empty());
+  CHECK(has(section_error("  algorithm: sgd\n"), "one of dedloc | diloco"));
+  CHECK(has(section_error("  speeds: [1, 0]\n"), "positive speed"));
+  CHECK(has(section_error("  target_batch: 8\n  microbatch: 32\n"), "below one microbatch"));
+  CHECK(has(section_error("  mode: auxiliary\n"), "auxiliary: N"));
+  CHECK(has(section_error("  compute_time: 0s\n"), "compute_time must be positive"));
+  CHECK(has(section_error("  bogus: 1\n"), "bogus: unknown key"));
+}
