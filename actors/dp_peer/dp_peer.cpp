@@ -26,6 +26,7 @@ namespace {
 using collab::seconds;
 using dp_tick_atom = caf::atom_constant<caf::atom("dp_tick")>;
 using dp_wake_atom = caf::atom_constant<caf::atom("dp_wake")>;
+using dp_reread_atom = caf::atom_constant<caf::atom("dp_reread")>;
 using dp_gather_atom = caf::atom_constant<caf::atom("dp_gather")>;
 using dp_start_atom = caf::atom_constant<caf::atom("dp_start")>;
 
@@ -121,7 +122,16 @@ struct early_contribution {
   caf::response_promise rp;
 };
 
+/// Progress reads that show no other peer and are asked again before one counts (about 2 s
+/// in all), and their spacing.
+constexpr int max_blind_reads = 8;
+constexpr auto blind_read_interval = std::chrono::milliseconds(250);
+
 struct peer_state {
+  /// Whether a progress read has shown another peer's record yet.
+  bool seen_others = false;
+  /// Reads asked again because they showed nobody else.
+  int blind_reads = 0;
   dp_peer_services svc;
   std::shared_ptr<backend> model;
   dp_peer_options opts;
@@ -272,9 +282,22 @@ void read_records(peer_actor* self) {
       if (!st.core)
         return;
       std::vector<collab::progress_entry> entries;
+      bool others = false;
       for (auto& rec : r.records)
-        if (rec.has_subkey)
+        if (rec.has_subkey) {
+          others = others || rec.subkey != st.id;
           entries.push_back({rec.subkey, rec.value, static_cast<double>(rec.expiration_ns) / 1e9});
+        }
+      if (!others && !st.seen_others && st.blind_reads < max_blind_reads) {
+        // Nobody else yet: the node's DHT may still bootstrap (it then answers with our own
+        // record only). Taken as a view, such a read shows a collaboration of one, and a
+        // newcomer would step alone at step 0 instead of downloading the state: ask again
+        // shortly. The first peer of a collaboration pays this once (max_blind_reads reads).
+        ++st.blind_reads;
+        self->delayed_send(self, blind_read_interval, dp_reread_atom::value);
+        return;
+      }
+      st.seen_others = st.seen_others || others;
       carry(self, st.core->progress_read(entries, now_s(self)));
     },
     [=](caf::error&) {
@@ -940,6 +963,10 @@ caf::behavior dp_peer_actor(peer_actor* self, dp_peer_services svc, std::shared_
           });
     },
     [=](dp_tick_atom) { on_tick(self); },
+    [=](dp_reread_atom) {
+      if (self->state.core && !self->state.left)
+        read_records(self);
+    },
     [=](dp_wake_atom) {
       auto& st = self->state;
       if (st.core && !st.left)

@@ -308,6 +308,41 @@ TEST_CASE("four peers average every step and match a single process within the c
       CHECK(max_diff(st.params.tensor, a.params.tensor) == 0);
 }
 
+TEST_CASE("a newcomer downloads the state mid-run and contributes to the next step") {
+  auto o = small_options();
+  auto out = std::make_shared<captured>();
+  auto b = collaboration("dp-newcomer", 13, 45s, 3, o, out);
+  b.join("peers", 15s);
+  run_sim(b);
+  auto downloads = out->of("dp_download", "peers.3");
+  REQUIRE(!downloads.empty());
+  CHECK(downloads.front().value("ok") == 1);
+  auto loaded = static_cast<uint64_t>(downloads.front().value("step"));
+  CHECK(loaded >= 1);
+  auto mine = out->steps("peers.3");
+  REQUIRE(!mine.empty());
+  CHECK(mine.front().step == loaded); // the next step after the state it loaded
+  // It takes that step with the others even when it had no time for samples of its own yet.
+  CHECK(mine.front().averaged);
+  CHECK(mine.front().contributors >= 2);
+  // Its first step with samples of its own is averaged, and the others saw them.
+  auto first = std::find_if(mine.begin(), mine.end(),
+                            [](const step_record& r) { return r.samples > 0; });
+  REQUIRE(first != mine.end());
+  CHECK(first->averaged);
+  CHECK(first->contributors >= 2);
+  bool counted = false;
+  for (auto& r : out->steps("peers.0"))
+    if (r.step == first->step)
+      counted = r.contributors == 4;
+  CHECK(counted);
+  REQUIRE(out->states.count("peers.3") == 1);
+  REQUIRE(out->states.count("peers.0") == 1);
+  if (out->states["peers.3"].steps == out->states["peers.0"].steps)
+    CHECK(max_diff(out->states["peers.3"].params.tensor, out->states["peers.0"].params.tensor)
+          == 0);
+}
+
 TEST_CASE("a peer killed mid-round does not block the others past the deadline and no sample is "
           "counted twice") {
   auto o = small_options();
