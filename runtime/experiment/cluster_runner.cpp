@@ -6,6 +6,7 @@
 // `starling node` parent's business: it kills and restarts this process). Node 0 runs the
 // reporters (the others forward their metrics to it) and, once they say the work is done,
 // tells the other nodes through the DHT (`<experiment>/done`).
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <set>
@@ -606,10 +607,24 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
       fin.timed_out = !done && !stopped;
       fin.stopped = stopped;
       rc = hub->finish(fin);
-      auto put = actors::dht::make_put(done_key(g), {'1'},
-                                       actors::dht::dht_now_ns(self.ptr()) + 600'000'000'000);
-      self->request(h.dht(), std::chrono::seconds(5), std::move(put))
-        .receive([](const messages::dht_put_result&) {}, [](caf::error&) {});
+      // Until another node holds it: stored on this node alone (a lookup that found nobody
+      // under load), the mark would leave with this process and the others would run on until
+      // the duration (seen once in the 4-process swarm-tiny test).
+      auto want = std::min<uint32_t>(2, static_cast<uint32_t>(s.count));
+      for (int attempt = 0; attempt < 5; ++attempt) {
+        auto put = actors::dht::make_put(done_key(g), {'1'},
+                                         actors::dht::dht_now_ns(self.ptr()) + 600'000'000'000);
+        uint32_t accepted = 0;
+        self->request(h.dht(), std::chrono::seconds(5), std::move(put))
+          .receive(
+            [&](const messages::dht_put_result& r) {
+              accepted = r.wire_error.empty() ? r.accepted : 0;
+            },
+            [](caf::error&) {});
+        if (accepted >= want)
+          break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      }
     } else {
       fmt::print("node{} stopping ({}) after {:.1f} s\n", s.index,
                  stopped  ? "signal"
