@@ -8,26 +8,19 @@
 
 #include "actors/auth/authority.hpp"
 #include "actors/auth/certificates.hpp"
+#include "tests/support/node_fixtures.hpp"
 
 using namespace starling::actors::auth;
 
 namespace {
 
+/// Scratch folders of these tests.
+struct temp_dir : starling::testing::temp_dir {
+  temp_dir() : starling::testing::temp_dir("starling-auth") {}
+};
+
 constexpr int64_t sec = 1'000'000'000;
 constexpr int64_t t0 = int64_t{1'800'000'000} * sec;
-
-struct temp_dir {
-  std::string path;
-  temp_dir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "starling-auth-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
 
 } // namespace
 

@@ -11,25 +11,18 @@
 #include "actors/auth/identity.hpp"
 #include "actors/dht/node_id.hpp"
 #include "actors/dht/signing.hpp"
+#include "tests/support/node_fixtures.hpp"
 
 using namespace starling::actors::auth;
 
 namespace {
 
-/// A fresh, empty folder under /tmp, removed when the test ends.
-struct temp_dir {
-  std::string path;
-  temp_dir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "starling-auth-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
+/// Scratch folders of these tests.
+struct temp_dir : starling::testing::temp_dir {
+  temp_dir() : starling::testing::temp_dir("starling-auth") {}
 };
 
+/// A fresh, empty folder under /tmp, removed when the test ends.
 void write_file(const std::string& path, const std::string& text, mode_t mode) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
   REQUIRE(::chmod(path.c_str(), mode) == 0);

@@ -11,27 +11,13 @@
 #include "messages/dht.hpp"
 #include "messages/wire_context.hpp"
 #include "runtime/node/node.hpp"
+#include "tests/support/node_fixtures.hpp"
 
 using namespace starling;
 using namespace starling::runtime;
 using namespace std::chrono_literals;
 
 namespace {
-
-caf_options fast_caf() {
-  caf_options o;
-  o.heartbeat_interval = 100ms;
-  o.connection_timeout = 1s;
-  return o;
-}
-
-std::unique_ptr<node> start(const std::string& name, const std::string& experiment) {
-  node_options no;
-  no.experiment = experiment;
-  auto n = node::start(fast_caf(), no, name);
-  REQUIRE(n.ok());
-  return std::move(*n);
-}
 
 /// Puts `key` = "v" through the DHT at `address` from `from`: the result, or the error's text.
 std::pair<messages::dht_put_result, std::string> put(node& from, const std::string& address,
@@ -53,9 +39,9 @@ std::pair<messages::dht_put_result, std::string> put(node& from, const std::stri
 } // namespace
 
 TEST_CASE("a dht put of another experiment is answered with the reason and stores nothing") {
-  auto a = start("a", "dht-run");
-  auto same = start("b", "dht-run");
-  auto other = start("c", "elsewhere");
+  auto a = testing::start_node("a", "dht-run");
+  auto same = testing::start_node("b", "dht-run");
+  auto other = testing::start_node("c", "elsewhere");
   actors::dht::dht_options opts;
   opts.address = a->endpoint() + "/dht";
   opts.id = actors::dht::identity::generate();

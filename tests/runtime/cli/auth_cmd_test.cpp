@@ -10,22 +10,15 @@
 
 #include "runtime/cli/auth_cmd.hpp"
 #include "support/subprocess.hpp"
+#include "tests/support/node_fixtures.hpp"
 
 using starling::testing::subprocess;
 
 namespace {
 
-struct temp_dir {
-  std::string path;
-  temp_dir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "starling-cli-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
+/// Scratch folders of these tests.
+struct temp_dir : starling::testing::temp_dir {
+  temp_dir() : starling::testing::temp_dir("starling-cli") {}
 };
 
 /// Runs `starling ARGS...`; returns (exit code, output).

@@ -15,19 +15,13 @@
 #include "messages/wire_context.hpp"
 #include "runtime/experiment/node_runtime.hpp"
 #include "runtime/node/node.hpp"
+#include "tests/support/node_fixtures.hpp"
 
 using namespace starling;
 using namespace starling::runtime;
 using namespace std::chrono_literals;
 
 namespace {
-
-caf_options fast_caf() {
-  caf_options o;
-  o.heartbeat_interval = 100ms;
-  o.connection_timeout = 1s;
-  return o;
-}
 
 /// What the metrics sink needs of a host: its node's system, name and clock. Nothing else is
 /// called by `spawn_metric_sink` when it delivers locally.
@@ -85,20 +79,12 @@ struct delivered {
   }
 };
 
-std::unique_ptr<node> start(const std::string& name, const std::string& experiment) {
-  node_options no;
-  no.experiment = experiment;
-  auto n = node::start(fast_caf(), no, name);
-  REQUIRE(n.ok());
-  return std::move(*n);
-}
-
 } // namespace
 
 TEST_CASE("a metric whose envelope was refused becomes the receiving node's note with the reason") {
-  auto a = start("a", "run-1");
-  auto same = start("b", "run-1");
-  auto other = start("c", "run-2");
+  auto a = testing::start_node("a", "run-1");
+  auto same = testing::start_node("b", "run-1");
+  auto other = testing::start_node("c", "run-2");
   sink_host h{*a, "node0"};
   delivered got;
   h.sink = spawn_metric_sink(

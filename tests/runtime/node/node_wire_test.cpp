@@ -17,6 +17,7 @@
 #include "messages/wire_context.hpp"
 #include "runtime/cli/cli.hpp"
 #include "runtime/node/node.hpp"
+#include "tests/support/node_fixtures.hpp"
 
 using namespace starling;
 using namespace starling::runtime;
@@ -26,20 +27,12 @@ using starling::messages::wire_reason;
 
 namespace {
 
-caf_options fast_caf() {
-  caf_options o;
-  o.heartbeat_interval = 100ms;
-  o.connection_timeout = 1s;
-  return o;
-}
+using testing::fast_caf;
 
-std::unique_ptr<node> start(const std::string& name, const std::string& experiment) {
-  node_options no;
-  no.experiment = experiment;
-  auto n = node::start(fast_caf(), no, name);
-  REQUIRE(n.ok());
-  return std::move(*n);
-}
+/// Scratch folders of these tests.
+struct temp_dir : starling::testing::temp_dir {
+  temp_dir() : starling::testing::temp_dir("starling-wire") {}
+};
 
 /// Resolves `address` from `from` (fails the test when it cannot).
 caf::actor resolve(node& from, const std::string& address) {
@@ -51,25 +44,12 @@ caf::actor resolve(node& from, const std::string& address) {
   return out;
 }
 
-struct temp_dir {
-  std::string path;
-  temp_dir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "starling-wire-XXXXXX").string();
-    REQUIRE(::mkdtemp(tmpl.data()) != nullptr);
-    path = tmpl;
-  }
-  ~temp_dir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
-
 } // namespace
 
 TEST_CASE("a ping from another experiment is answered with the refusal's reason and counted") {
-  auto a = start("a", "exp-a");
-  auto b = start("b", "exp-b");
-  auto c = start("c", "exp-a");
+  auto a = testing::start_node("a", "exp-a");
+  auto b = testing::start_node("b", "exp-b");
+  auto c = testing::start_node("c", "exp-a");
   a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
   auto address = fmt::format("127.0.0.1:{}/ping", a->port());
   {
@@ -153,7 +133,7 @@ TEST_CASE("a node whose key file is open to others does not start, and says how 
 }
 
 TEST_CASE("an envelope without a sender peer id is refused by a node with the reason") {
-  auto a = start("a", "");
+  auto a = testing::start_node("a", "");
   a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
   // A bare actor system: no wire context, so its envelopes name no sender and no experiment.
   caf::actor_system_config cfg;

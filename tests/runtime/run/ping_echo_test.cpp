@@ -11,6 +11,7 @@
 #include "messages/wire_context.hpp"
 #include "runtime/node/node.hpp"
 #include "runtime/run/kinds.hpp"
+#include "tests/support/node_fixtures.hpp"
 
 using namespace starling;
 using namespace starling::runtime;
@@ -18,21 +19,6 @@ using namespace std::chrono_literals;
 using starling::messages::blob_msg;
 
 namespace {
-
-caf_options fast_caf() {
-  caf_options o;
-  o.heartbeat_interval = 100ms;
-  o.connection_timeout = 1s;
-  return o;
-}
-
-std::unique_ptr<node> start(const std::string& name, const std::string& experiment) {
-  node_options no;
-  no.experiment = experiment;
-  auto n = node::start(fast_caf(), no, name);
-  REQUIRE(n.ok());
-  return std::move(*n);
-}
 
 /// Pings the echo at `address` from `from`: the pong's bytes, or the error's rendering.
 std::pair<std::vector<char>, std::string> ping(node& from, const std::string& address) {
@@ -58,9 +44,9 @@ std::pair<std::vector<char>, std::string> ping(node& from, const std::string& ad
 
 TEST_CASE(
     "the ping echo answers a refused ping with the reason and a ping of its run with a pong") {
-  auto a = start("a", "pings");
-  auto same = start("b", "pings");
-  auto other = start("c", "other");
+  auto a = testing::start_node("a", "pings");
+  auto same = testing::start_node("b", "pings");
+  auto other = testing::start_node("c", "other");
   a->register_actor("echo", a->system().spawn(ping_echo));
   auto address = fmt::format("127.0.0.1:{}/echo", a->port());
   auto [bytes, why] = ping(*same, address);
