@@ -76,6 +76,10 @@ struct stage_report {
   uint64_t max_steps = 0;
   uint64_t rounds = 0, averaged = 0, no_partner = 0, failed = 0, caught_up = 0;
   uint64_t downloads = 0, donors = 0;
+  /// The peer whose parameters stand for the stage in the final model, and every live peer's
+  /// optimizer steps and distance to it, for the summary.
+  std::string chosen;
+  std::string steps_of_peers;
 };
 
 class swarm_reporter : public reporter {
@@ -177,11 +181,17 @@ public:
       auto& r = reports[k];
       caf::actor most_trained;
       uint64_t most_steps = 0;
-      for (auto& peer : std::get<1>(*listed)) {
+      auto& names = std::get<0>(*listed);
+      auto& peers = std::get<1>(*listed);
+      for (size_t j = 0; j < peers.size(); ++j) {
+        auto& peer = peers[j];
         auto st = ask<std::vector<uint64_t>>(ctx, peer, std::chrono::seconds(5), status_atom::value);
         if (!st || std::get<0>(*st).size() < 10)
           continue;
         auto& v = std::get<0>(*st);
+        auto name = j < names.size() ? names[j] : fmt::format("#{}", j);
+        r.steps_of_peers += fmt::format("{}{} at step {}", r.steps_of_peers.empty() ? "live: " : ", ",
+                                        name, v[0]);
         r.peers++;
         r.max_steps = std::max(r.max_steps, v[0]);
         r.rounds += v[2];
@@ -194,6 +204,7 @@ public:
         if (!most_trained || v[0] > most_steps) {
           most_trained = peer;
           most_steps = v[0];
+          r.chosen = name;
         }
       }
       if (most_trained) {
@@ -201,6 +212,21 @@ public:
                                                 get_atom::value, state_atom::value);
         if (state)
           finals[k] = std::get<0>(*state).params.tensor;
+      }
+      // How far the stage's replicas drifted apart: each live peer's distance to the chosen one.
+      if (finals[k].defined()) {
+        auto norm = finals[k].norm().item<double>();
+        std::string spread;
+        for (size_t j = 0; j < peers.size(); ++j) {
+          auto other = ask<messages::stage_state>(ctx, peers[j], std::chrono::seconds(10),
+                                                  get_atom::value, state_atom::value);
+          if (!other || !std::get<0>(*other).params.tensor.defined()
+              || std::get<0>(*other).params.tensor.numel() != finals[k].numel())
+            continue;
+          auto d = (std::get<0>(*other).params.tensor - finals[k]).norm().item<double>();
+          spread += fmt::format("{}{:.2g}", spread.empty() ? "" : " ", d / std::max(norm, 1e-12));
+        }
+        r.steps_of_peers += "; replicas' relative distance to it: " + spread;
       }
     }
     double loss1 = -1;
@@ -258,6 +284,10 @@ public:
                sum.downloads,
                sum.downloads > 0 ? static_cast<double>(sum.donors) / static_cast<double>(sum.downloads)
                                  : 0.0);
+    for (size_t k = 0; k < reports.size(); ++k)
+      fmt::print("  {:<34} stage {}: {} ({})\n", k == 0 ? "final model taken from" : "", k,
+                 reports[k].chosen.empty() ? "no live peer" : reports[k].chosen,
+                 reports[k].steps_of_peers);
     if (loss1 >= 0)
       fmt::print("  {:<34} {:.4f} -> {:.4f}\n", "held-out loss (before -> after)", loss0_, loss1);
     else
