@@ -354,7 +354,9 @@ public:
     auto& sys = nd_.system();
     actors::dht::dht_options d;
     d.address = endpoint() + "/dht";
-    d.id = actors::dht::identity::generate();
+    // The node's own key: its DHT id is its peer id, and its records are signed by the key its
+    // envelopes name.
+    d.id = actors::dht::identity{nd_.key().public_key(), nd_.key().secret_key()};
     for (auto& j : join)
       d.bootstrap.push_back(j + "/dht");
     dht_ = actors::dht::spawn_dht(sys, nd_.resolver(), d);

@@ -156,6 +156,7 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
     n->key_created_ = loaded->created;
   }
   n->peer_id_ = key.peer_id();
+  n->key_ = std::make_unique<actors::auth::key_pair>(std::move(key));
   messages::wire_options wo;
   wo.experiment = opts.experiment;
   wo.peer_id = n->peer_id_;

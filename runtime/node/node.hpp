@@ -10,6 +10,7 @@
 #include <caf/fwd.hpp>
 #include <caf/actor.hpp>
 
+#include "actors/auth/identity.hpp"
 #include "actors/transfer/data_channel.hpp"
 #include "kernels/result.hpp"
 #include "runtime/config/config.hpp"
@@ -63,6 +64,9 @@ public:
   const std::string& name() const { return name_; }
   /// The node's peer id (20 bytes: BLAKE2b-160 of its identity's public key).
   const std::string& peer_id() const { return peer_id_; }
+  /// The node's identity: names it in envelopes (`peer_id()`), signs its DHT records and gives
+  /// its DHT id (the same 160 bits as the peer id).
+  const actors::auth::key_pair& key() const { return *key_; }
   /// True when this start created the key file (`node_options::key_file`).
   bool key_created() const { return key_created_; }
   /// The node's wire context: its stamps and the refusals of arriving envelopes by reason.
@@ -100,6 +104,7 @@ private:
 
   std::string name_;
   std::string peer_id_;
+  std::unique_ptr<actors::auth::key_pair> key_;
   bool key_created_ = false;
   std::shared_ptr<messages::wire_context> wire_;
   std::string host_;

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <filesystem>
+#include <regex>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,12 +13,14 @@
 #include <fmt/format.h>
 
 #include "actors/auth/identity.hpp"
+#include "actors/dht/node_id.hpp"
 #include "messages/atoms.hpp"
 #include "messages/types.hpp"
 #include "messages/wire_context.hpp"
 #include "runtime/cli/cli.hpp"
 #include "runtime/node/node.hpp"
 #include "tests/support/node_fixtures.hpp"
+#include "tests/support/subprocess.hpp"
 
 using namespace starling;
 using namespace starling::runtime;
@@ -154,4 +157,30 @@ TEST_CASE("an envelope without a sender peer id is refused by a node with the re
   CHECK(why.find("ping refused") != std::string::npos);
   CHECK(why.find("no sender peer id") != std::string::npos);
   CHECK(a->wire()->refused(wire_reason::sender) == 1);
+}
+
+TEST_CASE("a cluster node's DHT speaks with the node's key: its DHT id is the node's peer id") {
+  temp_dir dir;
+  starling::testing::subprocess p{{STARLING_BINARY, "node", "--config",
+                                   STARLING_SOURCE_DIR "/configs/ping-sim.yaml", "--index", "0",
+                                   "--nodes", "8", "--listen", "127.0.0.1:0", "--out",
+                                   dir.path + "/n0"}};
+  auto line = p.wait_for("listening on", 30s);
+  REQUIRE(line);
+  std::smatch m;
+  REQUIRE(std::regex_search(*line, m, std::regex{R"(listening on (\S+) \(peer id ([0-9a-f]{40})\))"}));
+  auto n = testing::start_node("probe", "ping-sim");
+  auto dht = resolve(*n, m[1].str() + "/dht");
+  std::string key;
+  {
+    caf::scoped_actor self{n->system()};
+    self->request(dht, 5s, dht_key_atom::value)
+        .receive([&](const std::string& k) { key = k; },
+                 [&](caf::error& e) { FAIL("no DHT key: " << n->system().render(e)); });
+  }
+  REQUIRE(key.size() == actors::auth::public_key_bytes);
+  // The key that signs the node's DHT records is the one its envelopes and key file name.
+  CHECK(actors::auth::to_hex(actors::auth::peer_id_of(key)) == m[2].str());
+  CHECK(actors::auth::to_hex(actors::dht::node_id::of_key(key).to_bytes()) == m[2].str());
+  n->shutdown();
 }
