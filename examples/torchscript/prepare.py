@@ -6,11 +6,12 @@ model scripted as one file (for the data-parallel peer), and byte-level token fi
         --seq-len 64 --stages 2 --seed 0]
 
 writes OUT/stage0.pt .. OUT/stage<S-1>.pt, OUT/whole.pt, OUT/train.bin and OUT/val.bin (uint16
-tokens: the bytes of a text). The text is the King James Bible when `bible` (Debian package
+tokens: the bytes of a text) and OUT/model.json (the architecture, for check.py). The text is the King James Bible when `bible` (Debian package
 bible-kjv) is installed, otherwise a generated one.
 """
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -62,6 +63,9 @@ def main() -> None:
     whole = model.make_stages(vocab, a.width, a.heads, a.seq_len, a.layers, [[0, a.layers]],
                               a.seed)[0]
     torch.jit.script(whole).save(os.path.join(a.out, "whole.pt"))
+    with open(os.path.join(a.out, "model.json"), "w") as f:
+        json.dump({"vocab": vocab, "width": a.width, "heads": a.heads, "seq_len": a.seq_len,
+                   "layers": a.layers, "ranges": ranges}, f)
     data = np.frombuffer(text_bytes(a.train_bytes + a.val_bytes, a.seed), dtype=np.uint8)
     data[:a.train_bytes].astype(np.uint16).tofile(os.path.join(a.out, "train.bin"))
     data[a.train_bytes:].astype(np.uint16).tofile(os.path.join(a.out, "val.bin"))
