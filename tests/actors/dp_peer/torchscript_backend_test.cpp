@@ -3,32 +3,22 @@
 // download and held-out evaluation go through the same flat vectors as for the built-in MLP.
 #include <doctest/doctest.h>
 
-#include <filesystem>
-
-#include <unistd.h>
-
 #include "actors/dp_peer/backend.hpp"
 #include "kernels/data/token_source.hpp"
 #include "kernels/flat.hpp"
 #include "kernels/models/torchscript.hpp"
-#include "support/subprocess.hpp"
+#include "support/python_fixtures.hpp"
 
 namespace dp = starling::actors::dp_peer;
 namespace kernels = starling::kernels;
-using namespace std::chrono_literals;
 
 TEST_CASE("a data-parallel peer trains a TorchScript model on a token file and hands its state on") {
-  char tmpl[] = "/tmp/starling-tsdp-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  std::string dir = tmpl;
-  REQUIRE_MESSAGE(std::filesystem::exists("/usr/bin/python3"),
-                  "/usr/bin/python3 is missing: install python3-torch (scripts/install-deps)");
-  starling::testing::subprocess py{
-    {"/usr/bin/python3", STARLING_SOURCE_DIR "/examples/torchscript/prepare.py", dir, "--layers",
-     "2", "--width", "16", "--heads", "2", "--seq-len", "16", "--train-bytes", "20000",
-     "--val-bytes", "4000"}};
-  REQUIRE_MESSAGE(py.wait_exit(120s) == 0, py.output());
-
+  auto dir = starling::testing::python_fixtures(
+    STARLING_SOURCE_DIR "/examples/torchscript/prepare.py",
+    {"--layers", "2", "--width", "16", "--heads", "2", "--seq-len", "16", "--train-bytes", "20000",
+     "--val-bytes", "4000"},
+    {STARLING_SOURCE_DIR "/examples/torchscript/prepare.py",
+     STARLING_SOURCE_DIR "/examples/torchscript/model.py"});
   kernels::torchscript_config ts;
   ts.files = {dir + "/whole.pt"};
   ts.vocab = 256;
@@ -99,5 +89,4 @@ TEST_CASE("a data-parallel peer trains a TorchScript model on a token file and h
   REQUIRE(v.ok());
   REQUIRE(b->load_state_vector(*v));
   CHECK(kernels::flatten_parameters(b->parameters()).equal(kernels::flatten_parameters(a->parameters())));
-  std::filesystem::remove_all(dir);
 }

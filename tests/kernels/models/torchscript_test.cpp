@@ -14,6 +14,8 @@
 
 #include <unistd.h>
 
+#include "support/python_fixtures.hpp"
+
 using namespace starling::kernels;
 namespace fs = std::filesystem;
 
@@ -25,19 +27,32 @@ T must(starling::result<T> r) {
   return std::move(r).value();
 }
 
-/// The fixture directory, written once per process; fails (never skips) without Python.
+/// A directory removed with the process's statics.
+struct owned_dir {
+  std::string path;
+  ~owned_dir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+/// The fixtures of tests/support/ts_fixtures.py, written once per build.
 const std::string& fixtures() {
-  static const std::string dir = [] {
+  static const std::string dir = starling::testing::python_fixtures(
+    STARLING_SOURCE_DIR "/tests/support/ts_fixtures.py", {},
+    {STARLING_SOURCE_DIR "/tests/support/ts_fixtures.py",
+     STARLING_SOURCE_DIR "/examples/torchscript/model.py"});
+  return dir;
+}
+
+/// This process's own scratch folder (the fixtures are shared: never written).
+const std::string& scratch() {
+  static const owned_dir dir{[] {
     char tmpl[] = "/tmp/starling-ts-XXXXXX";
     REQUIRE(::mkdtemp(tmpl) != nullptr);
-    std::string d = tmpl;
-    REQUIRE_MESSAGE(fs::exists("/usr/bin/python3"),
-                    "/usr/bin/python3 is missing: install python3-torch (scripts/install-deps)");
-    auto cmd = "/usr/bin/python3 " STARLING_SOURCE_DIR "/tests/support/ts_fixtures.py " + d;
-    REQUIRE_MESSAGE(std::system(cmd.c_str()) == 0, "the fixture script failed: " << cmd);
-    return d;
-  }();
-  return dir;
+    return std::string{tmpl};
+  }()};
+  return dir.path;
 }
 
 std::string fx(const std::string& name) {
@@ -191,14 +206,16 @@ TEST_CASE("loading a scripted model reports each mismatch naming the file") {
   auto missing = error_of(config({"gpt_s0.pt", "nowhere.pt"}));
   CHECK(missing.find("nowhere.pt: no such file") != std::string::npos);
 
-  auto bad = fx("corrupt.pt");
+  auto bad = scratch() + "/corrupt.pt";
   {
     std::ifstream in{fx("gpt_s1.pt"), std::ios::binary};
     std::string bytes{std::istreambuf_iterator<char>{in}, {}};
     std::ofstream out{bad, std::ios::binary};
     out << bytes.substr(0, bytes.size() / 2); // truncated: the zip directory is gone
   }
-  auto corrupt = error_of(config({"gpt_s0.pt", "corrupt.pt"}));
+  auto with_bad = config({"gpt_s0.pt", "gpt_s1.pt"});
+  with_bad.files[1] = bad;
+  auto corrupt = error_of(with_bad);
   CHECK(corrupt.find("corrupt.pt: not a loadable TorchScript file") != std::string::npos);
 
   auto boundary = error_of(config({"gpt_s0.pt", "wide.pt"}));
@@ -270,7 +287,7 @@ TEST_CASE("trained parameters of a scripted stage export as TorchScript and as a
   auto x = torch::randn({2, 8, 16}, seeded_generator(5));
   auto y = batch(2).second;
   auto trained = must(s1->forward(x, y)).item<double>();
-  auto dir = fixtures() + "/export";
+  auto dir = scratch() + "/export";
   auto files = must(export_stage(*s1, 1, dir));
   REQUIRE(files.torchscript == std::vector<std::string>{dir + "/gpt_s1.pt"});
   REQUIRE(files.state_dicts == std::vector<std::string>{dir + "/gpt_s1.state_dict.pt"});

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "kernels/data/token_file.hpp"
+#include "support/python_fixtures.hpp"
 #include "support/subprocess.hpp"
 
 using starling::testing::subprocess;
@@ -27,15 +28,13 @@ std::string temp_dir() {
   return tmpl;
 }
 
-/// The example's files for a small model, written by prepare.py; fails without Python.
-void prepare(const std::string& dir) {
-  REQUIRE_MESSAGE(fs::exists("/usr/bin/python3"),
-                  "/usr/bin/python3 is missing: install python3-torch (scripts/install-deps)");
-  subprocess p{{"/usr/bin/python3", example + "/prepare.py", dir, "--layers", "2", "--width", "32",
-                "--heads", "2", "--seq-len", "32", "--train-bytes", "60000", "--val-bytes",
-                "8000"}};
-  auto rc = p.wait_exit(120s);
-  REQUIRE_MESSAGE(rc == 0, p.output());
+/// The example's files for a small model, written by prepare.py once per build.
+std::string prepared() {
+  return starling::testing::python_fixtures(
+    example + "/prepare.py",
+    {"--layers", "2", "--width", "32", "--heads", "2", "--seq-len", "32", "--train-bytes", "60000",
+     "--val-bytes", "8000"},
+    {example + "/prepare.py", example + "/model.py"});
 }
 
 /// The example's swarm.yaml on the files of `dir`, shortened; `faults` appended.
@@ -72,15 +71,15 @@ std::vector<std::string> swarm_args(const std::string& dir, const std::string& y
 
 TEST_CASE("a TorchScript GPT trains with SWARM through a preemption and its exported weights "
           "give the same held-out loss in Python") {
-  auto dir = temp_dir();
-  prepare(dir);
-  auto yaml = dir + "/swarm.yaml";
+  auto dir = prepared();
+  auto out = temp_dir();
+  auto yaml = out + "/swarm.yaml";
   {
     std::ifstream in{example + "/swarm.yaml"};
     std::ofstream out{yaml};
     out << in.rdbuf() << "faults:\n  - {kill: peers, instance: 1, at: 3s, restart_after: 1s}\n";
   }
-  subprocess p{swarm_args(dir, yaml, {"--out", dir + "/run"})};
+  subprocess p{swarm_args(dir, yaml, {"--out", out + "/run"})};
   auto held_out = p.wait_for("held-out loss (before -> after)", 150s);
   REQUIRE_MESSAGE(held_out, p.output());
   std::smatch m;
@@ -90,16 +89,16 @@ TEST_CASE("a TorchScript GPT trains with SWARM through a preemption and its expo
   CHECK(p.output().find("preemptions                        1 (1 restarts") != std::string::npos);
   CHECK(p.wait_exit(60s) == 0);
   CHECK(p.output().find("export                             4 files") != std::string::npos);
-  subprocess check{{"/usr/bin/python3", example + "/check.py", dir + "/run/export", dir}};
+  subprocess check{{"/usr/bin/python3", example + "/check.py", out + "/run/export", dir}};
   CHECK(check.wait_exit(120s) == 0);
   INFO(check.output());
   CHECK(check.output().find("match") != std::string::npos);
-  fs::remove_all(dir);
+  fs::remove_all(out);
 }
 
 TEST_CASE("a bad TorchScript model or token file is one error line and a non-zero exit") {
-  auto dir = temp_dir();
-  prepare(dir);
+  auto dir = prepared();
+  auto out = temp_dir();
   auto yaml = example + "/swarm.yaml";
   auto error_line = [&](std::vector<std::string> extra) {
     subprocess p{swarm_args(dir, yaml, std::move(extra))};
@@ -116,10 +115,10 @@ TEST_CASE("a bad TorchScript model or token file is one error line and a non-zer
   CHECK(swapped.find(dir + "/stage1.pt: does not accept the model's input") != std::string::npos);
   auto unknown = error_line({"--set", "swarm.model.width=64"});
   CHECK(unknown.find("width") != std::string::npos);
-  REQUIRE(starling::kernels::write_token_file(dir + "/oov.bin", {1, 2, 300, 4},
+  REQUIRE(starling::kernels::write_token_file(out + "/oov.bin", {1, 2, 300, 4},
                                               starling::kernels::token_dtype::uint16));
-  auto oov = error_line({"--set", "swarm.data.path=" + dir + "/oov.bin"});
+  auto oov = error_line({"--set", "swarm.data.path=" + out + "/oov.bin"});
   CHECK(oov.find("oov.bin") != std::string::npos);
   CHECK(oov.find("300") != std::string::npos);
-  fs::remove_all(dir);
+  fs::remove_all(out);
 }
