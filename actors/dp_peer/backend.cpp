@@ -44,6 +44,9 @@ public:
   }
 
   std::string describe() const override {
+    if (opts_.spec)
+      return fmt::format("model '{}' ({} parameters) on {}", opts_.spec->name, numel(),
+                         train_->describe());
     return fmt::format("MLP {}-{}x{}-{} ({} parameters) on {}", opts_.model.inputs,
                        opts_.model.width, opts_.model.layers, opts_.model.classes, numel(),
                        train_->describe());
@@ -120,6 +123,7 @@ public:
     constexpr uint64_t chunk = 500;
     double loss = 0;
     uint64_t correct = 0;
+    int64_t targets = 0;
     for (uint64_t first = 0; first < n; first += chunk) {
       std::vector<uint64_t> ids;
       for (auto i = first; i < std::min(n, first + chunk); ++i)
@@ -130,14 +134,14 @@ public:
       auto logits = mlp_logits(*model_, b->inputs);
       if (!logits)
         return std::nullopt;
-      loss += kernels::mean_cross_entropy(*logits, b->targets).item<double>()
-              * static_cast<double>(ids.size());
-      correct += logits->argmax(1).eq(b->targets).sum().item<int64_t>();
+      loss += model_->loss(*logits, b->targets).item<double>() * static_cast<double>(ids.size());
+      correct += logits->argmax(-1).eq(b->targets).sum().item<int64_t>();
+      targets += b->targets.numel();
     }
     model_->train();
     e.samples = n;
     e.loss = loss / static_cast<double>(n);
-    e.accuracy = static_cast<double>(correct) / static_cast<double>(n);
+    e.accuracy = static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(1, targets));
     return e;
   }
 
@@ -253,17 +257,8 @@ result<std::vector<uint64_t>> microbatch_ids(uint64_t samples, const stream_opti
 }
 
 result<torch::Tensor> mlp_logits(kernels::stage_module& model, const torch::Tensor& input) {
-  // The stage registers its layers in model order (input, blocks, head); the last one is the
-  // head, whose output `compute` would turn into the loss.
   try {
-    auto x = input;
-    for (auto& child : model.children()) {
-      auto layer = std::dynamic_pointer_cast<kernels::stage_layer>(child);
-      if (!layer)
-        return fail("the model holds a layer that is not a stage layer");
-      x = layer->forward(x);
-    }
-    return x;
+    return model.predict(input);
   } catch (const std::exception& e) {
     return fail(fmt::format("cannot compute logits: {}", e.what()));
   }
@@ -276,7 +271,16 @@ result<std::unique_ptr<backend>> make_torch_backend(
     return fail("the torch backend needs a training data source");
   if (opts.stream.microbatch == 0)
     return fail("microbatch must be at least 1 sample");
-  auto model = kernels::make_mlp(opts.model);
+  result<std::shared_ptr<kernels::stage_module>> model = fail("unset");
+  if (opts.spec) {
+    auto models = kernels::model_registry::builtins();
+    auto depth = models->depth(*opts.spec);
+    if (!depth)
+      return depth.error();
+    model = models->make_stage(*opts.spec, 0, *depth);
+  } else {
+    model = kernels::make_mlp(opts.model);
+  }
   if (!model)
     return model.error();
   auto acc = collab::grad_accumulator::make((*model)->ordered_parameters(), opts.optimizer);

@@ -18,6 +18,7 @@
 #include "kernels/data/data_source.hpp"
 #include "kernels/data/loader.hpp"
 #include "kernels/models/mlp.hpp"
+#include "kernels/models/registry.hpp"
 #include "kernels/optim/optimizer.hpp"
 #include "kernels/result.hpp"
 #include "messages/swarm.hpp"
@@ -34,9 +35,9 @@ struct microbatch_result {
 
 /// Held-out quality of the current parameters.
 struct evaluation {
-  /// Mean cross-entropy.
+  /// Mean loss (cross-entropy, unless the model has another loss).
   double loss = 0;
-  /// Fraction of correct top-1 predictions.
+  /// Fraction of correct top-1 predictions (per target: per sample, or per token).
   double accuracy = 0;
   /// Samples evaluated.
   uint64_t samples = 0;
@@ -113,6 +114,9 @@ result<std::vector<uint64_t>> microbatch_ids(uint64_t samples, const stream_opti
 struct torch_backend_options {
   /// The model (an MLP classifier; `seed` is the collaboration's: every peer starts equal).
   kernels::mlp_config model;
+  /// A registered model trained whole instead of the MLP (e.g. a TorchScript model, whose files
+  /// give every peer the same initial parameters); empty: the MLP.
+  std::optional<kernels::model_spec> spec;
   /// The optimizer the collaboration steps (its `max_grad_norm` clips each step).
   kernels::optimizer_options optimizer;
   /// Where microbatches come from.
@@ -137,7 +141,8 @@ struct modeled_backend_options {
 /// Makes a cost-model backend: no model; gradients are zeros; state is zeros of the right size.
 result<std::unique_ptr<backend>> make_modeled_backend(const modeled_backend_options& opts);
 
-/// The logits of an MLP made by `kernels::make_mlp` for `input` (its layers in order).
+/// The logits of a whole model (a stage holding every layer, e.g. from `kernels::make_mlp`) for
+/// `input`.
 result<torch::Tensor> mlp_logits(kernels::stage_module& model, const torch::Tensor& input);
 
 } // namespace starling::actors::dp_peer

@@ -1,5 +1,7 @@
 #include "kernels/models/registry.hpp"
 
+#include "kernels/models/torchscript.hpp"
+
 #include <fmt/format.h>
 
 namespace starling::kernels {
@@ -87,6 +89,7 @@ std::shared_ptr<const model_registry> model_registry::builtins() {
     auto r = std::make_shared<model_registry>();
     (void)r->add("gpt", gpt_entry());
     (void)r->add("mlp", mlp_entry());
+    (void)r->add("torchscript", torchscript_entry());
     return r;
   }();
   return instance;

@@ -1,6 +1,7 @@
 // Models by name: a stage builds "model `name` with these options" instead of a hard-coded
-// config. The built-ins are the byte-level GPT ("gpt", options `gpt_config`) and the MLP ("mlp",
-// options `mlp_config`); a program adds its own models to a registry of its own. Pure: no YAML
+// config. The built-ins are the byte-level GPT ("gpt", options `gpt_config`), the MLP ("mlp",
+// options `mlp_config`) and scripted PyTorch models ("torchscript", options `torchscript_config`
+// in torchscript.hpp); a program adds its own models to a registry of its own. Pure: no YAML
 // (the config reader turns a map into the options), no CAF.
 #pragma once
 
@@ -108,7 +109,7 @@ public:
   /// An empty registry.
   model_registry() = default;
 
-  /// The registry of the built-in models ("gpt", "mlp"), built once and never modified.
+  /// The registry of the built-in models ("gpt", "mlp", "torchscript"), built once and never modified.
   static std::shared_ptr<const model_registry> builtins();
 
   /// Adds a model; fails when the name is empty, taken, or the entry lacks a function.

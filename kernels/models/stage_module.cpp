@@ -36,6 +36,8 @@ status stage_module::check(const torch::Tensor& input, const torch::Tensor& targ
     return {};
   if (!targets.defined())
     return fail("the last stage needs targets");
+  if (loss_.check)
+    return loss_.check(input, targets);
   if (targets.scalar_type() != torch::kLong)
     return fail(fmt::format("targets must be int64, got {}", c10::toString(targets.scalar_type())));
   // Targets cover every position of the input but its feature dimension, when it has one.
@@ -77,8 +79,7 @@ torch::Tensor stage_layer::dropout(const torch::Tensor& x, double p) {
   return x * keep.to(x.options()) / (1.0 - p);
 }
 
-torch::Tensor stage_module::compute(const torch::Tensor& input, const torch::Tensor& targets,
-                                    uint64_t dropout_seed) {
+torch::Tensor stage_module::body(const torch::Tensor& input, uint64_t dropout_seed) {
   torch::Tensor x = input;
   if (input_) {
     input_->reseed_dropout(layer_seed(dropout_seed, input_tag));
@@ -88,10 +89,30 @@ torch::Tensor stage_module::compute(const torch::Tensor& input, const torch::Ten
     blocks_[i]->reseed_dropout(layer_seed(dropout_seed, static_cast<uint64_t>(begin_) + i));
     x = blocks_[i]->forward(x);
   }
-  if (!head_)
-    return x;
+  return x;
+}
+
+torch::Tensor stage_module::predict(const torch::Tensor& input, uint64_t dropout_seed) {
+  TORCH_CHECK(is_last(), "predict needs the stage holding the head");
+  auto x = body(input, dropout_seed);
   head_->reseed_dropout(layer_seed(dropout_seed, head_tag));
-  return mean_cross_entropy(head_->forward(x), targets);
+  return head_->forward(x);
+}
+
+torch::Tensor stage_module::loss(const torch::Tensor& output, const torch::Tensor& targets) const {
+  return loss_.compute ? loss_.compute(output, targets) : mean_cross_entropy(output, targets);
+}
+
+void stage_module::set_loss(stage_loss l) {
+  TORCH_CHECK(l.compute && l.check, "a stage loss needs both its function and its target check");
+  loss_ = std::move(l);
+}
+
+torch::Tensor stage_module::compute(const torch::Tensor& input, const torch::Tensor& targets,
+                                    uint64_t dropout_seed) {
+  if (head_)
+    return loss(predict(input, dropout_seed), targets);
+  return body(input, dropout_seed);
 }
 
 result<torch::Tensor> stage_module::forward(const torch::Tensor& input,

@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -26,7 +27,7 @@ public:
 
   /// Restarts the layer's dropout stream from `seed`: the same seed gives the same masks, which is
   /// what makes a recomputed forward equal the original one.
-  void reseed_dropout(uint64_t seed);
+  virtual void reseed_dropout(uint64_t seed);
 
 protected:
   /// Inverted dropout with masks from the layer's own generator; identity when not training or
@@ -44,6 +45,15 @@ struct stage_gradients {
   torch::Tensor grad_input;
   /// The recomputed output (the loss, for the last stage), detached.
   torch::Tensor output;
+};
+
+/// How the last stage turns its head's output into the loss. Unset, a stage uses the mean
+/// cross-entropy against int64 targets covering its input's positions.
+struct stage_loss {
+  /// The scalar loss of the head's output against the targets.
+  std::function<torch::Tensor(const torch::Tensor& output, const torch::Tensor& targets)> compute;
+  /// Checks untrusted targets against the stage's input before anything is computed.
+  std::function<status(const torch::Tensor& input, const torch::Tensor& targets)> check;
 };
 
 /// Blocks [begin, end) of a layered model, plus its input layer when `begin == 0` and its head and
@@ -92,10 +102,21 @@ public:
   torch::Tensor compute(const torch::Tensor& input, const torch::Tensor& targets = {},
                         uint64_t dropout_seed = 0);
 
+  /// The head's output (logits) without the loss, autograd as the caller's grad mode says; for
+  /// evaluation of a whole model (a stage holding every layer).
+  torch::Tensor predict(const torch::Tensor& input, uint64_t dropout_seed = 0);
+
+  /// The loss of the head's output `output` against `targets` (the stage's loss function).
+  torch::Tensor loss(const torch::Tensor& output, const torch::Tensor& targets) const;
+
+  /// Replaces the default cross-entropy; both functions of `l` must be set.
+  void set_loss(stage_loss l);
+
   /// All parameters in a stable order (input, blocks in order, head): the order of flat vectors.
   std::vector<torch::Tensor> ordered_parameters() const { return parameters(true); }
 
 private:
+  torch::Tensor body(const torch::Tensor& input, uint64_t dropout_seed);
   status check(const torch::Tensor& input, const torch::Tensor& targets) const;
   result<stage_gradients> backward_checked(const torch::Tensor& input,
                                            const torch::Tensor& grad_output,
@@ -106,6 +127,7 @@ private:
   std::shared_ptr<stage_layer> input_;
   std::vector<std::shared_ptr<stage_layer>> blocks_;
   std::shared_ptr<stage_layer> head_;
+  stage_loss loss_;
 };
 
 /// Mean cross-entropy of `logits` [..., C] against integer `targets` [...].

@@ -4,6 +4,7 @@
 
 #include "kernels/models/stage_module.hpp"
 #include "runtime/config/reader.hpp"
+#include "runtime/graph/model_config.hpp"
 
 namespace starling::runtime::graph {
 
@@ -12,6 +13,23 @@ size_t swarm_graph::peer_count() const {
   for (auto& s : stages)
     n += s.speeds.size();
   return n;
+}
+
+kernels::model_spec swarm_graph::model_spec() const {
+  if (torchscript)
+    return kernels::torchscript_model(*torchscript);
+  auto m = model;
+  m.seed = seed;
+  return kernels::gpt_model(m);
+}
+
+std::string swarm_graph::describe_model() const {
+  if (torchscript)
+    return fmt::format("TorchScript, {} files ({}), vocab {}, seq {}, {} loss",
+                       torchscript->files.size(), fmt::join(torchscript->files, ", "),
+                       torchscript->vocab, torchscript->seq_len, to_string(torchscript->loss));
+  return fmt::format("GPT {} layers, width {}, {} heads, seq {}", model.layers, model.width,
+                     model.heads, model.seq_len);
 }
 
 result<std::vector<std::pair<int64_t, int64_t>>> stage_ranges(const swarm_graph& g) {
@@ -73,6 +91,14 @@ status check_averaging(const averaging_spec& a) {
 
 swarm_builder& swarm_builder::model(const kernels::gpt_config& m) {
   g_.model = m;
+  return *this;
+}
+
+swarm_builder& swarm_builder::model(const kernels::torchscript_config& m) {
+  g_.torchscript = m;
+  g_.model.layers = static_cast<int64_t>(m.files.size());
+  g_.model.vocab = m.vocab;
+  g_.model.seq_len = m.seq_len;
   return *this;
 }
 
@@ -143,7 +169,10 @@ swarm_builder& swarm_builder::seed(uint64_t s) {
 
 result<swarm_graph> swarm_builder::build() const {
   auto& g = g_;
-  if (g.model.width % g.model.heads != 0)
+  if (g.torchscript) {
+    if (auto layout = kernels::inspect_torchscript(*g.torchscript); !layout)
+      return fail("model: " + layout.error().what);
+  } else if (g.model.width % g.model.heads != 0)
     return fail(fmt::format("model.heads: {} does not divide width {}", g.model.heads,
                             g.model.width));
   if (auto r = stage_ranges(g); !r)
@@ -177,9 +206,25 @@ void read_swarm_graph(config_node& n, swarm_graph& out) {
   // and is read by the swarm kind (runtime/run/swarm.cpp).
   n.allow({"model", "data", "stages", "trainers", "microbatch", "microbatches_per_trainer", "max_inflight",
            "local_batch", "target_batch", "averaging", "optimizer", "compression", "hop_timeout",
-           "preempt_every", "restart_delay", "eval_batches", "torch_threads", "sim"});
+           "preempt_every", "restart_delay", "eval_batches", "torch_threads", "export", "sim"});
   if (n.has("model")) {
     auto m = n.child("model");
+    std::string kind = "gpt";
+    read_choice(m, "kind", kind, {"gpt", "torchscript"});
+    if (kind == "torchscript") {
+      m.allow(torchscript_keys());
+      auto ts = read_torchscript_model(m);
+      out.model.layers = static_cast<int64_t>(ts.files.size());
+      out.model.vocab = ts.vocab;
+      out.model.seq_len = ts.seq_len;
+      out.torchscript = std::move(ts);
+      m.finish();
+    }
+  }
+  if (n.has("model") && !out.torchscript) {
+    // A fresh view of the section: `kind` (gpt) was read above.
+    auto m = n.child("model");
+    m.has("kind");
     read_int(m, "layers", out.model.layers, 1, 64);
     read_int(m, "width", out.model.width, 8, 4096);
     read_int(m, "heads", out.model.heads, 1, 64);
@@ -191,7 +236,7 @@ void read_swarm_graph(config_node& n, swarm_graph& out) {
   }
   if (n.has("data")) {
     auto d = n.child("data");
-    d.allow({"kind", "path", "dtype", "stride", "layout"});
+    d.allow({"kind", "path", "eval_path", "dtype", "stride", "layout"});
     read_choice(d, "kind", out.data.kind, {"text", "tokens"});
     int64_t stride = 0;
     read_int(d, "stride", stride, 0, INT64_MAX);
@@ -201,14 +246,15 @@ void read_swarm_graph(config_node& n, swarm_graph& out) {
       if (!d.has("path"))
         d.fail("missing required key 'path' (a raw uint16 or uint32 token file)");
       out.data.tokens.file.path = d.child("path").as_string();
+      read(d, "eval_path", out.eval_tokens);
       if (d.has("dtype")) {
         auto t = kernels::parse_token_dtype(d.child("dtype").as_string());
         if (!t)
           d.child("dtype").expected("uint16 | uint32");
         out.data.tokens.file.dtype = *t;
       }
-    } else if (d.has("path") || d.has("dtype")) {
-      d.fail("'path' and 'dtype' belong to kind: tokens (kind text reads the KJV corpus)");
+    } else if (d.has("path") || d.has("dtype") || d.has("eval_path")) {
+      d.fail("'path', 'eval_path' and 'dtype' belong to kind: tokens (kind text reads the KJV corpus)");
     }
     std::string layout = kernels::to_string(out.layout);
     read_choice(d, "layout", layout, {"scattered", "contiguous"});
@@ -289,6 +335,7 @@ void read_swarm_graph(config_node& n, swarm_graph& out) {
   read_duration(n, "restart_delay", out.restart_delay);
   read_int(n, "eval_batches", out.eval_batches, 1, 10000);
   read_int(n, "torch_threads", out.torch_threads, 1, 256);
+  read(n, "export", out.export_model);
 }
 
 // -- placement ----------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "kernels/data/loader.hpp"
 #include "kernels/data/source_registry.hpp"
 #include "kernels/models/gpt.hpp"
+#include "kernels/models/torchscript.hpp"
 #include "kernels/optim/optimizer.hpp"
 #include "kernels/result.hpp"
 
@@ -54,11 +56,18 @@ struct averaging_spec {
 
 /// A graph of SWARM pipeline training (configs/swarm-tiny.yaml documents each field).
 struct swarm_graph {
+  /// The built-in GPT; with `torchscript` set, only its `layers` (the number of files), `vocab`
+  /// and `seq_len` (the scripted model's) are used.
   kernels::gpt_config model;
+  /// A scripted PyTorch model instead of the built-in GPT (`model: {kind: torchscript, ...}`).
+  std::optional<kernels::torchscript_config> torchscript;
   /// What the trainers read, from the data-source registry: the byte-level text corpus (KJV) by
   /// default, or a token file. Its windows are the model's `seq_len`; its vocabulary the
   /// model's.
   kernels::data_source_options data;
+  /// Kind tokens: the held-out token file (`data.eval_path`, same dtype) whose first windows the
+  /// report evaluates; empty: the first windows of the training file.
+  std::string eval_tokens;
   /// How the samples are dealt to the trainers' shards.
   kernels::shard_layout layout = kernels::shard_layout::scattered;
   std::vector<stage_spec> stages;
@@ -78,10 +87,17 @@ struct swarm_graph {
   std::chrono::nanoseconds restart_delay = std::chrono::seconds(5);
   /// Held-out batches of the evaluation at the start and the end.
   int64_t eval_batches = 8;
+  /// Save the final model into `<out>/export` (state dicts, and TorchScript files for a scripted
+  /// model) with the held-out loss in `<out>/export/export.json`.
+  bool export_model = false;
   /// LibTorch intra-op threads (per process).
   int64_t torch_threads = 1;
   uint64_t seed = 0;
 
+  /// The model every stage builds its layers of (the GPT seeded with `seed`, or the scripted one).
+  kernels::model_spec model_spec() const;
+  /// One line naming the model, for reports.
+  std::string describe_model() const;
   /// Total stage peers.
   size_t peer_count() const;
   /// Samples all trainers together will complete.
@@ -107,6 +123,8 @@ status check_averaging(const averaging_spec& a);
 class swarm_builder {
 public:
   swarm_builder& model(const kernels::gpt_config& m);
+  /// A scripted model (its files checked by `build()`); replaces the built-in GPT.
+  swarm_builder& model(const kernels::torchscript_config& m);
   /// Adds a stage with an even share of the blocks, served by peers of the given speeds.
   swarm_builder& stage(std::vector<double> speeds);
   /// Adds a stage of blocks [begin, end).

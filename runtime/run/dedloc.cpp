@@ -17,6 +17,8 @@
 #include "actors/dp_peer/dp_peer.hpp"
 #include "kernels/compress/format.hpp"
 #include "kernels/data/idx_source.hpp"
+#include "kernels/data/token_source.hpp"
+#include "runtime/graph/model_config.hpp"
 #include "runtime/experiment/plan.hpp"
 #include "runtime/plot/svg.hpp"
 #include "runtime/run/kinds.hpp"
@@ -40,9 +42,30 @@ public:
 
   result<sources> get(const dedloc_role_options& o) {
     std::lock_guard<std::mutex> guard{mtx_};
-    auto key = fmt::format("{}|{}|{}", o.data_dir, o.synthetic, o.train_samples);
+    auto key = fmt::format("{}|{}|{}|{}|{}", o.data_dir, o.synthetic, o.train_samples,
+                           o.tokens_path, o.tokens_eval_path);
     if (auto i = cache_.find(key); i != cache_.end())
       return i->second;
+    if (o.data_kind == "tokens") {
+      kernels::token_source_options to;
+      to.file.path = o.tokens_path;
+      to.file.dtype = o.tokens_dtype;
+      to.file.vocab_size = static_cast<uint64_t>(o.torchscript ? o.torchscript->vocab : 0);
+      to.seq_len = o.torchscript ? o.torchscript->seq_len : 0;
+      auto train = kernels::token_source::make(to);
+      if (!train)
+        return train.error();
+      sources s{*train, nullptr};
+      if (!o.tokens_eval_path.empty()) {
+        to.file.path = o.tokens_eval_path;
+        auto eval = kernels::token_source::make(to);
+        if (!eval)
+          return eval.error();
+        s.second = *eval;
+      }
+      cache_[key] = s;
+      return s;
+    }
     kernels::idx_source_options io;
     io.dir = o.data_dir;
     io.train = true;
@@ -113,6 +136,8 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
     to.model.layers = o.layers;
     to.model.classes = 10;
     to.model.seed = h.graph().seed; // every peer starts from the same parameters
+    if (o.torchscript)
+      to.spec = kernels::torchscript_model(*o.torchscript);
     to.optimizer.kind = o.optimizer;
     to.optimizer.lr = o.lr;
     to.optimizer.momentum = o.momentum;
@@ -407,6 +432,36 @@ void read_dedloc_role(config_node& n, dedloc_role_options& o) {
               {"none", "fp16", "blockwise8", "quantile8", "topk"});
   read_real(n, "outer_ratio", o.outer_ratio, 1e-6, 1);
   read(n, "error_feedback", o.error_feedback);
+  if (n.has("model")) {
+    auto m = n.child("model");
+    std::string kind = "mlp";
+    read_choice(m, "kind", kind, {"mlp", "torchscript"});
+    if (kind == "torchscript") {
+      m.allow(graph::torchscript_keys());
+      o.torchscript = graph::read_torchscript_model(m);
+    }
+    m.finish();
+  }
+  if (n.has("data")) {
+    auto d = n.child("data");
+    d.allow({"kind", "path", "eval_path", "dtype"});
+    read_choice(d, "kind", o.data_kind, {"idx", "tokens"});
+    if (o.data_kind == "tokens") {
+      if (!d.has("path"))
+        d.fail("missing required key 'path' (a raw uint16 or uint32 token file)");
+      o.tokens_path = d.child("path").as_string();
+      read(d, "eval_path", o.tokens_eval_path);
+      if (d.has("dtype")) {
+        auto t = kernels::parse_token_dtype(d.child("dtype").as_string());
+        if (!t)
+          d.child("dtype").expected("uint16 | uint32");
+        o.tokens_dtype = *t;
+      }
+    } else if (d.has("path") || d.has("eval_path") || d.has("dtype")) {
+      d.fail("'path', 'eval_path' and 'dtype' belong to kind: tokens (kind idx reads data_dir)");
+    }
+    d.finish();
+  }
 }
 
 status check_dedloc_role(const dedloc_role_options& o) {
@@ -436,6 +491,12 @@ status check_dedloc_role(const dedloc_role_options& o) {
     return fail("window, averager_timeout, round_timeout and record_lifetime must be positive");
   if (o.clients > 0 && o.cycle == 0)
     return fail("clients needs cycle (the instances it counts in)");
+  bool token_model = o.torchscript && o.torchscript->input_shape.empty();
+  if (token_model && o.data_kind != "tokens")
+    return fail("a TorchScript model of tokens needs data: {kind: tokens, path: F}");
+  if (o.data_kind == "tokens" && !token_model)
+    return fail("data kind tokens needs a TorchScript model of tokens (model: {kind: "
+                "torchscript, files: [...]}); the MLP reads images");
   return {};
 }
 
@@ -495,7 +556,8 @@ void add_dedloc(role_registry& reg) {
   auto cache = std::make_shared<data_cache>();
   reg.add<dedloc_role_options>(
     "dedloc.peer",
-    "a data-parallel peer (DeDLOC or DiLoCo) with a LibTorch MLP or the cost model",
+    "a data-parallel peer (DeDLOC or DiLoCo) with a LibTorch MLP, a TorchScript model or the "
+    "cost model",
     [cache](role_context& ctx, const dedloc_role_options& o) { return spawn_peer(ctx, o, cache); },
     read_dedloc_role, check_dedloc_role,
     [](const dedloc_role_options& o) {

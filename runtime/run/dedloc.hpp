@@ -8,9 +8,12 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "kernels/data/token_source.hpp"
+#include "kernels/models/torchscript.hpp"
 #include "runtime/experiment/reporter.hpp"
 #include "runtime/experiment/role.hpp"
 
@@ -42,6 +45,15 @@ struct dedloc_role_options {
   /// MLP hidden width and hidden blocks (inputs 784, 10 classes).
   int64_t width = 128;
   int64_t layers = 1;
+  /// A TorchScript model trained whole instead of the MLP (`model: {kind: torchscript, files:
+  /// [...], ...}`; every peer loads the same files, so all start equal).
+  std::optional<kernels::torchscript_config> torchscript;
+  /// What the peers read: `idx` (Fashion-MNIST from `data_dir`) or `tokens` (a token file, with
+  /// a held-out token file for the evaluation; windows of the model's seq_len).
+  std::string data_kind = "idx";
+  std::string tokens_path;
+  std::string tokens_eval_path;
+  kernels::token_dtype tokens_dtype = kernels::token_dtype::uint16;
   /// The collaboration's optimizer (DiLoCo: the inner one): `adam`, `lamb` or `sgd`, its
   /// learning rate, SGD momentum and the global-norm clip of each step.
   std::string optimizer = "adam";

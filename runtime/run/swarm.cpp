@@ -132,9 +132,7 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
   actors::stage::stage_options so;
   so.stage = stage;
   so.name = fmt::format("s{}p{}g{}", stage, slot, ctx.generation);
-  auto model = g.model;
-  model.seed = g.seed;
-  so.model = kernels::gpt_model(model);
+  so.model = g.model_spec();
   so.begin = s.ranges[stage].first;
   so.end = s.ranges[stage].second;
   so.optimizer = g.optimizer;
@@ -502,8 +500,8 @@ void add_swarm(role_registry& reg) {
   auto cache = std::make_shared<data_cache>();
   auto describe = [](const swarm_role_options& o) {
     auto& g = o.setup->graph;
-    return fmt::format("GPT {} layers x {}, {} stages, {} backend", g.model.layers, g.model.width,
-                       g.stages.size(), o.setup->modeled ? "cost-model" : "LibTorch");
+    return fmt::format("{}, {} stages, {} backend", g.describe_model(), g.stages.size(),
+                       o.setup->modeled ? "cost-model" : "LibTorch");
   };
   auto check = [](const swarm_role_options& o) -> status {
     if (!o.setup)
@@ -539,8 +537,8 @@ void add_swarm(role_registry& reg) {
     {}, check, describe);
   kind_type k;
   k.name = "swarm";
-  k.summary = "SWARM pipeline training of a byte-level GPT with preemptions";
-  k.expand = [](config_node& n, experiment_graph& eg, const expand_context& ctx) {
+  k.summary = "SWARM pipeline training of a byte-level GPT or a TorchScript model with preemptions";
+  k.expand = [cache](config_node& n, experiment_graph& eg, const expand_context& ctx) {
     swarm_sim_options sim;
     if (n.has("sim")) {
       auto c = n.child("sim");
@@ -552,6 +550,10 @@ void add_swarm(role_registry& reg) {
     graph::read_swarm_graph(n, g);
     g.seed = eg.seed;
     auto modeled = ctx.mode == run_mode::sim;
+    // A token file is checked here (size, dtype, every id against the vocabulary), so that a bad
+    // one is a config error rather than trainers that cannot start.
+    if (!modeled && g.data.kind == "tokens" && !data_for(*cache, g, false))
+      n.child("data").fail(cache->error);
     auto setup = make_setup(g, sim, eg, modeled);
     if (!setup)
       n.fail(setup.error().what);

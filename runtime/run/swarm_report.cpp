@@ -3,6 +3,7 @@
 #include "runtime/run/swarm.hpp"
 
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <set>
 
@@ -14,7 +15,10 @@
 #include "actors/trainer/wiring.hpp"
 #include "kernels/data/corpus.hpp"
 #include "kernels/flat.hpp"
+#include "kernels/data/token_source.hpp"
+#include "kernels/models/registry.hpp"
 #include "kernels/models/stage_module.hpp"
+#include "kernels/models/torchscript.hpp"
 #include "messages/atoms.hpp"
 #include "messages/swarm.hpp"
 #include "runtime/metrics/metrics.hpp"
@@ -39,15 +43,15 @@ long peer_slot(const std::string& name) {
   return *end == '\0' ? v : -1;
 }
 
-/// Mean held-out loss of the model given as one flat parameter vector per stage (undefined:
-/// the seeded initialization).
-result<double> evaluate(const swarm_setup& s, const std::vector<torch::Tensor>& flat,
-                        const std::vector<kernels::text_batch>& batches) {
-  auto model = s.graph.model;
-  model.seed = s.graph.seed;
+/// The model's stages with one flat parameter vector per stage (undefined: the seeded or
+/// scripted initialization), in evaluation mode.
+result<std::vector<std::shared_ptr<kernels::stage_module>>>
+build_model(const swarm_setup& s, const std::vector<torch::Tensor>& flat) {
+  auto models = kernels::model_registry::builtins();
+  auto spec = s.graph.model_spec();
   std::vector<std::shared_ptr<kernels::stage_module>> stages;
   for (size_t k = 0; k < s.ranges.size(); ++k) {
-    auto m = kernels::make_gpt_stage(model, s.ranges[k].first, s.ranges[k].second);
+    auto m = models->make_stage(spec, s.ranges[k].first, s.ranges[k].second);
     if (!m)
       return m.error();
     if (flat[k].defined()) {
@@ -59,15 +63,64 @@ result<double> evaluate(const swarm_setup& s, const std::vector<torch::Tensor>& 
     (*m)->eval();
     stages.push_back(*m);
   }
+  return stages;
+}
+
+/// Mean held-out loss of `stages` over `batches`.
+result<double> evaluate(const std::vector<std::shared_ptr<kernels::stage_module>>& stages,
+                        const std::vector<kernels::text_batch>& batches) {
   torch::NoGradGuard guard;
   double total = 0;
-  for (auto& b : batches) {
-    auto x = b.inputs;
-    for (auto& st : stages)
-      x = st->compute(x, b.targets, 0);
-    total += x.item<double>();
+  try {
+    for (auto& b : batches) {
+      auto x = b.inputs;
+      for (auto& st : stages)
+        x = st->compute(x, b.targets, 0);
+      total += x.item<double>();
+    }
+  } catch (const std::exception& e) {
+    return fail(fmt::format("the held-out evaluation failed: {}", e.what()));
   }
   return total / static_cast<double>(batches.size());
+}
+
+/// Mean held-out loss of the model given as one flat parameter vector per stage.
+result<double> evaluate(const swarm_setup& s, const std::vector<torch::Tensor>& flat,
+                        const std::vector<kernels::text_batch>& batches) {
+  auto stages = build_model(s, flat);
+  if (!stages)
+    return stages.error();
+  return evaluate(*stages, batches);
+}
+
+/// Held-out batches of a token run: the first `eval_batches` x `microbatch` windows of the
+/// held-out token file (or of the training file when there is none), in order.
+result<std::vector<kernels::text_batch>> held_out_tokens(const graph::swarm_graph& g) {
+  kernels::token_source_options o = g.data.tokens;
+  o.seq_len = g.model.seq_len;
+  o.file.vocab_size = static_cast<uint64_t>(g.model.vocab);
+  if (!g.eval_tokens.empty())
+    o.file.path = g.eval_tokens;
+  auto src = kernels::token_source::make(o);
+  if (!src)
+    return src.error();
+  std::vector<kernels::text_batch> out;
+  uint64_t next = 0;
+  for (int64_t b = 0; b < g.eval_batches; ++b) {
+    std::vector<uint64_t> ids;
+    for (int64_t i = 0; i < g.microbatch && next < (*src)->size(); ++i)
+      ids.push_back(next++);
+    if (static_cast<int64_t>(ids.size()) < g.microbatch)
+      break;
+    auto batch = (*src)->batch(ids);
+    if (!batch)
+      return batch.error();
+    out.push_back(kernels::text_batch{batch->inputs, batch->targets});
+  }
+  if (out.empty())
+    return fail(fmt::format("{}: shorter than one held-out batch of {} windows", o.file.path,
+                            g.microbatch));
+  return out;
 }
 
 /// Counters of the live peers of a stage (`(status_atom)` replies summed).
@@ -97,25 +150,43 @@ public:
         layout += fmt::format(" {}", v);
       layout += ")";
     }
-    fmt::print("model: GPT {} layers, width {}, {} heads, seq {}; {}\n", g.model.layers,
-               g.model.width, g.model.heads, g.model.seq_len, layout);
-    kernels::corpus_options co;
-    auto data = kernels::load_corpus(co);
-    if (!data) {
-      fmt::print(stderr, "starling: warning: no held-out evaluation: {}\n", data.error().what);
-    } else {
-      auto batches = kernels::held_out_batches(*data, g.microbatch, g.model.seq_len, g.eval_batches);
-      if (batches) {
+    fmt::print("model: {}; {}\n", g.describe_model(), layout);
+    if (g.data.kind == "tokens") {
+      auto batches = held_out_tokens(g);
+      if (!batches) {
+        fmt::print(stderr, "starling: warning: no held-out evaluation: {}\n",
+                   batches.error().what);
+      } else {
         held_out_ = std::move(*batches);
-        fmt::print("data: {} ({:.1f} MB, {:.1f} MB for training)\n", data->source(),
-                   static_cast<double>(data->size()) / 1e6,
-                   static_cast<double>(data->train_size()) / 1e6);
-        if (auto l0 = evaluate(*s_, std::vector<torch::Tensor>(s_->ranges.size()), held_out_))
-          loss0_ = *l0;
-        fmt::print("held-out loss before training: {:.4f} (cross-entropy per byte, ln 256 = "
-                   "{:.4f})\n",
-                   loss0_, std::log(256.0));
+        fmt::print("data: tokens {} (held out: the first {} windows of {})\n",
+                   g.data.tokens.file.path, held_out_.size() * static_cast<size_t>(g.microbatch),
+                   g.eval_tokens.empty() ? g.data.tokens.file.path : g.eval_tokens);
       }
+    } else {
+      kernels::corpus_options co;
+      auto data = kernels::load_corpus(co);
+      if (!data) {
+        fmt::print(stderr, "starling: warning: no held-out evaluation: {}\n", data.error().what);
+      } else {
+        auto batches =
+          kernels::held_out_batches(*data, g.microbatch, g.model.seq_len, g.eval_batches);
+        if (batches) {
+          held_out_ = std::move(*batches);
+          fmt::print("data: {} ({:.1f} MB, {:.1f} MB for training)\n", data->source(),
+                     static_cast<double>(data->size()) / 1e6,
+                     static_cast<double>(data->train_size()) / 1e6);
+        }
+      }
+    }
+    if (!held_out_.empty()) {
+      auto l0 = evaluate(*s_, std::vector<torch::Tensor>(s_->ranges.size()), held_out_);
+      if (l0)
+        loss0_ = *l0;
+      else
+        fmt::print(stderr, "starling: warning: {}\n", l0.error().what);
+      fmt::print("held-out loss before training: {:.4f} (cross-entropy per {}, ln {} = {:.4f})\n",
+                 loss0_, g.data.kind == "tokens" ? "token" : "byte", g.model.vocab,
+                 std::log(static_cast<double>(g.model.vocab)));
     }
     std::fflush(stdout);
   }
@@ -234,12 +305,19 @@ public:
     bool complete = true;
     for (auto& f : finals)
       complete = complete && f.defined();
-    if (!held_out_.empty() && complete) {
-      if (auto l = evaluate(*s_, finals, held_out_))
+    std::vector<std::shared_ptr<kernels::stage_module>> final_model;
+    if (complete) {
+      if (auto m = build_model(*s_, finals))
+        final_model = std::move(*m);
+      else
+        eval_note = m.error().what;
+    }
+    if (!held_out_.empty() && !final_model.empty()) {
+      if (auto l = evaluate(final_model, held_out_))
         loss1 = *l;
       else
         eval_note = l.error().what;
-    } else {
+    } else if (eval_note.empty()) {
       eval_note = held_out_.empty() ? "no held-out data" : "a stage had no live peer at the end";
     }
     auto requested = s_->trainers * g.microbatches_per_trainer * g.microbatch;
@@ -293,12 +371,49 @@ public:
     else
       fmt::print("  {:<34} unavailable: {}\n", "held-out loss", eval_note);
     fmt::print("  {:<34} {:.0f} MiB\n", "peak resident memory", static_cast<double>(rss) / 1048576);
+    if (g.export_model)
+      export_model(final_model, loss1);
     write_plots();
     std::fflush(stdout);
     return loss1 >= 0 && loss1 < loss0_ ? 0 : 1;
   }
 
 private:
+  /// Writes the final model into `<out>/export`: per stage its TorchScript files (scripted
+  /// models) and state dicts, and `export.json` with the held-out losses.
+  void export_model(const std::vector<std::shared_ptr<kernels::stage_module>>& model,
+                    double loss1) {
+    if (info_.out_dir.empty() || model.empty()) {
+      fmt::print("  {:<34} skipped: {}\n", "export",
+                 model.empty() ? "a stage had no live peer at the end" : "no output directory");
+      return;
+    }
+    auto dir = info_.out_dir + "/export";
+    nlohmann::json files = nlohmann::json::array();
+    for (size_t k = 0; k < model.size(); ++k) {
+      auto written = kernels::export_stage(*model[k], static_cast<int64_t>(k), dir);
+      if (!written) {
+        fmt::print("  {:<34} failed: {}\n", "export", written.error().what);
+        return;
+      }
+      for (auto& f : written->torchscript)
+        files.push_back(f);
+      for (auto& f : written->state_dicts)
+        files.push_back(f);
+    }
+    nlohmann::json j;
+    j["files"] = files;
+    j["held_out_loss_before"] = loss0_;
+    j["held_out_loss"] = loss1;
+    j["held_out_batches"] = held_out_.size();
+    j["microbatch"] = s_->graph.microbatch;
+    j["seq_len"] = s_->graph.model.seq_len;
+    std::ofstream out{dir + "/export.json"};
+    out << j.dump(2) << "\n";
+    fmt::print("  {:<34} {} files in {} (export.json: held-out loss {:.6f})\n", "export",
+               files.size(), dir, loss1);
+  }
+
   void write_plots() {
     auto& dir = info_.out_dir;
     if (dir.empty())

@@ -30,7 +30,7 @@ mlp_config tiny_mlp() {
 TEST_CASE("the built-in registry builds GPT and MLP stages by name, with the shapes at their "
           "boundaries") {
   auto reg = model_registry::builtins();
-  CHECK(reg->names() == std::vector<std::string>{"gpt", "mlp"});
+  CHECK(reg->names() == std::vector<std::string>{"gpt", "mlp", "torchscript"});
   auto gpt = gpt_model(tiny_gpt());
   REQUIRE(reg->depth(gpt).ok());
   CHECK(*reg->depth(gpt) == 3);
