@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "actors/dht/client.hpp"
+#include "actors/stage/checkpoint.hpp"
 #include "actors/stage/device_queue.hpp"
 #include "actors/stage/fetch_state.hpp"
 #include "actors/stage/load_view.hpp"
@@ -23,6 +24,7 @@
 #include "messages/atoms.hpp"
 #include "messages/averager.hpp"
 #include "messages/dht.hpp"
+#include "messages/metrics.hpp"
 #include "messages/rebalance_atoms.hpp"
 #include "messages/swarm.hpp"
 
@@ -49,6 +51,17 @@ struct averaging_stats {
   uint64_t failed = 0;     // stepped on its own gradient: the request failed or timed out
   uint64_t skipped = 0;    // no partner and no samples of its own: no optimizer step
   uint64_t caught_up = 0;  // fell behind the stage's step and downloaded a peer's state
+};
+
+/// Counters of checkpoints (reported by `(status_atom, checkpoint_atom)`).
+struct checkpoint_stats {
+  uint64_t written = 0;
+  uint64_t bytes = 0;
+  uint64_t restored = 0;
+  uint64_t restored_steps = 0;
+  uint64_t rejected = 0;
+  uint64_t failed = 0;
+  std::string restored_digest;
 };
 
 /// Counters of state downloads (the initial one and catch-ups).
@@ -156,6 +169,17 @@ private:
   stage_state snapshot() const;
   status load(const stage_state& s);
   void announce();
+  /// Marks the state changed (a checkpoint is due at the next timer).
+  void changed() { ++version_; }
+
+  // -- checkpoints ------------------------------------------------------------------------------
+
+  bool checkpointing() const;
+  /// Writes a checkpoint when the state changed since the last one.
+  void save_checkpoint();
+  /// Resumes from the newest checkpoint of the stage that verifies; false when there is none.
+  bool restore_checkpoint();
+  void report(const std::string& kind, std::map<std::string, double> values);
   void report_load();
 
   // -- local stepping ---------------------------------------------------------------------------
@@ -205,6 +229,10 @@ private:
   bool catching_up_ = false;
   averaging_stats avg_;
   download_stats dl_;
+  /// State changes so far, and the count at the last checkpoint written or restored.
+  uint64_t version_ = 0;
+  uint64_t saved_version_ = 0;
+  checkpoint_stats ckpt_;
   /// Device seconds and training samples served, for throughput reports.
   throughput_meter meter_;
 };
@@ -256,7 +284,8 @@ caf::error stage_peer::init(stage_options opts, caf::actor board) {
       dl_.donors += donors;
       return true;
     },
-    [this] { announce(); });
+    [this] { announce(); },
+    [this] { return restore_checkpoint(); });
   // Held replies fail when the peer dies (its callers retry elsewhere at once).
   auto deaths = on_death_;
   self_->attach_functor([deaths] {
@@ -275,6 +304,8 @@ caf::behavior stage_peer::make_behavior() {
     self_->send(self_, tick_atom::value);
   if (opts_.report_every > caf::timespan{0})
     self_->delayed_send(self_, opts_.report_every, load_atom::value);
+  if (checkpointing())
+    self_->delayed_send(self_, opts_.checkpoint.every, checkpoint_atom::value);
   return {
     [this](const stage_forward& req) { return forward(req); },
     [this](const stage_backward& req) { return backward(req); },
@@ -316,6 +347,16 @@ caf::behavior stage_peer::make_behavior() {
       auto deliver = std::move(i->second);
       held_.erase(i);
       deliver();
+    },
+    [this](checkpoint_atom) {
+      self_->delayed_send(self_, opts_.checkpoint.every, checkpoint_atom::value);
+      if (ready_)
+        save_checkpoint();
+    },
+    [this](status_atom, checkpoint_atom) -> caf::result<std::vector<uint64_t>, std::string> {
+      std::vector<uint64_t> counters{ckpt_.written,        ckpt_.bytes,    ckpt_.restored,
+                                     ckpt_.restored_steps, ckpt_.rejected, ckpt_.failed};
+      return {std::move(counters), ckpt_.restored_digest};
     },
     [this](status_atom) -> std::vector<uint64_t> {
       return {steps_,         samples_,     avg_.rounds,   avg_.averaged,
@@ -363,6 +404,7 @@ caf::result<stage_backward_reply> stage_peer::backward(const stage_backward& req
     pending_samples_ = 0;
     steps_++;
     stepped = true;
+    changed();
   }
   stage_backward_reply reply;
   if (r->output.defined())
@@ -445,7 +487,79 @@ status stage_peer::load(const stage_state& s) {
     }
   }
   steps_ = s.steps;
+  changed();
   return {};
+}
+
+// -- checkpoints --------------------------------------------------------------------------------
+
+bool stage_peer::checkpointing() const {
+  return !opts_.checkpoint.dir.empty() && opts_.checkpoint.every > caf::timespan{0};
+}
+
+void stage_peer::report(const std::string& kind, std::map<std::string, double> values) {
+  if (opts_.metrics)
+    self_->send(opts_.metrics,
+                messages::metric_event{opts_.name,
+                                       kind,
+                                       std::move(values),
+                                       {{"stage", std::to_string(opts_.stage)}},
+                                       -1,
+                                       {}});
+}
+
+void stage_peer::save_checkpoint() {
+  if (version_ == saved_version_)
+    return;
+  auto version = version_;
+  auto now = self_->clock().now().time_since_epoch();
+  auto ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count());
+  checkpoint_key key{opts_.stage, opts_.begin, opts_.end};
+  auto s = snapshot();
+  auto w = write_checkpoint(opts_.checkpoint.dir, key, opts_.name, ns, s);
+  if (!w) {
+    // Tried again at the next timer; the peer serves on.
+    ckpt_.failed++;
+    aout(self_) << opts_.name << ": " << w.error().what << "\n";
+    return;
+  }
+  saved_version_ = version;
+  ckpt_.written++;
+  ckpt_.bytes += w->bytes;
+  prune_checkpoints(opts_.checkpoint.dir, key, opts_.name, opts_.checkpoint.keep);
+  report("checkpoint", {{"bytes", static_cast<double>(w->bytes)},
+                        {"seconds", w->seconds},
+                        {"steps", static_cast<double>(s.steps)}});
+}
+
+bool stage_peer::restore_checkpoint() {
+  if (opts_.checkpoint.dir.empty() && opts_.checkpoint.search.empty())
+    return false;
+  std::vector<std::string> dirs;
+  if (!opts_.checkpoint.dir.empty())
+    dirs.push_back(opts_.checkpoint.dir);
+  dirs.insert(dirs.end(), opts_.checkpoint.search.begin(), opts_.checkpoint.search.end());
+  checkpoint_key key{opts_.stage, opts_.begin, opts_.end};
+  auto found = newest_checkpoint(dirs, key, [this](const checkpoint_loaded& c) {
+    return load(c.state); // all or nothing: a state of another shape leaves the peer as it was
+  });
+  for (auto& why : found.rejected) {
+    ckpt_.rejected++;
+    aout(self_) << opts_.name << ": checkpoint rejected: " << why << "\n";
+    report("checkpoint_rejected", {});
+  }
+  if (!found.found)
+    return false;
+  auto& c = *found.found;
+  saved_version_ = version_; // the state on disk already
+  ckpt_.restored = 1;
+  ckpt_.restored_steps = c.state.steps;
+  ckpt_.restored_digest = c.digest;
+  aout(self_) << opts_.name << ": no live peer of stage " << opts_.stage
+              << "; resumed from checkpoint " << c.file.path << " (step " << c.state.steps
+              << ", digest " << digest_hex(c.digest).substr(0, 16) << ")\n";
+  report("restore", {{"steps", static_cast<double>(c.state.steps)}});
+  return true;
 }
 
 void stage_peer::announce() {
@@ -493,6 +607,7 @@ void stage_peer::average_with(const stage_state& other) {
     return;
   auto avg = (mine + other.params.tensor.to(mine.dtype())) * 0.5;
   kernels::unflatten_parameters(avg, params_);
+  changed();
 }
 
 // -- collaborative stepping ---------------------------------------------------------------------
@@ -603,6 +718,7 @@ void stage_peer::finish_round(uint64_t step, const torch::Tensor& grad, bool ski
   steps_ = step + 1;
   averaging_ = false;
   round_samples_ = 0;
+  changed();
 }
 
 /// Downloads the state (parameters, optimizer, step) of a stage peer at step `target` or later.

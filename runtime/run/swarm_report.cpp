@@ -139,6 +139,15 @@ public:
       markers_.emplace_back(m.t, fmt::format("x s{}", slot < s_->slots.size() ? s_->slots[slot].first : 0));
     } else if (m.kind == "restart") {
       restarts_++;
+    } else if (m.kind == "checkpoint") {
+      checkpoints_++;
+      checkpoint_bytes_ += m.value("bytes");
+      checkpoint_s_ += m.value("seconds");
+      checkpoint_max_s_ = std::max(checkpoint_max_s_, m.value("seconds"));
+    } else if (m.kind == "restore") {
+      restores_.push_back(static_cast<uint64_t>(m.value("steps")));
+    } else if (m.kind == "checkpoint_rejected") {
+      rejected_checkpoints_++;
     }
   }
 
@@ -258,6 +267,18 @@ public:
                sum.downloads,
                sum.downloads > 0 ? static_cast<double>(sum.donors) / static_cast<double>(sum.downloads)
                                  : 0.0);
+    if (checkpoints_ > 0 || !restores_.empty()) {
+      auto n = static_cast<double>(std::max<int64_t>(checkpoints_, 1));
+      fmt::print("  {:<34} {} written, {:.2f} MB and {:.1f} ms each on average (max {:.1f} ms)\n",
+                 "stage checkpoints", checkpoints_, checkpoint_bytes_ / n / 1e6,
+                 1e3 * checkpoint_s_ / n, 1e3 * checkpoint_max_s_);
+      std::string steps_text;
+      for (auto st : restores_)
+        steps_text += fmt::format("{}{}", steps_text.empty() ? "" : ", ", st);
+      fmt::print("  {:<34} {} (at steps: {}), {} checkpoint files rejected\n",
+                 "resumed from checkpoints", restores_.size(),
+                 steps_text.empty() ? "-" : steps_text, rejected_checkpoints_);
+    }
     if (loss1 >= 0)
       fmt::print("  {:<34} {:.4f} -> {:.4f}\n", "held-out loss (before -> after)", loss0_, loss1);
     else
@@ -306,6 +327,11 @@ private:
   double loss0_ = 0;
   int64_t microbatches_ = 0, samples_ = 0, retries_ = 0, done_ = 0;
   int64_t preemptions_ = 0, restarts_ = 0;
+  /// Stage checkpoints written (count, bytes, seconds), restores (their steps), rejected files.
+  int64_t checkpoints_ = 0;
+  double checkpoint_bytes_ = 0, checkpoint_s_ = 0, checkpoint_max_s_ = 0;
+  std::vector<uint64_t> restores_;
+  int64_t rejected_checkpoints_ = 0;
   /// Completed batch numbers per trainer, and completions of a batch already completed.
   std::map<std::string, std::set<uint64_t>> batches_;
   int64_t repeated_ = 0;
