@@ -64,6 +64,22 @@ struct checkpoint_stats {
   std::string restored_digest;
 };
 
+/// Counters of exactly-once gradients (reported by `(status_atom, commit_atom)`).
+struct commit_stats {
+  uint64_t applied = 0;   // confirmed gradients that entered the optimizer's accumulation
+  uint64_t lost = 0;      // computed gradients never confirmed (dropped: lost work)
+  uint64_t duplicate = 0; // confirmations of a gradient no longer pending (ignored)
+};
+
+/// A backward's gradient waiting for its trainer's confirmation.
+struct uncommitted_grad {
+  /// The microbatch's gradient of the stage's parameters, flat (undefined: none).
+  torch::Tensor grad;
+  int64_t batch = 0;
+  /// Dropped (as lost work) when not confirmed by then.
+  time_point deadline;
+};
+
 /// Counters of state downloads (the initial one and catch-ups).
 struct download_stats {
   uint64_t downloads = 0;
@@ -182,6 +198,16 @@ private:
   void report(const std::string& kind, std::map<std::string, double> values);
   void report_load();
 
+  // -- exactly-once gradients ---------------------------------------------------------------------
+
+  /// Applies the gradient of (id, attempt) when it is pending; drops the microbatch's other
+  /// attempts held here.
+  void commit(uint64_t id, uint32_t attempt);
+  /// Adds a confirmed microbatch's gradient and samples, and steps when due (local stepping).
+  void apply(const uncommitted_grad& g);
+  /// Drops gradients whose confirmation is overdue.
+  void expire_uncommitted();
+
   // -- local stepping ---------------------------------------------------------------------------
 
   /// Averages parameters with a random sibling's (gossip): peers of a stage that step
@@ -233,6 +259,13 @@ private:
   uint64_t version_ = 0;
   uint64_t saved_version_ = 0;
   checkpoint_stats ckpt_;
+  /// Gradients computed but not yet confirmed, by (microbatch id, attempt).
+  std::map<std::pair<uint64_t, uint32_t>, uncommitted_grad> uncommitted_;
+  /// Whether the expiry timer runs.
+  bool expiring_ = false;
+  commit_stats commits_;
+  /// How often each microbatch's gradient was applied here (the most recent ids only).
+  std::map<uint64_t, uint64_t> applied_;
   /// Device seconds and training samples served, for throughput reports.
   throughput_meter meter_;
 };
@@ -358,6 +391,20 @@ caf::behavior stage_peer::make_behavior() {
                                      ckpt_.restored_steps, ckpt_.rejected, ckpt_.failed};
       return {std::move(counters), ckpt_.restored_digest};
     },
+    [this](messages::commit_atom, uint64_t id, uint32_t attempt) { commit(id, attempt); },
+    [this](messages::commit_atom) { expire_uncommitted(); },
+    [this](status_atom, messages::commit_atom) -> std::vector<uint64_t> {
+      return {commits_.applied, commits_.lost, commits_.duplicate,
+              static_cast<uint64_t>(uncommitted_.size())};
+    },
+    [this](get_atom, messages::commit_atom) -> std::vector<uint64_t> {
+      std::vector<uint64_t> out;
+      for (auto& [id, times] : applied_) {
+        out.push_back(id);
+        out.push_back(times);
+      }
+      return out;
+    },
     [this](status_atom) -> std::vector<uint64_t> {
       return {steps_,         samples_,     avg_.rounds,   avg_.averaged,
               avg_.no_partner, avg_.failed, avg_.skipped,  avg_.caught_up,
@@ -384,37 +431,104 @@ caf::result<stage_backward_reply> stage_peer::backward(const stage_backward& req
   if (!req.input.ok() || !req.grad_output.ok())
     return caf::make_error(caf::sec::invalid_argument, "bad input or gradient");
   auto arrived = self_->clock().now();
+  // The microbatch's gradient is computed apart from the accumulated (confirmed) ones and held
+  // until the trainer confirms this attempt: a retried backward enters the optimizer once.
+  auto confirmed = kernels::flatten_gradients(params_);
+  for (auto& p : params_)
+    if (p.grad().defined())
+      p.grad().zero_();
   auto r = dev_->backward(req.input.tensor, req.grad_output.tensor, req.targets.tensor, req.seed);
+  uncommitted_grad held;
+  held.grad = kernels::flatten_gradients(params_);
+  (void)kernels::unflatten_gradients(confirmed, params_); // fits: taken from them
   if (!r)
     return to_error(r.error());
   auto batch = batch_of(req.input.tensor);
-  pending_samples_ += batch;
   samples_ += static_cast<uint64_t>(batch);
-  bool stepped = false;
-  if (collaborative(opts_)) {
-    pending_micro_++; // the step is taken by the progress tick (start_round)
-  } else if (pending_samples_ >= opts_.local_batch) {
-    // Gradients were summed over microbatches of mean losses: scale to a mean.
-    auto micro = static_cast<double>(pending_samples_) / static_cast<double>(batch);
-    for (auto& p : params_)
-      if (p.grad().defined())
-        p.grad().div_(micro);
-    kernels::clipped_step(*optim_, params_, opts_.optimizer);
-    optim_->zero_grad();
-    pending_samples_ = 0;
-    steps_++;
-    stepped = true;
-    changed();
-  }
+  held.batch = batch;
   stage_backward_reply reply;
   if (r->output.defined())
     reply.grad_input = tensor_msg{r->output, opts_.codec, {}, {}};
   if (dev_->is_last())
     reply.loss = r->loss;
   auto out = respond(arrived, *r, std::move(reply));
-  if (stepped)
-    gossip();
+  // Overdue once the reply left (behind the queue) and a commit timeout passed.
+  auto now = self_->clock().now();
+  held.deadline = now
+                  + std::chrono::duration_cast<caf::timespan>(
+                    std::chrono::duration<double>(queue_.backlog(now)))
+                  + opts_.commit_timeout;
+  // A second delivery of the same attempt replaces the first: it is one gradient either way.
+  uncommitted_[{req.microbatch_id, req.attempt}] = std::move(held);
+  if (!expiring_) {
+    expiring_ = true;
+    self_->delayed_send(self_, opts_.commit_timeout, messages::commit_atom::value);
+  }
   return out;
+}
+
+// -- exactly-once gradients -----------------------------------------------------------------------
+
+void stage_peer::commit(uint64_t id, uint32_t attempt) {
+  auto i = uncommitted_.find({id, attempt});
+  if (i == uncommitted_.end()) {
+    commits_.duplicate++; // expired already, or confirmed twice
+    return;
+  }
+  auto g = std::move(i->second);
+  uncommitted_.erase(i);
+  // The trainer used this attempt: any other attempt of the microbatch held here never counts.
+  for (auto j = uncommitted_.lower_bound({id, 0}); j != uncommitted_.end() && j->first.first == id;) {
+    commits_.lost++;
+    j = uncommitted_.erase(j);
+  }
+  apply(g);
+  commits_.applied++;
+  applied_[id]++;
+  if (applied_.size() > 65536)
+    applied_.erase(applied_.begin());
+}
+
+void stage_peer::apply(const uncommitted_grad& g) {
+  if (g.grad.defined() && g.grad.numel() > 0) {
+    torch::NoGradGuard guard;
+    auto sum = kernels::flatten_gradients(params_);
+    sum.add_(g.grad);
+    (void)kernels::unflatten_gradients(sum, params_); // fits: taken from them
+  }
+  pending_samples_ += g.batch;
+  if (collaborative(opts_)) {
+    pending_micro_++; // the step is taken by the progress tick (start_round)
+    return;
+  }
+  if (pending_samples_ < opts_.local_batch)
+    return;
+  // Gradients were summed over microbatches of mean losses: scale to a mean.
+  auto micro = static_cast<double>(pending_samples_) / static_cast<double>(g.batch);
+  for (auto& p : params_)
+    if (p.grad().defined())
+      p.grad().div_(micro);
+  kernels::clipped_step(*optim_, params_, opts_.optimizer);
+  optim_->zero_grad();
+  pending_samples_ = 0;
+  steps_++;
+  changed();
+  gossip();
+}
+
+void stage_peer::expire_uncommitted() {
+  auto now = self_->clock().now();
+  for (auto i = uncommitted_.begin(); i != uncommitted_.end();) {
+    if (i->second.deadline <= now) {
+      commits_.lost++;
+      i = uncommitted_.erase(i);
+    } else {
+      ++i;
+    }
+  }
+  expiring_ = !uncommitted_.empty();
+  if (expiring_)
+    self_->delayed_send(self_, opts_.commit_timeout, messages::commit_atom::value);
 }
 
 template <class T>

@@ -130,6 +130,9 @@ struct stage_options {
   /// peer of the stage is gone (the stage's training state is lost) and starts from the seeded
   /// initialization rather than never serving. A donor that exists but fails does not count.
   caf::timespan download_patience = std::chrono::seconds(10);
+  /// How long a computed gradient waits for its trainer's confirmation (`commit_atom`) after its
+  /// reply left before it is dropped as lost work; a confirmation after that is ignored.
+  caf::timespan commit_timeout = std::chrono::seconds(30);
   /// Seed of gossip partner choices and of the cost model's noise.
   uint64_t seed = 0;
   /// Collaborative stepping (off when `averaging.averager` is unset: local steps + gossip).
@@ -158,7 +161,11 @@ std::string step_key(const std::string& prefix, uint64_t stage, uint64_t step);
 /// the actor never dies from bad input. It quits at once (with the reason) when its options are
 /// invalid or its backend cannot be built. Its protocol:
 /// - `stage_forward -> tensor_msg`, `stage_backward -> stage_backward_reply` (queued on the
-///   device; a reply still queued when the peer dies fails at once);
+///   device; a reply still queued when the peer dies fails at once); a backward's gradient is
+///   held until its trainer confirms that attempt (`(commit_atom, microbatch_id, attempt)`),
+///   then applied once; unconfirmed ones are dropped after `commit_timeout` (lost work);
+/// - `(status_atom, commit_atom) -> [applied, lost, duplicate confirmations, held]`,
+///   `(get_atom, commit_atom) -> [id, times applied, id, times applied, ...]` (recent ids);
 /// - `(get_atom, state_atom) -> stage_state`, `(get_atom, state_atom, part, parts) ->
 ///   stage_state_part` (answered at once, also while the device is busy);
 /// - `(probe_atom) -> double`: seconds of device time queued ahead of a request arriving now;

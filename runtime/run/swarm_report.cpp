@@ -76,6 +76,8 @@ struct stage_report {
   uint64_t max_steps = 0;
   uint64_t rounds = 0, averaged = 0, no_partner = 0, failed = 0, caught_up = 0;
   uint64_t downloads = 0, donors = 0;
+  /// Exactly-once gradients: confirmed and applied, dropped unconfirmed (lost work).
+  uint64_t applied = 0, lost = 0;
 };
 
 class swarm_reporter : public reporter {
@@ -200,6 +202,12 @@ public:
         r.caught_up += v[7];
         r.downloads += v[8];
         r.donors += v[9];
+        auto c = ask<std::vector<uint64_t>>(ctx, peer, std::chrono::seconds(5), status_atom::value,
+                                            messages::commit_atom::value);
+        if (c && std::get<0>(*c).size() >= 2) {
+          r.applied += std::get<0>(*c)[0];
+          r.lost += std::get<0>(*c)[1];
+        }
         if (!most_trained || v[0] > most_steps) {
           most_trained = peer;
           most_steps = v[0];
@@ -251,6 +259,8 @@ public:
       sum.caught_up += r.caught_up;
       sum.downloads += r.downloads;
       sum.donors += r.donors;
+      sum.applied += r.applied;
+      sum.lost += r.lost;
     }
     if (g.averaging.enabled()) {
       fmt::print("  {:<34} [{}] (target batch {})\n", "global steps per stage", steps,
@@ -267,6 +277,9 @@ public:
                sum.downloads,
                sum.downloads > 0 ? static_cast<double>(sum.donors) / static_cast<double>(sum.downloads)
                                  : 0.0);
+    fmt::print("  {:<34} {} confirmed and applied by live peers, {} computed but never "
+               "confirmed (lost work, dropped)\n",
+               "stage gradients (exactly once)", sum.applied, sum.lost);
     if (checkpoints_ > 0 || !restores_.empty()) {
       auto n = static_cast<double>(std::max<int64_t>(checkpoints_, 1));
       fmt::print("  {:<34} {} written, {:.2f} MB and {:.1f} ms each on average (max {:.1f} ms)\n",
