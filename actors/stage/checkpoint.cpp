@@ -47,8 +47,8 @@ bool valid_peer(const std::string& peer) {
   if (peer.empty() || peer.size() > 128)
     return false;
   return std::all_of(peer.begin(), peer.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_'
-           || c == '.' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '.' || c == '-';
   });
 }
 
@@ -75,8 +75,8 @@ status write_all(int fd, const char* data, size_t size) {
 std::optional<checkpoint_file> parse_name(const std::string& name, const checkpoint_key& key) {
   auto prefix = fmt::format("stage{}-l{}-{}-step", key.stage, key.begin, key.end);
   const std::string suffix = ".ckpt";
-  if (name.size() <= prefix.size() + suffix.size() || name.compare(0, prefix.size(), prefix) != 0
-      || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+  if (name.size() <= prefix.size() + suffix.size() || name.compare(0, prefix.size(), prefix) != 0 ||
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
     return std::nullopt;
   auto rest = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
   auto digits = [](const std::string& s, size_t from, size_t to, uint64_t& out) {
@@ -132,9 +132,11 @@ result<checkpoint_written> write_checkpoint(const std::string& dir, const checkp
     return fail("checkpoint: the state has no parameters");
   std::vector<char> payload;
   auto st = messages::encode_envelope(
-    nullptr,
-    [&](messages::payload_writer& w) { return messages::wire_codec<messages::stage_state>::write(w, s); },
-    payload);
+      nullptr,
+      [&](messages::payload_writer& w) {
+        return messages::wire_codec<messages::stage_state>::write(w, s);
+      },
+      payload);
   if (!st)
     return fail(fmt::format("checkpoint: cannot encode the state: {}", st.what()));
   checkpoint_written out;
@@ -222,13 +224,13 @@ result<checkpoint_loaded> read_checkpoint(const std::string& path, const checkpo
   if (in.peek() != std::char_traits<char>::eof())
     return fail("trailing bytes after the payload");
   auto refusal = messages::decode_envelope(
-    payload.data(), payload.size(), nullptr, messages::wire_codec<messages::stage_state>::name,
-    [](const messages::payload_reader& r) {
-      return messages::wire_codec<messages::stage_state>::matches(r);
-    },
-    [&](const messages::payload_reader& r) {
-      return messages::wire_codec<messages::stage_state>::read(r, out.state);
-    });
+      payload.data(), payload.size(), nullptr, messages::wire_codec<messages::stage_state>::name,
+      [](const messages::payload_reader& r) {
+        return messages::wire_codec<messages::stage_state>::matches(r);
+      },
+      [&](const messages::payload_reader& r) {
+        return messages::wire_codec<messages::stage_state>::read(r, out.state);
+      });
   if (refusal)
     return fail(fmt::format("the state does not decode: {}", refusal->line()));
   if (!out.state.params.ok() || !out.state.params.tensor.defined())
@@ -236,8 +238,8 @@ result<checkpoint_loaded> read_checkpoint(const std::string& path, const checkpo
   if (!out.state.moments.ok())
     return fail(fmt::format("the optimizer moments do not decode: {}", out.state.moments.error));
   if (out.state.steps != out.file.steps)
-    return fail(fmt::format("the header says step {}, the state {}", out.file.steps,
-                            out.state.steps));
+    return fail(
+        fmt::format("the header says step {}, the state {}", out.file.steps, out.state.steps));
   if (state_digest(out.state) != out.digest)
     return fail(fmt::format("digest mismatch: the header says {}, the bytes hash to {}",
                             digest_hex(out.digest), digest_hex(state_digest(out.state))));
@@ -269,8 +271,7 @@ std::vector<checkpoint_file> list_checkpoints(const std::string& dir, const chec
   return out;
 }
 
-checkpoint_search newest_checkpoint(const std::vector<std::string>& dirs,
-                                    const checkpoint_key& key,
+checkpoint_search newest_checkpoint(const std::vector<std::string>& dirs, const checkpoint_key& key,
                                     const std::function<status(const checkpoint_loaded&)>& accept) {
   std::vector<checkpoint_file> all;
   for (auto& d : dirs) {
@@ -297,8 +298,8 @@ checkpoint_search newest_checkpoint(const std::vector<std::string>& dirs,
   return out;
 }
 
-size_t prune_checkpoints(const std::string& dir, const checkpoint_key& key,
-                         const std::string& peer, size_t keep) {
+size_t prune_checkpoints(const std::string& dir, const checkpoint_key& key, const std::string& peer,
+                         size_t keep) {
   keep = std::max<size_t>(keep, 1);
   size_t kept = 0;
   size_t removed = 0;

@@ -98,14 +98,14 @@ std::vector<checkpoint_file> list_checkpoints(const std::string& dir, const chec
 
 /// The newest checkpoint of `key` in any of `dirs` that reads and verifies and that `accept`
 /// (when set) takes; each newer one that did not is named in `rejected` with its reason.
-checkpoint_search newest_checkpoint(const std::vector<std::string>& dirs,
-                                    const checkpoint_key& key,
-                                    const std::function<status(const checkpoint_loaded&)>& accept = {});
+checkpoint_search
+newest_checkpoint(const std::vector<std::string>& dirs, const checkpoint_key& key,
+                  const std::function<status(const checkpoint_loaded&)>& accept = {});
 
 /// Removes `peer`'s checkpoints of `key` in `dir` except the `keep` newest (at least one is
 /// kept); returns how many it removed. Other peers' files are left alone.
-size_t prune_checkpoints(const std::string& dir, const checkpoint_key& key,
-                         const std::string& peer, size_t keep);
+size_t prune_checkpoints(const std::string& dir, const checkpoint_key& key, const std::string& peer,
+                         size_t keep);
 
 /// The digest as lowercase hex (logs, reports).
 std::string digest_hex(const std::string& digest);

@@ -59,12 +59,12 @@ ckpt_status checkpoint_status(runtime::sim::world& w, runtime::sim::sim_node& n,
   auto asked = std::make_shared<bool>(false);
   n.spawn("", [=](caf::event_based_actor* self) {
     self->request(peer, caf::timespan{10s}, status_atom::value, checkpoint_atom::value)
-      .then(
-        [=](std::vector<uint64_t> c, std::string d) {
-          *got = ckpt_status{std::move(c), std::move(d)};
-          *asked = true;
-        },
-        [=](caf::error&) { *asked = true; });
+        .then(
+            [=](std::vector<uint64_t> c, std::string d) {
+              *got = ckpt_status{std::move(c), std::move(d)};
+              *asked = true;
+            },
+            [=](caf::error&) { *asked = true; });
     return caf::behavior{[](int) {}};
   });
   w.run_until([&] { return *asked; }, 20s);
@@ -89,8 +89,8 @@ double eval_loss(runtime::sim::world& w, runtime::sim::sim_node& n, caf::actor f
     messages::tensor_msg targets{batch->targets, kernels::codec_id::none, {}, {}};
     auto act = ask<messages::tensor_msg>(w, n, first, messages::stage_forward{in, targets, 1, {}});
     REQUIRE(act);
-    auto loss = ask<messages::tensor_msg>(w, n, last,
-                                          messages::stage_forward{*act, targets, 1, {}});
+    auto loss =
+        ask<messages::tensor_msg>(w, n, last, messages::stage_forward{*act, targets, 1, {}});
     REQUIRE(loss);
     total += loss->tensor.item<double>();
   }
@@ -139,12 +139,12 @@ TEST_CASE("every peer of a stage killed mid-run: the respawned peers resume from
   n.adopt("trainer", actors::trainer::spawn_trainer(sys, to, small_corpus(), board, sink));
   // Mid-run, once both have checkpointed: the whole stage is gone.
   REQUIRE(w.run_until(
-    [&] {
-      return t->microbatches >= 40
-             && !actors::stage::list_checkpoints(dir_a, {1, 1, 2}).empty()
-             && !actors::stage::list_checkpoints(dir_b, {1, 1, 2}).empty();
-    },
-    300s));
+      [&] {
+        return t->microbatches >= 40 &&
+               !actors::stage::list_checkpoints(dir_a, {1, 1, 2}).empty() &&
+               !actors::stage::list_checkpoints(dir_b, {1, 1, 2}).empty();
+      },
+      300s));
   w.kill_actor("n", "s1a");
   w.kill_actor("n", "s1b");
   auto killed_at = t->microbatches;
@@ -185,7 +185,7 @@ TEST_CASE("every peer of a stage killed mid-run: the respawned peers resume from
   auto a2 = spawn_s1("s1ag2", dir_a, true);
   w.run_for(100ms); // it finds its stage empty at its first try and resumes at once
   auto first = ask<messages::stage_state>(w, n, a2, get_atom::value, state_atom::value);
-  REQUIRE(first); // not "still starting"
+  REQUIRE(first);             // not "still starting"
   CHECK(first->samples == 0); // nobody trained on it yet: the first state it serves
   CHECK(actors::stage::state_digest(*first) == last_a);
   auto loss_after = eval_loss(w, n, s0, a2);

@@ -85,18 +85,18 @@ TEST_CASE("a retried backward whose first attempt reached a slow peer is applied
   auto done = std::make_shared<bool>(false);
   n.spawn("trainer", [=](caf::event_based_actor* self) {
     self->request(slow, caf::timespan{1s}, backward(0))
-      .then([](messages::stage_backward_reply&) {},
-            [=](caf::error&) {
-              *timed_out = true;
-              self->request(fast, caf::timespan{1s}, backward(1))
-                .then(
-                  [=](messages::stage_backward_reply& r) {
-                    if (r.grad_input.ok())
-                      self->send(fast, commit_atom::value, id, uint32_t{1});
-                    *done = true;
-                  },
-                  [=](caf::error&) { *done = true; });
-            });
+        .then([](messages::stage_backward_reply&) {},
+              [=](caf::error&) {
+                *timed_out = true;
+                self->request(fast, caf::timespan{1s}, backward(1))
+                    .then(
+                        [=](messages::stage_backward_reply& r) {
+                          if (r.grad_input.ok())
+                            self->send(fast, commit_atom::value, id, uint32_t{1});
+                          *done = true;
+                        },
+                        [=](caf::error&) { *done = true; });
+              });
     return caf::behavior{[](int) {}};
   });
   REQUIRE(w.run_until([&] { return *done; }, 30s));
