@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <vector>
 
+#include <caf/atom.hpp>
 #include <caf/deserializer.hpp>
 #include <caf/error.hpp>
 #include <caf/meta/type_name.hpp>
@@ -43,6 +44,12 @@ typename Inspector::result_type inspect(Inspector& f, stage_forward& x) {
     return f(caf::meta::type_name("stage_forward"), x.input, x.targets, x.seed);
   });
 }
+
+/// `(commit_atom, uint64 microbatch_id, uint32 attempt)`, trainer → stage peer, one-way: the
+/// trainer used this attempt's backward reply, so the peer applies its gradient (exactly once; a
+/// gradient never confirmed is dropped and counted as lost work). `(status_atom, commit_atom)`
+/// asks a peer for its counters, `(get_atom, commit_atom)` for its applications per microbatch.
+using commit_atom = caf::atom_constant<caf::atom("commit")>;
 
 /// Backward pass request: the stage recomputes its forward on `input` (it keeps nothing between
 /// forward and backward), back-propagates `grad_output` (undefined for the last stage, whose

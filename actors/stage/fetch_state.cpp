@@ -109,10 +109,16 @@ void fetch_stage_state(caf::event_based_actor* self, const caf::actor& board, ui
 
 std::function<void()> make_join_download(
     caf::event_based_actor* self, caf::actor board, uint64_t stage, join_options opts,
-    std::function<bool(const messages::stage_state&, size_t)> take, std::function<void()> start) {
+    std::function<bool(const messages::stage_state&, size_t)> take, std::function<void()> start,
+    std::function<bool()> restore) {
   auto first_try = self->clock().now();
   return [=] {
     auto retry_or_start = [=](bool stage_empty) {
+      // Nobody to download from: the stage's state lives on only in checkpoints.
+      if (stage_empty && restore && restore()) {
+        start();
+        return;
+      }
       auto waited = self->clock().now() - first_try;
       if (opts.download_state && !(stage_empty && waited >= opts.patience))
         self->delayed_send(self, opts.retry_every, state_atom::value);

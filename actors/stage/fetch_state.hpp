@@ -41,14 +41,15 @@ struct join_options {
 
 /// The download a peer runs before serving, as a function to call again for each retry: it
 /// fetches the stage's state (`fetch_stage_state`) and hands it to `take` (false: rejected, ask
-/// again); when the stage is empty or every donor failed, it either schedules a retry (sends
-/// `state_atom` to `self` after `retry_every`: the peer's `(state_atom)` handler calls the
-/// function again while not ready) or gives up. `start` runs once the state was taken or the
-/// peer gave up on it.
+/// again); when the stage is empty it first calls `restore` (if set: the peer resumes from a
+/// checkpoint, true when it did); otherwise, and when every donor failed, it either schedules a
+/// retry (sends `state_atom` to `self` after `retry_every`: the peer's `(state_atom)` handler
+/// calls the function again while not ready) or gives up. `start` runs once the state was taken
+/// or restored, or the peer gave up on it.
 std::function<void()>
 make_join_download(caf::event_based_actor* self, caf::actor board, uint64_t stage,
                    join_options opts,
                    std::function<bool(const messages::stage_state&, size_t donors)> take,
-                   std::function<void()> start);
+                   std::function<void()> start, std::function<bool()> restore = {});
 
 } // namespace starling::actors::stage

@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "actors/dht/client.hpp"
+#include "actors/stage/checkpoint.hpp"
 #include "actors/stage/device_queue.hpp"
 #include "actors/stage/fetch_state.hpp"
 #include "actors/stage/load_view.hpp"
@@ -23,6 +24,7 @@
 #include "messages/atoms.hpp"
 #include "messages/averager.hpp"
 #include "messages/dht.hpp"
+#include "messages/metrics.hpp"
 #include "messages/rebalance_atoms.hpp"
 #include "messages/swarm.hpp"
 
@@ -49,6 +51,33 @@ struct averaging_stats {
   uint64_t failed = 0;     // stepped on its own gradient: the request failed or timed out
   uint64_t skipped = 0;    // no partner and no samples of its own: no optimizer step
   uint64_t caught_up = 0;  // fell behind the stage's step and downloaded a peer's state
+};
+
+/// Counters of checkpoints (reported by `(status_atom, checkpoint_atom)`).
+struct checkpoint_stats {
+  uint64_t written = 0;
+  uint64_t bytes = 0;
+  uint64_t restored = 0;
+  uint64_t restored_steps = 0;
+  uint64_t rejected = 0;
+  uint64_t failed = 0;
+  std::string restored_digest;
+};
+
+/// Counters of exactly-once gradients (reported by `(status_atom, commit_atom)`).
+struct commit_stats {
+  uint64_t applied = 0;   // confirmed gradients that entered the optimizer's accumulation
+  uint64_t lost = 0;      // computed gradients never confirmed (dropped: lost work)
+  uint64_t duplicate = 0; // confirmations of a gradient no longer pending (ignored)
+};
+
+/// A backward's gradient waiting for its trainer's confirmation.
+struct uncommitted_grad {
+  /// The microbatch's gradient of the stage's parameters, flat (undefined: none).
+  torch::Tensor grad;
+  int64_t batch = 0;
+  /// Dropped (as lost work) when not confirmed by then.
+  time_point deadline;
 };
 
 /// Counters of state downloads (the initial one and catch-ups).
@@ -156,7 +185,28 @@ private:
   stage_state snapshot() const;
   status load(const stage_state& s);
   void announce();
+  /// Marks the state changed (a checkpoint is due at the next timer).
+  void changed() { ++version_; }
+
+  // -- checkpoints ------------------------------------------------------------------------------
+
+  bool checkpointing() const;
+  /// Writes a checkpoint when the state changed since the last one.
+  void save_checkpoint();
+  /// Resumes from the newest checkpoint of the stage that verifies; false when there is none.
+  bool restore_checkpoint();
+  void report(const std::string& kind, std::map<std::string, double> values);
   void report_load();
+
+  // -- exactly-once gradients ---------------------------------------------------------------------
+
+  /// Applies the gradient of (id, attempt) when it is pending; drops the microbatch's other
+  /// attempts held here.
+  void commit(uint64_t id, uint32_t attempt);
+  /// Adds a confirmed microbatch's gradient and samples, and steps when due (local stepping).
+  void apply(const uncommitted_grad& g);
+  /// Drops gradients whose confirmation is overdue.
+  void expire_uncommitted();
 
   // -- local stepping ---------------------------------------------------------------------------
 
@@ -205,6 +255,17 @@ private:
   bool catching_up_ = false;
   averaging_stats avg_;
   download_stats dl_;
+  /// State changes so far, and the count at the last checkpoint written or restored.
+  uint64_t version_ = 0;
+  uint64_t saved_version_ = 0;
+  checkpoint_stats ckpt_;
+  /// Gradients computed but not yet confirmed, by (microbatch id, attempt).
+  std::map<std::pair<uint64_t, uint32_t>, uncommitted_grad> uncommitted_;
+  /// Whether the expiry timer runs.
+  bool expiring_ = false;
+  commit_stats commits_;
+  /// How often each microbatch's gradient was applied here (the most recent ids only).
+  std::map<uint64_t, uint64_t> applied_;
   /// Device seconds and training samples served, for throughput reports.
   throughput_meter meter_;
 };
@@ -256,7 +317,8 @@ caf::error stage_peer::init(stage_options opts, caf::actor board) {
       dl_.donors += donors;
       return true;
     },
-    [this] { announce(); });
+    [this] { announce(); },
+    [this] { return restore_checkpoint(); });
   // Held replies fail when the peer dies (its callers retry elsewhere at once).
   auto deaths = on_death_;
   self_->attach_functor([deaths] {
@@ -275,6 +337,8 @@ caf::behavior stage_peer::make_behavior() {
     self_->send(self_, tick_atom::value);
   if (opts_.report_every > caf::timespan{0})
     self_->delayed_send(self_, opts_.report_every, load_atom::value);
+  if (checkpointing())
+    self_->delayed_send(self_, opts_.checkpoint.every, checkpoint_atom::value);
   return {
     [this](const stage_forward& req) { return forward(req); },
     [this](const stage_backward& req) { return backward(req); },
@@ -317,6 +381,30 @@ caf::behavior stage_peer::make_behavior() {
       held_.erase(i);
       deliver();
     },
+    [this](checkpoint_atom) {
+      self_->delayed_send(self_, opts_.checkpoint.every, checkpoint_atom::value);
+      if (ready_)
+        save_checkpoint();
+    },
+    [this](status_atom, checkpoint_atom) -> caf::result<std::vector<uint64_t>, std::string> {
+      std::vector<uint64_t> counters{ckpt_.written,        ckpt_.bytes,    ckpt_.restored,
+                                     ckpt_.restored_steps, ckpt_.rejected, ckpt_.failed};
+      return {std::move(counters), ckpt_.restored_digest};
+    },
+    [this](messages::commit_atom, uint64_t id, uint32_t attempt) { commit(id, attempt); },
+    [this](messages::commit_atom) { expire_uncommitted(); },
+    [this](status_atom, messages::commit_atom) -> std::vector<uint64_t> {
+      return {commits_.applied, commits_.lost, commits_.duplicate,
+              static_cast<uint64_t>(uncommitted_.size())};
+    },
+    [this](get_atom, messages::commit_atom) -> std::vector<uint64_t> {
+      std::vector<uint64_t> out;
+      for (auto& [id, times] : applied_) {
+        out.push_back(id);
+        out.push_back(times);
+      }
+      return out;
+    },
     [this](status_atom) -> std::vector<uint64_t> {
       return {steps_,         samples_,     avg_.rounds,   avg_.averaged,
               avg_.no_partner, avg_.failed, avg_.skipped,  avg_.caught_up,
@@ -343,36 +431,104 @@ caf::result<stage_backward_reply> stage_peer::backward(const stage_backward& req
   if (!req.input.ok() || !req.grad_output.ok())
     return caf::make_error(caf::sec::invalid_argument, "bad input or gradient");
   auto arrived = self_->clock().now();
+  // The microbatch's gradient is computed apart from the accumulated (confirmed) ones and held
+  // until the trainer confirms this attempt: a retried backward enters the optimizer once.
+  auto confirmed = kernels::flatten_gradients(params_);
+  for (auto& p : params_)
+    if (p.grad().defined())
+      p.grad().zero_();
   auto r = dev_->backward(req.input.tensor, req.grad_output.tensor, req.targets.tensor, req.seed);
+  uncommitted_grad held;
+  held.grad = kernels::flatten_gradients(params_);
+  (void)kernels::unflatten_gradients(confirmed, params_); // fits: taken from them
   if (!r)
     return to_error(r.error());
   auto batch = batch_of(req.input.tensor);
-  pending_samples_ += batch;
   samples_ += static_cast<uint64_t>(batch);
-  bool stepped = false;
-  if (collaborative(opts_)) {
-    pending_micro_++; // the step is taken by the progress tick (start_round)
-  } else if (pending_samples_ >= opts_.local_batch) {
-    // Gradients were summed over microbatches of mean losses: scale to a mean.
-    auto micro = static_cast<double>(pending_samples_) / static_cast<double>(batch);
-    for (auto& p : params_)
-      if (p.grad().defined())
-        p.grad().div_(micro);
-    kernels::clipped_step(*optim_, params_, opts_.optimizer);
-    optim_->zero_grad();
-    pending_samples_ = 0;
-    steps_++;
-    stepped = true;
-  }
+  held.batch = batch;
   stage_backward_reply reply;
   if (r->output.defined())
     reply.grad_input = tensor_msg{r->output, opts_.codec, {}, {}};
   if (dev_->is_last())
     reply.loss = r->loss;
   auto out = respond(arrived, *r, std::move(reply));
-  if (stepped)
-    gossip();
+  // Overdue once the reply left (behind the queue) and a commit timeout passed.
+  auto now = self_->clock().now();
+  held.deadline = now
+                  + std::chrono::duration_cast<caf::timespan>(
+                    std::chrono::duration<double>(queue_.backlog(now)))
+                  + opts_.commit_timeout;
+  // A second delivery of the same attempt replaces the first: it is one gradient either way.
+  uncommitted_[{req.microbatch_id, req.attempt}] = std::move(held);
+  if (!expiring_) {
+    expiring_ = true;
+    self_->delayed_send(self_, opts_.commit_timeout, messages::commit_atom::value);
+  }
   return out;
+}
+
+// -- exactly-once gradients -----------------------------------------------------------------------
+
+void stage_peer::commit(uint64_t id, uint32_t attempt) {
+  auto i = uncommitted_.find({id, attempt});
+  if (i == uncommitted_.end()) {
+    commits_.duplicate++; // expired already, or confirmed twice
+    return;
+  }
+  auto g = std::move(i->second);
+  uncommitted_.erase(i);
+  // The trainer used this attempt: any other attempt of the microbatch held here never counts.
+  for (auto j = uncommitted_.lower_bound({id, 0}); j != uncommitted_.end() && j->first.first == id;) {
+    commits_.lost++;
+    j = uncommitted_.erase(j);
+  }
+  apply(g);
+  commits_.applied++;
+  applied_[id]++;
+  if (applied_.size() > 65536)
+    applied_.erase(applied_.begin());
+}
+
+void stage_peer::apply(const uncommitted_grad& g) {
+  if (g.grad.defined() && g.grad.numel() > 0) {
+    torch::NoGradGuard guard;
+    auto sum = kernels::flatten_gradients(params_);
+    sum.add_(g.grad);
+    (void)kernels::unflatten_gradients(sum, params_); // fits: taken from them
+  }
+  pending_samples_ += g.batch;
+  if (collaborative(opts_)) {
+    pending_micro_++; // the step is taken by the progress tick (start_round)
+    return;
+  }
+  if (pending_samples_ < opts_.local_batch)
+    return;
+  // Gradients were summed over microbatches of mean losses: scale to a mean.
+  auto micro = static_cast<double>(pending_samples_) / static_cast<double>(g.batch);
+  for (auto& p : params_)
+    if (p.grad().defined())
+      p.grad().div_(micro);
+  kernels::clipped_step(*optim_, params_, opts_.optimizer);
+  optim_->zero_grad();
+  pending_samples_ = 0;
+  steps_++;
+  changed();
+  gossip();
+}
+
+void stage_peer::expire_uncommitted() {
+  auto now = self_->clock().now();
+  for (auto i = uncommitted_.begin(); i != uncommitted_.end();) {
+    if (i->second.deadline <= now) {
+      commits_.lost++;
+      i = uncommitted_.erase(i);
+    } else {
+      ++i;
+    }
+  }
+  expiring_ = !uncommitted_.empty();
+  if (expiring_)
+    self_->delayed_send(self_, opts_.commit_timeout, messages::commit_atom::value);
 }
 
 template <class T>
@@ -445,7 +601,79 @@ status stage_peer::load(const stage_state& s) {
     }
   }
   steps_ = s.steps;
+  changed();
   return {};
+}
+
+// -- checkpoints --------------------------------------------------------------------------------
+
+bool stage_peer::checkpointing() const {
+  return !opts_.checkpoint.dir.empty() && opts_.checkpoint.every > caf::timespan{0};
+}
+
+void stage_peer::report(const std::string& kind, std::map<std::string, double> values) {
+  if (opts_.metrics)
+    self_->send(opts_.metrics,
+                messages::metric_event{opts_.name,
+                                       kind,
+                                       std::move(values),
+                                       {{"stage", std::to_string(opts_.stage)}},
+                                       -1,
+                                       {}});
+}
+
+void stage_peer::save_checkpoint() {
+  if (version_ == saved_version_)
+    return;
+  auto version = version_;
+  auto now = self_->clock().now().time_since_epoch();
+  auto ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count());
+  checkpoint_key key{opts_.stage, opts_.begin, opts_.end};
+  auto s = snapshot();
+  auto w = write_checkpoint(opts_.checkpoint.dir, key, opts_.name, ns, s);
+  if (!w) {
+    // Tried again at the next timer; the peer serves on.
+    ckpt_.failed++;
+    aout(self_) << opts_.name << ": " << w.error().what << "\n";
+    return;
+  }
+  saved_version_ = version;
+  ckpt_.written++;
+  ckpt_.bytes += w->bytes;
+  prune_checkpoints(opts_.checkpoint.dir, key, opts_.name, opts_.checkpoint.keep);
+  report("checkpoint", {{"bytes", static_cast<double>(w->bytes)},
+                        {"seconds", w->seconds},
+                        {"steps", static_cast<double>(s.steps)}});
+}
+
+bool stage_peer::restore_checkpoint() {
+  if (opts_.checkpoint.dir.empty() && opts_.checkpoint.search.empty())
+    return false;
+  std::vector<std::string> dirs;
+  if (!opts_.checkpoint.dir.empty())
+    dirs.push_back(opts_.checkpoint.dir);
+  dirs.insert(dirs.end(), opts_.checkpoint.search.begin(), opts_.checkpoint.search.end());
+  checkpoint_key key{opts_.stage, opts_.begin, opts_.end};
+  auto found = newest_checkpoint(dirs, key, [this](const checkpoint_loaded& c) {
+    return load(c.state); // all or nothing: a state of another shape leaves the peer as it was
+  });
+  for (auto& why : found.rejected) {
+    ckpt_.rejected++;
+    aout(self_) << opts_.name << ": checkpoint rejected: " << why << "\n";
+    report("checkpoint_rejected", {});
+  }
+  if (!found.found)
+    return false;
+  auto& c = *found.found;
+  saved_version_ = version_; // the state on disk already
+  ckpt_.restored = 1;
+  ckpt_.restored_steps = c.state.steps;
+  ckpt_.restored_digest = c.digest;
+  aout(self_) << opts_.name << ": no live peer of stage " << opts_.stage
+              << "; resumed from checkpoint " << c.file.path << " (step " << c.state.steps
+              << ", digest " << digest_hex(c.digest).substr(0, 16) << ")\n";
+  report("restore", {{"steps", static_cast<double>(c.state.steps)}});
+  return true;
 }
 
 void stage_peer::announce() {
@@ -493,6 +721,7 @@ void stage_peer::average_with(const stage_state& other) {
     return;
   auto avg = (mine + other.params.tensor.to(mine.dtype())) * 0.5;
   kernels::unflatten_parameters(avg, params_);
+  changed();
 }
 
 // -- collaborative stepping ---------------------------------------------------------------------
@@ -603,6 +832,7 @@ void stage_peer::finish_round(uint64_t step, const torch::Tensor& grad, bool ski
   steps_ = step + 1;
   averaging_ = false;
   round_samples_ = 0;
+  changed();
 }
 
 /// Downloads the state (parameters, optimizer, step) of a stage peer at step `target` or later.

@@ -27,9 +27,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <caf/fwd.hpp>
 #include <caf/actor.hpp>
+#include <caf/atom.hpp>
 
 #include "actors/stage/backend.hpp"
 #include "actors/stage/cost_model.hpp"
@@ -38,6 +40,10 @@
 #include "kernels/optim/optimizer.hpp"
 
 namespace starling::actors::stage {
+
+/// `(status_atom, checkpoint_atom)`: a stage peer's checkpoint counters; `(checkpoint_atom)`:
+/// its checkpoint timer.
+using checkpoint_atom = caf::atom_constant<caf::atom("checkpoint")>;
 
 /// Collaborative stepping: average gradients with the stage's peers when their summed samples
 /// reach a target batch. Enabled when `averager` is set.
@@ -56,6 +62,22 @@ struct averaging_options {
   /// Timeout of one average request (matchmaking + round) and of DHT calls (the latter capped at
   /// `progress_period`).
   caf::timespan average_timeout = std::chrono::seconds(30);
+};
+
+/// Checkpoints of a stage peer's state on disk (actors/stage/checkpoint.hpp): the stage's learned
+/// state outlives its peers. Off when `dir` is empty.
+struct checkpoint_options {
+  /// Where the peer writes its checkpoints (its node's run directory); empty: it writes none and
+  /// restores none.
+  std::string dir;
+  /// Further directories a peer that finds no live donor reads checkpoints of its stage from,
+  /// besides `dir`.
+  std::vector<std::string> search;
+  /// How often the peer writes a checkpoint when its state changed since the last one, on CAF's
+  /// clock; 0: never (it still restores from `dir` and `search`).
+  caf::timespan every = std::chrono::seconds(2);
+  /// How many of its own newest checkpoints the peer keeps (older ones are removed).
+  uint32_t keep = 2;
 };
 
 /// What a stage peer computes with.
@@ -108,10 +130,19 @@ struct stage_options {
   /// peer of the stage is gone (the stage's training state is lost) and starts from the seeded
   /// initialization rather than never serving. A donor that exists but fails does not count.
   caf::timespan download_patience = std::chrono::seconds(10);
+  /// How long a computed gradient waits for its trainer's confirmation (`commit_atom`) after its
+  /// reply left before it is dropped as lost work; a confirmation after that is ignored.
+  caf::timespan commit_timeout = std::chrono::seconds(30);
   /// Seed of gossip partner choices and of the cost model's noise.
   uint64_t seed = 0;
   /// Collaborative stepping (off when `averaging.averager` is unset: local steps + gossip).
   averaging_options averaging;
+  /// Checkpoints on disk, and where a peer without a live donor resumes from.
+  checkpoint_options checkpoint;
+  /// Where the peer reports its checkpoints and restores as `messages::metric_event`s (kinds
+  /// `checkpoint`: bytes, seconds, steps; `restore`: steps; `checkpoint_rejected`); unset:
+  /// nowhere.
+  caf::actor metrics;
   /// How often the peer reports its measured throughput (training samples per second of busy
   /// device time, forward and backward) and queue length to its board as
   /// `(load_atom, stage, name, throughput, queue)`, for rebalancing; 0 = never. Both boards
@@ -130,12 +161,21 @@ std::string step_key(const std::string& prefix, uint64_t stage, uint64_t step);
 /// the actor never dies from bad input. It quits at once (with the reason) when its options are
 /// invalid or its backend cannot be built. Its protocol:
 /// - `stage_forward -> tensor_msg`, `stage_backward -> stage_backward_reply` (queued on the
-///   device; a reply still queued when the peer dies fails at once);
+///   device; a reply still queued when the peer dies fails at once); a backward's gradient is
+///   held until its trainer confirms that attempt (`(commit_atom, microbatch_id, attempt)`),
+///   then applied once; unconfirmed ones are dropped after `commit_timeout` (lost work);
+/// - `(status_atom, commit_atom) -> [applied, lost, duplicate confirmations, held]`,
+///   `(get_atom, commit_atom) -> [id, times applied, id, times applied, ...]` (recent ids);
 /// - `(get_atom, state_atom) -> stage_state`, `(get_atom, state_atom, part, parts) ->
 ///   stage_state_part` (answered at once, also while the device is busy);
 /// - `(probe_atom) -> double`: seconds of device time queued ahead of a request arriving now;
 /// - `(status_atom) -> [steps, samples, rounds, averaged, no_partner, failed, skipped,
-///   caught_up, downloads, donors summed over downloads, queued requests]`.
+///   caught_up, downloads, donors summed over downloads, queued requests]`;
+/// - `(status_atom, checkpoint_atom) -> ([written, bytes written, restored (0 or 1), restored
+///   steps, rejected files, write failures], restored digest (raw, empty when none))`.
+/// A peer that finds no live donor of its stage resumes from the newest checkpoint of its stage
+/// and layer range that reads and verifies (rejected files are logged), else it waits for a donor
+/// or starts from the seeded initialization as `download_state` says.
 caf::actor spawn_stage(caf::actor_system& sys, stage_options opts, caf::actor board);
 
 } // namespace starling::actors::stage

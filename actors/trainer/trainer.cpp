@@ -28,6 +28,7 @@ using messages::tensor_msg;
 
 /// One microbatch in flight: what each stage got as input (for the recomputing backward).
 struct microbatch {
+  /// Unique among the run's trainers (see `microbatch_id`): what stages key its gradients by.
   uint64_t id = 0;
   /// Its batch of the shard's stream.
   uint64_t batch = 0;
@@ -35,6 +36,8 @@ struct microbatch {
   std::vector<tensor_msg> inputs;
   tensor_msg targets;
   int64_t retries = 0;
+  /// Backward attempts so far, per stage (the next one's number).
+  std::vector<uint32_t> attempts;
   double loss = 0;
   caf::actor_clock::time_point started;
 };
@@ -72,6 +75,16 @@ void later(self_ptr self, caf::timespan d, std::function<void()> f) {
   auto t = self->state.next_ticket++;
   self->state.waiting.emplace(t, std::move(f));
   self->delayed_send(self, d, tick_atom::value, t);
+}
+
+/// A microbatch id unique among trainers: the top 24 bits from the trainer's name (FNV-1a), the
+/// low 40 bits its batch number. Stages keep a gradient per (id, attempt) until it is confirmed.
+uint64_t microbatch_id(const std::string& trainer, uint64_t batch) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : trainer)
+    h = (h ^ c) * 1099511628211ull;
+  constexpr uint64_t low = (uint64_t{1} << 40) - 1;
+  return (h & ~low) | (batch & low);
 }
 
 void start_microbatch(self_ptr self, caf::actor sink);
@@ -290,7 +303,8 @@ void backward_hop(self_ptr self, caf::actor sink, mb_ptr mb, uint64_t stage, ten
   with_peer(self, stage, pass::backward, samples,
             [=](std::string name, caf::actor peer, double ahead) {
     auto t0 = self->clock().now();
-    stage_backward req{mb->inputs[stage], grad, mb->targets, mb->seed};
+    auto attempt = mb->attempts[stage]++;
+    stage_backward req{mb->inputs[stage], grad, mb->targets, mb->seed, {}, mb->id, attempt};
     self->request(peer, hop_timeout(self, ahead), std::move(req))
       .then(
         [=](stage_backward_reply& reply) {
@@ -301,6 +315,10 @@ void backward_hop(self_ptr self, caf::actor sink, mb_ptr mb, uint64_t stage, ten
             backward_hop(self, sink, mb, stage, grad);
             return;
           }
+          // This attempt's gradient is the one that counts: the peer applies it now. An attempt
+          // that timed out is never confirmed (its peer drops it), so a retried backward enters
+          // the stage's optimizer once.
+          self->send(peer, messages::commit_atom::value, mb->id, attempt);
           if (stage == 0) {
             finish_microbatch(self, sink, mb);
             return;
@@ -332,8 +350,9 @@ void start_microbatch(self_ptr self, caf::actor sink) {
   }
   st.inflight++;
   auto mb = std::make_shared<microbatch>();
-  mb->id = b;
+  mb->id = microbatch_id(st.opts.name, b);
   mb->batch = b;
+  mb->attempts.assign(st.opts.stages, 0);
   mb->seed = st.rng();
   mb->inputs.push_back(tensor_msg{batch->inputs, kernels::codec_id::none, {}, {}});
   mb->targets = tensor_msg{batch->targets, kernels::codec_id::none, {}, {}};

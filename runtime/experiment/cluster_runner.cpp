@@ -491,6 +491,8 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
   if (s.volunteer)
     s.index = s.count; // until it holds a slot: beyond the numbered nodes
   cluster_host h{nd, s.index, g, *p, t0};
+  if (!s.out_dir.empty())
+    h.dir = s.out_dir + "/" + h.name();
   h.start_services(s.join);
   sync_run_clock(
     sys, h.dht(), g, s.count, s.index == 0 && s.incarnation == 0 && !s.volunteer,

@@ -246,9 +246,12 @@ run_result run_local(const experiment_graph& g, const role_registry& registry, c
   std::mutex shared_mtx;
   auto t0 = sys.clock().now();
   std::vector<std::unique_ptr<local_host>> hosts;
-  for (size_t n = 0; n < total; ++n)
+  for (size_t n = 0; n < total; ++n) {
     hosts.push_back(std::make_unique<local_host>(sys, n, dirs->dirs[n], resolver, g, p, t0, shared,
                                                  dht_nodes, shared_mtx));
+    if (!s.out_dir.empty())
+      hosts.back()->dir = s.out_dir + "/" + hosts.back()->name();
+  }
   run_info info;
   info.graph = &g;
   info.plan = &p;

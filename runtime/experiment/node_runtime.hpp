@@ -52,6 +52,10 @@ class node_host : public host {
 public:
   /// The node's metrics sink once started (`metrics()` returns it).
   caf::actor sink;
+  /// This node's folder in the run's output, set by the runner (`run_dir()` returns it).
+  std::string dir;
+
+  std::string run_dir() const override { return dir; }
 };
 
 /// The part of a host that local and cluster nodes share: a directory of named actors, the

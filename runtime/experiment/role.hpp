@@ -86,6 +86,9 @@ public:
   virtual const struct plan& plan() const = 0;
   /// Time since the run started on CAF's clock (virtual in simulation).
   virtual std::chrono::nanoseconds elapsed() = 0;
+  /// This node's folder in the run's output (`<out>/<node name>`: checkpoints of its stage
+  /// peers); empty when the run writes no output (the node then keeps nothing on disk).
+  virtual std::string run_dir() const = 0;
 };
 
 /// What one spawn of a role instance gets.

@@ -206,6 +206,8 @@ run_result run_sim(const experiment_graph& g, const role_registry& registry, con
   for (size_t n = 0; n < total; ++n) {
     auto& sn = w.add_node(fmt::format("node{}", n));
     hosts.push_back(std::make_unique<sim_host>(w, sn, n, g, p, shared, dht_nodes));
+    if (!s.out_dir.empty())
+      hosts.back()->dir = s.out_dir + "/" + sn.name();
   }
   run_info info;
   info.graph = &g;

@@ -162,6 +162,12 @@ swarm_builder& swarm_builder::preemptions(std::chrono::nanoseconds every,
   return *this;
 }
 
+swarm_builder& swarm_builder::checkpoints(std::chrono::nanoseconds every, int64_t keep) {
+  g_.checkpoint.every = every;
+  g_.checkpoint.keep = keep;
+  return *this;
+}
+
 swarm_builder& swarm_builder::seed(uint64_t s) {
   g_.seed = s;
   return *this;
@@ -193,6 +199,8 @@ result<swarm_graph> swarm_builder::build() const {
     return fail("hop_timeout: expected a positive duration");
   if (auto st = check_averaging(g.averaging); !st)
     return fail(st.what());
+  if (g.checkpoint.every < std::chrono::nanoseconds{0} || g.checkpoint.keep < 1)
+    return fail("checkpoint: expected every >= 0 and keep >= 1");
   if (g.preempt_every < std::chrono::nanoseconds{0} || g.restart_delay < std::chrono::nanoseconds{0})
     return fail("preempt_every, restart_delay: expected durations >= 0");
   return g;
@@ -206,7 +214,8 @@ void read_swarm_graph(config_node& n, swarm_graph& out) {
   // and is read by the swarm kind (runtime/run/swarm.cpp).
   n.allow({"model", "data", "stages", "trainers", "microbatch", "microbatches_per_trainer", "max_inflight",
            "local_batch", "target_batch", "averaging", "optimizer", "compression", "hop_timeout",
-           "preempt_every", "restart_delay", "eval_batches", "torch_threads", "export", "sim"});
+           "preempt_every", "restart_delay", "eval_batches", "torch_threads", "export", "checkpoint",
+           "sim"});
   if (n.has("model")) {
     auto m = n.child("model");
     std::string kind = "gpt";
@@ -314,6 +323,14 @@ void read_swarm_graph(config_node& n, swarm_graph& out) {
     if (auto st = check_averaging(out.averaging); !st)
       a.fail(st.what());
     a.finish();
+  }
+  if (n.has("checkpoint")) {
+    auto c = n.child("checkpoint");
+    if (!c.is_map())
+      c.expected("a map {every: 2s, keep: 2}");
+    read_duration(c, "every", out.checkpoint.every);
+    read_int(c, "keep", out.checkpoint.keep, 1, 1000);
+    c.finish();
   }
   if (n.has("optimizer")) {
     auto o = n.child("optimizer");

@@ -54,6 +54,16 @@ struct averaging_spec {
   bool enabled() const { return target_batch > 0; }
 };
 
+/// Checkpoints of stage peers' states in their nodes' run directories, so that a stage whose
+/// every peer is gone resumes from the newest one instead of its seeded initialization.
+struct checkpoint_spec {
+  /// How often a stage peer writes one when its state changed (0: never; peers still resume
+  /// from checkpoints found on their node).
+  std::chrono::nanoseconds every = std::chrono::seconds(2);
+  /// How many of its own newest checkpoints each peer keeps.
+  int64_t keep = 2;
+};
+
 /// A graph of SWARM pipeline training (configs/swarm-tiny.yaml documents each field).
 struct swarm_graph {
   /// The built-in GPT; with `torchscript` set, only its `layers` (the number of files), `vocab`
@@ -79,6 +89,9 @@ struct swarm_graph {
   int64_t local_batch = 32;
   /// Gradient averaging within stages (off by default).
   averaging_spec averaging;
+  /// Stage state checkpoints (local and cluster mode; simulated cost-model peers hold no learned
+  /// state and write none).
+  checkpoint_spec checkpoint;
   kernels::optimizer_options optimizer;
   kernels::codec_id compression = kernels::codec_id::blockwise8;
   std::chrono::nanoseconds hop_timeout = std::chrono::seconds(10);
@@ -139,6 +152,8 @@ public:
   swarm_builder& compression(kernels::codec_id c);
   swarm_builder& hop_timeout(std::chrono::nanoseconds t);
   swarm_builder& preemptions(std::chrono::nanoseconds every, std::chrono::nanoseconds restart);
+  /// Stage peers checkpoint their state every `every` (0: never) and keep `keep` of their own.
+  swarm_builder& checkpoints(std::chrono::nanoseconds every, int64_t keep);
   swarm_builder& seed(uint64_t s);
   /// The graph, or why it is invalid.
   result<swarm_graph> build() const;

@@ -157,6 +157,14 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
     so.report_every = span(s.sim.report_every);
   }
   auto& h = ctx.node;
+  so.metrics = h.metrics();
+  // Checkpoints go to the node's run directory, where a peer respawned on this node finds them
+  // when its whole stage is gone; a modeled peer holds no learned state and writes none.
+  if (!s.modeled && !h.run_dir().empty()) {
+    so.checkpoint.dir = h.run_dir() + "/checkpoints";
+    so.checkpoint.every = span(g.checkpoint.every);
+    so.checkpoint.keep = static_cast<uint32_t>(g.checkpoint.keep);
+  }
   caf::actor averager;
   if (g.averaging.enabled()) {
     // One averager per stage peer (a node may host peers of several stages, each averaging on

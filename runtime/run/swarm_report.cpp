@@ -133,6 +133,8 @@ struct stage_report {
   /// optimizer steps and distance to it, for the summary.
   std::string chosen;
   std::string steps_of_peers;
+  /// Exactly-once gradients: confirmed and applied, dropped unconfirmed (lost work).
+  uint64_t applied = 0, lost = 0;
 };
 
 class swarm_reporter : public reporter {
@@ -214,6 +216,15 @@ public:
       markers_.emplace_back(m.t, fmt::format("x s{}", slot < s_->slots.size() ? s_->slots[slot].first : 0));
     } else if (m.kind == "restart") {
       restarts_++;
+    } else if (m.kind == "checkpoint") {
+      checkpoints_++;
+      checkpoint_bytes_ += m.value("bytes");
+      checkpoint_s_ += m.value("seconds");
+      checkpoint_max_s_ = std::max(checkpoint_max_s_, m.value("seconds"));
+    } else if (m.kind == "restore") {
+      restores_.push_back(static_cast<uint64_t>(m.value("steps")));
+    } else if (m.kind == "checkpoint_rejected") {
+      rejected_checkpoints_++;
     }
   }
 
@@ -272,6 +283,12 @@ public:
         r.caught_up += v[7];
         r.downloads += v[8];
         r.donors += v[9];
+        auto c = ask<std::vector<uint64_t>>(ctx, peer, std::chrono::seconds(5), status_atom::value,
+                                            messages::commit_atom::value);
+        if (c && std::get<0>(*c).size() >= 2) {
+          r.applied += std::get<0>(*c)[0];
+          r.lost += std::get<0>(*c)[1];
+        }
         if (!most_trained || v[0] > most_steps) {
           most_trained = peer;
           most_steps = v[0];
@@ -346,6 +363,8 @@ public:
       sum.caught_up += r.caught_up;
       sum.downloads += r.downloads;
       sum.donors += r.donors;
+      sum.applied += r.applied;
+      sum.lost += r.lost;
     }
     if (g.averaging.enabled()) {
       fmt::print("  {:<34} [{}] (target batch {})\n", "global steps per stage", steps,
@@ -362,6 +381,21 @@ public:
                sum.downloads,
                sum.downloads > 0 ? static_cast<double>(sum.donors) / static_cast<double>(sum.downloads)
                                  : 0.0);
+    fmt::print("  {:<34} {} confirmed and applied by live peers, {} computed but never "
+               "confirmed (lost work, dropped)\n",
+               "stage gradients (exactly once)", sum.applied, sum.lost);
+    if (checkpoints_ > 0 || !restores_.empty()) {
+      auto n = static_cast<double>(std::max<int64_t>(checkpoints_, 1));
+      fmt::print("  {:<34} {} written, {:.2f} MB and {:.1f} ms each on average (max {:.1f} ms)\n",
+                 "stage checkpoints", checkpoints_, checkpoint_bytes_ / n / 1e6,
+                 1e3 * checkpoint_s_ / n, 1e3 * checkpoint_max_s_);
+      std::string steps_text;
+      for (auto st : restores_)
+        steps_text += fmt::format("{}{}", steps_text.empty() ? "" : ", ", st);
+      fmt::print("  {:<34} {} (at steps: {}), {} checkpoint files rejected\n",
+                 "resumed from checkpoints", restores_.size(),
+                 steps_text.empty() ? "-" : steps_text, rejected_checkpoints_);
+    }
     for (size_t k = 0; k < reports.size(); ++k)
       fmt::print("  {:<34} stage {}: {} ({})\n", k == 0 ? "final model taken from" : "", k,
                  reports[k].chosen.empty() ? "no live peer" : reports[k].chosen,
@@ -451,6 +485,11 @@ private:
   double loss0_ = 0;
   int64_t microbatches_ = 0, samples_ = 0, retries_ = 0, done_ = 0;
   int64_t preemptions_ = 0, restarts_ = 0;
+  /// Stage checkpoints written (count, bytes, seconds), restores (their steps), rejected files.
+  int64_t checkpoints_ = 0;
+  double checkpoint_bytes_ = 0, checkpoint_s_ = 0, checkpoint_max_s_ = 0;
+  std::vector<uint64_t> restores_;
+  int64_t rejected_checkpoints_ = 0;
   /// Completed batch numbers per trainer, and completions of a batch already completed.
   std::map<std::string, std::set<uint64_t>> batches_;
   int64_t repeated_ = 0;

@@ -61,13 +61,21 @@ TEST_CASE("a misspelt key in a stage's map is reported as unknown, not as a wron
 TEST_CASE("a misspelt key of the swarm section wins over the errors its absence causes") {
   // `stages` misspelt: reported as unknown, not as a missing `stages`.
   CHECK(validate_error(swarm_head + "  stagse:\n    - {peers: [1.0]}\n")
-          .find("x.yaml:4: swarm.stagse: unknown key (allowed here: averaging, compression,")
+          .find("x.yaml:4: swarm.stagse: unknown key (allowed here: averaging, checkpoint, "
+                "compression,")
         == 0);
   // `model` misspelt: reported as unknown, not as 3 stages against the default model's layers.
   CHECK(validate_error("experiment: {name: x, kind: swarm}\nswarm:\n  modle: {layers: 3}\n"
                        "  stages: [{peers: [1.0]}, {peers: [1.0]}, {peers: [1.0]}]\n")
           .find("x.yaml:3: swarm.modle: unknown key")
         == 0);
+}
+
+TEST_CASE("the swarm's checkpoint section is read strictly") {
+  auto text = swarm_head + "  stages: [{peers: [1.0]}]\n  checkpoint: {evry: 1s}\n";
+  CHECK(validate_error(text).find("x.yaml:5: swarm.checkpoint.evry: unknown key") == 0);
+  auto keep = swarm_head + "  stages: [{peers: [1.0]}]\n  checkpoint: {every: 1s, keep: 0}\n";
+  CHECK(validate_error(keep).find("x.yaml:5: swarm.checkpoint.keep") == 0);
 }
 
 TEST_CASE("the swarm's sim section is read strictly in every mode") {

@@ -89,7 +89,8 @@ TEST_CASE("swarm-tiny in local mode trains with preemptions and a killed trainer
   {
     std::ifstream in{config};
     std::ofstream out{file};
-    out << in.rdbuf() << "faults:\n  - {kill: trainer, instance: 0, at: 4s, restart_after: 1s}\n";
+    // The file ends with its `faults:` list (the whole of stage 2 at 7.5 s): one more item.
+    out << in.rdbuf() << "  - {kill: trainer, instance: 0, at: 4s, restart_after: 1s}\n";
   }
   subprocess p{args({STARLING_BINARY, "run", file, "--out", dir + "/run"})};
   auto samples = p.wait_for("samples ", 120s);

@@ -1,0 +1,203 @@
+// A stage's learned state outlives its peers: every peer of a stage is killed mid-run, and the
+// respawned peers, finding no live donor, resume from their nodes' newest checkpoints (simulated
+// time, LibTorch backend, the tiny test model).
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include <caf/all.hpp>
+#include <torch/torch.h>
+
+#include "actors/stage/board.hpp"
+#include "actors/stage/checkpoint.hpp"
+#include "actors/stage/stage.hpp"
+#include "actors/stage/state_parts.hpp"
+#include "actors/trainer/trainer.hpp"
+#include "messages/atoms.hpp"
+#include "messages/swarm.hpp"
+#include "runtime/sim/world.hpp"
+#include "support/node_fixtures.hpp"
+#include "support/swarm_fixtures.hpp"
+
+using namespace starling;
+using namespace std::chrono_literals;
+
+namespace {
+
+using actors::stage::checkpoint_atom;
+using testing::ask;
+using testing::counting_sink;
+using testing::small_corpus;
+using testing::tally;
+
+/// A stage peer of the tiny model whose every call costs 20 ms of device time at full speed
+/// (deterministic virtual time) on a device at a quarter of it, checkpointing into `dir` every
+/// 500 ms.
+actors::stage::stage_options peer_opts(uint64_t stage, const std::string& name,
+                                       const std::string& dir) {
+  auto o = testing::stage_opts(stage, static_cast<int64_t>(stage), static_cast<int64_t>(stage) + 1,
+                               name);
+  o.timer = [](const std::function<void()>& work) {
+    work();
+    return 0.02;
+  };
+  o.speed = 0.25; // 80 ms of virtual time per call
+  o.codec = kernels::codec_id::none;
+  o.checkpoint.dir = dir;
+  o.checkpoint.every = caf::timespan{500ms};
+  return o;
+}
+
+/// The peer's checkpoint counters and the digest it resumed from.
+struct ckpt_status {
+  std::vector<uint64_t> counters; // written, bytes, restored, restored steps, rejected, failed
+  std::string restored_digest;
+};
+
+ckpt_status checkpoint_status(runtime::sim::world& w, runtime::sim::sim_node& n, caf::actor peer) {
+  auto got = std::make_shared<std::optional<ckpt_status>>();
+  auto asked = std::make_shared<bool>(false);
+  n.spawn("", [=](caf::event_based_actor* self) {
+    self->request(peer, caf::timespan{10s}, status_atom::value, checkpoint_atom::value)
+        .then(
+            [=](std::vector<uint64_t> c, std::string d) {
+              *got = ckpt_status{std::move(c), std::move(d)};
+              *asked = true;
+            },
+            [=](caf::error&) { *asked = true; });
+    return caf::behavior{[](int) {}};
+  });
+  w.run_until([&] { return *asked; }, 20s);
+  REQUIRE(got->has_value());
+  REQUIRE((*got)->counters.size() == 6);
+  return **got;
+}
+
+/// Mean loss of a few fixed batches through `first` and `last` (forward passes only).
+double eval_loss(runtime::sim::world& w, runtime::sim::sim_node& n, caf::actor first,
+                 caf::actor last) {
+  auto data = small_corpus();
+  double total = 0;
+  const int batches = 4;
+  for (int b = 0; b < batches; ++b) {
+    std::vector<uint64_t> ids;
+    for (uint64_t i = 0; i < 8; ++i)
+      ids.push_back(1000 + 37 * (static_cast<uint64_t>(b) * 8 + i));
+    auto batch = data->batch(ids);
+    REQUIRE(batch.ok());
+    messages::tensor_msg in{batch->inputs, kernels::codec_id::none, {}, {}};
+    messages::tensor_msg targets{batch->targets, kernels::codec_id::none, {}, {}};
+    auto act = ask<messages::tensor_msg>(w, n, first, messages::stage_forward{in, targets, 1, {}});
+    REQUIRE(act);
+    auto loss =
+        ask<messages::tensor_msg>(w, n, last, messages::stage_forward{*act, targets, 1, {}});
+    REQUIRE(loss);
+    total += loss->tensor.item<double>();
+  }
+  return total / batches;
+}
+
+/// The digest of the newest checkpoint of stage 1 in `dir` (it must exist and verify).
+std::string newest_digest(const std::string& dir) {
+  auto found = actors::stage::newest_checkpoint({dir}, actors::stage::checkpoint_key{1, 1, 2});
+  REQUIRE(found.found);
+  CHECK(found.rejected.empty());
+  return found.found->digest;
+}
+
+} // namespace
+
+TEST_CASE("every peer of a stage killed mid-run: the respawned peers resume from their "
+          "checkpoints, every microbatch completes once, and the held-out loss is the "
+          "checkpoint's") {
+  testing::temp_dir tmp{"starling-stage-ckpt"};
+  const std::string dir_a = tmp.path + "/node-a/checkpoints";
+  const std::string dir_b = tmp.path + "/node-b/checkpoints";
+  runtime::sim::world_options wo;
+  wo.seed = 21;
+  runtime::sim::world w{wo};
+  auto& n = w.add_node("n");
+  auto& sys = w.system();
+  auto board = actors::stage::spawn_board(sys, 2);
+  n.adopt("board", board);
+  auto s0 = actors::stage::spawn_stage(sys, peer_opts(0, "s0", tmp.path + "/node-0"), board);
+  n.adopt("s0", s0);
+  // Stage 1: two peers, each checkpointing into its own node's folder.
+  auto spawn_s1 = [&](const std::string& name, const std::string& dir, bool rejoin) {
+    auto o = peer_opts(1, name, dir);
+    o.download_state = rejoin;
+    auto a = actors::stage::spawn_stage(sys, o, board);
+    n.adopt(name, a);
+    return a;
+  };
+  spawn_s1("s1a", dir_a, false);
+  spawn_s1("s1b", dir_b, false);
+  w.run();
+  auto t = std::make_shared<tally>();
+  auto sink = n.spawn("sink", counting_sink, t);
+  auto to = testing::tiny_trainer(2, 120, 2, caf::timespan{2s});
+  n.adopt("trainer", actors::trainer::spawn_trainer(sys, to, small_corpus(), board, sink));
+  // Mid-run, once both have checkpointed: the whole stage is gone.
+  REQUIRE(w.run_until(
+      [&] {
+        return t->microbatches >= 40 &&
+               !actors::stage::list_checkpoints(dir_a, {1, 1, 2}).empty() &&
+               !actors::stage::list_checkpoints(dir_b, {1, 1, 2}).empty();
+      },
+      300s));
+  w.kill_actor("n", "s1a");
+  w.kill_actor("n", "s1b");
+  auto killed_at = t->microbatches;
+  CHECK(killed_at < 120);
+  auto digest_a = newest_digest(dir_a);
+  auto digest_b = newest_digest(dir_b);
+  w.run_for(3s);
+  CHECK(t->microbatches < 120); // nothing passes stage 1 while it has no peer
+  auto a1 = spawn_s1("s1ag1", dir_a, true);
+  auto b1 = spawn_s1("s1bg1", dir_b, true);
+  REQUIRE(w.run_until([&] { return t->stops == 1; }, 600s));
+  // Every microbatch completed, none twice, the ones in flight at the kill retried.
+  CHECK(t->microbatches == 120);
+  CHECK(t->repeats == 0);
+  CHECK(t->batches["trainer"].size() == 120);
+  for (auto l : t->losses)
+    CHECK(std::isfinite(l));
+  // Each respawned peer resumed from its node's newest checkpoint, not its initialization.
+  auto st_a = checkpoint_status(w, n, a1);
+  auto st_b = checkpoint_status(w, n, b1);
+  CHECK(st_a.counters[2] == 1);
+  CHECK(st_b.counters[2] == 1);
+  CHECK(st_a.counters[3] > 0);
+  CHECK(st_a.restored_digest == digest_a);
+  CHECK(st_b.restored_digest == digest_b);
+  CHECK(st_a.counters[4] == 0); // nothing rejected
+  // Quiet now: the last checkpoints catch up with the final states.
+  w.run_for(2s);
+  auto last_a = newest_digest(dir_a);
+  auto live = ask<messages::stage_state>(w, n, a1, get_atom::value, state_atom::value);
+  REQUIRE(live);
+  CHECK(actors::stage::state_digest(*live) == last_a);
+  auto loss_before = eval_loss(w, n, s0, a1);
+  // The whole stage again, between runs this time; then one peer comes back.
+  w.kill_actor("n", "s1ag1");
+  w.kill_actor("n", "s1bg1");
+  w.run_for(1s);
+  auto a2 = spawn_s1("s1ag2", dir_a, true);
+  w.run_for(100ms); // it finds its stage empty at its first try and resumes at once
+  auto first = ask<messages::stage_state>(w, n, a2, get_atom::value, state_atom::value);
+  REQUIRE(first);             // not "still starting"
+  CHECK(first->samples == 0); // nobody trained on it yet: the first state it serves
+  CHECK(actors::stage::state_digest(*first) == last_a);
+  auto loss_after = eval_loss(w, n, s0, a2);
+  CHECK(std::abs(loss_after - loss_before) < 0.1);
+  // Without its checkpoints the stage would have started over: a peer of the seeded
+  // initialization is far off (the check above can fail).
+  w.kill_actor("n", "s1ag2");
+  w.run_for(1s);
+  auto fresh = spawn_s1("s1fresh", tmp.path + "/empty", false);
+  w.run();
+  auto loss_fresh = eval_loss(w, n, s0, fresh);
+  CHECK(std::abs(loss_fresh - loss_before) > 0.1);
+  MESSAGE("held-out loss: checkpoint " << loss_before << ", after recovery " << loss_after
+                                       << ", seeded initialization " << loss_fresh);
+}
