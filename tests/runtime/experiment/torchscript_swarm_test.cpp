@@ -12,6 +12,7 @@
 
 #include "kernels/data/token_file.hpp"
 #include "support/python_fixtures.hpp"
+#include "support/node_fixtures.hpp"
 #include "support/subprocess.hpp"
 
 using starling::testing::subprocess;
@@ -22,11 +23,10 @@ namespace {
 
 const std::string example = STARLING_SOURCE_DIR "/examples/torchscript";
 
-std::string temp_dir() {
-  char tmpl[] = "/tmp/starling-tsrun-XXXXXX";
-  REQUIRE(::mkdtemp(tmpl) != nullptr);
-  return tmpl;
-}
+/// A fresh run folder (the shared fixture's, removed when the test ends).
+struct run_dir : starling::testing::temp_dir {
+  run_dir() : starling::testing::temp_dir("starling-tsrun") {}
+};
 
 /// The example's files for a small model, written by prepare.py once per build.
 std::string prepared() {
@@ -72,7 +72,8 @@ std::vector<std::string> swarm_args(const std::string& dir, const std::string& y
 TEST_CASE("a TorchScript GPT trains with SWARM through a preemption and its exported weights "
           "give the same held-out loss in Python") {
   auto dir = prepared();
-  auto out = temp_dir();
+  run_dir scratch;
+  auto out = scratch.path;
   auto yaml = out + "/swarm.yaml";
   {
     std::ifstream in{example + "/swarm.yaml"};
@@ -100,7 +101,8 @@ TEST_CASE("a TorchScript GPT trains with SWARM through a preemption and its expo
 
 TEST_CASE("a bad TorchScript model or token file is one error line and a non-zero exit") {
   auto dir = prepared();
-  auto out = temp_dir();
+  run_dir scratch;
+  auto out = scratch.path;
   auto yaml = example + "/swarm.yaml";
   auto error_line = [&](std::vector<std::string> extra) {
     subprocess p{swarm_args(dir, yaml, std::move(extra))};
