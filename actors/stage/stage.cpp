@@ -319,6 +319,14 @@ caf::error stage_peer::init(stage_options opts, caf::actor board) {
     },
     [this] { announce(); },
     [this] { return restore_checkpoint(); });
+  // A peer stopped on purpose (the run's end or a signal, leaving, migrating) writes its state
+  // first, so that a resumed run or a later peer continues from it; a preempted one (killed)
+  // cannot.
+  self_->set_exit_handler([this](const caf::exit_msg& m) {
+    if (m.reason == caf::exit_reason::user_shutdown && ready_ && checkpointing())
+      save_checkpoint();
+    self_->quit(m.reason);
+  });
   // Held replies fail when the peer dies (its callers retry elsewhere at once).
   auto deaths = on_death_;
   self_->attach_functor([deaths] {

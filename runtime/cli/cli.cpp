@@ -58,15 +58,28 @@ result<loaded_experiment> load(const std::string& file, const role_registry& reg
   return load_experiment_file(file, registry, lo);
 }
 
-int cmd_run(const std::string& file, bool sim, std::optional<uint64_t> seed,
-            const std::string& out, const std::vector<std::string>& sets, size_t nodes) {
+int cmd_run(std::string file, bool sim, std::optional<uint64_t> seed, std::string out,
+            const std::vector<std::string>& sets, size_t nodes, const std::string& resume) {
+  if (!resume.empty()) {
+    if (!out.empty() && out != resume)
+      return die(fmt::format("run: --out {} and --resume {} name two folders; a resumed run "
+                             "writes into the folder it continues",
+                             out, resume));
+    out = resume;
+    // Without a file, the experiment as the stopped run ran it (its `--set`s applied).
+    if (file.empty())
+      file = resume + "/experiment.yaml";
+  } else if (file.empty()) {
+    return die("run: an EXPERIMENT.yaml file is required (or --resume RUN_DIR)");
+  }
   auto registry = builtin_registry();
   auto ex = load(file, registry, sim ? std::optional<run_mode>{run_mode::sim} : std::nullopt,
                  seed, sets);
   if (!ex)
     return die(ex.error().what);
   set_log_level(parse_log_level(ex->log_level));
-  return command_run(ex->graph, registry, ex->mode, nodes, out, ex->source_text);
+  return command_run(ex->graph, registry, ex->mode, nodes, out, ex->source_text,
+                     !resume.empty());
 }
 
 int cmd_plan(const std::string& file, const std::string& mode_text, size_t nodes,
@@ -226,11 +239,16 @@ int cli_main(int argc, char** argv) {
   std::string run_out;
   std::vector<std::string> run_sets;
   size_t run_nodes = 0;
-  run->add_option("experiment", run_file, "Experiment YAML file")->required();
+  std::string run_resume;
+  run->add_option("experiment", run_file,
+                  "Experiment YAML file (with --resume: default RUN_DIR/experiment.yaml)");
   run->add_flag("--sim", run_sim, "Simulate: virtual time and the network model");
   run->add_option("--seed", run_seed, "Override experiment.seed");
   run->add_option("--out", run_out, "Output folder (default runs/<timestamp>-<name>)");
   run->add_option("--nodes", run_nodes, "Number of nodes (default: experiment.nodes)");
+  run->add_option("--resume", run_resume,
+                  "Continue the stopped run in RUN_DIR (its checkpoints and trainers' progress; "
+                  "same experiment, seed and mode)");
   run->add_option("--set", run_sets,
                   "Override one value of the file: KEY.PATH=VALUE, e.g. swarm.trainers=3 or "
                   "swarm.stages[1].peers[0]=0.5 (repeatable)")
@@ -302,7 +320,7 @@ int cli_main(int argc, char** argv) {
   if (auto rc = auth.run())
     return *rc;
   if (run->parsed())
-    return cmd_run(run_file, run_sim, run_seed, run_out, run_sets, run_nodes);
+    return cmd_run(run_file, run_sim, run_seed, run_out, run_sets, run_nodes, run_resume);
   if (planc->parsed())
     return cmd_plan(plan_file, plan_mode, plan_nodes, plan_sets);
   if (nodec->parsed()) {

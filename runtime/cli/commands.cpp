@@ -4,6 +4,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -15,6 +16,7 @@
 #include <CLI/CLI.hpp>
 #include <caf/all.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "actors/auth/identity.hpp"
 #include "runtime/cli/signals.hpp"
@@ -182,15 +184,158 @@ int run_parent(const experiment_graph& g, const node_command& cmd,
 
 } // namespace
 
+namespace {
+
+/// SIGINT/SIGTERM for a run in this process: the first sets `stopped()` (the run then ends with
+/// its summary); with `second_kills`, a second ends the process at once (the default action;
+/// not for a cluster node, whose parent passes the terminal's SIGINT on as a SIGTERM). Made
+/// before the actor system starts: the threads started after it block the signals, so that none
+/// of CAF's or the transport's system calls is interrupted by one, and its watcher thread,
+/// started before the block, takes them.
+class signal_watcher {
+public:
+  explicit signal_watcher(bool second_kills) {
+    install_shutdown_signals();
+    thread_ = std::thread{[stop = stop_, second_kills] {
+      if (wait_for_shutdown_signal() == 0)
+        return;
+      if (second_kills) {
+        std::signal(SIGINT, SIG_DFL);
+        std::signal(SIGTERM, SIG_DFL);
+        fmt::print(stderr, "\nstarling: stopping; the summary follows (a second signal ends the "
+                           "process at once)\n");
+      }
+      stop->store(true);
+      (void)wait_for_shutdown_signal(); // stays, the thread that takes a second signal
+    }};
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  }
+  signal_watcher(const signal_watcher&) = delete;
+  signal_watcher& operator=(const signal_watcher&) = delete;
+  ~signal_watcher() {
+    wake_shutdown_waiter();
+    thread_.join();
+  }
+  /// Whether a first signal came.
+  std::function<bool()> stopped() const {
+    return [stop = stop_] { return stop->load(); };
+  }
+
+private:
+  std::shared_ptr<std::atomic<bool>> stop_ = std::make_shared<std::atomic<bool>>(false);
+  std::thread thread_;
+};
+
+/// What a run folder's `run.json` says about the run in it.
+const char* const run_record = "run.json";
+
+/// Checks that `dir` holds a stopped run of `g` in `mode` that can continue: its record names
+/// the same experiment, kind, seed and mode, and the kind reads what it left. Returns the number
+/// of runs so far and what the run continues from.
+result<std::pair<int64_t, std::string>> check_resume(const experiment_graph& g, run_mode mode,
+                                                      const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    return fail(fmt::format("--resume {}: no such folder", dir));
+  std::ifstream in{dir + "/" + run_record};
+  if (!in)
+    return fail(fmt::format("--resume {}: no {} in it (not a run folder, or one written before "
+                            "runs could be resumed)",
+                            dir, run_record));
+  auto j = nlohmann::json::parse(in, nullptr, false);
+  if (j.is_discarded() || !j.is_object())
+    return fail(fmt::format("--resume {}: {} is not a JSON object", dir, run_record));
+  auto field = [&](const char* k) {
+    return j.contains(k) && j[k].is_string() ? j[k].get<std::string>() : std::string{"?"};
+  };
+  auto seed = j.contains("seed") && j["seed"].is_number_unsigned() ? j["seed"].get<uint64_t>() : 0;
+  auto runs = j.contains("runs") && j["runs"].is_number_integer() ? j["runs"].get<int64_t>() : 0;
+  std::string differs;
+  if (field("experiment") != g.name)
+    differs = fmt::format("experiment '{}', this one '{}'", field("experiment"), g.name);
+  else if (field("kind") != g.kind)
+    differs = fmt::format("kind '{}', this one '{}'", field("kind"), g.kind);
+  else if (seed != g.seed)
+    differs = fmt::format("seed {}, this one {}", seed, g.seed);
+  else if (field("mode") != to_string(mode))
+    differs = fmt::format("{} mode, this one {} mode", field("mode"), to_string(mode));
+  if (!differs.empty())
+    return fail(fmt::format("--resume {}: the run there is another one ({})", dir, differs));
+  if (runs < 1)
+    return fail(fmt::format("--resume {}: {} has no run count", dir, run_record));
+  if (!g.not_resumable.empty() || !g.inspect_resume)
+    return fail(fmt::format("--resume {}: '{}' cannot be resumed: {}", dir, g.name,
+                            g.not_resumable.empty() ? "no resume support" : g.not_resumable));
+  auto what = g.inspect_resume(dir);
+  if (!what)
+    return fail(fmt::format("--resume {}: {}", dir, what.error().what));
+  return std::make_pair(runs, *what);
+}
+
+/// Moves the previous run's results (metrics, plots, export) into `<dir>/run<k>/`, so that the
+/// continued run writes its own and nothing is lost; node folders (checkpoints, progress, keys)
+/// stay where the continued run reads them.
+status keep_previous_results(const std::string& dir, int64_t k) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  auto keep = fs::path{dir} / fmt::format("run{}", k);
+  fs::create_directories(keep, ec);
+  if (ec)
+    return fail(fmt::format("{}: {}", keep.string(), ec.message()));
+  for (auto& e : fs::directory_iterator(dir, ec)) {
+    auto name = e.path().filename().string();
+    bool result_file = e.is_regular_file(ec) && name != run_record;
+    if (!result_file && name != "export")
+      continue;
+    fs::rename(e.path(), keep / name, ec);
+    if (ec)
+      return fail(fmt::format("cannot move {} into {}: {}", e.path().string(), keep.string(),
+                              ec.message()));
+  }
+  return {};
+}
+
+} // namespace
+
 int command_run(const experiment_graph& g, const role_registry& registry, run_mode mode,
-                size_t nodes, const std::string& out, const std::string& source_text) {
+                size_t nodes, const std::string& out, const std::string& source_text,
+                bool resume) {
   auto p = make_plan(g, mode, nodes, g.seed);
   if (!p)
     return die(p.error().what);
   auto dir = out.empty() ? default_out_dir(g.name) : out;
+  int64_t runs = 0;
+  if (resume) {
+    auto r = check_resume(g, mode, dir);
+    if (!r)
+      return die(r.error().what);
+    runs = r->first;
+    if (auto st = keep_previous_results(dir, runs); !st)
+      return die(st.what());
+    fmt::print("resuming run {} of '{}' in {} (the earlier results are in {}/run{}):\n  {}\n",
+               runs + 1, g.name, dir, dir, runs, r->second);
+  } else {
+    std::error_code ec;
+    if (std::filesystem::exists(dir + "/" + run_record, ec)
+        || std::filesystem::exists(dir + "/experiment.yaml", ec))
+      return die(fmt::format("{} holds a run already: continue it with --resume {}, or choose "
+                             "another --out",
+                             dir, dir));
+  }
   std::string why;
   if (!make_dirs(dir, why))
     return die(why);
+  {
+    nlohmann::json j{{"experiment", g.name}, {"kind", g.kind}, {"seed", g.seed},
+                     {"mode", to_string(mode)}, {"runs", runs + 1},
+                     {"starling", STARLING_VERSION}};
+    std::ofstream{dir + "/" + run_record} << j.dump(2) << "\n";
+  }
   if (!source_text.empty())
     std::ofstream{dir + "/experiment.yaml"} << source_text;
   fmt::print("starling {}: running '{}'{} in {} mode, seed {}, {} node{}; output in {}\n",
@@ -200,6 +345,13 @@ int command_run(const experiment_graph& g, const role_registry& registry, run_mo
   run_settings s;
   s.nodes = nodes;
   s.out_dir = dir;
+  // SIGINT/SIGTERM end a local run with its summary (and, for kinds that keep their state in
+  // the folder, a run that `--resume` continues).
+  std::optional<signal_watcher> signals;
+  if (mode == run_mode::local) {
+    signals.emplace(true);
+    s.stop = signals->stopped();
+  }
   if (g.study)
     return g.study(g, [&](const experiment_graph& variant) {
       auto settings = s;
@@ -254,6 +406,7 @@ int command_node(const experiment_graph& g, const role_registry& registry,
   // folder, so a restarted node (same folder) keeps its identity.
   no.experiment = g.name;
   no.key_file = out + "/node.key";
+  signal_watcher signals{false};
   auto nd = node::start(g.caf, no, name,
                         [&registry](caf::actor_system_config& cfg) { registry.configure(cfg); });
   if (!nd)
@@ -261,24 +414,17 @@ int command_node(const experiment_graph& g, const role_registry& registry,
   fmt::print("node {} listening on {} (peer id {})\n", name, (*nd)->endpoint(),
              actors::auth::to_hex((*nd)->peer_id()));
   std::fflush(stdout);
-  auto stop = std::make_shared<std::atomic<bool>>(false);
-  std::thread watcher{[stop] {
-    if (wait_for_shutdown_signal() != 0)
-      stop->store(true);
-  }};
+  auto stop = signals.stopped();
   cluster_settings s;
   s.index = cmd.index;
   s.count = cmd.count;
   s.volunteer = cmd.volunteer;
   s.join = cmd.join;
   s.out_dir = out;
-  s.stop = [stop] { return stop->load(); };
+  s.stop = stop;
   s.incarnation = cmd.incarnation;
   s.elapsed = std::chrono::milliseconds{cmd.elapsed_ms};
   int rc = run_cluster_node(g, registry, **nd, s);
-  if (!stop->load())
-    wake_shutdown_waiter();
-  watcher.join();
   fmt::print("node {} shutting down\n", name);
   std::fflush(stdout);
   (*nd)->shutdown();

@@ -18,9 +18,14 @@ namespace starling::runtime {
 
 /// `run`: runs the graph in this process and prints its report; returns the exit code. The
 /// output folder is created here, after everything validated (`out` empty: runs/<time>-<name>);
-/// `source_text` (the experiment file as run) is kept in it as experiment.yaml.
+/// `source_text` (the experiment file as run) is kept in it as experiment.yaml, and `run.json`
+/// records the run (experiment, kind, seed, mode, how many runs). An `out` that holds a run
+/// already is refused unless `resume`: then the run there continues (same experiment, kind, seed
+/// and mode; the kind must keep its state in the folder), its earlier results moved to
+/// `<out>/run<k>/`.
 int command_run(const experiment_graph& g, const role_registry& registry, run_mode mode,
-                size_t nodes, const std::string& out, const std::string& source_text = {});
+                size_t nodes, const std::string& out, const std::string& source_text = {},
+                bool resume = false);
 
 /// `plan`: prints the plan of `g` for `nodes` nodes in `mode`.
 int command_plan(const experiment_graph& g, const role_registry& registry, run_mode mode,

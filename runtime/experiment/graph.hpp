@@ -163,6 +163,13 @@ struct experiment_graph {
   /// Simulation: record every message between nodes in the trace (faults, restarts and
   /// metrics always are); large simulations turn it off.
   bool trace_messages = true;
+  /// Why `starling run --resume` cannot continue a stopped run of this graph; empty when its
+  /// kind keeps its learned state and progress in the run folder (checkpoints, progress files).
+  std::string not_resumable = "its kind keeps no learned state in the run folder";
+  /// Set with an empty `not_resumable`: checks what a stopped run left in its folder (every file
+  /// a resumed run will read) and says in a few lines what the run will continue from; fails,
+  /// naming the file, on anything unreadable.
+  std::function<result<std::string>(const std::string& run_dir)> inspect_resume;
   /// CAF, node and (simulation) network settings of the file.
   caf_options caf;
   node_options node;

@@ -270,9 +270,15 @@ run_result run_local(const experiment_graph& g, const role_registry& registry, c
         node_actions.emplace(f.at + f.restart, std::make_pair(f.node, true));
     }
   bool done = false;
+  bool stopped = false;
   double next_tick = 1.0;
   for (;;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (s.stop && s.stop()) {
+      stopped = true;
+      log(log_level::info, "run", "stopping on a signal");
+      break;
+    }
     auto now = sys.clock().now() - t0;
     while (!node_actions.empty() && node_actions.begin()->first <= now) {
       auto [n, restart] = node_actions.begin()->second;
@@ -302,10 +308,11 @@ run_result run_local(const experiment_graph& g, const role_registry& registry, c
       break;
   }
   res.run_s = seconds_of(sys.clock().now() - t0);
-  res.timed_out = !done;
+  res.timed_out = !done && !stopped;
   local_finish fin{sys, *hosts[0], *dirs};
   fin.run_s = res.run_s;
-  fin.timed_out = !done;
+  fin.timed_out = !done && !stopped;
+  fin.stopped = stopped;
   fin.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   res.exit_code = hub.finish(fin);
   for (auto& h : hosts)

@@ -76,6 +76,8 @@ void metric_hub::deliver(const metric_record& m) {
   }
   if (observer_)
     observer_(m);
+  if (finishing_)
+    return; // the reporters are writing their summaries (see `finish`)
   for (auto& r : reporters_)
     r->on_metric(m);
 }
@@ -89,7 +91,14 @@ bool metric_hub::tick(double t) {
 }
 
 int metric_hub::finish(finish_context& ctx) {
-  std::lock_guard<std::mutex> guard{mtx_};
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    finishing_ = true;
+  }
+  // Without the lock: a reporter's finish asks the roles for their state while, in a run stopped
+  // mid-way, their metrics keep coming. Held, the lock blocked every actor thread that delivered
+  // one, and with them the answers: each ask waited for its timeout and the summary found no
+  // live peer. Metrics that arrive now are still written to the JSONL file.
   int rc = 0;
   for (auto& r : reporters_) {
     auto x = r->finish(ctx);

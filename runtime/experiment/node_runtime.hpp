@@ -42,6 +42,8 @@ public:
 
 private:
   std::mutex mtx_;
+  /// Set when `finish` begins: later metrics reach the file, no longer the reporters.
+  bool finishing_ = false;
   std::vector<std::unique_ptr<reporter>> reporters_;
   std::unique_ptr<jsonl_writer> out_;
   std::function<void(const metric_record&)> observer_;

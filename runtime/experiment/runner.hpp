@@ -42,6 +42,9 @@ struct run_settings {
   bool trace_messages = true;
   /// Write trace.jsonl (simulation).
   bool write_trace = true;
+  /// Local mode: true once the run was asked to stop (SIGINT/SIGTERM); it then ends as at its
+  /// duration, with its summary (and the kind's state kept for `--resume`). Unset: never.
+  std::function<bool()> stop;
 };
 
 /// Runs `g` in simulation or local mode in this process; prints progress and the reporters'

@@ -1,6 +1,8 @@
 #include "runtime/run/swarm.hpp"
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
@@ -8,8 +10,10 @@
 #include <caf/all.hpp>
 #include <fmt/format.h>
 
+#include "actors/auth/authority.hpp"
 #include "actors/averager/averager.hpp"
 #include "actors/stage/board.hpp"
+#include "actors/stage/checkpoint.hpp"
 #include "actors/stage/dht_board.hpp"
 #include "actors/stage/stage.hpp"
 #include "actors/supervisor/supervisor.hpp"
@@ -197,22 +201,65 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
   return peer;
 }
 
+/// Whether `name` can be a file name as it is (letters, digits, '_', '-', '.'; no leading '.').
+bool plain_name(const std::string& name) {
+  if (name.empty() || name[0] == '.')
+    return false;
+  for (char c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.')
+      return false;
+  return true;
+}
+
 /// Which batches each trainer of this node completed (`kernels::batch_progress` by trainer name),
-/// so that a trainer restarted on the node redoes exactly the batches that were not done.
-caf::behavior progress_store(caf::event_based_actor*) {
+/// so that a trainer restarted on the node redoes exactly the batches that were not done. With a
+/// folder, every change is also written there (`<name>.progress`, replaced atomically) and the
+/// folder's files are read at the start: a stopped run continued with `--resume`, or a cluster
+/// node restarted in the same folder, takes its trainers' progress up from them.
+caf::behavior progress_store(caf::event_based_actor* self, std::string dir) {
+  namespace fs = std::filesystem;
   auto done = std::make_shared<std::map<std::string, kernels::batch_progress>>();
+  std::error_code ec;
+  if (!dir.empty() && fs::is_directory(dir, ec))
+    for (auto& e : fs::directory_iterator(dir, ec)) {
+      if (e.path().extension() != ".progress")
+        continue;
+      std::ifstream in{e.path(), std::ios::binary};
+      std::string bytes{std::istreambuf_iterator<char>{in}, {}};
+      auto p = kernels::batch_progress::parse(bytes);
+      if (!p) {
+        // Never silently dropped: the trainer would redo (and so train twice) its done batches.
+        self->quit(caf::make_error(caf::sec::invalid_argument,
+                                   fmt::format("{}: {}", e.path().string(), p.error().what)));
+        log(log_level::error, "swarm", "progress file {}: {}", e.path().string(), p.error().what);
+        return {};
+      }
+      done->emplace(e.path().stem().string(), std::move(*p));
+    }
+  if (!dir.empty())
+    fs::create_directories(dir, ec);
+  auto warned = std::make_shared<bool>(false);
   return {
     [done](get_atom, const std::string& name) -> std::string {
       auto i = done->find(name);
       return i == done->end() ? std::string{} : i->second.serialize();
     },
-    [done](put_atom, const std::string& name, uint64_t total, uint64_t batch) {
+    [done, dir, warned](put_atom, const std::string& name, uint64_t total, uint64_t batch) {
       auto i = done->find(name);
       if (i == done->end())
         i = done->emplace(name, kernels::batch_progress{total}).first;
       else if (i->second.total() != total)
         i->second = i->second.resized(total);
-      (void)i->second.mark_done(batch); // a batch beyond the total is not progress
+      auto fresh = i->second.mark_done(batch); // a batch beyond the total is not progress
+      if (dir.empty() || !fresh || !*fresh || !plain_name(name))
+        return;
+      auto st = actors::auth::write_file_atomically(dir + "/" + name + ".progress",
+                                                    i->second.serialize(), 0644);
+      if (!st && !*warned) {
+        *warned = true;
+        log(log_level::warning, "swarm", "progress not saved (a resumed run would redo batches): {}",
+            st.what());
+      }
     },
   };
 }
@@ -228,7 +275,7 @@ caf::actor spawn_trainer(role_context& ctx, const swarm_role_options& o,
   }
   auto i = static_cast<int64_t>(ctx.index);
   actors::trainer::trainer_options to;
-  to.name = fmt::format("trainer{}", i);
+  to.name = ctx.name; // also its progress file's name and its metrics' source
   to.stages = g.stages.size();
   to.microbatch = g.microbatch;
   to.data.seed = g.seed;
@@ -268,13 +315,59 @@ caf::actor spawn_trainer(role_context& ctx, const swarm_role_options& o,
   }
   auto& h = ctx.node;
   auto reports = h.system().spawn(trainer_reports, h.metrics(), ctx.name);
-  to.progress = h.service("swarm.progress",
-                          [](host& x) { return x.system().spawn(progress_store); });
+  auto progress_dir = s.modeled || h.run_dir().empty() ? std::string{} : h.run_dir() + "/progress";
+  to.progress = h.service("swarm.progress", [progress_dir](host& x) {
+    return x.system().spawn(progress_store, progress_dir);
+  });
   auto t = actors::trainer::spawn_trainer(h.system(), to, data, swarm_board(h, s), reports);
   t->attach_functor([reports](const caf::error&) {
     caf::anon_send_exit(reports, caf::exit_reason::user_shutdown);
   });
   return t;
+}
+
+/// What a stopped run left in `dir` for `--resume`: every trainer progress file (parsed) and each
+/// stage's newest checkpoint that verifies, over all the run's node folders.
+result<std::string> inspect_swarm_run(const swarm_setup& s, const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<std::string> checkpoint_dirs;
+  uint64_t files = 0, batches = 0;
+  std::vector<fs::path> nodes;
+  for (auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_directory(ec))
+      nodes.push_back(e.path());
+  std::sort(nodes.begin(), nodes.end());
+  for (auto& n : nodes) {
+    if (fs::is_directory(n / "checkpoints", ec))
+      checkpoint_dirs.push_back((n / "checkpoints").string());
+    if (!fs::is_directory(n / "progress", ec))
+      continue;
+    for (auto& e : fs::directory_iterator(n / "progress", ec)) {
+      if (e.path().extension() != ".progress")
+        continue;
+      std::ifstream in{e.path(), std::ios::binary};
+      std::string bytes{std::istreambuf_iterator<char>{in}, {}};
+      auto p = kernels::batch_progress::parse(bytes);
+      if (!p)
+        return fail(fmt::format("{}: {}", e.path().string(), p.error().what));
+      files++;
+      batches += p->done_count();
+    }
+  }
+  auto total = static_cast<uint64_t>(s.trainers * s.graph.microbatches_per_trainer);
+  std::string out = fmt::format("trainers' progress: {} of {} batches done ({} files)",
+                                std::min(batches, total), total, files);
+  for (size_t k = 0; k < s.ranges.size(); ++k) {
+    actors::stage::checkpoint_key key{k, s.ranges[k].first, s.ranges[k].second};
+    auto found = actors::stage::newest_checkpoint(checkpoint_dirs, key);
+    out += fmt::format("\n  stage {}: {}", k,
+                       found.found ? fmt::format("checkpoint of step {}", found.found->state.steps)
+                                   : std::string{"no checkpoint: starts from its initialization"});
+    for (auto& why : found.rejected)
+      out += fmt::format(" (rejected {})", why);
+  }
+  return out;
 }
 
 /// Reads the optional `sim` section.
@@ -566,6 +659,14 @@ void add_swarm(role_registry& reg) {
     if (!setup)
       n.fail(setup.error().what);
     eg.trace_messages = !modeled || sim.trace_messages;
+    // A stopped run continues from its stage checkpoints and its trainers' progress files.
+    eg.not_resumable = modeled ? "simulated stage peers hold no learned state"
+                       : g.checkpoint.every <= nanoseconds{0}
+                         ? "its stage peers write no checkpoints (swarm.checkpoint.every: 0)"
+                         : "";
+    eg.inspect_resume = [setup = *setup](const std::string& dir) {
+      return inspect_swarm_run(*setup, dir);
+    };
     add_swarm_roles(eg, *setup);
     if (g.preempt_every > nanoseconds{0}) {
       fault_spec f;

@@ -3,6 +3,7 @@
 #include "runtime/run/swarm.hpp"
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -12,7 +13,9 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include "actors/stage/checkpoint.hpp"
 #include "actors/trainer/wiring.hpp"
+#include "kernels/data/batch_progress.hpp"
 #include "kernels/data/corpus.hpp"
 #include "kernels/flat.hpp"
 #include "kernels/data/token_source.hpp"
@@ -137,6 +140,8 @@ struct stage_report {
   uint64_t applied = 0, lost = 0;
 };
 
+const char* const no_stage_state = "a stage had neither a live peer nor a checkpoint at the end";
+
 class swarm_reporter : public reporter {
 public:
   explicit swarm_reporter(std::shared_ptr<const swarm_setup> s) : s_(std::move(s)) {}
@@ -144,6 +149,7 @@ public:
   void start(const run_info& info) override {
     info_ = info;
     auto& g = s_->graph;
+    read_earlier_progress();
     std::string layout;
     for (size_t k = 0; k < g.stages.size(); ++k) {
       layout += fmt::format("{}stage {} = blocks [{}, {}) on {} peers (speeds", k == 0 ? "" : "; ",
@@ -198,8 +204,11 @@ public:
       microbatches_++;
       // A trainer's batch numbers name its samples (a pure function of seed, shard and batch):
       // a batch seen twice would be samples trained twice.
-      if (!batches_[m.source].insert(static_cast<uint64_t>(m.value("batch", -1))).second)
+      auto batch = static_cast<uint64_t>(m.value("batch", -1));
+      if (!batches_[m.source].insert(batch).second)
         repeated_++;
+      else if (auto e = earlier_.find(m.source); e != earlier_.end() && e->second.count(batch))
+        redone_++;
       samples_ += static_cast<int64_t>(m.value("samples"));
       retries_ += static_cast<int64_t>(m.value("retries"));
       auto loss = m.value("loss");
@@ -316,6 +325,17 @@ public:
         }
         r.steps_of_peers += "; replicas' relative distance to it: " + spread;
       }
+      // No live peer at the end (a whole stage preempted as the last microbatches completed):
+      // the stage's newest checkpoint in the run's folders stands for it.
+      if (!finals[k].defined())
+        if (auto c = newest_checkpoint_of(k)) {
+          finals[k] = c->state.params.tensor;
+          auto rel = std::filesystem::path(c->file.path).lexically_relative(info_.out_dir);
+          r.chosen = "checkpoint " + rel.string();
+          r.steps_of_peers = fmt::format("no live peer; checkpoint of step {}, digest {}",
+                                         c->state.steps,
+                                         actors::stage::digest_hex(c->digest).substr(0, 16));
+        }
     }
     double loss1 = -1;
     std::string eval_note;
@@ -335,7 +355,7 @@ public:
       else
         eval_note = l.error().what;
     } else if (eval_note.empty()) {
-      eval_note = held_out_.empty() ? "no held-out data" : "a stage had no live peer at the end";
+      eval_note = held_out_.empty() ? "no held-out data" : no_stage_state;
     }
     auto requested = s_->trainers * g.microbatches_per_trainer * g.microbatch;
     auto rss = peak_rss_bytes();
@@ -343,9 +363,18 @@ public:
                                       : ctx.stopped ? " (stopped by signal)"
                                                     : "");
     fmt::print("  {:<34} {}\n", "microbatches completed", microbatches_);
-    fmt::print("  {:<34} {} of {} requested\n", "samples", samples_, requested);
-    fmt::print("  {:<34} {} distinct, {} completed twice\n", "batches",
-               microbatches_ - repeated_, repeated_);
+    if (earlier_batches_ == 0) {
+      fmt::print("  {:<34} {} of {} requested\n", "samples", samples_, requested);
+      fmt::print("  {:<34} {} distinct, {} completed twice\n", "batches",
+                 microbatches_ - repeated_, repeated_);
+    } else {
+      // A resumed run: its batches and the earlier runs' together.
+      auto earlier = static_cast<int64_t>(earlier_batches_);
+      fmt::print("  {:<34} {} of {} requested ({} in earlier runs, {} in this one)\n", "samples",
+                 samples_ + earlier * g.microbatch, requested, earlier * g.microbatch, samples_);
+      fmt::print("  {:<34} {} distinct, {} completed twice ({} in earlier runs)\n", "batches",
+                 microbatches_ - repeated_ - redone_ + earlier, repeated_ + redone_, earlier);
+    }
     fmt::print("  {:<34} {:.1f} s, {:.1f} samples/s\n", "run time", ctx.run_s,
                static_cast<double>(samples_) / std::max(1e-9, ctx.run_s));
     fmt::print("  {:<34} {} ({} restarts, {} hop retries)\n", "preemptions", preemptions_,
@@ -419,7 +448,7 @@ private:
                     double loss1) {
     if (info_.out_dir.empty() || model.empty()) {
       fmt::print("  {:<34} skipped: {}\n", "export",
-                 model.empty() ? "a stage had no live peer at the end" : "no output directory");
+                 model.empty() ? no_stage_state : "no output directory");
       return;
     }
     auto dir = info_.out_dir + "/export";
@@ -485,6 +514,54 @@ private:
   double loss0_ = 0;
   int64_t microbatches_ = 0, samples_ = 0, retries_ = 0, done_ = 0;
   int64_t preemptions_ = 0, restarts_ = 0;
+  /// The batches that trainers completed in earlier runs of a resumed run (their progress files
+  /// in the run's node folders, by trainer name: the source of their metrics).
+  void read_earlier_progress() {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (info_.out_dir.empty())
+      return;
+    for (auto& n : fs::directory_iterator(info_.out_dir, ec)) {
+      if (!fs::is_directory(n.path() / "progress", ec))
+        continue;
+      for (auto& e : fs::directory_iterator(n.path() / "progress", ec)) {
+        if (e.path().extension() != ".progress")
+          continue;
+        std::ifstream in{e.path(), std::ios::binary};
+        std::string bytes{std::istreambuf_iterator<char>{in}, {}};
+        auto p = kernels::batch_progress::parse(bytes);
+        if (!p)
+          continue; // the run refused to start on it (`--resume` checks every file)
+        auto& done = earlier_[e.path().stem().string()];
+        for (uint64_t b = 0; b < p->total(); ++b)
+          if (p->done(b))
+            done.insert(b);
+        earlier_batches_ += p->done_count();
+      }
+    }
+  }
+
+  /// The newest checkpoint of stage `k` that reads and verifies, in any node folder of the run
+  /// (`<out>/<node>/checkpoints`); none without an output folder.
+  std::optional<actors::stage::checkpoint_loaded> newest_checkpoint_of(uint64_t k) const {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (info_.out_dir.empty() || !fs::is_directory(info_.out_dir, ec))
+      return std::nullopt;
+    std::vector<std::string> dirs;
+    for (auto& e : fs::directory_iterator(info_.out_dir, ec))
+      if (fs::is_directory(e.path() / "checkpoints", ec))
+        dirs.push_back((e.path() / "checkpoints").string());
+    std::sort(dirs.begin(), dirs.end());
+    actors::stage::checkpoint_key key{k, s_->ranges[k].first, s_->ranges[k].second};
+    return actors::stage::newest_checkpoint(dirs, key).found;
+  }
+
+  /// Batches done in earlier runs (a resumed run), by trainer, and their count.
+  std::map<std::string, std::set<uint64_t>> earlier_;
+  uint64_t earlier_batches_ = 0;
+  /// This run's batches that an earlier run had completed already.
+  int64_t redone_ = 0;
   /// Stage checkpoints written (count, bytes, seconds), restores (their steps), rejected files.
   int64_t checkpoints_ = 0;
   double checkpoint_bytes_ = 0, checkpoint_s_ = 0, checkpoint_max_s_ = 0;

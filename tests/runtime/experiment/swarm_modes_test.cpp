@@ -7,6 +7,9 @@
 #include <memory>
 #include <regex>
 
+#include <csignal>
+#include <cstdlib>
+
 #include <unistd.h>
 
 #include "support/subprocess.hpp"
@@ -107,6 +110,72 @@ TEST_CASE("swarm-tiny in local mode trains with preemptions and a killed trainer
   REQUIRE(std::regex_search(*held_out, m, std::regex{R"(([0-9.]+) -> ([0-9.]+))"}));
   CHECK(std::stod(m[2]) < std::stod(m[1]));
   CHECK(p.wait_exit(60s) == 0);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a swarm-tiny run stopped by a signal continues with --resume: every batch once in "
+          "all, the stages from their checkpoints") {
+  auto dir = temp_dir();
+  auto run = dir + "/run";
+  {
+    // 96 microbatches, stopped once a sixth of them are done (the progress line `N/96
+    // microbatches`, every 2 s): by then every stage took global steps (target batch 64, four
+    // microbatches), so each one's last state is in a checkpoint.
+    auto first_args = args({STARLING_BINARY, "run", config, "--out", run});
+    first_args.insert(first_args.end(), {"--set", "swarm.microbatches_per_trainer=48"});
+    subprocess first{first_args};
+    bool enough = false;
+    while (!enough) {
+      auto line = first.wait_for(" microbatches |", 120s);
+      REQUIRE(line);
+      enough = std::atoi(line->substr(line->find('|') + 1).c_str()) >= 16;
+    }
+    first.signal(SIGINT);
+    auto summary = first.wait_for("swarm summary", 60s);
+    REQUIRE(summary);
+    CHECK(summary->find("stopped by signal") != std::string::npos);
+    first.wait_exit(60s);
+  }
+  // The same folder without --resume is refused, and so is --resume of another experiment.
+  {
+    subprocess again{args({STARLING_BINARY, "run", config, "--out", run})};
+    CHECK(again.wait_exit(60s) != 0);
+    CHECK(again.output().find("holds a run already: continue it with --resume") !=
+          std::string::npos);
+    subprocess other{args({STARLING_BINARY, "run", config, "--resume", run, "--seed", "7"})};
+    CHECK(other.wait_exit(60s) != 0);
+    CHECK(other.output().find("another one (seed 42, this one 7)") != std::string::npos);
+  }
+  // Without a file: the experiment as the first run ran it (its --set arguments included).
+  subprocess p{{STARLING_BINARY, "run", "--resume", run}};
+  auto resuming = p.wait_for("resuming run 2", 60s);
+  REQUIRE(resuming);
+  auto progress = p.wait_for("trainers' progress:", 10s);
+  REQUIRE(progress);
+  for (int k = 0; k < 3; ++k) {
+    auto stage = p.wait_for("stage " + std::to_string(k) + ": ", 10s);
+    REQUIRE(stage);
+    CHECK(stage->find("checkpoint of step") != std::string::npos);
+  }
+  auto samples = p.wait_for("samples ", 120s);
+  REQUIRE(samples);
+  CHECK(samples->find("1536 of 1536 requested (") != std::string::npos);
+  auto batches = p.wait_for("batches ", 10s);
+  REQUIRE(batches);
+  CHECK(batches->find("96 distinct, 0 completed twice") != std::string::npos);
+  // Every stage's peers started from the stage's checkpoint.
+  auto restored = p.wait_for("resumed from checkpoints", 10s);
+  REQUIRE(restored);
+  CHECK(std::atoi(restored->substr(restored->find("checkpoints") + 11).c_str()) >= 3);
+  auto held_out = p.wait_for("held-out loss (before -> after)", 60s);
+  REQUIRE(held_out);
+  std::smatch m;
+  REQUIRE(std::regex_search(*held_out, m, std::regex{R"(([0-9.]+) -> ([0-9.]+))"}));
+  CHECK(std::stod(m[2]) < std::stod(m[1]));
+  CHECK(p.wait_exit(60s) == 0);
+  // The first run's results moved aside, nothing overwritten.
+  CHECK(std::filesystem::exists(run + "/run1/metrics.jsonl"));
+  CHECK(std::filesystem::exists(run + "/metrics.jsonl"));
   std::filesystem::remove_all(dir);
 }
 
