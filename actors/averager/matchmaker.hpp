@@ -168,8 +168,9 @@ public:
   std::vector<mm_effect> on_group(const avg_group& group);
   std::vector<mm_effect> on_timer(uint64_t epoch, mm_timer kind);
   /// The request ended (its round finished, it was cancelled, or it failed): leaves the leader
-  /// we follow, or hands our followers on, while still matching. `members` is the group of a round that ran (empty
-  /// otherwise): remembered for the next request under the same key when persistent.
+  /// we follow, or hands our followers on, while still matching. `members` is the group of a
+  /// round that ran (empty otherwise): remembered for the next request under the same key when
+  /// persistent.
   std::vector<mm_effect> finish(std::vector<messages::member_info> members = {});
   /// A member of the remembered group under `group_key` left or went down: forget the group.
   void forget(const std::string& group_key);

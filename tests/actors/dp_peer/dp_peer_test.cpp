@@ -420,17 +420,18 @@ TEST_CASE("the survivors of a matchmaking leader that leaves average together an
   auto at = r.t - r.value("round_s") + 0.6 * std::chrono::duration<double>(o.window).count();
   CAPTURE(at);
   auto out = std::make_shared<captured>();
-  auto b = collaboration("dp-leader-leaves", 15, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                                     std::chrono::duration<double>(at + 8)),
-                         3, o, out);
-  b.leave("peers", 0, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                        std::chrono::duration<double>(at)));
+  auto ns = [](double s) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(s));
+  };
+  auto b = collaboration("dp-leader-leaves", 15, ns(at + 8), 3, o, out);
+  b.leave("peers", 0, ns(at));
   run_sim(b);
   REQUIRE(out->of("dp_leave", "peers.0").size() == 1);
   for (auto who : {"peers.1", "peers.2"}) {
     CAPTURE(who);
     auto s = out->steps(who);
-    auto it = std::find_if(s.begin(), s.end(), [&](const step_record& x) { return x.step == step; });
+    auto it =
+        std::find_if(s.begin(), s.end(), [&](const step_record& x) { return x.step == step; });
     REQUIRE(it != s.end());
     CHECK(it->averaged);
     CHECK(it->group == 2);
