@@ -57,6 +57,7 @@ std::vector<mm_effect> matchmaker::start(const std::string& group_key, int64_t n
   followers_.clear();
   members_.clear();
   refused_.clear();
+  departed_.clear();
   announced_.clear();
   closed_ = false;
   window_over_ = false;
@@ -143,9 +144,9 @@ std::vector<mm_effect> matchmaker::on_join_reply(uint64_t epoch, const std::stri
     return out;
   if (r.verdict == avg_join_reply::redirected && !r.redirect.empty() && leader_ == leader) {
     leader_.clear();
-    if (refused_.count(r.redirect) > 0) {
-      // It still follows a leader we know left (it handed us to `leader`, whose word of it is
-      // still on its way): ask `leader` again at the next poll instead of refusing it.
+    if (departed_.count(r.redirect) > 0) {
+      // It still follows a leader that told us it left (and handed us to `leader`, whose word
+      // of it is still on its way): ask `leader` again at the next poll instead of refusing it.
       return out;
     }
     refuse(leader);
@@ -260,6 +261,7 @@ std::vector<mm_effect> matchmaker::on_leave(const avg_leave& l) {
     // Our leader left or moved on: follow the one it names (naming us, or nobody, leaves us
     // leading; a client finds a leader at its next poll).
     refuse(leader_);
+    departed_.insert(leader_);
     leader_.clear();
     if (!l.leader.empty())
       switch_to(l.leader, out);

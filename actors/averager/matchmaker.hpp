@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <variant>
 #include <vector>
@@ -209,6 +210,8 @@ private:
   std::vector<messages::member_info> followers_;
   /// Leaders that refused us, with the expiration of their announcement when they did.
   std::map<std::string, int64_t> refused_;
+  /// Leaders that told us they left or moved on in this matchmaking (their `avg_leave`).
+  std::set<std::string> departed_;
   /// The latest announcement expiration seen per address in this matchmaking.
   std::map<std::string, int64_t> announced_;
   bool closed_ = false;
