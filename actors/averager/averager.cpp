@@ -941,6 +941,17 @@ caf::behavior shell::make_behavior() {
         r.engine->member_gone(i, "went down");
     me->progress();
   });
+  self_->set_exit_handler([me](caf::exit_msg& m) {
+    if (!m.reason)
+      return;
+    if (m.reason == caf::exit_reason::user_shutdown) {
+      // Its peer leaves on purpose: tell the group before going (a leader in matchmaking hands
+      // its followers on, a running round's members stop waiting for our parts).
+      me->queue_.clear();
+      me->cancel();
+    }
+    me->self_->quit(m.reason);
+  });
   self_->attach_functor([me] {
     if (me->transport_) {
       me->transport_->remove_channel(me->channel_);

@@ -57,6 +57,7 @@ std::vector<mm_effect> matchmaker::start(const std::string& group_key, int64_t n
   followers_.clear();
   members_.clear();
   refused_.clear();
+  departed_.clear();
   announced_.clear();
   closed_ = false;
   window_over_ = false;
@@ -142,8 +143,13 @@ std::vector<mm_effect> matchmaker::on_join_reply(uint64_t epoch, const std::stri
   if (epoch != epoch_ || phase_ != phase::matching || r.verdict == avg_join_reply::accepted)
     return out;
   if (r.verdict == avg_join_reply::redirected && !r.redirect.empty() && leader_ == leader) {
-    refuse(leader);
     leader_.clear();
+    if (departed_.count(r.redirect) > 0) {
+      // It still follows a leader that told us it left (and handed us to `leader`, whose word
+      // of it is still on its way): ask `leader` again at the next poll instead of refusing it.
+      return out;
+    }
+    refuse(leader);
     switch_to(r.redirect, out);
     return out;
   }
@@ -251,16 +257,20 @@ std::vector<mm_effect> matchmaker::on_leave(const avg_leave& l) {
                  waiting_.end());
   if (phase_ != phase::matching || l.group_key != key_ || closed_)
     return out;
-  if (l.leader.empty()) {
+  if (!leader_.empty() && l.address == leader_) {
+    // Our leader left or moved on: follow the one it names (naming us, or nobody, leaves us
+    // leading; a client finds a leader at its next poll).
+    refuse(leader_);
+    departed_.insert(leader_);
+    leader_.clear();
+    if (!l.leader.empty())
+      switch_to(l.leader, out);
+  } else if (l.leader.empty()) {
     followers_.erase(std::remove_if(followers_.begin(), followers_.end(),
                                     [&](const messages::member_info& m) {
                                       return m.address == l.address;
                                     }),
                      followers_.end());
-  } else if (l.address == leader_) {
-    refuse(leader_);
-    leader_.clear();
-    switch_to(l.leader, out);
   }
   return out;
 }
@@ -326,7 +336,12 @@ std::vector<mm_effect> matchmaker::on_timer(uint64_t epoch, mm_timer kind) {
         give_up("no partner found within the matchmaking window", out);
       break;
     case mm_timer::follow_deadline:
-      give_up(fmt::format("leader {} sent no group", leader_), out);
+      if (leader_.empty() && !followers_.empty())
+        close_group(out); // our leader left after the window and handed its followers to us
+      else if (leader_.empty())
+        give_up("our leader left and nobody joined us", out);
+      else
+        give_up(fmt::format("leader {} sent no group", leader_), out);
       break;
   }
   return out;
@@ -336,6 +351,17 @@ std::vector<mm_effect> matchmaker::finish(std::vector<messages::member_info> mem
   std::vector<mm_effect> out;
   if (phase_ == phase::matching && !closed_ && !leader_.empty())
     out.push_back(mm::send_leave{leader_, avg_leave{key_, opts_.address, std::string{}}});
+  if (phase_ == phase::matching && !closed_ && leader_.empty() && !followers_.empty()) {
+    // A leader that stops matching (its peer left) hands its followers to the smallest of them
+    // that may lead: without a word they would wait for a group until the window and the grace
+    // ended, then each give up, and their peers step alone (apart) on their own gradients.
+    std::string next;
+    for (auto& f : followers_)
+      if (f.bandwidth > 0 && (next.empty() || f.address < next))
+        next = f.address;
+    for (auto& f : followers_)
+      out.push_back(mm::send_leave{f.address, avg_leave{key_, opts_.address, next}});
+  }
   if (opts_.persistent_groups && !key_.empty()) {
     if (members.size() >= 2)
       previous_[key_] = std::move(members);

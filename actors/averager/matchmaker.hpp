@@ -21,7 +21,10 @@
 //      previous group under this key is back (see 5), or at the end of the window, and sends
 //      `avg_group` (members sorted by address, a group id) to every member.
 //   4. A peer that leads nobody at the end of the window, or follows a leader that sends no group
-//      within `join_grace` after it, gives up (no partner).
+//      within `join_grace` after it, gives up (no partner). A leader whose request ends while it
+//      matches (its peer left: `finish`) hands its followers to the smallest of them that may
+//      lead (`avg_leave` naming it), so that they form a group without it instead of each giving
+//      up after the grace; a follower told so by a leader that names nobody leads itself.
 //   5. Persistent groups: after a round, every member remembers the group. Its next request under
 //      the same key sends `avg_join` to the old leader at once (no poll needed), and the old
 //      leader closes as soon as all old members are back. A join that reaches the old leader
@@ -36,6 +39,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <variant>
 #include <vector>
@@ -165,8 +169,9 @@ public:
   std::vector<mm_effect> on_group(const avg_group& group);
   std::vector<mm_effect> on_timer(uint64_t epoch, mm_timer kind);
   /// The request ended (its round finished, it was cancelled, or it failed): leaves the leader
-  /// we follow, if any, while still matching. `members` is the group of a round that ran (empty
-  /// otherwise): remembered for the next request under the same key when persistent.
+  /// we follow, or hands our followers on, while still matching. `members` is the group of a
+  /// round that ran (empty otherwise): remembered for the next request under the same key when
+  /// persistent.
   std::vector<mm_effect> finish(std::vector<messages::member_info> members = {});
   /// A member of the remembered group under `group_key` left or went down: forget the group.
   void forget(const std::string& group_key);
@@ -205,6 +210,8 @@ private:
   std::vector<messages::member_info> followers_;
   /// Leaders that refused us, with the expiration of their announcement when they did.
   std::map<std::string, int64_t> refused_;
+  /// Leaders that told us they left or moved on in this matchmaking (their `avg_leave`).
+  std::set<std::string> departed_;
   /// The latest announcement expiration seen per address in this matchmaking.
   std::map<std::string, int64_t> announced_;
   bool closed_ = false;

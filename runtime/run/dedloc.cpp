@@ -501,7 +501,8 @@ status check_dedloc_role(const dedloc_role_options& o) {
 }
 
 void add_churn(experiment_graph& g, const std::string& role, size_t replicas, double per_minute,
-               uint64_t seed, nanoseconds rejoin_after, size_t keep) {
+               uint64_t seed, nanoseconds rejoin_after, size_t keep,
+               const std::function<bool(size_t)>& serves) {
   if (!(per_minute > 0))
     return;
   std::mt19937_64 rng{seed ^ 0xC4A7C4A7ull};
@@ -527,6 +528,9 @@ void add_churn(experiment_graph& g, const std::string& role, size_t replicas, do
       continue;
     auto pick = std::uniform_int_distribution<size_t>{0, live.size() - 1}(rng);
     auto victim = live[pick];
+    if (serves && serves(victim)
+        && std::count_if(live.begin(), live.end(), [&](size_t i) { return serves(i); }) <= 1)
+      continue; // the last peer that can hand the state to newcomers stays
     live.erase(live.begin() + static_cast<std::ptrdiff_t>(pick));
     auto at = std::chrono::duration_cast<nanoseconds>(std::chrono::duration<double>(t));
     event_spec leave;
@@ -601,7 +605,9 @@ void add_dedloc(role_registry& reg) {
       g.roles.push_back(aux);
     }
     (void)ctx;
-    add_churn(g, "peers", static_cast<size_t>(peers), churn, g.seed);
+    // Client-mode peers serve no state: with only clients left, newcomers would start anew.
+    add_churn(g, "peers", static_cast<size_t>(peers), churn, g.seed, std::chrono::seconds(5), 2,
+              [o](size_t i) { return mode_of(o, i) == actors::collab::peer_mode::full; });
     g.reporters.push_back([] { return make_dedloc_reporter(); });
   };
   reg.add_kind(std::move(k));

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -99,11 +100,13 @@ status check_dedloc_role(const dedloc_role_options& o);
 
 /// A seeded churn schedule for `role` (initially `replicas` instances): on average `per_minute`
 /// of the live instances leave per minute (a Poisson process), each replaced by a newcomer
-/// `rejoin_after` later; at least `keep` stay. Appends join and leave events to `g` (which
-/// must hold the role) for the run's duration.
+/// `rejoin_after` later; at least `keep` stay, and, when `serves` is given, at least one live
+/// instance `i` with `serves(i)` (a full-mode peer: newcomers download the state from it;
+/// without one they start the model anew). Appends join and leave events to `g` (which must
+/// hold the role) for the run's duration.
 void add_churn(experiment_graph& g, const std::string& role, size_t replicas, double per_minute,
                uint64_t seed, std::chrono::nanoseconds rejoin_after = std::chrono::seconds(5),
-               size_t keep = 2);
+               size_t keep = 2, const std::function<bool(size_t)>& serves = {});
 
 /// The reporter of a collaboration: progress lines; at the end a summary table and, into the
 /// run's folder, accuracy.svg and loss.svg (against samples) and accuracy_bytes.svg and

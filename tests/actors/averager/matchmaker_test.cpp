@@ -355,6 +355,47 @@ TEST_CASE("a follower that leaves during matchmaking is not in the group") {
   }
 }
 
+TEST_CASE("a leader that leaves during matchmaking hands its followers on: they form a group "
+          "without it at the window's end") {
+  // Churn: p0 (the smallest address, so everyone's leader) leaves mid-window. Without a word
+  // p1 and p2 waited for its group until the window and the grace ended and gave up, and their
+  // peers each stepped alone on their own gradients.
+  matchmaker_options o;
+  o.target_group_size = 8; // the leader waits for the window
+  mm_net net(3, 9, o);
+  for (size_t i = 0; i < 3; ++i) {
+    net.reveal_all(i);
+    net.start(i, 0ms);
+  }
+  net.finish(0, 400ms, false); // p0's peer left: its request ends
+  net.run();
+  for (size_t i = 1; i < 3; ++i) {
+    CAPTURE(i);
+    REQUIRE(net.result(i));
+    CHECK(net.result(i)->why == "");
+    CHECK(net.result(i)->formed);
+    CHECK(net.result(i)->members == std::vector<std::string>{"p1", "p2"});
+    CHECK(net.result(i)->at <= o.matchmaking_window + 50ms);
+  }
+}
+
+TEST_CASE("a lone follower whose leader leaves stops waiting for it at the window's end") {
+  // p0 leads only p1; when p0 leaves it names p1, which then leads (nobody) and gives up at the
+  // window's end instead of waiting out the grace for a group that cannot come.
+  matchmaker_options o;
+  o.target_group_size = 8;
+  mm_net net(2, 5, o);
+  for (size_t i = 0; i < 2; ++i) {
+    net.reveal_all(i);
+    net.start(i, 0ms);
+  }
+  net.finish(0, 400ms, false);
+  net.run();
+  REQUIRE(net.result(1));
+  CHECK(!net.result(1)->formed);
+  CHECK(net.result(1)->at <= o.matchmaking_window + 50ms);
+}
+
 TEST_CASE("no peer waits past the window: random starts, orders and dead peers over 300 seeds") {
   const auto window = 2s, grace = 2s;
   size_t formed = 0, alone = 0;

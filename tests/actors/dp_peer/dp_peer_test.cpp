@@ -403,6 +403,53 @@ TEST_CASE("a peer killed mid-round does not block the others past the deadline a
   }
 }
 
+TEST_CASE("the survivors of a matchmaking leader that leaves average together and stay equal") {
+  // Churn (examples/torchscript/dedloc.yaml with churn 1.0): peers.0, the smallest address and
+  // so everyone's matchmaking leader, left inside a round's matchmaking window. Its followers
+  // waited for a group until the window and the grace ended, then each stepped alone on its own
+  // gradient: no averaged step for a while, and parameters that stayed apart for good.
+  auto o = small_options();
+  // A dry run finds when peers.0 matches for its third round (same seed and plan until then).
+  auto dry = std::make_shared<captured>();
+  run_sim(collaboration("dp-leader-leaves", 15, 12s, 3, o, dry));
+  auto rounds = dry->of("dp_step", "peers.0");
+  REQUIRE(rounds.size() >= 3);
+  auto& r = rounds[2];
+  auto step = static_cast<uint64_t>(r.value("step"));
+  // Inside its matchmaking window: late enough that the others joined it, before it closes.
+  auto at = r.t - r.value("round_s") + 0.6 * std::chrono::duration<double>(o.window).count();
+  CAPTURE(at);
+  auto out = std::make_shared<captured>();
+  auto ns = [](double s) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(s));
+  };
+  auto b = collaboration("dp-leader-leaves", 15, ns(at + 8), 3, o, out);
+  b.leave("peers", 0, ns(at));
+  run_sim(b);
+  REQUIRE(out->of("dp_leave", "peers.0").size() == 1);
+  for (auto who : {"peers.1", "peers.2"}) {
+    CAPTURE(who);
+    auto s = out->steps(who);
+    auto it =
+        std::find_if(s.begin(), s.end(), [&](const step_record& x) { return x.step == step; });
+    REQUIRE(it != s.end());
+    CHECK(it->averaged);
+    CHECK(it->group == 2);
+    CHECK(it->t - at <= std::chrono::duration<double>(o.window).count() + 0.5);
+    // No step of its own from then on: the two stay one model.
+    size_t later = 0;
+    for (; it != s.end(); ++it, ++later)
+      CHECK(it->averaged);
+    CHECK(later >= 3);
+  }
+  REQUIRE(out->states.count("peers.1") == 1);
+  REQUIRE(out->states.count("peers.2") == 1);
+  auto& s1 = out->states["peers.1"];
+  auto& s2 = out->states["peers.2"];
+  if (s1.steps == s2.steps) // (the run may end between their updates of one step)
+    CHECK(max_diff(s1.params.tensor, s2.params.tensor) == 0);
+}
+
 namespace {
 
 /// `(resolve_atom, address)` through `inner`, logging every address asked for.
