@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <thread>
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
@@ -264,70 +265,17 @@ public:
     std::vector<torch::Tensor> finals(stages);
     std::vector<stage_report> reports(stages);
     auto board = swarm_board(ctx.node(), *s_);
+    // A stage whose peers were all preempted as the run ended stands in the final model with its
+    // newest checkpoint in the run's folders; when there is none here (a cluster node sees its
+    // own folder only), its restarted peers get a while to resume from theirs and announce.
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
     for (uint64_t k = 0; k < stages; ++k) {
-      auto listed = ask<std::vector<std::string>, std::vector<caf::actor>>(
-        ctx, board, std::chrono::seconds(5), get_atom::value, k);
-      if (!listed)
-        continue;
       auto& r = reports[k];
-      caf::actor most_trained;
-      uint64_t most_steps = 0;
-      auto& names = std::get<0>(*listed);
-      auto& peers = std::get<1>(*listed);
-      for (size_t j = 0; j < peers.size(); ++j) {
-        auto& peer = peers[j];
-        auto st = ask<std::vector<uint64_t>>(ctx, peer, std::chrono::seconds(5), status_atom::value);
-        if (!st || std::get<0>(*st).size() < 10)
-          continue;
-        auto& v = std::get<0>(*st);
-        auto name = j < names.size() ? names[j] : fmt::format("#{}", j);
-        r.steps_of_peers += fmt::format("{}{} at step {}", r.steps_of_peers.empty() ? "live: " : ", ",
-                                        name, v[0]);
-        r.peers++;
-        r.max_steps = std::max(r.max_steps, v[0]);
-        r.rounds += v[2];
-        r.averaged += v[3];
-        r.no_partner += v[4];
-        r.failed += v[5];
-        r.caught_up += v[7];
-        r.downloads += v[8];
-        r.donors += v[9];
-        auto c = ask<std::vector<uint64_t>>(ctx, peer, std::chrono::seconds(5), status_atom::value,
-                                            messages::commit_atom::value);
-        if (c && std::get<0>(*c).size() >= 2) {
-          r.applied += std::get<0>(*c)[0];
-          r.lost += std::get<0>(*c)[1];
-        }
-        if (!most_trained || v[0] > most_steps) {
-          most_trained = peer;
-          most_steps = v[0];
-          r.chosen = name;
-        }
-      }
-      if (most_trained) {
-        auto state = ask<messages::stage_state>(ctx, most_trained, std::chrono::seconds(10),
-                                                get_atom::value, state_atom::value);
-        if (state)
-          finals[k] = std::get<0>(*state).params.tensor;
-      }
-      // How far the stage's replicas drifted apart: each live peer's distance to the chosen one.
-      if (finals[k].defined()) {
-        auto norm = finals[k].norm().item<double>();
-        std::string spread;
-        for (size_t j = 0; j < peers.size(); ++j) {
-          auto other = ask<messages::stage_state>(ctx, peers[j], std::chrono::seconds(10),
-                                                  get_atom::value, state_atom::value);
-          if (!other || !std::get<0>(*other).params.tensor.defined()
-              || std::get<0>(*other).params.tensor.numel() != finals[k].numel())
-            continue;
-          auto d = (std::get<0>(*other).params.tensor - finals[k]).norm().item<double>();
-          spread += fmt::format("{}{:.2g}", spread.empty() ? "" : " ", d / std::max(norm, 1e-12));
-        }
-        r.steps_of_peers += "; replicas' relative distance to it: " + spread;
-      }
-      // No live peer at the end (a whole stage preempted as the last microbatches completed):
-      // the stage's newest checkpoint in the run's folders stands for it.
-      if (!finals[k].defined())
+      for (bool waited = false;; waited = true) {
+        r = stage_report{};
+        survey_stage(ctx, board, k, finals[k], r);
+        if (finals[k].defined())
+          break;
         if (auto c = newest_checkpoint_of(k)) {
           finals[k] = c->state.params.tensor;
           auto rel = std::filesystem::path(c->file.path).lexically_relative(info_.out_dir);
@@ -335,7 +283,17 @@ public:
           r.steps_of_peers = fmt::format("no live peer; checkpoint of step {}, digest {}",
                                          c->state.steps,
                                          actors::stage::digest_hex(c->digest).substr(0, 16));
+          break;
         }
+        if (std::chrono::steady_clock::now() >= deadline)
+          break;
+        if (!waited)
+          fmt::print(stderr, "starling: stage {} has no live peer; waiting up to {:.0f} s for its "
+                             "restarted peers\n",
+                     k, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now())
+                          .count());
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      }
     }
     double loss1 = -1;
     std::string eval_note;
@@ -514,6 +472,72 @@ private:
   double loss0_ = 0;
   int64_t microbatches_ = 0, samples_ = 0, retries_ = 0, done_ = 0;
   int64_t preemptions_ = 0, restarts_ = 0;
+  /// The live peers of stage `k` (the board's list, each asked for its counters): their counters
+  /// summed into `r`, and the parameters of the one with the most optimizer steps into `final`
+  /// (left undefined when none answered).
+  void survey_stage(finish_context& ctx, const caf::actor& board, uint64_t k,
+                    torch::Tensor& final, stage_report& r) {
+    auto listed = ask<std::vector<std::string>, std::vector<caf::actor>>(
+      ctx, board, std::chrono::seconds(5), get_atom::value, k);
+    if (!listed)
+      return;
+    caf::actor most_trained;
+    uint64_t most_steps = 0;
+    auto& names = std::get<0>(*listed);
+    auto& peers = std::get<1>(*listed);
+    for (size_t j = 0; j < peers.size(); ++j) {
+      auto& peer = peers[j];
+      auto st = ask<std::vector<uint64_t>>(ctx, peer, std::chrono::seconds(5), status_atom::value);
+      if (!st || std::get<0>(*st).size() < 10)
+        continue;
+      auto& v = std::get<0>(*st);
+      auto name = j < names.size() ? names[j] : fmt::format("#{}", j);
+      r.steps_of_peers += fmt::format("{}{} at step {}", r.steps_of_peers.empty() ? "live: " : ", ",
+                                      name, v[0]);
+      r.peers++;
+      r.max_steps = std::max(r.max_steps, v[0]);
+      r.rounds += v[2];
+      r.averaged += v[3];
+      r.no_partner += v[4];
+      r.failed += v[5];
+      r.caught_up += v[7];
+      r.downloads += v[8];
+      r.donors += v[9];
+      auto c = ask<std::vector<uint64_t>>(ctx, peer, std::chrono::seconds(5), status_atom::value,
+                                          messages::commit_atom::value);
+      if (c && std::get<0>(*c).size() >= 2) {
+        r.applied += std::get<0>(*c)[0];
+        r.lost += std::get<0>(*c)[1];
+      }
+      if (!most_trained || v[0] > most_steps) {
+        most_trained = peer;
+        most_steps = v[0];
+        r.chosen = name;
+      }
+    }
+    if (most_trained) {
+      auto state = ask<messages::stage_state>(ctx, most_trained, std::chrono::seconds(10),
+                                              get_atom::value, state_atom::value);
+      if (state)
+        final = std::get<0>(*state).params.tensor;
+    }
+    // How far the stage's replicas drifted apart: each live peer's distance to the chosen one.
+    if (final.defined()) {
+      auto norm = final.norm().item<double>();
+      std::string spread;
+      for (size_t j = 0; j < peers.size(); ++j) {
+        auto other = ask<messages::stage_state>(ctx, peers[j], std::chrono::seconds(10),
+                                                get_atom::value, state_atom::value);
+        if (!other || !std::get<0>(*other).params.tensor.defined()
+            || std::get<0>(*other).params.tensor.numel() != final.numel())
+          continue;
+        auto d = (std::get<0>(*other).params.tensor - final).norm().item<double>();
+        spread += fmt::format("{}{:.2g}", spread.empty() ? "" : " ", d / std::max(norm, 1e-12));
+      }
+      r.steps_of_peers += "; replicas' relative distance to it: " + spread;
+    }
+  }
+
   /// The batches that trainers completed in earlier runs of a resumed run (their progress files
   /// in the run's node folders, by trainer name: the source of their metrics).
   void read_earlier_progress() {
