@@ -220,22 +220,16 @@ caf::behavior progress_store(caf::event_based_actor* self, std::string dir) {
   namespace fs = std::filesystem;
   auto done = std::make_shared<std::map<std::string, kernels::batch_progress>>();
   std::error_code ec;
-  if (!dir.empty() && fs::is_directory(dir, ec))
-    for (auto& e : fs::directory_iterator(dir, ec)) {
-      if (e.path().extension() != ".progress")
-        continue;
-      std::ifstream in{e.path(), std::ios::binary};
-      std::string bytes{std::istreambuf_iterator<char>{in}, {}};
-      auto p = kernels::batch_progress::parse(bytes);
-      if (!p) {
-        // Never silently dropped: the trainer would redo (and so train twice) its done batches.
-        self->quit(caf::make_error(caf::sec::invalid_argument,
-                                   fmt::format("{}: {}", e.path().string(), p.error().what)));
-        log(log_level::error, "swarm", "progress file {}: {}", e.path().string(), p.error().what);
-        return {};
-      }
-      done->emplace(e.path().stem().string(), std::move(*p));
+  if (!dir.empty()) {
+    auto saved = read_progress_dir(dir);
+    if (!saved) {
+      // Never silently dropped: the trainers would redo (and so train twice) their done batches.
+      log(log_level::error, "swarm", "{}", saved.error().what);
+      self->quit(caf::make_error(caf::sec::invalid_argument, saved.error().what));
+      return {};
     }
+    *done = std::move(*saved);
+  }
   if (!dir.empty())
     fs::create_directories(dir, ec);
   auto warned = std::make_shared<bool>(false);
@@ -332,29 +326,19 @@ result<std::string> inspect_swarm_run(const swarm_setup& s, const std::string& d
   namespace fs = std::filesystem;
   std::error_code ec;
   std::vector<std::string> checkpoint_dirs;
-  uint64_t files = 0, batches = 0;
   std::vector<fs::path> nodes;
   for (auto& e : fs::directory_iterator(dir, ec))
-    if (e.is_directory(ec))
-      nodes.push_back(e.path());
+    if (e.is_directory(ec) && fs::is_directory(e.path() / "checkpoints", ec))
+      nodes.push_back(e.path() / "checkpoints");
   std::sort(nodes.begin(), nodes.end());
-  for (auto& n : nodes) {
-    if (fs::is_directory(n / "checkpoints", ec))
-      checkpoint_dirs.push_back((n / "checkpoints").string());
-    if (!fs::is_directory(n / "progress", ec))
-      continue;
-    for (auto& e : fs::directory_iterator(n / "progress", ec)) {
-      if (e.path().extension() != ".progress")
-        continue;
-      std::ifstream in{e.path(), std::ios::binary};
-      std::string bytes{std::istreambuf_iterator<char>{in}, {}};
-      auto p = kernels::batch_progress::parse(bytes);
-      if (!p)
-        return fail(fmt::format("{}: {}", e.path().string(), p.error().what));
-      files++;
-      batches += p->done_count();
-    }
-  }
+  for (auto& n : nodes)
+    checkpoint_dirs.push_back(n.string());
+  auto progress = read_run_progress(dir);
+  if (!progress)
+    return progress.error();
+  uint64_t files = progress->size(), batches = 0;
+  for (auto& [name, p] : *progress)
+    batches += p.done_count();
   auto total = static_cast<uint64_t>(s.trainers * s.graph.microbatches_per_trainer);
   std::string out = fmt::format("trainers' progress: {} of {} batches done ({} files)",
                                 std::min(batches, total), total, files);
@@ -680,6 +664,42 @@ void add_swarm(role_registry& reg) {
       eg.study = run_study;
   };
   reg.add_kind(std::move(k));
+}
+
+result<std::map<std::string, kernels::batch_progress>> read_progress_dir(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::map<std::string, kernels::batch_progress> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    return out;
+  for (auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() != ".progress")
+      continue;
+    std::ifstream in{e.path(), std::ios::binary};
+    std::string bytes{std::istreambuf_iterator<char>{in}, {}};
+    auto p = kernels::batch_progress::parse(bytes);
+    if (!p)
+      return fail(fmt::format("progress file {}: {}", e.path().string(), p.error().what));
+    out.emplace(e.path().stem().string(), std::move(*p));
+  }
+  return out;
+}
+
+result<std::map<std::string, kernels::batch_progress>>
+read_run_progress(const std::string& run_dir) {
+  namespace fs = std::filesystem;
+  std::map<std::string, kernels::batch_progress> out;
+  std::error_code ec;
+  if (!fs::is_directory(run_dir, ec))
+    return out;
+  for (auto& n : fs::directory_iterator(run_dir, ec)) {
+    auto node = read_progress_dir((n.path() / "progress").string());
+    if (!node)
+      return node.error();
+    for (auto& [name, p] : *node)
+      out.emplace(name, std::move(p));
+  }
+  return out;
 }
 
 } // namespace starling::runtime

@@ -8,11 +8,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "kernels/data/batch_progress.hpp"
 #include "runtime/experiment/reporter.hpp"
 #include "runtime/experiment/role.hpp"
 #include "runtime/graph/swarm_graph.hpp"
@@ -85,6 +87,14 @@ struct swarm_role_options {
 /// The board of the node `h`: a DHT board (local, cluster) or a view of the simulation's shared
 /// board.
 caf::actor swarm_board(host& h, const swarm_setup& s);
+
+/// The trainers' progress files (`<name>.progress`) in `dir`, by trainer name; none when `dir`
+/// does not exist; fails naming the first file that does not parse.
+result<std::map<std::string, kernels::batch_progress>> read_progress_dir(const std::string& dir);
+
+/// The progress files of every node folder of the run in `run_dir` (`<node>/progress/`).
+result<std::map<std::string, kernels::batch_progress>>
+read_run_progress(const std::string& run_dir);
 
 /// The reporter of local and cluster runs: progress line, summary, held-out loss, plots.
 std::unique_ptr<reporter> make_swarm_reporter(std::shared_ptr<const swarm_setup> s);

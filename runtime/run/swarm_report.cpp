@@ -541,27 +541,17 @@ private:
   /// The batches that trainers completed in earlier runs of a resumed run (their progress files
   /// in the run's node folders, by trainer name: the source of their metrics).
   void read_earlier_progress() {
-    namespace fs = std::filesystem;
-    std::error_code ec;
     if (info_.out_dir.empty())
       return;
-    for (auto& n : fs::directory_iterator(info_.out_dir, ec)) {
-      if (!fs::is_directory(n.path() / "progress", ec))
-        continue;
-      for (auto& e : fs::directory_iterator(n.path() / "progress", ec)) {
-        if (e.path().extension() != ".progress")
-          continue;
-        std::ifstream in{e.path(), std::ios::binary};
-        std::string bytes{std::istreambuf_iterator<char>{in}, {}};
-        auto p = kernels::batch_progress::parse(bytes);
-        if (!p)
-          continue; // the run refused to start on it (`--resume` checks every file)
-        auto& done = earlier_[e.path().stem().string()];
-        for (uint64_t b = 0; b < p->total(); ++b)
-          if (p->done(b))
-            done.insert(b);
-        earlier_batches_ += p->done_count();
-      }
+    auto saved = read_run_progress(info_.out_dir);
+    if (!saved)
+      return; // the run refused to start on it (`--resume` checks every file)
+    for (auto& [name, p] : *saved) {
+      auto& done = earlier_[name];
+      for (uint64_t b = 0; b < p.total(); ++b)
+        if (p.done(b))
+          done.insert(b);
+      earlier_batches_ += p.done_count();
     }
   }
 

@@ -176,6 +176,12 @@ TEST_CASE("a swarm-tiny run stopped by a signal continues with --resume: every b
   // The first run's results moved aside, nothing overwritten.
   CHECK(std::filesystem::exists(run + "/run1/metrics.jsonl"));
   CHECK(std::filesystem::exists(run + "/metrics.jsonl"));
+  // A damaged progress file is one error naming it, before anything runs.
+  std::ofstream{run + "/node0/progress/trainer.0.progress", std::ios::binary} << "\x07garbage";
+  subprocess damaged{{STARLING_BINARY, "run", "--resume", run}};
+  CHECK(damaged.wait_exit(60s) != 0);
+  CHECK(damaged.output().find("node0/progress/trainer.0.progress") != std::string::npos);
+  CHECK(damaged.output().find("swarm summary") == std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
