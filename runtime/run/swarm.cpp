@@ -168,6 +168,16 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
     so.checkpoint.dir = h.run_dir() + "/checkpoints";
     so.checkpoint.every = span(g.checkpoint.every);
     so.checkpoint.keep = static_cast<uint32_t>(g.checkpoint.keep);
+    // The other node folders of the run on this disk too (local mode: every node's; a cluster
+    // node's output holds its own only): the peers of a resumed stage all start from the
+    // stage's newest checkpoint, not each from its own node's (they began 2 steps apart).
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    auto own = fs::path{h.run_dir()};
+    for (auto& e : fs::directory_iterator(own.parent_path(), ec))
+      if (e.path() != own && fs::is_directory(e.path() / "checkpoints", ec))
+        so.checkpoint.search.push_back((e.path() / "checkpoints").string());
+    std::sort(so.checkpoint.search.begin(), so.checkpoint.search.end());
   }
   caf::actor averager;
   if (g.averaging.enabled()) {
