@@ -56,6 +56,26 @@ std::string placement(const std::string& mode) {
   return out.substr(at, out.find("faults:") - at);
 }
 
+/// The summary's sample and batch lines contain `samples` and `batches`.
+void check_counts(subprocess& p, const std::string& samples, const std::string& batches) {
+  auto s = p.wait_for("samples ", 120s);
+  REQUIRE(s);
+  CHECK(s->find(samples) != std::string::npos);
+  auto b = p.wait_for("batches ", 10s);
+  REQUIRE(b);
+  CHECK(b->find(batches) != std::string::npos);
+}
+
+/// The summary's held-out loss fell, and the run exits 0.
+void check_held_out_falls(subprocess& p) {
+  auto held_out = p.wait_for("held-out loss (before -> after)", 60s);
+  REQUIRE(held_out);
+  std::smatch m;
+  REQUIRE(std::regex_search(*held_out, m, std::regex{R"(([0-9.]+) -> ([0-9.]+))"}));
+  CHECK(std::stod(m[2]) < std::stod(m[1]));
+  CHECK(p.wait_exit(60s) == 0);
+}
+
 } // namespace
 
 TEST_CASE("swarm-tiny has one placement in every mode") {
@@ -96,20 +116,10 @@ TEST_CASE("swarm-tiny in local mode trains with preemptions and a killed trainer
     out << in.rdbuf() << "  - {kill: trainer, instance: 0, at: 4s, restart_after: 1s}\n";
   }
   subprocess p{args({STARLING_BINARY, "run", file, "--out", dir + "/run"})};
-  auto samples = p.wait_for("samples ", 120s);
-  REQUIRE(samples);
-  CHECK(samples->find("768 of 768 requested") != std::string::npos);
   // 48 batches of 16 samples, each a fixed set of windows, each completed once despite retries
   // and the trainer's restart.
-  auto batches = p.wait_for("batches ", 10s);
-  REQUIRE(batches);
-  CHECK(batches->find("48 distinct, 0 completed twice") != std::string::npos);
-  auto held_out = p.wait_for("held-out loss (before -> after)", 60s);
-  REQUIRE(held_out);
-  std::smatch m;
-  REQUIRE(std::regex_search(*held_out, m, std::regex{R"(([0-9.]+) -> ([0-9.]+))"}));
-  CHECK(std::stod(m[2]) < std::stod(m[1]));
-  CHECK(p.wait_exit(60s) == 0);
+  check_counts(p, "768 of 768 requested", "48 distinct, 0 completed twice");
+  check_held_out_falls(p);
   std::filesystem::remove_all(dir);
 }
 
@@ -157,22 +167,12 @@ TEST_CASE("a swarm-tiny run stopped by a signal continues with --resume: every b
     REQUIRE(stage);
     CHECK(stage->find("checkpoint of step") != std::string::npos);
   }
-  auto samples = p.wait_for("samples ", 120s);
-  REQUIRE(samples);
-  CHECK(samples->find("1536 of 1536 requested (") != std::string::npos);
-  auto batches = p.wait_for("batches ", 10s);
-  REQUIRE(batches);
-  CHECK(batches->find("96 distinct, 0 completed twice") != std::string::npos);
+  check_counts(p, "1536 of 1536 requested (", "96 distinct, 0 completed twice");
   // Every stage's peers started from the stage's checkpoint.
   auto restored = p.wait_for("resumed from checkpoints", 10s);
   REQUIRE(restored);
   CHECK(std::atoi(restored->substr(restored->find("checkpoints") + 11).c_str()) >= 3);
-  auto held_out = p.wait_for("held-out loss (before -> after)", 60s);
-  REQUIRE(held_out);
-  std::smatch m;
-  REQUIRE(std::regex_search(*held_out, m, std::regex{R"(([0-9.]+) -> ([0-9.]+))"}));
-  CHECK(std::stod(m[2]) < std::stod(m[1]));
-  CHECK(p.wait_exit(60s) == 0);
+  check_held_out_falls(p);
   // The first run's results moved aside, nothing overwritten.
   CHECK(std::filesystem::exists(run + "/run1/metrics.jsonl"));
   CHECK(std::filesystem::exists(run + "/metrics.jsonl"));
