@@ -12,6 +12,7 @@
 #include <caf/all.hpp>
 
 #include "actors/dht/dht.hpp"
+#include "actors/stage/board.hpp"
 #include "actors/stage/dht_board.hpp"
 #include "actors/stage/stage.hpp"
 #include "actors/trainer/trainer.hpp"
@@ -22,6 +23,24 @@
 #include "runtime/sim/world.hpp"
 
 namespace starling::testing {
+
+/// One simulated node "n" with an in-process board of `stages` stages, the world seeded with
+/// `seed`: the setup most stage tests start from.
+struct board_world {
+  runtime::sim::world w;
+  runtime::sim::sim_node& n;
+  caf::actor board;
+  board_world(uint64_t seed, size_t stages)
+    : w{[seed] {
+        runtime::sim::world_options wo;
+        wo.seed = seed;
+        return wo;
+      }()},
+      n(w.add_node("n")),
+      board(actors::stage::spawn_board(w.system(), stages)) {
+    n.adopt("board", board);
+  }
+};
 
 /// What trainers report: microbatches, samples, retries, stops, losses, and which batches of
 /// each trainer's stream completed (a batch reported twice is counted in `repeats`).

@@ -81,12 +81,10 @@ actors::stage::stage_options cost_peer(const std::string& name) {
 
 TEST_CASE("a cost-model stage queues requests FIFO on virtual time and answers probes, status "
           "and state requests while its device is busy") {
-  runtime::sim::world_options wo;
-  wo.seed = 1;
-  runtime::sim::world w{wo};
-  auto& n = w.add_node("n");
-  auto board = actors::stage::spawn_board(w.system(), 1);
-  n.adopt("board", board);
+  testing::board_world bw{1, 1};
+  auto& w = bw.w;
+  auto& n = bw.n;
+  auto& board = bw.board;
   auto o = cost_peer("s0");
   o.speed = 0.5; // 0.8 s per forward
   auto peer = actors::stage::spawn_stage(w.system(), o, board);
@@ -122,12 +120,10 @@ TEST_CASE("a cost-model stage queues requests FIFO on virtual time and answers p
 }
 
 TEST_CASE("replies still queued when a cost-model peer dies fail at once") {
-  runtime::sim::world_options wo;
-  wo.seed = 2;
-  runtime::sim::world w{wo};
-  auto& n = w.add_node("n");
-  auto board = actors::stage::spawn_board(w.system(), 1);
-  n.adopt("board", board);
+  testing::board_world bw{2, 1};
+  auto& w = bw.w;
+  auto& n = bw.n;
+  auto& board = bw.board;
   auto peer = actors::stage::spawn_stage(w.system(), cost_peer("s0"), board);
   n.adopt("s0", peer);
   w.run();
@@ -147,12 +143,10 @@ namespace {
 /// Virtual times of two forwards sent at once to a LibTorch stage peer of `speed` whose device
 /// calls are timed as 0.5 s each.
 std::vector<double> torch_reply_times(double speed) {
-  runtime::sim::world_options wo;
-  wo.seed = 3;
-  runtime::sim::world w{wo};
-  auto& n = w.add_node("n");
-  auto board = actors::stage::spawn_board(w.system(), 2);
-  n.adopt("board", board);
+  testing::board_world bw{3, 2};
+  auto& w = bw.w;
+  auto& n = bw.n;
+  auto& board = bw.board;
   auto o = stage_opts(0, 0, 1, "s0");
   o.speed = speed;
   auto calls = std::make_shared<int>(0);

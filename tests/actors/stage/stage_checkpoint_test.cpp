@@ -113,13 +113,11 @@ TEST_CASE("every peer of a stage killed mid-run: the respawned peers resume from
   testing::temp_dir tmp{"starling-stage-ckpt"};
   const std::string dir_a = tmp.path + "/node-a/checkpoints";
   const std::string dir_b = tmp.path + "/node-b/checkpoints";
-  runtime::sim::world_options wo;
-  wo.seed = 21;
-  runtime::sim::world w{wo};
-  auto& n = w.add_node("n");
+  testing::board_world bw{21, 2};
+  auto& w = bw.w;
+  auto& n = bw.n;
   auto& sys = w.system();
-  auto board = actors::stage::spawn_board(sys, 2);
-  n.adopt("board", board);
+  auto& board = bw.board;
   auto s0 = actors::stage::spawn_stage(sys, peer_opts(0, "s0", tmp.path + "/node-0"), board);
   n.adopt("s0", s0);
   // Stage 1: two peers, each checkpointing into its own node's folder.

@@ -55,12 +55,10 @@ std::map<uint64_t, uint64_t> applied_at(runtime::sim::world& w, runtime::sim::si
 
 TEST_CASE("a retried backward whose first attempt reached a slow peer is applied exactly once "
           "across the stage; the unconfirmed attempt is dropped as lost work") {
-  runtime::sim::world_options wo;
-  wo.seed = 3;
-  runtime::sim::world w{wo};
-  auto& n = w.add_node("n");
-  auto board = actors::stage::spawn_board(w.system(), 2);
-  n.adopt("board", board);
+  testing::board_world bw{3, 2};
+  auto& w = bw.w;
+  auto& n = bw.n;
+  auto& board = bw.board;
   auto slow = last_stage(w, n, board, "s1slow", 0.01); // answers 8 s after a request arrives
   auto fast = last_stage(w, n, board, "s1fast", 1.0);
   w.run();

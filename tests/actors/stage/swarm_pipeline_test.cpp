@@ -41,13 +41,11 @@ bool state_of(runtime::sim::world& w, runtime::sim::sim_node& n, caf::actor peer
 
 TEST_CASE("a pipeline with a stage peer killed mid-run completes every microbatch exactly once, "
           "the supervisor respawns it, it downloads state and serves again") {
-  runtime::sim::world_options wo;
-  wo.seed = 11;
-  runtime::sim::world w{wo};
-  auto& n = w.add_node("n");
+  testing::board_world bw{11, 2};
+  auto& w = bw.w;
+  auto& n = bw.n;
   auto& sys = w.system();
-  auto board = actors::stage::spawn_board(sys, 2);
-  n.adopt("board", board);
+  auto& board = bw.board;
   auto s0 = actors::stage::spawn_stage(sys, stage_opts(0, 0, 1, "s0a"), board);
   n.adopt("s0a", s0);
   w.run();
@@ -179,13 +177,11 @@ namespace {
 /// microbatches through a one-stage swarm of two equal cost-model peers, the first of which has
 /// 40 s of forwards queued from elsewhere; `probe` as in trainer_options.
 std::vector<uint64_t> served_with_one_peer_loaded(bool probe) {
-  runtime::sim::world_options wo;
-  wo.seed = 5;
-  runtime::sim::world w{wo};
-  auto& n = w.add_node("n");
+  testing::board_world bw{5, 1};
+  auto& w = bw.w;
+  auto& n = bw.n;
   auto& sys = w.system();
-  auto board = actors::stage::spawn_board(sys, 1);
-  n.adopt("board", board);
+  auto& board = bw.board;
   std::vector<caf::actor> peers;
   for (std::string name : {"s0loaded", "s0idle"}) {
     auto o = stage_opts(0, 0, 2, name);
@@ -241,13 +237,11 @@ TEST_CASE("probing: the trainer sends each hop to the less loaded of two cost-mo
 }
 
 TEST_CASE("real stage peers report their measured throughput to the board") {
-  runtime::sim::world_options wo;
-  wo.seed = 13;
-  runtime::sim::world w{wo};
-  auto& n = w.add_node("n");
+  testing::board_world bw{13, 2};
+  auto& w = bw.w;
+  auto& n = bw.n;
   auto& sys = w.system();
-  auto board = actors::stage::spawn_board(sys, 2);
-  n.adopt("board", board);
+  auto& board = bw.board;
   std::vector<caf::actor> peers;
   for (uint64_t s = 0; s < 2; ++s) {
     auto o = stage_opts(s, static_cast<int64_t>(s), static_cast<int64_t>(s) + 1,
