@@ -61,7 +61,7 @@ struct trainer_options {
   int64_t inflight_cap = 1024;
   int64_t trainers = 1;
   /// Stochastic routing: probe two candidates per hop for their queued work and send to the one
-  /// that would finish first (power of two choices). Only modeled stage peers answer probes; a
+  /// that would finish first (power of two choices). Stage peers of both backends answer probes; a
   /// probe without answer within `probe_timeout` counts as an infinitely long queue.
   bool probe = false;
   caf::timespan probe_timeout = std::chrono::seconds(2);

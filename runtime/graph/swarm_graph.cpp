@@ -69,6 +69,19 @@ result<std::vector<std::pair<int64_t, int64_t>>> stage_ranges(const swarm_graph&
   return out;
 }
 
+status check_rebalance(const rebalance_spec& r) {
+  using std::chrono::nanoseconds;
+  if (r.every < nanoseconds{0})
+    return fail("rebalance.every: expected a duration >= 0 (0 = no rebalancing)");
+  if (!(r.threshold >= 0 && r.threshold <= 10))
+    return fail(fmt::format("rebalance.threshold: expected a number in [0, 10], got {}",
+                            r.threshold));
+  if (r.enabled() && (r.report_every <= nanoseconds{0} || r.report_every > r.every))
+    return fail("rebalance.report_every must be positive and at most rebalance.every (a check "
+                "needs a fresh throughput report of every stage)");
+  return {};
+}
+
 status check_averaging(const averaging_spec& a) {
   using std::chrono::nanoseconds;
   if (a.target_batch < 0)
@@ -168,6 +181,11 @@ swarm_builder& swarm_builder::checkpoints(std::chrono::nanoseconds every, int64_
   return *this;
 }
 
+swarm_builder& swarm_builder::rebalance(const rebalance_spec& r) {
+  g_.rebalance = r;
+  return *this;
+}
+
 swarm_builder& swarm_builder::seed(uint64_t s) {
   g_.seed = s;
   return *this;
@@ -201,6 +219,8 @@ result<swarm_graph> swarm_builder::build() const {
     return fail(st.what());
   if (g.checkpoint.every < std::chrono::nanoseconds{0} || g.checkpoint.keep < 1)
     return fail("checkpoint: expected every >= 0 and keep >= 1");
+  if (auto st = check_rebalance(g.rebalance); !st)
+    return fail(st.what());
   if (g.preempt_every < std::chrono::nanoseconds{0} || g.restart_delay < std::chrono::nanoseconds{0})
     return fail("preempt_every, restart_delay: expected durations >= 0");
   return g;
@@ -215,7 +235,7 @@ void read_swarm_graph(config_node& n, swarm_graph& out) {
   n.allow({"model", "data", "stages", "trainers", "microbatch", "microbatches_per_trainer", "max_inflight",
            "local_batch", "target_batch", "averaging", "optimizer", "compression", "hop_timeout",
            "preempt_every", "restart_delay", "eval_batches", "torch_threads", "export", "checkpoint",
-           "sim"});
+           "rebalance", "sim"});
   if (n.has("model")) {
     auto m = n.child("model");
     std::string kind = "gpt";
@@ -331,6 +351,19 @@ void read_swarm_graph(config_node& n, swarm_graph& out) {
     read_duration(c, "every", out.checkpoint.every);
     read_int(c, "keep", out.checkpoint.keep, 1, 1000);
     c.finish();
+  }
+  if (n.has("rebalance")) {
+    auto r = n.child("rebalance");
+    if (!r.is_map())
+      r.expected("a map {every: 10s, threshold: 0.05, report_every: 2s, place_new_peers: false}");
+    r.allow({"every", "threshold", "report_every", "place_new_peers"});
+    read_duration(r, "every", out.rebalance.every);
+    read_real(r, "threshold", out.rebalance.threshold, 0.0, 10.0);
+    read_duration(r, "report_every", out.rebalance.report_every);
+    read(r, "place_new_peers", out.rebalance.place_new_peers);
+    if (auto st = check_rebalance(out.rebalance); !st)
+      r.fail(st.what());
+    r.finish();
   }
   if (n.has("optimizer")) {
     auto o = n.child("optimizer");

@@ -64,6 +64,27 @@ struct checkpoint_spec {
   int64_t keep = 2;
 };
 
+/// Adaptive rebalancing of real stage peers (local and cluster runs; simulated runs tune theirs
+/// in `sim:`, which starts from these settings when they are given). Every `every` each node's
+/// supervisor asks the DHT board for every stage's measured throughput and moves one of its stage
+/// peers to the bottleneck stage when that raises the pipeline's minimum by more than
+/// `threshold` (at most one move out of a stage per period, agreed through the DHT): the peer is
+/// stopped (it writes a last checkpoint), respawned for the new stage's layers, downloads that
+/// stage's state from its live peers and announces itself there.
+struct rebalance_spec {
+  /// Period of the checks; 0 = no rebalancing.
+  std::chrono::nanoseconds every{0};
+  /// Minimum relative gain of the pipeline's slowest stage for a move.
+  double threshold = 0.05;
+  /// How often each stage peer reports its measured throughput (samples per busy device
+  /// second) to the board; at most `every`.
+  std::chrono::nanoseconds report_every = std::chrono::seconds(2);
+  /// Respawned (preempted) stage peers join the stage that needs them most instead of their own.
+  bool place_new_peers = false;
+
+  bool enabled() const { return every.count() > 0; }
+};
+
 /// A graph of SWARM pipeline training (configs/swarm-tiny.yaml documents each field).
 struct swarm_graph {
   /// The built-in GPT; with `torchscript` set, only its `layers` (the number of files), `vocab`
@@ -92,6 +113,8 @@ struct swarm_graph {
   /// Stage state checkpoints (local and cluster mode; simulated cost-model peers hold no learned
   /// state and write none).
   checkpoint_spec checkpoint;
+  /// Moving stage peers to the bottleneck stage (off by default).
+  rebalance_spec rebalance;
   kernels::optimizer_options optimizer;
   kernels::codec_id compression = kernels::codec_id::blockwise8;
   std::chrono::nanoseconds hop_timeout = std::chrono::seconds(10);
@@ -119,6 +142,10 @@ struct swarm_graph {
 
 /// Checks a graph and fills in even layer ranges; the error names the offending field.
 result<std::vector<std::pair<int64_t, int64_t>>> stage_ranges(const swarm_graph& g);
+
+/// Checks rebalancing settings (every >= 0; when on, 0 < report_every <= every, threshold in
+/// [0, 10]).
+status check_rebalance(const rebalance_spec& r);
 
 /// Checks averaging settings (target_batch >= 0, positive periods, a matchmaking window longer
 /// than the progress period).
@@ -154,6 +181,8 @@ public:
   swarm_builder& preemptions(std::chrono::nanoseconds every, std::chrono::nanoseconds restart);
   /// Stage peers checkpoint their state every `every` (0: never) and keep `keep` of their own.
   swarm_builder& checkpoints(std::chrono::nanoseconds every, int64_t keep);
+  /// Stage peers move to the bottleneck stage (checked every `r.every`; see `rebalance_spec`).
+  swarm_builder& rebalance(const rebalance_spec& r);
   swarm_builder& seed(uint64_t s);
   /// The graph, or why it is invalid.
   result<swarm_graph> build() const;

@@ -159,6 +159,8 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
     so.retry_every = caf::timespan{std::chrono::seconds(2)};
     so.download_patience = caf::timespan{std::chrono::seconds(30)};
     so.report_every = span(s.sim.report_every);
+  } else if (g.rebalance.enabled()) {
+    so.report_every = span(g.rebalance.report_every);
   }
   auto& h = ctx.node;
   so.metrics = h.metrics();
@@ -612,8 +614,23 @@ void add_swarm(role_registry& reg) {
   stage.rebalancing = [](host& h, const std::any& a,
                          actors::supervisor::rebalancing_options& ro) {
     auto& s = *std::any_cast<const swarm_role_options&>(a).setup;
-    bool on = s.modeled && s.sim.routing == swarm_routing::stochastic
-              && s.sim.rebalance_period > nanoseconds{0};
+    ro.seed = s.graph.seed * 7777 + h.index();
+    if (!s.modeled) {
+      // Real peers: the node's DHT board, which keeps throughput reports, joiners and migration
+      // claims in DHT records that every node of the run reads.
+      auto& r = s.graph.rebalance;
+      if (!r.enabled())
+        return false;
+      ro.board = swarm_board(h, s);
+      ro.period = span(r.every);
+      ro.policy.threshold = r.threshold;
+      ro.place_new_peers = r.place_new_peers;
+      // A moved peer downloads its new stage's state before it announces itself: it counts
+      // there for a few report periods at most (a longer hold would count it twice meanwhile).
+      ro.join_hold = span(std::max(nanoseconds{std::chrono::seconds(10)}, 3 * r.report_every));
+      return true;
+    }
+    bool on = s.sim.routing == swarm_routing::stochastic && s.sim.rebalance_period > nanoseconds{0};
     if (!on)
       return false;
     // The simulation's board is the shared one (rebalancing claims are not modeled traffic).
@@ -623,7 +640,6 @@ void add_swarm(role_registry& reg) {
     ro.period = span(s.sim.rebalance_period);
     ro.policy.threshold = s.sim.rebalance_threshold;
     ro.place_new_peers = s.sim.place_new_peers;
-    ro.seed = s.graph.seed * 7777 + h.index();
     return true;
   };
   reg.add<swarm_role_options>(
@@ -634,15 +650,21 @@ void add_swarm(role_registry& reg) {
   k.name = "swarm";
   k.summary = "SWARM pipeline training of a byte-level GPT or a TorchScript model with preemptions";
   k.expand = [cache](config_node& n, experiment_graph& eg, const expand_context& ctx) {
+    graph::swarm_graph g;
+    graph::read_swarm_graph(n, g);
     swarm_sim_options sim;
+    if (g.rebalance.enabled()) {
+      // The same experiment simulated rebalances as it would run (`sim:` may still retune it).
+      sim.rebalance_period = g.rebalance.every;
+      sim.rebalance_threshold = g.rebalance.threshold;
+      sim.place_new_peers = g.rebalance.place_new_peers;
+    }
     if (n.has("sim")) {
       auto c = n.child("sim");
       if (!c.is_map())
         c.expected("a map of simulation settings");
       read_sim_options(c, sim);
     }
-    graph::swarm_graph g;
-    graph::read_swarm_graph(n, g);
     g.seed = eg.seed;
     auto modeled = ctx.mode == run_mode::sim;
     // A token file is checked here (size, dtype, every id against the vocabulary), so that a bad

@@ -210,6 +210,8 @@ public:
         repeated_++;
       else if (auto e = earlier_.find(m.source); e != earlier_.end() && e->second.count(batch))
         redone_++;
+      if (microbatches_ == 1)
+        first_batch_ = {m.t, static_cast<int64_t>(m.value("samples"))};
       samples_ += static_cast<int64_t>(m.value("samples"));
       retries_ += static_cast<int64_t>(m.value("retries"));
       auto loss = m.value("loss");
@@ -226,6 +228,12 @@ public:
       markers_.emplace_back(m.t, fmt::format("x s{}", slot < s_->slots.size() ? s_->slots[slot].first : 0));
     } else if (m.kind == "restart") {
       restarts_++;
+    } else if (m.kind == "migrate") {
+      auto from = static_cast<uint64_t>(m.value("from"));
+      auto to = static_cast<uint64_t>(m.value("to"));
+      migrations_.push_back(fmt::format("{} stage {} -> {} at {:.1f} s", m.source, from, to, m.t));
+      migration_times_.emplace_back(m.t, samples_);
+      markers_.emplace_back(m.t, fmt::format("m {}>{}", from, to));
     } else if (m.kind == "checkpoint") {
       checkpoints_++;
       checkpoint_bytes_ += m.value("bytes");
@@ -335,8 +343,11 @@ public:
     }
     fmt::print("  {:<34} {:.1f} s, {:.1f} samples/s\n", "run time", ctx.run_s,
                static_cast<double>(samples_) / std::max(1e-9, ctx.run_s));
+    // A migration respawns its peer in the new stage: not a restart after a preemption.
     fmt::print("  {:<34} {} ({} restarts, {} hop retries)\n", "preemptions", preemptions_,
-               restarts_, retries_);
+               restarts_ - static_cast<int64_t>(migrations_.size()), retries_);
+    if (g.rebalance.enabled())
+      print_migrations(ctx.run_s);
     fmt::print("  {:<34} {:.4f} -> {:.4f}\n", "training loss (EMA, first -> last)",
                loss_curve_.empty() ? 0.0 : loss_curve_.front().second, ema_);
     std::string steps;
@@ -433,6 +444,29 @@ private:
     out << j.dump(2) << "\n";
     fmt::print("  {:<34} {} files in {} (export.json: held-out loss {:.6f})\n", "export",
                files.size(), dir, loss1);
+  }
+
+  /// The stage migrations of the run, and the pipeline's throughput before the first one and
+  /// after the last one (the moved peers' state downloads included).
+  void print_migrations(double run_s) const {
+    if (migrations_.empty()) {
+      fmt::print("  {:<34} none\n", "migrations (rebalancing)");
+      return;
+    }
+    std::string list;
+    for (auto& m : migrations_)
+      list += fmt::format("{}{}", list.empty() ? "" : "; ", m);
+    fmt::print("  {:<34} {} ({})\n", "migrations (rebalancing)", migrations_.size(), list);
+    auto [first, done_first] = migration_times_.front();
+    auto [last, done_last] = migration_times_.back();
+    auto end = std::max(run_s, last);
+    // From the first completed microbatch (the start-up is not the pipeline's throughput).
+    auto [t0, n0] = first_batch_;
+    auto before = first > t0 ? static_cast<double>(done_first - n0) / (first - t0) : 0.0;
+    auto after = end > last ? static_cast<double>(samples_ - done_last) / (end - last) : 0.0;
+    fmt::print("  {:<34} {:.1f} samples/s before the first migration ({:.1f}-{:.1f} s), {:.1f} "
+               "after the last ({:.1f}-{:.1f} s)\n",
+               "throughput around migrations", before, t0, first, after, last, end);
   }
 
   void write_plots() {
@@ -589,6 +623,12 @@ private:
   std::vector<std::pair<double, double>> loss_curve_;
   std::vector<std::pair<double, int64_t>> marks_;
   std::vector<std::pair<double, std::string>> markers_;
+  /// Stage migrations (rebalancing): one line each, and when they happened (seconds since the
+  /// start, samples completed by then).
+  std::vector<std::string> migrations_;
+  std::vector<std::pair<double, int64_t>> migration_times_;
+  /// When the first microbatch completed, and its samples.
+  std::pair<double, int64_t> first_batch_{0.0, 0};
   double next_line_ = 0;
 };
 

@@ -131,6 +131,43 @@ swarm:
 }
 
 
+TEST_CASE("rebalancing of real stage peers: the YAML section, the builder, and bad settings") {
+  kernels::gpt_config m;
+  m.layers = 2;
+  rebalance_spec r;
+  r.every = 4s;
+  r.threshold = 0.1;
+  r.report_every = 1s;
+  auto built = swarm_builder{}.model(m).stage({1.0}).stage({0.5}).rebalance(r).build();
+  REQUIRE(built);
+  swarm_graph g;
+  REQUIRE(read_error("experiment: {name: g, kind: swarm}\nswarm: {model: {layers: 2}, stages: "
+                     "[{peers: [1.0]}, {peers: [0.5]}], rebalance: {every: 4s, threshold: 0.1, "
+                     "report_every: 1s}}\n",
+                     g)
+            .empty());
+  CHECK(g.rebalance.enabled());
+  CHECK(g.rebalance.every == built->rebalance.every);
+  CHECK(g.rebalance.threshold == built->rebalance.threshold);
+  CHECK(g.rebalance.report_every == built->rebalance.report_every);
+  CHECK_FALSE(g.rebalance.place_new_peers);
+  // Off unless asked for.
+  CHECK_FALSE(swarm_builder{}.model(m).stage({1.0}).build()->rebalance.enabled());
+  // A check needs a fresh report of every stage: reports no rarer than checks.
+  r.report_every = 5s;
+  auto rare = swarm_builder{}.model(m).stage({1.0}).rebalance(r).build();
+  REQUIRE_FALSE(rare);
+  CHECK(rare.error().what.find("report_every") != std::string::npos);
+  auto head = std::string{"experiment: {name: g, kind: swarm}\nswarm: {stages: [{peers: [1.0]}], "};
+  CHECK(read_error(head + "rebalance: {every: 2s, report_every: 3s}}\n", g).find("report_every")
+        != std::string::npos);
+  CHECK(read_error(head + "rebalance: {every: 2s, threshold: -1}}\n", g).find("threshold")
+        != std::string::npos);
+  CHECK(read_error(head + "rebalance: {every: 2s, period: 3s}}\n", g).find("period")
+        != std::string::npos);
+  CHECK(read_error(head + "rebalance: 2s}\n", g).find("a map") != std::string::npos);
+}
+
 TEST_CASE("the data a swarm's trainers read is an option: the text corpus or a token file") {
   const std::string head = "swarm:\n  model: {layers: 2, width: 16, heads: 2, seq_len: 8}\n"
                            "  stages: [{peers: [1.0]}]\n";

@@ -1,0 +1,77 @@
+// Rebalancing of real stage peers (configs/swarm-rebalance.yaml): a 4-process cluster whose
+// stage 1 starts with one slow peer moves a peer of stage 0 there through the DHT board, and the
+// pipeline's throughput rises.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <regex>
+
+#include <cstdlib>
+
+#include "support/subprocess.hpp"
+
+using starling::testing::subprocess;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string config = STARLING_SOURCE_DIR "/configs/swarm-rebalance.yaml";
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/starling-rebalance-XXXXXX";
+  REQUIRE(::mkdtemp(tmpl) != nullptr);
+  return tmpl;
+}
+
+} // namespace
+
+TEST_CASE("a slow stage of a 4-process cluster gains a peer by migration and the throughput "
+          "rises") {
+  auto dir = temp_dir();
+  auto nodes = starling::testing::start_nodes(4, [&](int i) {
+    return std::vector<std::string>{
+      STARLING_BINARY, "node", "--config", config, "--index", std::to_string(i), "--nodes", "4",
+      "--out", dir + "/n" + std::to_string(i),
+      // Shorter: 120 microbatches, a check every 2 s on reports every 0.5 s.
+      "--set", "swarm.microbatches_per_trainer=60", "--set", "swarm.rebalance.every=2s",
+      "--set", "swarm.rebalance.report_every=500ms", "--set", "swarm.eval_batches=2"};
+  });
+  REQUIRE(nodes.size() == 4);
+  auto& n0 = *nodes[0];
+  auto samples = n0.wait_for("samples ", 180s);
+  REQUIRE(samples);
+  CHECK(samples->find("1920 of 1920 requested") != std::string::npos);
+  auto batches = n0.wait_for("batches ", 10s);
+  REQUIRE(batches);
+  CHECK(batches->find("120 distinct, 0 completed twice") != std::string::npos);
+  // Stage 0 (three full-speed peers) gives one to stage 1 (one peer at a quarter speed). A
+  // second move would leave stage 0 the slower one: the decision never makes it.
+  auto moves = n0.wait_for("migrations (rebalancing)", 10s);
+  REQUIRE(moves);
+  CHECK(moves->find(" 1 (peers.") != std::string::npos);
+  CHECK(moves->find("stage 0 -> 1") != std::string::npos);
+  auto around = n0.wait_for("throughput around migrations", 10s);
+  REQUIRE(around);
+  std::smatch m;
+  REQUIRE(std::regex_search(*around, m,
+                            std::regex{R"(([0-9.]+) samples/s before .*, ([0-9.]+) after)"}));
+  // Stage 1's capacity goes from 0.25 to 1.25 peers: several times the throughput (3.2x in the
+  // run of the closing note); asserted only to rise.
+  CHECK(std::stod(m[2]) > std::stod(m[1]));
+  // The moved peer downloaded stage 1's state from the slow peer before serving.
+  auto downloads = n0.wait_for("state downloads", 10s);
+  REQUIRE(downloads);
+  std::smatch d;
+  REQUIRE(std::regex_search(*downloads, d, std::regex{R"(state downloads +([0-9]+) by live)"}));
+  CHECK(std::stoi(d[1]) >= 1);
+  auto held_out = n0.wait_for("held-out loss (before -> after)", 60s);
+  REQUIRE(held_out);
+  for (auto& n : nodes) {
+    auto rc = n->wait_exit(60s);
+    CHECK(rc == 0);
+    if (rc != 0)
+      MESSAGE("a node ended with ", rc ? std::to_string(*rc) : "no exit", "; its output:\n",
+              n->output());
+  }
+  std::filesystem::remove_all(dir);
+}
