@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <fmt/format.h>
+#include <torch/torch.h>
 
 #include "actors/stage/state_parts.hpp"
 #include "messages/envelope.hpp"
@@ -315,6 +316,65 @@ size_t prune_checkpoints(const std::string& dir, const checkpoint_key& key, cons
       ++removed;
   }
   return removed;
+}
+
+std::string pending_dir(const std::string& checkpoint_dir) {
+  return checkpoint_dir + "/pending";
+}
+
+result<checkpoint_written> write_pending_gradient(const std::string& checkpoint_dir,
+                                                  const checkpoint_key& key,
+                                                  const std::string& slot, uint64_t time_ns,
+                                                  const pending_gradient& g) {
+  if (!g.sum.defined() || g.sum.numel() == 0)
+    return fail("pending gradient: nothing accumulated");
+  messages::stage_state s;
+  s.steps = g.step;
+  s.params.tensor = g.sum.to(at::kFloat).contiguous().reshape({-1});
+  s.params.codec = kernels::codec_id::none;
+  s.optimizer_steps = {g.samples, g.microbatches};
+  auto dir = pending_dir(checkpoint_dir);
+  auto w = write_checkpoint(dir, key, slot, time_ns, s);
+  if (w)
+    prune_checkpoints(dir, key, slot, 1);
+  return w;
+}
+
+pending_taken take_pending_gradient(const std::vector<std::string>& dirs,
+                                    const checkpoint_key& key, const std::string& slot,
+                                    uint64_t step) {
+  pending_taken out;
+  std::vector<checkpoint_file> mine;
+  for (auto& d : dirs)
+    for (auto& f : list_checkpoints(pending_dir(d), key))
+      if (f.peer == slot)
+        mine.push_back(std::move(f));
+  std::sort(mine.begin(), mine.end(), newer);
+  for (auto& f : mine) {
+    if (!out.gradient) {
+      auto r = read_checkpoint(f.path, key);
+      if (!r) {
+        out.notes.push_back(fmt::format("{}: rejected: {}", f.path, r.error().what));
+      } else if (r->state.optimizer_steps.size() != 2) {
+        out.notes.push_back(fmt::format("{}: rejected: not a pending gradient", f.path));
+      } else if (r->state.steps != step) {
+        out.notes.push_back(fmt::format("{}: stale: saved at step {}, the state is at step {}",
+                                        f.path, r->state.steps, step));
+      } else {
+        pending_gradient g;
+        g.step = step;
+        g.samples = r->state.optimizer_steps[0];
+        g.microbatches = r->state.optimizer_steps[1];
+        g.sum = r->state.params.tensor.to(at::kFloat).reshape({-1});
+        out.gradient = std::move(g);
+        out.notes.push_back(fmt::format("{}: taken up ({} samples)", f.path,
+                                        out.gradient->samples));
+      }
+    }
+    std::error_code ec;
+    fs::remove(f.path, ec);
+  }
+  return out;
 }
 
 std::string digest_hex(const std::string& digest) {

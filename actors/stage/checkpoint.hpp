@@ -107,6 +107,46 @@ newest_checkpoint(const std::vector<std::string>& dirs, const checkpoint_key& ke
 size_t prune_checkpoints(const std::string& dir, const checkpoint_key& key, const std::string& peer,
                          size_t keep);
 
+/// A stage peer's gradient accumulated towards its next optimizer step, saved when the peer is
+/// stopped on purpose (a stopped run's batches that were done but not yet stepped on), so that
+/// the peer of the same slot that resumes at that step takes it up instead of losing it.
+struct pending_gradient {
+  /// The step the gradient was computed at (its parameters' step).
+  uint64_t step = 0;
+  /// Samples and microbatches in it.
+  uint64_t samples = 0;
+  uint64_t microbatches = 0;
+  /// The flat sum of the microbatches' gradients (fp32).
+  at::Tensor sum;
+};
+
+/// The folder of pending gradients inside a checkpoint folder.
+std::string pending_dir(const std::string& checkpoint_dir);
+
+/// Writes `g` for `slot` (a name that stays the same across the peer's generations, e.g.
+/// `s2p5`) into `pending_dir(checkpoint_dir)`, atomically and verified like a checkpoint (the
+/// same file format: header, digest, a `stage.state` envelope whose parameters are the sum, step
+/// the step, optimizer steps [samples, microbatches]), replacing the slot's older ones.
+result<checkpoint_written> write_pending_gradient(const std::string& checkpoint_dir,
+                                                  const checkpoint_key& key,
+                                                  const std::string& slot, uint64_t time_ns,
+                                                  const pending_gradient& g);
+
+/// What taking up a slot's pending gradient found.
+struct pending_taken {
+  /// The gradient, when the newest file of the slot verified and was saved at `step`.
+  std::optional<pending_gradient> gradient;
+  /// Files of the slot read and removed: taken, stale (another step) or rejected (why).
+  std::vector<std::string> notes;
+};
+
+/// Takes up `slot`'s pending gradient of `key` at `step` from the pending folders of `dirs`
+/// (checkpoint folders): the newest one that verifies, if it was saved at `step`. Every file of
+/// the slot found is removed, taken or not, so that a gradient enters the model at most once.
+pending_taken take_pending_gradient(const std::vector<std::string>& dirs,
+                                    const checkpoint_key& key, const std::string& slot,
+                                    uint64_t step);
+
 /// The digest as lowercase hex (logs, reports).
 std::string digest_hex(const std::string& digest);
 

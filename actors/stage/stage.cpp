@@ -61,6 +61,8 @@ struct checkpoint_stats {
   uint64_t restored_steps = 0;
   uint64_t rejected = 0;
   uint64_t failed = 0;
+  /// Samples of the pending gradient taken up at resumption (0: none).
+  uint64_t pending_samples = 0;
   std::string restored_digest;
 };
 
@@ -195,6 +197,12 @@ private:
   void save_checkpoint();
   /// Resumes from the newest checkpoint of the stage that verifies; false when there is none.
   bool restore_checkpoint();
+  /// Saves the gradient accumulated towards the next step for the peer's slot (stopped on
+  /// purpose), and takes up the slot's saved one when the peer starts at its step.
+  void save_pending();
+  void take_pending();
+  /// The folders the peer reads checkpoints from (its own first).
+  std::vector<std::string> checkpoint_dirs() const;
   void report(const std::string& kind, std::map<std::string, double> values);
   void report_load();
 
@@ -315,6 +323,7 @@ caf::error stage_peer::init(stage_options opts, caf::actor board) {
       }
       dl_.downloads++;
       dl_.donors += donors;
+      take_pending();
       return true;
     },
     [this] { announce(); },
@@ -323,8 +332,10 @@ caf::error stage_peer::init(stage_options opts, caf::actor board) {
   // first, so that a resumed run or a later peer continues from it; a preempted one (killed)
   // cannot.
   self_->set_exit_handler([this](const caf::exit_msg& m) {
-    if (m.reason == caf::exit_reason::user_shutdown && ready_ && checkpointing())
+    if (m.reason == caf::exit_reason::user_shutdown && ready_ && checkpointing()) {
       save_checkpoint();
+      save_pending();
+    }
     self_->quit(m.reason);
   });
   // Held replies fail when the peer dies (its callers retry elsewhere at once).
@@ -395,8 +406,9 @@ caf::behavior stage_peer::make_behavior() {
         save_checkpoint();
     },
     [this](status_atom, checkpoint_atom) -> caf::result<std::vector<uint64_t>, std::string> {
-      std::vector<uint64_t> counters{ckpt_.written,        ckpt_.bytes,    ckpt_.restored,
-                                     ckpt_.restored_steps, ckpt_.rejected, ckpt_.failed};
+      std::vector<uint64_t> counters{ckpt_.written,         ckpt_.bytes,    ckpt_.restored,
+                                     ckpt_.restored_steps,  ckpt_.rejected, ckpt_.failed,
+                                     ckpt_.pending_samples};
       return {std::move(counters), ckpt_.restored_digest};
     },
     [this](messages::commit_atom, uint64_t id, uint32_t attempt) { commit(id, attempt); },
@@ -654,13 +666,64 @@ void stage_peer::save_checkpoint() {
                         {"steps", static_cast<double>(s.steps)}});
 }
 
-bool stage_peer::restore_checkpoint() {
-  if (opts_.checkpoint.dir.empty() && opts_.checkpoint.search.empty())
-    return false;
+std::vector<std::string> stage_peer::checkpoint_dirs() const {
   std::vector<std::string> dirs;
   if (!opts_.checkpoint.dir.empty())
     dirs.push_back(opts_.checkpoint.dir);
   dirs.insert(dirs.end(), opts_.checkpoint.search.begin(), opts_.checkpoint.search.end());
+  return dirs;
+}
+
+void stage_peer::save_pending() {
+  // A round in flight took its gradient out (lost with the peer); what was accumulated
+  // meanwhile was computed on the same parameters and counts towards the next step.
+  if (opts_.checkpoint.slot.empty() || pending_samples_ <= 0)
+    return;
+  pending_gradient g;
+  g.step = steps_;
+  g.samples = static_cast<uint64_t>(pending_samples_);
+  g.microbatches = static_cast<uint64_t>(pending_micro_);
+  g.sum = kernels::flatten_gradients(params_);
+  auto now = self_->clock().now().time_since_epoch();
+  auto ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count());
+  auto w = write_pending_gradient(opts_.checkpoint.dir, {opts_.stage, opts_.begin, opts_.end},
+                                  opts_.checkpoint.slot, ns, g);
+  if (!w)
+    aout(self_) << opts_.name << ": the accumulated gradient is lost: " << w.error().what << "\n";
+}
+
+void stage_peer::take_pending() {
+  if (opts_.checkpoint.slot.empty())
+    return;
+  auto dirs = checkpoint_dirs();
+  if (dirs.empty())
+    return;
+  auto t = take_pending_gradient(dirs, {opts_.stage, opts_.begin, opts_.end},
+                                 opts_.checkpoint.slot, steps_);
+  for (auto& note : t.notes)
+    aout(self_) << opts_.name << ": pending gradient " << note << "\n";
+  if (!t.gradient)
+    return;
+  auto& g = *t.gradient;
+  torch::NoGradGuard guard;
+  auto sum = kernels::flatten_gradients(params_);
+  if (sum.numel() != g.sum.numel()) {
+    aout(self_) << opts_.name << ": pending gradient of " << g.sum.numel()
+                << " values does not fit the stage's " << sum.numel() << "; dropped\n";
+    return;
+  }
+  sum.add_(g.sum);
+  (void)kernels::unflatten_gradients(sum, params_);
+  pending_samples_ += static_cast<int64_t>(g.samples);
+  pending_micro_ += static_cast<int64_t>(g.microbatches);
+  ckpt_.pending_samples += g.samples;
+  report("pending_restored", {{"samples", static_cast<double>(g.samples)}});
+}
+
+bool stage_peer::restore_checkpoint() {
+  if (opts_.checkpoint.dir.empty() && opts_.checkpoint.search.empty())
+    return false;
+  auto dirs = checkpoint_dirs();
   checkpoint_key key{opts_.stage, opts_.begin, opts_.end};
   auto found = newest_checkpoint(dirs, key, [this](const checkpoint_loaded& c) {
     return load(c.state); // all or nothing: a state of another shape leaves the peer as it was
@@ -681,6 +744,7 @@ bool stage_peer::restore_checkpoint() {
               << "; resumed from checkpoint " << c.file.path << " (step " << c.state.steps
               << ", digest " << digest_hex(c.digest).substr(0, 16) << ")\n";
   report("restore", {{"steps", static_cast<double>(c.state.steps)}});
+  take_pending();
   return true;
 }
 

@@ -78,6 +78,11 @@ struct checkpoint_options {
   caf::timespan every = std::chrono::seconds(2);
   /// How many of its own newest checkpoints the peer keeps (older ones are removed).
   uint32_t keep = 2;
+  /// The peer's slot: a name that stays the same across its generations (e.g. `s2p5`). When
+  /// set, a peer stopped on purpose also saves the gradient it had accumulated towards its next
+  /// step (`<dir>/pending/`), and the slot's next peer that resumes at that step takes it up, so
+  /// that a stopped run's done batches are not lost. Empty: not saved.
+  std::string slot;
 };
 
 /// What a stage peer computes with.
@@ -172,7 +177,8 @@ std::string step_key(const std::string& prefix, uint64_t stage, uint64_t step);
 /// - `(status_atom) -> [steps, samples, rounds, averaged, no_partner, failed, skipped,
 ///   caught_up, downloads, donors summed over downloads, queued requests]`;
 /// - `(status_atom, checkpoint_atom) -> ([written, bytes written, restored (0 or 1), restored
-///   steps, rejected files, write failures], restored digest (raw, empty when none))`.
+///   steps, rejected files, write failures, samples of a pending gradient taken up], restored
+///   digest (raw, empty when none))`.
 /// A peer that finds no live donor of its stage resumes from the newest checkpoint of its stage
 /// and layer range that reads and verifies (rejected files are logged), else it waits for a donor
 /// or starts from the seeded initialization as `download_state` says.

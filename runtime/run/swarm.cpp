@@ -170,6 +170,8 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
     so.checkpoint.dir = h.run_dir() + "/checkpoints";
     so.checkpoint.every = span(g.checkpoint.every);
     so.checkpoint.keep = static_cast<uint32_t>(g.checkpoint.keep);
+    // The slot's accumulated gradient outlives a stop on purpose (`--resume` takes it up).
+    so.checkpoint.slot = fmt::format("s{}p{}", stage, slot);
     // The other node folders of the run on this disk too (local mode: every node's; a cluster
     // node's output holds its own only): the peers of a resumed stage all start from the
     // stage's newest checkpoint, not each from its own node's (they began 2 steps apart).

@@ -241,6 +241,8 @@ public:
       checkpoint_max_s_ = std::max(checkpoint_max_s_, m.value("seconds"));
     } else if (m.kind == "restore") {
       restores_.push_back(static_cast<uint64_t>(m.value("steps")));
+    } else if (m.kind == "pending_restored") {
+      pending_taken_ += static_cast<int64_t>(m.value("samples"));
     } else if (m.kind == "checkpoint_rejected") {
       rejected_checkpoints_++;
     }
@@ -341,6 +343,9 @@ public:
       fmt::print("  {:<34} {} distinct, {} completed twice ({} in earlier runs)\n", "batches",
                  microbatches_ - repeated_ - redone_ + earlier, repeated_ + redone_, earlier);
     }
+    if (ctx.stopped || ctx.timed_out)
+      print_progress_files(microbatches_ - repeated_ - redone_
+                           + static_cast<int64_t>(earlier_batches_));
     fmt::print("  {:<34} {:.1f} s, {:.1f} samples/s\n", "run time", ctx.run_s,
                static_cast<double>(samples_) / std::max(1e-9, ctx.run_s));
     // A migration respawns its peer in the new stage: not a restart after a preemption.
@@ -390,9 +395,10 @@ public:
       std::string steps_text;
       for (auto st : restores_)
         steps_text += fmt::format("{}{}", steps_text.empty() ? "" : ", ", st);
-      fmt::print("  {:<34} {} (at steps: {}), {} checkpoint files rejected\n",
+      fmt::print("  {:<34} {} (at steps: {}), {} checkpoint files rejected, {} samples of "
+                 "accumulated gradients taken up\n",
                  "resumed from checkpoints", restores_.size(),
-                 steps_text.empty() ? "-" : steps_text, rejected_checkpoints_);
+                 steps_text.empty() ? "-" : steps_text, rejected_checkpoints_, pending_taken_);
     }
     for (size_t k = 0; k < reports.size(); ++k)
       fmt::print("  {:<34} stage {}: {} ({})\n", k == 0 ? "final model taken from" : "", k,
@@ -572,6 +578,24 @@ private:
     }
   }
 
+  /// A stopped run: the trainers' progress files may hold batches completed after the stop
+  /// (their metrics no longer reach the reporters); says how many, since they count as done for
+  /// `--resume`.
+  void print_progress_files(int64_t counted) const {
+    if (info_.out_dir.empty())
+      return;
+    auto saved = read_run_progress(info_.out_dir);
+    if (!saved)
+      return;
+    int64_t done = 0;
+    for (auto& [name, p] : *saved)
+      done += static_cast<int64_t>(p.done_count());
+    if (done > counted)
+      fmt::print("  {:<34} {} (the trainers' progress files: {} completed after the stop, not in "
+                 "the counts above; `--resume` does not redo them)\n",
+                 "batches done", done, done - counted);
+  }
+
   /// The batches that trainers completed in earlier runs of a resumed run (their progress files
   /// in the run's node folders, by trainer name: the source of their metrics).
   void read_earlier_progress() {
@@ -615,6 +639,8 @@ private:
   double checkpoint_bytes_ = 0, checkpoint_s_ = 0, checkpoint_max_s_ = 0;
   std::vector<uint64_t> restores_;
   int64_t rejected_checkpoints_ = 0;
+  /// Samples of gradients accumulated before a stop that resumed peers took up.
+  int64_t pending_taken_ = 0;
   /// Completed batch numbers per trainer, and completions of a batch already completed.
   std::map<std::string, std::set<uint64_t>> batches_;
   int64_t repeated_ = 0;

@@ -50,7 +50,8 @@ actors::stage::stage_options peer_opts(uint64_t stage, const std::string& name,
 
 /// The peer's checkpoint counters and the digest it resumed from.
 struct ckpt_status {
-  std::vector<uint64_t> counters; // written, bytes, restored, restored steps, rejected, failed
+  // written, bytes, restored, restored steps, rejected, failed, pending samples taken up
+  std::vector<uint64_t> counters;
   std::string restored_digest;
 };
 
@@ -69,7 +70,7 @@ ckpt_status checkpoint_status(runtime::sim::world& w, runtime::sim::sim_node& n,
   });
   w.run_until([&] { return *asked; }, 20s);
   REQUIRE(got->has_value());
-  REQUIRE((*got)->counters.size() == 6);
+  REQUIRE((*got)->counters.size() == 7);
   return **got;
 }
 
@@ -198,4 +199,93 @@ TEST_CASE("every peer of a stage killed mid-run: the respawned peers resume from
   CHECK(std::abs(loss_fresh - loss_before) > 0.1);
   MESSAGE("held-out loss: checkpoint " << loss_before << ", after recovery " << loss_after
                                        << ", seeded initialization " << loss_fresh);
+}
+
+namespace {
+
+/// The inputs of microbatch `i` of stage 1 (block 1 and the head of the tiny model): fixed
+/// activations and targets of 4 samples.
+messages::stage_backward microbatch(uint64_t i) {
+  torch::manual_seed(1000 + i);
+  auto input = torch::randn({4, 8, 16});
+  auto targets = torch::randint(0, 256, {4, 8}, torch::kLong);
+  return messages::stage_backward{{input, kernels::codec_id::none, {}, {}},
+                                  {},
+                                  {targets, kernels::codec_id::none, {}, {}},
+                                  i,
+                                  {},
+                                  i,
+                                  0};
+}
+
+/// Microbatches [from, to) through `peer`'s backward, each confirmed (its gradient applied).
+void train(runtime::sim::world& w, runtime::sim::sim_node& n, caf::actor peer, uint64_t from,
+           uint64_t to) {
+  for (auto i = from; i < to; ++i) {
+    auto r = ask<messages::stage_backward_reply>(w, n, peer, microbatch(i));
+    REQUIRE(r);
+    caf::anon_send(peer, messages::commit_atom::value, i, uint32_t{0});
+    w.run();
+  }
+}
+
+/// A stage-1 peer stepping every 4 microbatches (16 samples), checkpointing into `dir` as slot
+/// `s1p0`.
+caf::actor accumulating_peer(testing::board_world& bw, const std::string& name,
+                             const std::string& dir, bool rejoin) {
+  auto o = peer_opts(1, name, dir);
+  o.local_batch = 16;
+  o.download_state = rejoin;
+  o.checkpoint.slot = "s1p0";
+  auto a = actors::stage::spawn_stage(bw.w.system(), o, bw.board);
+  bw.n.adopt(name, a);
+  bw.w.run_for(200ms);
+  return a;
+}
+
+} // namespace
+
+TEST_CASE("a stage peer stopped on purpose saves the gradient it had accumulated; its slot's next "
+          "peer takes it up once and ends where a peer never stopped does") {
+  testing::temp_dir tmp{"starling-stage-pending"};
+  auto dir = tmp.path + "/checkpoints";
+  // Never stopped: 8 microbatches, 2 optimizer steps.
+  testing::board_world ref_world{31, 2};
+  auto ref = accumulating_peer(ref_world, "ref", tmp.path + "/ref", false);
+  train(ref_world.w, ref_world.n, ref, 0, 8);
+  // Stopped after 7: a step at 4 (checkpointed), 3 microbatches accumulated towards the next.
+  testing::board_world bw{31, 2};
+  auto a = accumulating_peer(bw, "s1p0g0", dir, false);
+  train(bw.w, bw.n, a, 0, 4);
+  bw.w.run_for(1s); // the checkpoint of step 1
+  train(bw.w, bw.n, a, 4, 7);
+  caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  bw.w.run_for(100ms);
+  auto key = actors::stage::checkpoint_key{1, 1, 2};
+  REQUIRE(actors::stage::list_checkpoints(actors::stage::pending_dir(dir), key).size() == 1);
+  // The slot's next peer finds no live donor, resumes from the checkpoint of step 1 and takes
+  // up the 12 samples' gradient; the 8th microbatch completes the step.
+  auto b = accumulating_peer(bw, "s1p0g1", dir, true);
+  auto st = checkpoint_status(bw.w, bw.n, b);
+  CHECK(st.counters[2] == 1);
+  CHECK(st.counters[3] == 1);
+  CHECK(st.counters[6] == 12);
+  CHECK(actors::stage::list_checkpoints(actors::stage::pending_dir(dir), key).empty());
+  train(bw.w, bw.n, b, 7, 8);
+  auto status = ask<std::vector<uint64_t>>(bw.w, bw.n, b, status_atom::value);
+  auto ref_status = ask<std::vector<uint64_t>>(ref_world.w, ref_world.n, ref, status_atom::value);
+  REQUIRE((status && ref_status));
+  CHECK((*status)[0] == 2);
+  CHECK((*ref_status)[0] == 2);
+  auto mine = ask<messages::stage_state>(bw.w, bw.n, b, get_atom::value, state_atom::value);
+  auto theirs =
+      ask<messages::stage_state>(ref_world.w, ref_world.n, ref, get_atom::value, state_atom::value);
+  REQUIRE((mine && theirs));
+  auto diff = (mine->params.tensor - theirs->params.tensor).abs().max().item<double>();
+  CHECK(diff < 1e-6);
+  // Taken up once: a later peer of the slot (the whole stage gone again) finds nothing to add.
+  caf::anon_send_exit(b, caf::exit_reason::kill);
+  bw.w.run_for(100ms);
+  auto c = accumulating_peer(bw, "s1p0g2", dir, true);
+  CHECK(checkpoint_status(bw.w, bw.n, c).counters[6] == 0);
 }
