@@ -22,8 +22,10 @@ struct child {
   bool pending_restart = false;
   /// Current stage (children with `spawn_at`).
   uint64_t stage = 0;
-  /// Set while the child is being stopped to move to this stage.
+  /// Set while the child is being stopped to move to this stage, with the stages' throughputs
+  /// the decision saw.
   std::optional<uint64_t> migrate_to;
+  std::vector<double> migrate_seen;
   /// A rebalancing check of this child is in flight.
   bool checking = false;
   /// Not spawned yet (waits for its `start_after`), or gone for good (left, or killed with no
@@ -78,13 +80,13 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_s
     self->monitor(c.handle);
   };
   // Starts the next generation of child `idx` in `stage` (reported to the observer).
-  auto respawn = [=](size_t idx, uint64_t stage) {
+  auto respawn = [=](size_t idx, uint64_t stage, std::vector<double> seen) {
     auto& c = d->children[idx];
     if (c.handle)
       return;
     if (stage != c.stage && d->observer)
       self->send(d->observer, migrate_atom::value, static_cast<uint64_t>(idx), c.spec.name,
-                 c.stage, stage);
+                 c.stage, stage, std::move(seen));
     c.stage = stage;
     c.generation++;
     start(idx);
@@ -144,7 +146,7 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_s
       // Stopped to migrate: the next generation starts at once in the target stage.
       auto to = *c.migrate_to;
       c.migrate_to.reset();
-      respawn(idx, to);
+      respawn(idx, to, std::move(c.migrate_seen));
       return;
     }
     if (c.spec.restart_delay < caf::timespan{0} || c.pending_restart || !c.spec.supervised)
@@ -200,7 +202,7 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_s
         return;
       auto& rb = d->rebalancing;
       if (!(c.spec.spawn_at && rb.place_new_peers && rb.board)) {
-        respawn(idx, c.stage);
+        respawn(idx, c.stage, {});
         return;
       }
       // A new peer joins the stage that needs it most (its old one when the board cannot tell);
@@ -209,9 +211,9 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_s
         .then(
           [=](uint64_t stage) {
             auto& c = d->children[idx];
-            respawn(idx, stage < std::numeric_limits<uint64_t>::max() ? stage : c.stage);
+            respawn(idx, stage < std::numeric_limits<uint64_t>::max() ? stage : c.stage, {});
           },
-          [=](caf::error&) { respawn(idx, d->children[idx].stage); });
+          [=](caf::error&) { respawn(idx, d->children[idx].stage, {}); });
     },
     // Periodic rebalancing check of every live stage peer.
     [=](migrate_atom) {
@@ -255,6 +257,7 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_s
                     if (!granted || c.handle != handle || c.migrate_to)
                       return;
                     c.migrate_to = to;
+                    c.migrate_seen = throughput;
                     d->migrations++;
                     auto expected = throughput_in(*r, migration_candidate{from, mine}, to);
                     self->send(d->rebalancing.board, put_atom::value, load_atom::value, to,

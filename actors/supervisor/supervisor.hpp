@@ -76,7 +76,9 @@ struct rebalancing_options {
 /// - `(status_atom) -> (uint64_t alive, uint64_t respawns)`.
 /// Every respawn is reported to `observer` (if set) as `(respawn_atom, uint64_t index,
 /// std::string name, int generation)`, every migration or placement in another stage as
-/// `(migrate_atom, uint64_t index, std::string name, uint64_t from, uint64_t to)` (before the respawn's report).
+/// `(migrate_atom, uint64_t index, std::string name, uint64_t from, uint64_t to,
+/// std::vector<double> throughputs)` (before the respawn's report; the stages' summed
+/// throughputs the decision saw, empty for a placement).
 /// The children die with the supervisor.
 caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_spec> children,
                                caf::actor observer, rebalancing_options rebalancing);

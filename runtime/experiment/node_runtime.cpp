@@ -254,12 +254,16 @@ caf::actor spawn_metric_sink(node_host& h, std::function<void(const metric_recor
         e.labels["node"] = name;
         handle(e);
       },
-      [=](migrate_atom, uint64_t, const std::string& instance, uint64_t from, uint64_t to) {
+      [=](migrate_atom, uint64_t, const std::string& instance, uint64_t from, uint64_t to,
+          const std::vector<double>& seen) {
         messages::metric_event e;
         e.source = instance;
         e.kind = "migrate";
         e.values["from"] = static_cast<double>(from);
         e.values["to"] = static_cast<double>(to);
+        // The stages' throughputs the decision saw (samples/s), as `stage<k>`.
+        for (size_t k = 0; k < seen.size(); ++k)
+          e.values[fmt::format("stage{}", k)] = seen[k];
         handle(e);
       },
     };

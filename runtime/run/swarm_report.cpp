@@ -231,7 +231,12 @@ public:
     } else if (m.kind == "migrate") {
       auto from = static_cast<uint64_t>(m.value("from"));
       auto to = static_cast<uint64_t>(m.value("to"));
-      migrations_.push_back(fmt::format("{} stage {} -> {} at {:.1f} s", m.source, from, to, m.t));
+      std::string seen;
+      for (size_t k = 0; k < s_->graph.stages.size(); ++k)
+        if (auto v = m.value(fmt::format("stage{}", k), -2); v > -2)
+          seen += fmt::format("{}{:.0f}", seen.empty() ? "" : "/", v);
+      migrations_.push_back(fmt::format("{} stage {} -> {} at {:.1f} s{}", m.source, from, to, m.t,
+                                        seen.empty() ? "" : " (stages at " + seen + " samples/s)"));
       migration_times_.emplace_back(m.t, samples_);
       markers_.emplace_back(m.t, fmt::format("m {}>{}", from, to));
     } else if (m.kind == "checkpoint") {

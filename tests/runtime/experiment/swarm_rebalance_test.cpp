@@ -44,12 +44,16 @@ TEST_CASE("a slow stage of a 4-process cluster gains a peer by migration and the
   auto batches = n0.wait_for("batches ", 10s);
   REQUIRE(batches);
   CHECK(batches->find("120 distinct, 0 completed twice") != std::string::npos);
-  // Stage 0 (three full-speed peers) gives one to stage 1 (one peer at a quarter speed). A
-  // second move would leave stage 0 the slower one: the decision never makes it.
+  // Stage 0 (three full-speed peers) gives stage 1 (one peer at a quarter speed) one peer, or
+  // two (stage 1 also holds the head: a sample costs it more), never one back.
   auto moves = n0.wait_for("migrations (rebalancing)", 10s);
   REQUIRE(moves);
-  CHECK(moves->find(" 1 (peers.") != std::string::npos);
+  std::smatch count;
+  REQUIRE(std::regex_search(*moves, count, std::regex{R"(\(rebalancing\) +([0-9]+) \()"}));
+  CHECK(std::stoi(count[1]) >= 1);
+  CHECK(std::stoi(count[1]) <= 2);
   CHECK(moves->find("stage 0 -> 1") != std::string::npos);
+  CHECK(moves->find("stage 1 -> 0") == std::string::npos);
   auto around = n0.wait_for("throughput around migrations", 10s);
   REQUIRE(around);
   std::smatch m;
