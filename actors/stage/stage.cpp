@@ -197,6 +197,8 @@ private:
   void save_checkpoint();
   /// Resumes from the newest checkpoint of the stage that verifies; false when there is none.
   bool restore_checkpoint();
+  /// Resumes from a replica downloaded from `holders` other nodes; false when it does not fit.
+  bool restore_replica(const stage_state& s, size_t holders);
   /// Saves the gradient accumulated towards the next step for the peer's slot (stopped on
   /// purpose), and takes up the slot's saved one when the peer starts at its step.
   void save_pending();
@@ -327,7 +329,8 @@ caf::error stage_peer::init(stage_options opts, caf::actor board) {
       return true;
     },
     [this] { announce(); },
-    [this] { return restore_checkpoint(); });
+    [this] { return restore_checkpoint(); }, opts_.checkpoint.replicas,
+    [this](const stage_state& s, size_t holders) { return restore_replica(s, holders); });
   // A peer stopped on purpose (the run's end or a signal, leaving, migrating) writes its state
   // first, so that a resumed run or a later peer continues from it; a preempted one (killed)
   // cannot.
@@ -744,6 +747,26 @@ bool stage_peer::restore_checkpoint() {
               << "; resumed from checkpoint " << c.file.path << " (step " << c.state.steps
               << ", digest " << digest_hex(c.digest).substr(0, 16) << ")\n";
   report("restore", {{"steps", static_cast<double>(c.state.steps)}});
+  take_pending();
+  return true;
+}
+
+bool stage_peer::restore_replica(const stage_state& s, size_t holders) {
+  if (auto r = load(s); !r.ok()) {
+    aout(self_) << opts_.name << ": replica rejected: " << r.what() << "\n";
+    report("checkpoint_rejected", {});
+    ckpt_.rejected++;
+    return false;
+  }
+  auto digest = state_digest(s);
+  ckpt_.restored = 1;
+  ckpt_.restored_steps = s.steps;
+  ckpt_.restored_digest = digest;
+  aout(self_) << opts_.name << ": no live peer of stage " << opts_.stage
+              << " and no checkpoint on this node; resumed from its replica on " << holders
+              << " other node" << (holders == 1 ? "" : "s") << " (step " << s.steps
+              << ", digest " << digest_hex(digest).substr(0, 16) << ")\n";
+  report("restore", {{"steps", static_cast<double>(s.steps)}, {"replica", 1.0}});
   take_pending();
   return true;
 }

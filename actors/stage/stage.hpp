@@ -83,6 +83,10 @@ struct checkpoint_options {
   /// step (`<dir>/pending/`), and the slot's next peer that resumes at that step takes it up, so
   /// that a stopped run's done batches are not lost. Empty: not saved.
   std::string slot;
+  /// The replica board of a cluster run (replica_keeper.hpp): a peer that finds no live donor
+  /// and no checkpoint on its disk downloads its stage's newest replica from other nodes.
+  /// Unset: none.
+  caf::actor replicas;
 };
 
 /// What a stage peer computes with.

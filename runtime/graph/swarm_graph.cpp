@@ -347,9 +347,10 @@ void read_swarm_graph(config_node& n, swarm_graph& out) {
   if (n.has("checkpoint")) {
     auto c = n.child("checkpoint");
     if (!c.is_map())
-      c.expected("a map {every: 2s, keep: 2}");
+      c.expected("a map {every: 2s, keep: 2, replicas: 2}");
     read_duration(c, "every", out.checkpoint.every);
     read_int(c, "keep", out.checkpoint.keep, 1, 1000);
+    read_int(c, "replicas", out.checkpoint.replicas, 0, 16);
     c.finish();
   }
   if (n.has("rebalance")) {

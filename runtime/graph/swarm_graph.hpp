@@ -62,6 +62,9 @@ struct checkpoint_spec {
   std::chrono::nanoseconds every = std::chrono::seconds(2);
   /// How many of its own newest checkpoints each peer keeps.
   int64_t keep = 2;
+  /// Cluster runs: how many other nodes, serving no peer of a stage, keep a replica of its
+  /// newest state (actors/stage/replica_keeper.hpp); 0 = none.
+  int64_t replicas = 2;
 };
 
 /// Adaptive rebalancing of real stage peers (local and cluster runs; simulated runs tune theirs

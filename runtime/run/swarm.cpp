@@ -15,6 +15,7 @@
 #include "actors/stage/board.hpp"
 #include "actors/stage/checkpoint.hpp"
 #include "actors/stage/dht_board.hpp"
+#include "actors/stage/replica_keeper.hpp"
 #include "actors/stage/stage.hpp"
 #include "actors/supervisor/supervisor.hpp"
 #include "actors/trainer/trainer.hpp"
@@ -126,6 +127,54 @@ caf::behavior trainer_reports(caf::event_based_actor*, caf::actor sink, std::str
   };
 }
 
+/// Whether this node keeps and uses checkpoint replicas: cluster runs with an output folder and
+/// checkpoints (in local mode every node's folder is on the same disk already).
+bool replicating(host& h, const swarm_setup& s) {
+  auto& c = s.graph.checkpoint;
+  return !s.modeled && h.mode() == run_mode::cluster && !h.run_dir().empty()
+         && c.every > nanoseconds{0} && c.replicas > 0;
+}
+
+/// The replica board: slot k lists the holders of stage k's replicas, slot `stages` the keepers.
+caf::actor replica_board(host& h, const swarm_setup& s) {
+  auto stages = s.graph.stages.size();
+  auto prefix = s.prefix + "/replicas";
+  return h.service("swarm.replica_board", [prefix, stages](host& x) {
+    actors::stage::dht_board_options b;
+    b.prefix = prefix;
+    b.endpoint = x.endpoint();
+    b.stages = stages + 1;
+    return actors::stage::spawn_dht_board(x.system(), x.dht(), x.resolver(), b);
+  });
+}
+
+/// Starts the node's replica keeper once (every node of a cluster run keeps replicas of the
+/// stages it serves no peer of).
+void keep_replicas(host& h, const swarm_setup& s) {
+  if (!replicating(h, s))
+    return;
+  auto board = swarm_board(h, s);
+  auto replicas = replica_board(h, s);
+  auto ranges = s.ranges;
+  auto copies = static_cast<size_t>(s.graph.checkpoint.replicas);
+  auto period = std::max(caf::timespan{std::chrono::seconds(1)}, 2 * span(s.graph.checkpoint.every));
+  h.service("swarm.replica_keeper", [=](host& x) {
+    actors::stage::replica_keeper_options o;
+    o.board = board;
+    o.replica_board = replicas;
+    o.endpoint = x.endpoint();
+    o.ranges = ranges;
+    o.dir = x.run_dir() + "/replicas";
+    o.copies = copies;
+    o.period = period;
+    o.metrics = x.metrics();
+    o.register_actor = [hp = &x](const std::string& name, const caf::actor& a) {
+      hp->register_actor(name, a);
+    };
+    return actors::stage::spawn_replica_keeper(x.system(), o);
+  });
+}
+
 caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
   auto& s = *o.setup;
   auto& g = s.graph;
@@ -172,6 +221,10 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
     so.checkpoint.keep = static_cast<uint32_t>(g.checkpoint.keep);
     // The slot's accumulated gradient outlives a stop on purpose (`--resume` takes it up).
     so.checkpoint.slot = fmt::format("s{}p{}", stage, slot);
+    if (replicating(h, s)) {
+      keep_replicas(h, s);
+      so.checkpoint.replicas = replica_board(h, s);
+    }
     // The other node folders of the run on this disk too (local mode: every node's; a cluster
     // node's output holds its own only): the peers of a resumed stage all start from the
     // stage's newest checkpoint, not each from its own node's (they began 2 steps apart).
@@ -281,6 +334,8 @@ caf::actor spawn_trainer(role_context& ctx, const swarm_role_options& o,
     log(log_level::error, "swarm", "{}: no training data: {}", ctx.name, cache->error);
     return {};
   }
+  // The trainers' node keeps checkpoint replicas too (it serves no stage).
+  keep_replicas(ctx.node, s);
   auto i = static_cast<int64_t>(ctx.index);
   actors::trainer::trainer_options to;
   to.name = ctx.name; // also its progress file's name and its metrics' source

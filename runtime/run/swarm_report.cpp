@@ -246,6 +246,11 @@ public:
       checkpoint_max_s_ = std::max(checkpoint_max_s_, m.value("seconds"));
     } else if (m.kind == "restore") {
       restores_.push_back(static_cast<uint64_t>(m.value("steps")));
+      if (m.value("replica") > 0)
+        from_replicas_++;
+    } else if (m.kind == "replica") {
+      replicas_++;
+      replica_bytes_ += m.value("bytes");
     } else if (m.kind == "pending_restored") {
       pending_taken_ += static_cast<int64_t>(m.value("samples"));
     } else if (m.kind == "checkpoint_rejected") {
@@ -400,10 +405,15 @@ public:
       std::string steps_text;
       for (auto st : restores_)
         steps_text += fmt::format("{}{}", steps_text.empty() ? "" : ", ", st);
-      fmt::print("  {:<34} {} (at steps: {}), {} checkpoint files rejected, {} samples of "
-                 "accumulated gradients taken up\n",
+      fmt::print("  {:<34} {} (at steps: {}; {} from replicas on other nodes), {} checkpoint "
+                 "files rejected, {} samples of accumulated gradients taken up\n",
                  "resumed from checkpoints", restores_.size(),
-                 steps_text.empty() ? "-" : steps_text, rejected_checkpoints_, pending_taken_);
+                 steps_text.empty() ? "-" : steps_text, from_replicas_, rejected_checkpoints_,
+                 pending_taken_);
+      if (replicas_ > 0)
+        fmt::print("  {:<34} {} written by nodes serving no peer of their stage, {:.2f} MB each\n",
+                   "checkpoint replicas", replicas_,
+                   replica_bytes_ / static_cast<double>(replicas_) / 1e6);
     }
     for (size_t k = 0; k < reports.size(); ++k)
       fmt::print("  {:<34} stage {}: {} ({})\n", k == 0 ? "final model taken from" : "", k,
@@ -646,6 +656,10 @@ private:
   int64_t rejected_checkpoints_ = 0;
   /// Samples of gradients accumulated before a stop that resumed peers took up.
   int64_t pending_taken_ = 0;
+  /// Restores from replicas on other nodes; replicas written (cluster runs) and their bytes.
+  int64_t from_replicas_ = 0;
+  int64_t replicas_ = 0;
+  double replica_bytes_ = 0;
   /// Completed batch numbers per trainer, and completions of a batch already completed.
   std::map<std::string, std::set<uint64_t>> batches_;
   int64_t repeated_ = 0;

@@ -245,7 +245,7 @@ caf::actor accumulating_peer(testing::board_world& bw, const std::string& name,
 
 } // namespace
 
-TEST_CASE("a stage peer stopped on purpose saves the gradient it had accumulated; its slot's next "
+TEST_CASE("a stage peer stopped on purpose saves the gradient it had accumulated, and its slot's next "
           "peer takes it up once and ends where a peer never stopped does") {
   testing::temp_dir tmp{"starling-stage-pending"};
   auto dir = tmp.path + "/checkpoints";
