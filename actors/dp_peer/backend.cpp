@@ -156,6 +156,8 @@ public:
     return g.samples;
   }
 
+  std::shared_ptr<kernels::stage_module> module() override { return model_; }
+
 private:
   torch_backend_options opts_;
   std::shared_ptr<kernels::stage_module> model_;
@@ -236,6 +238,8 @@ public:
     samples_ = 0;
     return n;
   }
+
+  std::shared_ptr<kernels::stage_module> module() override { return nullptr; }
 
 private:
   modeled_backend_options opts_;

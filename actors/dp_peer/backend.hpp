@@ -92,6 +92,9 @@ public:
   /// Steps the local optimizer on the peer's own accumulated gradient (a DiLoCo inner step) and
   /// returns the samples in it (0: nothing accumulated, no step).
   virtual result<uint64_t> inner_step() = 0;
+
+  /// The model whose parameters the backend trains (what an export saves); null without one.
+  virtual std::shared_ptr<kernels::stage_module> module() = 0;
 };
 
 /// How a peer reads its training samples: a pure function of (seed, stream, index).

@@ -5,9 +5,10 @@ PyTorch and recomputes the held-out loss starling reported.
     /usr/bin/python3 examples/torchscript/check.py RUN/export build/torchscript-example
 
 Reads RUN/export/export.json (starling's held-out loss, batches and window size), evaluates the
-exported TorchScript files (stage0.pt, ... or whole.pt) and, separately, fresh model.py modules
-loaded with the exported state dicts (torch.load) on the first windows of val.bin. Prints both
-losses; exits 1 when either differs from starling's by more than 1e-4.
+exported TorchScript files (stage0.pt, ... or whole.pt) and, separately, the exported state dicts
+(torch.load) loaded into fresh model.py modules and into the prepared (untrained) TorchScript
+files, on the first windows of val.bin. Prints the three losses; exits 1 when any differs from
+starling's by more than 1e-4.
 """
 
 import json
@@ -47,10 +48,18 @@ def main() -> int:
         m.eval()
         fresh.append(m)
     loss_sd = model.held_out_loss(fresh, tokens, seq_len, batch, batches)
+    untrained = []
+    for n in names:
+        m = torch.jit.load(os.path.join(prepared, n + ".pt"))
+        m.load_state_dict(torch.load(os.path.join(export_dir, n + ".state_dict.pt")))
+        m.eval()
+        untrained.append(m)
+    loss_load = model.held_out_loss(untrained, tokens, seq_len, batch, batches)
     want = ex["held_out_loss"]
     print(f"held-out loss: starling {want:.6f}, exported TorchScript {loss_ts:.6f}, "
-          f"state dicts in model.py {loss_sd:.6f}")
-    ok = abs(loss_ts - want) < 1e-4 and abs(loss_sd - want) < 1e-4
+          f"state dicts in model.py {loss_sd:.6f}, state dicts in the prepared TorchScript "
+          f"{loss_load:.6f}")
+    ok = all(abs(v - want) < 1e-4 for v in (loss_ts, loss_sd, loss_load))
     print("match" if ok else "MISMATCH")
     return 0 if ok else 1
 

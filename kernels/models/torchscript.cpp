@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 
 #include <fmt/format.h>
 #include <torch/script.h>
@@ -339,8 +340,9 @@ status check_targets(const torchscript_config& cfg, const tensor_shape& output,
   return {};
 }
 
-/// The stage's loss.
-result<stage_loss> make_loss(const torchscript_config& cfg, const tensor_shape& output) {
+/// The stage's loss; `loss` is the loaded loss file when the loss is scripted.
+stage_loss make_loss(const torchscript_config& cfg, const tensor_shape& output,
+                     std::optional<script> loss) {
   stage_loss l;
   l.check = [cfg, output](const torch::Tensor& input, const torch::Tensor& targets) {
     return check_targets(cfg, output, input, targets);
@@ -351,16 +353,85 @@ result<stage_loss> make_loss(const torchscript_config& cfg, const tensor_shape& 
     };
     return l;
   }
-  auto s = load_script(cfg.loss_file, true);
-  if (!s)
-    return s.error();
-  auto module = std::make_shared<torch::jit::Module>(std::move(s->module));
+  auto module = std::make_shared<torch::jit::Module>(std::move(loss->module));
   l.compute = [module](const torch::Tensor& out, const torch::Tensor& targets) {
     auto v = module->forward({out, targets});
     TORCH_CHECK(v.isTensor(), "the scripted loss returned ", v.tagKind(), ", not a tensor");
     return v.toTensor().reshape({});
   };
   return l;
+}
+
+/// The modules a stage build keeps from the one load of its files.
+struct loaded {
+  /// Files [begin, end) are kept, in order, in `blocks`.
+  int64_t begin = 0;
+  int64_t end = 0;
+  std::vector<script> blocks;
+  /// The loss file (a scripted loss only).
+  std::optional<script> loss;
+};
+
+/// A copy of `s` to run checks on: a forward in training mode may change buffers or attributes
+/// (running statistics), and a stage must start from the file's values.
+script probe_copy(const script& s) {
+  torch::NoGradGuard no_grad;
+  return script{s.file, s.module.deepcopy(), s.takes_seed};
+}
+
+/// Loads every file (and the loss file) once and runs the checks of the header comment on a
+/// probe batch; with `keep`, hands the loaded modules of its range (and the loss) over unprobed.
+result<torchscript_layout> inspect(const torchscript_config& cfg, loaded* keep) {
+  if (auto st = validate(cfg); !st)
+    return fail(st.what());
+  torchscript_layout out;
+  auto x = probe_input(cfg, probe_batch);
+  std::string note = input_note(cfg);
+  for (size_t i = 0; i < cfg.files.size(); ++i) {
+    auto s = load_script(cfg.files[i], false);
+    if (!s)
+      return s.error();
+    for (const auto& p : s->module.parameters(true))
+      out.parameters += p.numel();
+    out.inputs.push_back(shape_of(x));
+    auto index = static_cast<int64_t>(i);
+    bool kept = keep && index >= keep->begin && index < keep->end;
+    std::optional<script> copy;
+    if (kept)
+      copy = probe_copy(*s);
+    auto y = deterministic_forward(kept ? *copy : *s, x, note);
+    if (!y)
+      return y.error();
+    if (y->dim() < 1 || y->size(0) != probe_batch)
+      return fail(fmt::format("{}: returns {} for a batch of {} (the first dimension must stay "
+                              "the batch)",
+                              cfg.files[i], describe(*y), probe_batch));
+    if (i + 1 < cfg.files.size() && !y->is_floating_point())
+      return fail(fmt::format("{}: returns {}, but what passes to the next stage must be floating "
+                              "point (it carries a gradient back)",
+                              cfg.files[i], describe(*y)));
+    if (kept)
+      keep->blocks.push_back(std::move(*s));
+    x = *y;
+    note = fmt::format("the output of {}", cfg.files[i]);
+  }
+  if (auto st = check_output(cfg, cfg.files.back(), x); !st)
+    return fail(st.what());
+  if (cfg.loss == loss_kind::scripted) {
+    auto l = load_script(cfg.loss_file, true);
+    if (!l)
+      return l.error();
+    bool kept = keep && keep->end == static_cast<int64_t>(cfg.files.size());
+    std::optional<script> copy;
+    if (kept)
+      copy = probe_copy(*l);
+    if (auto st = check_loss_script(kept ? *copy : *l, cfg, x); !st)
+      return fail(st.what());
+    if (kept)
+      keep->loss = std::move(*l);
+  }
+  out.output = shape_of(x);
+  return out;
 }
 
 tensor_shape with_batch(tensor_shape s, int64_t batch) {
@@ -398,43 +469,7 @@ status validate(const torchscript_config& cfg) {
 }
 
 result<torchscript_layout> inspect_torchscript(const torchscript_config& cfg) {
-  if (auto st = validate(cfg); !st)
-    return fail(st.what());
-  torchscript_layout out;
-  auto x = probe_input(cfg, probe_batch);
-  std::string note = input_note(cfg);
-  for (size_t i = 0; i < cfg.files.size(); ++i) {
-    auto s = load_script(cfg.files[i], false);
-    if (!s)
-      return s.error();
-    for (const auto& p : s->module.parameters(true))
-      out.parameters += p.numel();
-    out.inputs.push_back(shape_of(x));
-    auto y = deterministic_forward(*s, x, note);
-    if (!y)
-      return y.error();
-    if (y->dim() < 1 || y->size(0) != probe_batch)
-      return fail(fmt::format("{}: returns {} for a batch of {} (the first dimension must stay "
-                              "the batch)",
-                              cfg.files[i], describe(*y), probe_batch));
-    if (i + 1 < cfg.files.size() && !y->is_floating_point())
-      return fail(fmt::format("{}: returns {}, but what passes to the next stage must be floating "
-                              "point (it carries a gradient back)",
-                              cfg.files[i], describe(*y)));
-    x = *y;
-    note = fmt::format("the output of {}", cfg.files[i]);
-  }
-  if (auto st = check_output(cfg, cfg.files.back(), x); !st)
-    return fail(st.what());
-  if (cfg.loss == loss_kind::scripted) {
-    auto l = load_script(cfg.loss_file, true);
-    if (!l)
-      return l.error();
-    if (auto st = check_loss_script(*l, cfg, x); !st)
-      return fail(st.what());
-  }
-  out.output = shape_of(x);
-  return out;
+  return inspect(cfg, nullptr);
 }
 
 result<std::shared_ptr<stage_module>> make_torchscript_stage(const torchscript_config& cfg,
@@ -445,17 +480,18 @@ result<std::shared_ptr<stage_module>> make_torchscript_stage(const torchscript_c
   if (begin < 0 || end > depth || begin >= end)
     return fail(fmt::format("stage blocks [{}, {}) are not a non-empty range of the {} files",
                             begin, end, depth));
-  // Every check runs on copies loaded here once; the stage then holds fresh copies of its files.
-  auto layout = inspect_torchscript(cfg);
+  // One load per file: the checks run on copies, the stage keeps the loaded modules untouched.
+  loaded kept;
+  kept.begin = begin;
+  kept.end = end;
+  auto layout = inspect(cfg, &kept);
   if (!layout)
     return layout.error();
   std::vector<std::shared_ptr<stage_layer>> blocks;
   for (auto i = begin; i < end; ++i) {
-    auto s = load_script(cfg.files[static_cast<size_t>(i)], false);
-    if (!s)
-      return s.error();
     auto in = layout->inputs[static_cast<size_t>(i)];
-    blocks.push_back(std::make_shared<scripted_layer>(std::move(*s), std::move(in)));
+    blocks.push_back(std::make_shared<scripted_layer>(
+      std::move(kept.blocks[static_cast<size_t>(i - begin)]), std::move(in)));
   }
   std::shared_ptr<stage_layer> input;
   if (begin == 0)
@@ -465,12 +501,8 @@ result<std::shared_ptr<stage_module>> make_torchscript_stage(const torchscript_c
     head = std::make_shared<loss_input>();
   auto stage = std::make_shared<stage_module>(depth, begin, std::move(input), std::move(blocks),
                                               std::move(head));
-  if (end == depth) {
-    auto l = make_loss(cfg, layout->output);
-    if (!l)
-      return l.error();
-    stage->set_loss(std::move(*l));
-  }
+  if (end == depth)
+    stage->set_loss(make_loss(cfg, layout->output, std::move(kept.loss)));
   stage->train();
   return stage;
 }

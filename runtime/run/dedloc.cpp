@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
@@ -11,13 +12,18 @@
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "actors/averager/averager.hpp"
 #include "actors/dp_peer/backend.hpp"
 #include "actors/dp_peer/dp_peer.hpp"
+#include "actors/stage/state_parts.hpp"
 #include "kernels/compress/format.hpp"
 #include "kernels/data/idx_source.hpp"
 #include "kernels/data/token_source.hpp"
+#include "kernels/models/torchscript.hpp"
+#include "messages/atoms.hpp"
+#include "messages/swarm.hpp"
 #include "runtime/graph/model_config.hpp"
 #include "runtime/experiment/plan.hpp"
 #include "runtime/plot/svg.hpp"
@@ -110,6 +116,29 @@ double wire_bytes(kernels::codec_id c) {
   return b ? static_cast<double>(*b) / static_cast<double>(1 << 20) : 4.0;
 }
 
+/// The LibTorch backend of `o` reading stream `stream` of the run's `seed` (every peer starts
+/// from the same parameters: the seeded MLP or the TorchScript files).
+dp::torch_backend_options torch_options(const dedloc_role_options& o, uint64_t seed,
+                                        uint64_t stream) {
+  dp::torch_backend_options to;
+  to.model.inputs = 784;
+  to.model.width = o.width;
+  to.model.layers = o.layers;
+  to.model.classes = 10;
+  to.model.seed = seed;
+  if (o.torchscript)
+    to.spec = kernels::torchscript_model(*o.torchscript);
+  to.optimizer.kind = o.optimizer;
+  to.optimizer.lr = o.lr;
+  to.optimizer.momentum = o.momentum;
+  to.optimizer.max_grad_norm = o.max_grad_norm;
+  to.stream.seed = seed;
+  to.stream.stream = stream;
+  to.stream.microbatch = o.microbatch;
+  to.eval_samples = o.eval_samples;
+  return to;
+}
+
 caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
                       const std::shared_ptr<data_cache>& cache) {
   auto& h = ctx.node;
@@ -130,22 +159,11 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
       fmt::print(stderr, "starling: {}: {}\n", ctx.name, data.error().what);
       return {};
     }
-    dp::torch_backend_options to;
-    to.model.inputs = 784;
-    to.model.width = o.width;
-    to.model.layers = o.layers;
-    to.model.classes = 10;
-    to.model.seed = h.graph().seed; // every peer starts from the same parameters
-    if (o.torchscript)
-      to.spec = kernels::torchscript_model(*o.torchscript);
-    to.optimizer.kind = o.optimizer;
-    to.optimizer.lr = o.lr;
-    to.optimizer.momentum = o.momentum;
-    to.optimizer.max_grad_norm = o.max_grad_norm;
-    to.stream.seed = h.graph().seed;
-    to.stream.stream = static_cast<uint64_t>(ctx.index) * 1024 + static_cast<uint64_t>(ctx.generation);
-    to.stream.microbatch = o.microbatch;
-    to.eval_samples = mode == actors::collab::peer_mode::auxiliary ? 0 : o.eval_samples;
+    auto to = torch_options(o, h.graph().seed,
+                            static_cast<uint64_t>(ctx.index) * 1024
+                              + static_cast<uint64_t>(ctx.generation));
+    if (mode == actors::collab::peer_mode::auxiliary)
+      to.eval_samples = 0;
     auto b = dp::make_torch_backend(to, data->first, data->second);
     if (!b) {
       fmt::print(stderr, "starling: {}: {}\n", ctx.name, b.error().what);
@@ -205,8 +223,21 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
 
 // -- the reporter --------------------------------------------------------------------------------
 
+/// The final model of a collaboration, as the export takes it.
+struct final_model {
+  messages::stage_state state;
+  /// The global steps of every live instance of the role (highest first).
+  std::string steps_of_peers;
+};
+
 class dedloc_reporter : public reporter {
 public:
+  dedloc_reporter(std::optional<dedloc_export_options> export_model,
+                  std::shared_ptr<data_cache> cache)
+      : export_(std::move(export_model)), cache_(std::move(cache)) {
+    // Data for the export's evaluation come from the peers' cache when they share the process.
+  }
+
   void start(const run_info& info) override { info_ = info; }
 
   void on_metric(const metric_record& m) override {
@@ -294,11 +325,126 @@ public:
     if (acc)
       fmt::print("  {:<34} {:.2f}% (loss {:.4f}) after step {}\n", "test accuracy",
                  100 * acc->second, mean(evals_.at(acc->first).loss), acc->first);
+    if (export_)
+      export_model(ctx);
     write_plots(mean);
     return steps_ > 0 ? 0 : 1;
   }
 
 private:
+  /// The state of the live full-mode peer with the most global steps: every live instance of the
+  /// role is asked for its counters, then, highest step first, for its whole state as one part
+  /// (a request only full-mode peers serve) until one answers.
+  result<final_model> take_final_model(finish_context& ctx) {
+    using namespace std::chrono_literals;
+    std::vector<std::pair<uint64_t, caf::actor>> peers;
+    for (auto& a : ctx.live(export_->role)) {
+      auto c = ask<std::vector<uint64_t>>(ctx, a, 10s, status_atom::value);
+      if (c && std::get<0>(*c).size() > dp::st_step)
+        peers.emplace_back(std::get<0>(*c)[dp::st_step], a);
+    }
+    if (peers.empty())
+      return fail(fmt::format("no live instance of '{}' answered at the end", export_->role));
+    std::stable_sort(peers.begin(), peers.end(),
+                     [](const auto& a, const auto& b) { return a.first > b.first; });
+    final_model out;
+    for (auto& [step, a] : peers)
+      out.steps_of_peers += fmt::format("{}{}", out.steps_of_peers.empty() ? "" : " ", step);
+    std::string why = "the live peers refused (client mode) or did not answer";
+    for (auto& [step, a] : peers) {
+      auto part = ask<messages::stage_state_part>(ctx, a, 60s, get_atom::value, state_atom::value,
+                                                  uint64_t{0}, uint64_t{1});
+      if (!part)
+        continue;
+      auto whole = actors::stage::assemble_state({std::get<0>(*part)});
+      if (!whole) {
+        why = whole.error().what;
+        continue;
+      }
+      out.state = std::move(*whole);
+      return out;
+    }
+    return fail(fmt::format("no live full-mode peer served its state ({}; steps of the live "
+                            "peers: {})",
+                            why, out.steps_of_peers));
+  }
+
+  /// Writes the final model into `<out>/export` with `export.json`, and one summary line.
+  void export_model(finish_context& ctx) {
+    auto skipped = [](const std::string& why) {
+      fmt::print("  {:<34} skipped: {}\n", "export", why);
+    };
+    auto failed = [](const std::string& why) {
+      fmt::print("  {:<34} failed: {}\n", "export", why);
+    };
+    auto began = std::chrono::steady_clock::now();
+    if (info_.out_dir.empty())
+      return skipped("no output directory");
+    auto& o = export_->peer;
+    if (auto st = check_dedloc_export(o); !st)
+      return skipped(st.what());
+    auto chosen = take_final_model(ctx);
+    if (!chosen)
+      return skipped(chosen.error().what);
+    auto data = cache_->get(o);
+    if (!data)
+      return failed(data.error().what);
+    auto seed = info_.graph ? info_.graph->seed : 0;
+    // A peer as every one starts (the initial held-out loss), then loaded with the final state.
+    auto model = dp::make_torch_backend(torch_options(o, seed, 0), data->first, data->second);
+    if (!model)
+      return failed(model.error().what);
+    auto& b = **model;
+    auto before = b.evaluate();
+    if (auto st = b.import_state(chosen->state); !st)
+      return failed(st.what());
+    auto after = b.evaluate();
+    auto dir = info_.out_dir + "/export";
+    b.module()->eval(); // saved in evaluation mode, as SWARM's export saves its stages
+    auto written = kernels::export_stage(*b.module(), 0, dir);
+    if (!written)
+      return failed(written.error().what);
+    nlohmann::json files = nlohmann::json::array();
+    for (auto& f : written->torchscript)
+      files.push_back(f);
+    for (auto& f : written->state_dicts)
+      files.push_back(f);
+    auto loss_or_null = [](const std::optional<dp::evaluation>& e) {
+      return e ? nlohmann::json(e->loss) : nlohmann::json(nullptr);
+    };
+    nlohmann::json j;
+    j["files"] = files;
+    j["step"] = chosen->state.steps;
+    j["steps_of_live_peers"] = chosen->steps_of_peers;
+    j["held_out_loss_before"] = loss_or_null(before);
+    j["held_out_loss"] = loss_or_null(after);
+    j["held_out_accuracy"] = after ? nlohmann::json(after->accuracy) : nlohmann::json(nullptr);
+    // The held-out loss is the mean over the first `held_out_samples` samples of the eval data,
+    // i.e. one batch of that many (windows of seq_len + 1 tokens for a token model).
+    auto samples = after ? after->samples : 0;
+    j["held_out_samples"] = samples;
+    j["held_out_batches"] = samples > 0 ? 1 : 0;
+    j["microbatch"] = samples;
+    if (o.torchscript)
+      j["seq_len"] = o.torchscript->seq_len;
+    std::ofstream out{dir + "/export.json"};
+    out << j.dump(2) << "\n";
+    out.close();
+    if (!out)
+      return failed(fmt::format("{}/export.json: cannot write", dir));
+    auto n = files.size();
+    // Wall time of the whole export: the state's download, the evaluations, the files.
+    auto ms = 1e3 * secs(std::chrono::steady_clock::now() - began);
+    auto written_files = fmt::format("{} file{} in {}", n, n == 1 ? "" : "s", dir);
+    if (after)
+      fmt::print("  {:<34} {} (export.json: held-out loss {:.6f}, step {}; {:.0f} ms)\n",
+                 "export", written_files, after->loss, chosen->state.steps, ms);
+    else
+      fmt::print("  {:<34} {} (export.json: step {}; no held-out loss: no held-out data or "
+                 "eval_samples 0; {:.0f} ms)\n",
+                 "export", written_files, chosen->state.steps, ms);
+  }
+
   struct eval_points {
     std::vector<double> accuracy, loss, bytes;
   };
@@ -366,6 +512,8 @@ private:
                "plots", dir);
   }
 
+  std::optional<dedloc_export_options> export_;
+  std::shared_ptr<data_cache> cache_;
   run_info info_;
   std::map<uint64_t, double> step_samples_;
   std::map<uint64_t, std::vector<double>> train_loss_;
@@ -552,8 +700,16 @@ void add_churn(experiment_graph& g, const std::string& role, size_t replicas, do
   }
 }
 
-std::unique_ptr<reporter> make_dedloc_reporter() {
-  return std::make_unique<dedloc_reporter>();
+status check_dedloc_export(const dedloc_role_options& o) {
+  if (o.backend != "torch")
+    return fail(fmt::format("export needs the torch backend (the {} backend has no parameters "
+                            "to export)",
+                            o.backend));
+  return {};
+}
+
+std::unique_ptr<reporter> make_dedloc_reporter(std::optional<dedloc_export_options> export_model) {
+  return std::make_unique<dedloc_reporter>(std::move(export_model), std::make_shared<data_cache>());
 }
 
 void add_dedloc(role_registry& reg) {
@@ -573,12 +729,14 @@ void add_dedloc(role_registry& reg) {
   kind_type k;
   k.name = "dedloc";
   k.summary = "data-parallel peers training together (DeDLOC or DiLoCo), joining and leaving";
-  k.expand = [](config_node& n, experiment_graph& g, const expand_context& ctx) {
+  k.expand = [cache](config_node& n, experiment_graph& g, const expand_context& ctx) {
     int64_t peers = 8, auxiliary = 0;
     double churn = 0;
+    bool export_model = false;
     read_int(n, "peers", peers, 1, 100000);
     read_int(n, "auxiliary", auxiliary, 0, 100000);
     read_real(n, "churn", churn, 0, 60);
+    read(n, "export", export_model);
     dedloc_role_options o;
     o.cycle = static_cast<uint64_t>(peers);
     read_dedloc_role(n, o);
@@ -586,6 +744,9 @@ void add_dedloc(role_registry& reg) {
       n.fail(st.what());
     if (o.mode == "auxiliary")
       n.fail("mode: the peers of the kind compute; add auxiliary peers with `auxiliary: N`");
+    if (export_model)
+      if (auto st = check_dedloc_export(o); !st)
+        n.child("export").fail(st.what());
     role_spec r;
     r.name = "peers";
     r.type = "dedloc.peer";
@@ -608,7 +769,12 @@ void add_dedloc(role_registry& reg) {
     // Client-mode peers serve no state: with only clients left, newcomers would start anew.
     add_churn(g, "peers", static_cast<size_t>(peers), churn, g.seed, std::chrono::seconds(5), 2,
               [o](size_t i) { return mode_of(o, i) == actors::collab::peer_mode::full; });
-    g.reporters.push_back([] { return make_dedloc_reporter(); });
+    std::optional<dedloc_export_options> ex;
+    if (export_model)
+      ex = dedloc_export_options{"peers", o};
+    g.reporters.push_back([ex, cache]() -> std::unique_ptr<reporter> {
+      return std::make_unique<dedloc_reporter>(ex, cache);
+    });
   };
   reg.add_kind(std::move(k));
 }

@@ -108,9 +108,23 @@ void add_churn(experiment_graph& g, const std::string& role, size_t replicas, do
                uint64_t seed, std::chrono::nanoseconds rejoin_after = std::chrono::seconds(5),
                size_t keep = 2, const std::function<bool(size_t)>& serves = {});
 
+/// What a collaboration's reporter exports at the end (`dedloc.export: true`).
+struct dedloc_export_options {
+  /// The role whose final model is exported, and its options (the model, data and evaluation).
+  std::string role = "peers";
+  dedloc_role_options peer;
+};
+
+/// Checks that `o` can be exported: the torch backend (the cost model has no parameters).
+status check_dedloc_export(const dedloc_role_options& o);
+
 /// The reporter of a collaboration: progress lines; at the end a summary table and, into the
 /// run's folder, accuracy.svg and loss.svg (against samples) and accuracy_bytes.svg and
-/// loss_bytes.svg (against megabytes sent per peer). Exit code 1 when no global step was taken.
-std::unique_ptr<reporter> make_dedloc_reporter();
+/// loss_bytes.svg (against megabytes sent per peer). With `export_model`, it also writes the
+/// final model (the state of the live full-mode peer of `role` with the most global steps) into
+/// `<out>/export`: TorchScript files and state dicts (`kernels::export_stage`) and `export.json`
+/// with the held-out loss of that state. Exit code 1 when no global step was taken.
+std::unique_ptr<reporter>
+make_dedloc_reporter(std::optional<dedloc_export_options> export_model = std::nullopt);
 
 } // namespace starling::runtime

@@ -10,6 +10,9 @@ and modules that loading must refuse or accept:
   wide.pt                blocks of width 24 (do not fit after gpt_s0.pt's width 16)
   small_vocab.pt         stage 0 with an embedding of 16 tokens (vocab 32 does not fit)
   ce_loss.pt             a scripted mean cross-entropy (the same as the built-in loss)
+  counting.pt            a layer after gpt_s1.pt counting its training-mode forwards in a buffer
+                         (as BatchNorm's running statistics change): loading's checks must not
+                         reach the stage's copy
 """
 
 import os
@@ -41,6 +44,18 @@ class CrossEntropy(nn.Module):
         return F.cross_entropy(output.reshape(-1, output.size(-1)), targets.reshape(-1))
 
 
+class Counting(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(V))
+        self.register_buffer("calls", torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.calls.add_(1)
+        return x * self.scale
+
+
 def main() -> None:
     out = sys.argv[1]
     os.makedirs(out, exist_ok=True)
@@ -68,6 +83,7 @@ def main() -> None:
     save(model.Stage(V, 24, H, T, L, 2, 4), "wide.pt")
     save(model.Stage(16, D, H, T, L, 0, 2), "small_vocab.pt")
     save(CrossEntropy(), "ce_loss.pt")
+    save(Counting(), "counting.pt")
 
 
 if __name__ == "__main__":

@@ -310,3 +310,24 @@ TEST_CASE("trained parameters of a scripted stage export as TorchScript and as a
   auto bsd = must(load_state_dict(bfiles.state_dicts.at(0)));
   CHECK(bsd.front().first == "block2.ln1.weight");
 }
+
+TEST_CASE("a scripted stage starts from its files' values: loading's checks leave its buffers "
+          "untouched") {
+  // counting.pt adds 1 to its buffer `calls` on every training-mode forward; loading runs every
+  // file's forward twice to check determinism, on a copy of the module the stage keeps.
+  auto cfg = config({"gpt_s0.pt", "gpt_s1.pt", "counting.pt"});
+  auto stage = must(make_torchscript_stage(cfg, 2, 3));
+  auto calls = [&] {
+    auto dir = scratch() + "/counting";
+    auto files = must(export_stage(*stage, 2, dir));
+    for (auto& [name, t] : must(load_state_dict(files.state_dicts.at(0))))
+      if (name == "calls")
+        return t.item<double>();
+    FAIL("no buffer 'calls' in the exported state dict");
+    return -1.0;
+  };
+  CHECK(calls() == 0);
+  auto x = torch::randn({2, 8, 32}, seeded_generator(5));
+  must(stage->forward(x, batch(2).second));
+  CHECK(calls() == 1);
+}

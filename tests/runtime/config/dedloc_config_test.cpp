@@ -135,3 +135,12 @@ TEST_CASE("bad dedloc options are rejected with the key named") {
   CHECK(has(section_error("  compute_time: 0s\n"), "compute_time must be positive"));
   CHECK(has(section_error("  bogus: 1\n"), "bogus: unknown key"));
 }
+
+TEST_CASE("dedloc.export is true or false and needs the torch backend") {
+  CHECK(section_error("  export: true\n").empty());
+  CHECK(section_error("  export: false\n  backend: modeled\n").empty());
+  CHECK(has(section_error("  export: maybe\n"), "true or false"));
+  auto modeled = section_error("  export: true\n  backend: modeled\n");
+  CHECK(has(modeled, "export"));
+  CHECK(has(modeled, "export needs the torch backend"));
+}
