@@ -154,6 +154,20 @@ result<std::unique_ptr<backend>> make_backend(const stage_options& opts) {
   return make_torch_backend(std::move(t));
 }
 
+/// Writes checkpoints on its own thread: `(checkpoint_atom, dir, stage, begin, end, peer,
+/// time_ns, state) -> (ok, error, bytes, seconds)`.
+caf::behavior checkpoint_writer(caf::event_based_actor*) {
+  return {
+    [](checkpoint_atom, const std::string& dir, uint64_t stage, int64_t begin, int64_t end,
+       const std::string& peer, uint64_t ns, const stage_state& s) {
+      auto w = write_checkpoint(dir, {stage, begin, end}, peer, ns, s);
+      if (!w)
+        return caf::make_message(false, w.error().what, uint64_t{0}, 0.0);
+      return caf::make_message(true, std::string{}, w->bytes, w->seconds);
+    },
+  };
+}
+
 /// A stage peer: the protocol around one backend and its device queue.
 class stage_peer {
 public:
@@ -193,8 +207,9 @@ private:
   // -- checkpoints ------------------------------------------------------------------------------
 
   bool checkpointing() const;
-  /// Writes a checkpoint when the state changed since the last one.
-  void save_checkpoint();
+  /// Writes a checkpoint when the state changed since the last one: in the background when the
+  /// options say so (unless `now`), else at once.
+  void save_checkpoint(bool now = false);
   /// Resumes from the newest checkpoint of the stage that verifies; false when there is none.
   bool restore_checkpoint();
   /// Resumes from a replica downloaded from `holders` other nodes; false when it does not fit.
@@ -268,6 +283,10 @@ private:
   /// State changes so far, and the count at the last checkpoint written or restored.
   uint64_t version_ = 0;
   uint64_t saved_version_ = 0;
+  /// The background checkpoint writer (spawned at the first background write), and whether a
+  /// write is in flight.
+  caf::actor writer_;
+  bool writing_ = false;
   checkpoint_stats ckpt_;
   /// Gradients computed but not yet confirmed, by (microbatch id, attempt).
   std::map<std::pair<uint64_t, uint32_t>, uncommitted_grad> uncommitted_;
@@ -336,7 +355,7 @@ caf::error stage_peer::init(stage_options opts, caf::actor board) {
   // cannot.
   self_->set_exit_handler([this](const caf::exit_msg& m) {
     if (m.reason == caf::exit_reason::user_shutdown && ready_ && checkpointing()) {
-      save_checkpoint();
+      save_checkpoint(true); // now: the peer is going
       save_pending();
     }
     self_->quit(m.reason);
@@ -645,28 +664,61 @@ void stage_peer::report(const std::string& kind, std::map<std::string, double> v
                                        {}});
 }
 
-void stage_peer::save_checkpoint() {
-  if (version_ == saved_version_)
+void stage_peer::save_checkpoint(bool now) {
+  if (version_ == saved_version_ || (writing_ && !now))
     return;
+  auto t0 = std::chrono::steady_clock::now();
   auto version = version_;
-  auto now = self_->clock().now().time_since_epoch();
-  auto ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(now).count());
-  checkpoint_key key{opts_.stage, opts_.begin, opts_.end};
-  auto s = snapshot();
-  auto w = write_checkpoint(opts_.checkpoint.dir, key, opts_.name, ns, s);
-  if (!w) {
-    // Tried again at the next timer; the peer serves on.
-    ckpt_.failed++;
-    aout(self_) << opts_.name << ": " << w.error().what << "\n";
+  auto at = self_->clock().now().time_since_epoch();
+  auto ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(at).count());
+  auto s = snapshot(); // copies: the writer may work on it while the peer trains on
+  auto steps = s.steps;
+  auto done = [this, version, steps, t0](const std::string& error, uint64_t bytes, double seconds,
+                                         double in_actor_s) {
+    if (!error.empty()) {
+      // Tried again at the next timer; the peer serves on.
+      ckpt_.failed++;
+      aout(self_) << opts_.name << ": " << error << "\n";
+      return;
+    }
+    saved_version_ = std::max(saved_version_, version);
+    ckpt_.written++;
+    ckpt_.bytes += bytes;
+    prune_checkpoints(opts_.checkpoint.dir, {opts_.stage, opts_.begin, opts_.end}, opts_.name,
+                      opts_.checkpoint.keep);
+    report("checkpoint", {{"bytes", static_cast<double>(bytes)},
+                          {"seconds", seconds},
+                          {"actor_seconds", in_actor_s},
+                          {"steps", static_cast<double>(steps)}});
+  };
+  if (now || !opts_.checkpoint.background) {
+    auto w = write_checkpoint(opts_.checkpoint.dir, {opts_.stage, opts_.begin, opts_.end},
+                              opts_.name, ns, s);
+    auto in_actor = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!w)
+      done(w.error().what, 0, 0, in_actor);
+    else
+      done({}, w->bytes, w->seconds, in_actor);
     return;
   }
-  saved_version_ = version;
-  ckpt_.written++;
-  ckpt_.bytes += w->bytes;
-  prune_checkpoints(opts_.checkpoint.dir, key, opts_.name, opts_.checkpoint.keep);
-  report("checkpoint", {{"bytes", static_cast<double>(w->bytes)},
-                        {"seconds", w->seconds},
-                        {"steps", static_cast<double>(s.steps)}});
+  // In the background: encoding, hashing, writing and syncing run on the writer's own thread;
+  // the peer's actor only takes the snapshot.
+  if (!writer_)
+    writer_ = self_->spawn<caf::detached + caf::linked>(checkpoint_writer);
+  writing_ = true;
+  auto in_actor = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  self_
+    ->request(writer_, caf::infinite, checkpoint_atom::value, opts_.checkpoint.dir, opts_.stage,
+              opts_.begin, opts_.end, opts_.name, ns, std::move(s))
+    .then(
+      [this, done, in_actor](bool ok, const std::string& error, uint64_t bytes, double seconds) {
+        writing_ = false;
+        done(ok ? std::string{} : error, bytes, seconds, in_actor);
+      },
+      [this, done, in_actor](caf::error& e) {
+        writing_ = false;
+        done("checkpoint writer: " + caf::to_string(e), 0, 0, in_actor);
+      });
 }
 
 std::vector<std::string> stage_peer::checkpoint_dirs() const {

@@ -87,6 +87,10 @@ struct checkpoint_options {
   /// and no checkpoint on its disk downloads its stage's newest replica from other nodes.
   /// Unset: none.
   caf::actor replicas;
+  /// Write periodic checkpoints on a thread of their own (the peer's actor only takes the
+  /// snapshot and keeps serving); the last one, on a stop on purpose, is always written at once.
+  /// Real clocks only: a simulation writes at once, so that its runs stay deterministic.
+  bool background = false;
 };
 
 /// What a stage peer computes with.

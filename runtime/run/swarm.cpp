@@ -221,6 +221,7 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
     so.checkpoint.keep = static_cast<uint32_t>(g.checkpoint.keep);
     // The slot's accumulated gradient outlives a stop on purpose (`--resume` takes it up).
     so.checkpoint.slot = fmt::format("s{}p{}", stage, slot);
+    so.checkpoint.background = h.mode() != run_mode::sim;
     if (replicating(h, s)) {
       keep_replicas(h, s);
       so.checkpoint.replicas = replica_board(h, s);

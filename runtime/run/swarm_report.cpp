@@ -244,6 +244,7 @@ public:
       checkpoint_bytes_ += m.value("bytes");
       checkpoint_s_ += m.value("seconds");
       checkpoint_max_s_ = std::max(checkpoint_max_s_, m.value("seconds"));
+      checkpoint_actor_s_ += m.value("actor_seconds");
     } else if (m.kind == "restore") {
       restores_.push_back(static_cast<uint64_t>(m.value("steps")));
       if (m.value("replica") > 0)
@@ -399,16 +400,21 @@ public:
                "stage gradients (exactly once)", sum.applied, sum.lost);
     if (checkpoints_ > 0 || !restores_.empty()) {
       auto n = static_cast<double>(std::max<int64_t>(checkpoints_, 1));
-      fmt::print("  {:<34} {} written, {:.2f} MB and {:.1f} ms each on average (max {:.1f} ms)\n",
+      fmt::print("  {:<34} {} written, {:.2f} MB and {:.1f} ms each on average (max {:.1f} ms; "
+                 "{:.1f} ms of it in the stage peer's actor)\n",
                  "stage checkpoints", checkpoints_, checkpoint_bytes_ / n / 1e6,
-                 1e3 * checkpoint_s_ / n, 1e3 * checkpoint_max_s_);
+                 1e3 * checkpoint_s_ / n, 1e3 * checkpoint_max_s_,
+                 1e3 * checkpoint_actor_s_ / n);
       std::string steps_text;
       for (auto st : restores_)
         steps_text += fmt::format("{}{}", steps_text.empty() ? "" : ", ", st);
-      fmt::print("  {:<34} {} (at steps: {}; {} from replicas on other nodes), {} checkpoint "
-                 "files rejected, {} samples of accumulated gradients taken up\n",
+      auto replicated = replicas_ > 0 || from_replicas_ > 0
+                          ? fmt::format("; {} from replicas on other nodes", from_replicas_)
+                          : std::string{};
+      fmt::print("  {:<34} {} (at steps: {}{}), {} checkpoint files rejected, {} samples of "
+                 "accumulated gradients taken up\n",
                  "resumed from checkpoints", restores_.size(),
-                 steps_text.empty() ? "-" : steps_text, from_replicas_, rejected_checkpoints_,
+                 steps_text.empty() ? "-" : steps_text, replicated, rejected_checkpoints_,
                  pending_taken_);
       if (replicas_ > 0)
         fmt::print("  {:<34} {} written by nodes serving no peer of their stage, {:.2f} MB each\n",
@@ -651,7 +657,7 @@ private:
   int64_t redone_ = 0;
   /// Stage checkpoints written (count, bytes, seconds), restores (their steps), rejected files.
   int64_t checkpoints_ = 0;
-  double checkpoint_bytes_ = 0, checkpoint_s_ = 0, checkpoint_max_s_ = 0;
+  double checkpoint_bytes_ = 0, checkpoint_s_ = 0, checkpoint_max_s_ = 0, checkpoint_actor_s_ = 0;
   std::vector<uint64_t> restores_;
   int64_t rejected_checkpoints_ = 0;
   /// Samples of gradients accumulated before a stop that resumed peers took up.
