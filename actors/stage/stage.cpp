@@ -121,6 +121,10 @@ caf::error still_starting() {
   return caf::make_error(caf::sec::runtime_error, "stage peer is still starting");
 }
 
+caf::error leaving() {
+  return caf::make_error(caf::sec::runtime_error, "stage peer is leaving its stage");
+}
+
 int64_t batch_of(const at::Tensor& t) {
   return t.defined() && t.dim() > 0 ? std::max<int64_t>(1, t.size(0)) : 1;
 }
@@ -207,6 +211,12 @@ private:
   // -- checkpoints ------------------------------------------------------------------------------
 
   bool checkpointing() const;
+  /// Stops on purpose: the last checkpoint and the accumulated gradient are written, then the
+  /// peer quits with `user_shutdown`.
+  void leave();
+  /// A draining peer leaves once its queue is served and every gradient it computed was
+  /// confirmed or expired.
+  void leave_when_drained();
   /// Writes a checkpoint when the state changed since the last one: in the background when the
   /// options say so (unless `now`), else at once.
   void save_checkpoint(bool now = false);
@@ -287,6 +297,8 @@ private:
   /// write is in flight.
   caf::actor writer_;
   bool writing_ = false;
+  /// Leaving its stage (`(migrate_atom)`): serving what it holds, refusing new work.
+  bool draining_ = false;
   checkpoint_stats ckpt_;
   /// Gradients computed but not yet confirmed, by (microbatch id, attempt).
   std::map<std::pair<uint64_t, uint32_t>, uncommitted_grad> uncommitted_;
@@ -350,15 +362,12 @@ caf::error stage_peer::init(stage_options opts, caf::actor board) {
     [this] { announce(); },
     [this] { return restore_checkpoint(); }, opts_.checkpoint.replicas,
     [this](const stage_state& s, size_t holders) { return restore_replica(s, holders); });
-  // A peer stopped on purpose (the run's end or a signal, leaving, migrating) writes its state
-  // first, so that a resumed run or a later peer continues from it; a preempted one (killed)
-  // cannot.
+  // Stopped on purpose: see `leave`.
   self_->set_exit_handler([this](const caf::exit_msg& m) {
-    if (m.reason == caf::exit_reason::user_shutdown && ready_ && checkpointing()) {
-      save_checkpoint(true); // now: the peer is going
-      save_pending();
-    }
-    self_->quit(m.reason);
+    if (m.reason == caf::exit_reason::user_shutdown)
+      leave();
+    else
+      self_->quit(m.reason);
   });
   // Held replies fail when the peer dies (its callers retry elsewhere at once).
   auto deaths = on_death_;
@@ -405,7 +414,10 @@ caf::behavior stage_peer::make_behavior() {
         download_();
     },
     // A trainer's probe: seconds of device time queued ahead of a request arriving now.
-    [this](probe_atom) { return queue_.backlog(self_->clock().now()); },
+    // A draining peer takes no new work: its queue looks endless.
+    [this](probe_atom) {
+      return draining_ ? 1e9 : queue_.backlog(self_->clock().now());
+    },
     // Throughput report for rebalancing.
     [this](load_atom) { report_load(); },
     // Progress tick of collaborative stepping (a bare tick; held replies carry a ticket).
@@ -421,6 +433,7 @@ caf::behavior stage_peer::make_behavior() {
       auto deliver = std::move(i->second);
       held_.erase(i);
       deliver();
+      leave_when_drained();
     },
     [this](checkpoint_atom) {
       self_->delayed_send(self_, opts_.checkpoint.every, checkpoint_atom::value);
@@ -433,8 +446,19 @@ caf::behavior stage_peer::make_behavior() {
                                      ckpt_.pending_samples};
       return {std::move(counters), ckpt_.restored_digest};
     },
-    [this](messages::commit_atom, uint64_t id, uint32_t attempt) { commit(id, attempt); },
-    [this](messages::commit_atom) { expire_uncommitted(); },
+    [this](messages::commit_atom, uint64_t id, uint32_t attempt) {
+      commit(id, attempt);
+      leave_when_drained();
+    },
+    [this](messages::commit_atom) {
+      expire_uncommitted();
+      leave_when_drained();
+    },
+    // Leaving the stage (a migration): the queue is served and confirmed, new work refused.
+    [this](migrate_atom) {
+      draining_ = true;
+      leave_when_drained();
+    },
     [this](status_atom, messages::commit_atom) -> std::vector<uint64_t> {
       return {commits_.applied, commits_.lost, commits_.duplicate,
               static_cast<uint64_t>(uncommitted_.size())};
@@ -458,6 +482,8 @@ caf::behavior stage_peer::make_behavior() {
 // -- serving ------------------------------------------------------------------------------------
 
 caf::result<tensor_msg> stage_peer::forward(const stage_forward& req) {
+  if (draining_)
+    return leaving();
   if (!req.input.ok())
     return caf::make_error(caf::sec::invalid_argument, "bad input: " + req.input.error);
   auto arrived = self_->clock().now();
@@ -470,6 +496,8 @@ caf::result<tensor_msg> stage_peer::forward(const stage_forward& req) {
 }
 
 caf::result<stage_backward_reply> stage_peer::backward(const stage_backward& req) {
+  if (draining_)
+    return leaving();
   if (!req.input.ok() || !req.grad_output.ok())
     return caf::make_error(caf::sec::invalid_argument, "bad input or gradient");
   auto arrived = self_->clock().now();
@@ -662,6 +690,22 @@ void stage_peer::report(const std::string& kind, std::map<std::string, double> v
                                        {{"stage", std::to_string(opts_.stage)}},
                                        -1,
                                        {}});
+}
+
+void stage_peer::leave() {
+  // A peer stopped on purpose (the run's end or a signal, leaving, migrating) writes its state
+  // first, so that a resumed run or a later peer continues from it; a preempted one (killed)
+  // cannot.
+  if (ready_ && checkpointing()) {
+    save_checkpoint(true); // now: the peer is going
+    save_pending();
+  }
+  self_->quit(caf::exit_reason::user_shutdown);
+}
+
+void stage_peer::leave_when_drained() {
+  if (draining_ && held_.empty() && uncommitted_.empty())
+    leave();
 }
 
 void stage_peer::save_checkpoint(bool now) {

@@ -182,6 +182,10 @@ std::string step_key(const std::string& prefix, uint64_t stage, uint64_t step);
 /// - `(get_atom, state_atom) -> stage_state`, `(get_atom, state_atom, part, parts) ->
 ///   stage_state_part` (answered at once, also while the device is busy);
 /// - `(probe_atom) -> double`: seconds of device time queued ahead of a request arriving now;
+/// - `(migrate_atom)`: leave the stage (a migration): new forward and backward requests are
+///   refused (and probes answer 1e9 s), the queued ones are served, and once every computed
+///   gradient was confirmed or expired the peer writes its last checkpoint and quits with
+///   `user_shutdown`;
 /// - `(status_atom) -> [steps, samples, rounds, averaged, no_partner, failed, skipped,
 ///   caught_up, downloads, donors summed over downloads, queued requests]`;
 /// - `(status_atom, checkpoint_atom) -> ([written, bytes written, restored (0 or 1), restored

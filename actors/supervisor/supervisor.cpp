@@ -262,12 +262,25 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_s
                     auto expected = throughput_in(*r, migration_candidate{from, mine}, to);
                     self->send(d->rebalancing.board, put_atom::value, load_atom::value, to,
                                expected, d->rebalancing.join_hold);
-                    self->send_exit(c.handle, caf::exit_reason::user_shutdown);
+                    // The peer finishes its queue first (its requests would fail and be
+                    // retried elsewhere); stopped anyway after `drain`.
+                    if (d->rebalancing.drain > caf::timespan{0}) {
+                      self->send(c.handle, migrate_atom::value);
+                      self->delayed_send(self, d->rebalancing.drain, migrate_atom::value,
+                                         static_cast<uint64_t>(idx));
+                    } else {
+                      self->send_exit(c.handle, caf::exit_reason::user_shutdown);
+                    }
                   },
                   [](caf::error&) {});
             },
             [=](caf::error&) { d->children[idx].checking = false; });
       }
+    },
+    // A migrating child that did not finish draining in time is stopped.
+    [=](migrate_atom, uint64_t idx) {
+      if (idx < d->children.size() && d->children[idx].handle && d->children[idx].migrate_to)
+        self->send_exit(d->children[idx].handle, caf::exit_reason::user_shutdown);
     },
     [=](get_atom, uint64_t idx) -> caf::result<caf::actor> {
       if (idx >= d->children.size())

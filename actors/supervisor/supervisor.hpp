@@ -60,6 +60,10 @@ struct rebalancing_options {
   /// How long a placed or migrating peer is counted in its new stage before it announced itself
   /// (`(put_atom, load_atom, ...)` to the board).
   caf::timespan join_hold = std::chrono::seconds(60);
+  /// A migrating peer is first asked to drain (`(migrate_atom)`: it serves its queue and
+  /// refuses new work, then stops itself); one still alive after this long is stopped. 0: stopped
+  /// at once (its queued requests fail and are retried elsewhere).
+  caf::timespan drain = std::chrono::seconds(60);
   /// Timeout of board requests.
   caf::timespan timeout = std::chrono::seconds(5);
   uint64_t seed = 0;

@@ -9,6 +9,7 @@
 #include "actors/stage/board.hpp"
 #include "actors/stage/stage.hpp"
 #include "messages/atoms.hpp"
+#include "messages/rebalance_atoms.hpp"
 #include "messages/swarm.hpp"
 #include "runtime/sim/world.hpp"
 #include "support/swarm_fixtures.hpp"
@@ -126,4 +127,58 @@ TEST_CASE("a retried backward whose first attempt reached a slow peer is applied
   CHECK(*slow_counts == std::vector<uint64_t>{0, 1, 1, 0});
   CHECK(*fast_counts == std::vector<uint64_t>{1, 0, 1, 0});
   CHECK(applied_at(w, n, fast)[id] == 1);
+}
+
+TEST_CASE("a stage peer leaving its stage serves its queue, refuses new work, and quits once "
+          "its gradients are confirmed") {
+  testing::board_world bw{5, 2};
+  auto& w = bw.w;
+  auto& n = bw.n;
+  auto peer = last_stage(w, n, bw.board, "s1leaving", 0.1); // 0.8 s of device time per call
+  w.run();
+  auto data = testing::small_corpus();
+  auto batch = data->batch({1, 2, 3, 4});
+  REQUIRE(batch.ok());
+  auto input = torch::randn({4, 8, 16});
+  auto backward = [&](uint64_t id) {
+    return messages::stage_backward{{input, kernels::codec_id::none, {}, {}},
+                                    {},
+                                    {batch->targets, kernels::codec_id::none, {}, {}},
+                                    5,
+                                    {},
+                                    id,
+                                    0};
+  };
+  // Three backwards queue up (2.4 s of device time); the peer is told to leave at once.
+  auto replies = std::make_shared<int>(0);
+  auto refused = std::make_shared<std::string>();
+  auto down = std::make_shared<std::optional<caf::error>>();
+  n.spawn("trainer", [=](caf::event_based_actor* self) {
+    self->monitor(peer);
+    self->set_down_handler([=](const caf::down_msg& dm) { *down = dm.reason; });
+    for (uint64_t id = 1; id <= 3; ++id)
+      self->request(peer, caf::timespan{30s}, backward(id))
+        .then(
+          [=](messages::stage_backward_reply& r) {
+            if (r.grad_input.ok())
+              ++*replies;
+            // Confirmed a little later: the peer waits for it.
+            self->delayed_send(self, caf::timespan{500ms}, id);
+          },
+          [](caf::error&) {});
+    self->send(peer, migrate_atom::value);
+    // Arrives after the leave: refused at once, with the reason.
+    self->request(peer, caf::timespan{30s}, backward(4))
+      .then([](messages::stage_backward_reply&) {},
+            [=](caf::error& e) { *refused = caf::to_string(e); });
+    return caf::behavior{
+      [=](uint64_t id) { self->send(peer, commit_atom::value, id, uint32_t{0}); },
+    };
+  });
+  w.run_for(100ms);
+  CHECK(refused->find("leaving its stage") != std::string::npos);
+  CHECK_FALSE(down->has_value()); // still serving its queue
+  REQUIRE(w.run_until([&] { return down->has_value(); }, 30s));
+  CHECK(*replies == 3);
+  CHECK(**down == caf::make_error(caf::exit_reason::user_shutdown));
 }
