@@ -23,13 +23,14 @@ struct board_state {
   /// Peers joining each stage: (until, expected throughput).
   std::vector<std::vector<std::pair<caf::actor_clock::time_point, double>>> joining;
   /// When a move out of each stage was last granted.
-  std::vector<std::optional<caf::actor_clock::time_point>> last_move;
+  /// Per stage, when the moves out of it granted during the last period were granted.
+  std::vector<std::vector<caf::actor_clock::time_point>> moves;
 };
 
 caf::behavior board(caf::stateful_actor<board_state>* self, size_t stages) {
   self->state.stages.resize(stages);
   self->state.loads.resize(stages);
-  self->state.last_move.resize(stages);
+  self->state.moves.resize(stages);
   self->state.joining.resize(stages);
   self->set_down_handler([=](const caf::down_msg& dm) {
     auto& st = self->state;
@@ -159,16 +160,23 @@ caf::behavior board(caf::stateful_actor<board_state>* self, size_t stages) {
         return;
       st.joining[stage].emplace_back(self->clock().now() + hold, throughput);
     },
-    [=](migrate_atom, uint64_t from, caf::timespan period) -> bool {
+    [=](migrate_atom, uint64_t from, caf::timespan period, uint64_t slots) -> bool {
       auto& st = self->state;
-      if (from >= st.stages.size())
+      if (from >= st.stages.size() || slots == 0)
         return false;
       auto now = self->clock().now();
-      auto& last = st.last_move[from];
-      if (last && now - *last < period)
+      auto& granted = st.moves[from];
+      granted.erase(std::remove_if(granted.begin(), granted.end(),
+                                   [&](auto t) { return now - t >= period; }),
+                    granted.end());
+      if (granted.size() >= slots)
         return false;
-      last = now;
+      granted.push_back(now);
       return true;
+    },
+    [=](migrate_atom, uint64_t from, caf::timespan period) {
+      return self->delegate(caf::actor_cast<caf::actor>(self), migrate_atom::value, from, period,
+                            uint64_t{1});
     },
     [=](list_atom) {
       std::vector<uint64_t> counts;

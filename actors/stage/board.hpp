@@ -30,9 +30,10 @@ namespace starling::actors::stage {
 ///   the least throughput (joiners included; stages whose throughput is unknown are skipped),
 ///   registered as joining it at once (as above, at the stage's average); the largest uint64_t
 ///   when no stage is known;
-/// - `(migrate_atom, uint64_t from, caf::timespan period) -> bool` a migration claim: granted
-///   (true) when no other peer was granted a move out of stage `from` during the last `period`,
-///   so at most one peer leaves any stage per period.
+/// - `(migrate_atom, uint64_t from, caf::timespan period, uint64_t slots) -> bool` a migration
+///   claim: granted (true) when fewer than `slots` moves out of stage `from` were granted during
+///   the last `period`, so at most `slots` peers leave a stage per period (the claimant sizes
+///   `slots` to the imbalance it sees); `(migrate_atom, from, period)` is the same with one slot.
 caf::actor spawn_board(caf::actor_system& sys, size_t stages);
 
 } // namespace starling::actors::stage

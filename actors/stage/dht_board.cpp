@@ -377,9 +377,14 @@ caf::behavior dht_board_actor(caf::event_based_actor* self, caf::actor dht, caf:
           return;
         put_joiner(self, d, stage, throughput, hold);
       },
-      [=](migrate_atom, uint64_t from, caf::timespan period) -> caf::response_promise {
+      [=](migrate_atom, uint64_t from, caf::timespan period) {
+        return self->delegate(caf::actor_cast<caf::actor>(self), migrate_atom::value, from,
+                              period, uint64_t{1});
+      },
+      [=](migrate_atom, uint64_t from, caf::timespan period,
+          uint64_t slots) -> caf::response_promise {
         auto rp = self->make_response_promise();
-        if (from >= d->opts.stages || period <= caf::timespan{0}) {
+        if (from >= d->opts.stages || period <= caf::timespan{0} || slots == 0) {
           rp.deliver(false);
           return rp;
         }
@@ -400,15 +405,18 @@ caf::behavior dht_board_actor(caf::event_based_actor* self, caf::actor dht, caf:
                     self, d->dht, key, d->opts.timeout,
                     [=](const dht_get_result& g) mutable {
                       auto now = dht::dht_now_ns(self);
-                      std::pair<int64_t, std::string> least{expires, id};
+                      // Granted when among the `slots` earliest unexpired claims.
+                      std::pair<int64_t, std::string> mine{expires, id};
                       bool seen = false;
+                      uint64_t ahead = 0;
                       for (auto& rec : g.records) {
                         if (!rec.has_subkey || rec.expiration_ns <= now)
                           continue;
                         seen = seen || rec.subkey == id;
-                        least = std::min(least, std::pair{rec.expiration_ns, rec.subkey});
+                        if (std::pair{rec.expiration_ns, rec.subkey} < mine)
+                          ++ahead;
                       }
-                      rp.deliver(seen && least.second == id);
+                      rp.deliver(seen && ahead < slots);
                     },
                     [=](caf::error&) mutable { rp.deliver(false); });
               };

@@ -57,9 +57,10 @@ std::string stage_key(const std::string& prefix, size_t stage);
 ///   board's oldest joiner there is overwritten with "done" (a later expiration wins) so that it
 ///   is not counted twice;
 /// - `<prefix>/stage<i>/migration`: a claim stores a sub-key of this board expiring after the
-///   period, reads the record back after `claim_settle` and is granted when its (expiration,
-///   sub-key) is the least of the unexpired claims: the first claim of a period wins, later ones
-///   see it and lose, and claims made within `claim_settle` of each other see each other.
+///   period, reads the record back after `claim_settle` and is granted when fewer than `slots`
+///   unexpired claims have a smaller (expiration, sub-key): the first `slots` claims of a period
+///   win (one without `slots`), later ones see them and lose, and claims made within
+///   `claim_settle` of each other see each other.
 ///   Agreement holds as far as the DHT's replicas agree (a claim stored while a partition hides
 ///   the earlier one is granted too).
 /// Totals and placement follow `total_of` and `stage_for_newcomer` (load_view.hpp).

@@ -12,6 +12,7 @@
 
 #include "actors/stage/checkpoint.hpp"
 #include "actors/stage/state_parts.hpp"
+#include "kernels/stable_hash.hpp"
 #include "messages/atoms.hpp"
 #include "messages/swarm.hpp"
 #include "messages/metrics.hpp"
@@ -19,16 +20,6 @@
 namespace starling::actors::stage {
 
 namespace {
-
-/// FNV-1a, 64 bits: the same ranking on every node and in every build.
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
 
 /// Serves one stage's replica with the stage peers' state protocol; `(put_atom, state)` from
 /// the keeper replaces it.
@@ -179,7 +170,8 @@ std::vector<std::string> replica_keepers_of(uint64_t stage, const std::vector<st
   std::set<std::string> seen;
   for (auto& k : keepers)
     if (!serving.count(endpoint_of(k)) && seen.insert(k).second)
-      ranked.emplace_back(fnv1a(fmt::format("{}|{}", stage, k)), k);
+      ranked.emplace_back(kernels::stable_hash(fmt::format("{}|{}", stage, k)), k);
+  // The same ranking on every node and in every build.
   std::sort(ranked.begin(), ranked.end());
   std::vector<std::string> out;
   for (size_t i = 0; i < ranked.size() && i < copies; ++i)

@@ -79,4 +79,23 @@ std::optional<size_t> stage_for_new_peer(const std::vector<stage_report>& stages
   return bottleneck(stages);
 }
 
+uint64_t moves_allowed(const std::vector<stage_report>& stages, size_t from, size_t to) {
+  if (from >= stages.size() || to >= stages.size() || from == to)
+    return 1;
+  auto& f = stages[from];
+  auto& t = stages[to];
+  if (f.peers <= 1 || f.throughput <= t.throughput)
+    return 1;
+  auto per_from = f.throughput / static_cast<double>(f.peers);
+  auto gained = throughput_in(stages, migration_candidate{from, per_from}, to);
+  if (!(per_from > 0) || !(gained > 0))
+    return 1;
+  // m movers: from loses m * per_from, to gains m * gained; level at m*.
+  auto level = (f.throughput - t.throughput) / (per_from + gained);
+  auto half = static_cast<int64_t>(std::floor(level / 2));
+  // Never empty the source stage.
+  half = std::min<int64_t>(half, f.peers - 1);
+  return static_cast<uint64_t>(std::max<int64_t>(1, half));
+}
+
 } // namespace starling::actors::supervisor

@@ -59,6 +59,12 @@ std::optional<size_t> decide_migration(const std::vector<stage_report>& stages,
 /// speed; 1 when `claim_full` is not positive (unweighted).
 double claim_probability(double relative, const rebalance_options& opts = {});
 
+/// How many peers may move from stage `from` to stage `to` in one period: half the moves that
+/// would level the two stages' throughputs (each mover taking `from`'s average per-peer
+/// throughput, scaled to `to` like `throughput_in`), at least 1. A large imbalance (the start of a
+/// run, a region lost) is then undone in a few periods instead of one move per period.
+uint64_t moves_allowed(const std::vector<stage_report>& stages, size_t from, size_t to);
+
 /// The stage a newly joining peer should serve: the bottleneck; nullopt when there are no stages.
 std::optional<size_t> stage_for_new_peer(const std::vector<stage_report>& stages);
 

@@ -249,8 +249,9 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_s
                 return;
               auto from = c.stage;
               auto to = *target;
+              auto slots = moves_allowed(*r, from, to);
               self->request(d->rebalancing.board, d->rebalancing.timeout, migrate_atom::value,
-                            from, d->rebalancing.period)
+                            from, d->rebalancing.period, slots)
                 .then(
                   [=](bool granted) {
                     auto& c = d->children[idx];

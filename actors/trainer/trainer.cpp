@@ -13,6 +13,7 @@
 #include "actors/trainer/wiring.hpp"
 #include "kernels/data/batch_progress.hpp"
 #include "kernels/data/data_source.hpp"
+#include "kernels/stable_hash.hpp"
 #include "messages/atoms.hpp"
 #include "messages/rebalance_atoms.hpp"
 #include "messages/swarm.hpp"
@@ -80,9 +81,7 @@ void later(self_ptr self, caf::timespan d, std::function<void()> f) {
 /// A microbatch id unique among trainers: the top 24 bits from the trainer's name (FNV-1a), the
 /// low 40 bits its batch number. Stages keep a gradient per (id, attempt) until it is confirmed.
 uint64_t microbatch_id(const std::string& trainer, uint64_t batch) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : trainer)
-    h = (h ^ c) * 1099511628211ull;
+  auto h = kernels::stable_hash(trainer);
   constexpr uint64_t low = (uint64_t{1} << 40) - 1;
   return (h & ~low) | (batch & low);
 }

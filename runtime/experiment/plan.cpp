@@ -7,21 +7,17 @@
 
 #include <fmt/format.h>
 
+#include "kernels/stable_hash.hpp"
+
 namespace starling::runtime {
 
 namespace {
 
 using std::chrono::nanoseconds;
 
-/// A stable 64-bit hash of text (FNV-1a): role names enter seeds, and std::hash may differ
-/// between builds.
+/// A stable 64-bit hash of text: role names enter seeds, and std::hash may differ between builds.
 uint64_t text_hash(const std::string& s) {
-  uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return h;
+  return kernels::stable_hash(s);
 }
 
 uint64_t mix(uint64_t x) {

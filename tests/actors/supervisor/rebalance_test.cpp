@@ -215,3 +215,22 @@ TEST_CASE("claims are weighted so that fast peers move first") {
   CHECK(weighted > 1.3 * mean);
   CHECK(weighted > 1.3 * plain);
 }
+
+TEST_CASE("a large imbalance lets several peers leave a stage in one period, never all") {
+  using starling::actors::supervisor::moves_allowed;
+  // Stage 0: 20 peers at 1 sample/s each; stage 1: 2 peers at 1 each. Leveling takes 9 moves
+  // (11 and 11): half of them, 4, in one period.
+  std::vector<stage_report> s{{20.0, 20}, {2.0, 2}};
+  CHECK(moves_allowed(s, 0, 1) == 4);
+  // Nearly level: one at a time, as before.
+  CHECK(moves_allowed({{5.0, 5}, {4.0, 4}}, 0, 1) == 1);
+  // The source never empties, and a lone peer or a slower source gives one.
+  CHECK(moves_allowed({{100.0, 3}, {1.0, 1}}, 0, 1) == 1);
+  CHECK(moves_allowed({{100.0, 1}, {1.0, 1}}, 0, 1) == 1);
+  CHECK(moves_allowed({{1.0, 4}, {2.0, 4}}, 0, 1) == 1);
+  // A stage with costlier samples (half the per-peer rate) gains less per mover: more moves.
+  std::vector<stage_report> costly{{20.0, 20}, {1.0, 2}};
+  CHECK(moves_allowed(costly, 0, 1) == 6); // level at (20 - 1) / (1 + 0.5) = 12.7 moves
+  CHECK(moves_allowed(s, 0, 0) == 1);
+  CHECK(moves_allowed(s, 0, 7) == 1);
+}

@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include "support/cluster_checks.hpp"
 #include "support/subprocess.hpp"
 
 using starling::testing::subprocess;
@@ -195,12 +196,6 @@ TEST_CASE("swarm-tiny as a 4-process cluster from the same plan") {
   auto samples = nodes[0]->wait_for("samples ", 180s);
   REQUIRE(samples);
   CHECK(samples->find("768 of 768 requested") != std::string::npos);
-  for (auto& n : nodes) {
-    auto rc = n->wait_exit(60s);
-    CHECK(rc == 0);
-    if (rc != 0)
-      MESSAGE("a node ended with ", rc ? std::to_string(*rc) : "no exit", "; its output:\n",
-              n->output());
-  }
+  starling::testing::check_nodes_exit(nodes);
   std::filesystem::remove_all(dir);
 }

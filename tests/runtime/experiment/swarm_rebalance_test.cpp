@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 
+#include "support/cluster_checks.hpp"
 #include "support/subprocess.hpp"
 
 using starling::testing::subprocess;
@@ -70,12 +71,6 @@ TEST_CASE("a slow stage of a 4-process cluster gains a peer by migration and the
   CHECK(std::stoi(d[1]) >= 1);
   auto held_out = n0.wait_for("held-out loss (before -> after)", 60s);
   REQUIRE(held_out);
-  for (auto& n : nodes) {
-    auto rc = n->wait_exit(60s);
-    CHECK(rc == 0);
-    if (rc != 0)
-      MESSAGE("a node ended with ", rc ? std::to_string(*rc) : "no exit", "; its output:\n",
-              n->output());
-  }
+  starling::testing::check_nodes_exit(nodes);
   std::filesystem::remove_all(dir);
 }
