@@ -24,6 +24,7 @@
 #include "kernels/models/stage_module.hpp"
 #include "kernels/models/torchscript.hpp"
 #include "messages/atoms.hpp"
+#include "messages/rebalance_atoms.hpp"
 #include "messages/swarm.hpp"
 #include "runtime/metrics/metrics.hpp"
 #include "runtime/plot/svg.hpp"
@@ -232,9 +233,14 @@ public:
       auto from = static_cast<uint64_t>(m.value("from"));
       auto to = static_cast<uint64_t>(m.value("to"));
       std::string seen;
+      double slowest = -1;
       for (size_t k = 0; k < s_->graph.stages.size(); ++k)
-        if (auto v = m.value(fmt::format("stage{}", k), -2); v > -2)
+        if (auto v = m.value(fmt::format("stage{}", k), -2); v > -2) {
           seen += fmt::format("{}{:.0f}", seen.empty() ? "" : "/", v);
+          slowest = slowest < 0 ? v : std::min(slowest, v);
+        }
+      if (migrations_.empty())
+        slowest_before_ = slowest;
       migrations_.push_back(fmt::format("{} stage {} -> {} at {:.1f} s{}", m.source, from, to, m.t,
                                         seen.empty() ? "" : " (stages at " + seen + " samples/s)"));
       migration_times_.emplace_back(m.t, samples_);
@@ -363,7 +369,7 @@ public:
     fmt::print("  {:<34} {} ({} restarts, {} hop retries)\n", "preemptions", preemptions_,
                restarts_ - static_cast<int64_t>(migrations_.size()), retries_);
     if (g.rebalance.enabled())
-      print_migrations(ctx.run_s);
+      print_migrations(ctx, board);
     fmt::print("  {:<34} {:.4f} -> {:.4f}\n", "training loss (EMA, first -> last)",
                loss_curve_.empty() ? 0.0 : loss_curve_.front().second, ema_);
     std::string steps;
@@ -475,7 +481,8 @@ private:
 
   /// The stage migrations of the run, and the pipeline's throughput before the first one and
   /// after the last one (the moved peers' state downloads included).
-  void print_migrations(double run_s) const {
+  void print_migrations(finish_context& ctx, const caf::actor& board) const {
+    auto run_s = ctx.run_s;
     if (migrations_.empty()) {
       fmt::print("  {:<34} none\n", "migrations (rebalancing)");
       return;
@@ -494,6 +501,22 @@ private:
     fmt::print("  {:<34} {:.1f} samples/s before the first migration ({:.1f}-{:.1f} s), {:.1f} "
                "after the last ({:.1f}-{:.1f} s)\n",
                "throughput around migrations", before, t0, first, after, last, end);
+    // The stages' capacities (samples per busy device second, as the peers report them): the
+    // pipeline's bound is the slowest; wall-clock windows above also see the machine's load.
+    auto loads = ask<std::vector<double>, std::vector<int64_t>, double>(
+      ctx, board, std::chrono::seconds(5), get_atom::value, load_atom::value, caf::actor{});
+    if (!loads || std::get<0>(*loads).empty())
+      return;
+    std::string now;
+    double slowest = -1;
+    for (auto v : std::get<0>(*loads)) {
+      now += fmt::format("{}{:.0f}", now.empty() ? "" : "/", v);
+      if (v >= 0)
+        slowest = slowest < 0 ? v : std::min(slowest, v);
+    }
+    fmt::print("  {:<34} {} samples/s at the end; the slowest stage {:.0f} (before the first "
+               "migration: {:.0f})\n",
+               "stage capacities", now, slowest, slowest_before_);
   }
 
   void write_plots() {
@@ -678,6 +701,8 @@ private:
   /// start, samples completed by then).
   std::vector<std::string> migrations_;
   std::vector<std::pair<double, int64_t>> migration_times_;
+  /// The slowest stage's throughput the first migration's decision saw (-1: none).
+  double slowest_before_ = -1;
   /// When the first microbatch completed, and its samples.
   std::pair<double, int64_t> first_batch_{0.0, 0};
   double next_line_ = 0;

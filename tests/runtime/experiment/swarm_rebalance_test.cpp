@@ -26,8 +26,8 @@ std::string temp_dir() {
 
 } // namespace
 
-TEST_CASE("a slow stage of a 4-process cluster gains a peer by migration and the throughput "
-          "rises") {
+TEST_CASE("a slow stage of a 4-process cluster gains a peer by migration and the pipeline's "
+          "slowest stage gets faster") {
   auto dir = temp_dir();
   auto nodes = starling::testing::start_nodes(4, [&](int i) {
     return std::vector<std::string>{
@@ -55,14 +55,17 @@ TEST_CASE("a slow stage of a 4-process cluster gains a peer by migration and the
   CHECK(std::stoi(count[1]) <= 2);
   CHECK(moves->find("stage 0 -> 1") != std::string::npos);
   CHECK(moves->find("stage 1 -> 0") == std::string::npos);
-  auto around = n0.wait_for("throughput around migrations", 10s);
-  REQUIRE(around);
+  REQUIRE(n0.wait_for("throughput around migrations", 10s));
+  // Stage 1's capacity goes from 0.25 to 1.25 peers or more: the slowest stage's measured
+  // throughput (samples per busy device second, which a loaded machine slows for every stage
+  // alike) rises (2.2x in the closing note's run). The wall-clock throughput
+  // rises too on a quiet machine, but a loaded one can hide it: not asserted.
+  auto capacities = n0.wait_for("stage capacities", 10s);
+  REQUIRE(capacities);
   std::smatch m;
-  REQUIRE(std::regex_search(*around, m,
-                            std::regex{R"(([0-9.]+) samples/s before .*, ([0-9.]+) after)"}));
-  // Stage 1's capacity goes from 0.25 to 1.25 peers: several times the throughput (3.2x in the
-  // run of the closing note); asserted only to rise.
-  CHECK(std::stod(m[2]) > std::stod(m[1]));
+  REQUIRE(std::regex_search(*capacities, m,
+                            std::regex{R"(slowest stage ([0-9.]+) \(before the first migration: ([0-9.]+)\))"}));
+  CHECK(std::stod(m[1]) > 1.5 * std::stod(m[2]));
   // The moved peer downloaded stage 1's state from the slow peer before serving.
   auto downloads = n0.wait_for("state downloads", 10s);
   REQUIRE(downloads);
