@@ -60,6 +60,7 @@ progress_record coordinator::own_record(seconds now) const {
     r.step = step_;
     r.samples = local_.samples();
   }
+  r.resync = resync_due_;
   r.rate = contributes() ? local_.rate() : 0.0;
   return r;
 }
@@ -338,6 +339,9 @@ void coordinator::start_round_now(seconds now, effects& out) {
 }
 
 void coordinator::finish_round(round_end how, seconds now, effects& out) {
+  // Decided before the step moves on: the flags others published at the step that ends.
+  bool asked = how != round_end::skipped && contributes() && opts_.resync_after_lone_step &&
+               (resync_due_ || others_ask_resync(round_step_, now));
   switch (how) {
   case round_end::averaged:
     stats_.rounds_averaged++;
@@ -369,14 +373,41 @@ void coordinator::finish_round(round_end how, seconds now, effects& out) {
   resume(now, out);
   // Tell the collaboration about the new step and learn where it stands, now.
   next_refresh_ = now;
-  if (how != round_end::skipped && opts_.average_state_every > 0 && contributes() &&
-      step_ % opts_.average_state_every == 0) {
-    op_id_ = ++next_id_;
-    op_deadline_ = now + opts_.state_round_timeout;
-    phase_ = coordinator_phase::state_averaging;
-    stats_.state_rounds++;
-    out.emplace_back(start_state_round{op_id_, step_, op_deadline_});
+  bool periodic = how != round_end::skipped && opts_.average_state_every > 0 && contributes() &&
+                  step_ % opts_.average_state_every == 0;
+  if (asked) {
+    // This round follows the lone step (or this update was the lone step and a peer asks anyway):
+    // it covers every lone step so far.
+    start_state_round_now(true, now, out);
+  } else if (periodic) {
+    start_state_round_now(false, now, out);
+  } else if (how == round_end::own && contributes() && opts_.resync_after_lone_step) {
+    // Not right away: the failure that sent the peer stepping alone may not be over, and the
+    // others learn from the flagged record to join after the next update.
+    resync_due_ = true;
+    resync_retry_ = false;
   }
+}
+
+void coordinator::start_state_round_now(bool resync, seconds now, effects& out) {
+  op_id_ = ++next_id_;
+  op_deadline_ = now + opts_.state_round_timeout;
+  phase_ = coordinator_phase::state_averaging;
+  stats_.state_rounds++;
+  state_resync_ = resync;
+  state_retry_ = resync && resync_due_ && resync_retry_;
+  if (resync)
+    stats_.resyncs++;
+  resync_due_ = false;
+  resync_retry_ = false;
+  out.emplace_back(start_state_round{op_id_, step_, op_deadline_, resync});
+}
+
+bool coordinator::others_ask_resync(uint64_t step, seconds now) const {
+  const auto& rs = tracker_.records();
+  return std::any_of(rs.begin(), rs.end(), [&](const held_record& h) {
+    return h.record.resync && h.record.step == step && now < h.expires_at;
+  });
 }
 
 void coordinator::end_state_round(bool loaded, seconds now, effects& out) {
@@ -385,7 +416,17 @@ void coordinator::end_state_round(bool loaded, seconds now, effects& out) {
     out.emplace_back(load_averaged_state{op_id_});
   } else {
     stats_.state_rounds_failed++;
+    if (state_resync_) {
+      stats_.resyncs_failed++;
+      // Once more after the next update; a retry that fails too is given up (no loop).
+      if (!state_retry_) {
+        resync_due_ = true;
+        resync_retry_ = true;
+      }
+    }
   }
+  state_resync_ = false;
+  state_retry_ = false;
   phase_ = coordinator_phase::accumulating;
   (void)now;
 }
@@ -425,6 +466,9 @@ void coordinator::end_download(bool ok, uint64_t loaded_step, seconds now, effec
   if (ok) {
     stats_.downloads_done++;
     step_ = loaded_step;
+    // The donor's state replaces the own one: nothing left to resync.
+    resync_due_ = false;
+    resync_retry_ = false;
     if (!opts_.keep_gradients_on_download) {
       auto dropped = local_.take();
       stats_.samples_dropped += dropped;

@@ -10,7 +10,8 @@
 // Phases:
 //
 //     accumulating ──target reached──▶ averaging ──done/failed/deadline──▶ accumulating
-//          │  ▲                                         │ every K steps
+//          │  ▲                                         │ every K steps, or the first update
+//          │  │                                         │ after a lone step (resync)
 //          │  └──────────done/failed/deadline──── state_averaging ◀┘
 //          │  ▲
 //          └──peers at a later step──▶ downloading ──done/failed/deadline──┘
@@ -21,6 +22,14 @@
 // after a download, or reported after leaving), still pending, or the round in flight
 // (`coordinator_stats`). A round's samples are taken out when it starts; samples processed
 // while it runs count towards the next step.
+//
+// Resync after a lone step (`resync_after_lone_step`): a peer that stepped on its own gradient
+// (its round failed, found no partner or hit the deadline) holds parameters that differ from its
+// peers' for good. It flags its progress record and, after its next update, averages parameters
+// and optimizer statistics with the peers at the new step, as `average_state_every` does; a peer
+// that finishes the same step and saw the flag in its last read joins that state round. A failed
+// resync is tried once more after the following update, then given up (never a loop: a state
+// round only ever starts after an update).
 //
 // Delayed parameter updates (`delay_updates`): the peer keeps computing while step t's gradient
 // is averaged, so step t + 1's first gradients are computed on parameters one step old; the
@@ -65,6 +74,9 @@ struct coordinator_options {
   bool step_on_failure = true;
   /// Average parameters and optimizer statistics after every K-th step; 0 = never.
   uint64_t average_state_every = 0;
+  /// After a lone step (`step_own`), average parameters and optimizer statistics after the next
+  /// update, and join such a resync when a peer at the same step asks for it in its record.
+  bool resync_after_lone_step = true;
   /// A gradient round not finished this long after it started is abandoned (a peer that left
   /// mid-round does not make the others wait longer).
   seconds round_timeout = 30;
@@ -176,6 +188,8 @@ struct start_state_round {
   uint64_t step = 0;
   /// The core stops waiting at this time.
   seconds deadline = 0;
+  /// Started to bring the peers together again after a lone step (not the periodic round).
+  bool resync = false;
 };
 
 /// Load the averaged parameters and optimizer statistics of state round `id`.
@@ -254,6 +268,9 @@ struct coordinator_stats {
   uint64_t own_steps = 0, skipped_steps = 0;
   /// State rounds started / loaded / failed or timed out.
   uint64_t state_rounds = 0, state_rounds_loaded = 0, state_rounds_failed = 0;
+  /// Of those, resyncs after a lone step started / failed or timed out (a failed one is tried
+  /// once more after the next update).
+  uint64_t resyncs = 0, resyncs_failed = 0;
   /// Downloads started / finished / failed or timed out.
   uint64_t downloads = 0, downloads_done = 0, downloads_failed = 0;
   /// Progress reads answered / failed or timed out; records refused (malformed or mismatched).
@@ -325,6 +342,8 @@ public:
   progress_record own_record(seconds now) const;
   /// The estimate over the last read at `now`.
   progress_estimate estimate(seconds now) const;
+  /// A resync is due after the next update (the peer took a lone step since the last one).
+  bool resync_due() const noexcept { return resync_due_; }
   /// Counters.
   const coordinator_stats& stats() const noexcept { return stats_; }
   /// The options.
@@ -338,7 +357,9 @@ private:
   void decide(seconds now, effects& out);
   void start_round_now(seconds now, effects& out);
   void finish_round(round_end how, seconds now, effects& out);
+  void start_state_round_now(bool resync, seconds now, effects& out);
   void end_state_round(bool loaded, seconds now, effects& out);
+  bool others_ask_resync(uint64_t step, seconds now) const;
   void start_download(const progress_estimate& e, seconds now, effects& out);
   void end_download(bool ok, uint64_t loaded_step, seconds now, effects& out);
   void pause(effects& out);
@@ -368,6 +389,12 @@ private:
   uint64_t round_step_ = 0;
   uint64_t round_samples_ = 0;
   seconds last_wake_ = -std::numeric_limits<double>::infinity();
+  // Resync after a lone step: due after the next update; whether that one is the retry of a
+  // failed resync; whether the state round in flight is a resync and a retry.
+  bool resync_due_ = false;
+  bool resync_retry_ = false;
+  bool state_resync_ = false;
+  bool state_retry_ = false;
   // Publishing: when the record was last published and whether new samples came since.
   seconds last_publish_ = -std::numeric_limits<double>::infinity();
   bool dirty_ = false;

@@ -13,6 +13,8 @@ namespace {
 constexpr uint8_t progress_version = 1;
 constexpr uint8_t flag_client = 1;
 constexpr uint8_t flag_withdrawn = 2;
+constexpr uint8_t flag_resync = 4;
+constexpr uint8_t known_flags = flag_client | flag_withdrawn | flag_resync;
 // version, flags, step, samples, rate, time, id length.
 constexpr size_t fixed_bytes = 1 + 1 + 8 + 8 + 8 + 8 + 1;
 
@@ -48,7 +50,8 @@ std::vector<char> encode_progress(const progress_record& r) {
   auto id = r.peer.substr(0, max_peer_id_bytes);
   out.reserve(fixed_bytes + id.size());
   out.push_back(static_cast<char>(progress_version));
-  uint8_t flags = (r.client_mode ? flag_client : 0) | (r.withdrawn ? flag_withdrawn : 0);
+  uint8_t flags = (r.client_mode ? flag_client : 0) | (r.withdrawn ? flag_withdrawn : 0) |
+                  (r.resync ? flag_resync : 0);
   out.push_back(static_cast<char>(flags));
   put_u64(out, r.step);
   put_u64(out, r.samples);
@@ -68,11 +71,12 @@ result<progress_record> decode_progress(const std::vector<char>& bytes) {
   if (version != progress_version)
     return fail(fmt::format("progress record version {}, expected {}", version, progress_version));
   auto flags = static_cast<uint8_t>(p[1]);
-  if ((flags & ~(flag_client | flag_withdrawn)) != 0)
+  if ((flags & ~known_flags) != 0)
     return fail(fmt::format("progress record flags {:#x} carry unknown bits", flags));
   progress_record r;
   r.client_mode = (flags & flag_client) != 0;
   r.withdrawn = (flags & flag_withdrawn) != 0;
+  r.resync = (flags & flag_resync) != 0;
   r.step = get_u64(p + 2);
   r.samples = get_u64(p + 10);
   r.rate = get_f64(p + 18);

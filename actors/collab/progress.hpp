@@ -53,10 +53,13 @@ struct progress_record {
   bool client_mode = false;
   /// A tombstone: the peer left on purpose and its earlier record must stop counting at once.
   bool withdrawn = false;
+  /// The peer averages its state after the update of `step` (it took a lone step before): peers
+  /// finishing the same step join that state round.
+  bool resync = false;
 };
 
-/// The record's value bytes (little-endian): version 1, flags, step, samples, rate, time, peer id
-/// length and bytes. Decode accepts exactly what this produces.
+/// The record's value bytes (little-endian): version 1, flags (client, withdrawn, resync), step,
+/// samples, rate, time, peer id length and bytes. Decode accepts exactly what this produces.
 std::vector<char> encode_progress(const progress_record& r);
 
 /// Decodes value bytes from the network: fails, never throws, on a wrong size or version, unknown

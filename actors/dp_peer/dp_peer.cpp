@@ -148,6 +148,8 @@ struct peer_state {
   std::map<uint64_t, taken_round> taken;
   std::map<uint64_t, torch::Tensor> averaged;
   std::map<uint64_t, torch::Tensor> state_results;
+  /// State rounds in flight: id -> (step, a resync after a lone step).
+  std::map<uint64_t, std::pair<uint64_t, bool>> state_rounds;
   std::set<uint64_t> abandoned;
   std::map<std::string, caf::actor> handles;
   uint64_t bytes_sent = 0;
@@ -251,6 +253,19 @@ void report_step(peer_actor* self, uint64_t step, const taken_round& t, bool ave
           {"bytes_sent", static_cast<double>(s.bytes_sent)},
           {"bytes_received", static_cast<double>(s.bytes_received)},
           {"round_s", round_s}});
+}
+
+/// State round `id` ended (loaded or not): one dp_state_round metric.
+void report_state_round(peer_actor* self, uint64_t id, bool loaded) {
+  auto& s = self->state;
+  auto it = s.state_rounds.find(id);
+  if (it == s.state_rounds.end())
+    return;
+  metric(self, "dp_state_round",
+         {{"step", static_cast<double>(it->second.first)},
+          {"resync", it->second.second ? 1.0 : 0.0},
+          {"loaded", loaded ? 1.0 : 0.0}});
+  s.state_rounds.erase(it);
 }
 
 void report_dropped(peer_actor* self, uint64_t first, uint64_t microbatches, uint64_t samples) {
@@ -774,7 +789,9 @@ void carry(peer_actor* self, std::vector<collab::effect> es) {
     } else if (auto* sr = std::get_if<collab::start_state_round>(&e)) {
       auto v = s.model->state_vector();
       auto id = sr->id;
+      s.state_rounds[id] = {sr->step, sr->resync};
       if (!v) {
+        report_state_round(self, id, false);
         carry(self, s.core->state_round_failed(id, now_s(self)));
         continue;
       }
@@ -793,21 +810,26 @@ void carry(peer_actor* self, std::vector<collab::effect> es) {
               st.state_results[id] = res.tensors[0].tensor.reshape({-1});
               carry(self, st.core->state_round_done(id, now_s(self)));
             } else {
+              report_state_round(self, id, false);
               carry(self, st.core->state_round_failed(id, now_s(self)));
             }
           },
           [=](caf::error&) {
             auto& st = self->state;
-            if (st.core && st.abandoned.count(id) == 0)
+            if (st.core && st.abandoned.count(id) == 0) {
+              report_state_round(self, id, false);
               carry(self, st.core->state_round_failed(id, now_s(self)));
+            }
           });
     } else if (auto* ls = std::get_if<collab::load_averaged_state>(&e)) {
       if (auto it = s.state_results.find(ls->id); it != s.state_results.end()) {
-        (void)s.model->load_state_vector(it->second);
+        auto loaded = s.model->load_state_vector(it->second);
         s.state_results.erase(it);
+        report_state_round(self, ls->id, loaded.ok());
       }
     } else if (auto* as = std::get_if<collab::abandon_state_round>(&e)) {
       s.abandoned.insert(as->id);
+      report_state_round(self, as->id, false);
       self->send(s.svc.averager, average_atom::value, stop_atom::value);
     } else if (auto* d = std::get_if<collab::download_state>(&e)) {
       download(self, *d);

@@ -187,6 +187,7 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
   c.progress.max_refresh = std::min(30.0, secs(o.record_lifetime) / 2);
   c.round_timeout = secs(o.round_timeout);
   c.average_state_every = o.average_state_every;
+  c.resync_after_lone_step = o.resync_after_lone_step;
   po.inner_batch = o.inner_batch;
   po.diloco.outer.kind = "sgd";
   po.diloco.outer.lr = o.outer_lr;
@@ -274,6 +275,11 @@ public:
         downloads_++;
       else
         failed_downloads_++;
+    } else if (m.kind == "dp_state_round") {
+      auto& n = m.value("resync") > 0 ? resyncs_ : periodic_;
+      n.first++;
+      if (m.value("loaded") <= 0)
+        n.second++;
     } else if (m.kind == "dp_dropped") {
       dropped_ += m.value("samples");
     } else if (m.kind == "fault") {
@@ -316,6 +322,10 @@ public:
     fmt::print("  {:<34} {} ({} averaged, mean {:.2f} s from start to update)\n",
                "peer updates", rounds_, averaged_,
                rounds_ > 0 ? round_s_ / static_cast<double>(rounds_) : 0.0);
+    fmt::print("  {:<34} {} lone\n", "peer updates on own gradient", rounds_ - averaged_);
+    fmt::print("  {:<34} {} resyncs after lone updates ({} failed), {} periodic ({} failed)\n",
+               "state averaging rounds (per peer)", resyncs_.first, resyncs_.second,
+               periodic_.first, periodic_.second);
     fmt::print("  {:<34} {} distinct ({} starts, {} in client mode), {} left on purpose\n",
                "peers", peers_.size(), joins_, clients_.size(), leaves_);
     fmt::print("  {:<34} {} done, {} failed\n", "state downloads", downloads_, failed_downloads_);
@@ -523,6 +533,8 @@ private:
   double samples_ = 0, dropped_ = 0, round_s_ = 0, last_t_ = 0;
   uint64_t steps_ = 0, rounds_ = 0, averaged_ = 0;
   uint64_t joins_ = 0, leaves_ = 0, downloads_ = 0, failed_downloads_ = 0, faults_ = 0;
+  /// State rounds a peer took part in: (ended, of which not loaded), resyncs and periodic ones.
+  std::pair<uint64_t, uint64_t> resyncs_, periodic_;
   double next_ = 10;
 };
 
@@ -571,6 +583,7 @@ void read_dedloc_role(config_node& n, dedloc_role_options& o) {
   read_positive(n, "group_size", o.group_size);
   read_duration(n, "round_timeout", o.round_timeout);
   read_non_negative(n, "average_state_every", o.average_state_every);
+  read(n, "resync_after_lone_step", o.resync_after_lone_step);
   read_duration(n, "record_lifetime", o.record_lifetime);
   read_positive(n, "inner_batch", o.inner_batch);
   read_real(n, "outer_lr", o.outer_lr, 0, 10);

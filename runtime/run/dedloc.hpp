@@ -80,6 +80,9 @@ struct dedloc_role_options {
   /// parameters and optimizer state are averaged every this many steps (0: never).
   std::chrono::nanoseconds round_timeout = std::chrono::seconds(30);
   uint64_t average_state_every = 0;
+  /// After a peer stepped on its own gradient (a failed round), average parameters and optimizer
+  /// state with the peers after its next update (the coordinator's `resync_after_lone_step`).
+  bool resync_after_lone_step = true;
   /// Progress records expire this long after they were made (a silent leaver stops counting).
   std::chrono::nanoseconds record_lifetime = std::chrono::seconds(30);
   /// DiLoCo: samples per inner step, the outer optimizer (SGD), pseudo-gradient codec.

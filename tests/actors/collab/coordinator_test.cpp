@@ -402,19 +402,27 @@ TEST_CASE("no sample is counted twice") {
     }
     if (c.phase() == coordinator_phase::averaging && i % 3 == 0) {
       auto id = rounds.back().id;
+      std::vector<effect> ends;
       switch (outcome(gen)) {
       case 0:
-        c.round_failed(id, t);
+        ends = c.round_failed(id, t);
         break;
       case 1:
         t += 31; // the deadline passes
-        c.timer(t);
+        ends = c.timer(t);
         break;
       default:
-        c.round_done(id, t);
+        ends = c.round_done(id, t);
       }
       // A duplicate answer is ignored.
       CHECK(c.round_done(id, t).empty());
+      // Resyncs after lone steps: loaded or failed at once.
+      for (auto& sr : all<start_state_round>(ends)) {
+        if (outcome(gen) == 0)
+          c.state_round_failed(sr.id, t);
+        else
+          c.state_round_done(sr.id, t);
+      }
     }
     check_accounting(c);
   }
@@ -422,6 +430,7 @@ TEST_CASE("no sample is counted twice") {
   CHECK(s.rounds > 10);
   CHECK(s.rounds_averaged > 0);
   CHECK(s.own_steps > 0);
+  CHECK(s.resyncs > 0);
   // What went into rounds was counted once, in exactly one of the round outcomes.
   CHECK(in_rounds ==
         s.samples_averaged + s.samples_alone + c.round_samples() + (s.samples_dropped));
@@ -501,6 +510,165 @@ TEST_CASE("a state round that never ends is abandoned at its deadline, keeping t
   CHECK_FALSE(has<load_averaged_state>(es));
   CHECK(c.stats().state_rounds_failed == 1);
   CHECK(c.state_round_done(sr.id, sr.deadline + 1).empty());
+}
+
+namespace {
+
+/// A peer "a" at step 0 with "b" about to reach the target: its next 20 samples start a round.
+coordinator at_first_round(coordinator_options o) {
+  coordinator c("a", o);
+  c.start(0);
+  c.progress_read({peer_at("b", 0, 90, 0, 0)}, 0);
+  return c;
+}
+
+/// Reads "b" at the peer's step with `samples`, reports 20 samples at `t`: the round started.
+start_round next_round(coordinator& c, seconds t, std::vector<progress_entry> more = {}) {
+  more.push_back(peer_at("b", c.step(), 90, 0, t));
+  c.progress_read(more, t);
+  return one<start_round>(c.samples_done(20, t));
+}
+
+progress_entry resync_asked(const std::string& id, uint64_t step, seconds t) {
+  progress_record r{id, step, 0, 0, t, false, false};
+  r.resync = true;
+  return {id, encode_progress(r), 1e9};
+}
+
+} // namespace
+
+TEST_CASE("after a lone step the next update is followed by a state round without periodic "
+          "averaging") {
+  auto o = options(100);
+  REQUIRE(o.average_state_every == 0);
+  REQUIRE(o.resync_after_lone_step); // the default
+  bool deadline = false;
+  SUBCASE("the round failed") {}
+  SUBCASE("the round was abandoned at its deadline") {
+    deadline = true;
+  }
+  auto c = at_first_round(o);
+  auto r = one<start_round>(c.samples_done(20, 1));
+  auto es = deadline ? c.timer(r.deadline) : c.round_failed(r.id, 2);
+  auto now = deadline ? r.deadline : 2.0;
+  CHECK(has<step_own>(es));
+  // Not at once: the others learn from the flagged record and join after the next update.
+  CHECK_FALSE(has<start_state_round>(es));
+  CHECK(c.resync_due());
+  auto rec = decode_progress(one<publish_progress>(es).value);
+  REQUIRE(rec.ok());
+  CHECK(rec->step == 1);
+  CHECK(rec->resync);
+  r = next_round(c, now + 1);
+  CHECK(r.step == 1);
+  CHECK(decode_progress(encode_progress(c.own_record(now + 1)))->resync); // still asking
+  es = c.round_done(r.id, now + 2);
+  CHECK(has<apply_averaged>(es));
+  auto sr = one<start_state_round>(es);
+  CHECK(sr.step == 2);
+  CHECK(sr.resync);
+  CHECK(c.phase() == coordinator_phase::state_averaging);
+  CHECK_FALSE(c.resync_due());
+  CHECK_FALSE(c.own_record(now + 2).resync);
+  es = c.state_round_done(sr.id, now + 3);
+  CHECK(one<load_averaged_state>(es).id == sr.id);
+  CHECK(c.stats().resyncs == 1);
+  CHECK(c.stats().resyncs_failed == 0);
+  CHECK(c.stats().state_rounds == 1);
+  // In sync again: later updates bring no state round.
+  r = next_round(c, now + 4);
+  CHECK_FALSE(has<start_state_round>(c.round_done(r.id, now + 5)));
+  check_accounting(c);
+}
+
+TEST_CASE("with resync after a lone step off, a lone step brings no state round") {
+  auto o = options(100);
+  o.resync_after_lone_step = false;
+  auto c = at_first_round(o);
+  auto r = one<start_round>(c.samples_done(20, 1));
+  auto es = c.round_failed(r.id, 2);
+  CHECK(has<step_own>(es));
+  CHECK_FALSE(c.resync_due());
+  CHECK_FALSE(decode_progress(one<publish_progress>(es).value)->resync);
+  for (int i = 0; i < 3; ++i) {
+    r = next_round(c, 3 + 2 * i);
+    CHECK_FALSE(has<start_state_round>(c.round_done(r.id, 4 + 2 * i)));
+  }
+  // A peer asking for a resync is not joined either.
+  r = next_round(c, 10, {resync_asked("c", c.step(), 10)});
+  CHECK_FALSE(has<start_state_round>(c.round_done(r.id, 11)));
+  CHECK(c.stats().state_rounds == 0);
+  CHECK(c.stats().resyncs == 0);
+}
+
+TEST_CASE("successful rounds bring no resync") {
+  auto c = at_first_round(options(100));
+  auto r = one<start_round>(c.samples_done(20, 1));
+  for (int i = 0; i < 4; ++i) {
+    auto es = c.round_done(r.id, 2 + 2 * i);
+    CHECK(has<apply_averaged>(es));
+    CHECK_FALSE(has<start_state_round>(es));
+    CHECK_FALSE(c.resync_due());
+    r = next_round(c, 3 + 2 * i);
+  }
+  CHECK(c.stats().state_rounds == 0);
+  // A skipped step (no own samples) is no lone step either.
+  auto s = coordinator("s", options(100));
+  s.start(0);
+  auto z = one<start_round>(s.progress_read({peer_at("b", 0, 100, 0, 0)}, 0));
+  CHECK(has<skip_step>(s.round_failed(z.id, 1)));
+  CHECK_FALSE(s.resync_due());
+}
+
+TEST_CASE("a failed resync is tried once more after the next update, then given up") {
+  auto c = at_first_round(options(100));
+  auto r = one<start_round>(c.samples_done(20, 1));
+  c.round_failed(r.id, 2);
+  r = next_round(c, 3);
+  auto sr = one<start_state_round>(c.round_done(r.id, 4));
+  // The resync finds nobody: no new state round at once, back to accumulating.
+  auto es = c.state_round_failed(sr.id, 5);
+  CHECK_FALSE(has<start_state_round>(es));
+  CHECK(c.phase() == coordinator_phase::accumulating);
+  CHECK(c.resync_due());
+  // The retry follows the next update; it times out.
+  r = next_round(c, 6);
+  auto retry = one<start_state_round>(c.round_done(r.id, 7));
+  CHECK(retry.resync);
+  CHECK(retry.id != sr.id);
+  es = c.timer(retry.deadline);
+  CHECK(one<abandon_state_round>(es).id == retry.id);
+  CHECK_FALSE(has<start_state_round>(es));
+  CHECK_FALSE(c.resync_due());
+  // Given up: later updates bring no state round, and late answers are ignored.
+  auto t = retry.deadline + 1;
+  for (int i = 0; i < 5; ++i, t += 2) {
+    r = next_round(c, t);
+    es = c.round_done(r.id, t + 1);
+    CHECK(has<apply_averaged>(es));
+    CHECK_FALSE(has<start_state_round>(es));
+  }
+  CHECK(c.state_round_failed(retry.id, t).empty());
+  CHECK(c.stats().resyncs == 2);
+  CHECK(c.stats().resyncs_failed == 2);
+  CHECK(c.stats().state_rounds == 2);
+  check_accounting(c);
+}
+
+TEST_CASE("a peer in sync joins the resync a peer at its step asks for") {
+  auto c = at_first_round(options(100));
+  auto r = one<start_round>(c.samples_done(20, 1));
+  c.round_done(r.id, 2);
+  // "c" stepped alone to step 1; "d", behind, asks at a step that is not ours.
+  r = next_round(c, 3, {resync_asked("c", 1, 3), resync_asked("d", 0, 3)});
+  auto sr = one<start_state_round>(c.round_done(r.id, 4));
+  CHECK(sr.step == 2);
+  CHECK(sr.resync);
+  CHECK(c.state_round_done(sr.id, 5).size() > 0);
+  // Only the flag at our step counts.
+  r = next_round(c, 6, {resync_asked("d", 1, 6)});
+  CHECK_FALSE(has<start_state_round>(c.round_done(r.id, 7)));
+  CHECK(c.stats().resyncs == 1);
 }
 
 TEST_CASE("leaving withdraws the record and abandons the round in flight") {

@@ -208,6 +208,13 @@ TEST_CASE("a progress record survives encode and decode") {
   REQUIRE(t.ok());
   CHECK(t->withdrawn);
   CHECK_FALSE(t->client_mode);
+  CHECK_FALSE(t->resync);
+  r.withdrawn = false;
+  r.resync = true;
+  auto q = decode_progress(encode_progress(r));
+  REQUIRE(q.ok());
+  CHECK(q->resync);
+  CHECK_FALSE(q->withdrawn);
 }
 
 TEST_CASE("decode rejects malformed progress records") {
@@ -223,7 +230,7 @@ TEST_CASE("decode rejects malformed progress records") {
   CHECK_FALSE(broken([](std::vector<char>& b) { b.pop_back(); }).ok());
   CHECK_FALSE(broken([](std::vector<char>& b) { b.push_back('x'); }).ok());
   CHECK_FALSE(broken([](std::vector<char>& b) { b[0] = 2; }).ok());          // version
-  CHECK_FALSE(broken([](std::vector<char>& b) { b[1] = 4; }).ok());          // unknown flag
+  CHECK_FALSE(broken([](std::vector<char>& b) { b[1] = 8; }).ok());          // unknown flag
   CHECK_FALSE(broken([](std::vector<char>& b) { b[34] = 0; }).ok());         // empty id
   CHECK_FALSE(broken([](std::vector<char>& b) { b[34] = char(200); }).ok()); // id too long
   CHECK_FALSE(broken([](std::vector<char>& b) { b[17] = 0x01; }).ok());      // samples > 2^53

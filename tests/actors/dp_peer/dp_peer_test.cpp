@@ -707,3 +707,68 @@ TEST_CASE("DiLoCo peers exchange Top-k pseudo-gradients through one reducer and 
             " B received over ", rounds, " outer steps (fp32: ", fp32, " B each way)");
   }
 }
+
+namespace {
+
+/// The largest parameter distance between two live peers at the same step (and how many such
+/// pairs there were).
+std::pair<double, size_t> spread_at_same_step(const captured& c) {
+  double worst = 0;
+  size_t pairs = 0;
+  for (auto a = c.states.begin(); a != c.states.end(); ++a)
+    for (auto b = std::next(a); b != c.states.end(); ++b)
+      if (a->second.steps == b->second.steps) {
+        worst = std::max(worst, max_diff(a->second.params.tensor, b->second.params.tensor));
+        pairs++;
+      }
+  return {worst, pairs};
+}
+
+} // namespace
+
+TEST_CASE("after a lone step the peers average their state and end together again") {
+  // A partition cuts the three peers apart for 4 s: rounds in it find no partner, peers.1 and
+  // peers.2 step alone on their own gradients (peers.0 falls behind and later downloads), and
+  // their parameters part. Without a resync every later averaged update keeps them apart; with
+  // it, the update after the lone steps is followed by a state round (here the first one still
+  // fails and the retry after the next update loads) that brings them back to one model.
+  auto o = small_options();
+  auto run = [&](bool resync) {
+    auto x = o;
+    x.resync_after_lone_step = resync;
+    auto out = std::make_shared<captured>();
+    auto b = collaboration(resync ? "dp-resync-on" : "dp-resync-off", 16, 24s, 3, x, out);
+    b.partition({{0}, {1}, {2}}, 5s, 9s);
+    run_sim(b);
+    return out;
+  };
+  auto on = run(true);
+  auto off = run(false);
+  for (auto* c : {on.get(), off.get()}) {
+    // The partition did its job: lone updates in both runs, averaged ones after it.
+    auto s = c->steps();
+    CHECK(std::count_if(s.begin(), s.end(), [](const step_record& r) { return !r.averaged; })
+          >= 3);
+    CHECK(std::count_if(s.begin(), s.end(), [](const step_record& r) {
+            return r.averaged && r.t > 10;
+          }) >= 3);
+  }
+  auto resyncs = [](const captured& c) {
+    size_t loaded = 0;
+    for (auto& m : c.of("dp_state_round"))
+      if (m.value("resync") > 0 && m.value("loaded") > 0)
+        loaded++;
+    return loaded;
+  };
+  CHECK(resyncs(*on) >= 2); // at least two peers averaged their states together
+  CHECK(off->of("dp_state_round").empty());
+  auto [d_on, pairs_on] = spread_at_same_step(*on);
+  auto [d_off, pairs_off] = spread_at_same_step(*off);
+  CAPTURE(d_on);
+  CAPTURE(d_off);
+  REQUIRE(pairs_on >= 1);
+  REQUIRE(pairs_off >= 1);
+  constexpr double bound = 1e-6;
+  CHECK(d_on < bound);
+  CHECK(d_off > bound);
+}

@@ -136,6 +136,24 @@ TEST_CASE("bad dedloc options are rejected with the key named") {
   CHECK(has(section_error("  bogus: 1\n"), "bogus: unknown key"));
 }
 
+TEST_CASE("dedloc.resync_after_lone_step is true by default, false on request, and strict") {
+  auto role = [](const std::string& body) {
+    auto cfg = read_experiment(
+        load_yaml_string("experiment: {name: x, kind: dedloc}\ndedloc:\n  peers: 2\n" + body,
+                         "x.yaml"),
+        builtin_registry(), {});
+    REQUIRE(cfg.graph.find("peers"));
+    return std::any_cast<const dedloc_role_options&>(cfg.graph.find("peers")->options);
+  };
+  CHECK(role("").resync_after_lone_step);
+  CHECK(role("  resync_after_lone_step: true\n").resync_after_lone_step);
+  CHECK_FALSE(role("  resync_after_lone_step: false\n").resync_after_lone_step);
+  auto bad = section_error("  resync_after_lone_step: sometimes\n");
+  CHECK(has(bad, "resync_after_lone_step"));
+  CHECK(has(bad, "true or false"));
+  CHECK(has(section_error("  resync_after_lone_steps: true\n"), "unknown key"));
+}
+
 TEST_CASE("dedloc.export is true or false and needs the torch backend") {
   CHECK(section_error("  export: true\n").empty());
   CHECK(section_error("  export: false\n  backend: modeled\n").empty());
