@@ -39,6 +39,7 @@ TEST_CASE("a slow stage of a 4-process cluster gains a peer by migration and the
   });
   REQUIRE(nodes.size() == 4);
   auto& n0 = *nodes[0];
+  INFO("node 0's output:\n" << n0.output()); // shown when a check fails
   auto samples = n0.wait_for("samples ", 180s);
   REQUIRE(samples);
   CHECK(samples->find("1920 of 1920 requested") != std::string::npos);
