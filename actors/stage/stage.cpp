@@ -224,6 +224,10 @@ private:
   bool restore_checkpoint();
   /// Resumes from a replica downloaded from `holders` other nodes; false when it does not fit.
   bool restore_replica(const stage_state& s, size_t holders);
+  /// The bookkeeping of a resumption from stored state at `steps` (`from` says where, after
+  /// "no live peer of stage k"): counters, the log line, the `restore` report, and the slot's
+  /// pending gradient.
+  void resumed(uint64_t steps, const std::string& digest, const std::string& from, bool replica);
   /// Saves the gradient accumulated towards the next step for the peer's slot (stopped on
   /// purpose), and takes up the slot's saved one when the peer starts at its step.
   void save_pending();
@@ -836,14 +840,7 @@ bool stage_peer::restore_checkpoint() {
     return false;
   auto& c = *found.found;
   saved_version_ = version_; // the state on disk already
-  ckpt_.restored = 1;
-  ckpt_.restored_steps = c.state.steps;
-  ckpt_.restored_digest = c.digest;
-  aout(self_) << opts_.name << ": no live peer of stage " << opts_.stage
-              << "; resumed from checkpoint " << c.file.path << " (step " << c.state.steps
-              << ", digest " << digest_hex(c.digest).substr(0, 16) << ")\n";
-  report("restore", {{"steps", static_cast<double>(c.state.steps)}});
-  take_pending();
+  resumed(c.state.steps, c.digest, "; resumed from checkpoint " + c.file.path, false);
   return true;
 }
 
@@ -854,17 +851,26 @@ bool stage_peer::restore_replica(const stage_state& s, size_t holders) {
     ckpt_.rejected++;
     return false;
   }
-  auto digest = state_digest(s);
-  ckpt_.restored = 1;
-  ckpt_.restored_steps = s.steps;
-  ckpt_.restored_digest = digest;
-  aout(self_) << opts_.name << ": no live peer of stage " << opts_.stage
-              << " and no checkpoint on this node; resumed from its replica on " << holders
-              << " other node" << (holders == 1 ? "" : "s") << " (step " << s.steps
-              << ", digest " << digest_hex(digest).substr(0, 16) << ")\n";
-  report("restore", {{"steps", static_cast<double>(s.steps)}, {"replica", 1.0}});
-  take_pending();
+  resumed(s.steps, state_digest(s),
+          fmt::format(" and no checkpoint on this node; resumed from its replica on {} other "
+                      "node{}",
+                      holders, holders == 1 ? "" : "s"),
+          true);
   return true;
+}
+
+void stage_peer::resumed(uint64_t steps, const std::string& digest, const std::string& from,
+                         bool replica) {
+  ckpt_.restored = 1;
+  ckpt_.restored_steps = steps;
+  ckpt_.restored_digest = digest;
+  aout(self_) << opts_.name << ": no live peer of stage " << opts_.stage << from << " (step "
+              << steps << ", digest " << digest_hex(digest).substr(0, 16) << ")\n";
+  std::map<std::string, double> values{{"steps", static_cast<double>(steps)}};
+  if (replica)
+    values["replica"] = 1.0;
+  report("restore", std::move(values));
+  take_pending();
 }
 
 void stage_peer::announce() {
