@@ -26,6 +26,9 @@ struct child {
   /// the decision saw.
   std::optional<uint64_t> migrate_to;
   std::vector<double> migrate_seen;
+  /// When it last arrived in its stage by a migration: it does not move again for two periods
+  /// (its new stage's measurements settle first; a move back on noise costs two downloads).
+  std::optional<caf::actor_clock::time_point> moved_at;
   /// A rebalancing check of this child is in flight.
   bool checking = false;
   /// Not spawned yet (waits for its `start_after`), or gone for good (left, or killed with no
@@ -87,6 +90,8 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_s
     if (stage != c.stage && d->observer)
       self->send(d->observer, migrate_atom::value, static_cast<uint64_t>(idx), c.spec.name,
                  c.stage, stage, std::move(seen));
+    if (stage != c.stage)
+      c.moved_at = self->clock().now();
     c.stage = stage;
     c.generation++;
     start(idx);
@@ -222,6 +227,8 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_s
       for (size_t idx = 0; idx < d->children.size(); ++idx) {
         auto& c = d->children[idx];
         if (!c.spec.spawn_at || !c.handle || c.migrate_to || c.checking)
+          continue;
+        if (c.moved_at && self->clock().now() - *c.moved_at < 2 * rb.period)
           continue;
         c.checking = true;
         auto handle = c.handle;

@@ -51,7 +51,8 @@ struct rebalancing_options {
   /// stage peer reads every stage's throughput and, when `decide_migration` says so and the
   /// board grants the claim (at most one move out of a stage per period), is stopped and
   /// respawned at once as a new generation in the bottleneck stage (it downloads that stage's
-  /// state before announcing itself). 0 = no migrations.
+  /// state before announcing itself). A peer that arrived by a migration does not move again for
+  /// two periods. 0 = no migrations.
   caf::timespan period = caf::timespan{0};
   rebalance_options policy;
   /// Respawned (preempted) stage peers join the stage that needs them most
