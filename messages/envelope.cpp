@@ -101,6 +101,9 @@ decode_envelope(const char* bytes, size_t size, wire_context* ctx, const char* e
       if (!matches(p))
         return refuse(wire_reason::wrong_payload, "carries " + payload_name(p.get())
                                                     + ", expected " + expected);
+      // Admission before the payload is read: an unadmitted sender costs no decoding.
+      if (ctx && !ctx->authorize(h, expected, why))
+        return refuse(why.why, why.detail);
       try {
         if (auto st = read(p); !st)
           return refuse(wire_reason::out_of_range, std::string{expected} + ": " + st.what());

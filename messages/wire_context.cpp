@@ -25,6 +25,8 @@ std::string_view to_string(wire_reason r) {
       return "wrong_payload";
     case wire_reason::out_of_range:
       return "out_of_range";
+    case wire_reason::unauthorized:
+      return "unauthorized";
   }
   return "unknown";
 }
@@ -64,6 +66,17 @@ int64_t wire_context::now() const {
 
 std::pair<uint64_t, int64_t> wire_context::stamp() {
   return {next_seq_.fetch_add(1), now()};
+}
+
+bool wire_context::authorize(const envelope_header& h, std::string_view kind,
+                             wire_refusal& why) const {
+  if (!opts_.admit)
+    return true;
+  auto line = opts_.admit(h.sender, kind);
+  if (line.empty())
+    return true;
+  why = {wire_reason::unauthorized, std::move(line)};
+  return false;
 }
 
 bool wire_context::check(const envelope_header& h, wire_refusal& why) const {

@@ -38,10 +38,13 @@ enum class wire_reason : uint8_t {
   wrong_payload,
   /// A field out of its range (sizes, counts, enumerations, indices, tensor headers).
   out_of_range,
+  /// A sender this node has not admitted (no hello, expired, revoked or banned), or whose roles
+  /// do not allow the payload's kind (the gatekeeper's reason is in the detail).
+  unauthorized,
 };
 
 /// Number of reasons.
-inline constexpr size_t wire_reason_count = static_cast<size_t>(wire_reason::out_of_range) + 1;
+inline constexpr size_t wire_reason_count = static_cast<size_t>(wire_reason::unauthorized) + 1;
 
 /// The stable name of a reason (`"replay"`, `"out_of_range"`...).
 std::string_view to_string(wire_reason r);
@@ -89,6 +92,10 @@ struct wire_options {
   size_t max_envelope_bytes = size_t{1} << 31;
   /// The clock (Unix ns); empty: the system clock. Simulations pass their virtual clock.
   std::function<int64_t()> clock;
+  /// The node's admission check of a sender for a payload kind (`"dht.request"`...): empty when
+  /// admitted, else the gatekeeper's refusal line (counted as `unauthorized`). Empty function:
+  /// every sender that passes the header checks is admitted. Called on CAF's threads.
+  std::function<std::string(const std::string& sender, std::string_view kind)> admit;
 };
 
 /// A node's wire state. Share one per actor system (see `wire_context_holder`).
@@ -108,6 +115,9 @@ public:
 
   /// Checks an arriving header against this node (experiment, sender, clock); nothing recorded.
   bool check(const envelope_header& h, wire_refusal& why) const;
+
+  /// Asks the admission hook whether `h`'s sender may send `kind`; false with the refusal.
+  bool authorize(const envelope_header& h, std::string_view kind, wire_refusal& why) const;
 
   /// Records `h`'s sequence number in its sender's window; false (a replay) when it was seen
   /// before or lies below the window. Senders without an id are not tracked.

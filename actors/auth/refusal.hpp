@@ -99,6 +99,11 @@ class refusal_counts {
 public:
   /// Counts one refusal.
   void add(reason r) { ++counts_[static_cast<size_t>(r)]; }
+  /// Adds every count of `other`.
+  void merge(const refusal_counts& other) {
+    for (size_t i = 0; i < reason_count; ++i)
+      counts_[i] += other.counts_[i];
+  }
   /// Refusals of reason `r` so far.
   uint64_t of(reason r) const { return counts_[static_cast<size_t>(r)]; }
   /// All refusals so far.

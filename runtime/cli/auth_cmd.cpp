@@ -2,20 +2,43 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <system_error>
 
 #include <CLI/CLI.hpp>
+#include <caf/all.hpp>
 #include <fmt/format.h>
 
 #include "actors/auth/authority.hpp"
 #include "actors/auth/certificates.hpp"
 #include "actors/auth/identity.hpp"
 #include "actors/auth/token.hpp"
+#include "messages/atoms.hpp"
+#include "runtime/node/gate.hpp"
+#include "runtime/node/node.hpp"
 
 namespace starling::runtime {
 
 namespace auth = actors::auth;
 
 namespace {
+
+/// A scratch folder removed with its files (the pushing node's key and token).
+struct scratch_dir {
+  std::string path;
+  scratch_dir() {
+    char tmpl[] = "/tmp/starling-push-XXXXXX";
+    if (::mkdtemp(tmpl))
+      path = tmpl;
+  }
+  ~scratch_dir() {
+    std::error_code ec;
+    if (!path.empty())
+      std::filesystem::remove_all(path, ec);
+  }
+  bool ok() const { return !path.empty(); }
+};
 
 int die(const std::string& what) {
   fmt::print(stderr, "starling: error: {}\n", what);
@@ -26,6 +49,58 @@ int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
            std::chrono::system_clock::now().time_since_epoch())
     .count();
+}
+
+/// Hands `list` to the gates of the nodes at `endpoints`: the authority joins as a node of its
+/// own run for a moment (a fresh key, a token it issues itself for ten minutes, TLS with its CA).
+status push_deny_list(const auth::authority& a, const std::string& list,
+                      const std::vector<std::string>& endpoints, bool tls) {
+  if (endpoints.empty())
+    return {};
+  scratch_dir tmp;
+  if (!tmp.ok())
+    return fail("cannot create a temporary folder for the pushing node");
+  node_options no;
+  no.key_file = tmp.path + "/node.key";
+  auto key = auth::load_or_create_key(no.key_file, auth::key_role::node);
+  if (!key)
+    return fail(key.error().what);
+  auto issued = auth::issue_token(a, {key->key.public_key(), {std::string{auth::any_role}},
+                                      now_ns(), int64_t{600} * 1'000'000'000, {}});
+  if (!issued)
+    return fail(issued.error().what);
+  no.token = tmp.path + "/push.token";
+  if (auto st = auth::write_file_atomically(no.token, issued->file_text, 0600); !st)
+    return st;
+  no.authority = a.dir + "/" + auth::authority_layout::public_key;
+  no.tls = tls;
+  no.data_endpoint = false;
+  auto n = node::start(caf_options{}, no, "authority");
+  if (!n)
+    return fail(n.error().what);
+  status out;
+  for (auto& ep : endpoints) {
+    caf::scoped_actor self{(*n)->system()};
+    std::string why;
+    uint64_t serial = 0;
+    self->request((*n)->resolver(), std::chrono::seconds(15), resolve_atom::value,
+                  ep + "/" + gate_name)
+      .receive(
+        [&](const caf::actor& gate) {
+          self->request(gate, std::chrono::seconds(15), deny_atom::value, list)
+            .receive([&](uint64_t s) { serial = s; },
+                     [&](caf::error& e) { why = (*n)->system().render(e); });
+        },
+        [&](caf::error& e) { why = (*n)->system().render(e); });
+    if (serial == 0) {
+      out = fail(fmt::format("--push {}: {}", ep, why));
+      break;
+    }
+    fmt::print("pushed to {}: deny list serial {} in force there (its gate passes it on)\n", ep,
+               serial);
+  }
+  (*n)->shutdown();
+  return out;
 }
 
 } // namespace
@@ -90,6 +165,10 @@ auth_commands::auth_commands(CLI::App& app) {
   id_opt->excludes(key_opt);
   deny_->add_option("--reason", reason_, "Why (one line, told to the refused node)")->required();
   deny_->add_option("--for", for_, "How long (30m, 6h, 7d; default: for ever)");
+  deny_->add_option("--push", push_,
+                    "HOST:PORT of a running node of the run to hand the new list to (repeatable); "
+                    "its gate passes it on to the nodes it knows");
+  deny_->add_flag("--plain", push_plain_, "Push without TLS (the run's nodes have node.tls off)");
 }
 
 std::optional<int> auth_commands::run() const {
@@ -225,6 +304,9 @@ int auth_commands::deny_add() const {
                                                                     : auth::peer_id_of(e.id))
                .substr(0, 12),
              e.reason, authority_dir_);
+  std::fflush(stdout);
+  if (auto st = push_deny_list(*a, *list, push_, !push_plain_); !st)
+    return die(st.what());
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace CLI {
 class App;
@@ -43,6 +44,8 @@ private:
   std::string token_id_hex_;
   std::string reason_;
   std::string for_;
+  std::vector<std::string> push_;
+  bool push_plain_ = false;
 };
 
 /// Parses a duration: a whole number and a unit (`ms`, `s`, `m`, `h`, `d`; none = seconds).

@@ -111,12 +111,16 @@ struct node_cli {
   bool child = false;
   int incarnation = 0;
   int64_t elapsed_ms = 0;
+  std::string authority;
+  std::string token;
+  std::string key;
 };
 
 /// `starling node` without an experiment: a bare node that answers pings and pings the nodes
 /// it joins (a connectivity check).
 int bare_node(const std::string& listen, const std::vector<std::string>& join,
-              const std::string& given_name, const std::string& config_file) {
+              const std::string& given_name, const std::string& config_file,
+              const node_cli& cli) {
   node_options node_opts;
   caf_options caf_opts;
   if (!config_file.empty()) {
@@ -130,6 +134,14 @@ int bare_node(const std::string& listen, const std::vector<std::string>& join,
     node_opts.listen = listen;
   if (!join.empty())
     node_opts.join = join;
+  if (!cli.authority.empty())
+    node_opts.authority = cli.authority;
+  if (!cli.token.empty())
+    node_opts.token = cli.token;
+  if (!cli.key.empty())
+    node_opts.key_file = cli.key;
+  else if (!cli.out.empty())
+    node_opts.key_file = cli.out + "/node.key";
   install_shutdown_signals();
   auto name = given_name.empty() ? std::string{"node"} : given_name;
   auto n = node::start(caf_opts, node_opts, name);
@@ -138,6 +150,7 @@ int bare_node(const std::string& listen, const std::vector<std::string>& join,
   auto& nd = **n;
   nd.register_actor("ping", nd.system().spawn(ping_responder, name));
   fmt::print("node {} listening on {}\n", name, nd.endpoint());
+  print_admission(nd);
   std::fflush(stdout);
   for (auto& ep : node_opts.join) {
     auto joined = nd.join(ep, [](const std::string& who, const std::string& reason) {
@@ -204,7 +217,7 @@ int cmd_node(const std::string& listen, const std::vector<std::string>& join,
     return die("--nodes needs --config EXPERIMENT.yaml");
   }
   if (cli.config_file.empty() || (!cli.index && !cli.nodes))
-    return bare_node(listen, join, cli.name, cli.config_file);
+    return bare_node(listen, join, cli.name, cli.config_file, cli);
   auto registry = builtin_registry();
   auto ex = load(cli.config_file, registry, run_mode::cluster, std::nullopt, cli.sets);
   if (!ex)
@@ -220,6 +233,9 @@ int cmd_node(const std::string& listen, const std::vector<std::string>& join,
   nc.child = cli.child;
   nc.incarnation = cli.incarnation;
   nc.elapsed_ms = cli.elapsed_ms;
+  nc.authority = cli.authority;
+  nc.token = cli.token;
+  nc.key = cli.key;
   nc.argv = argv;
   return command_node(ex->graph, registry, nc);
 }
@@ -281,6 +297,12 @@ int cli_main(int argc, char** argv) {
   nodec->add_option("--set", node_opts.sets,
                     "Override one value of --config: KEY.PATH=VALUE (repeatable)")
     ->allow_extra_args(false);
+  nodec->add_option("--authority", node_opts.authority,
+                    "The run authority's public key file (authority.pub): a closed run");
+  nodec->add_option("--token", node_opts.token,
+                    "This node's token file (starling token issue); needs --authority");
+  nodec->add_option("--key", node_opts.key,
+                    "This node's key file (default OUT/node.key; created on first start)");
   // Set by a node's parent process when it (re)starts the node after a kill_node fault.
   nodec->add_flag("--child", node_opts.child)->group("");
   nodec->add_option("--incarnation", node_opts.incarnation)->group("");

@@ -378,6 +378,17 @@ int command_plan(const experiment_graph& g, const role_registry& registry, run_m
   return 0;
 }
 
+void print_admission(const node& nd) {
+  if (nd.open_run())
+    fmt::print("this run is open: any node that reaches {} and says hello may join (set "
+               "node.authority and node.token to admit token holders only)\n",
+               nd.endpoint());
+  else
+    fmt::print("closed run {}: token holders only, {}\n", nd.experiment(),
+               nd.tls() ? "connections encrypted (TLS, the run's CA)"
+                        : "connections NOT encrypted (node.tls is off)");
+}
+
 int command_node(const experiment_graph& g, const role_registry& registry,
                  const node_command& cmd) {
   if (cmd.count < 1 || (!cmd.volunteer && cmd.index >= cmd.count))
@@ -405,7 +416,11 @@ int command_node(const experiment_graph& g, const role_registry& registry,
   // Envelopes carry the experiment's name and this node's peer id; the key stays in the output
   // folder, so a restarted node (same folder) keeps its identity.
   no.experiment = g.name;
-  no.key_file = out + "/node.key";
+  no.key_file = cmd.key.empty() ? out + "/node.key" : cmd.key;
+  if (!cmd.authority.empty())
+    no.authority = cmd.authority;
+  if (!cmd.token.empty())
+    no.token = cmd.token;
   signal_watcher signals{false};
   auto nd = node::start(g.caf, no, name,
                         [&registry](caf::actor_system_config& cfg) { registry.configure(cfg); });
@@ -413,6 +428,7 @@ int command_node(const experiment_graph& g, const role_registry& registry,
     return die(nd.error().what);
   fmt::print("node {} listening on {} (peer id {})\n", name, (*nd)->endpoint(),
              actors::auth::to_hex((*nd)->peer_id()));
+  print_admission(**nd);
   std::fflush(stdout);
   auto stop = signals.stopped();
   cluster_settings s;

@@ -16,6 +16,8 @@
 
 namespace starling::runtime {
 
+class node;
+
 /// `run`: runs the graph in this process and prints its report; returns the exit code. The
 /// output folder is created here, after everything validated (`out` empty: runs/<time>-<name>);
 /// `source_text` (the experiment file as run) is kept in it as experiment.yaml, and `run.json`
@@ -45,9 +47,16 @@ struct node_command {
   int incarnation = 0;
   int64_t elapsed_ms = 0;
   bool child = false;
+  /// `--authority`, `--token` and `--key` (override the experiment's node settings when set).
+  std::string authority;
+  std::string token;
+  std::string key;
   /// The command line that started this process (the parent re-runs it for its child).
   std::vector<std::string> argv;
 };
+
+/// Prints whether `nd`'s run is open or closed (and encrypted), one line.
+void print_admission(const node& nd);
 
 /// Runs cluster node `cmd.index` of `g` until the run ends or SIGINT/SIGTERM. When the plan
 /// kills this node (`kill_node` faults), this process becomes a parent that runs the node as a

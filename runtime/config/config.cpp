@@ -41,6 +41,15 @@ void read_options(config_node& n, node_options& out) {
     }
   }
   read(n, "data_endpoint", out.data_endpoint);
+  if (n.has("authority"))
+    out.authority = n.child("authority").as_string();
+  if (n.has("token"))
+    out.token = n.child("token").as_string();
+  read(n, "tls", out.tls);
+  if (out.authority.empty() != out.token.empty())
+    n.child(out.authority.empty() ? "token" : "authority")
+      .expected(out.authority.empty() ? "node.authority (the run's authority.pub) beside node.token"
+                                      : "node.token (this node's token file) beside node.authority");
 }
 
 void read_options(config_node& n, link_options& out) {

@@ -42,6 +42,16 @@ struct node_options {
   /// 0600) and loaded on later ones; its peer id is the sender of every envelope. Empty: a fresh
   /// key for this process only.
   std::string key_file;
+  /// The run authority's public key file (`authority.pub`): the run admits only nodes with a
+  /// token it signed, over encrypted channels. Empty: an open run (said at start).
+  std::string authority;
+  /// This node's token file (`starling token issue ... --out FILE`: the token, the node's TLS
+  /// certificate and the run's CA). Required with `authority`; its experiment id becomes the
+  /// node's.
+  std::string token;
+  /// Encrypt and authenticate connections with caf_openssl when the token file carries the
+  /// node's certificate and the run's CA. Default on (only with `authority`).
+  bool tls = true;
 };
 
 /// One simulated link direction.

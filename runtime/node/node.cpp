@@ -3,15 +3,28 @@
 #include <map>
 #include <set>
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
+#include <caf/openssl/all.hpp>
 
+#include "actors/auth/admission.hpp"
+#include "actors/auth/authority.hpp"
+#include "actors/auth/certificates.hpp"
 #include "actors/auth/identity.hpp"
+#include "actors/auth/token.hpp"
 #include "messages/atoms.hpp"
 #include "messages/registry.hpp"
+#include "messages/wire.hpp"
 #include "messages/wire_context.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/node/address.hpp"
+#include "runtime/node/gate.hpp"
 
 namespace starling::runtime {
 
@@ -31,26 +44,49 @@ void configure_system(caf::actor_system_config& cfg, const caf_options& opts, bo
   }
 }
 
-caf::actor spawn_directory(caf::actor_system& sys) {
-  return sys.spawn([](caf::event_based_actor* self) -> caf::behavior {
+caf::actor spawn_directory(caf::actor_system& sys, std::shared_ptr<node_gate> gate) {
+  return sys.spawn([gate](caf::event_based_actor* self) -> caf::behavior {
     auto names = std::make_shared<std::map<std::string, caf::actor>>();
     // Entries disappear with their actors, so a lookup never returns a dead handle.
     self->set_down_handler([names](const caf::down_msg& dm) {
       for (auto i = names->begin(); i != names->end();)
         i = i->second.address() == dm.source ? names->erase(i) : std::next(i);
     });
+    // Another process's sender: admitted only after its node's hello.
+    auto stranger = [=] {
+      auto& sender = self->current_sender();
+      return gate && sender && sender->node() != self->node()
+             && !gate->node_admitted(sender->node());
+    };
+    auto remote = [=] {
+      auto& sender = self->current_sender();
+      return sender && sender->node() != self->node();
+    };
+    auto refused = [](const std::string& what) {
+      return caf::make_error(caf::sec::request_receiver_down,
+                             "refused (no_hello): " + what + " before this node's gate admitted "
+                             "yours (say hello to '" + std::string{gate_name} + "' first)");
+    };
     return {
-      [=](put_atom, const std::string& name, const caf::actor& who) {
+      [=](put_atom, const std::string& name, const caf::actor& who) -> caf::result<void> {
+        if (gate && remote())
+          return caf::make_error(caf::sec::request_receiver_down,
+                                 "refused (role_denied): only this node registers names");
         self->monitor(who);
         (*names)[name] = who;
+        return caf::unit;
       },
       [=](get_atom, const std::string& name) -> caf::result<caf::actor> {
+        if (name != gate_name && stranger())
+          return refused("a lookup of '" + name + "'");
         auto i = names->find(name);
         if (i == names->end())
           return caf::make_error(caf::sec::remote_lookup_failed, "no actor named '" + name + "'");
         return i->second;
       },
-      [=](list_atom) {
+      [=](list_atom) -> caf::result<std::vector<std::string>> {
+        if (stranger())
+          return refused("a list of names");
         std::vector<std::string> out;
         for (auto& kv : *names)
           out.push_back(kv.first);
@@ -61,22 +97,73 @@ caf::actor spawn_directory(caf::actor_system& sys) {
 }
 
 caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directory,
-                                  std::string own_endpoint, caf::timespan timeout) {
-  auto mm = sys.has_middleman() ? caf::actor_cast<caf::actor>(sys.middleman().actor_handle())
-                                : caf::actor{};
+                                  std::string own_endpoint, caf::timespan timeout,
+                                  std::shared_ptr<node_gate> gate, caf::actor connector) {
+  auto mm = connector ? connector
+                      : sys.has_middleman()
+                          ? caf::actor_cast<caf::actor>(sys.middleman().actor_handle())
+                          : caf::actor{};
   return sys.spawn([=](caf::event_based_actor* self) -> caf::behavior {
     auto dirs = std::make_shared<std::map<std::string, caf::actor>>();
-    self->set_down_handler([dirs](const caf::down_msg& dm) {
+    self->set_down_handler([dirs, gate](const caf::down_msg& dm) {
       for (auto i = dirs->begin(); i != dirs->end();)
-        i = i->second.address() == dm.source ? dirs->erase(i) : std::next(i);
+        if (i->second.address() == dm.source) {
+          if (gate)
+            gate->forget_node(i->second.node());
+          i = dirs->erase(i);
+        } else {
+          i = std::next(i);
+        }
     });
     auto ask = [=](caf::actor dir, std::string name, caf::typed_response_promise<caf::actor> rp) {
       self->request(dir, timeout, get_atom::value, name)
         .then([rp](const caf::actor& a) mutable { rp.deliver(a); },
               [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
     };
+    // The directory of the node at `ep`, connected and (with a gate) admitted both ways, then
+    // `then(dir)`; an error goes to `rp`.
+    auto reach = [=](const std::string& ep, const std::string& host, uint16_t port,
+                     caf::typed_response_promise<caf::actor> rp,
+                     std::function<void(caf::actor)> then) mutable {
+      if (auto i = dirs->find(ep); i != dirs->end()) {
+        then(i->second);
+        return;
+      }
+      if (!mm) {
+        rp.deliver(caf::make_error(caf::sec::runtime_error, "no middleman: cannot reach " + ep));
+        return;
+      }
+      self->request(mm, timeout, caf::connect_atom::value, host, port)
+        .then(
+          [=](const caf::node_id&, caf::strong_actor_ptr& ptr,
+              const std::set<std::string>&) mutable {
+            if (!ptr) {
+              rp.deliver(caf::make_error(caf::sec::cannot_connect_to_node,
+                                         "no directory published at " + ep));
+              return;
+            }
+            auto dir = caf::actor_cast<caf::actor>(ptr);
+            auto admitted = [=]() mutable {
+              self->monitor(dir);
+              (*dirs)[ep] = dir;
+              then(dir);
+            };
+            if (!gate) {
+              admitted();
+              return;
+            }
+            say_hello(self, dir, gate, timeout, [=](std::string why) mutable {
+              if (why.empty())
+                admitted();
+              else
+                rp.deliver(caf::make_error(caf::sec::cannot_connect_to_node,
+                                           "node " + ep + ": " + why));
+            });
+          },
+          [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+    };
     return {
-      [=](resolve_atom, const std::string& text) -> caf::result<caf::actor> {
+      [=](resolve_atom, const std::string& text) mutable -> caf::result<caf::actor> {
         auto addr = peer_address::parse(text);
         if (!addr)
           return caf::make_error(caf::sec::invalid_argument, addr.error().what);
@@ -86,27 +173,19 @@ caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directo
           ask(own_directory, addr->name, rp);
           return rp;
         }
-        if (auto i = dirs->find(ep); i != dirs->end()) {
-          ask(i->second, addr->name, rp);
-          return rp;
-        }
-        if (!mm)
-          return caf::make_error(caf::sec::runtime_error, "no middleman: cannot reach " + ep);
-        self->request(mm, timeout, caf::connect_atom::value, addr->host, addr->port)
-          .then(
-            [=](const caf::node_id&, caf::strong_actor_ptr& ptr,
-                const std::set<std::string>&) mutable {
-              if (!ptr) {
-                rp.deliver(caf::make_error(caf::sec::cannot_connect_to_node,
-                                           "no directory published at " + ep));
-                return;
-              }
-              auto dir = caf::actor_cast<caf::actor>(ptr);
-              self->monitor(dir);
-              (*dirs)[ep] = dir;
-              ask(dir, addr->name, rp);
-            },
-            [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        auto name = addr->name;
+        reach(ep, addr->host, addr->port, rp,
+              [=](caf::actor dir) mutable { ask(dir, name, rp); });
+        return rp;
+      },
+      [=](join_atom, const std::string& endpoint) mutable -> caf::result<caf::actor> {
+        auto parsed = parse_endpoint(endpoint);
+        if (!parsed)
+          return caf::make_error(caf::sec::invalid_argument, parsed.error().what);
+        auto rp = self->make_response_promise<caf::actor>();
+        auto ep = parsed->first + ":" + std::to_string(parsed->second);
+        reach(ep, parsed->first, parsed->second, rp,
+              [=](caf::actor dir) mutable { rp.deliver(dir); });
         return rp;
       },
     };
@@ -135,7 +214,84 @@ namespace {
 /// A node's CAF config: also the holder through which envelopes find the node's wire context.
 struct node_config : caf::actor_system_config, messages::wire_context_holder {};
 
+/// What a node of a closed run holds: the authority it trusts, its token, the run's id, and the
+/// PEM certificates of its token file.
+struct credentials {
+  actors::auth::trust_anchor trust;
+  std::string token;
+  std::string experiment;
+  std::string node_cert;
+  std::string ca_cert;
+};
+
+result<credentials> load_credentials(const node_options& opts) {
+  namespace auth = actors::auth;
+  credentials c;
+  c.experiment = opts.experiment;
+  c.trust.experiment = opts.experiment;
+  if (opts.authority.empty() && opts.token.empty())
+    return c;
+  if (opts.authority.empty() || opts.token.empty())
+    return fail("a closed run needs both the authority's public key (node.authority, --authority) "
+                "and this node's token (node.token, --token)");
+  auto authority = auth::load_public_key_file(opts.authority, auth::key_role::authority);
+  if (!authority)
+    return fail("node.authority: " + authority.error().what);
+  auto text = auth::read_small_file(opts.token, 64 * 1024);
+  if (!text)
+    return fail("node.token: " + text.error().what);
+  auto signed_token = auth::parse_token_file(*text, opts.token);
+  if (!signed_token)
+    return fail("node.token: " + signed_token.error().line());
+  auto t = auth::decode_token(*signed_token);
+  if (!t)
+    return fail("node.token: " + t.error().line());
+  c.token = *signed_token;
+  c.experiment = t->experiment;
+  c.trust.authority_key = *authority;
+  c.trust.experiment = t->experiment;
+  auto pems = auth::pem_certificates(*text);
+  if (pems.size() >= 2) {
+    c.node_cert = pems[0];
+    c.ca_cert = pems[1];
+  }
+  return c;
+}
+
+/// Writes the TLS files caf_openssl reads (certificate, key, CA) into `dir` (mode 0700, the key
+/// 0600) and points `cfg` at them. The three are set together: a CA file without a certificate
+/// makes caf_openssl throw on the first connection.
+status write_tls_files(const std::string& dir, const credentials& c,
+                       const actors::auth::key_pair& key, caf::actor_system_config& cfg) {
+  namespace auth = actors::auth;
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    return fail("cannot create " + dir + ": " + std::strerror(errno));
+  auto cert_key = auth::certified_key(c.node_cert);
+  if (!cert_key)
+    return fail("node.token: its certificate: " + cert_key.error().what);
+  if (*cert_key != key.public_key())
+    return fail("node.token: its certificate is for another node key than this node's");
+  auto pem = auth::private_key_pem(key);
+  if (!pem)
+    return fail(pem.error().what);
+  auto cert = dir + "/node.crt", secret = dir + "/node.key.pem", ca = dir + "/ca.crt";
+  if (auto st = auth::write_file_atomically(cert, c.node_cert, 0644); !st)
+    return st;
+  if (auto st = auth::write_file_atomically(secret, *pem, 0600); !st)
+    return st;
+  if (auto st = auth::write_file_atomically(ca, c.ca_cert, 0644); !st)
+    return st;
+  cfg.openssl_certificate = cert;
+  cfg.openssl_key = secret;
+  cfg.openssl_cafile = ca;
+  return {};
+}
+
 } // namespace
+
+bool node::open_run() const {
+  return !gate_ || gate_->admission().open_run();
+}
 
 result<std::unique_ptr<node>>
 node::start(const caf_options& caf_opts, const node_options& opts, std::string name,
@@ -156,23 +312,68 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
     n->key_created_ = loaded->created;
   }
   n->peer_id_ = key.peer_id();
-  n->key_ = std::make_unique<actors::auth::key_pair>(std::move(key));
+  n->key_ = std::make_shared<const actors::auth::key_pair>(std::move(key));
+  auto creds = load_credentials(opts);
+  if (!creds)
+    return fail(fmt::format("node {}: {}", n->name_, creds.error().what));
+  n->experiment_ = creds->experiment;
+  actors::auth::admission_options ao;
+  ao.trust = creds->trust;
+  ao.key = n->key_;
+  ao.token = creds->token;
+  ao.protocol_version = messages::protocol_version;
+  if (auto st = actors::auth::check_own_token(ao); !st)
+    return fail(fmt::format("node {}: {}", n->name_, st.what()));
+  n->gate_ = std::make_shared<node_gate>(std::make_shared<actors::auth::admission>(ao));
   messages::wire_options wo;
-  wo.experiment = opts.experiment;
+  wo.experiment = creds->experiment;
   wo.peer_id = n->peer_id_;
   // Every node has an identity, so every envelope between nodes names its sender: one without
   // could not be checked for replays.
   wo.require_sender = true;
+  wo.admit = [gate = n->gate_](const std::string& sender, std::string_view kind) {
+    auto refused = gate->admission().allow(sender, kind);
+    return refused ? refused->line() : std::string{};
+  };
   n->wire_ = std::make_shared<messages::wire_context>(std::move(wo));
   auto cfg = std::make_unique<node_config>();
   cfg->wire = n->wire_;
   n->cfg_ = std::move(cfg);
   configure_system(*n->cfg_, caf_opts, true);
+  n->tls_ = !creds->trust.open() && opts.tls;
+  if (n->tls_) {
+    if (creds->node_cert.empty())
+      return fail(fmt::format("node {}: node.token {} carries no certificates (a token file "
+                              "written by `starling token issue` has them); set node.tls: false "
+                              "to run without encryption",
+                              n->name_, opts.token));
+    std::string dir;
+    if (auto slash = opts.key_file.rfind('/'); slash != std::string::npos) {
+      dir = opts.key_file.substr(0, slash) + "/tls";
+    } else if (!opts.key_file.empty()) {
+      dir = "tls";
+    } else {
+      char tmpl[] = "/tmp/starling-tls-XXXXXX";
+      if (!::mkdtemp(tmpl))
+        return fail(fmt::format("node {}: cannot create a folder for its TLS files: {}",
+                                n->name_, std::strerror(errno)));
+      dir = tmpl;
+    }
+    if (auto st = write_tls_files(dir, *creds, *n->key_, *n->cfg_); !st)
+      return fail(fmt::format("node {}: {}", n->name_, st.what()));
+    n->cfg_->load<caf::openssl::manager>();
+  }
   if (configure)
     configure(*n->cfg_);
   n->sys_ = std::make_unique<caf::actor_system>(*n->cfg_);
-  n->directory_ = std::make_unique<caf::actor>(spawn_directory(*n->sys_));
-  auto port = n->sys_->middleman().publish(*n->directory_, ep->second, n->host_.c_str(), true);
+  n->directory_ = std::make_unique<caf::actor>(spawn_directory(*n->sys_, n->gate_));
+  // Registered before the directory is published: the first connection finds it.
+  auto gate = spawn_gate(*n->sys_, n->gate_);
+  n->gate_->set_own_gate(gate);
+  n->register_actor(gate_name, gate);
+  auto port = n->tls_ ? caf::openssl::publish(*n->directory_, ep->second, n->host_.c_str(), true)
+                      : n->sys_->middleman().publish(*n->directory_, ep->second,
+                                                     n->host_.c_str(), true);
   if (!port) {
     auto why = n->sys_->render(port.error());
     n->shutdown();
@@ -189,8 +390,11 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
     }
     n->data_ = std::move(*data);
   }
-  n->resolver_ = std::make_unique<caf::actor>(
-    spawn_cluster_resolver(*n->sys_, *n->directory_, n->endpoint(), n->timeout_));
+  auto connector =
+    n->tls_ ? caf::actor_cast<caf::actor>(n->sys_->openssl_manager().actor_handle())
+            : caf::actor{};
+  n->resolver_ = std::make_unique<caf::actor>(spawn_cluster_resolver(
+    *n->sys_, *n->directory_, n->endpoint(), n->timeout_, n->gate_, connector));
   return n;
 }
 
@@ -238,11 +442,18 @@ result<caf::actor> node::join(const std::string& endpoint, down_callback cb) {
   auto ep = parse_endpoint(endpoint);
   if (!ep)
     return ep.error();
-  auto dir = sys_->middleman().remote_actor(ep->first, ep->second);
+  caf::scoped_actor self{*sys_};
+  caf::actor dir;
+  std::string why;
+  // The resolver's own timeouts answer within the connection timeout; the margin covers the
+  // three requests of the hello.
+  self->request(*resolver_, timeout_ * 4, join_atom::value, endpoint)
+    .receive([&](const caf::actor& d) { dir = d; },
+             [&](caf::error& e) { why = sys_->render(e); });
   if (!dir)
-    return fail(fmt::format("cannot join {}: {}", endpoint, sys_->render(dir.error())));
-  owned_.push_back(sys_->spawn(watcher, *dir, endpoint, std::move(cb)));
-  return *dir;
+    return fail(fmt::format("cannot join {}: {}", endpoint, why));
+  owned_.push_back(sys_->spawn(watcher, dir, endpoint, std::move(cb)));
+  return dir;
 }
 
 void node::shutdown() {

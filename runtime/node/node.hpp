@@ -21,19 +21,27 @@ class wire_context;
 
 namespace starling::runtime {
 
+class node_gate;
+
 /// Applies starling's settings to a CAF config: message types, scheduler, middleman heartbeat
 /// and connection timeout (off by default in CAF 0.17.6). `middleman` is false in simulation.
 void configure_system(caf::actor_system_config& cfg, const caf_options& opts, bool middleman);
 
 /// Spawns a directory actor: `(put_atom, name, actor)` registers, `(get_atom, name) -> actor`
 /// looks up (an error names the missing actor), `(list_atom) -> vector<string>` lists names.
-caf::actor spawn_directory(caf::actor_system& sys);
+/// With a `gate`, only actors of this process register, and other processes look up names (and
+/// list them) only once their node passed the hello; the gate itself is always found.
+caf::actor spawn_directory(caf::actor_system& sys, std::shared_ptr<node_gate> gate = nullptr);
 
 /// Spawns the cluster resolver: `(resolve_atom, "host:port/name") -> actor`. It connects to the
-/// node through the middleman (once per endpoint), asks that node's directory for the name, and
-/// fails with a clear error within `timeout`.
+/// node through `connector` (the middleman, or caf_openssl's; once per endpoint), says hello when
+/// it has a `gate` (both nodes admit each other; a refusal fails the resolve with its line), asks
+/// that node's directory for the name, and fails with a clear error within `timeout`.
+/// `(join_atom, "host:port") -> actor` connects the same way and returns the node's directory.
 caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directory,
-                                  std::string own_endpoint, caf::timespan timeout);
+                                  std::string own_endpoint, caf::timespan timeout,
+                                  std::shared_ptr<node_gate> gate = nullptr,
+                                  caf::actor connector = {});
 
 /// One node process (or one of several nodes in a test process).
 class node {
@@ -45,7 +53,10 @@ public:
   /// settings to the system's config (message types of user roles). The system gets the node's
   /// wire context: envelopes carry `opts.experiment` and the peer id of the key in
   /// `opts.key_file` (created on first start), and arriving ones are checked against them (an
-  /// envelope without a sender peer id is refused).
+  /// envelope without a sender peer id is refused) and against the node's gate: a sender must
+  /// have been admitted by the hello (`runtime/node/gate.hpp`). With `opts.authority` the run is
+  /// closed: the node needs `opts.token` (checked here), admits token holders only, and speaks
+  /// TLS (caf_openssl) with the token file's certificates unless `opts.tls` is off.
   static result<std::unique_ptr<node>>
   start(const caf_options& caf, const node_options& opts, std::string name,
         const std::function<void(caf::actor_system_config&)>& configure = {});
@@ -71,6 +82,14 @@ public:
   bool key_created() const { return key_created_; }
   /// The node's wire context: its stamps and the refusals of arriving envelopes by reason.
   const std::shared_ptr<messages::wire_context>& wire() const { return wire_; }
+  /// The node's gate: its admissions of other nodes and their refusals by reason.
+  const std::shared_ptr<node_gate>& gate() const { return gate_; }
+  /// True when the run has no authority (anyone who answers the hello is admitted).
+  bool open_run() const;
+  /// True when connections are encrypted (caf_openssl).
+  bool tls() const { return tls_; }
+  /// The experiment id this node's envelopes carry (a token's, in a closed run).
+  const std::string& experiment() const { return experiment_; }
   /// The directory actor (published on `port()`).
   caf::actor directory() const;
   /// The resolver every actor of this node uses.
@@ -104,9 +123,12 @@ private:
 
   std::string name_;
   std::string peer_id_;
-  std::unique_ptr<actors::auth::key_pair> key_;
+  std::shared_ptr<const actors::auth::key_pair> key_;
   bool key_created_ = false;
   std::shared_ptr<messages::wire_context> wire_;
+  std::shared_ptr<node_gate> gate_;
+  bool tls_ = false;
+  std::string experiment_;
   std::string host_;
   uint16_t port_ = 0;
   caf::timespan timeout_{};

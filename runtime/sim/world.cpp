@@ -10,7 +10,9 @@
 #include <caf/scheduler/test_coordinator.hpp>
 #include <nlohmann/json.hpp>
 
+#include "actors/auth/admission.hpp"
 #include "messages/atoms.hpp"
+#include "messages/wire.hpp"
 #include "runtime/node/address.hpp"
 #include "runtime/node/node.hpp"
 
@@ -153,6 +155,17 @@ public:
       }
       return caf::invoke_message_result::consumed;
     }
+    if (auto why = world_->admits(to_, from_); !why.empty()) {
+      // As a live node's envelope check: counted by the receiver's gate, a request answered.
+      world_->record("refused", from_name, to_name, bytes, why);
+      if (x.mid.is_request() && x.sender)
+        x.sender->enqueue(caf::make_mailbox_element(
+                            nullptr, x.mid.response_id(), {},
+                            caf::make_message(caf::make_error(caf::sec::request_receiver_down,
+                                                              "unauthorized: " + why))),
+                          context());
+      return caf::invoke_message_result::consumed;
+    }
     auto now = clock().now();
     auto r = world_->network().transfer(from_, to_, bytes, world_->elapsed().count());
     if (!world_->node(to_).alive())
@@ -168,7 +181,7 @@ public:
       auto sender_node = world_->node_of(sender->address());
       if (sender_node >= 0 && sender_node != to_)
         sender = caf::actor_cast<caf::strong_actor_ptr>(
-          world_->proxy(to_, caf::actor_cast<caf::actor>(sender)));
+          world_->proxy(to_, caf::actor_cast<caf::actor>(sender), false));
     }
     if (world_->trace_messages())
       world_->record("send", from_name, to_name, bytes,
@@ -235,7 +248,8 @@ caf::actor sim_node::lookup(const std::string& name) const {
 world::world(world_options opts)
   : opts_(std::move(opts)),
     net_(opts_.network.defaults, opts_.seed ^ 0x9e3779b97f4a7c15ULL),
-    rng_(opts_.seed) {
+    rng_(opts_.seed),
+    gate_rng_(opts_.seed ^ 0x6a7e6a7e6a7e6a7eULL) {
   cfg_ = std::make_unique<caf::actor_system_config>();
   caf_options caf_opts;
   configure_system(*cfg_, caf_opts, false);
@@ -296,7 +310,58 @@ sim_node& world::add_node(const std::string& name) {
   return n;
 }
 
+void world::reset_gate(int index) {
+  if (!opts_.gate)
+    return;
+  auto i = static_cast<size_t>(index);
+  if (gates_.size() <= i)
+    gates_.resize(i + 1);
+  actors::auth::admission_options o;
+  o.key = std::make_shared<const actors::auth::key_pair>(
+    actors::auth::key_pair::from_test_seed(opts_.seed * 1000003ULL + i + 0x5eed));
+  o.protocol_version = messages::protocol_version;
+  o.clock = [this] { return now_ns(); };
+  o.random = [this](uint8_t* p, size_t n) {
+    for (size_t k = 0; k < n; ++k)
+      p[k] = static_cast<uint8_t>(gate_rng_());
+  };
+  gates_[i] = std::make_unique<actors::auth::admission>(std::move(o));
+  // The node's new process has greeted nobody, and nobody has greeted it.
+  for (auto p = greeted_.begin(); p != greeted_.end();)
+    p = (*p >> 32) == i || (*p & 0xffffffffULL) == i ? greeted_.erase(p) : std::next(p);
+}
+
+actors::auth::admission* world::gate(int index) {
+  if (!opts_.gate || index < 0 || static_cast<size_t>(index) >= gates_.size())
+    return nullptr;
+  return gates_[static_cast<size_t>(index)].get();
+}
+
+std::string world::say_hello(int from, int to) {
+  if (!opts_.gate || from == to)
+    return {};
+  auto f = static_cast<size_t>(from), t = static_cast<size_t>(to);
+  if (greeted_.count(uint64_t{f} << 32 | t))
+    return {};
+  if (auto why = actors::auth::handshake(*gates_[f], *gates_[t]); !why.empty())
+    return why;
+  greeted_.insert(uint64_t{f} << 32 | t);
+  greeted_.insert(uint64_t{t} << 32 | f);
+  if (opts_.trace_messages)
+    record("hello", nodes_[f]->name(), nodes_[t]->name(), 0, "admitted both ways");
+  return {};
+}
+
+std::string world::admits(int to, int from) {
+  if (!opts_.gate || from == to)
+    return {};
+  auto& b = *gates_[static_cast<size_t>(to)];
+  auto refused = b.allow_any(gates_[static_cast<size_t>(from)]->peer_id());
+  return refused ? refused->line() : std::string{};
+}
+
 void world::start_node(sim_node& n) {
+  reset_gate(n.index());
   n.alive_ = true;
   n.resolver_ = sys_->spawn(sim_resolver, this, n.index());
   track(n.index(), n.resolver_);
@@ -474,11 +539,14 @@ void world::at(std::chrono::nanoseconds when, std::string what, std::function<vo
   pending_.emplace(when.count(), std::make_pair(std::move(what), std::move(action)));
 }
 
-caf::actor world::proxy(int from, const caf::actor& target) {
+caf::actor world::proxy(int from, const caf::actor& target, bool greet) {
+  auto to = node_of(target.address());
+  // A refused hello leaves the proxy in place: its messages are refused on arrival, with why.
+  if (greet && to >= 0)
+    say_hello(from, to);
   auto key = std::make_pair(from, target.id());
   if (auto i = proxies_.find(key); i != proxies_.end())
     return i->second;
-  auto to = node_of(target.address());
   auto p = sys_->spawn<link_proxy>(this, from, to, target);
   track(from, p);
   proxies_.emplace(key, p);
@@ -533,7 +601,9 @@ caf::expected<caf::actor> world::resolve(int from, const std::string& address) {
                              "no actor named '" + addr->name + "' on " + n->name());
     if (n->index() == from)
       return a;
-    return proxy(from, a);
+    if (auto why = say_hello(from, n->index()); !why.empty())
+      return caf::make_error(caf::sec::cannot_connect_to_node, n->endpoint() + ": " + why);
+    return proxy(from, a, false);
   }
   return caf::make_error(caf::sec::cannot_connect_to_node, "no node at " + addr->endpoint());
 }

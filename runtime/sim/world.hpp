@@ -11,6 +11,7 @@
 #include <random>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <caf/fwd.hpp>
@@ -19,6 +20,10 @@
 
 #include "runtime/config/config.hpp"
 #include "runtime/sim/network_model.hpp"
+
+namespace starling::actors::auth {
+class admission;
+} // namespace starling::actors::auth
 
 namespace starling::runtime::sim {
 
@@ -49,6 +54,11 @@ struct world_options {
   bool trace_messages = true;
   /// Extra settings of the actor system (message types of user roles).
   std::function<void(caf::actor_system_config&)> configure;
+  /// Each node's gate, as on live nodes (runtime/node/gate.hpp): two nodes admit each other by
+  /// the signed hello when one first resolves an actor of the other, and every message between
+  /// nodes is checked on arrival (a sender never admitted, or revoked, is refused and a request
+  /// answered with the refusal). Keys, challenges and clock are seeded and virtual. Default on.
+  bool gate = true;
 };
 
 /// A simulated node: a name, an index in the network model, an identity, and the actors
@@ -165,19 +175,31 @@ public:
 
   // -- used by link proxies and resolvers ---------------------------------------------------
 
-  /// A proxy for `target` as seen from node `from` (cached while the target lives).
-  caf::actor proxy(int from, const caf::actor& target);
+  /// A proxy for `target` as seen from node `from` (cached while the target lives). As a live
+  /// node that resolves an actor first, the two nodes say hello (when gates are on) unless
+  /// `greet` is false: a handle that merely travelled in a message (reply proxies, or a test of
+  /// a node that skipped the hello).
+  caf::actor proxy(int from, const caf::actor& target, bool greet = true);
   /// Serialized size of a message, or an error text if it does not serialize.
   bool serialized_size(const caf::message& msg, uint64_t& bytes, std::string& error);
   /// Looks up `host:port/name` as seen from node `from`; errors say why.
   caf::expected<caf::actor> resolve(int from, const std::string& address);
   /// The type names of a message's elements, for the trace.
   std::string type_names(const caf::message& msg) const;
+  /// Node `index`'s gate (null when `world_options::gate` is off).
+  actors::auth::admission* gate(int index);
+  /// Empty when node `to` admits messages from node `from`, else the refusal's line.
+  std::string admits(int to, int from);
 
 private:
   friend class sim_node;
   void track(int node, const caf::actor& a);
   void start_node(sim_node& n);
+  /// The hello between nodes `from` and `to` (once per pair and incarnation): empty when both
+  /// admitted each other, else the refusal's line.
+  std::string say_hello(int from, int to);
+  /// A fresh gate for node `index` (at its start and each restart: sessions die with a process).
+  void reset_gate(int index);
   void apply_due_faults();
   int64_t now_ns() const;
   caf::scheduler::test_coordinator& sched();
@@ -202,6 +224,13 @@ private:
   std::multimap<int64_t, std::pair<std::string, std::function<void()>>> pending_;
   std::vector<trace_event> trace_;
   caf::actor_clock::time_point start_;
+  /// Per node: its gate, and the nodes it said hello with in this incarnation.
+  std::vector<std::unique_ptr<actors::auth::admission>> gates_;
+  /// Pairs of nodes that said hello (both orders: `from << 32 | to`).
+  std::unordered_set<uint64_t> greeted_;
+  /// Challenges of the gates: seeded apart from `rng_`, so turning gates on or off does not
+  /// change the rest of a run's randomness.
+  std::mt19937_64 gate_rng_;
 };
 
 template <class F, class... Ts>

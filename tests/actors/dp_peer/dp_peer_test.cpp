@@ -503,7 +503,6 @@ TEST_CASE("client-mode contributions are in the average, auxiliary ones are not,
   auto sink = w.system().spawn(metric_sink, &w, out);
   std::vector<std::shared_ptr<std::vector<std::string>>> asked;
   std::vector<caf::actor> peers;
-  caf::actor dht0;
   for (int i = 0; i < 5; ++i) {
     auto& n = w.add_node(fmt::format("node{}", i));
     auto log = std::make_shared<std::vector<std::string>>();
@@ -511,7 +510,10 @@ TEST_CASE("client-mode contributions are in the average, auxiliary ones are not,
     auto resolver = n.spawn("counting-resolver", counting_resolver, n.resolver(), log);
     caf::actor dht;
     if (i == client) {
-      dht = w.proxy(i, dht0);
+      // Resolved like any remote actor: the client's node says hello to node 0 first.
+      auto r = w.resolve(i, "node0:1/dht");
+      REQUIRE(r);
+      dht = *r;
     } else {
       actors::dht::dht_options d;
       d.address = n.endpoint() + "/dht";
@@ -519,8 +521,6 @@ TEST_CASE("client-mode contributions are in the average, auxiliary ones are not,
       if (i > 0)
         d.bootstrap = {"node0:1/dht"};
       dht = n.spawn("dht", actors::dht::dht_actor, resolver, d);
-      if (i == 0)
-        dht0 = dht;
     }
     actors::averager::averager_options ao;
     ao.address = n.endpoint() + "/avg";

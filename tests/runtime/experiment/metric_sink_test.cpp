@@ -15,6 +15,8 @@
 #include "messages/wire_context.hpp"
 #include "runtime/experiment/node_runtime.hpp"
 #include "runtime/node/node.hpp"
+#include "runtime/node/gate.hpp"
+#include "tests/support/closed_run.hpp"
 #include "tests/support/node_fixtures.hpp"
 
 using namespace starling;
@@ -82,27 +84,39 @@ struct delivered {
 } // namespace
 
 TEST_CASE("a metric whose envelope was refused becomes the receiving node's note with the reason") {
-  auto a = testing::start_node("a", "run-1");
-  auto same = testing::start_node("b", "run-1");
-  auto other = testing::start_node("c", "run-2");
+  // A closed run: c is admitted, then its token is revoked; its next envelope is refused.
+  testing::closed_run run;
+  auto a = run.start("a", false);
+  auto same = run.start("b", false);
+  auto other = run.start("c", false);
   sink_host h{*a, "node0"};
   delivered got;
   h.sink = spawn_metric_sink(
       h, [&](const metric_record& m) { got.add(m); }, "");
   a->register_actor("metrics", h.sink);
   auto address = fmt::format("127.0.0.1:{}/metrics", a->port());
-  auto send_from = [&](node& from, messages::metric_event e) {
+  auto resolve_sink = [&](node& from) {
     caf::scoped_actor self{from.system()};
     caf::actor sink;
     self->request(from.resolver(), 5s, resolve_atom::value, address)
         .receive([&](const caf::actor& x) { sink = x; },
                  [&](caf::error& err) { FAIL("resolve failed: " << from.system().render(err)); });
     REQUIRE(sink);
+    return sink;
+  };
+  auto send_from = [&](node& from, const caf::actor& sink, messages::metric_event e) {
+    caf::scoped_actor self{from.system()};
     self->send(sink, std::move(e));
   };
-  send_from(*same, messages::metric_event{"trainer.1", "microbatch", {{"loss", 2.5}}, {}, 1.25});
+  send_from(*same, resolve_sink(*same),
+            messages::metric_event{"trainer.1", "microbatch", {{"loss", 2.5}}, {}, 1.25});
   REQUIRE(got.wait_for(1));
-  send_from(*other, messages::metric_event{"intruder", "microbatch", {{"loss", 0.0}}, {}, 1.0});
+  // c resolves the sink while its token is valid, and keeps the handle.
+  auto sink_of_c = resolve_sink(*other);
+  std::string why;
+  REQUIRE(a->gate()->install_deny_list(testing::revoke(run, testing::token_id_of(run, "c")), why));
+  send_from(*other, sink_of_c,
+            messages::metric_event{"intruder", "microbatch", {{"loss", 0.0}}, {}, 1.0});
   REQUIRE(got.wait_for(2));
   std::vector<metric_record> records;
   {
@@ -121,9 +135,9 @@ TEST_CASE("a metric whose envelope was refused becomes the receiving node's note
   CHECK(note.kind == "refused");
   CHECK(note.values.empty());
   REQUIRE(note.labels.count("reason") == 1);
-  CHECK(note.labels.at("reason").find("experiment 'run-2', this node runs 'run-1'") !=
+  CHECK(note.labels.at("reason").find("envelope refused (unauthorized): refused (revoked)") !=
         std::string::npos);
   // Stamped with the receiving node's run time, not a time the refused sender claimed.
   CHECK(note.t == 3.0);
-  CHECK(a->wire()->refused(messages::wire_reason::experiment) == 1);
+  CHECK(a->wire()->refused(messages::wire_reason::unauthorized) == 1);
 }

@@ -18,6 +18,7 @@
 #include "messages/types.hpp"
 #include "messages/wire_context.hpp"
 #include "runtime/cli/cli.hpp"
+#include "runtime/node/gate.hpp"
 #include "runtime/node/node.hpp"
 #include "tests/support/node_fixtures.hpp"
 #include "tests/support/subprocess.hpp"
@@ -26,7 +27,6 @@ using namespace starling;
 using namespace starling::runtime;
 using namespace std::chrono_literals;
 using starling::messages::ping_msg;
-using starling::messages::wire_reason;
 
 namespace {
 
@@ -49,26 +49,25 @@ caf::actor resolve(node& from, const std::string& address) {
 
 } // namespace
 
-TEST_CASE("a ping from another experiment is answered with the refusal's reason and counted") {
+TEST_CASE("a node of another experiment is refused at the hello, with the reason, and counted") {
   auto a = testing::start_node("a", "exp-a");
   auto b = testing::start_node("b", "exp-b");
   auto c = testing::start_node("c", "exp-a");
   a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
   auto address = fmt::format("127.0.0.1:{}/ping", a->port());
   {
-    auto peer = resolve(*b, address);
-    REQUIRE(peer);
     caf::scoped_actor self{b->system()};
     std::string why;
-    bool replied = false;
-    self->request(peer, 5s, ping_msg{7, "b"})
-        .receive([&](const ping_msg&) { replied = true; },
+    self->request(b->resolver(), 5s, resolve_atom::value, address)
+        .receive([&](const caf::actor&) { FAIL("a node of another run was admitted"); },
                  [&](caf::error& e) { why = b->system().render(e); });
-    CHECK_FALSE(replied);
-    CHECK(why.find("ping refused") != std::string::npos);
-    CHECK(why.find("experiment 'exp-b', this node runs 'exp-a'") != std::string::npos);
-    CHECK(a->wire()->refused(wire_reason::experiment) == 1);
-    CHECK(a->wire()->refused_total() == 1);
+    // Each side checks the other's hello: b refuses a's first (a answers b's challenge first).
+    CHECK(why.find("refused (foreign_experiment)") != std::string::npos);
+    CHECK(why.find("hello for experiment 'exp-a', this run is 'exp-b'") != std::string::npos);
+    CHECK(b->gate()->admission().refusals().of(actors::auth::reason::foreign_experiment) == 1);
+    // No envelope of b reached a.
+    CHECK(a->wire()->refused_total() == 0);
+    CHECK(a->wire()->admitted() == 0);
   }
   {
     // A node of the same experiment is served, and its envelope is admitted.
@@ -84,7 +83,7 @@ TEST_CASE("a ping from another experiment is answered with the refusal's reason 
     CHECK(reply.seq == 8);
     CHECK(reply.origin == "a");
     CHECK(a->wire()->admitted() == admitted + 1);
-    CHECK(a->wire()->refused_total() == 1);
+    CHECK(a->wire()->refused_total() == 0);
     // The reply crossed as an envelope too, admitted by c.
     CHECK(c->wire()->admitted() >= 1);
     CHECK(c->wire()->refused_total() == 0);
@@ -135,28 +134,35 @@ TEST_CASE("a node whose key file is open to others does not start, and says how 
   CHECK(n.error().what.find("chmod") != std::string::npos);
 }
 
-TEST_CASE("an envelope without a sender peer id is refused by a node with the reason") {
+TEST_CASE("a process that skips the hello finds no actor of a node but its gate") {
   auto a = testing::start_node("a", "");
   a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
-  // A bare actor system: no wire context, so its envelopes name no sender and no experiment.
+  // A bare actor system: no gate, no wire context; it connects straight to the directory.
   caf::actor_system_config cfg;
   configure_system(cfg, fast_caf(), true);
   caf::actor_system sys{cfg};
   auto peer = sys.middleman().remote_actor("127.0.0.1", a->port());
   REQUIRE(peer);
   caf::scoped_actor self{sys};
-  caf::actor ping;
-  self->request(caf::actor_cast<caf::actor>(*peer), 5s, get_atom::value, std::string{"ping"})
-      .receive([&](const caf::actor& h) { ping = h; },
-               [&](caf::error& e) { FAIL("lookup failed: " << sys.render(e)); });
-  REQUIRE(ping);
-  std::string why;
-  self->request(ping, 5s, ping_msg{1, "anonymous"})
-      .receive([&](const ping_msg&) { FAIL("an anonymous ping was served"); },
-               [&](caf::error& e) { why = sys.render(e); });
-  CHECK(why.find("ping refused") != std::string::npos);
-  CHECK(why.find("no sender peer id") != std::string::npos);
-  CHECK(a->wire()->refused(wire_reason::sender) == 1);
+  auto lookup = [&](const std::string& name) {
+    std::string why;
+    self->request(caf::actor_cast<caf::actor>(*peer), 5s, get_atom::value, name)
+        .receive([&](const caf::actor&) {}, [&](caf::error& e) { why = sys.render(e); });
+    return why;
+  };
+  CHECK(lookup("ping").find("refused (no_hello)") != std::string::npos);
+  CHECK(lookup(gate_name).empty());
+  std::string listed;
+  self->request(caf::actor_cast<caf::actor>(*peer), 5s, list_atom::value)
+      .receive([&](const std::vector<std::string>&) { listed = "listed"; },
+               [&](caf::error& e) { listed = sys.render(e); });
+  CHECK(listed.find("refused (no_hello)") != std::string::npos);
+  // Nor can it register names in the node's directory.
+  std::string put;
+  self->request(caf::actor_cast<caf::actor>(*peer), 5s, put_atom::value, std::string{"ping"},
+                caf::actor{self})
+      .receive([&] { put = "registered"; }, [&](caf::error& e) { put = sys.render(e); });
+  CHECK(put.find("refused (role_denied)") != std::string::npos);
 }
 
 TEST_CASE("a cluster node's DHT speaks with the node's key: its DHT id is the node's peer id") {

@@ -2,6 +2,7 @@
 
 #include <caf/all.hpp>
 
+#include "actors/auth/admission.hpp"
 #include "messages/atoms.hpp"
 #include "messages/types.hpp"
 #include "runtime/sim/world.hpp"
@@ -230,4 +231,48 @@ TEST_CASE("a message type that does not serialize is reported, not delivered") {
   for (auto& e : w.trace())
     reported |= e.kind == "unserializable";
   CHECK(reported);
+}
+
+TEST_CASE("simulated nodes admit each other by the hello before their first message, and a node that skipped it is refused") {
+  for (bool gate : {true, false}) {
+    CAPTURE(gate);
+    auto o = link_50ms_10mbs(5);
+    o.gate = gate;
+    sim::world w{o};
+    auto& a = w.add_node("a");
+    auto& b = w.add_node("b");
+    auto& c = w.add_node("c");
+    b.spawn("echo", echo);
+    auto p = a.spawn("pinger", pinger, a.resolver(), "b:1/echo", size_t{10}, caf::timespan{1s});
+    caf::anon_send(p, ping_atom::value);
+    w.run_for(1s);
+    CHECK(state_of(p).replies == 1);
+    // c reaches b's echo through a handle that travelled to it, never resolved: no hello.
+    auto answer = std::make_shared<std::string>();
+    auto direct = c.spawn("direct", [=](caf::event_based_actor* self) -> caf::behavior {
+      return {[=](const caf::actor& target) {
+        self->request(target, caf::timespan{1s}, blob_msg{"x", {'x'}})
+          .then([=](const blob_msg&) { *answer = "served"; },
+                [=](caf::error& e) { *answer = self->system().render(e); });
+      }};
+    });
+    caf::anon_send(direct, w.proxy(c.index(), b.lookup("echo"), false));
+    w.run_for(1s);
+    if (gate) {
+      CHECK(answer->find("unauthorized: refused (no_hello)") != std::string::npos);
+      REQUIRE(w.gate(b.index()) != nullptr);
+      CHECK(w.gate(b.index())->admitted() == 1);
+      CHECK(w.gate(b.index())->refusals().of(actors::auth::reason::no_hello) == 1);
+      int hellos = 0, refused = 0;
+      for (auto& e : w.trace()) {
+        hellos += e.kind == "hello";
+        refused += e.kind == "refused";
+      }
+      CHECK(hellos == 1);
+      CHECK(refused == 1);
+    } else {
+      CHECK(*answer == "served");
+      CHECK(w.gate(b.index()) == nullptr);
+    }
+  }
 }

@@ -1,0 +1,94 @@
+// A node's gate on live connections: the actor other nodes say hello to, the handshake a node runs
+// before it uses a connection it opened, and the list of CAF nodes admitted so far (the directory
+// answers lookups only to them). The checks themselves are `actors::auth::admission`'s; envelopes
+// from senders it has not admitted are refused on arrival (`wire_reason::unauthorized`).
+//
+// The hello exchange travels as plain CAF messages (strings and a number), not in envelopes: each
+// hello is itself a signed, versioned Cap'n Proto object bound to the acceptor and its challenge,
+// checked by the gatekeeper before anything else is accepted from its sender.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <map>
+#include <set>
+#include <vector>
+#include <string>
+
+#include <caf/atom.hpp>
+#include <caf/fwd.hpp>
+#include <caf/actor_addr.hpp>
+#include <caf/node_id.hpp>
+
+#include "actors/auth/admission.hpp"
+
+namespace starling::runtime {
+
+/// `(hello_atom, peer_id, challenge) -> (session, challenge, hello)` opens an admission;
+/// `(hello_atom, session, hello, connector's gate) -> refusal line` (empty: admitted) completes
+/// it.
+using hello_atom = caf::atom_constant<caf::atom("hello")>;
+/// `(deny_atom, signed deny list) -> serial in force`: installs a newer deny list (from anyone:
+/// only the authority can sign one) and passes it on to the gates of the nodes admitted both
+/// ways, which pass it on in turn until every node has it (an older or equal list stops there).
+using deny_atom = caf::atom_constant<caf::atom("deny")>;
+
+/// The name of a node's gate in its directory.
+inline constexpr const char* gate_name = "gate";
+
+/// What a node's gate, directory and resolver share.
+class node_gate {
+public:
+  /// A gate deciding with `admission`.
+  explicit node_gate(std::shared_ptr<actors::auth::admission> admission)
+    : admission_(std::move(admission)) {}
+
+  /// The admission checks.
+  actors::auth::admission& admission() { return *admission_; }
+
+  /// Marks the CAF node `n` as admitted: it passed the hello as peer `peer_id`.
+  void admit_node(const caf::node_id& n, const std::string& peer_id);
+  /// True when `n` passed the hello (or is this process's own node).
+  bool node_admitted(const caf::node_id& n) const;
+  /// Forgets `n` (a deny list revoked its peer, or it went away) and its gate.
+  void forget_node(const caf::node_id& n);
+
+  /// Remembers the gate of node `n` (deny lists are passed on to it).
+  void add_gate(const caf::node_id& n, const caf::actor& gate);
+  /// The gates of other nodes known so far.
+  std::vector<caf::actor> gates() const;
+
+  /// This node's own gate (set once it is spawned; sent along with this node's hellos).
+  void set_own_gate(const caf::actor& gate);
+  /// This node's own gate, or an invalid handle.
+  caf::actor own_gate() const;
+
+  /// Installs a newer signed deny list: true when it was taken (then it is kept to pass on),
+  /// false with the refusal's line when not.
+  bool install_deny_list(const std::string& signed_list, std::string& why);
+  /// The signed deny list in force (empty when none).
+  std::string deny_list() const;
+
+private:
+  std::shared_ptr<actors::auth::admission> admission_;
+  mutable std::mutex mtx_;
+  /// Admitted CAF nodes and the peer id each said hello as.
+  std::map<caf::node_id, std::string> nodes_;
+  std::map<caf::node_id, caf::actor_addr> gates_;
+  caf::actor_addr own_gate_;
+  std::string deny_list_;
+};
+
+/// Spawns the gate of a node: answers the two hello messages and installs deny lists that
+/// verify and are newer than the one in force.
+caf::actor spawn_gate(caf::actor_system& sys, std::shared_ptr<node_gate> gate);
+
+/// Runs the handshake with the node whose directory is `remote_dir`, from `self`: asks for its
+/// gate, admits it (its hello must answer this node's challenge), then sends this node's hello.
+/// `done` gets an empty string when both sides admitted each other, else one line saying why not.
+void say_hello(caf::event_based_actor* self, caf::actor remote_dir,
+               std::shared_ptr<node_gate> gate, caf::timespan timeout,
+               std::function<void(std::string)> done);
+
+} // namespace starling::runtime

@@ -1,0 +1,337 @@
+// The gate on live connections: nodes of a closed run (an authority, tokens, TLS with the run's CA)
+// admit each other by a signed hello before anything else; outsiders are refused with the reason
+// and counted (the hostile client below speaks the gate's protocol with bad hellos); a process
+// that skips the hello finds no actor; a revoked peer's next envelope is refused.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <thread>
+
+#include <caf/all.hpp>
+#include <caf/io/all.hpp>
+#include <fmt/format.h>
+
+#include "actors/auth/authority.hpp"
+#include "actors/auth/gatekeeper.hpp"
+#include "actors/auth/identity.hpp"
+#include "messages/atoms.hpp"
+#include "messages/types.hpp"
+#include "messages/wire.hpp"
+#include "messages/wire_context.hpp"
+#include "runtime/cli/cli.hpp"
+#include "runtime/node/gate.hpp"
+#include "runtime/node/node.hpp"
+#include "tests/support/closed_run.hpp"
+#include "tests/support/node_fixtures.hpp"
+
+using namespace starling;
+using namespace starling::runtime;
+using namespace std::chrono_literals;
+namespace auth = starling::actors::auth;
+using messages::ping_msg;
+
+using testing::closed_run;
+using testing::now_ns;
+
+namespace {
+
+/// Resolves `address` from `from`: the handle, or the error's text.
+std::pair<caf::actor, std::string> try_resolve(node& from, const std::string& address) {
+  caf::scoped_actor self{from.system()};
+  std::pair<caf::actor, std::string> out;
+  self->request(from.resolver(), 10s, resolve_atom::value, address)
+    .receive([&](const caf::actor& h) { out.first = h; },
+             [&](caf::error& e) { out.second = from.system().render(e); });
+  return out;
+}
+
+/// Pings `peer` from `from`: the responder's name, or the error's text.
+std::string ping(node& from, const caf::actor& peer) {
+  caf::scoped_actor self{from.system()};
+  std::string out;
+  self->request(peer, 5s, ping_msg{1, from.name()})
+    .receive([&](const ping_msg& m) { out = m.wire_error.empty() ? m.origin : m.wire_error; },
+             [&](caf::error& e) { out = from.system().render(e); });
+  return out;
+}
+
+/// An outsider: a bare actor system (no gate, no wire context) that connects to a node's
+/// published directory and speaks the gate's protocol with whatever hello it is given.
+struct outsider {
+  std::unique_ptr<caf::actor_system_config> cfg;
+  std::unique_ptr<caf::actor_system> sys;
+  caf::actor dir;
+
+  explicit outsider(uint16_t port) : cfg(std::make_unique<caf::actor_system_config>()) {
+    configure_system(*cfg, testing::fast_caf(), true);
+    sys = std::make_unique<caf::actor_system>(*cfg);
+    auto d = sys->middleman().remote_actor("127.0.0.1", port);
+    REQUIRE(d);
+    dir = caf::actor_cast<caf::actor>(*d);
+  }
+
+  /// Looks up `name` in the node's directory: the handle, or the error's text.
+  std::pair<caf::actor, std::string> lookup(const std::string& name) {
+    caf::scoped_actor self{*sys};
+    std::pair<caf::actor, std::string> out;
+    self->request(dir, 5s, get_atom::value, name)
+      .receive([&](const caf::actor& h) { out.first = h; },
+               [&](caf::error& e) { out.second = sys->render(e); });
+    return out;
+  }
+
+  /// Opens a session at the gate: (session, the gate's challenge).
+  std::pair<uint64_t, std::string> open(const std::string& my_peer_id) {
+    auto gate = lookup(gate_name).first;
+    REQUIRE(gate);
+    caf::scoped_actor self{*sys};
+    std::pair<uint64_t, std::string> out;
+    self->request(gate, 5s, hello_atom::value, my_peer_id, std::string(32, 'c'))
+      .receive([&](uint64_t s, const std::string& challenge, const std::string&) {
+                 out = {s, challenge};
+               },
+               [&](caf::error& e) { FAIL("the gate did not open: " << sys->render(e)); });
+    return out;
+  }
+
+  /// Presents `hello` for `session`: the gate's answer (empty: admitted).
+  std::string present(uint64_t session, const std::string& hello) {
+    auto gate = lookup(gate_name).first;
+    caf::scoped_actor self{*sys};
+    std::string out = "no answer";
+    self->request(gate, 5s, hello_atom::value, session, hello, caf::actor{})
+      .receive([&](const std::string& line) { out = line; },
+               [&](caf::error& e) { out = sys->render(e); });
+    return out;
+  }
+};
+
+/// A hello of `key` answering `challenge` at `acceptor`, with `token`, changed by `change`.
+template <class Change>
+std::string hello_of(const auth::key_pair& key, const std::string& challenge,
+                     const std::string& acceptor, const std::string& token, Change&& change) {
+  auth::hello h;
+  h.version = messages::protocol_version;
+  h.experiment = "gate-run";
+  h.token = token;
+  h.challenge = challenge;
+  h.acceptor_peer_id = acceptor;
+  h.time_ns = now_ns();
+  change(h);
+  return auth::make_hello(key, h);
+}
+
+} // namespace
+
+TEST_CASE("token holders of a closed run connect over TLS, and a node without the run's certificate is refused on both sides") {
+  closed_run run;
+  auto a = run.start("a", true);
+  auto b = run.start("b", true);
+  CHECK(a->tls());
+  CHECK_FALSE(a->open_run());
+  CHECK(a->experiment() == "gate-run");
+  a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
+  auto [peer, why] = try_resolve(*b, fmt::format("127.0.0.1:{}/ping", a->port()));
+  REQUIRE_MESSAGE(peer, why);
+  CHECK(ping(*b, peer) == "a");
+  CHECK(a->gate()->admission().admitted() == 1);
+  CHECK(b->gate()->admission().admitted() == 1);
+  // An open node (no certificate) cannot reach the TLS node, nor the TLS node it.
+  auto plain = testing::start_node("plain", "gate-run");
+  auto to_tls = plain->join(fmt::format("127.0.0.1:{}", a->port()), {});
+  CHECK_FALSE(to_tls.ok());
+  auto from_tls = b->join(fmt::format("127.0.0.1:{}", plain->port()), {});
+  CHECK_FALSE(from_tls.ok());
+  CHECK(a->gate()->admission().admitted() == 1);
+}
+
+TEST_CASE("a node's own credentials are checked at start: a missing token, another node's token, an expired one") {
+  closed_run run;
+  auto no = run.options("a", false);
+  no.token.clear();
+  auto n = node::start(testing::fast_caf(), no, "a");
+  REQUIRE_FALSE(n.ok());
+  CHECK(n.error().what.find("needs both") != std::string::npos);
+  no = run.options("a", false);
+  no.token = run.dir.path + "/b.token";
+  run.issue("b");
+  n = node::start(testing::fast_caf(), no, "a");
+  REQUIRE_FALSE(n.ok());
+  CHECK(n.error().what.find("belongs to peer") != std::string::npos);
+  no = run.options("a", false);
+  run.issue("a", 7200, 3600);
+  n = node::start(testing::fast_caf(), no, "a");
+  REQUIRE_FALSE(n.ok());
+  CHECK(n.error().what.find("expired") != std::string::npos);
+}
+
+TEST_CASE("a hostile client is refused at the gate with each reason counted, and honest nodes are still served") {
+  closed_run run;
+  auto a = run.start("a", false);
+  a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
+  outsider o{a->port()};
+  // Without a hello, nothing but the gate is found.
+  auto [hidden, why] = o.lookup("ping");
+  CHECK_FALSE(hidden);
+  CHECK(why.find("refused (no_hello)") != std::string::npos);
+  auto mine = run.key("x");
+  auto good = run.issue("x");
+  auto expired = run.issue("x", 7200, 3600);
+  auto theirs = run.issue("y");
+  auto forged = good;
+  forged[forged.size() - 3] ^= 0x5a; // inside the authority's signature
+  auto same = [](auth::hello&) {};
+  struct attempt {
+    const char* what;
+    std::function<std::string(const std::string& challenge)> hello;
+    auth::reason expected;
+  };
+  std::vector<attempt> attempts{
+    {"garbage", [](const std::string&) { return std::string(200, '\x17'); },
+     auth::reason::malformed},
+    {"no token", [&](const std::string& c) { return hello_of(mine, c, a->peer_id(), "", same); },
+     auth::reason::no_token},
+    {"expired token",
+     [&](const std::string& c) { return hello_of(mine, c, a->peer_id(), expired, same); },
+     auth::reason::expired},
+    {"forged token",
+     [&](const std::string& c) { return hello_of(mine, c, a->peer_id(), forged, same); },
+     auth::reason::forged},
+    {"another node's token",
+     [&](const std::string& c) { return hello_of(mine, c, a->peer_id(), theirs, same); },
+     auth::reason::wrong_key},
+    {"another experiment",
+     [&](const std::string& c) {
+       return hello_of(mine, c, a->peer_id(), good, [](auth::hello& h) { h.experiment = "x"; });
+     },
+     auth::reason::foreign_experiment},
+    {"another protocol version",
+     [&](const std::string& c) {
+       return hello_of(mine, c, a->peer_id(), good, [](auth::hello& h) { h.version = 1; });
+     },
+     auth::reason::version_mismatch},
+    {"another node's challenge",
+     [&](const std::string&) {
+       return hello_of(mine, std::string(32, 'z'), a->peer_id(), good, same);
+     },
+     auth::reason::wrong_challenge},
+  };
+  for (auto& t : attempts) {
+    CAPTURE(t.what);
+    auto [session, challenge] = o.open(mine.peer_id());
+    auto line = o.present(session, t.hello(challenge));
+    CHECK(line.find(fmt::format("refused ({})", auth::to_string(t.expected))) == 0);
+    CHECK(a->gate()->admission().refusals().of(t.expected) >= 1);
+  }
+  // A valid hello is admitted once; presented again (a replay) it is refused.
+  auto [session, challenge] = o.open(mine.peer_id());
+  auto hello = hello_of(mine, challenge, a->peer_id(), good, same);
+  CHECK(o.present(session, hello).empty());
+  CHECK(o.present(session, hello).find("refused (protocol_violation)") == 0);
+  auto [session2, challenge2] = o.open(mine.peer_id());
+  CHECK(o.present(session2, hello).find("refused (wrong_challenge)") == 0);
+  CHECK(a->gate()->admission().refusals().total() == attempts.size() + 2);
+  // Meanwhile an honest node is served.
+  auto b = run.start("b", false);
+  auto [peer, err] = try_resolve(*b, fmt::format("127.0.0.1:{}/ping", a->port()));
+  REQUIRE_MESSAGE(peer, err);
+  CHECK(ping(*b, peer) == "a");
+}
+
+TEST_CASE("a peer whose token a newer deny list revokes has its next envelope refused as unauthorized") {
+  closed_run run;
+  auto a = run.start("a", false);
+  auto c = run.start("c", false);
+  a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
+  auto [peer, err] = try_resolve(*c, fmt::format("127.0.0.1:{}/ping", a->port()));
+  REQUIRE_MESSAGE(peer, err);
+  CHECK(ping(*c, peer) == "a");
+  // The authority revokes c's token; any node may carry the signed list to a's gate.
+  auto issued = auth::read_small_file(run.dir.path + "/c.token", 64 * 1024);
+  REQUIRE(issued.ok());
+  auto token = auth::decode_token(*auth::parse_token_file(*issued, "c.token"));
+  REQUIRE(token.ok());
+  auth::deny_entry e;
+  e.kind = auth::deny_entry::kind_t::token;
+  e.id = token->id;
+  e.reason = "left the run";
+  auto list = auth::deny(run.authority, e, now_ns());
+  REQUIRE(list.ok());
+  auto [gate, gate_err] = try_resolve(*c, fmt::format("127.0.0.1:{}/{}", a->port(), gate_name));
+  REQUIRE_MESSAGE(gate, gate_err);
+  {
+    caf::scoped_actor self{c->system()};
+    uint64_t serial = 0;
+    self->request(gate, 5s, deny_atom::value, *list)
+      .receive([&](uint64_t s) { serial = s; },
+               [&](caf::error& e) { FAIL("the deny list was not taken: " << c->system().render(e)); });
+    CHECK(serial == 2);
+  }
+  auto refused = ping(*c, peer);
+  CHECK(refused.find("unauthorized") != std::string::npos);
+  CHECK(refused.find("revoked") != std::string::npos);
+  CHECK(a->wire()->refused(messages::wire_reason::unauthorized) == 1);
+}
+
+namespace {
+
+/// Waits (at most 10 s) until `n`'s gate has the deny list of `serial` in force: the list travels
+/// between gates without answers, so the test watches for its arrival.
+bool has_deny_serial(node& n, uint64_t serial) {
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (n.gate()->admission().deny_serial() != serial) {
+    if (std::chrono::steady_clock::now() > deadline)
+      return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+} // namespace
+
+TEST_CASE("a deny list handed to one node's gate reaches every node, and a node that joins later") {
+  closed_run run;
+  auto a = run.start("a", false);
+  auto b = run.start("b", false);
+  auto c = run.start("c", false);
+  // A chain: b knows a, c knows b.
+  REQUIRE(b->join(fmt::format("127.0.0.1:{}", a->port()), {}).ok());
+  REQUIRE(c->join(fmt::format("127.0.0.1:{}", b->port()), {}).ok());
+  auto x = run.issue("x");
+  auth::deny_entry e;
+  e.kind = auth::deny_entry::kind_t::token;
+  e.id = auth::decode_token(x)->id;
+  e.reason = "key lost";
+  auto list = auth::deny(run.authority, e, now_ns());
+  REQUIRE(list.ok());
+  auto [gate, err] = try_resolve(*c, fmt::format("127.0.0.1:{}/{}", c->port(), gate_name));
+  REQUIRE_MESSAGE(gate, err);
+  {
+    caf::scoped_actor self{c->system()};
+    self->request(gate, 5s, deny_atom::value, *list)
+      .receive([&](uint64_t s) { CHECK(s == 2); },
+               [&](caf::error& e) { FAIL("not taken: " << c->system().render(e)); });
+    // The same list again is not newer: refused, and not passed on again.
+    self->request(gate, 5s, deny_atom::value, *list)
+      .receive([&](uint64_t) { FAIL("an equal serial was taken"); },
+               [&](caf::error& e) { CHECK(c->system().render(e).find("not newer") != std::string::npos); });
+  }
+  CHECK(has_deny_serial(*b, 2));
+  CHECK(has_deny_serial(*a, 2));
+  auto d = run.start("d", false);
+  REQUIRE(d->join(fmt::format("127.0.0.1:{}", a->port()), {}).ok());
+  CHECK(has_deny_serial(*d, 2));
+  // The revoked token's holder is refused by every node now.
+  auto holder = node::start(testing::fast_caf(), [&] {
+    node_options no;
+    no.key_file = run.dir.path + "/x/node.key";
+    no.authority = run.authority.dir + "/authority.pub";
+    no.token = run.dir.path + "/x.token";
+    no.tls = false;
+    return no;
+  }(), "x");
+  REQUIRE(holder.ok());
+  auto refused = (*holder)->join(fmt::format("127.0.0.1:{}", b->port()), {});
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().what.find("refused (revoked)") != std::string::npos);
+}
