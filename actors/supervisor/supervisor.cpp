@@ -47,6 +47,8 @@ struct data {
   rebalancing_options rebalancing;
   uint64_t respawns = 0;
   uint64_t migrations = 0;
+  /// Administrative messages refused because they came from another node.
+  uint64_t refused_admin = 0;
   bool stopping = false;
   /// Draws the weighted claims (seeded from the rebalancing options).
   std::mt19937_64 rng;
@@ -167,36 +169,61 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_s
     auto first = std::chrono::duration_cast<caf::timespan>(rb.period * phase(rng));
     self->delayed_send(self, first, migrate_atom::value);
   }
+  // Administration (DESIGN.md, "Trust and the wire"): preempting, stopping and starting children
+  // is accepted only from this process (its node's fault injection, runner and signals), never
+  // from another node, however admitted.
+  // The refusal told to the sender (as the answer of a request, or as a message).
+  auto foreign = [=](const char* what) -> std::optional<caf::error> {
+    auto& sender = self->current_sender();
+    if (!sender || sender->node() == self->node())
+      return std::nullopt;
+    ++d->refused_admin;
+    return caf::make_error(caf::sec::request_receiver_down,
+                           std::string{"refused (role_denied): '"} + what
+                             + "' is accepted only from the supervisor's own node");
+  };
   return {
-    [=](preempt_atom, uint64_t idx) {
+    [=](preempt_atom, uint64_t idx) -> caf::result<void> {
+      if (auto refused = foreign("admin.preempt"))
+        return std::move(*refused);
       if (idx < d->children.size() && d->children[idx].handle)
         self->send_exit(d->children[idx].handle, caf::exit_reason::kill);
+      return caf::unit;
     },
-    [=](preempt_atom, uint64_t idx, caf::timespan restart, bool never) {
+    [=](preempt_atom, uint64_t idx, caf::timespan restart, bool never) -> caf::result<void> {
+      if (auto refused = foreign("admin.preempt"))
+        return std::move(*refused);
       if (idx >= d->children.size() || !d->children[idx].handle || d->children[idx].migrate_to)
-        return;
+        return caf::unit;
       auto& c = d->children[idx];
       c.forced_restart = restart;
       c.forced_never = never;
       self->send_exit(c.handle, caf::exit_reason::kill);
+      return caf::unit;
     },
-    [=](stop_atom, uint64_t idx) {
+    [=](stop_atom, uint64_t idx) -> caf::result<void> {
+      if (auto refused = foreign("admin.stop"))
+        return std::move(*refused);
       if (idx >= d->children.size())
-        return;
+        return caf::unit;
       auto& c = d->children[idx];
       c.gone = true;
       c.waiting = false;
       if (c.handle)
         self->send_exit(c.handle, caf::exit_reason::user_shutdown);
+      return caf::unit;
     },
-    [=](ready_atom, uint64_t idx) {
+    [=](ready_atom, uint64_t idx) -> caf::result<void> {
+      if (auto refused = foreign("admin.start"))
+        return std::move(*refused);
       if (idx >= d->children.size())
-        return;
+        return caf::unit;
       auto& c = d->children[idx];
       if (!c.waiting || c.gone)
-        return;
+        return caf::unit;
       c.waiting = false;
       start(idx);
+      return caf::unit;
     },
     [=](tick_atom, uint64_t idx) {
       if (idx >= d->children.size())

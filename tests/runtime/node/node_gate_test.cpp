@@ -4,6 +4,7 @@
 // that skips the hello finds no actor; a revoked peer's next envelope is refused.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <thread>
 
@@ -14,6 +15,7 @@
 #include "actors/auth/authority.hpp"
 #include "actors/auth/gatekeeper.hpp"
 #include "actors/auth/identity.hpp"
+#include "actors/supervisor/supervisor.hpp"
 #include "messages/atoms.hpp"
 #include "messages/types.hpp"
 #include "messages/wire.hpp"
@@ -334,4 +336,41 @@ TEST_CASE("a deny list handed to one node's gate reaches every node, and a node 
   auto refused = (*holder)->join(fmt::format("127.0.0.1:{}", b->port()), {});
   REQUIRE_FALSE(refused.ok());
   CHECK(refused.error().what.find("refused (revoked)") != std::string::npos);
+}
+
+TEST_CASE("an admitted node may not preempt, stop or start another node's roles") {
+  auto a = testing::start_node("a", "admin-run");
+  auto b = testing::start_node("b", "admin-run");
+  auto spawned = std::make_shared<std::atomic<int>>(0);
+  actors::supervisor::child_spec c;
+  c.name = "worker";
+  c.spawn = [&sys = a->system(), spawned](int) {
+    ++*spawned;
+    return sys.spawn([](caf::event_based_actor*) -> caf::behavior { return {[](stop_atom) {}}; });
+  };
+  auto sup = actors::supervisor::spawn_supervisor(a->system(), {c}, caf::actor{});
+  a->register_actor("supervisor", sup);
+  auto [remote, err] = try_resolve(*b, fmt::format("127.0.0.1:{}/supervisor", a->port()));
+  REQUIRE_MESSAGE(remote, err);
+  caf::scoped_actor self{b->system()};
+  std::string why;
+  self->request(remote, 5s, preempt_atom::value, uint64_t{0})
+    .receive([] { FAIL("a preempt from another node was carried out"); },
+             [&](caf::error& e) { why = b->system().render(e); });
+  CHECK(why.find("refused (role_denied): 'admin.preempt'") != std::string::npos);
+  why.clear();
+  self->request(remote, 5s, stop_atom::value, uint64_t{0})
+    .receive([] { FAIL("a stop from another node was carried out"); },
+             [&](caf::error& e) { why = b->system().render(e); });
+  CHECK(why.find("refused (role_denied): 'admin.stop'") != std::string::npos);
+  // The child was neither preempted nor stopped: alive, spawned once.
+  uint64_t alive = 0;
+  {
+    caf::scoped_actor own{a->system()};
+    own->request(sup, 5s, status_atom::value)
+      .receive([&](uint64_t n, uint64_t) { alive = n; },
+               [&](caf::error& e) { FAIL(a->system().render(e)); });
+  }
+  CHECK(alive == 1);
+  CHECK(*spawned == 1);
 }
