@@ -25,6 +25,7 @@
 #include "runtime/node/node.hpp"
 #include "tests/support/closed_run.hpp"
 #include "tests/support/node_fixtures.hpp"
+#include "tests/support/raw_socket.hpp"
 
 using namespace starling;
 using namespace starling::runtime;
@@ -373,4 +374,25 @@ TEST_CASE("an admitted node may not preempt, stop or start another node's roles"
   }
   CHECK(alive == 1);
   CHECK(*spawned == 1);
+}
+
+TEST_CASE("a flood of connections sending garbage leaves a closed TLS node serving its members") {
+  closed_run run;
+  auto a = run.start("a", true);
+  a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
+  {
+    std::vector<std::unique_ptr<testing::raw_socket>> flood;
+    std::string garbage(1024, '\x5a');
+    for (int i = 0; i < 64; ++i) {
+      flood.push_back(std::make_unique<testing::raw_socket>(a->port()));
+      flood.back()->write(garbage.data(), garbage.size());
+    }
+    // A member joins and is served while those connections are still open.
+    auto b = run.start("b", true);
+    auto [peer, err] = try_resolve(*b, fmt::format("127.0.0.1:{}/ping", a->port()));
+    REQUIRE_MESSAGE(peer, err);
+    CHECK(ping(*b, peer) == "a");
+  }
+  CHECK(a->gate()->admission().admitted() == 1);
+  CHECK(a->gate()->admission().refusals().total() == 0);
 }
