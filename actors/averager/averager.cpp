@@ -564,6 +564,7 @@ void shell::start_round(uint64_t id, std::vector<messages::member_info> members)
                        : std::max<int64_t>(1, static_cast<int64_t>(opts_.chunk_bytes / 4));
   eo.reducer = opts_.reducer;
   eo.hash_parts = opts_.hash_parts;
+  eo.input_finite = true; // start_next checked the flat vector
   auto own = plan->sizes[self];
   r.engine = std::make_unique<round_engine>(
       id, std::move(*plan), self, cur_->flat, cur_->weight, std::move(eo), *r.sink,
