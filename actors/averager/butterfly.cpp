@@ -161,8 +161,6 @@ part_reducer::part_reducer(int64_t part_size, std::vector<size_t> expected, redu
   if (!acc_.defined() || acc_.scalar_type() != torch::kFloat32 || acc_.dim() != 1
       || acc_.numel() != size_ || !acc_.is_contiguous())
     acc_ = torch::empty({size_}, torch::kFloat32);
-  if (streaming())
-    acc_.zero_();
 }
 
 part_reducer::slot* part_reducer::find(size_t peer) {
@@ -179,7 +177,8 @@ const part_reducer::slot* part_reducer::find(size_t peer) const {
   return nullptr;
 }
 
-status part_reducer::add(size_t peer, double weight, int64_t offset, const at::Tensor& values) {
+status part_reducer::add(size_t peer, double weight, int64_t offset, const at::Tensor& values,
+                         bool finite) {
   if (reduced_)
     return fail(fmt::format("chunk of peer {} after the part was reduced", peer));
   auto* s = find(peer);
@@ -200,12 +199,25 @@ status part_reducer::add(size_t peer, double weight, int64_t offset, const at::T
                             offset, offset + n, peer, size_));
   if (auto st = s->ranges.check(offset, offset + n); !st)
     return fail(fmt::format("chunk of peer {}: {} it already sent", peer, st.what()));
-  if (!all_finite(values))
+  if (!finite && !all_finite(values))
     return fail(fmt::format("chunk of peer {} holds non-finite values", peer));
   if (n > 0) {
     if (streaming()) {
-      if (weight > 0)
-        acc_.narrow(0, offset, n).add_(values.to(torch::kFloat32), weight);
+      if (weight > 0) {
+        auto v = values.to(torch::kFloat32);
+        if (!acc_ready_ && n == size_) {
+          // The first chunk covers the part: the sum starts as its weighted values.
+          if (weight == 1)
+            acc_.copy_(v);
+          else
+            at::mul_out(acc_, v, at::scalar_tensor(weight, torch::kFloat32));
+        } else {
+          if (!acc_ready_)
+            acc_.zero_();
+          acc_.narrow(0, offset, n).add_(v, weight);
+        }
+        acc_ready_ = true;
+      }
     } else {
       s->pieces.emplace_back(offset, values.to(torch::kFloat32));
     }
@@ -268,6 +280,10 @@ result<reduction> part_reducer::reduce() {
 result<reduction> part_reducer::reduce_streamed() {
   if (std::none_of(slots_.begin(), slots_.end(), [](const slot& s) { return s.weight >= 0; }))
     return fail("no contribution reached the reducer");
+  if (!acc_ready_) {
+    acc_.zero_();
+    acc_ready_ = true;
+  }
   reduction out;
   out.values = acc_;
   if (size_ == 0) {

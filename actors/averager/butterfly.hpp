@@ -123,8 +123,10 @@ public:
   /// them (not copied, so they must not change afterwards). Fails (changing nothing) for an
   /// unexpected or excluded peer, a weight that is negative, not finite or differs from the one
   /// of its earlier chunks, a range outside the part, an overlap with what it already delivered,
-  /// non-finite values, or after `reduce`.
-  status add(size_t peer, double weight, int64_t offset, const at::Tensor& values);
+  /// non-finite values, or after `reduce`. `finite` says the caller checked already that
+  /// `values` are finite (e.g. its own input): they are not read once more for that.
+  status add(size_t peer, double weight, int64_t offset, const at::Tensor& values,
+             bool finite = false);
   /// True when `peer` already delivered every element of [offset, offset + n): a chunk sent
   /// again (e.g. over BASP after its data-plane link broke) is then a duplicate to ignore.
   bool has(size_t peer, int64_t offset, int64_t n) const;
@@ -164,6 +166,9 @@ private:
   std::vector<slot> slots_;
   /// The result; the weighted sum while streaming.
   at::Tensor acc_;
+  /// Streaming: `acc_` holds the sum (it is zeroed on first use, or written by a first chunk
+  /// that covers the whole part, which saves a pass over it).
+  bool acc_ready_ = false;
   bool reduced_ = false;
 };
 

@@ -92,7 +92,7 @@ round_engine::round_engine(uint64_t id, round_plan plan, uint32_t self, at::Tens
                                                                          size - off)));
         if (opts_.hash_parts)
           received_logs_[p] = sent_logs_[p];
-        (void) reducer_->add(self_, weight_, 0, mine);
+        (void) reducer_->add(self_, weight_, 0, mine, opts_.input_finite);
         continue;
       }
       auto& s = streams_[{p, contribution_chunk}];

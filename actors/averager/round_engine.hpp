@@ -83,6 +83,9 @@ struct round_engine_options {
   reduce_fn reducer;
   /// Compute `part_digests` (BLAKE2b over every chunk: costs about one pass over the data).
   bool hash_parts = false;
+  /// The member's own vector is known to be finite (its shell checked it): its own part is not
+  /// read once more for that.
+  bool input_finite = false;
 };
 
 /// What a round produced for its member.

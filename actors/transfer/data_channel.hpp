@@ -57,7 +57,8 @@ struct data_channel_options {
   std::chrono::milliseconds announce_ttl{30000};
   /// Links accepted at once; more are closed at once.
   uint32_t max_connections = 64;
-  /// Receive buffers kept for reuse once their tensors are freed.
+  /// Receive buffers kept for reuse once their tensors are freed, on top of the ones the open
+  /// links can hold at once (transport_options::pool_buffers).
   uint32_t pool_buffers = 4;
 };
 

@@ -254,10 +254,15 @@ buffer_pool::block buffer_pool::take(size_t n) {
   return block{std::unique_ptr<char[]>(new char[std::max<size_t>(n, 8)]), n};
 }
 
+void buffer_pool::set_keep(size_t keep) {
+  std::lock_guard<std::mutex> guard{mu_};
+  keep_ = keep;
+}
+
 void buffer_pool::give(block b) {
   std::lock_guard<std::mutex> guard{mu_};
   free_.push_back(std::move(b));
-  if (free_.size() > keep_) {
+  while (free_.size() > keep_) {
     // Drop the smallest: large transfers are the ones whose fresh pages cost.
     auto smallest = std::min_element(free_.begin(), free_.end(), [](auto& x, auto& y) {
       return x.capacity < y.capacity;

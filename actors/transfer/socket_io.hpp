@@ -91,6 +91,9 @@ public:
   /// Keeps at most `keep` free buffers.
   explicit buffer_pool(uint32_t keep) : keep_(keep) {}
 
+  /// Keeps at most `keep` free buffers from now on (the surplus goes at the next `give`).
+  void set_keep(size_t keep);
+
   /// A buffer of at least `n` bytes.
   block take(size_t n);
   /// Returns a buffer (the smallest free one is dropped beyond `keep`).

@@ -62,7 +62,8 @@ struct transport_options {
   uint32_t max_links = 64;
   /// Largest payload a frame may carry.
   uint64_t max_payload_bytes = link_max_payload_bytes;
-  /// Receive buffers kept for reuse.
+  /// Receive buffers kept for reuse, on top of `link_buffers` per open link (what the links can
+  /// hold delivered at once).
   uint32_t pool_buffers = 16;
   /// Delivered payloads of one link its handlers may hold at once (at least 1).
   uint32_t link_buffers = 2;

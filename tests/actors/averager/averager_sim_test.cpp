@@ -286,6 +286,50 @@ TEST_CASE("a persistent group re-forms at once in later rounds and without a pee
   }
 }
 
+TEST_CASE("a NaN input is refused with an error and its persistent group goes on without it") {
+  // Round 1 forms a persistent group of 3; in round 2 peer 2's input holds a NaN. Its request
+  // is refused with an error; peers 0 and 1 get every part either averaged between them or their
+  // own values, and nothing of peer 2's NaN.
+  avg_swarm s(611, 3, [](size_t, averager_options& o) {
+    o.target_group_size = 8;
+    o.matchmaking_window = 2s;
+  });
+  std::vector<std::vector<torch::Tensor>> in;
+  for (size_t i = 0; i < 3; ++i)
+    in.push_back(make_tensors({{3000}}, 6110 + i));
+  for (auto& c : run_round(s, in, {1, 1, 1}, "nan"))
+    REQUIRE(c->ok);
+  auto bad = clone_all(in[2]);
+  bad[0][1234] = NAN;
+  auto calls = run_round(s, {in[0], in[1], bad}, {1, 1, 1}, "nan");
+  REQUIRE(calls[2]->ok);
+  CHECK(calls[2]->result.report.outcome == round_outcome::error);
+  CHECK(calls[2]->result.report.detail.find("non-finite") != std::string::npos);
+  auto pair = weighted_mean_of(in, {1, 1, 1}, {0, 1})[0];
+  for (size_t i = 0; i < 2; ++i) {
+    CAPTURE(i);
+    REQUIRE(calls[i]->ok);
+    auto& r = calls[i]->result;
+    REQUIRE(r.tensors.size() == 1);
+    auto got = r.tensors[0].tensor;
+    CHECK(torch::isfinite(got).all().item<bool>());
+    // Told that peer 2 leaves, they do not wait for its parts until the reduce deadline
+    // (virtual time).
+    CHECK(std::chrono::nanoseconds(r.report.elapsed_ns) < 2s);
+    for (auto& p : r.report.parts) {
+      if (p.size == 0)
+        continue;
+      auto g = got.narrow(0, p.offset, p.size);
+      if (p.status == part_status::averaged) {
+        CHECK(p.contributors.size() == 2);
+        CHECK(close_to(g, pair.narrow(0, p.offset, p.size), 1e-5));
+      } else {
+        CHECK(torch::equal(g, in[i][0].narrow(0, p.offset, p.size)));
+      }
+    }
+  }
+}
+
 TEST_CASE("a cancelled request is answered with an error and the next one is served") {
   avg_swarm s(701, 1);
   auto in = make_tensors({{10}}, 7);

@@ -157,6 +157,41 @@ TEST_CASE("a streamed sender's chunks in any order and sizes average exactly") {
   }
 }
 
+TEST_CASE("a streamed sum in a reused buffer starts from its first whole chunk or from zero") {
+  // The buffer comes from an earlier round (here: NaN everywhere); whichever chunk comes first
+  // (whole part, partial, of weight 0), nothing of the old contents may reach the result.
+  const int64_t size = 64;
+  torch::manual_seed(3);
+  auto a = torch::randn({size});
+  auto b = torch::randn({size});
+  struct order {
+    bool whole_first;
+    double wa;
+  };
+  for (auto o : {order{true, 3.0}, order{false, 3.0}, order{true, 1.0}, order{true, 0.0},
+                 order{false, 0.0}}) {
+    part_reducer r(size, {0, 1}, nullptr, torch::full({size}, NAN));
+    auto add_b = [&] {
+      REQUIRE(r.add(1, 1.0, 40, b.narrow(0, 40, size - 40)).ok());
+      REQUIRE(r.add(1, 1.0, 0, b.narrow(0, 0, 40)).ok());
+    };
+    if (!o.whole_first)
+      add_b();
+    REQUIRE(r.add(0, o.wa, 0, a).ok());
+    if (o.whole_first)
+      add_b();
+    auto out = r.reduce();
+    REQUIRE(out.ok());
+    auto expect = (a * o.wa + b) / (o.wa + 1.0);
+    CHECK((out->values - expect).abs().max().item<float>() < 1e-6f);
+  }
+  // Only a sender of weight 0 delivered: the sum is 0 everywhere and the mean fails (not NaN
+  // from the old buffer passing for a result).
+  part_reducer z(size, {0}, nullptr, torch::full({size}, NAN));
+  REQUIRE(z.add(0, 0.0, 0, a).ok());
+  CHECK_FALSE(z.reduce().ok());
+}
+
 TEST_CASE("a part reducer rejects bad chunks without changing its state") {
   part_reducer r(4, {0, 1}, nullptr);
   auto x = torch::ones({2});
