@@ -6,7 +6,6 @@
 #include <sys/stat.h>
 
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 
 #include <caf/all.hpp>
@@ -234,6 +233,9 @@ result<credentials> load_credentials(const node_options& opts) {
   if (opts.authority.empty() || opts.token.empty())
     return fail("a closed run needs both the authority's public key (node.authority, --authority) "
                 "and this node's token (node.token, --token)");
+  if (opts.key_file.empty())
+    return fail("a closed run needs the node's key file (--key FILE): its token is issued for "
+                "that key");
   auto authority = auth::load_public_key_file(opts.authority, auth::key_role::authority);
   if (!authority)
     return fail("node.authority: " + authority.error().what);
@@ -347,18 +349,10 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
                               "written by `starling token issue` has them); set node.tls: false "
                               "to run without encryption",
                               n->name_, opts.token));
-    std::string dir;
-    if (auto slash = opts.key_file.rfind('/'); slash != std::string::npos) {
-      dir = opts.key_file.substr(0, slash) + "/tls";
-    } else if (!opts.key_file.empty()) {
-      dir = "tls";
-    } else {
-      char tmpl[] = "/tmp/starling-tls-XXXXXX";
-      if (!::mkdtemp(tmpl))
-        return fail(fmt::format("node {}: cannot create a folder for its TLS files: {}",
-                                n->name_, std::strerror(errno)));
-      dir = tmpl;
-    }
+    // Beside the key file (a closed run always has one: its token names that key).
+    auto slash = opts.key_file.rfind('/');
+    auto dir = (slash == std::string::npos ? std::string{"."} : opts.key_file.substr(0, slash))
+               + "/tls";
     if (auto st = write_tls_files(dir, *creds, *n->key_, *n->cfg_); !st)
       return fail(fmt::format("node {}: {}", n->name_, st.what()));
     n->cfg_->load<caf::openssl::manager>();
