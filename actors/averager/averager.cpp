@@ -181,7 +181,7 @@ public:
       mm_(matchmaker_options{opts_.address, opts_.bandwidth, opts_.auxiliary,
                              opts_.target_group_size, opts_.key_prefix,
                              opts_.matchmaking_window, opts_.poll_interval, opts_.join_grace,
-                             opts_.persistent_groups}) {
+                             opts_.persistent_groups, opts_.family_groups}) {
     transport_ = opts_.transport;
     if (!transport_ && !opts_.data_host.empty()) {
       transfer::transport_options to;

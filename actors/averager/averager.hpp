@@ -106,6 +106,9 @@ struct averager_options {
   /// Remember a group that completed a round and re-form it at once while its members stay
   /// (matchmaker.hpp); the DHT is asked only when membership changes.
   bool persistent_groups = true;
+  /// Remember them per key family, across numbered round keys ("p/grad/17", "p/grad/18"):
+  /// `matchmaker_options::family_groups`.
+  bool family_groups = false;
   /// BTARD hook: digest every part sent and received (round_engine.hpp). Off: no cost.
   bool hash_parts = false;
 };

@@ -27,6 +27,15 @@ bool decode_announcement(const std::vector<char>& v, double& bandwidth, bool& au
   return std::isfinite(bandwidth) && bandwidth >= 0 && numel >= 0 && (a == 0 || a == 1);
 }
 
+std::string matchmaker::memory_key(const std::string& key) const {
+  return opts_.family_groups ? group_family(key) : key;
+}
+
+std::string group_family(const std::string& key) {
+  auto end = key.find_last_not_of("0123456789");
+  return end == std::string::npos ? std::string{} : key.substr(0, end + 1);
+}
+
 namespace {
 /// The leader of a formed group: its smallest address that is not a client's (members are sorted
 /// by address; clients join any leader, so one may sort first).
@@ -61,6 +70,9 @@ std::vector<mm_effect> matchmaker::start(const std::string& group_key, int64_t n
   announced_.clear();
   closed_ = false;
   window_over_ = false;
+  polled_ = false;
+  seen_.clear();
+  late_.clear();
   auto key = opts_.key_prefix + key_;
   out.push_back(mm::announce{key, encode_announcement(opts_.bandwidth, opts_.auxiliary, numel_),
                              2 * opts_.matchmaking_window + opts_.join_grace});
@@ -68,7 +80,8 @@ std::vector<mm_effect> matchmaker::start(const std::string& group_key, int64_t n
   out.push_back(mm::set_timer{epoch_, mm_timer::poll, opts_.poll_interval});
   out.push_back(mm::set_timer{epoch_, mm_timer::window_end, opts_.matchmaking_window});
   // A remembered group: ask its leader at once instead of waiting for the DHT.
-  if (auto prev = previous_.find(key_); opts_.persistent_groups && prev != previous_.end())
+  if (auto prev = previous_.find(memory_key(key_));
+      opts_.persistent_groups && prev != previous_.end())
     switch_to(leader_of(prev->second), out);
   // Joins that waited for this request.
   auto waiting = std::move(waiting_);
@@ -97,13 +110,17 @@ std::vector<mm_effect> matchmaker::on_records(const std::vector<announcement>& r
   // whatever its own.
   auto current = leader_.empty() && !client() ? opts_.address : leader_;
   auto best = current;
+  polled_ = true;
   for (auto& rec : records) {
     if (rec.address.empty() || rec.address == opts_.address)
       continue;
     double bw = 0;
     bool aux = false;
     int64_t numel = 0;
-    if (!decode_announcement(rec.value, bw, aux, numel) || numel != numel_ || bw == 0)
+    if (!decode_announcement(rec.value, bw, aux, numel) || numel != numel_)
+      continue;
+    seen_.insert(rec.address);
+    if (bw == 0)
       continue; // a client-mode peer is never a leader
     auto& seen = announced_[rec.address];
     seen = std::max(seen, rec.expiration_ns);
@@ -117,6 +134,8 @@ std::vector<mm_effect> matchmaker::on_records(const std::vector<announcement>& r
   }
   if (!best.empty() && best != current)
     switch_to(best, out);
+  else if (opts_.family_groups)
+    close_if_back(out);
   return out;
 }
 
@@ -153,6 +172,13 @@ std::vector<mm_effect> matchmaker::on_join_reply(uint64_t epoch, const std::stri
     switch_to(r.redirect, out);
     return out;
   }
+  if (r.verdict == avg_join_reply::refused && r.reason == round_over_reason && !closed_ &&
+      r.wire_error.empty()) {
+    // The smallest leader ran this key's round without us: nobody is left to form it with (we
+    // are remembered for the family's next round).
+    give_up(fmt::format("{} ({} ran it)", round_over_reason, leader), out);
+    return out;
+  }
   // A reply whose envelope was refused carries only the reason (wire_error).
   return on_join_failed(epoch, leader, r.wire_error.empty() ? r.reason : r.wire_error);
 }
@@ -168,23 +194,62 @@ std::vector<mm_effect> matchmaker::on_join_failed(uint64_t epoch, const std::str
 }
 
 bool matchmaker::previous_group_back() const {
-  auto prev = previous_.find(key_);
-  if (!opts_.persistent_groups || prev == previous_.end())
+  auto prev = previous_.find(memory_key(key_));
+  if (!opts_.persistent_groups || prev == previous_.end() || (opts_.family_groups && !polled_))
     return false;
+  auto following = [&](const std::string& a) {
+    return std::any_of(followers_.begin(), followers_.end(),
+                       [&](const messages::member_info& f) { return f.address == a; });
+  };
   for (auto& m : prev->second)
-    if (m.address != opts_.address
-        && std::none_of(followers_.begin(), followers_.end(),
-                        [&](const messages::member_info& f) { return f.address == m.address; }))
+    if (m.address != opts_.address && !following(m.address))
       return false;
-  return true;
+  if (!opts_.family_groups)
+    return true;
+  // A newcomer (or anyone else) announcing under this key is waited for: closing without it
+  // would leave it alone for this round.
+  return std::all_of(seen_.begin(), seen_.end(),
+                     [&](const std::string& a) { return following(a) || departed_.count(a) > 0; });
+}
+
+void matchmaker::close_if_back(std::vector<mm_effect>& out) {
+  if (phase_ == phase::matching && !closed_ && leader_.empty() && !followers_.empty() &&
+      previous_group_back())
+    close_group(out);
+}
+
+void matchmaker::note_late(const avg_join& j) {
+  // A join for the round we lead (closed, running) or led last: remembered with that group, so
+  // that the family's next round waits for it too; else a peer that always starts a little
+  // later than the others is left out of every round.
+  bool may_follow = j.member.bandwidth == 0 || j.member.address > opts_.address;
+  if (!opts_.persistent_groups || !opts_.family_groups || !may_follow)
+    return;
+  auto add = [&](std::vector<messages::member_info>& to) {
+    if (to.size() < 2 * opts_.target_group_size &&
+        std::none_of(to.begin(), to.end(),
+                     [&](const messages::member_info& m) { return m.address == j.member.address; }))
+      to.push_back(j.member);
+  };
+  if (phase_ == phase::formed && j.group_key == key_ && leader_.empty() && !members_.empty() &&
+      j.numel == numel_)
+    add(late_);
+  else if (!last_led_.empty() && j.group_key == last_led_)
+    if (auto prev = previous_.find(memory_key(last_led_)); prev != previous_.end())
+      add(prev->second);
 }
 
 avg_join_reply matchmaker::decide_join(const avg_join& j, std::vector<mm_effect>& out) {
   avg_join_reply r;
   if (phase_ != phase::matching || j.group_key != key_) {
-    r.reason = "not matchmaking under this key";
+    // The round we led last under that key ran without the joiner: it need not wait for it.
+    r.reason = opts_.family_groups && !last_led_.empty() && j.group_key == last_led_
+                   ? round_over_reason
+                   : "not matchmaking under this key";
+    note_late(j);
   } else if (closed_) {
     r.reason = "group already closed";
+    note_late(j);
   } else if (client()) {
     r.reason = "a client-mode peer leads no group";
   } else if (!leader_.empty()) {
@@ -197,10 +262,9 @@ avg_join_reply matchmaker::decide_join(const avg_join& j, std::vector<mm_effect>
   } else if (!std::isfinite(j.member.bandwidth) || j.member.bandwidth < 0) {
     r.reason = "bad bandwidth";
   } else {
-    auto it = std::find_if(followers_.begin(), followers_.end(),
-                           [&](const messages::member_info& m) {
-                             return m.address == j.member.address;
-                           });
+    auto it =
+        std::find_if(followers_.begin(), followers_.end(),
+                     [&](const messages::member_info& m) { return m.address == j.member.address; });
     if (it == followers_.end() && followers_.size() + 1 >= opts_.target_group_size) {
       r.reason = "group full";
     } else {
@@ -220,17 +284,20 @@ std::vector<mm_effect> matchmaker::on_join(uint64_t ticket, const avg_join& j) {
   std::vector<mm_effect> out;
   bool current = phase_ == phase::matching && j.group_key == key_;
   if (!current && opts_.persistent_groups && waiting_.size() < opts_.target_group_size) {
-    // A member of the group we lead under that key (the one running now, or the last one)
-    // asking before our own next request: it waits.
+    // A member of the group we lead in that key's family (the one running now, or the last
+    // one) asking before our own next request: it waits (and is refused then if that request
+    // is under another key).
     const std::vector<messages::member_info>* group = nullptr;
-    if (phase_ == phase::formed && j.group_key == key_ && !members_.empty())
+    if (phase_ == phase::formed && !members_.empty() && memory_key(j.group_key) == memory_key(key_))
       group = &members_;
-    else if (auto prev = previous_.find(j.group_key); prev != previous_.end())
-      group = &prev->second;
-    if (group != nullptr && leader_of(*group) == opts_.address
-        && std::any_of(group->begin(), group->end(), [&](const messages::member_info& m) {
-             return m.address == j.member.address;
-           })) {
+    else if (memory_key(j.group_key) != memory_key(key_) || phase_ != phase::matching) {
+      if (auto prev = previous_.find(memory_key(j.group_key)); prev != previous_.end())
+        group = &prev->second;
+    }
+    if (group != nullptr && leader_of(*group) == opts_.address &&
+        std::any_of(group->begin(), group->end(), [&](const messages::member_info& m) {
+          return m.address == j.member.address;
+        })) {
       for (auto& w : waiting_)
         if (w.join.member.address == j.member.address) {
           avg_join_reply stale;
@@ -266,11 +333,10 @@ std::vector<mm_effect> matchmaker::on_leave(const avg_leave& l) {
     if (!l.leader.empty())
       switch_to(l.leader, out);
   } else if (l.leader.empty()) {
-    followers_.erase(std::remove_if(followers_.begin(), followers_.end(),
-                                    [&](const messages::member_info& m) {
-                                      return m.address == l.address;
-                                    }),
-                     followers_.end());
+    followers_.erase(
+        std::remove_if(followers_.begin(), followers_.end(),
+                       [&](const messages::member_info& m) { return m.address == l.address; }),
+        followers_.end());
   }
   return out;
 }
@@ -284,8 +350,8 @@ void matchmaker::close_group(std::vector<mm_effect>& out) {
   members.push_back(me());
   std::sort(members.begin(), members.end(),
             [](const auto& a, const auto& b) { return a.address < b.address; });
-  uint64_t id = std::hash<std::string>{}(
-      fmt::format("{}/{}/{}/{}", opts_.address, epoch_, now_ns_, seed_));
+  uint64_t id =
+      std::hash<std::string>{}(fmt::format("{}/{}/{}/{}", opts_.address, epoch_, now_ns_, seed_));
   id |= 1; // never 0
   avg_group g{key_, id, members, numel_};
   for (auto& m : followers_)
@@ -296,8 +362,8 @@ void matchmaker::close_group(std::vector<mm_effect>& out) {
 
 std::vector<mm_effect> matchmaker::on_group(const avg_group& g) {
   std::vector<mm_effect> out;
-  if (phase_ != phase::matching || g.group_key != key_ || closed_ || g.numel != numel_
-      || g.group_id == 0 || g.members.size() < 2 || g.members.size() > 4096)
+  if (phase_ != phase::matching || g.group_key != key_ || closed_ || g.numel != numel_ ||
+      g.group_id == 0 || g.members.size() < 2 || g.members.size() > 4096)
     return out;
   if (std::none_of(g.members.begin(), g.members.end(),
                    [&](const messages::member_info& m) { return m.address == opts_.address; }))
@@ -320,29 +386,29 @@ std::vector<mm_effect> matchmaker::on_timer(uint64_t epoch, mm_timer kind) {
   if (epoch != epoch_ || phase_ != phase::matching || closed_)
     return out;
   switch (kind) {
-    case mm_timer::poll:
-      if (!window_over_) {
-        out.push_back(mm::poll{opts_.key_prefix + key_});
-        out.push_back(mm::set_timer{epoch_, mm_timer::poll, opts_.poll_interval});
-      }
-      break;
-    case mm_timer::window_end:
-      window_over_ = true;
-      if (!leader_.empty())
-        out.push_back(mm::set_timer{epoch_, mm_timer::follow_deadline, opts_.join_grace});
-      else if (!followers_.empty())
-        close_group(out);
-      else
-        give_up("no partner found within the matchmaking window", out);
-      break;
-    case mm_timer::follow_deadline:
-      if (leader_.empty() && !followers_.empty())
-        close_group(out); // our leader left after the window and handed its followers to us
-      else if (leader_.empty())
-        give_up("our leader left and nobody joined us", out);
-      else
-        give_up(fmt::format("leader {} sent no group", leader_), out);
-      break;
+  case mm_timer::poll:
+    if (!window_over_) {
+      out.push_back(mm::poll{opts_.key_prefix + key_});
+      out.push_back(mm::set_timer{epoch_, mm_timer::poll, opts_.poll_interval});
+    }
+    break;
+  case mm_timer::window_end:
+    window_over_ = true;
+    if (!leader_.empty())
+      out.push_back(mm::set_timer{epoch_, mm_timer::follow_deadline, opts_.join_grace});
+    else if (!followers_.empty())
+      close_group(out);
+    else
+      give_up("no partner found within the matchmaking window", out);
+    break;
+  case mm_timer::follow_deadline:
+    if (leader_.empty() && !followers_.empty())
+      close_group(out); // our leader left after the window and handed its followers to us
+    else if (leader_.empty())
+      give_up("our leader left and nobody joined us", out);
+    else
+      give_up(fmt::format("leader {} sent no group", leader_), out);
+    break;
   }
   return out;
 }
@@ -363,10 +429,18 @@ std::vector<mm_effect> matchmaker::finish(std::vector<messages::member_info> mem
       out.push_back(mm::send_leave{f.address, avg_leave{key_, opts_.address, next}});
   }
   if (opts_.persistent_groups && !key_.empty()) {
+    for (auto& m : late_)
+      if (members.size() >= 2 &&
+          std::none_of(members.begin(), members.end(),
+                       [&](const messages::member_info& x) { return x.address == m.address; }))
+        members.push_back(m);
+    std::sort(members.begin(), members.end(),
+              [](const auto& a, const auto& b) { return a.address < b.address; });
+    last_led_ = members.size() >= 2 && leader_of(members) == opts_.address ? key_ : "";
     if (members.size() >= 2)
-      previous_[key_] = std::move(members);
+      previous_[memory_key(key_)] = std::move(members);
     else
-      previous_.erase(key_);
+      previous_.erase(memory_key(key_));
   }
   phase_ = phase::idle;
   key_.clear();
@@ -378,7 +452,7 @@ std::vector<mm_effect> matchmaker::finish(std::vector<messages::member_info> mem
 }
 
 void matchmaker::forget(const std::string& group_key) {
-  previous_.erase(group_key);
+  previous_.erase(memory_key(group_key));
 }
 
 } // namespace starling::actors::averager

@@ -25,14 +25,19 @@
 //      matches (its peer left: `finish`) hands its followers to the smallest of them that may
 //      lead (`avg_leave` naming it), so that they form a group without it instead of each giving
 //      up after the grace; a follower told so by a leader that names nobody leads itself.
-//   5. Persistent groups: after a round, every member remembers the group. Its next request under
-//      the same key sends `avg_join` to the old leader at once (no poll needed), and the old
-//      leader closes as soon as all old members are back. A join that reaches the old leader
-//      before its own next request (while it still runs the round, or idles) waits there and is
-//      answered when that request starts; the joiner's own timeout covers a leader that never
-//      asks again. When a member is missing the leader waits for the window as usual and forms
-//      the group without it; when the old leader is gone its followers find the next one in the
-//      DHT.
+//   5. Persistent groups: after a round, every member remembers the group under its key, or with
+//      `family_groups` under the key's family (`group_family`: the key without its trailing
+//      digits, so the rounds "p/grad/17" and "p/grad/18" of a collaboration are one family). Its
+//      next request under the key (in the family) sends `avg_join` to the old leader at once (no
+//      poll needed), and the old leader closes as soon as all old members are back (with
+//      `family_groups`: under the new key, and its first poll of this request showed nobody else
+//      announcing: a newcomer it saw is waited for, or the window ends as usual; a peer that asked
+//      to join after the group closed is remembered with it, so that the next round waits for it
+//      too). A join that reaches the old leader before its own next request (while it still runs
+//      the round, or idles) waits there and is answered when that request starts; the joiner's own
+//      timeout covers a leader that never asks again. When a member is missing the leader waits for
+//      the window as usual and forms the group without it; when the old leader is gone its
+//      followers find the next one in the DHT.
 #pragma once
 
 #include <chrono>
@@ -70,6 +75,12 @@ struct matchmaker_options {
   std::chrono::nanoseconds join_grace = std::chrono::seconds(2);
   /// Remember groups across rounds (5. above).
   bool persistent_groups = true;
+  /// Remember them per key family (`group_family`), so that rounds under numbered keys
+  /// ("p/grad/17", "p/grad/18") re-form at once; with it, an early close also waits for a first
+  /// poll and for every peer it showed announcing, late joiners are remembered with the group
+  /// and a join for the round led last is answered `round_over_reason`. Off: groups are
+  /// remembered per exact key.
+  bool family_groups = false;
 };
 
 /// One announcement as a DHT poll returned it.
@@ -87,6 +98,17 @@ std::vector<char> encode_announcement(double bandwidth, bool auxiliary, int64_t 
 /// Parses an untrusted announcement value; false when malformed.
 bool decode_announcement(const std::vector<char>& v, double& bandwidth, bool& auxiliary,
                          int64_t& numel);
+
+/// The family of a group key, under which persistent groups are remembered: the key without its
+/// trailing decimal digits ("p/grad/17" -> "p/grad/", "s/stage1/step4" -> "s/stage1/step"); a
+/// key that does not end in a digit is its own family. Only rounds of one key ever average
+/// together: the family only says whom to ask first.
+std::string group_family(const std::string& key);
+
+/// A leader's refusal of a join for the round it ran last under that key: the joiner gives up at
+/// once instead of looking for partners until its window ends (it was remembered with the group,
+/// and the family's next round waits for it).
+inline constexpr const char* round_over_reason = "the round under this key is over";
 
 /// Timers a matchmaker sets.
 enum class mm_timer : uint8_t { poll, window_end, follow_deadline };
@@ -142,9 +164,9 @@ struct gave_up {
 };
 } // namespace mm
 
-using mm_effect = std::variant<mm::announce, mm::poll, mm::send_join, mm::send_leave,
-                               mm::send_group, mm::answer_join, mm::set_timer, mm::formed,
-                               mm::gave_up>;
+using mm_effect =
+    std::variant<mm::announce, mm::poll, mm::send_join, mm::send_leave, mm::send_group,
+                 mm::answer_join, mm::set_timer, mm::formed, mm::gave_up>;
 
 /// One averager's matchmaking, one request at a time.
 class matchmaker {
@@ -198,6 +220,9 @@ private:
   void close_group(std::vector<mm_effect>& out);
   void give_up(std::string why, std::vector<mm_effect>& out);
   bool previous_group_back() const;
+  void close_if_back(std::vector<mm_effect>& out);
+  void note_late(const avg_join& j);
+  std::string memory_key(const std::string& key) const;
 
   matchmaker_options opts_;
   phase phase_ = phase::idle;
@@ -216,11 +241,20 @@ private:
   std::map<std::string, int64_t> announced_;
   bool closed_ = false;
   bool window_over_ = false;
+  /// A poll of this request was answered; the peers it showed announcing under our key (valid
+  /// announcements of our vector size, clients and auxiliaries included).
+  bool polled_ = false;
+  std::set<std::string> seen_;
+  /// Peers that asked to join after we closed our group (remembered with it, see decide_join).
+  std::vector<messages::member_info> late_;
+  /// The key of the last round whose group we led (late joins for it are remembered too).
+  std::string last_led_;
   /// The group of this request once formed.
   std::vector<messages::member_info> members_;
-  /// Remembered groups by key (persistent groups).
+  /// Remembered groups by key family (persistent groups).
   std::map<std::string, std::vector<messages::member_info>> previous_;
-  /// Joins from remembered members that arrived before our request under their key.
+  /// Joins from remembered members that arrived before our request under their key (of the
+  /// remembered group's family).
   struct waiting_join {
     uint64_t ticket;
     avg_join join;

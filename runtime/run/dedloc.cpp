@@ -24,8 +24,8 @@
 #include "kernels/models/torchscript.hpp"
 #include "messages/atoms.hpp"
 #include "messages/swarm.hpp"
-#include "runtime/graph/model_config.hpp"
 #include "runtime/experiment/plan.hpp"
+#include "runtime/graph/model_config.hpp"
 #include "runtime/plot/svg.hpp"
 #include "runtime/run/kinds.hpp"
 
@@ -160,8 +160,8 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
       return {};
     }
     auto to = torch_options(o, h.graph().seed,
-                            static_cast<uint64_t>(ctx.index) * 1024
-                              + static_cast<uint64_t>(ctx.generation));
+                            static_cast<uint64_t>(ctx.index) * 1024 +
+                                static_cast<uint64_t>(ctx.generation));
     if (mode == actors::collab::peer_mode::auxiliary)
       to.eval_samples = 0;
     auto b = dp::make_torch_backend(to, data->first, data->second);
@@ -196,8 +196,8 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
   po.diloco.outer.max_grad_norm = 0;
   po.diloco.codec = codec_of(o.outer_codec);
   po.diloco.codec_params.ratio = o.outer_ratio;
-  po.diloco.error_feedback = o.error_feedback && po.diloco.codec != kernels::codec_id::randk
-                             && po.diloco.codec != kernels::codec_id::none;
+  po.diloco.error_feedback = o.error_feedback && po.diloco.codec != kernels::codec_id::randk &&
+                             po.diloco.codec != kernels::codec_id::none;
   auto codec = codec_of(o.codec);
   po.wire_bytes_per_element = wire_bytes(codec);
   caf::actor averager;
@@ -207,6 +207,7 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
     ao.bandwidth = mode == actors::collab::peer_mode::client ? 0.0 : 1.0;
     ao.auxiliary = mode == actors::collab::peer_mode::auxiliary;
     ao.target_group_size = static_cast<uint32_t>(o.group_size);
+    ao.family_groups = o.persistent_rounds;
     ao.matchmaking_window = std::chrono::duration_cast<caf::timespan>(o.window);
     ao.poll_interval = std::chrono::duration_cast<caf::timespan>(o.window / 8);
     ao.round_timeout = std::chrono::duration_cast<caf::timespan>(o.averager_timeout);
@@ -319,15 +320,14 @@ public:
     fmt::print("  {:<34} {:.0f} ({:.1f}/s over {:.1f} s)\n", "samples in updates", samples_,
                last_t_ > 0 ? samples_ / last_t_ : 0.0, last_t_);
     fmt::print("  {:<34} {:.0f}\n", "samples dropped", dropped_);
-    fmt::print("  {:<34} {} ({} averaged, mean {:.2f} s from start to update)\n",
-               "peer updates", rounds_, averaged_,
-               rounds_ > 0 ? round_s_ / static_cast<double>(rounds_) : 0.0);
+    fmt::print("  {:<34} {} ({} averaged, mean {:.2f} s from start to update)\n", "peer updates",
+               rounds_, averaged_, rounds_ > 0 ? round_s_ / static_cast<double>(rounds_) : 0.0);
     fmt::print("  {:<34} {} lone\n", "peer updates on own gradient", rounds_ - averaged_);
     fmt::print("  {:<34} {} resyncs after lone updates ({} failed), {} periodic ({} failed)\n",
                "state averaging rounds (per peer)", resyncs_.first, resyncs_.second,
                periodic_.first, periodic_.second);
-    fmt::print("  {:<34} {} distinct ({} starts, {} in client mode), {} left on purpose\n",
-               "peers", peers_.size(), joins_, clients_.size(), leaves_);
+    fmt::print("  {:<34} {} distinct ({} starts, {} in client mode), {} left on purpose\n", "peers",
+               peers_.size(), joins_, clients_.size(), leaves_);
     fmt::print("  {:<34} {} done, {} failed\n", "state downloads", downloads_, failed_downloads_);
     fmt::print("  {:<34} {:.2f} MB sent, {:.2f} MB received (mean per peer)\n", "traffic",
                per_peer / 1e6, per_peer_in / 1e6);
@@ -447,8 +447,8 @@ private:
     auto ms = 1e3 * secs(std::chrono::steady_clock::now() - began);
     auto written_files = fmt::format("{} file{} in {}", n, n == 1 ? "" : "s", dir);
     if (after)
-      fmt::print("  {:<34} {} (export.json: held-out loss {:.6f}, step {}; {:.0f} ms)\n",
-                 "export", written_files, after->loss, chosen->state.steps, ms);
+      fmt::print("  {:<34} {} (export.json: held-out loss {:.6f}, step {}; {:.0f} ms)\n", "export",
+                 written_files, after->loss, chosen->state.steps, ms);
     else
       fmt::print("  {:<34} {} (export.json: step {}; no held-out loss: no held-out data or "
                  "eval_samples 0; {:.0f} ms)\n",
@@ -518,8 +518,8 @@ private:
     p.y_label = "cross-entropy";
     p.lines = {loss_b};
     (void)plot::write_svg(p, dir + "/loss_bytes.svg");
-    fmt::print("  {:<34} {}/accuracy.svg, loss.svg, accuracy_bytes.svg, loss_bytes.svg\n",
-               "plots", dir);
+    fmt::print("  {:<34} {}/accuracy.svg, loss.svg, accuracy_bytes.svg, loss_bytes.svg\n", "plots",
+               dir);
   }
 
   std::optional<dedloc_export_options> export_;
@@ -584,13 +584,13 @@ void read_dedloc_role(config_node& n, dedloc_role_options& o) {
   read_duration(n, "round_timeout", o.round_timeout);
   read_non_negative(n, "average_state_every", o.average_state_every);
   read(n, "resync_after_lone_step", o.resync_after_lone_step);
+  read(n, "persistent_rounds", o.persistent_rounds);
   read_duration(n, "record_lifetime", o.record_lifetime);
   read_positive(n, "inner_batch", o.inner_batch);
   read_real(n, "outer_lr", o.outer_lr, 0, 10);
   read_real(n, "outer_momentum", o.outer_momentum, 0, 0.999);
   read(n, "outer_nesterov", o.outer_nesterov);
-  read_choice(n, "outer_codec", o.outer_codec,
-              {"none", "fp16", "blockwise8", "quantile8", "topk"});
+  read_choice(n, "outer_codec", o.outer_codec, {"none", "fp16", "blockwise8", "quantile8", "topk"});
   read_real(n, "outer_ratio", o.outer_ratio, 1e-6, 1);
   read(n, "error_feedback", o.error_feedback);
   if (n.has("model")) {
@@ -642,13 +642,13 @@ status check_dedloc_role(const dedloc_role_options& o) {
   if (o.microbatch == 0 || o.target_batch == 0 || o.width < 1 || o.layers < 1)
     return fail("microbatch, target_batch, width and layers must be positive");
   if (o.target_batch < o.microbatch)
-    return fail(fmt::format("target_batch {} is below one microbatch ({})", o.target_batch,
-                            o.microbatch));
+    return fail(
+        fmt::format("target_batch {} is below one microbatch ({})", o.target_batch, o.microbatch));
   for (auto* c : {&o.codec, &o.outer_codec})
     if (!kernels::parse_codec(*c))
       return fail(fmt::format("unknown codec '{}'", *c));
-  if (o.window <= nanoseconds{0} || o.averager_timeout <= nanoseconds{0}
-      || o.round_timeout <= nanoseconds{0} || o.record_lifetime <= nanoseconds{0})
+  if (o.window <= nanoseconds{0} || o.averager_timeout <= nanoseconds{0} ||
+      o.round_timeout <= nanoseconds{0} || o.record_lifetime <= nanoseconds{0})
     return fail("window, averager_timeout, round_timeout and record_lifetime must be positive");
   if (o.clients > 0 && o.cycle == 0)
     return fail("clients needs cycle (the instances it counts in)");
@@ -689,8 +689,8 @@ void add_churn(experiment_graph& g, const std::string& role, size_t replicas, do
       continue;
     auto pick = std::uniform_int_distribution<size_t>{0, live.size() - 1}(rng);
     auto victim = live[pick];
-    if (serves && serves(victim)
-        && std::count_if(live.begin(), live.end(), [&](size_t i) { return serves(i); }) <= 1)
+    if (serves && serves(victim) &&
+        std::count_if(live.begin(), live.end(), [&](size_t i) { return serves(i); }) <= 1)
       continue; // the last peer that can hand the state to newcomers stays
     live.erase(live.begin() + static_cast<std::ptrdiff_t>(pick));
     auto at = std::chrono::duration_cast<nanoseconds>(std::chrono::duration<double>(t));
@@ -728,17 +728,19 @@ std::unique_ptr<reporter> make_dedloc_reporter(std::optional<dedloc_export_optio
 void add_dedloc(role_registry& reg) {
   auto cache = std::make_shared<data_cache>();
   reg.add<dedloc_role_options>(
-    "dedloc.peer",
-    "a data-parallel peer (DeDLOC or DiLoCo) with a LibTorch MLP, a TorchScript model or the "
-    "cost model",
-    [cache](role_context& ctx, const dedloc_role_options& o) { return spawn_peer(ctx, o, cache); },
-    read_dedloc_role, check_dedloc_role,
-    [](const dedloc_role_options& o) {
-      return fmt::format("{} {} backend, target batch {}, microbatch {}, {} speeds, {} clients "
-                         "per {}",
-                         o.algorithm, o.backend, o.target_batch, o.microbatch, o.speeds.size(),
-                         o.clients, o.cycle);
-    });
+      "dedloc.peer",
+      "a data-parallel peer (DeDLOC or DiLoCo) with a LibTorch MLP, a TorchScript model or the "
+      "cost model",
+      [cache](role_context& ctx, const dedloc_role_options& o) {
+        return spawn_peer(ctx, o, cache);
+      },
+      read_dedloc_role, check_dedloc_role,
+      [](const dedloc_role_options& o) {
+        return fmt::format("{} {} backend, target batch {}, microbatch {}, {} speeds, {} clients "
+                           "per {}",
+                           o.algorithm, o.backend, o.target_batch, o.microbatch, o.speeds.size(),
+                           o.clients, o.cycle);
+      });
   kind_type k;
   k.name = "dedloc";
   k.summary = "data-parallel peers training together (DeDLOC or DiLoCo), joining and leaving";

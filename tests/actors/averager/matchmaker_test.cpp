@@ -32,8 +32,13 @@ struct outcome {
 class mm_net {
 public:
   mm_net(size_t n, uint64_t seed, matchmaker_options base = {})
-    : rng_(seed), reveal_(n), revealed_(n, 0), started_(n, nanos{0}), dead_(n, false),
-      outcomes_(n), joins_to_(n, 0) {
+      : rng_(seed),
+        reveal_(n),
+        revealed_(n, 0),
+        started_(n, nanos{0}),
+        dead_(n, false),
+        outcomes_(n),
+        joins_to_(n, 0) {
     if (base.target_group_size == 16)
       base.target_group_size = static_cast<uint32_t>(n);
     for (size_t i = 0; i < n; ++i) {
@@ -338,6 +343,69 @@ TEST_CASE("a persistent group re-forms at once when everyone is back, and withou
   }
 }
 
+TEST_CASE("a group persists across the rounds of one key family and waits for a newcomer it "
+          "saw announcing") {
+  CHECK(group_family("p/grad/17") == "p/grad/");
+  CHECK(group_family("s/stage1/step4") == "s/stage1/step");
+  CHECK(group_family("g") == "g");
+  CHECK(group_family("42") == "");
+  matchmaker_options o;
+  o.target_group_size = 8; // only persistence closes a group before the window ends
+  o.family_groups = true;
+  mm_net net(4, 11, o);
+  for (size_t i = 0; i < 4; ++i)
+    net.reveal_all(i);
+  // Round 1 ("c/1"): p0..p2 find each other through the DHT and wait for the window.
+  for (size_t i = 0; i < 3; ++i)
+    net.start(i, std::chrono::milliseconds(10 * i), "c/1");
+  net.run(3s);
+  for (size_t i = 0; i < 3; ++i) {
+    REQUIRE(net.result(i));
+    REQUIRE(net.result(i)->formed);
+    CHECK(net.result(i)->at >= 2s);
+  }
+  // Round 2 ("c/2", another key of the family): the group re-forms at once.
+  for (size_t i = 0; i < 3; ++i) {
+    net.finish(i, 3s, true);
+    net.start(i, 3s + std::chrono::milliseconds(20 * (2 - i)), "c/2");
+  }
+  net.run(6s);
+  for (size_t i = 0; i < 3; ++i) {
+    REQUIRE(net.result(i));
+    CHECK(net.result(i)->formed);
+    CHECK(net.result(i)->members == names(3));
+    CHECK(net.result(i)->at - 3040ms < 100ms);
+  }
+  // Round 3: p3 comes in. The leader saw it announcing and waits for its join (before the
+  // window ends) instead of closing with the old members only.
+  for (size_t i = 0; i < 3; ++i) {
+    net.finish(i, 6s, true);
+    net.start(i, 6s, "c/3");
+  }
+  net.start(3, 6s, "c/3");
+  net.run(9s);
+  for (size_t i = 0; i < 4; ++i) {
+    REQUIRE(net.result(i));
+    CHECK(net.result(i)->formed);
+    CHECK(net.result(i)->members == names(4));
+    CHECK(net.result(i)->at - 6s < 1s);
+  }
+  // Round 4: a member a round ahead ("c/5") is not put into the leader's "c/4" group.
+  for (size_t i = 0; i < 4; ++i)
+    net.finish(i, 9s, true);
+  net.start(3, 9s, "c/5");
+  for (size_t i = 0; i < 3; ++i)
+    net.start(i, 9010ms, "c/4");
+  net.run(15s);
+  for (size_t i = 0; i < 3; ++i) {
+    REQUIRE(net.result(i));
+    CHECK(net.result(i)->formed);
+    CHECK(net.result(i)->members == names(3));
+  }
+  REQUIRE(net.result(3));
+  CHECK_FALSE(net.result(3)->formed);
+}
+
 TEST_CASE("a follower that leaves during matchmaking is not in the group") {
   matchmaker_options o;
   o.target_group_size = 8; // the leader waits for the window
@@ -428,8 +496,7 @@ TEST_CASE("no peer waits past the window: random starts, orders and dead peers o
       if (net.result(i)->formed) {
         ++formed;
         CHECK(std::count(net.result(i)->members.begin(), net.result(i)->members.end(),
-                         mm_net::name(i))
-              == 1);
+                         mm_net::name(i)) == 1);
       } else {
         ++alone;
       }

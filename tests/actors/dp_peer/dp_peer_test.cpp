@@ -107,7 +107,7 @@ struct captured {
 class capture_reporter : public reporter {
 public:
   capture_reporter(std::shared_ptr<captured> out, std::string role)
-    : out_(std::move(out)), role_(std::move(role)) {}
+      : out_(std::move(out)), role_(std::move(role)) {}
 
   void start(const run_info& info) override { info_ = info; }
 
@@ -263,6 +263,49 @@ TEST_CASE("one peer without churn equals a single process stepping on the same g
   CHECK(d <= 1e-6);
 }
 
+TEST_CASE("with persistent rounds a step's group re-forms at once and every step is averaged") {
+  // Four peers of different speeds; the same run with and without dedloc.persistent_rounds.
+  // Without it every step's round waits out the matchmaking window (1 s) after the step's
+  // target is reached; with it, rounds after the first re-form the last step's group as soon as
+  // its members are back, so the same virtual time holds more global steps.
+  auto run = [](bool persistent) {
+    auto o = small_options();
+    o.speeds = {1.0, 0.8, 0.6, 0.5};
+    o.persistent_rounds = persistent;
+    auto out = std::make_shared<captured>();
+    auto res =
+        run_sim(collaboration(persistent ? "dp-persist-on" : "dp-persist-off", 12, 20s, 4, o, out));
+    CHECK(res.exit_code == 0);
+    return out;
+  };
+  auto off = run(false);
+  auto on = run(true);
+  auto rounds = [](const captured& c) {
+    std::vector<double> r;
+    for (auto& m : c.of("dp_step", "peers.0"))
+      r.push_back(m.value("round_s"));
+    return r;
+  };
+  auto r_off = rounds(*off), r_on = rounds(*on);
+  REQUIRE(r_off.size() >= 3);
+  REQUIRE(r_on.size() >= 3);
+  for (size_t i = 1; i < r_off.size(); ++i)
+    CHECK(r_off[i] >= 1.0); // the window
+  for (size_t i = 1; i < r_on.size(); ++i) {
+    CAPTURE(i);
+    CHECK(r_on[i] < 0.5);
+  }
+  CHECK(r_on.size() > r_off.size() + 3);
+  for (auto& r : on->steps()) {
+    CAPTURE(r.peer);
+    CAPTURE(r.step);
+    CHECK(r.averaged);
+    CHECK(r.contributors == 4);
+  }
+  MESSAGE("steps of peers.0 in 20 virtual s: ", r_off.size(), " without, ", r_on.size(),
+          " with persistent rounds");
+}
+
 TEST_CASE("four peers average every step and match a single process within the codec's error") {
   auto o = small_options();
   // SGD: Adam's first steps turn fp32 rounding of near-zero averages into whole steps of +-lr.
@@ -326,8 +369,8 @@ TEST_CASE("a newcomer downloads the state mid-run and contributes to the next st
   CHECK(mine.front().averaged);
   CHECK(mine.front().contributors >= 2);
   // Its first step with samples of its own is averaged, and the others saw them.
-  auto first = std::find_if(mine.begin(), mine.end(),
-                            [](const step_record& r) { return r.samples > 0; });
+  auto first =
+      std::find_if(mine.begin(), mine.end(), [](const step_record& r) { return r.samples > 0; });
   REQUIRE(first != mine.end());
   CHECK(first->averaged);
   CHECK(first->contributors >= 2);
@@ -339,8 +382,8 @@ TEST_CASE("a newcomer downloads the state mid-run and contributes to the next st
   REQUIRE(out->states.count("peers.3") == 1);
   REQUIRE(out->states.count("peers.0") == 1);
   if (out->states["peers.3"].steps == out->states["peers.0"].steps)
-    CHECK(max_diff(out->states["peers.3"].params.tensor, out->states["peers.0"].params.tensor)
-          == 0);
+    CHECK(max_diff(out->states["peers.3"].params.tensor, out->states["peers.0"].params.tensor) ==
+          0);
 }
 
 TEST_CASE("a peer killed mid-round does not block the others past the deadline and no sample is "
@@ -356,8 +399,8 @@ TEST_CASE("a peer killed mid-round does not block the others past the deadline a
   CAPTURE(mid);
   auto out = std::make_shared<captured>();
   auto b = collaboration("dp-leaver", 14, 50s, 4, o, out);
-  b.kill("peers", 3, std::chrono::duration_cast<std::chrono::nanoseconds>(
-                       std::chrono::duration<double>(mid)),
+  b.kill("peers", 3,
+         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(mid)),
          restart_after{std::nullopt, true});
   b.leave("peers", 2, 35s);
   run_sim(b);
@@ -397,9 +440,9 @@ TEST_CASE("a peer killed mid-round does not block the others past the deadline a
   // Every sample a live peer reported is in exactly one place.
   for (auto& [name, c] : out->counters) {
     CAPTURE(name);
-    CHECK(c[dp::st_samples_reported]
-          == c[dp::st_samples_averaged] + c[dp::st_samples_alone] + c[dp::st_samples_dropped]
-               + c[dp::st_pending] + c[dp::st_in_flight]);
+    CHECK(c[dp::st_samples_reported] == c[dp::st_samples_averaged] + c[dp::st_samples_alone] +
+                                            c[dp::st_samples_dropped] + c[dp::st_pending] +
+                                            c[dp::st_in_flight]);
   }
 }
 
@@ -456,29 +499,28 @@ namespace {
 caf::behavior counting_resolver(caf::event_based_actor* self, caf::actor inner,
                                 std::shared_ptr<std::vector<std::string>> log) {
   return {
-    [=](resolve_atom, const std::string& a) -> caf::result<caf::actor> {
-      log->push_back(a);
-      auto rp = self->make_response_promise<caf::actor>();
-      self->request(inner, caf::infinite, resolve_atom::value, a)
-        .then([=](caf::actor& x) mutable { rp.deliver(x); },
-              [=](caf::error& e) mutable { rp.deliver(e); });
-      return rp;
-    },
+      [=](resolve_atom, const std::string& a) -> caf::result<caf::actor> {
+        log->push_back(a);
+        auto rp = self->make_response_promise<caf::actor>();
+        self->request(inner, caf::infinite, resolve_atom::value, a)
+            .then([=](caf::actor& x) mutable { rp.deliver(x); },
+                  [=](caf::error& e) mutable { rp.deliver(e); });
+        return rp;
+      },
   };
 }
 
-caf::behavior metric_sink(caf::event_based_actor*, sim::world* w,
-                          std::shared_ptr<captured> out) {
+caf::behavior metric_sink(caf::event_based_actor*, sim::world* w, std::shared_ptr<captured> out) {
   return {
-    [=](messages::metric_event& e) {
-      metric_record m;
-      m.t = std::chrono::duration<double>(w->elapsed()).count();
-      m.source = e.source;
-      m.kind = e.kind;
-      m.values = e.values;
-      m.labels = e.labels;
-      out->all.push_back(m);
-    },
+      [=](messages::metric_event& e) {
+        metric_record m;
+        m.t = std::chrono::duration<double>(w->elapsed()).count();
+        m.source = e.source;
+        m.kind = e.kind;
+        m.values = e.values;
+        m.labels = e.labels;
+        out->all.push_back(m);
+      },
   };
 }
 
@@ -596,7 +638,7 @@ TEST_CASE("client-mode contributions are in the average, auxiliary ones are not,
   auto probe = w.system().spawn([=](caf::event_based_actor* self) -> caf::behavior {
     for (int i : {0, client})
       self->request(peers[static_cast<size_t>(i)], 10s, get_atom::value, state_atom::value)
-        .then([=](messages::stage_state& st) { (*got)[i] = st; }, [](caf::error&) {});
+          .then([=](messages::stage_state& st) { (*got)[i] = st; }, [](caf::error&) {});
     return {[](stop_atom) {}};
   });
   w.run_for(1s);
@@ -614,13 +656,14 @@ TEST_CASE("client-mode contributions are in the average, auxiliary ones are not,
       all_used.push_back(r);
   auto ref_all = reference(o, seed, all_used);
   auto d = max_diff((*got)[0].params.tensor, ref_all);
-  MESSAGE("3 full + 1 client peer, ", (*got)[0].steps, " steps: max |param - single process| = ",
-          d);
+  MESSAGE("3 full + 1 client peer, ", (*got)[0].steps,
+          " steps: max |param - single process| = ", d);
   CHECK(d <= 1e-5);
   (void)ref;
 }
 
-TEST_CASE("a 16-peer modeled collaboration with churn in virtual time is deterministic for a seed") {
+TEST_CASE(
+    "a 16-peer modeled collaboration with churn in virtual time is deterministic for a seed") {
   dedloc_role_options o;
   o.backend = "modeled";
   o.modeled_params = 20'000;
@@ -747,11 +790,9 @@ TEST_CASE("after a lone step the peers average their state and end together agai
   for (auto* c : {on.get(), off.get()}) {
     // The partition did its job: lone updates in both runs, averaged ones after it.
     auto s = c->steps();
-    CHECK(std::count_if(s.begin(), s.end(), [](const step_record& r) { return !r.averaged; })
-          >= 3);
-    CHECK(std::count_if(s.begin(), s.end(), [](const step_record& r) {
-            return r.averaged && r.t > 10;
-          }) >= 3);
+    CHECK(std::count_if(s.begin(), s.end(), [](const step_record& r) { return !r.averaged; }) >= 3);
+    CHECK(std::count_if(s.begin(), s.end(),
+                        [](const step_record& r) { return r.averaged && r.t > 10; }) >= 3);
   }
   auto resyncs = [](const captured& c) {
     size_t loaded = 0;

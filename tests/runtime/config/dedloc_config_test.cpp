@@ -20,10 +20,10 @@ namespace {
 /// Reads a dedloc section with `body`; returns the error message (empty if valid).
 std::string section_error(const std::string& body) {
   try {
-    read_experiment(load_yaml_string("experiment: {name: x, kind: dedloc}\ndedloc:\n  peers: 4\n"
-                                       + body,
-                                     "x.yaml"),
-                    builtin_registry(), {});
+    read_experiment(
+        load_yaml_string("experiment: {name: x, kind: dedloc}\ndedloc:\n  peers: 4\n" + body,
+                         "x.yaml"),
+        builtin_registry(), {});
     return {};
   } catch (const config_error& e) {
     return e.what();
@@ -152,6 +152,9 @@ TEST_CASE("dedloc.resync_after_lone_step is true by default, false on request, a
   CHECK(has(bad, "resync_after_lone_step"));
   CHECK(has(bad, "true or false"));
   CHECK(has(section_error("  resync_after_lone_steps: true\n"), "unknown key"));
+  CHECK_FALSE(role("").persistent_rounds);
+  CHECK(role("  persistent_rounds: true\n").persistent_rounds);
+  CHECK(has(section_error("  persistent_rounds: 2\n"), "persistent_rounds"));
 }
 
 TEST_CASE("dedloc.export is true or false and needs the torch backend") {
