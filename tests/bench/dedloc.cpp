@@ -7,7 +7,10 @@
 //               ratio DeDLOC bytes / DiLoCo bytes.
 //   throughput  the cost-model backend: samples/s of 1, 4, 16 and 64 peers on 100 Mbit/s links
 //               against the sum of the peers' speeds (the bound).
-// Usage: bench_dedloc [accuracy] [diloco] [throughput] [--steps N]   (default: all, 60 steps)
+// Usage: bench_dedloc [accuracy] [diloco] [throughput] [--steps N] [--outer-batch B] [--budget X]
+//   (default: all, 60 steps; DiLoCo with an outer step every 8192 and every 32768 samples of the
+//   collaboration, each with at most X = 3 times the samples of DeDLOC's run: DiLoCo trades
+//   compute for bytes, and the table says how many samples it used)
 // Prints tables; asserts nothing.
 #include <chrono>
 #include <cmath>
@@ -186,9 +189,11 @@ void accuracy(uint64_t steps) {
   }
 }
 
-void diloco(uint64_t steps) {
+void diloco(uint64_t steps, uint64_t outer_batch, double budget) {
   std::printf("\n== DiLoCo: bytes sent per peer to reach DeDLOC's accuracy - 1 point (8 peers, "
-              "speeds 1 to 0.25, 2 clients)\n");
+              "speeds 1 to 0.25, 2 clients; outer step every %llu samples, inner batch 128, at "
+              "most %.1fx DeDLOC's samples)\n",
+              static_cast<unsigned long long>(outer_batch), budget);
   auto base = fmnist();
   base.speeds = {1.0, 0.9, 0.8, 0.7, 0.55, 0.45, 0.35, 0.25};
   base.cycle = 8;
@@ -215,7 +220,7 @@ void diloco(uint64_t steps) {
     auto o = base;
     o.algorithm = "diloco";
     o.inner_batch = 128;
-    o.target_batch = 8192;
+    o.target_batch = outer_batch;
     o.eval_every = 1;
     o.outer_codec = v.codec;
     o.outer_ratio = 0.005;
@@ -223,8 +228,9 @@ void diloco(uint64_t steps) {
     o.outer_lr = 0.7;
     o.outer_momentum = v.ef ? 0.0 : 0.9;
     o.outer_nesterov = !v.ef;
-    // The same samples as DeDLOC's run.
-    auto outer_steps = static_cast<uint64_t>(std::ceil(samples / 8192.0));
+    // DeDLOC's samples times `budget` (DiLoCo trades compute for bytes).
+    auto outer_steps = static_cast<uint64_t>(
+        std::ceil(budget * samples / static_cast<double>(outer_batch)));
     auto r = run(std::string("diloco-") + v.codec, o, 8, outer_steps, 30min, mbit100);
     double best = 0;
     for (auto& [k, a] : r->acc)
@@ -267,10 +273,15 @@ void throughput() {
 
 int main(int argc, char** argv) {
   std::set<std::string> what;
-  uint64_t steps = 60;
+  uint64_t steps = 60, outer_batch = 0;
+  double budget = 3;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
       steps = std::strtoull(argv[++i], nullptr, 10);
+    else if (std::strcmp(argv[i], "--outer-batch") == 0 && i + 1 < argc)
+      outer_batch = std::strtoull(argv[++i], nullptr, 10);
+    else if (std::strcmp(argv[i], "--budget") == 0 && i + 1 < argc)
+      budget = std::strtod(argv[++i], nullptr);
     else
       what.insert(argv[i]);
   }
@@ -278,7 +289,9 @@ int main(int argc, char** argv) {
   if (all || what.count("accuracy"))
     accuracy(steps);
   if (all || what.count("diloco"))
-    diloco(steps);
+    for (uint64_t b : outer_batch > 0 ? std::vector<uint64_t>{outer_batch}
+                                      : std::vector<uint64_t>{8192, 32768})
+      diloco(steps, b, budget);
   if (all || what.count("throughput"))
     throughput();
   return 0;
