@@ -92,7 +92,8 @@ private:
 /// `expires_at`; signed by the node when `sign`. Fire and forget.
 template <class Self>
 void put_progress_record(Self* self, const caf::actor& dht, std::string key, std::string id,
-                  std::vector<char> value, seconds expires_at, bool sign, caf::timespan timeout) {
+                         std::vector<char> value, seconds expires_at, bool sign,
+                         caf::timespan timeout) {
   auto put = dht::make_subkey_put(std::move(key), std::move(id), std::move(value),
                                   ns_of(expires_at), sign);
   dht::dht_store(
@@ -104,8 +105,9 @@ void put_progress_record(Self* self, const caf::actor& dht, std::string key, std
 /// `blind` says to ask again sends `collab_reread_atom` to `self` after `blind_reads::interval`
 /// instead (the owner's handler reads again). `blind` must outlive the read (actor state).
 template <class Self, class Got, class Failed>
-void read_progress_records(Self* self, const caf::actor& dht, std::string key, std::string own_id,
-                   caf::timespan timeout, blind_reads* blind, Got got, Failed failed) {
+void read_progress_records(Self* self, const caf::actor& dht, std::string key,
+                           std::string own_id, caf::timespan timeout, blind_reads* blind, Got got,
+                           Failed failed) {
   dht::dht_get(
     self, dht, std::move(key), timeout,
     [self, own_id, blind, got](const messages::dht_get_result& r) {

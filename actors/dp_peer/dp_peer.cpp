@@ -259,8 +259,8 @@ void report_dropped(peer_actor* self, uint64_t first, uint64_t microbatches, uin
 
 void put_record(peer_actor* self, std::vector<char> value, seconds expires_at) {
   auto& s = self->state;
-  collab::put_progress_record(self, s.svc.dht, progress_key(s.opts), s.id, std::move(value), expires_at,
-                       s.opts.sign_records, span_of(s.opts.rpc_timeout));
+  collab::put_progress_record(self, s.svc.dht, progress_key(s.opts), s.id, std::move(value),
+                              expires_at, s.opts.sign_records, span_of(s.opts.rpc_timeout));
 }
 
 void read_records(peer_actor* self) {

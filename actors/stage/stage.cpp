@@ -275,6 +275,8 @@ private:
   void start_core(std::string id, bool sign);
   /// Carries out the core's effects, in order.
   void carry(std::vector<collab::effect> es);
+  /// Stores the peer's progress record (or its tombstone).
+  void put_record(std::vector<char> value, collab::seconds expires_at);
   void read_records();
   /// Takes the step's mean gradient out and averages it (weight: its samples).
   void start_round(const collab::start_round& r);
@@ -991,13 +993,9 @@ void stage_peer::carry(std::vector<collab::effect> es) {
   auto& a = opts_.averaging;
   for (auto& e : es) {
     if (auto* p = std::get_if<collab::publish_progress>(&e)) {
-      collab::put_progress_record(self_, a.dht, progress_key(a.prefix, opts_.stage), record_id_,
-                           std::move(p->value), p->expires_at, sign_records_,
-                           collab::span_of(core_->options().read_timeout));
+      put_record(std::move(p->value), p->expires_at);
     } else if (auto* w = std::get_if<collab::withdraw_progress>(&e)) {
-      collab::put_progress_record(self_, a.dht, progress_key(a.prefix, opts_.stage), record_id_,
-                           std::move(w->value), w->expires_at, sign_records_,
-                           collab::span_of(core_->options().read_timeout));
+      put_record(std::move(w->value), w->expires_at);
     } else if (std::holds_alternative<collab::read_progress>(e)) {
       read_records();
     } else if (auto* wk = std::get_if<collab::wake_at>(&e)) {
@@ -1044,6 +1042,13 @@ void stage_peer::carry(std::vector<collab::effect> es) {
       pending_micro_ = 0;
     }
   }
+}
+
+void stage_peer::put_record(std::vector<char> value, collab::seconds expires_at) {
+  auto& a = opts_.averaging;
+  collab::put_progress_record(self_, a.dht, progress_key(a.prefix, opts_.stage), record_id_,
+                              std::move(value), expires_at, sign_records_,
+                              collab::span_of(core_->options().read_timeout));
 }
 
 void stage_peer::read_records() {
