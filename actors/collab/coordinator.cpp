@@ -34,6 +34,9 @@ status validate(const coordinator_options& o) {
       return fail(fmt::format("{} must be a positive number of seconds, got {}", name, v));
   if (o.max_donors == 0)
     return fail("max_donors must be at least 1, got 0");
+  if (!(o.idle_after >= 0) || !std::isfinite(o.idle_after))
+    return fail(fmt::format("idle_after must be 0 (never) or a number of seconds, got {}",
+                            o.idle_after));
   return {};
 }
 
@@ -61,13 +64,19 @@ progress_record coordinator::own_record(seconds now) const {
     r.samples = local_.samples();
   }
   r.resync = resync_due_;
-  r.rate = contributes() ? local_.rate() : 0.0;
+  r.rate = contributes() ? own_rate(now) : 0.0;
   return r;
+}
+
+double coordinator::own_rate(seconds now) const {
+  if (opts_.idle_after > 0 && now - last_samples_at_ >= opts_.idle_after)
+    return 0.0;
+  return local_.rate();
 }
 
 progress_estimate coordinator::estimate(seconds now) const {
   auto own = contributes() ? local_.samples() : 0;
-  return tracker_.estimate(step_, own, contributes() ? local_.rate() : 0.0, now);
+  return tracker_.estimate(step_, own, contributes() ? own_rate(now) : 0.0, now);
 }
 
 std::vector<effect> coordinator::start(seconds now) {
@@ -76,6 +85,7 @@ std::vector<effect> coordinator::start(seconds now) {
     return out;
   phase_ = coordinator_phase::accumulating;
   local_.idle(now);
+  last_samples_at_ = now;
   next_refresh_ = now;
   advance(now, out);
   return out;
@@ -89,6 +99,7 @@ std::vector<effect> coordinator::samples_done(uint64_t samples, seconds now) {
     return out;
   }
   local_.add(samples, now);
+  last_samples_at_ = now;
   dirty_ = true;
   if (phase_ == coordinator_phase::averaging)
     stats_.samples_stale += samples;

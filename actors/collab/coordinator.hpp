@@ -70,6 +70,11 @@ struct coordinator_options {
   seconds publish_interval = 1;
   /// Delayed parameter updates: keep computing while a round runs (see the file comment).
   bool delay_updates = false;
+  /// A peer that reported no samples for this long counts its own rate as 0 in its record and
+  /// its estimate: a server whose work comes from others (a SWARM stage whose trainers stopped)
+  /// must not let the collaboration extrapolate samples that never come and step on nothing.
+  /// 0 = never (a peer that computes by itself; pauses are not idleness).
+  seconds idle_after = 0;
   /// After a failed round, step on the peer's own gradient (true) or drop it (false).
   bool step_on_failure = true;
   /// Average parameters and optimizer statistics after every K-th step; 0 = never.
@@ -365,6 +370,7 @@ private:
   void pause(effects& out);
   void resume(seconds now, effects& out);
   void publish(seconds now, effects& out);
+  double own_rate(seconds now) const;
   seconds publish_due() const;
   bool contributes() const noexcept { return opts_.mode != peer_mode::auxiliary; }
 
@@ -389,6 +395,8 @@ private:
   uint64_t round_step_ = 0;
   uint64_t round_samples_ = 0;
   seconds last_wake_ = -std::numeric_limits<double>::infinity();
+  // When samples were last reported (or the core started): `idle_after`.
+  seconds last_samples_at_ = 0;
   // Resync after a lone step: due after the next update; whether that one is the retry of a
   // failed resync; whether the state round in flight is a resync and a retry.
   bool resync_due_ = false;

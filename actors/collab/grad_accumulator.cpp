@@ -68,36 +68,38 @@ void grad_accumulator::discard() {
   samples_ = 0;
 }
 
-result<double> grad_accumulator::apply(const torch::Tensor& mean_gradient) {
-  if (!mean_gradient.defined() || mean_gradient.numel() != numel_ ||
+result<double> step_on(const std::vector<torch::Tensor>& params, torch::optim::Optimizer& optimizer,
+                       double max_grad_norm, const torch::Tensor& mean_gradient) {
+  auto numel = kernels::total_numel(params);
+  if (!mean_gradient.defined() || mean_gradient.numel() != numel ||
       !mean_gradient.is_floating_point())
     return fail(fmt::format("a mean gradient of {} floating-point elements was expected, got {}",
-                            numel_, mean_gradient.defined() ? mean_gradient.numel() : 0));
+                            numel, mean_gradient.defined() ? mean_gradient.numel() : 0));
   try {
     torch::NoGradGuard guard;
     auto flat = mean_gradient.reshape({-1});
     if (!torch::isfinite(flat).all().item<bool>())
       return fail("the mean gradient to step on is not finite");
     // Whatever `.grad` holds now (a backward not yet accumulated) waits for the next step.
-    auto meanwhile = kernels::flatten_gradients(params_);
-    if (auto s = kernels::unflatten_gradients(flat, params_); !s)
+    auto meanwhile = kernels::flatten_gradients(params);
+    if (auto s = kernels::unflatten_gradients(flat, params); !s)
       return fail(s.what());
     kernels::optimizer_options clip;
-    clip.max_grad_norm = max_grad_norm_;
-    auto norm = kernels::clipped_step(*optimizer_, params_, clip);
-    (void)kernels::unflatten_gradients(meanwhile, params_); // fits: taken from them
-    steps_++;
+    clip.max_grad_norm = max_grad_norm;
+    auto norm = kernels::clipped_step(optimizer, params, clip);
+    (void)kernels::unflatten_gradients(meanwhile, params); // fits: taken from them
     return norm;
   } catch (const std::exception& e) {
     return fail(fmt::format("the optimizer step failed: {}", e.what()));
   }
 }
 
-result<model_state> grad_accumulator::export_state() const {
+result<model_state> export_state(const std::vector<torch::Tensor>& params,
+                                 const torch::optim::Optimizer& optimizer) {
   try {
     model_state s;
-    s.params = kernels::flatten_parameters(params_);
-    auto m = kernels::save_optimizer_moments(*optimizer_);
+    s.params = kernels::flatten_parameters(params);
+    auto m = kernels::save_optimizer_moments(optimizer);
     if (!m)
       return m.error();
     s.optimizer = std::move(*m);
@@ -107,18 +109,20 @@ result<model_state> grad_accumulator::export_state() const {
   }
 }
 
-status grad_accumulator::import_state(const model_state& s) {
+status import_state(const std::vector<torch::Tensor>& params, torch::optim::Optimizer& optimizer,
+                    const model_state& s) {
+  auto numel = kernels::total_numel(params);
   try {
     torch::NoGradGuard guard;
-    if (!s.params.defined() || s.params.dim() != 1 || s.params.numel() != numel_)
-      return fail(fmt::format("state parameters must be a flat vector of {} elements", numel_));
+    if (!s.params.defined() || s.params.dim() != 1 || s.params.numel() != numel)
+      return fail(fmt::format("state parameters must be a flat vector of {} elements", numel));
     if (!torch::isfinite(s.params).all().item<bool>())
       return fail("state parameters are not finite");
-    auto before = kernels::flatten_parameters(params_);
-    if (auto r = kernels::unflatten_parameters(s.params, params_); !r)
+    auto before = kernels::flatten_parameters(params);
+    if (auto r = kernels::unflatten_parameters(s.params, params); !r)
       return r;
-    if (auto r = kernels::load_optimizer_moments(*optimizer_, s.optimizer); !r) {
-      (void)kernels::unflatten_parameters(before, params_); // fits: taken from them
+    if (auto r = kernels::load_optimizer_moments(optimizer, s.optimizer); !r) {
+      (void)kernels::unflatten_parameters(before, params); // fits: taken from them
       return r;
     }
     return {};
@@ -127,31 +131,57 @@ status grad_accumulator::import_state(const model_state& s) {
   }
 }
 
-result<torch::Tensor> grad_accumulator::state_vector() const {
-  auto s = export_state();
+result<torch::Tensor> state_vector(const std::vector<torch::Tensor>& params,
+                                   const torch::optim::Optimizer& optimizer) {
+  auto s = export_state(params, optimizer);
   if (!s)
     return s.error();
   return torch::cat({s->params, s->optimizer.moments});
 }
 
-status grad_accumulator::load_state_vector(const torch::Tensor& v) {
-  auto own = kernels::save_optimizer_moments(*optimizer_);
+status load_state_vector(const std::vector<torch::Tensor>& params,
+                         torch::optim::Optimizer& optimizer, const torch::Tensor& v) {
+  auto numel = kernels::total_numel(params);
+  auto own = kernels::save_optimizer_moments(optimizer);
   if (!own)
     return fail(own.error().what);
   auto moments = own->moments.numel();
-  if (!v.defined() || v.dim() != 1 || v.numel() != numel_ + moments)
-    return fail(fmt::format("a state vector of {} elements was expected, got {}", numel_ + moments,
+  if (!v.defined() || v.dim() != 1 || v.numel() != numel + moments)
+    return fail(fmt::format("a state vector of {} elements was expected, got {}", numel + moments,
                             v.defined() ? v.numel() : 0));
   try {
     auto f = v.to(torch::kFloat);
     model_state s;
-    s.params = f.slice(0, 0, numel_).contiguous();
-    s.optimizer.moments = f.slice(0, numel_, numel_ + moments).contiguous();
+    s.params = f.slice(0, 0, numel).contiguous();
+    s.optimizer.moments = f.slice(0, numel, numel + moments).contiguous();
     s.optimizer.steps = own->steps;
-    return import_state(s);
+    return import_state(params, optimizer, s);
   } catch (const std::exception& e) {
     return fail_from("cannot load the state vector", e);
   }
+}
+
+result<double> grad_accumulator::apply(const torch::Tensor& mean_gradient) {
+  auto norm = step_on(params_, *optimizer_, max_grad_norm_, mean_gradient);
+  if (norm)
+    steps_++;
+  return norm;
+}
+
+result<model_state> grad_accumulator::export_state() const {
+  return collab::export_state(params_, *optimizer_);
+}
+
+status grad_accumulator::import_state(const model_state& s) {
+  return collab::import_state(params_, *optimizer_, s);
+}
+
+result<torch::Tensor> grad_accumulator::state_vector() const {
+  return collab::state_vector(params_, *optimizer_);
+}
+
+status grad_accumulator::load_state_vector(const torch::Tensor& v) {
+  return collab::load_state_vector(params_, *optimizer_, v);
 }
 
 } // namespace starling::actors::collab

@@ -35,6 +35,33 @@ struct model_state {
   kernels::optimizer_moments optimizer;
 };
 
+/// Steps `optimizer` (built over `params`) on the flat `mean_gradient` (an averaged or own mean
+/// gradient), clipped by global norm to `max_grad_norm` (<= 0: no clipping); the parameters'
+/// `.grad` are left as they were (a backward accumulated meanwhile waits for the next step).
+/// Returns the norm before clipping. Fails, changing nothing, on a wrong size or a non-finite
+/// gradient (from the network). What `grad_accumulator::apply` does, for owners that keep their
+/// gradients themselves (the SWARM stage).
+result<double> step_on(const std::vector<torch::Tensor>& params, torch::optim::Optimizer& optimizer,
+                       double max_grad_norm, const torch::Tensor& mean_gradient);
+
+/// Parameters and optimizer state of `params` and `optimizer`.
+result<model_state> export_state(const std::vector<torch::Tensor>& params,
+                                 const torch::optim::Optimizer& optimizer);
+
+/// Loads a (downloaded, untrusted) state into `params` and `optimizer`, all or nothing.
+status import_state(const std::vector<torch::Tensor>& params, torch::optim::Optimizer& optimizer,
+                    const model_state& s);
+
+/// Parameters then optimizer moments in one flat fp32 vector: the unit a state round averages
+/// (elementwise means of Adam's or LAMB's moments stay valid moments).
+result<torch::Tensor> state_vector(const std::vector<torch::Tensor>& params,
+                                   const torch::optim::Optimizer& optimizer);
+
+/// Loads an averaged `state_vector` into `params` and `optimizer`, keeping the optimizer's own
+/// step counts; all or nothing.
+status load_state_vector(const std::vector<torch::Tensor>& params,
+                         torch::optim::Optimizer& optimizer, const torch::Tensor& v);
+
 /// Accumulates and steps one peer's gradients. Not thread-safe: one owner (the actor).
 class grad_accumulator {
 public:

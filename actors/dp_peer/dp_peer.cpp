@@ -9,8 +9,8 @@
 #include <caf/all.hpp>
 #include <fmt/format.h>
 
+#include "actors/collab/shell.hpp"
 #include "actors/dht/client.hpp"
-#include "actors/dht/signing.hpp"
 #include "actors/dp_peer/backend.hpp"
 #include "actors/stage/state_parts.hpp"
 #include "messages/atoms.hpp"
@@ -23,17 +23,14 @@ namespace starling::actors::dp_peer {
 
 namespace {
 
+using collab::now_s;
+using collab::ns_of;
 using collab::seconds;
+using collab::span_of;
 using dp_tick_atom = caf::atom_constant<caf::atom("dp_tick")>;
 using dp_wake_atom = caf::atom_constant<caf::atom("dp_wake")>;
-using dp_reread_atom = caf::atom_constant<caf::atom("dp_reread")>;
 using dp_gather_atom = caf::atom_constant<caf::atom("dp_gather")>;
 using dp_start_atom = caf::atom_constant<caf::atom("dp_start")>;
-
-caf::timespan span_of(seconds s) {
-  return std::chrono::duration_cast<caf::timespan>(
-    std::chrono::duration<double>(std::max(0.0, s)));
-}
 
 caf::timespan span_of(std::chrono::nanoseconds d) {
   return std::chrono::duration_cast<caf::timespan>(d);
@@ -122,16 +119,9 @@ struct early_contribution {
   caf::response_promise rp;
 };
 
-/// Progress reads that show no other peer and are asked again before one counts (about 2 s
-/// in all), and their spacing.
-constexpr int max_blind_reads = 8;
-constexpr auto blind_read_interval = std::chrono::milliseconds(250);
-
 struct peer_state {
-  /// Whether a progress read has shown another peer's record yet.
-  bool seen_others = false;
-  /// Reads asked again because they showed nobody else.
-  int blind_reads = 0;
+  /// Progress reads that showed nobody else yet (asked again while the DHT may bootstrap).
+  collab::blind_reads blind;
   dp_peer_services svc;
   std::shared_ptr<backend> model;
   dp_peer_options opts;
@@ -167,20 +157,8 @@ struct peer_state {
 
 using peer_actor = caf::stateful_actor<peer_state>;
 
-seconds now_s(peer_actor* self) {
-  return static_cast<double>(dht::dht_now_ns(self)) / 1e9;
-}
-
-int64_t ns_of(seconds s) {
-  return static_cast<int64_t>(std::llround(s * 1e9));
-}
-
 std::string progress_key(const dp_peer_options& o) {
   return o.key_prefix + "/progress";
-}
-
-std::string address_of_id(const std::string& id) {
-  return id.substr(0, id.find('|'));
 }
 
 void metric(peer_actor* self, std::string kind, std::map<std::string, double> values,
@@ -281,41 +259,19 @@ void report_dropped(peer_actor* self, uint64_t first, uint64_t microbatches, uin
 
 void put_record(peer_actor* self, std::vector<char> value, seconds expires_at) {
   auto& s = self->state;
-  auto put = dht::make_subkey_put(progress_key(s.opts), s.id, std::move(value), ns_of(expires_at),
-                                  s.opts.sign_records);
-  dht::dht_store(
-    self, s.svc.dht, std::move(put), span_of(s.opts.rpc_timeout),
-    [](const messages::dht_put_result&) {}, [](caf::error&) {});
+  collab::put_progress_record(self, s.svc.dht, progress_key(s.opts), s.id, std::move(value),
+                              expires_at, s.opts.sign_records, span_of(s.opts.rpc_timeout));
 }
 
 void read_records(peer_actor* self) {
   auto& s = self->state;
-  dht::dht_get(
-    self, s.svc.dht, progress_key(s.opts), span_of(s.opts.rpc_timeout),
-    [=](const messages::dht_get_result& r) {
-      auto& st = self->state;
-      if (!st.core)
-        return;
-      std::vector<collab::progress_entry> entries;
-      bool others = false;
-      for (auto& rec : r.records)
-        if (rec.has_subkey) {
-          others = others || rec.subkey != st.id;
-          entries.push_back({rec.subkey, rec.value, static_cast<double>(rec.expiration_ns) / 1e9});
-        }
-      if (!others && !st.seen_others && st.blind_reads < max_blind_reads) {
-        // Nobody else yet: the node's DHT may still bootstrap (it then answers with our own
-        // record only). Taken as a view, such a read shows a collaboration of one, and a
-        // newcomer would step alone at step 0 instead of downloading the state: ask again
-        // shortly. The first peer of a collaboration pays this once (max_blind_reads reads).
-        ++st.blind_reads;
-        self->delayed_send(self, blind_read_interval, dp_reread_atom::value);
-        return;
-      }
-      st.seen_others = st.seen_others || others;
-      carry(self, st.core->progress_read(entries, now_s(self)));
+  collab::read_progress_records(
+    self, s.svc.dht, progress_key(s.opts), s.id, span_of(s.opts.rpc_timeout), &s.blind,
+    [self](const std::vector<collab::progress_entry>& entries) {
+      if (self->state.core)
+        carry(self, self->state.core->progress_read(entries, now_s(self)));
     },
-    [=](caf::error&) {
+    [self] {
       if (self->state.core)
         carry(self, self->state.core->progress_read_failed(now_s(self)));
     });
@@ -636,7 +592,7 @@ void download_whole(peer_actor* self, uint64_t id, uint64_t min_step,
     carry(self, s.core->download_failed(id, now_s(self)));
     return;
   }
-  auto address = address_of_id((*donors)[next]);
+  auto address = collab::address_of_id((*donors)[next]);
   auto retry = [=] { download_whole(self, id, min_step, donors, next + 1, parts_donors); };
   with_handle(
     self, address,
@@ -688,7 +644,7 @@ void download(peer_actor* self, const collab::download_state& d) {
     download_whole(self, id, min_step, donors, 0, n);
   };
   for (size_t i = 0; i < n; ++i) {
-    auto address = address_of_id((*donors)[i]);
+    auto address = collab::address_of_id((*donors)[i]);
     with_handle(
       self, address,
       [=](caf::actor a) {
@@ -746,7 +702,7 @@ void carry(peer_actor* self, std::vector<collab::effect> es) {
     } else if (std::holds_alternative<collab::read_progress>(e)) {
       read_records(self);
     } else if (auto* wk = std::get_if<collab::wake_at>(&e)) {
-      self->delayed_send(self, span_of(wk->at - now_s(self)), dp_wake_atom::value);
+      self->delayed_send(self, collab::wake_delay(wk->at, now_s(self)), dp_wake_atom::value);
     } else if (auto* r = std::get_if<collab::start_round>(&e)) {
       auto& t = s.taken[r->id];
       if (s.opts.algo == algorithm::diloco && s.opts.collab.mode != collab::peer_mode::auxiliary)
@@ -977,7 +933,7 @@ caf::behavior dp_peer_actor(peer_actor* self, dp_peer_services svc, std::shared_
         .then(
           [=](const std::string& key) {
             auto& x = self->state;
-            x.id = x.opts.address + "|" + dht::owner_marker(key);
+            x.id = collab::record_id(x.opts.address, key);
             start_core(self);
           },
           [=](caf::error&) {
@@ -985,7 +941,7 @@ caf::behavior dp_peer_actor(peer_actor* self, dp_peer_services svc, std::shared_
           });
     },
     [=](dp_tick_atom) { on_tick(self); },
-    [=](dp_reread_atom) {
+    [=](collab::collab_reread_atom) {
       if (self->state.core && !self->state.left)
         read_records(self);
     },

@@ -7,12 +7,16 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <type_traits>
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "actors/collab/coordinator.hpp"
+#include "actors/collab/grad_accumulator.hpp"
+#include "actors/collab/shell.hpp"
 #include "actors/dht/client.hpp"
 #include "actors/stage/checkpoint.hpp"
 #include "actors/stage/device_queue.hpp"
@@ -42,16 +46,6 @@ using messages::stage_forward;
 using messages::stage_state;
 using messages::tensor_msg;
 using time_point = caf::actor_clock::time_point;
-
-/// Counters of collaborative stepping (reported by `(status_atom)`).
-struct averaging_stats {
-  uint64_t rounds = 0;
-  uint64_t averaged = 0;   // complete or partial rounds
-  uint64_t no_partner = 0; // stepped on its own gradient: nobody to average with
-  uint64_t failed = 0;     // stepped on its own gradient: the request failed or timed out
-  uint64_t skipped = 0;    // no partner and no samples of its own: no optimizer step
-  uint64_t caught_up = 0;  // fell behind the stage's step and downloaded a peer's state
-};
 
 /// Counters of checkpoints (reported by `(status_atom, checkpoint_atom)`).
 struct checkpoint_stats {
@@ -92,25 +86,37 @@ bool collaborative(const stage_options& o) {
   return static_cast<bool>(o.averaging.averager);
 }
 
-/// Parses a progress value "step samples"; nothing for malformed (untrusted) bytes.
-std::optional<std::pair<uint64_t, int64_t>> parse_progress(const std::vector<char>& v) {
-  if (v.empty() || v.size() > 64)
-    return std::nullopt;
-  std::string text(v.begin(), v.end());
-  const char* p = text.c_str();
-  char* end = nullptr;
-  if (!(*p >= '0' && *p <= '9'))
-    return std::nullopt;
-  auto step = std::strtoull(p, &end, 10);
-  if (end == p || *end != ' ')
-    return std::nullopt;
-  p = end + 1;
-  if (!(*p >= '0' && *p <= '9'))
-    return std::nullopt;
-  auto samples = std::strtoll(p, &end, 10);
-  if (end == p || *end != '\0' || samples < 0)
-    return std::nullopt;
-  return std::make_pair(static_cast<uint64_t>(step), static_cast<int64_t>(samples));
+double seconds_of(caf::timespan t) {
+  return std::chrono::duration<double>(t).count();
+}
+
+/// The coordinator's options for a stage peer's `averaging_options`. The stage keeps computing
+/// while a round runs (delayed updates: backwards served meanwhile count towards the next step,
+/// as before the coordinator) and keeps its gradients across a catch-up download: they are
+/// confirmed samples its trainers count as done, dropping them would lose that work.
+collab::coordinator_options core_options(const stage_options& o) {
+  auto& a = o.averaging;
+  auto period = seconds_of(a.progress_period);
+  collab::coordinator_options c;
+  c.progress.target_batch = a.target_batch > 0 ? static_cast<uint64_t>(a.target_batch) : 0;
+  c.progress.min_refresh = period;
+  c.progress.max_refresh = 4 * period;
+  // A peer that died stops counting soon (its rate would otherwise be extrapolated); the core
+  // keeps a live record alive every `record_lifetime / 2`.
+  c.progress.record_lifetime = 4 * period;
+  c.publish_interval = period;
+  c.read_timeout = 2 * period;
+  c.delay_updates = true;
+  // Its samples come from trainers: when they stop sending, so does its rate.
+  c.idle_after = 8 * period;
+  c.step_on_failure = true;
+  c.round_timeout = seconds_of(a.average_timeout);
+  c.state_round_timeout = seconds_of(a.average_timeout);
+  // `fetch_stage_state` may ask the board, the donors' parts and then their whole states.
+  c.download_timeout = 4 * seconds_of(o.timeout);
+  c.download_retry = seconds_of(o.retry_every);
+  c.keep_gradients_on_download = true;
+  return c;
 }
 
 caf::error to_error(const failure& f) {
@@ -254,12 +260,34 @@ private:
   void gossip();
   void average_with(const stage_state& other);
 
-  // -- collaborative stepping -------------------------------------------------------------------
+  /// Zeroes the accumulated gradient.
+  void zero_gradients() {
+    for (auto& p : params_)
+      if (p.grad().defined())
+        p.grad().zero_();
+  }
 
-  void progress();
-  void start_round();
-  void finish_round(uint64_t step, const torch::Tensor& grad, bool skip);
-  void catch_up(uint64_t target);
+  // -- collaborative stepping: the coordinator's effects (actors/collab/COLLAB.md) --------------
+
+  /// Asks the DHT for the node's key (its progress records are owned and signed), then starts
+  /// the core; without an answer the records are plain (sub-key = the peer's name).
+  void join_collaboration();
+  void start_core(std::string id, bool sign);
+  /// Carries out the core's effects, in order.
+  void carry(std::vector<collab::effect> es);
+  /// Stores the peer's progress record (or its tombstone).
+  void put_record(std::vector<char> value, collab::seconds expires_at);
+  void read_records();
+  /// Takes the step's mean gradient out and averages it (weight: its samples).
+  void start_round(const collab::start_round& r);
+  /// Steps the optimizer on round `id`'s averaged gradient or on the peer's own.
+  void take_step(uint64_t id, uint64_t step, bool averaged);
+  void start_state_round(const collab::start_state_round& r);
+  void download(const collab::download_state& d);
+  /// The `(status_atom)` counters.
+  std::vector<uint64_t> counters() const;
+  /// Now on the core's clock.
+  collab::seconds now() const { return collab::now_s(self_); }
 
   caf::event_based_actor* self_;
   stage_options opts_;
@@ -284,15 +312,28 @@ private:
   bool ready_ = false;
   std::mt19937_64 rng_;
   /// Collaborative stepping: microbatches in `pending_samples_` (the accumulated gradient is a
-  /// sum of microbatch means), whether an averaging round is in flight.
+  /// sum of microbatch means).
   int64_t pending_micro_ = 0;
-  bool averaging_ = false;
-  /// Samples of the step being averaged (what the peer keeps publishing for that step while its
-  /// round runs, so that peers still deciding see the stage's true total and join the round).
-  int64_t round_samples_ = 0;
-  /// Catching up: downloading a live peer's state after falling behind the stage's step.
-  bool catching_up_ = false;
-  averaging_stats avg_;
+  /// The decision core (from when the peer serves; collaborative stepping only).
+  std::unique_ptr<collab::coordinator> core_;
+  /// The sub-key of its progress records, and whether they are signed.
+  std::string record_id_;
+  bool sign_records_ = false;
+  collab::blind_reads blind_;
+  /// A step's mean gradient taken out for a round, until the round's update (or skip).
+  struct taken_step {
+    torch::Tensor mean;
+    /// The core gave up on the round: a late answer is dropped.
+    bool abandoned = false;
+  };
+  std::map<uint64_t, taken_step> taken_;
+  /// Averaged gradients and states by round id, until the core says to apply or load them.
+  std::map<uint64_t, torch::Tensor> averaged_;
+  std::map<uint64_t, torch::Tensor> state_results_;
+  /// State rounds and downloads the core gave up on.
+  std::set<uint64_t> abandoned_;
+  /// Gradient rounds whose averager found nobody (`round_failed` to the core).
+  uint64_t no_partner_ = 0;
   download_stats dl_;
   /// State changes so far, and the count at the last checkpoint written or restored.
   uint64_t version_ = 0;
@@ -343,6 +384,8 @@ caf::error stage_peer::init(stage_options opts, caf::actor board) {
       why = "progress_period and average_timeout must be positive";
     else if (opts_.name.empty())
       why = "collaborative stepping needs a peer name (its progress sub-key)";
+    else if (auto st = collab::validate(core_options(opts_)); !st)
+      why = "collaborative stepping: " + st.what();
     if (!why.empty())
       return caf::make_error(caf::sec::invalid_argument, why);
   }
@@ -387,8 +430,6 @@ caf::error stage_peer::init(stage_options opts, caf::actor board) {
 
 caf::behavior stage_peer::make_behavior() {
   download_();
-  if (collaborative(opts_))
-    self_->send(self_, tick_atom::value);
   if (opts_.report_every > caf::timespan{0})
     self_->delayed_send(self_, opts_.report_every, load_atom::value);
   if (checkpointing())
@@ -424,11 +465,15 @@ caf::behavior stage_peer::make_behavior() {
     },
     // Throughput report for rebalancing.
     [this](load_atom) { report_load(); },
-    // Progress tick of collaborative stepping (a bare tick; held replies carry a ticket).
+    // The core's timer (`wake_at`; a bare tick: held replies carry a ticket).
     [this](tick_atom) {
-      self_->delayed_send(self_, opts_.averaging.progress_period, tick_atom::value);
-      if (ready_)
-        progress();
+      if (core_)
+        carry(core_->timer(now()));
+    },
+    // A progress read that showed nobody else, asked again.
+    [this](collab::collab_reread_atom) {
+      if (core_)
+        read_records();
     },
     [this](tick_atom, uint64_t ticket) {
       auto i = held_.find(ticket);
@@ -475,11 +520,7 @@ caf::behavior stage_peer::make_behavior() {
       }
       return out;
     },
-    [this](status_atom) -> std::vector<uint64_t> {
-      return {steps_,         samples_,     avg_.rounds,   avg_.averaged,
-              avg_.no_partner, avg_.failed, avg_.skipped,  avg_.caught_up,
-              dl_.downloads,  dl_.donors,   static_cast<uint64_t>(queue_.queued())};
-    },
+    [this](status_atom) { return counters(); },
   };
 }
 
@@ -508,9 +549,7 @@ caf::result<stage_backward_reply> stage_peer::backward(const stage_backward& req
   // The microbatch's gradient is computed apart from the accumulated (confirmed) ones and held
   // until the trainer confirms this attempt: a retried backward enters the optimizer once.
   auto confirmed = kernels::flatten_gradients(params_);
-  for (auto& p : params_)
-    if (p.grad().defined())
-      p.grad().zero_();
+  zero_gradients();
   auto r = dev_->backward(req.input.tensor, req.grad_output.tensor, req.targets.tensor, req.seed);
   uncommitted_grad held;
   held.grad = kernels::flatten_gradients(params_);
@@ -572,7 +611,10 @@ void stage_peer::apply(const uncommitted_grad& g) {
   }
   pending_samples_ += g.batch;
   if (collaborative(opts_)) {
-    pending_micro_++; // the step is taken by the progress tick (start_round)
+    // Confirmed: now the samples count for the core (`start_round` takes them out).
+    pending_micro_++;
+    if (core_)
+      carry(core_->samples_done(static_cast<uint64_t>(g.batch), now()));
     return;
   }
   if (pending_samples_ < opts_.local_batch)
@@ -697,6 +739,9 @@ void stage_peer::report(const std::string& kind, std::map<std::string, double> v
 }
 
 void stage_peer::leave() {
+  // It stops counting for its stage at once (a tombstone over its progress record).
+  if (core_)
+    carry(core_->leave(now()));
   // A peer stopped on purpose (the run's end or a signal, leaving, migrating) writes its state
   // first, so that a resumed run or a later peer continues from it; a preempted one (killed)
   // cannot.
@@ -877,6 +922,8 @@ void stage_peer::announce() {
   ready_ = true;
   self_->send(board_, put_atom::value, opts_.stage, opts_.name,
               caf::actor_cast<caf::actor>(self_));
+  if (collaborative(opts_))
+    join_collaboration();
 }
 
 /// Schedules the next report and, once serving, sends `(load_atom, stage, name, throughput,
@@ -923,131 +970,244 @@ void stage_peer::average_with(const stage_state& other) {
 
 // -- collaborative stepping ---------------------------------------------------------------------
 
-/// Publishes this peer's progress, reads the stage's, and starts a round when due.
-void stage_peer::progress() {
-  auto& a = opts_.averaging;
-  auto key = progress_key(a.prefix, opts_.stage);
-  // While a round runs, the peer still stands at its step with the samples it put into it.
-  auto text = fmt::format("{} {}", steps_, averaging_ ? round_samples_ : pending_samples_);
-  auto put = dht::make_subkey_put(key, opts_.name, std::vector<char>(text.begin(), text.end()),
-                                  dht::expires_in(self_, 3 * a.progress_period));
-  auto timeout = std::min(a.progress_period, a.average_timeout);
-  dht::dht_store(self_, a.dht, std::move(put), timeout, [](const messages::dht_put_result&) {},
-                 [](caf::error&) {});
-  if (averaging_ || catching_up_)
-    return;
-  auto asked_at = steps_;
-  dht::dht_get(
-    self_, a.dht, key, timeout,
-    [this, asked_at](const messages::dht_get_result& r) {
-      if (averaging_ || catching_up_ || steps_ != asked_at)
-        return;
-      int64_t total = pending_samples_; // our own count is never stale
-      uint64_t ahead = 0;
-      for (auto& rec : r.records) {
-        if (!rec.has_subkey || rec.subkey == opts_.name)
-          continue;
-        auto pr = parse_progress(rec.value);
-        if (!pr)
-          continue;
-        if (pr->first == steps_)
-          total += pr->second;
-        else if (pr->first > steps_)
-          ahead = std::max(ahead, pr->first);
-      }
-      // A peer at a later step finished this step's round without us (we were late, or
-      // restarted): its parameters are the stage's, so take them and keep our gradients.
-      if (ahead > steps_)
-        catch_up(ahead);
-      else if (total >= opts_.averaging.target_batch)
-        start_round();
-    },
-    [](caf::error&) {});
+void stage_peer::join_collaboration() {
+  self_
+    ->request(opts_.averaging.dht, std::max(opts_.averaging.progress_period, opts_.timeout),
+              dht_key_atom::value)
+    .then([this](const std::string& key) { start_core(collab::record_id(opts_.name, key), true); },
+          [this](caf::error&) { start_core(opts_.name, false); });
 }
 
-/// Takes the step's gradient out and averages it with the stage's peers at the current step.
-void stage_peer::start_round() {
+void stage_peer::start_core(std::string id, bool sign) {
+  record_id_ = std::move(id);
+  sign_records_ = sign;
+  // It joins at the step of the state it serves (downloaded, restored or its own).
+  core_ = std::make_unique<collab::coordinator>(record_id_, core_options(opts_), steps_);
+  carry(core_->start(now()));
+  // Confirmed before the core ran (or a slot's pending gradient taken up): they count too.
+  if (pending_samples_ > 0)
+    carry(core_->samples_done(static_cast<uint64_t>(pending_samples_), now()));
+}
+
+void stage_peer::carry(std::vector<collab::effect> es) {
   auto& a = opts_.averaging;
-  averaging_ = true;
-  avg_.rounds++;
-  auto step = steps_;
-  auto samples = pending_samples_;
+  for (auto& e : es) {
+    if (auto* p = std::get_if<collab::publish_progress>(&e)) {
+      put_record(std::move(p->value), p->expires_at);
+    } else if (auto* w = std::get_if<collab::withdraw_progress>(&e)) {
+      put_record(std::move(w->value), w->expires_at);
+    } else if (std::holds_alternative<collab::read_progress>(e)) {
+      read_records();
+    } else if (auto* wk = std::get_if<collab::wake_at>(&e)) {
+      self_->delayed_send(self_, collab::wake_delay(wk->at, now()), tick_atom::value);
+    } else if (auto* r = std::get_if<collab::start_round>(&e)) {
+      start_round(*r);
+    } else if (auto* ab = std::get_if<collab::abandon_round>(&e)) {
+      if (auto i = taken_.find(ab->id); i != taken_.end())
+        i->second.abandoned = true;
+      self_->send(a.averager, average_atom::value, stop_atom::value);
+    } else if (auto* ap = std::get_if<collab::apply_averaged>(&e)) {
+      take_step(ap->id, ap->step, true);
+    } else if (auto* own = std::get_if<collab::step_own>(&e)) {
+      take_step(own->id, own->step, false);
+    } else if (auto* sk = std::get_if<collab::skip_step>(&e)) {
+      taken_.erase(sk->id);
+      averaged_.erase(sk->id);
+    } else if (std::holds_alternative<collab::pause_compute>(e)
+               || std::holds_alternative<collab::resume_compute>(e)) {
+      // Ignored: a stage peer is a server; its work comes from trainers, which would only retry
+      // a refused request elsewhere. With delayed updates the core pauses only for a catch-up
+      // download, and the backwards confirmed meanwhile accumulate towards the next step (the
+      // gradients are kept across the download), as they do while a round runs.
+    } else if (auto* sr = std::get_if<collab::start_state_round>(&e)) {
+      start_state_round(*sr);
+    } else if (auto* ls = std::get_if<collab::load_averaged_state>(&e)) {
+      if (auto i = state_results_.find(ls->id); i != state_results_.end()) {
+        if (auto st = collab::load_state_vector(params_, *optim_, i->second); !st)
+          aout(self_) << opts_.name << ": averaged state not loaded: " << st.what() << "\n";
+        else
+          changed();
+        state_results_.erase(i);
+      }
+    } else if (auto* as = std::get_if<collab::abandon_state_round>(&e)) {
+      abandoned_.insert(as->id);
+      self_->send(a.averager, average_atom::value, stop_atom::value);
+    } else if (auto* d = std::get_if<collab::download_state>(&e)) {
+      download(*d);
+    } else if (auto* ad = std::get_if<collab::abandon_download>(&e)) {
+      abandoned_.insert(ad->id);
+    } else if (std::holds_alternative<collab::discard_gradients>(e)) {
+      zero_gradients();
+      pending_samples_ = 0;
+      pending_micro_ = 0;
+    }
+  }
+}
+
+void stage_peer::put_record(std::vector<char> value, collab::seconds expires_at) {
+  auto& a = opts_.averaging;
+  collab::put_progress_record(self_, a.dht, progress_key(a.prefix, opts_.stage), record_id_,
+                              std::move(value), expires_at, sign_records_,
+                              collab::span_of(core_->options().read_timeout));
+}
+
+void stage_peer::read_records() {
+  auto& a = opts_.averaging;
+  collab::read_progress_records(
+    self_, a.dht, progress_key(a.prefix, opts_.stage), record_id_,
+    collab::span_of(core_->options().read_timeout), &blind_,
+    [this](const std::vector<collab::progress_entry>& entries) {
+      if (core_)
+        carry(core_->progress_read(entries, now()));
+    },
+    [this] {
+      if (core_)
+        carry(core_->progress_read_failed(now()));
+    });
+}
+
+void stage_peer::start_round(const collab::start_round& r) {
+  auto& a = opts_.averaging;
+  // The step's gradient is taken out (a mean over its microbatches); backwards confirmed while
+  // the round runs accumulate towards the next step. The core counted the same samples:
+  // `r.samples == pending_samples_`.
   auto grad = kernels::flatten_gradients(params_);
   if (pending_micro_ > 0)
     grad.div_(static_cast<double>(pending_micro_));
-  for (auto& p : params_)
-    if (p.grad().defined())
-      p.grad().zero_();
-  round_samples_ = samples;
+  zero_gradients();
   pending_samples_ = 0;
   pending_micro_ = 0;
+  taken_[r.id] = taken_step{grad, false};
+  auto id = r.id;
+  auto numel = grad.numel();
   messages::tensor_list tl;
   tl.tensors.push_back(tensor_msg{grad, kernels::codec_id::none, {}, {}});
   self_
-    ->request(a.averager, a.average_timeout, average_atom::value,
-              step_key(a.prefix, opts_.stage, step), std::move(tl),
-              static_cast<double>(samples))
+    ->request(a.averager, collab::span_of(r.deadline - now() + 1.0), average_atom::value,
+              step_key(a.prefix, opts_.stage, r.step), std::move(tl),
+              static_cast<double>(r.samples))
     .then(
-      [this, step, samples, grad](messages::average_result& r) {
+      [this, id, numel](messages::average_result& res) {
         using messages::round_outcome;
-        auto out = r.report.outcome;
-        bool usable = r.tensors.size() == 1 && r.tensors[0].ok() && r.tensors[0].tensor.defined()
-                      && r.tensors[0].tensor.numel() == grad.numel();
-        if (out == round_outcome::complete || out == round_outcome::partial) {
-          if (usable) {
-            avg_.averaged++;
-            finish_round(step, r.tensors[0].tensor.to(torch::kFloat).reshape({-1}), false);
-            return;
-          }
-          avg_.failed++;
-        } else if (out == round_outcome::no_partner) {
-          avg_.no_partner++;
-        } else {
-          avg_.failed++;
+        auto t = taken_.find(id);
+        if (!core_ || t == taken_.end() || t->second.abandoned)
+          return;
+        auto out = res.report.outcome;
+        bool usable = res.tensors.size() == 1 && res.tensors[0].ok()
+                      && res.tensors[0].tensor.defined() && res.tensors[0].tensor.numel() == numel;
+        if ((out == round_outcome::complete || out == round_outcome::partial) && usable) {
+          averaged_[id] = res.tensors[0].tensor.to(torch::kFloat).reshape({-1});
+          carry(core_->round_done(id, now()));
+          return;
         }
-        if (samples == 0)
-          avg_.skipped++;
-        finish_round(step, grad, samples == 0);
+        if (out == round_outcome::no_partner)
+          no_partner_++;
+        carry(core_->round_failed(id, now()));
       },
-      [this, step, samples, grad](caf::error&) {
-        avg_.failed++;
-        if (samples == 0)
-          avg_.skipped++;
-        finish_round(step, grad, samples == 0);
+      [this, id](caf::error&) {
+        auto t = taken_.find(id);
+        if (core_ && t != taken_.end() && !t->second.abandoned)
+          carry(core_->round_failed(id, now()));
       });
 }
 
-/// Steps on `grad` (the mean gradient of the step, averaged or own) unless `skip`, keeping the
-/// gradient accumulated meanwhile (backwards served during the round) for the next step.
-void stage_peer::finish_round(uint64_t step, const torch::Tensor& grad, bool skip) {
-  if (!skip) {
-    auto meanwhile = kernels::flatten_gradients(params_);
-    kernels::unflatten_gradients(grad, params_);
-    kernels::clipped_step(*optim_, params_, opts_.optimizer);
-    kernels::unflatten_gradients(meanwhile, params_);
+void stage_peer::take_step(uint64_t id, uint64_t step, bool averaged) {
+  auto t = taken_.find(id);
+  if (t == taken_.end())
+    return;
+  auto grad = t->second.mean;
+  if (averaged) {
+    auto i = averaged_.find(id);
+    if (i != averaged_.end())
+      grad = i->second;
   }
-  steps_ = step + 1;
-  averaging_ = false;
-  round_samples_ = 0;
+  // Clipped; the gradient accumulated meanwhile (backwards served during the round) stays.
+  if (auto r = collab::step_on(params_, *optim_, opts_.optimizer.max_grad_norm, grad); !r)
+    aout(self_) << opts_.name << ": step " << step << " not taken: " << r.error().what << "\n";
+  steps_ = step + 1; // the core moved on either way
   changed();
+  taken_.erase(t);
+  averaged_.erase(id);
 }
 
-/// Downloads the state (parameters, optimizer, step) of a stage peer at step `target` or later.
-/// The gradients accumulated meanwhile stay: they count towards the next step (computed on
-/// parameters one step old, the staleness of delayed averaging). No donor: retried next tick.
-void stage_peer::catch_up(uint64_t target) {
-  catching_up_ = true;
+void stage_peer::start_state_round(const collab::start_state_round& r) {
+  auto& a = opts_.averaging;
+  auto id = r.id;
+  auto v = collab::state_vector(params_, *optim_);
+  if (!v) {
+    carry(core_->state_round_failed(id, now()));
+    return;
+  }
+  messages::tensor_list tl;
+  tl.tensors.push_back(tensor_msg{*v, kernels::codec_id::none, {}, {}});
+  auto key = fmt::format("{}/stage{}/state{}", a.prefix, opts_.stage, r.step);
+  self_
+    ->request(a.averager, collab::span_of(r.deadline - now() + 1.0), average_atom::value, key,
+              std::move(tl), 1.0)
+    .then(
+      [this, id](messages::average_result& res) {
+        if (!core_ || abandoned_.count(id) > 0)
+          return;
+        if (res.report.averaged > 0 && res.tensors.size() == 1 && res.tensors[0].ok()
+            && res.tensors[0].tensor.defined()) {
+          state_results_[id] = res.tensors[0].tensor.to(torch::kFloat).reshape({-1});
+          carry(core_->state_round_done(id, now()));
+        } else {
+          carry(core_->state_round_failed(id, now()));
+        }
+      },
+      [this, id](caf::error&) {
+        if (core_ && abandoned_.count(id) == 0)
+          carry(core_->state_round_failed(id, now()));
+      });
+}
+
+/// Downloads the state (parameters, optimizer, step) of a stage peer at the core's step or later
+/// from the stage's live peers (not the core's donor ids: the board knows the stage's peers).
+void stage_peer::download(const collab::download_state& d) {
+  auto id = d.id;
   fetch_stage_state(
-    self_, board_, opts_.stage, opts_.timeout, target,
-    [this](const stage_state& donor, size_t donors) {
-      catching_up_ = false;
-      if (!load(donor).ok())
-        return; // kept its own state; tried again at the next tick
-      avg_.caught_up++;
+    self_, board_, opts_.stage, opts_.timeout, d.step,
+    [this, id](const stage_state& donor, size_t donors) {
+      if (!core_ || abandoned_.count(id) > 0)
+        return;
+      if (!load(donor).ok()) {
+        carry(core_->download_failed(id, now()));
+        return;
+      }
       dl_.downloads++;
       dl_.donors += donors;
+      carry(core_->download_done(id, donor.steps, now()));
     },
-    [this](bool) { catching_up_ = false; }); // retried at the next tick
+    [this, id](bool) {
+      if (core_ && abandoned_.count(id) == 0)
+        carry(core_->download_failed(id, now()));
+    });
+}
+
+std::vector<uint64_t> stage_peer::counters() const {
+  std::vector<uint64_t> v(st_count, 0);
+  v[st_steps] = steps_;
+  v[st_samples] = samples_;
+  v[st_downloads] = dl_.downloads;
+  v[st_donors] = dl_.donors;
+  v[st_queued] = static_cast<uint64_t>(queue_.queued());
+  if (core_) {
+    auto& c = core_->stats();
+    v[st_rounds] = c.rounds;
+    v[st_averaged] = c.rounds_averaged;
+    v[st_no_partner] = no_partner_;
+    v[st_failed] = c.rounds_failed + c.rounds_timed_out - no_partner_;
+    v[st_skipped] = c.skipped_steps;
+    v[st_caught_up] = c.downloads_done;
+    v[st_samples_averaged] = c.samples_averaged;
+    v[st_samples_alone] = c.samples_alone;
+    v[st_samples_dropped] = c.samples_dropped;
+    v[st_pending] = core_->pending_samples();
+    v[st_state_rounds] = c.state_rounds;
+    v[st_state_rounds_loaded] = c.state_rounds_loaded;
+  }
+  return v;
 }
 
 caf::behavior stage_actor(caf::stateful_actor<stage_peer>* self, stage_options opts,

@@ -8,20 +8,20 @@
 // Two stepping modes:
 // - local (default, `averaging.averager` unset): steps its optimizer every `local_batch` samples
 //   and keeps close to its stage's other peers by gossip-averaging parameters;
-// - collaborative (`averaging` set): publishes its accumulated sample count for the current
-//   global step N in the DHT under `<prefix>/stage<i>/progress` (sub-key = its name, value =
-//   "N samples", short expiration) every `progress_period`, reads the total of the peers at the
-//   same step, and when it reaches `target_batch` averages its mean gradient, weighted by its
-//   samples, with the stage's other peers through the averager under group key
-//   `<prefix>/stage<i>/step<N>`, then clips and steps on the averaged gradient and moves to step
-//   N+1. While its round runs it keeps publishing the samples it put into it, so peers still
-//   deciding see the stage's total and join. A `no_partner` (or failed) round steps on its own
-//   gradient (counted). A peer that sees another at a later step (it missed that round, or
-//   restarted) downloads that peer's state (parameters, optimizer, step) and keeps the gradients
-//   it accumulated meanwhile for its next step. Backward requests that arrive while a round is in
-//   flight accumulate into the gradients of step N+1: the gradient of step N is taken out
-//   (flattened and zeroed) when the round starts, and the in-flight accumulation is restored
-//   after the optimizer stepped on the averaged one.
+// - collaborative (`averaging` set): the peer owns a `collab::coordinator` (the decision core
+//   the data-parallel peers drive too, actors/collab/COLLAB.md) and carries out its effects as
+//   its own messages: it publishes its progress record (owned and signed by its node's key) under
+//   `<prefix>/stage<i>/progress`, reads its stage's, and when the stage's samples reach
+//   `target_batch` (or their ETA passed) averages its mean gradient, weighted by its samples,
+//   with the stage's other peers through the averager under group key
+//   `<prefix>/stage<i>/step<N>`, then clips and steps on the averaged gradient (on its own
+//   after a failed round, counted) and moves to step N+1. A backward's samples count for the
+//   core once its trainer confirmed it (`commit_atom`). Backwards confirmed while a round runs
+//   accumulate towards step N+1 (delayed updates): the gradient of step N is taken out when the
+//   round starts. A peer that sees others at a later step downloads their state (parameters,
+//   optimizer, step) and keeps the gradients it accumulated meanwhile for its next step. After
+//   a lone step it averages parameters and optimizer state with its stage (a resync, under
+//   `<prefix>/stage<i>/state<N>`).
 #pragma once
 
 #include <cstdint>
@@ -46,7 +46,8 @@ namespace starling::actors::stage {
 using checkpoint_atom = caf::atom_constant<caf::atom("checkpoint")>;
 
 /// Collaborative stepping: average gradients with the stage's peers when their summed samples
-/// reach a target batch. Enabled when `averager` is set.
+/// reach a target batch. Enabled when `averager` is set. Mapped onto the coordinator's options
+/// (actors/collab/coordinator.hpp) by stage.cpp's `core_options`.
 struct averaging_options {
   /// The node's averager (`(average_atom, key, tensor_list, weight) -> average_result`).
   caf::actor averager;
@@ -56,11 +57,11 @@ struct averaging_options {
   std::string prefix = "swarm";
   /// Samples per global step, summed over the stage's peers.
   int64_t target_batch = 64;
-  /// How often the peer publishes its progress and reads its stage's total; records expire after
-  /// three periods.
+  /// The shortest time between two reads of the stage's progress and between two publications
+  /// after new samples; reads come at least every four periods, records expire after four.
   caf::timespan progress_period = std::chrono::milliseconds(500);
-  /// Timeout of one average request (matchmaking + round) and of DHT calls (the latter capped at
-  /// `progress_period`).
+  /// Timeout of one averaging round (matchmaking + round), gradients or state; DHT calls time
+  /// out after two progress periods.
   caf::timespan average_timeout = std::chrono::seconds(30);
 };
 
@@ -163,6 +164,32 @@ struct stage_options {
   caf::timespan report_every = caf::timespan{0};
 };
 
+/// Order of a stage peer's `(status_atom)` counters. The coordinator's (collaborative stepping;
+/// 0 otherwise): rounds started, averaged, found no partner, failed otherwise or timed out,
+/// skipped (no partner and no samples); catch-up downloads finished; samples in averaged
+/// updates, in own steps, dropped; samples pending towards the next step; state rounds
+/// (resyncs after a lone step) started and loaded.
+enum status_fields : size_t {
+  st_steps,
+  st_samples,
+  st_rounds,
+  st_averaged,
+  st_no_partner,
+  st_failed,
+  st_skipped,
+  st_caught_up,
+  st_downloads,
+  st_donors,
+  st_queued,
+  st_samples_averaged,
+  st_samples_alone,
+  st_samples_dropped,
+  st_pending,
+  st_state_rounds,
+  st_state_rounds_loaded,
+  st_count,
+};
+
 /// The DHT key of stage `stage`'s progress records (`<prefix>/stage<i>/progress`).
 std::string progress_key(const std::string& prefix, uint64_t stage);
 
@@ -187,7 +214,7 @@ std::string step_key(const std::string& prefix, uint64_t stage, uint64_t step);
 ///   gradient was confirmed or expired the peer writes its last checkpoint and quits with
 ///   `user_shutdown`;
 /// - `(status_atom) -> [steps, samples, rounds, averaged, no_partner, failed, skipped,
-///   caught_up, downloads, donors summed over downloads, queued requests]`;
+///   caught_up, downloads, donors summed over downloads, queued requests, ...]` (`status_fields`);
 /// - `(status_atom, checkpoint_atom) -> ([written, bytes written, restored (0 or 1), restored
 ///   steps, rejected files, write failures, samples of a pending gradient taken up], restored
 ///   digest (raw, empty when none))`.

@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include "actors/stage/checkpoint.hpp"
+#include "actors/stage/stage.hpp"
 #include "actors/trainer/wiring.hpp"
 #include "kernels/data/batch_progress.hpp"
 #include "kernels/data/corpus.hpp"
@@ -133,6 +134,8 @@ struct stage_report {
   uint64_t peers = 0;
   uint64_t max_steps = 0;
   uint64_t rounds = 0, averaged = 0, no_partner = 0, failed = 0, caught_up = 0;
+  /// State rounds (resyncs after a lone step) started and loaded.
+  uint64_t state_rounds = 0, state_loaded = 0;
   uint64_t downloads = 0, donors = 0;
   /// The peer whose parameters stand for the stage in the final model, and every live peer's
   /// optimizer steps and distance to it, for the summary.
@@ -381,6 +384,8 @@ public:
       sum.no_partner += r.no_partner;
       sum.failed += r.failed;
       sum.caught_up += r.caught_up;
+      sum.state_rounds += r.state_rounds;
+      sum.state_loaded += r.state_loaded;
       sum.downloads += r.downloads;
       sum.donors += r.donors;
       sum.applied += r.applied;
@@ -390,9 +395,9 @@ public:
       fmt::print("  {:<34} [{}] (target batch {})\n", "global steps per stage", steps,
                  g.averaging.target_batch);
       fmt::print("  {:<34} {} rounds of live peers: {} averaged, {} without partner, {} failed; "
-                 "{} catch-ups\n",
+                 "{} catch-ups; {} resyncs after a lone step ({} loaded)\n",
                  "gradient averaging", sum.rounds, sum.averaged, sum.no_partner, sum.failed,
-                 sum.caught_up);
+                 sum.caught_up, sum.state_rounds, sum.state_loaded);
     } else {
       fmt::print("  {:<34} [{}] (local batch {}, parameters gossiped)\n",
                  "optimizer steps (most per stage)", steps, g.local_batch);
@@ -572,21 +577,24 @@ private:
     for (size_t j = 0; j < peers.size(); ++j) {
       auto& peer = peers[j];
       auto st = ask<std::vector<uint64_t>>(ctx, peer, std::chrono::seconds(5), status_atom::value);
-      if (!st || std::get<0>(*st).size() < 10)
+      using namespace actors::stage;
+      if (!st || std::get<0>(*st).size() < st_count)
         continue;
       auto& v = std::get<0>(*st);
       auto name = j < names.size() ? names[j] : fmt::format("#{}", j);
       r.steps_of_peers += fmt::format("{}{} at step {}", r.steps_of_peers.empty() ? "live: " : ", ",
-                                      name, v[0]);
+                                      name, v[st_steps]);
       r.peers++;
-      r.max_steps = std::max(r.max_steps, v[0]);
-      r.rounds += v[2];
-      r.averaged += v[3];
-      r.no_partner += v[4];
-      r.failed += v[5];
-      r.caught_up += v[7];
-      r.downloads += v[8];
-      r.donors += v[9];
+      r.max_steps = std::max(r.max_steps, v[st_steps]);
+      r.rounds += v[st_rounds];
+      r.averaged += v[st_averaged];
+      r.no_partner += v[st_no_partner];
+      r.failed += v[st_failed];
+      r.caught_up += v[st_caught_up];
+      r.downloads += v[st_downloads];
+      r.donors += v[st_donors];
+      r.state_rounds += v[st_state_rounds];
+      r.state_loaded += v[st_state_rounds_loaded];
       auto c = ask<std::vector<uint64_t>>(ctx, peer, std::chrono::seconds(5), status_atom::value,
                                           messages::commit_atom::value);
       if (c && std::get<0>(*c).size() >= 2) {

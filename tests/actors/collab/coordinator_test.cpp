@@ -67,6 +67,43 @@ TEST_CASE("options of the collaborative optimizer are validated") {
   CHECK_FALSE(validate(o).ok());
 }
 
+TEST_CASE("a server peer whose samples stopped coming counts its rate as 0 and starts no round") {
+  auto o = options(100);
+  o.delay_updates = true;
+  o.idle_after = 2;
+  coordinator c("a", o);
+  c.start(0);
+  c.progress_read({peer_at("b", 0, 0, 0, 0)}, 0);
+  // 10 samples per second for 3 s: the rate is measured, the target is 70 samples away.
+  for (int t = 1; t <= 3; ++t)
+    c.samples_done(10, t);
+  CHECK(c.own_record(3).rate > 0);
+  CHECK(c.estimate(3).eta < 1e9);
+  // Then nothing for idle_after: its record and its estimate say it makes no progress, so the
+  // ETA never passes and no round starts on samples that never come.
+  CHECK(c.own_record(5).rate == 0);
+  CHECK(c.estimate(5).rate == 0);
+  std::vector<effect> es;
+  for (int t = 5; t <= 60; ++t) {
+    auto more = c.timer(t);
+    auto read = has<read_progress>(more);
+    es.insert(es.end(), more.begin(), more.end());
+    if (read)
+      es = c.progress_read({peer_at("b", 0, 0, 0, t)}, t);
+    CHECK_FALSE(has<start_round>(es));
+  }
+  CHECK(c.stats().rounds == 0);
+  CHECK(c.pending_samples() == 30);
+  // Without idle_after (a peer that computes by itself) the rate stays.
+  coordinator d("d", options(100));
+  d.start(0);
+  for (int t = 1; t <= 3; ++t)
+    d.samples_done(10, t);
+  CHECK(d.own_record(60).rate > 0);
+  o.idle_after = -1;
+  CHECK_FALSE(validate(o).ok());
+}
+
 TEST_CASE("joining publishes the peer's record and reads the collaboration's") {
   coordinator c("a", options());
   auto es = c.start(10);

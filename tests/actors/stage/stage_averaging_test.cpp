@@ -8,12 +8,14 @@
 #include <torch/torch.h>
 
 #include "actors/averager/averager.hpp"
+#include "actors/collab/progress.hpp"
 #include "actors/dht/dht.hpp"
 #include "actors/stage/dht_board.hpp"
 #include "actors/stage/stage.hpp"
 #include "actors/trainer/trainer.hpp"
 #include "kernels/data/corpus.hpp"
 #include "messages/atoms.hpp"
+#include "messages/dht.hpp"
 #include "messages/swarm.hpp"
 #include "runtime/sim/world.hpp"
 #include "support/swarm_fixtures.hpp"
@@ -79,7 +81,7 @@ void start_trainer(runtime::sim::world& w, std::shared_ptr<tally> t, int64_t mic
 
 /// What a newcomer to stage 1 (spawned on node 0 with `download_state`) ends with after 10 s.
 struct newcomer_view {
-  std::vector<uint64_t> status; // the stage peer's 11 counters
+  std::vector<uint64_t> status; // the stage peer's counters (`status_fields`)
   messages::stage_state state;
 };
 
@@ -92,7 +94,7 @@ newcomer_view join_newcomer(runtime::sim::world& w) {
   w.run_for(10s);
   auto ns = ask<std::vector<uint64_t>>(w, n0, fresh, status_atom::value);
   REQUIRE(ns);
-  REQUIRE(ns->size() == 11);
+  REQUIRE(ns->size() == actors::stage::st_count);
   auto got = ask<messages::stage_state>(w, n0, fresh, get_atom::value, state_atom::value);
   REQUIRE(got);
   return {*ns, *got};
@@ -137,7 +139,7 @@ TEST_CASE("stage peers with averaging take the same global steps on averaged gra
     REQUIRE(peer);
     auto s = ask<std::vector<uint64_t>>(w, w.node(i), peer, status_atom::value);
     REQUIRE(s);
-    REQUIRE(s->size() == 11);
+    REQUIRE(s->size() == actors::stage::st_count);
     stats.push_back(*s);
     auto st = ask<messages::stage_state>(w, w.node(i), peer, get_atom::value, state_atom::value);
     REQUIRE(st);
@@ -209,7 +211,7 @@ TEST_CASE("a stage peer with averaging but no partner steps on its own gradients
   w.run_for(10s);
   auto s = ask<std::vector<uint64_t>>(w, n1, n1.lookup("s1"), status_atom::value);
   REQUIRE(s);
-  REQUIRE(s->size() == 11);
+  REQUIRE(s->size() == actors::stage::st_count);
   MESSAGE("s1: steps " << (*s)[0] << " rounds " << (*s)[2] << " no_partner " << (*s)[4]);
   CHECK((*s)[1] == 40 * 4);
   CHECK((*s)[0] >= 2);
@@ -314,4 +316,94 @@ TEST_CASE("a newcomer whose donors hold different states falls back to one donor
     equal_to += torch::equal(nc.state.params.tensor, donor->params.tensor) ? 1 : 0;
   }
   CHECK(equal_to == 1);
+}
+
+TEST_CASE("three stage peers follow the collaborative optimizer's core: signed progress records, "
+          "steps taken together, every confirmed sample accounted for") {
+  using namespace actors::stage;
+  runtime::sim::world_options wo;
+  wo.seed = 13;
+  wo.network.defaults.latency = 5ms;
+  runtime::sim::world w{wo};
+  actors::averager::averager_options a;
+  a.target_group_size = 3;
+  a.matchmaking_window = caf::timespan{1s};
+  a.poll_interval = caf::timespan{100ms};
+  a.join_grace = caf::timespan{1s};
+  a.round_timeout = caf::timespan{5s};
+  add_averaging_nodes(w, 3, 700, "swarm/three", a);
+  // Stage 0: one local-mode peer on n0; stage 1: a peer on each node (n0's averager is free:
+  // stage 0 does not average).
+  auto& n0 = w.node(0);
+  n0.adopt("s0", spawn_stage(w.system(), avg_stage_opts(0, "s0"), n0.lookup("board")));
+  const int64_t target = 48;
+  for (int i = 0; i < 3; ++i)
+    spawn_averaging_peer(w, w.node(i), std::string{"s1"} + static_cast<char>('a' + i),
+                         "swarm/three", target);
+  w.run_for(3s);
+  auto t = std::make_shared<tally>();
+  start_trainer(w, t, 120);
+  REQUIRE(w.run_until([&] { return t->stops == 1; }, 600s));
+  CHECK(t->microbatches == 120);
+  w.run_for(30s);
+  std::vector<std::vector<uint64_t>> stats;
+  std::vector<torch::Tensor> params;
+  uint64_t confirmed = 0;
+  for (int i = 0; i < 3; ++i) {
+    auto name = std::string{"s1"} + static_cast<char>('a' + i);
+    auto peer = w.node(i).lookup(name);
+    REQUIRE(peer);
+    auto s = ask<std::vector<uint64_t>>(w, w.node(i), peer, status_atom::value);
+    REQUIRE(s);
+    REQUIRE(s->size() == st_count);
+    auto st = ask<messages::stage_state>(w, w.node(i), peer, get_atom::value, state_atom::value);
+    REQUIRE(st);
+    auto c = ask<std::vector<uint64_t>>(w, w.node(i), peer, status_atom::value,
+                                        messages::commit_atom::value);
+    REQUIRE(c);
+    CHECK((*c)[1] == 0); // nothing lost: every computed gradient was confirmed
+    MESSAGE(name << ": steps " << (*s)[st_steps] << " rounds " << (*s)[st_rounds] << " averaged "
+                 << (*s)[st_averaged] << " no_partner " << (*s)[st_no_partner] << " failed "
+                 << (*s)[st_failed] << " samples averaged " << (*s)[st_samples_averaged]
+                 << " alone " << (*s)[st_samples_alone] << " dropped " << (*s)[st_samples_dropped]
+                 << " pending " << (*s)[st_pending] << " state rounds " << (*s)[st_state_rounds]);
+    // The core counted each confirmed sample exactly once: in an averaged update, an own step,
+    // dropped, or pending towards the next step (no round is in flight any more).
+    auto& v = *s;
+    CHECK(v[st_samples_averaged] + v[st_samples_alone] + v[st_samples_dropped] + v[st_pending]
+          == v[st_samples]);
+    CHECK(v[st_samples] > 0);
+    CHECK(v[st_rounds] >= 1);
+    CHECK(v[st_averaged] >= 1);
+    confirmed += v[st_samples];
+    stats.push_back(v);
+    params.push_back(st->params.tensor.to(torch::kFloat));
+  }
+  CHECK(confirmed == 120 * 4);
+  // One global step for the stage: same steps, same parameters.
+  CHECK(stats[0][st_steps] >= 2);
+  CHECK(stats[0][st_steps] == stats[1][st_steps]);
+  CHECK(stats[1][st_steps] == stats[2][st_steps]);
+  for (int i = 1; i < 3; ++i) {
+    auto diff = (params[0] - params[static_cast<size_t>(i)]).abs().max().item<double>();
+    MESSAGE("max parameter difference s1a - s1" << static_cast<char>('a' + i) << ": " << diff);
+    CHECK(diff < 1e-5);
+  }
+  // Their progress records are the core's (decoded, validated), under owned sub-keys (signed by
+  // the node's key) whose record repeats the sub-key, at the stage's step.
+  auto got = ask<messages::dht_get_result>(w, n0, n0.lookup("dht"), get_atom::value,
+                                           progress_key("swarm/three", 1));
+  REQUIRE(got);
+  size_t records = 0;
+  for (auto& rec : got->records) {
+    if (!rec.has_subkey)
+      continue;
+    auto r = actors::collab::decode_progress(rec.value);
+    REQUIRE(r);
+    CHECK(r->peer == rec.subkey);
+    CHECK(rec.subkey.find("[owner:") != std::string::npos);
+    CHECK(r->step == stats[0][st_steps]);
+    records++;
+  }
+  CHECK(records == 3);
 }

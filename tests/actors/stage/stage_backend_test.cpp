@@ -99,7 +99,7 @@ TEST_CASE("a cost-model stage queues requests FIFO on virtual time and answers p
   CHECK(*probe == doctest::Approx(2.3));
   auto status = ask<std::vector<uint64_t>>(w, n, peer, status_atom::value);
   REQUIRE(status);
-  REQUIRE(status->size() == 11);
+  REQUIRE(status->size() == actors::stage::st_count);
   CHECK((*status)[10] == 3); // three requests queued
   auto state = ask<stage_state>(w, n, peer, get_atom::value, state_atom::value);
   REQUIRE(state);
