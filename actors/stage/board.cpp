@@ -16,10 +16,52 @@ namespace starling::actors::stage {
 
 namespace {
 
+/// A live peer of a stage and its last report.
+struct board_entry {
+  std::string name;
+  caf::actor handle;
+  /// Whether `throughput` and `queue` hold a report.
+  bool reported = false;
+  double throughput = 0;
+  double queue = 0;
+};
+
+/// A stage's live peers sorted by name: every read walks them all in that order (sums of
+/// throughputs keep their order, hence their rounding), and a contiguous walk over 1250 peers
+/// costs microseconds where a tree walk with a lookup per peer cost a large run most of its time.
+class stage_entries {
+public:
+  std::vector<board_entry>& all() { return xs_; }
+  const std::vector<board_entry>& all() const { return xs_; }
+  size_t size() const { return xs_.size(); }
+  bool empty() const { return xs_.empty(); }
+
+  /// The entry named `name`, or null.
+  board_entry* find(const std::string& name) {
+    auto i = lower(name);
+    return i != xs_.end() && i->name == name ? &*i : nullptr;
+  }
+
+  /// The entry named `name`, made (unreported) if new.
+  board_entry& at(const std::string& name) {
+    auto i = lower(name);
+    if (i == xs_.end() || i->name != name)
+      i = xs_.insert(i, board_entry{name, {}, false, 0, 0});
+    return *i;
+  }
+
+private:
+  std::vector<board_entry>::iterator lower(const std::string& name) {
+    return std::lower_bound(xs_.begin(), xs_.end(), name,
+                            [](const board_entry& e, const std::string& n) { return e.name < n; });
+  }
+
+  std::vector<board_entry> xs_;
+};
+
 struct board_state {
-  std::vector<std::map<std::string, caf::actor>> stages;
-  /// Reported (throughput, queue) per stage and peer name.
-  std::vector<std::map<std::string, std::pair<double, double>>> loads;
+  /// Per stage, its live peers with their reported (throughput, queue).
+  std::vector<stage_entries> stages;
   /// Peers joining each stage: (until, expected throughput).
   std::vector<std::vector<std::pair<caf::actor_clock::time_point, double>>> joining;
   /// When a move out of each stage was last granted.
@@ -29,21 +71,15 @@ struct board_state {
 
 caf::behavior board(caf::stateful_actor<board_state>* self, size_t stages) {
   self->state.stages.resize(stages);
-  self->state.loads.resize(stages);
   self->state.moves.resize(stages);
   self->state.joining.resize(stages);
   self->set_down_handler([=](const caf::down_msg& dm) {
     auto& st = self->state;
-    for (size_t k = 0; k < st.stages.size(); ++k) {
-      auto& s = st.stages[k];
-      for (auto i = s.begin(); i != s.end();) {
-        if (i->second.address() == dm.source) {
-          st.loads[k].erase(i->first);
-          i = s.erase(i);
-        } else {
-          i = std::next(i);
-        }
-      }
+    for (auto& s : st.stages) {
+      auto& xs = s.all();
+      xs.erase(std::remove_if(xs.begin(), xs.end(),
+                              [&](const board_entry& e) { return e.handle.address() == dm.source; }),
+               xs.end());
     }
   });
   return {
@@ -52,7 +88,7 @@ caf::behavior board(caf::stateful_actor<board_state>* self, size_t stages) {
       if (stage >= self->state.stages.size())
         return caf::make_error(caf::sec::invalid_argument, "no stage " + std::to_string(stage));
       self->monitor(peer);
-      self->state.stages[stage][name] = peer;
+      self->state.stages[stage].at(name).handle = peer;
       auto& j = self->state.joining[stage];
       if (!j.empty())
         j.erase(j.begin()); // the joiner announced itself (the oldest one, as far as we know)
@@ -64,18 +100,25 @@ caf::behavior board(caf::stateful_actor<board_state>* self, size_t stages) {
         return caf::make_error(caf::sec::invalid_argument, "no stage " + std::to_string(stage));
       std::vector<std::string> names;
       std::vector<caf::actor> handles;
-      for (auto& kv : self->state.stages[stage]) {
-        names.push_back(kv.first);
-        handles.push_back(kv.second);
+      auto& xs = self->state.stages[stage].all();
+      names.reserve(xs.size());
+      handles.reserve(xs.size());
+      for (auto& e : xs) {
+        names.push_back(e.name);
+        handles.push_back(e.handle);
       }
       return {std::move(names), std::move(handles)};
     },
     [=](load_atom, uint64_t stage, const std::string& name, double throughput, double queue) {
       auto& st = self->state;
-      if (stage >= st.stages.size() || st.stages[stage].count(name) == 0
-          || !(throughput > 0) || !std::isfinite(throughput))
+      if (stage >= st.stages.size() || !(throughput > 0) || !std::isfinite(throughput))
         return;
-      st.loads[stage][name] = {throughput, queue};
+      auto e = st.stages[stage].find(name);
+      if (!e)
+        return;
+      e->reported = true;
+      e->throughput = throughput;
+      e->queue = queue;
     },
     [=](get_atom, load_atom, const caf::actor& peer)
       -> caf::result<std::vector<double>, std::vector<int64_t>, double> {
@@ -83,16 +126,17 @@ caf::behavior board(caf::stateful_actor<board_state>* self, size_t stages) {
       std::vector<double> throughput(st.stages.size(), 0.0);
       std::vector<int64_t> peers(st.stages.size(), 0);
       double mine = -1;
+      // Raw pointers: the same identity as comparing the handles, without a call per peer.
+      auto me = peer ? caf::actor_cast<caf::abstract_actor*>(peer) : nullptr;
       for (size_t k = 0; k < st.stages.size(); ++k) {
         double sum = 0;
         int64_t reported = 0;
-        for (auto& [name, handle] : st.stages[k]) {
-          auto i = st.loads[k].find(name);
-          if (i != st.loads[k].end()) {
-            sum += i->second.first;
+        for (auto& e : st.stages[k].all()) {
+          if (e.reported) {
+            sum += e.throughput;
             ++reported;
-            if (peer && handle == peer)
-              mine = i->second.first;
+            if (me && caf::actor_cast<caf::abstract_actor*>(e.handle) == me)
+              mine = e.throughput;
           }
         }
         peers[k] = static_cast<int64_t>(st.stages[k].size());
@@ -127,10 +171,9 @@ caf::behavior board(caf::stateful_actor<board_state>* self, size_t stages) {
       for (size_t k = 0; k < st.stages.size(); ++k) {
         double sum = 0;
         int64_t reported = 0;
-        for (auto& [name, handle] : st.stages[k]) {
-          auto i = st.loads[k].find(name);
-          if (i != st.loads[k].end()) {
-            sum += i->second.first;
+        for (auto& e : st.stages[k].all()) {
+          if (e.reported) {
+            sum += e.throughput;
             ++reported;
           }
         }

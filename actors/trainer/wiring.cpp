@@ -6,6 +6,17 @@
 
 namespace starling::actors::trainer {
 
+namespace {
+
+using measured_list = std::vector<std::pair<const std::string*, double>>;
+
+measured_list::iterator measured_at(measured_list& xs, const std::string& id) {
+  return std::lower_bound(xs.begin(), xs.end(), id,
+                          [](const auto& x, const std::string& n) { return *x.first < n; });
+}
+
+} // namespace
+
 void throughput_ema::add(double sample) {
   raw_ = (1.0 - alpha_) * raw_ + alpha_ * sample;
   decay_ *= 1.0 - alpha_;
@@ -32,7 +43,7 @@ wiring_policy::wiring_policy(size_t stages, wiring_options opts)
 
 double wiring_policy::min_load(const stage_state& s) const {
   if (!s.ready.empty())
-    return s.ready.begin()->first;
+    return s.ready.front().load;
   // Nobody is ready: fall back to the least loaded peer overall, so a returning peer does not
   // undercut the others' history.
   double m = std::numeric_limits<double>::infinity();
@@ -49,8 +60,10 @@ void wiring_policy::add_peer(size_t stage, const std::string& peer) {
   if (opts_.seed != 0)
     load += std::uniform_real_distribution<double>{0.0, opts_.tie_break}(rng_);
   peer_state p{load, throughput_ema{opts_.alpha}, throughput_ema{opts_.alpha}, {}};
-  s.ready.emplace(p.load, peer);
-  s.peers.emplace(peer, std::move(p));
+  auto it = s.peers.emplace(peer, std::move(p)).first;
+  // The list borrows the map's copy of the name (map nodes do not move).
+  s.ready.insert(it->second.load, it->first, false, 0.0);
+  s.mean_forward.reset();
 }
 
 void wiring_policy::remove_peer(size_t stage, const std::string& peer) {
@@ -58,8 +71,13 @@ void wiring_policy::remove_peer(size_t stage, const std::string& peer) {
   auto it = s.peers.find(peer);
   if (it == s.peers.end())
     return;
-  s.ready.erase({it->second.load, peer});
+  s.ready.erase(it->second.load, peer);
+  if (it->second.excluded_until)
+    s.excluded.erase({*it->second.excluded_until, peer});
+  if (auto m = measured_at(s.measured, peer); m != s.measured.end() && *m->first == peer)
+    s.measured.erase(m);
   s.peers.erase(it);
+  s.mean_forward.reset();
 }
 
 void wiring_policy::refresh(size_t stage, const std::vector<std::string>& peers) {
@@ -75,22 +93,23 @@ void wiring_policy::refresh(size_t stage, const std::vector<std::string>& peers)
     add_peer(stage, id);
 }
 
-double wiring_policy::expected_seconds(const stage_state& s, const peer_state& p, pass dir,
-                                       double samples) const {
-  double forward = 0.0;
-  if (p.forward.measured()) {
-    forward = p.forward.value();
-  } else {
-    // An unmeasured peer is assumed as fast as the stage's measured peers on average.
+double wiring_policy::mean_forward(const stage_state& s) const {
+  if (!s.mean_forward) {
     double sum = 0.0;
     int n = 0;
-    for (auto& [id, q] : s.peers)
-      if (q.forward.measured()) {
-        sum += q.forward.value();
-        ++n;
-      }
-    forward = n > 0 ? sum / n : opts_.default_throughput;
+    for (auto& [id, v] : s.measured) {
+      sum += v;
+      ++n;
+    }
+    s.mean_forward = n > 0 ? sum / n : opts_.default_throughput;
   }
+  return *s.mean_forward;
+}
+
+double wiring_policy::expected_seconds(const stage_state& s, const peer_state& p, pass dir,
+                                       double samples) const {
+  // An unmeasured peer is assumed as fast as the stage's measured peers on average.
+  double forward = p.forward.measured() ? p.forward.value() : mean_forward(s);
   if (dir == pass::forward)
     return samples / forward;
   if (p.backward.measured())
@@ -99,14 +118,23 @@ double wiring_policy::expected_seconds(const stage_state& s, const peer_state& p
 }
 
 void wiring_policy::readmit_expired(stage_state& s, double now) {
-  for (auto& [id, p] : s.peers) {
-    if (!p.excluded_until || *p.excluded_until > now)
-      continue;
+  if (s.excluded.empty() || s.excluded.begin()->first > now)
+    return;
+  std::vector<std::string> due;
+  while (!s.excluded.empty() && s.excluded.begin()->first <= now) {
+    due.push_back(s.excluded.begin()->second);
+    s.excluded.erase(s.excluded.begin());
+  }
+  // In name order: each one re-enters at the minimum the previous ones left.
+  std::sort(due.begin(), due.end());
+  for (auto& id : due) {
+    auto& p = s.peers.at(id);
     p.excluded_until.reset();
     // Re-enter at the current minimum: its load did not grow while excluded, and it should not
     // get a burst of requests for that.
     p.load = std::max(p.load, min_load(s));
-    s.ready.emplace(p.load, id);
+    auto& name = s.peers.find(id)->first;
+    s.ready.insert(p.load, name, p.forward.measured(), p.forward.value());
   }
 }
 
@@ -115,7 +143,7 @@ std::optional<std::string> wiring_policy::peek(size_t stage, double now) {
   readmit_expired(s, now);
   if (s.ready.empty())
     return std::nullopt;
-  return s.ready.begin()->second;
+  return *s.ready.front().id;
 }
 
 std::optional<std::string> wiring_policy::pick(size_t stage, pass dir, double samples, double now) {
@@ -133,10 +161,15 @@ std::vector<std::string> wiring_policy::sample(size_t stage, double now, size_t 
   out.push_back(*first);
   auto& s = stages_.at(stage);
   // The other ready peers, weighted by their estimated forward throughput.
-  std::vector<std::pair<std::string, double>> pool;
-  for (auto& [load, id] : s.ready)
-    if (id != *first)
-      pool.emplace_back(id, 1.0 / expected_seconds(s, s.peers.at(id), pass::forward, 1.0));
+  // As 1.0 / expected_seconds(s, p, pass::forward, 1.0) per peer: the throughput a measured
+  // peer keeps in the list, the stage's mean (computed once) for the others.
+  auto unmeasured = 1.0 / (1.0 / mean_forward(s));
+  auto first_id = s.ready.front().id;
+  std::vector<std::pair<const std::string*, double>> pool;
+  pool.reserve(s.ready.size());
+  for (auto& e : s.ready.entries())
+    if (e.id != first_id)
+      pool.emplace_back(e.id, e.has_value ? 1.0 / (1.0 / e.value) : unmeasured);
   while (out.size() < count && !pool.empty()) {
     double total = 0;
     for (auto& [id, w] : pool)
@@ -148,7 +181,7 @@ std::vector<std::string> wiring_policy::sample(size_t stage, double now, size_t 
       if (x < 0)
         break;
     }
-    out.push_back(pool[k].first);
+    out.push_back(*pool[k].first);
     pool.erase(pool.begin() + static_cast<long>(k));
   }
   return out;
@@ -161,9 +194,10 @@ void wiring_policy::add_load(size_t stage, const std::string& peer, double delta
     return;
   auto& p = it->second;
   auto floor = delta < 0 ? min_load(s) : -std::numeric_limits<double>::infinity();
-  s.ready.erase({p.load, peer});
+  auto old = p.load;
   p.load = std::max(p.load + delta, std::min(floor, p.load));
-  s.ready.emplace(p.load, peer);
+  if (!s.ready.reload(old, peer, p.load))
+    s.ready.insert(p.load, it->first, p.forward.measured(), p.forward.value());
 }
 
 void wiring_policy::charge(size_t stage, const std::string& peer, pass dir, double samples) {
@@ -195,7 +229,18 @@ void wiring_policy::report_success(size_t stage, const std::string& peer, pass d
   auto it = s.peers.find(peer);
   if (it == s.peers.end() || !(seconds > 0.0) || !(samples > 0.0))
     return;
-  (dir == pass::forward ? it->second.forward : it->second.backward).add(samples / seconds);
+  auto& p = it->second;
+  (dir == pass::forward ? p.forward : p.backward).add(samples / seconds);
+  if (dir == pass::forward) {
+    auto m = measured_at(s.measured, peer);
+    if (m != s.measured.end() && *m->first == peer)
+      m->second = p.forward.value();
+    else
+      s.measured.emplace(m, &it->first, p.forward.value());
+    s.mean_forward.reset();
+    if (!p.excluded_until)
+      s.ready.set_value(p.load, it->first, true, p.forward.value());
+  }
 }
 
 void wiring_policy::exclude(size_t stage, const std::string& peer, double until) {
@@ -205,8 +250,11 @@ void wiring_policy::exclude(size_t stage, const std::string& peer, double until)
     return;
   auto& p = it->second;
   if (!p.excluded_until)
-    s.ready.erase({p.load, peer});
+    s.ready.erase(p.load, peer);
+  else
+    s.excluded.erase({*p.excluded_until, peer});
   p.excluded_until = std::max(until, p.excluded_until.value_or(until));
+  s.excluded.emplace(*p.excluded_until, peer);
 }
 
 bool wiring_policy::excluded(size_t stage, const std::string& peer, double now) const {

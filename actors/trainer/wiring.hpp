@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "actors/trainer/ready_list.hpp"
+
 namespace starling::actors::trainer {
 
 /// Bias-corrected exponential moving average (Adam-style): unbiased from the first sample.
@@ -137,11 +139,21 @@ private:
 
   struct stage_state {
     std::map<std::string, peer_state> peers;
-    /// (load, id) of the peers that are not excluded: the min-heap (a set, to allow removal).
-    std::set<std::pair<double, std::string>> ready;
+    /// (load, id) of the peers that are not excluded: the min-heap (ordered, to allow removal),
+    /// each with its measured forward throughput (the value) so that a walk needs no lookups.
+    ready_list ready;
+    /// (until, id) of the excluded peers: readmission looks at the expired ones only.
+    std::set<std::pair<double, std::string>> excluded;
+    /// The measured peers' forward throughputs in name order (names borrowed from `peers`).
+    std::vector<std::pair<const std::string*, double>> measured;
+    /// Their mean (what an unmeasured peer is assumed to do), summed in name order as the walk
+    /// over `peers` summed it and kept until a peer or a forward measurement changes: the same
+    /// number, computed once per change instead of once per unmeasured peer.
+    mutable std::optional<double> mean_forward;
   };
 
   double min_load(const stage_state& s) const;
+  double mean_forward(const stage_state& s) const;
   double expected_seconds(const stage_state& s, const peer_state& p, pass dir,
                           double samples) const;
   void readmit_expired(stage_state& s, double now);

@@ -89,7 +89,7 @@ public:
     if (!a || world_.node_of(a.address()) == static_cast<int>(index_)
         || world_.node_of(a.address()) < 0)
       return a;
-    return world_.proxy(static_cast<int>(index_), a);
+    return world_.lazy_proxy(static_cast<int>(index_), a);
   }
 
   caf::actor shared_service(const std::string& name,

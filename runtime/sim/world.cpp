@@ -155,6 +155,7 @@ public:
       }
       return caf::invoke_message_result::consumed;
     }
+    world_->greet_if_due(from_, to_);
     if (auto why = world_->admits(to_, from_); !why.empty()) {
       // As a live node's envelope check: counted by the receiver's gate, a request answered.
       world_->record("refused", from_name, to_name, bytes, why);
@@ -327,8 +328,13 @@ void world::reset_gate(int index) {
   };
   gates_[i] = std::make_unique<actors::auth::admission>(std::move(o));
   // The node's new process has greeted nobody, and nobody has greeted it.
-  for (auto p = greeted_.begin(); p != greeted_.end();)
-    p = (*p >> 32) == i || (*p & 0xffffffffULL) == i ? greeted_.erase(p) : std::next(p);
+  for (auto* pairs : {&greeted_, &greet_due_}) {
+    if (i < pairs->size())
+      (*pairs)[i].clear();
+    for (auto& row : *pairs)
+      if (i < row.size())
+        row[i] = false;
+  }
 }
 
 actors::auth::admission* world::gate(int index) {
@@ -341,12 +347,19 @@ std::string world::say_hello(int from, int to) {
   if (!opts_.gate || from == to)
     return {};
   auto f = static_cast<size_t>(from), t = static_cast<size_t>(to);
-  if (greeted_.count(uint64_t{f} << 32 | t))
+  if (f < greeted_.size() && t < greeted_[f].size() && greeted_[f][t])
     return {};
   if (auto why = actors::auth::handshake(*gates_[f], *gates_[t]); !why.empty())
     return why;
-  greeted_.insert(uint64_t{f} << 32 | t);
-  greeted_.insert(uint64_t{t} << 32 | f);
+  auto greet = [this](size_t a, size_t b) {
+    if (greeted_.size() <= a)
+      greeted_.resize(a + 1);
+    if (greeted_[a].size() <= b)
+      greeted_[a].resize(std::max(b + 1, nodes_.size()), false);
+    greeted_[a][b] = true;
+  };
+  greet(f, t);
+  greet(t, f);
   if (opts_.trace_messages)
     record("hello", nodes_[f]->name(), nodes_[t]->name(), 0, "admitted both ways");
   return {};
@@ -380,12 +393,15 @@ sim_node& world::node(int index) {
 }
 
 int world::node_of(const caf::actor_addr& a) const {
-  auto i = actor_node_.find(a.id());
-  return i == actor_node_.end() ? -1 : i->second;
+  auto id = a.id();
+  return id < actor_node_.size() ? actor_node_[id] : -1;
 }
 
 void world::track(int node, const caf::actor& a) {
-  actor_node_[a.id()] = node;
+  auto id = a.id();
+  if (actor_node_.size() <= id)
+    actor_node_.resize(std::max<size_t>(id + 1, actor_node_.size() * 2), -1);
+  actor_node_[id] = node;
 }
 
 int64_t world::now_ns() const {
@@ -551,6 +567,37 @@ caf::actor world::proxy(int from, const caf::actor& target, bool greet) {
   track(from, p);
   proxies_.emplace(key, p);
   return p;
+}
+
+caf::actor world::lazy_proxy(int from, const caf::actor& target) {
+  if (opts_.trace_messages || !opts_.gate)
+    return proxy(from, target, true);
+  auto to = node_of(target.address());
+  if (to >= 0 && to != from) {
+    auto f = static_cast<size_t>(from), t = static_cast<size_t>(to);
+    if (!(f < greeted_.size() && t < greeted_[f].size() && greeted_[f][t])) {
+      if (greet_due_.size() <= f)
+        greet_due_.resize(f + 1);
+      if (greet_due_[f].size() <= t)
+        greet_due_[f].resize(std::max(t + 1, nodes_.size()), false);
+      greet_due_[f][t] = true;
+    }
+  }
+  return proxy(from, target, false);
+}
+
+void world::greet_if_due(int from, int to) {
+  auto due = [this](size_t a, size_t b) {
+    return a < greet_due_.size() && b < greet_due_[a].size() && greet_due_[a][b];
+  };
+  auto f = static_cast<size_t>(from), t = static_cast<size_t>(to);
+  if (!due(f, t) && !due(t, f))
+    return;
+  if (due(f, t))
+    greet_due_[f][t] = false;
+  if (due(t, f))
+    greet_due_[t][f] = false;
+  say_hello(from, to);
 }
 
 bool world::serialized_size(const caf::message& msg, uint64_t& bytes, std::string& error) {

@@ -11,7 +11,6 @@
 #include <random>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include <caf/fwd.hpp>
@@ -180,6 +179,15 @@ public:
   /// `greet` is false: a handle that merely travelled in a message (reply proxies, or a test of
   /// a node that skipped the hello).
   caf::actor proxy(int from, const caf::actor& target, bool greet = true);
+  /// As `proxy`, but when messages are not traced the hello waits for the first message between
+  /// the two nodes (either way; `greet_if_due`): what a node that reads a peer list needs. A
+  /// 10,000-peer run lists 1250 peers per gossip exchange and would otherwise sign and verify
+  /// 12.5 million hellos for pairs that never exchange a message. Admissions are the same at
+  /// every message (a gate is only asked when a message arrives, and a restart clears a due
+  /// hello as it clears a said one); traced runs say it now, so their hello lines stay put.
+  caf::actor lazy_proxy(int from, const caf::actor& target);
+  /// Says the hello between nodes `from` and `to` if a `lazy_proxy` left it due.
+  void greet_if_due(int from, int to);
   /// Serialized size of a message, or an error text if it does not serialize.
   bool serialized_size(const caf::message& msg, uint64_t& bytes, std::string& error);
   /// Looks up `host:port/name` as seen from node `from`; errors say why.
@@ -219,15 +227,19 @@ private:
       return std::hash<uint64_t>{}(k.second * 0x9e3779b97f4a7c15ULL ^ static_cast<uint64_t>(k.first));
     }
   };
-  std::unordered_map<caf::actor_id, int> actor_node_;
+  /// Node of each tracked actor, indexed by actor id (CAF numbers actors 1, 2, ...; -1: none).
+  std::vector<int> actor_node_;
   std::unordered_map<std::pair<int, caf::actor_id>, caf::actor, proxy_key_hash> proxies_;
   std::multimap<int64_t, std::pair<std::string, std::function<void()>>> pending_;
   std::vector<trace_event> trace_;
   caf::actor_clock::time_point start_;
   /// Per node: its gate, and the nodes it said hello with in this incarnation.
   std::vector<std::unique_ptr<actors::auth::admission>> gates_;
-  /// Pairs of nodes that said hello (both orders: `from << 32 | to`).
-  std::unordered_set<uint64_t> greeted_;
+  /// Pairs of nodes that said hello: `greeted_[from][to]`, set in both orders (rows grow on
+  /// demand), so that a restart clears one row and one column instead of scanning every pair.
+  std::vector<std::vector<bool>> greeted_;
+  /// Hellos left due by `lazy_proxy`: `greet_due_[from][to]` (rows grow on demand).
+  std::vector<std::vector<bool>> greet_due_;
   /// Challenges of the gates: seeded apart from `rng_`, so turning gates on or off does not
   /// change the rest of a run's randomness.
   std::mt19937_64 gate_rng_;
