@@ -1,5 +1,6 @@
 #include "runtime/sim/world.hpp"
 
+#include <algorithm>
 #include <fstream>
 #include <iomanip>
 #include <limits>
@@ -19,6 +20,22 @@
 namespace starling::runtime::sim {
 
 namespace {
+
+/// A cell of a node-pair matrix whose rows grow on demand (`world::greeted_`, `greet_due_`).
+bool cell(const std::vector<std::vector<bool>>& m, size_t a, size_t b) {
+  return a < m.size() && b < m[a].size() && m[a][b];
+}
+
+/// Sets a cell, growing its row to at least `width` (the node count) so that it grows rarely.
+void set_cell(std::vector<std::vector<bool>>& m, size_t a, size_t b, size_t width, bool v) {
+  if (!v && !cell(m, a, b))
+    return;
+  if (m.size() <= a)
+    m.resize(a + 1);
+  if (m[a].size() <= b)
+    m[a].resize(std::max(b + 1, width), false);
+  m[a][b] = v;
+}
 
 const char* drop_name(drop_reason r) {
   switch (r) {
@@ -347,19 +364,12 @@ std::string world::say_hello(int from, int to) {
   if (!opts_.gate || from == to)
     return {};
   auto f = static_cast<size_t>(from), t = static_cast<size_t>(to);
-  if (f < greeted_.size() && t < greeted_[f].size() && greeted_[f][t])
+  if (cell(greeted_, f, t))
     return {};
   if (auto why = actors::auth::handshake(*gates_[f], *gates_[t]); !why.empty())
     return why;
-  auto greet = [this](size_t a, size_t b) {
-    if (greeted_.size() <= a)
-      greeted_.resize(a + 1);
-    if (greeted_[a].size() <= b)
-      greeted_[a].resize(std::max(b + 1, nodes_.size()), false);
-    greeted_[a][b] = true;
-  };
-  greet(f, t);
-  greet(t, f);
+  set_cell(greeted_, f, t, nodes_.size(), true);
+  set_cell(greeted_, t, f, nodes_.size(), true);
   if (opts_.trace_messages)
     record("hello", nodes_[f]->name(), nodes_[t]->name(), 0, "admitted both ways");
   return {};
@@ -575,28 +585,18 @@ caf::actor world::lazy_proxy(int from, const caf::actor& target) {
   auto to = node_of(target.address());
   if (to >= 0 && to != from) {
     auto f = static_cast<size_t>(from), t = static_cast<size_t>(to);
-    if (!(f < greeted_.size() && t < greeted_[f].size() && greeted_[f][t])) {
-      if (greet_due_.size() <= f)
-        greet_due_.resize(f + 1);
-      if (greet_due_[f].size() <= t)
-        greet_due_[f].resize(std::max(t + 1, nodes_.size()), false);
-      greet_due_[f][t] = true;
-    }
+    if (!cell(greeted_, f, t))
+      set_cell(greet_due_, f, t, nodes_.size(), true);
   }
   return proxy(from, target, false);
 }
 
 void world::greet_if_due(int from, int to) {
-  auto due = [this](size_t a, size_t b) {
-    return a < greet_due_.size() && b < greet_due_[a].size() && greet_due_[a][b];
-  };
   auto f = static_cast<size_t>(from), t = static_cast<size_t>(to);
-  if (!due(f, t) && !due(t, f))
+  if (!cell(greet_due_, f, t) && !cell(greet_due_, t, f))
     return;
-  if (due(f, t))
-    greet_due_[f][t] = false;
-  if (due(t, f))
-    greet_due_[t][f] = false;
+  set_cell(greet_due_, f, t, 0, false);
+  set_cell(greet_due_, t, f, 0, false);
   say_hello(from, to);
 }
 
