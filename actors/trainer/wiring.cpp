@@ -128,13 +128,13 @@ void wiring_policy::readmit_expired(stage_state& s, double now) {
   // In name order: each one re-enters at the minimum the previous ones left.
   std::sort(due.begin(), due.end());
   for (auto& id : due) {
-    auto& p = s.peers.at(id);
+    auto it = s.peers.find(id);
+    auto& p = it->second;
     p.excluded_until.reset();
     // Re-enter at the current minimum: its load did not grow while excluded, and it should not
     // get a burst of requests for that.
     p.load = std::max(p.load, min_load(s));
-    auto& name = s.peers.find(id)->first;
-    s.ready.insert(p.load, name, p.forward.measured(), p.forward.value());
+    s.ready.insert(p.load, it->first, p.forward.measured(), p.forward.value());
   }
 }
 
