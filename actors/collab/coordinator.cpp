@@ -117,6 +117,7 @@ std::vector<effect> coordinator::progress_read(const std::vector<progress_entry>
   stats_.reads++;
   stats_.records_rejected += summary.rejected;
   has_view_ = true;
+  seen_others_ = seen_others_ || !tracker_.records().empty();
   auto e = estimate(now);
   // "The ETA has passed" is judged against the ETA of the last read, as DeDLOC does: between
   // reads the peer trusts the prediction instead of the records it no longer refreshes.
@@ -333,8 +334,28 @@ void coordinator::decide(seconds now, effects& out) {
   // The ETA stands in for the others' samples, which the peer cannot see between reads; a peer
   // that counts nobody but itself knows its own count exactly and waits for the target.
   bool alone = e.peers <= 1 && contributes();
+  if (alone && !seen_others_) {
+    // Nobody else ever showed up: a round would wait its whole matchmaking window for nobody
+    // and step on the own gradient anyway. (A peer that saw others before and now sees none
+    // is cut off or deserted: it tries the round, and resyncs after a lone step.)
+    if (e.reached)
+      step_solo(now, out);
+    return;
+  }
   if (e.reached || e.eta <= eta_tolerance || (now >= eta_at_ && !alone))
     start_round_now(now, out);
+}
+
+void coordinator::step_solo(seconds now, effects& out) {
+  auto samples = local_.take();
+  stats_.own_steps++;
+  stats_.solo_steps++;
+  stats_.samples_alone += samples;
+  out.emplace_back(step_alone{++next_id_, step_, samples});
+  step_++;
+  // The new step is news for a peer that joins; the next read comes at its usual time.
+  dirty_ = true;
+  (void)now;
 }
 
 void coordinator::start_round_now(seconds now, effects& out) {
@@ -378,10 +399,19 @@ void coordinator::finish_round(round_end how, seconds now, effects& out) {
   }
   round_samples_ = 0;
   phase_ = coordinator_phase::accumulating;
-  // The last read describes the step that just ended: decide on a new one.
-  has_view_ = false;
-  eta_at_ = std::numeric_limits<double>::infinity();
   resume(now, out);
+  if (how == round_end::averaged && has_view_) {
+    // The peers of the last read at that step averaged with this one and stepped with it: their
+    // progress towards the new step is predicted from now on at their rates, so the next round
+    // starts on time even though the read asked below still returns their old records (steps
+    // shorter than a read's round trip overshot the target batch several times without this).
+    tracker_.presume_stepped(round_step_, now);
+    eta_at_ = estimate(now).eta_at;
+  } else {
+    // The last read describes the step that just ended: decide on a new one.
+    has_view_ = false;
+    eta_at_ = std::numeric_limits<double>::infinity();
+  }
   // Tell the collaboration about the new step and learn where it stands, now.
   next_refresh_ = now;
   bool periodic = how != round_end::skipped && opts_.average_state_every > 0 && contributes() &&

@@ -170,6 +170,18 @@ struct step_own {
   uint64_t samples = 0;
 };
 
+/// Take the step's accumulated mean gradient out and step the optimizer on it at once, without
+/// averaging: the peer has seen no other peer since it started (a collaboration of one), so an
+/// averaging round would only wait out its matchmaking window for nobody.
+struct step_alone {
+  /// Id of the step (from the same sequence as rounds).
+  uint64_t id = 0;
+  /// The step it completes.
+  uint64_t step = 0;
+  /// Samples in the gradient.
+  uint64_t samples = 0;
+};
+
 /// Drop the gradient taken out for round `id` without stepping.
 struct skip_step {
   /// Round id.
@@ -234,7 +246,8 @@ struct discard_gradients {};
 /// Something the owning actor must do.
 using effect =
     std::variant<publish_progress, withdraw_progress, read_progress, wake_at, start_round,
-                 abandon_round, apply_averaged, step_own, skip_step, pause_compute, resume_compute,
+                 abandon_round, apply_averaged, step_own, step_alone, skip_step, pause_compute,
+                 resume_compute,
                  start_state_round, load_averaged_state, abandon_state_round, download_state,
                  abandon_download, discard_gradients>;
 
@@ -269,8 +282,10 @@ struct coordinator_stats {
   uint64_t samples_stale = 0;
   /// Gradient rounds started / whose average was applied / failed / abandoned at the deadline.
   uint64_t rounds = 0, rounds_averaged = 0, rounds_failed = 0, rounds_timed_out = 0;
-  /// Own-gradient steps and skipped steps.
+  /// Own-gradient steps (after failed rounds, and `step_alone`) and skipped steps.
   uint64_t own_steps = 0, skipped_steps = 0;
+  /// Of the own-gradient steps, those taken without a round by a peer that saw nobody else.
+  uint64_t solo_steps = 0;
   /// State rounds started / loaded / failed or timed out.
   uint64_t state_rounds = 0, state_rounds_loaded = 0, state_rounds_failed = 0;
   /// Of those, resyncs after a lone step started / failed or timed out (a failed one is tried
@@ -361,6 +376,7 @@ private:
   void advance(seconds now, effects& out);
   void decide(seconds now, effects& out);
   void start_round_now(seconds now, effects& out);
+  void step_solo(seconds now, effects& out);
   void finish_round(round_end how, seconds now, effects& out);
   void start_state_round_now(bool resync, seconds now, effects& out);
   void end_state_round(bool loaded, seconds now, effects& out);
@@ -385,6 +401,9 @@ private:
   bool paused_ = false;
   // Progress reads.
   bool has_view_ = false;
+  // Some read showed another peer's record (at any step): the peer is not alone, and a view
+  // showing nobody means it is cut off (or the others left), not a collaboration of one.
+  bool seen_others_ = false;
   bool read_in_flight_ = false;
   seconds read_deadline_ = 0;
   seconds next_refresh_ = 0;

@@ -194,6 +194,15 @@ read_summary progress_tracker::observe(const std::vector<progress_entry>& entrie
     view.push_back(held_record{std::move(*r), e.expires_at});
     s.accepted++;
   }
+  // A presumed record stays over the peer's own record from before the step it presumes.
+  for (auto& h : view) {
+    auto held = std::find_if(records_.begin(), records_.end(), [&](const held_record& p) {
+      return p.presumed && p.record.peer == h.record.peer;
+    });
+    if (held != records_.end() && h.record.step < held->record.step &&
+        h.record.time <= held->record.time)
+      h = *held;
+  }
   records_ = std::move(view);
   // A tombstone wins over a live record of the same peer from another (merged) read.
   for (const auto& peer : tombstones)
@@ -205,6 +214,19 @@ void progress_tracker::forget(const std::string& peer) {
   records_.erase(std::remove_if(records_.begin(), records_.end(),
                                 [&](const held_record& h) { return h.record.peer == peer; }),
                  records_.end());
+}
+
+void progress_tracker::presume_stepped(uint64_t step, seconds now) {
+  for (auto& h : records_) {
+    auto& r = h.record;
+    if (r.step != step || r.withdrawn)
+      continue;
+    r.step = step + 1;
+    r.samples = 0;
+    r.time = now;
+    r.resync = false;
+    h.presumed = true;
+  }
 }
 
 progress_estimate progress_tracker::estimate(uint64_t step, uint64_t own_samples, double own_rate,

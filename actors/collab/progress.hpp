@@ -84,6 +84,9 @@ struct held_record {
   progress_record record;
   /// It stops counting at this time.
   seconds expires_at = 0;
+  /// Not read but presumed (`progress_tracker::presume_stepped`): the peer's own record from
+  /// before the step replaces it only when it is newer.
+  bool presumed = false;
 };
 
 /// Tunables of the estimate and of the refresh period.
@@ -172,6 +175,14 @@ public:
 
   /// Drops `peer` at once (its owner learned that it left).
   void forget(const std::string& peer);
+
+  /// This peer finished the round of `step` at `now` with an averaged update: the peers held at
+  /// `step` went into the same round (one key per step) and are presumed at `step + 1` from
+  /// `now` on, with no samples yet and their last rate, so that the next step's ETA is known at
+  /// once instead of after a read. A read right after the step still returns their records from
+  /// before it (their new ones are being stored): such a record (at an earlier step, made no
+  /// later than `now`) leaves the presumed one in place; any other record of theirs replaces it.
+  void presume_stepped(uint64_t step, seconds now);
 
   /// The estimate at `now` (see `estimate_progress`).
   progress_estimate estimate(uint64_t step, uint64_t own_samples, double own_rate,

@@ -692,6 +692,26 @@ void apply_update(peer_actor* self, uint64_t id, uint64_t step, bool averaged) {
   maybe_evaluate(self);
 }
 
+/// Takes the step's accumulated gradient (and its microbatch range and loss) out under `id`;
+/// later microbatches accumulate towards the next step.
+void take_out(peer_actor* self, uint64_t id, uint64_t samples) {
+  auto& s = self->state;
+  auto& t = s.taken[id];
+  if (s.opts.algo == algorithm::diloco && s.opts.collab.mode != collab::peer_mode::auxiliary)
+    (void)s.model->inner_step(); // the remainder since the last inner step
+  t.g = s.model->take();
+  if (s.opts.algo == algorithm::diloco)
+    t.g.samples = samples; // the weight: every sample since the last outer step
+  t.first = s.pending_first;
+  t.microbatches = s.next_micro - s.pending_first;
+  t.last = t.microbatches > 0 ? s.next_micro - 1 : s.pending_first;
+  t.loss = s.loss_sum;
+  t.started = self->clock().now();
+  s.pending_first = s.next_micro;
+  s.loss_sum = 0;
+  s.loss_count = 0;
+}
+
 void carry(peer_actor* self, std::vector<collab::effect> es) {
   auto& s = self->state;
   for (auto& e : es) {
@@ -704,24 +724,14 @@ void carry(peer_actor* self, std::vector<collab::effect> es) {
     } else if (auto* wk = std::get_if<collab::wake_at>(&e)) {
       self->delayed_send(self, collab::wake_delay(wk->at, now_s(self)), dp_wake_atom::value);
     } else if (auto* r = std::get_if<collab::start_round>(&e)) {
-      auto& t = s.taken[r->id];
-      if (s.opts.algo == algorithm::diloco && s.opts.collab.mode != collab::peer_mode::auxiliary)
-        (void)s.model->inner_step(); // the remainder since the last inner step
-      t.g = s.model->take();
-      if (s.opts.algo == algorithm::diloco)
-        t.g.samples = r->samples; // the weight: every sample since the last outer step
-      t.first = s.pending_first;
-      t.microbatches = s.next_micro - s.pending_first;
-      t.last = t.microbatches > 0 ? s.next_micro - 1 : s.pending_first;
-      t.loss = s.loss_sum;
-      t.started = self->clock().now();
-      s.pending_first = s.next_micro;
-      s.loss_sum = 0;
-      s.loss_count = 0;
+      take_out(self, r->id, r->samples);
       if (s.opts.algo == algorithm::diloco)
         start_diloco_round(self, *r);
       else
         start_dedloc_round(self, *r);
+    } else if (auto* sa = std::get_if<collab::step_alone>(&e)) {
+      take_out(self, sa->id, sa->samples);
+      apply_update(self, sa->id, sa->step, false);
     } else if (auto* a = std::get_if<collab::abandon_round>(&e)) {
       if (auto it = s.taken.find(a->id); it != s.taken.end())
         it->second.abandoned = true;

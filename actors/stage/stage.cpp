@@ -279,6 +279,7 @@ private:
   void put_record(std::vector<char> value, collab::seconds expires_at);
   void read_records();
   /// Takes the step's mean gradient out and averages it (weight: its samples).
+  torch::Tensor take_gradient(uint64_t id);
   void start_round(const collab::start_round& r);
   /// Steps the optimizer on round `id`'s averaged gradient or on the peer's own.
   void take_step(uint64_t id, uint64_t step, bool averaged);
@@ -1002,6 +1003,9 @@ void stage_peer::carry(std::vector<collab::effect> es) {
       self_->delayed_send(self_, collab::wake_delay(wk->at, now()), tick_atom::value);
     } else if (auto* r = std::get_if<collab::start_round>(&e)) {
       start_round(*r);
+    } else if (auto* sa = std::get_if<collab::step_alone>(&e)) {
+      take_gradient(sa->id);
+      take_step(sa->id, sa->step, false);
     } else if (auto* ab = std::get_if<collab::abandon_round>(&e)) {
       if (auto i = taken_.find(ab->id); i != taken_.end())
         i->second.abandoned = true;
@@ -1066,18 +1070,23 @@ void stage_peer::read_records() {
     });
 }
 
-void stage_peer::start_round(const collab::start_round& r) {
-  auto& a = opts_.averaging;
+torch::Tensor stage_peer::take_gradient(uint64_t id) {
   // The step's gradient is taken out (a mean over its microbatches); backwards confirmed while
-  // the round runs accumulate towards the next step. The core counted the same samples:
-  // `r.samples == pending_samples_`.
+  // a round runs accumulate towards the next step. The core counted the same samples:
+  // `pending_samples_`.
   auto grad = kernels::flatten_gradients(params_);
   if (pending_micro_ > 0)
     grad.div_(static_cast<double>(pending_micro_));
   zero_gradients();
   pending_samples_ = 0;
   pending_micro_ = 0;
-  taken_[r.id] = taken_step{grad, false};
+  taken_[id] = taken_step{grad, false};
+  return grad;
+}
+
+void stage_peer::start_round(const collab::start_round& r) {
+  auto& a = opts_.averaging;
+  auto grad = take_gradient(r.id);
   auto id = r.id;
   auto numel = grad.numel();
   messages::tensor_list tl;

@@ -122,6 +122,14 @@ struct collaboration {
           p.pending.clear();
         } else if (auto* a = std::get_if<apply_averaged>(&e)) {
           REQUIRE(p.acc.apply(p.averaged.at(a->id)).ok());
+        } else if (auto* sa = std::get_if<step_alone>(&e)) {
+          // A peer that never saw another steps alone: the step is its own, as in one process.
+          auto g = p.acc.take();
+          REQUIRE(g.samples == sa->samples);
+          REQUIRE(history.count(sa->step) == 0);
+          history[sa->step] = std::move(p.pending);
+          p.pending.clear();
+          REQUIRE(p.acc.apply(g.mean).ok());
         } else if (auto* own = std::get_if<step_own>(&e)) {
           REQUIRE(p.acc.apply(p.taken.at(own->id).mean).ok());
         } else if (std::holds_alternative<pause_compute>(e)) {

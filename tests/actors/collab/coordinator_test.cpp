@@ -416,6 +416,52 @@ TEST_CASE("a step starts when the ETA of the last read has passed") {
   CHECK(one<start_round>(es).samples == 10);
 }
 
+TEST_CASE("after an averaged step the peers of the round are presumed at the new step") {
+  coordinator c("a", options(100));
+  c.start(0);
+  c.samples_done(10, 1); // 10/s
+  // b and c at 30/s and 60/s: 10 + 50 + 40 = 100, the round starts at the read.
+  auto r = one<start_round>(
+    c.progress_read({peer_at("b", 0, 50, 30, 1), peer_at("c", 0, 40, 60, 1)}, 1));
+  auto es = c.round_done(r.id, 3);
+  CHECK(c.step() == 1);
+  CHECK(has<read_progress>(es));
+  // Without waiting for that read: three peers at 100/s from t = 3, the ETA 1 s away.
+  auto e = c.estimate(3);
+  CHECK(e.peers == 3);
+  CHECK(e.samples == doctest::Approx(0));
+  CHECK(e.eta == doctest::Approx(1));
+  CHECK(all<wake_at>(es).back().at == doctest::Approx(4));
+  // The read returns b's and c's records from before the step (their new ones are still being
+  // stored): the presumption stays.
+  c.progress_read({peer_at("b", 0, 50, 30, 1), peer_at("c", 0, 40, 60, 1)}, 3.2);
+  CHECK(c.estimate(3.2).peers == 3);
+  CHECK(c.estimate(3.2).behind == 0);
+  // (The read moved the ETA to 3.2 + 82/100: its extrapolation counts no own samples yet.)
+  c.samples_done(5, 3.5);
+  CHECK_FALSE(has<start_round>(c.timer(4)));
+  es = c.timer(4.02 + 1e-9);
+  auto next = one<start_round>(es);
+  CHECK(next.step == 1);
+  CHECK(next.samples == 5);
+  es = c.round_done(next.id, 5);
+  CHECK(c.step() == 2);
+  // A record made after the step replaces the presumption: c did not step (it is behind), b's
+  // new record at step 2 counts as read.
+  c.progress_read({peer_at("b", 2, 20, 30, 5.5), peer_at("c", 1, 0, 60, 5.2)}, 5.5);
+  e = c.estimate(5.5);
+  CHECK(e.peers == 2);
+  CHECK(e.behind == 1);
+  CHECK(e.samples == doctest::Approx(20));
+  // A failed round presumes nothing: the next decision waits for a read.
+  es = c.timer(6);
+  r = one<start_round>(c.samples_done(100, 6));
+  es = c.round_failed(r.id, 7);
+  CHECK(has<step_own>(es));
+  CHECK_FALSE(has<start_round>(c.timer(100)));
+  check_accounting(c);
+}
+
 TEST_CASE("no sample is counted twice") {
   auto o = options(100);
   o.delay_updates = true;
@@ -677,13 +723,16 @@ TEST_CASE("a failed resync is tried once more after the next update, then given 
   CHECK(one<abandon_state_round>(es).id == retry.id);
   CHECK_FALSE(has<start_state_round>(es));
   CHECK_FALSE(c.resync_due());
+  // The step's ETA, predicted from the peers' rates when the update came, passed during the
+  // state round: the next round starts at once.
+  r = one<start_round>(es);
   // Given up: later updates bring no state round, and late answers are ignored.
   auto t = retry.deadline + 1;
   for (int i = 0; i < 5; ++i, t += 2) {
-    r = next_round(c, t);
-    es = c.round_done(r.id, t + 1);
+    es = c.round_done(r.id, t);
     CHECK(has<apply_averaged>(es));
     CHECK_FALSE(has<start_state_round>(es));
+    r = next_round(c, t + 1);
   }
   CHECK(c.state_round_failed(retry.id, t).empty());
   CHECK(c.stats().resyncs == 2);

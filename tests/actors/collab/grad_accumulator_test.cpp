@@ -38,8 +38,8 @@ optimizer_options optim(const std::string& kind) {
 }
 
 /// A one-peer collaboration carried out as a thin actor would: feed the coordinator events,
-/// carry out its effects with the accumulator. The averager of a single peer returns the
-/// peer's own gradient.
+/// carry out its effects with the accumulator. A peer that never saw another steps alone; the
+/// averager of a single peer would return the peer's own gradient.
 struct solo_peer {
   coordinator core;
   grad_accumulator acc;
@@ -64,6 +64,12 @@ struct solo_peer {
           round_samples.push_back(g.samples);
           rounds[r->id] = g;
           more = core.round_done(r->id, now);
+        } else if (auto* sa = std::get_if<step_alone>(&e)) {
+          // Nobody else ever showed up: the core steps without a round.
+          auto g = acc.take();
+          REQUIRE(g.samples == sa->samples);
+          round_samples.push_back(g.samples);
+          REQUIRE(acc.apply(g.mean).ok());
         } else if (auto* a = std::get_if<apply_averaged>(&e)) {
           REQUIRE(acc.apply(rounds.at(a->id).mean).ok());
           rounds.erase(a->id);
