@@ -187,11 +187,14 @@ read_summary progress_tracker::observe(const std::vector<progress_entry>& entrie
     auto same = std::find_if(view.begin(), view.end(),
                              [&](const held_record& h) { return h.record.peer == r->peer; });
     if (same != view.end()) {
-      if (r->time > same->record.time)
-        *same = held_record{std::move(*r), e.expires_at};
+      if (r->time > same->record.time) {
+        auto made = r->time;
+        *same = held_record{std::move(*r), e.expires_at, false, made};
+      }
       continue;
     }
-    view.push_back(held_record{std::move(*r), e.expires_at});
+    auto made = r->time;
+    view.push_back(held_record{std::move(*r), e.expires_at, false, made});
     s.accepted++;
   }
   // A presumed record stays over the peer's own record from before the step it presumes.
@@ -200,8 +203,18 @@ read_summary progress_tracker::observe(const std::vector<progress_entry>& entrie
       return p.presumed && p.record.peer == h.record.peer;
     });
     if (held != records_.end() && h.record.step < held->record.step &&
-        h.record.time <= held->record.time)
+        h.record.time <= held->record.time) {
+      // Records are published less often than fast steps come: the presumption is carried
+      // from step to step, and takes the rate of each newer record meanwhile.
+      auto fresher = h.record.time > held->rate_time;
+      auto rate = h.record.rate;
+      auto rate_time = h.record.time;
       h = *held;
+      if (fresher) {
+        h.record.rate = rate;
+        h.rate_time = rate_time;
+      }
+    }
   }
   records_ = std::move(view);
   // A tombstone wins over a live record of the same peer from another (merged) read.

@@ -87,6 +87,9 @@ struct held_record {
   /// Not read but presumed (`progress_tracker::presume_stepped`): the peer's own record from
   /// before the step replaces it only when it is newer.
   bool presumed = false;
+  /// When the peer made the record whose rate this one carries (for a presumed record, the
+  /// record it was presumed from, or a later one of the same peer that updated its rate).
+  seconds rate_time = 0;
 };
 
 /// Tunables of the estimate and of the refresh period.
@@ -181,7 +184,8 @@ public:
   /// `now` on, with no samples yet and their last rate, so that the next step's ETA is known at
   /// once instead of after a read. A read right after the step still returns their records from
   /// before it (their new ones are being stored): such a record (at an earlier step, made no
-  /// later than `now`) leaves the presumed one in place; any other record of theirs replaces it.
+  /// later than `now`) leaves the presumed one in place and only refreshes its rate when it is
+  /// newer than the one it carries; any other record of theirs replaces it.
   void presume_stepped(uint64_t step, seconds now);
 
   /// The estimate at `now` (see `estimate_progress`).

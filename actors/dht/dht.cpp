@@ -314,7 +314,10 @@ public:
   // -- client operations -------------------------------------------------------------------
 
   void put(dht_put p, caf::response_promise rp) {
-    rejoin_if_alone();
+    if (must_rejoin()) {
+      rejoin_then([this, p = std::move(p), rp]() mutable { put(std::move(p), rp); });
+      return;
+    }
     dht_record r;
     r.key = std::move(p.key);
     r.has_subkey = p.has_subkey;
@@ -364,7 +367,10 @@ public:
   }
 
   void get(const std::string& key, caf::response_promise rp) {
-    rejoin_if_alone();
+    if (must_rejoin()) {
+      rejoin_then([this, key, rp]() mutable { get(key, rp); });
+      return;
+    }
     auto local = store_.get(key, now());
     // A local plain value answers at once. A local dictionary may be partial (writers that did
     // not count us among the key's replicas stored their sub-keys elsewhere: the averager's
@@ -432,18 +438,36 @@ public:
   }
 
   /// A node whose routing table emptied (every peer it knew failed: a partition, a network
-  /// outage) would otherwise keep every record to itself forever: it joins its bootstrap peers
-  /// again, at most once per two RPC timeouts.
-  void rejoin_if_alone() {
-    if (table_.size() > 0 || opts_.bootstrap.empty())
+  /// outage) would otherwise keep every record to itself forever: a put or get that finds the
+  /// table empty (`must_rejoin`) joins the bootstrap peers again and runs once that join ends
+  /// (`rejoin_then`), instead of running at once on the node's own store, which answered
+  /// with the node's own records only for seconds after a partition ended. One join at a time;
+  /// requests that come while it runs wait for it too. While the node stays cut off each request
+  /// waits up to one ping's timeout and then runs on its own store, as before.
+  bool must_rejoin() const {
+    return table_.size() == 0 && !opts_.bootstrap.empty() && !resuming_;
+  }
+
+  void rejoin_then(std::function<void()> then) {
+    after_rejoin_.push_back(std::move(then));
+    if (joins_in_flight_ > 0)
       return;
-    auto t = now();
-    auto backoff = 2 * std::chrono::duration_cast<std::chrono::nanoseconds>(opts_.rpc_timeout);
-    if (rejoined_ns_ != 0 && t - rejoined_ns_ < backoff.count())
-      return;
-    rejoined_ns_ = t;
+    joins_in_flight_ = opts_.bootstrap.size();
     for (auto& addr : opts_.bootstrap)
-      join_then(addr, [] {}, [] {});
+      join_then(addr, [this] { rejoin_ended(); }, [this] { rejoin_ended(); });
+  }
+
+  void rejoin_ended() {
+    if (--joins_in_flight_ > 0)
+      return;
+    // What waited runs now, whatever the join's outcome (a failed one leaves it on its own
+    // store, as before); `resuming_` keeps it from queueing behind a new join of its own.
+    auto waiting = std::move(after_rejoin_);
+    after_rejoin_.clear();
+    resuming_ = true;
+    for (auto& f : waiting)
+      f();
+    resuming_ = false;
   }
 
   dht_stats stats() const {
@@ -474,8 +498,11 @@ private:
   std::unordered_map<std::string, bucket_state> buckets_;
   std::set<node_id> pinging_;
   uint64_t rate_limited_ = 0;
-  /// When we last joined the bootstrap peers again (0 = never).
-  int64_t rejoined_ns_ = 0;
+  /// Joins of the bootstrap peers in flight after the table emptied, the requests waiting for
+  /// them, the waiting requests being run (they must not wait again).
+  size_t joins_in_flight_ = 0;
+  std::vector<std::function<void()>> after_rejoin_;
+  bool resuming_ = false;
   /// Our requests that peers refused (rate limit, unknown kind).
   uint64_t refusals_ = 0;
 };

@@ -84,9 +84,9 @@ struct dedloc_role_options {
   /// state with the peers after its next update (the coordinator's `resync_after_lone_step`).
   bool resync_after_lone_step = true;
   /// Gradient rounds re-form the last step's group at once while its members stay (the
-  /// averager's `family_groups`): no matchmaking window per step. Off by default: with it, a
-  /// peer cut off for a while can fail its resync after a lone step for good (see README).
-  bool persistent_rounds = false;
+  /// averager's `family_groups`): no matchmaking window per step. Off: every step's group is
+  /// formed anew in a matchmaking window.
+  bool persistent_rounds = true;
   /// Progress records expire this long after they were made (a silent leaver stops counting).
   std::chrono::nanoseconds record_lifetime = std::chrono::seconds(30);
   /// DiLoCo: samples per inner step, the outer optimizer (SGD), pseudo-gradient codec.

@@ -232,6 +232,29 @@ TEST_CASE("a store with an older expiration loses and expired records are gone e
   CHECK_FALSE(gone->get.found);
 }
 
+TEST_CASE("a node whose table emptied in a partition sees the others' records at its first get "
+          "after the partition ends") {
+  swarm s{21};
+  s.grow(6);
+  std::vector<std::string> others;
+  for (size_t i = 0; i < 6; ++i)
+    if (i != 3)
+      others.push_back("n" + std::to_string(i));
+  for (auto& o : others)
+    s.w.partition("n3", o);
+  // Gets from the cut-off node fail towards every peer it knew until none is left in its table.
+  for (int i = 0; i < 12 && s.stats(3).evicted_peers < 5; ++i)
+    CHECK(value_of(s.run_get(3, "elsewhere")) == "<missing>");
+  REQUIRE(s.stats(3).evicted_peers >= 5);
+  REQUIRE(s.run_put(1, make_put("elsewhere", bytes("here"), s.in(600s)))->put.accepted >= 1);
+  CHECK(value_of(s.run_get(3, "elsewhere")) == "<missing>"); // still cut off
+  for (auto& o : others)
+    s.w.heal("n3", o);
+  // The first get after the partition joins the bootstrap peer again before it looks up: it
+  // does not answer from the node's own store alone.
+  CHECK(value_of(s.run_get(3, "elsewhere")) == "here");
+}
+
 TEST_CASE("sub-keys written by different nodes merge and expire independently") {
   swarm s{13};
   s.grow(20);

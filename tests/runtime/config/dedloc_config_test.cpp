@@ -152,7 +152,8 @@ TEST_CASE("dedloc.resync_after_lone_step is true by default, false on request, a
   CHECK(has(bad, "resync_after_lone_step"));
   CHECK(has(bad, "true or false"));
   CHECK(has(section_error("  resync_after_lone_steps: true\n"), "unknown key"));
-  CHECK_FALSE(role("").persistent_rounds);
+  CHECK(role("").persistent_rounds); // the default
+  CHECK_FALSE(role("  persistent_rounds: false\n").persistent_rounds);
   CHECK(role("  persistent_rounds: true\n").persistent_rounds);
   CHECK(has(section_error("  persistent_rounds: 2\n"), "persistent_rounds"));
 }
