@@ -829,6 +829,21 @@ public:
       out_->assigned_bound_samples += std::min(assigned, out_->little_bound) * dt;
       out_->measured_s += dt;
     }
+    if (dt > 0) {
+      double live = 0;
+      for (auto& sl : slots_)
+        live += sl.alive ? sl.speed : 0.0;
+      minute_fluid_ += std::min(live / wsum_, out_->little_bound) * dt;
+    }
+    if (t >= next_minute_) {
+      // Each simulated minute's samples against its own bound (where a run loses: filling,
+      // faults, migrations), printed with the summary.
+      next_minute_ = t + 60;
+      auto got = static_cast<double>(out_->samples - minute_samples_);
+      per_minute_.push_back(100 * got / std::max(1.0, minute_fluid_));
+      minute_samples_ = out_->samples;
+      minute_fluid_ = 0;
+    }
     if (t >= next_line_) {
       next_line_ = t + 600;
       fmt::print(stderr, "  {:7.0f} s simulated: {} samples, {} retries, {} migrations\n", t,
@@ -864,6 +879,15 @@ public:
     for (auto c : o.peers_per_stage)
       last += (last.empty() ? "" : " ") + std::to_string(c);
     fmt::print("  {:<34} [{}]\n", "live peers per stage at the end", last);
+    for (size_t k = 0; k < per_minute_.size(); k += 15) {
+      std::string row;
+      for (size_t j = k; j < std::min(per_minute_.size(), k + 15); ++j)
+        row += fmt::format("{:4.0f}", per_minute_[j]);
+      fmt::print("  {:<34}{}\n",
+                 k == 0 ? std::string{"% of fluid bound, per minute"}
+                        : fmt::format("  minutes {}-", k + 1),
+                 row);
+    }
     return 0;
   }
 
@@ -882,6 +906,10 @@ private:
   double warmup_ = 0;
   double last_ = 0;
   double next_line_ = 600;
+  double next_minute_ = 60;
+  int64_t minute_samples_ = 0;
+  double minute_fluid_ = 0;
+  std::vector<double> per_minute_;
   int64_t done_ = 0;
 };
 

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <memory>
 #include <regex>
+#include <sstream>
 
 #include <csignal>
 #include <cstdlib>
@@ -95,6 +96,17 @@ TEST_CASE("swarm-tiny in simulation completes its samples and gives the same dig
     auto samples = p.wait_for("samples", 120s);
     REQUIRE(samples);
     CHECK(samples->find("768 (") != std::string::npos); // 2 trainers x 24 x 16
+    // One percentage per whole simulated minute (the 768 samples take more than one).
+    auto minutes = p.wait_for("% of fluid bound, per minute", 60s);
+    REQUIRE(minutes);
+    std::istringstream row{minutes->substr(minutes->find("minute") + 6)};
+    double pct = 0;
+    int count = 0;
+    while (row >> pct) {
+      CHECK(pct >= 0);
+      ++count;
+    }
+    CHECK(count >= 1);
     auto d = p.wait_for("trace digest", 60s);
     REQUIRE(d);
     digest[i] = d->substr(d->find("digest") + 6, 20);
