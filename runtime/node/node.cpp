@@ -338,6 +338,19 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
     return refused ? refused->line() : std::string{};
   };
   n->wire_ = std::make_shared<messages::wire_context>(std::move(wo));
+  if (!creds->trust.open()) {
+    // A closed run seals its direct links: each side proves its node key, and the other must be
+    // a node this gate admitted (the hello over BASP comes first: a link's token is handed out
+    // only to an admitted peer).
+    auto sec = std::make_shared<actors::transfer::link_security>();
+    sec->key = n->key_;
+    sec->experiment = creds->experiment;
+    sec->admit = [gate = n->gate_](const std::string& peer_id) {
+      auto refused = gate->admission().allow_any(peer_id);
+      return refused ? refused->line() : std::string{};
+    };
+    n->link_security_ = std::move(sec);
+  }
   auto cfg = std::make_unique<node_config>();
   cfg->wire = n->wire_;
   n->cfg_ = std::move(cfg);
@@ -377,6 +390,7 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
   if (opts.data_endpoint && actors::transfer::check_listen_host(n->host_).ok()) {
     actors::transfer::data_channel_options dopts;
     dopts.host = n->host_;
+    dopts.security = n->link_security_;
     auto data = actors::transfer::data_endpoint::open(dopts);
     if (!data) {
       n->shutdown();
