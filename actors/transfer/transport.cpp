@@ -5,8 +5,8 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
-#include <functional>
 #include <deque>
+#include <functional>
 #include <map>
 #include <poll.h>
 #include <sys/socket.h>
@@ -141,7 +141,6 @@ struct credit_hold {
   }
 };
 
-
 /// Counts a sealed link's refusal by reason (the transport's `refusals`).
 using count_fn = std::function<void(const char* reason)>;
 
@@ -161,13 +160,17 @@ public:
       return send_all(fd_, data, n, flags);
     const auto* p = static_cast<const uint8_t*>(data);
     while (n > 0) {
-      if (staged_ == 0 && n >= sealed_max_record) {
-        // A whole record straight from the source: encrypted into the buffer, no staging copy.
-        cipher_->seal(p, sealed_max_record, buf_.get());
-        if (auto st = send_all(fd_, buf_.get(), sealed_max_record + overhead); !st)
+      if (n >= direct_min) {
+        // Bulk bytes (a payload) in records of their own, sealed straight from the source: no
+        // staging copy here, and the reader opens them in place in its receive buffer.
+        if (auto st = flush(); !st)
           return st;
-        p += sealed_max_record;
-        n -= sealed_max_record;
+        auto take = std::min<size_t>(n, sealed_max_record);
+        cipher_->seal(p, take, buf_.get());
+        if (auto st = send_all(fd_, buf_.get(), take + overhead); !st)
+          return st;
+        p += take;
+        n -= take;
         continue;
       }
       auto take = std::min<size_t>(n, sealed_max_record - staged_);
@@ -194,6 +197,8 @@ public:
 
 private:
   static constexpr size_t overhead = sealed_header_bytes + sealed_tag_bytes;
+  /// Writes of at least this many bytes get records of their own.
+  static constexpr size_t direct_min = size_t{64} << 10;
   int fd_;
   std::unique_ptr<record_cipher> cipher_;
   std::unique_ptr<uint8_t[]> buf_;

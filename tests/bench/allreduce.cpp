@@ -20,7 +20,8 @@
 //                        [--netns PREFIX] [reps] [sizes...]   (default 10; 1M and 16M floats)
 //   --netns PREFIX  child r runs in network namespace PREFIX<r> at 10.77.0.<r+1> (set up, shaped
 //                   and removed by scripts/netns-allreduce, which passes this option)
-// env: STARLING_BENCH_BASP=1 (averager over BASP only), STARLING_BENCH_CHUNK_KIB=N (chunk
+// env: STARLING_BENCH_BASP=1 (averager over BASP only), STARLING_BENCH_NO_TLS=1
+//      (starling-closed without TLS on BASP; the direct links are sealed either way), STARLING_BENCH_CHUNK_KIB=N (chunk
 //      size), STARLING_BENCH_TRACE=1 (each child's RSS after every round, to stderr)
 // starling-auto: `codec: auto` (adaptive_codec), the codec each round is printed with
 //   STARLING_BENCH_TRACE=1.
@@ -192,7 +193,7 @@ bool closed_node(runtime::node_options& no, int rank, const std::string& dir) {
   if (auto st = auth::write_file_atomically(no.token, t->file_text, 0600); !st)
     return false;
   no.authority = dir + "/authority/authority.pub";
-  no.tls = true;
+  no.tls = std::getenv("STARLING_BENCH_NO_TLS") == nullptr;
   return true;
 }
 
