@@ -95,6 +95,13 @@ caf::actor spawn_directory(caf::actor_system& sys, std::shared_ptr<node_gate> ga
   });
 }
 
+namespace {
+
+/// Connects tried per `reach` when CAF ends the connect as `connection_timeout` (see below).
+constexpr int connect_attempts = 4;
+
+} // namespace
+
 caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directory,
                                   std::string own_endpoint, caf::timespan timeout,
                                   std::shared_ptr<node_gate> gate, caf::actor connector) {
@@ -119,6 +126,11 @@ caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directo
         .then([rp](const caf::actor& a) mutable { rp.deliver(a); },
               [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
     };
+    using connect_fn = std::function<void(const std::string&, const std::string&, uint16_t,
+                                          caf::typed_response_promise<caf::actor>,
+                                          std::function<void(caf::actor)>, int)>;
+    // Owned by the behaviour below; the callbacks that call it again die with the actor too.
+    auto connect = std::make_shared<connect_fn>();
     // The directory of the node at `ep`, connected and (with a gate) admitted both ways, then
     // `then(dir)`; an error goes to `rp`.
     auto reach = [=](const std::string& ep, const std::string& host, uint16_t port,
@@ -132,6 +144,12 @@ caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directo
         rp.deliver(caf::make_error(caf::sec::runtime_error, "no middleman: cannot reach " + ep));
         return;
       }
+      (*connect)(ep, host, port, std::move(rp), std::move(then), connect_attempts);
+    };
+    auto* again = connect.get();
+    *connect = [=](const std::string& ep, const std::string& host, uint16_t port,
+                   caf::typed_response_promise<caf::actor> rp,
+                   std::function<void(caf::actor)> then, int attempts) mutable {
       self->request(mm, timeout, caf::connect_atom::value, host, port)
         .then(
           [=](const caf::node_id&, caf::strong_actor_ptr& ptr,
@@ -159,7 +177,19 @@ caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directo
                                            "node " + ep + ": " + why));
             });
           },
-          [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+          [=](caf::error& e) mutable {
+            // CAF 0.17's BASP broker opens a connecting context without `last_seen`, so the
+            // first heartbeat tick ends it as `connection_timeout` unless the acceptor's
+            // handshake came first. A slow acceptor loses that race (TLS: caf_openssl builds
+            // a fresh SSL context per accepted connection, behind a backlog of other
+            // connections; 5 of 10 joins failed at a node holding 64 garbage connections):
+            // such a failure, which comes within one heartbeat interval, is tried again.
+            if (e == caf::sec::connection_timeout && attempts > 1) {
+              (*again)(ep, host, port, std::move(rp), std::move(then), attempts - 1);
+              return;
+            }
+            rp.deliver(std::move(e));
+          });
     };
     return {
       [=](resolve_atom, const std::string& text) mutable -> caf::result<caf::actor> {

@@ -419,22 +419,28 @@ TEST_CASE("an admitted node may not preempt, stop or start another node's roles"
 // Without TLS: with caf_openssl, an honest TLS join while 64 garbage connections are open failed
 // with connection_timeout in 6 of 20 tries here (caf_openssl's handshakes), a named gap.
 TEST_CASE("a flood of connections sending garbage leaves a closed node serving its members") {
-  closed_run run;
-  auto a = run.start("a", false);
-  a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
-  {
-    std::vector<std::unique_ptr<testing::raw_socket>> flood;
-    std::string garbage(1024, '\x5a');
-    for (int i = 0; i < 64; ++i) {
-      flood.push_back(std::make_unique<testing::raw_socket>(a->port()));
-      flood.back()->write(garbage.data(), garbage.size());
+  // With TLS the node's handshake comes late (a fresh SSL context per accepted connection,
+  // behind the flood): CAF 0.17 then ends the member's connect as `connection_timeout` at its
+  // first heartbeat tick, which the resolver tries again (5 of 10 joins failed before).
+  for (bool tls : {false, true}) {
+    CAPTURE(tls);
+    closed_run run;
+    auto a = run.start("a", tls);
+    a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
+    {
+      std::vector<std::unique_ptr<testing::raw_socket>> flood;
+      std::string garbage(1024, '\x5a');
+      for (int i = 0; i < 64; ++i) {
+        flood.push_back(std::make_unique<testing::raw_socket>(a->port()));
+        flood.back()->write(garbage.data(), garbage.size());
+      }
+      // A member joins and is served while those connections are still open.
+      auto b = run.start("b", tls);
+      auto [peer, err] = try_resolve(*b, fmt::format("127.0.0.1:{}/ping", a->port()));
+      REQUIRE_MESSAGE(peer, err);
+      CHECK(ping(*b, peer) == "a");
     }
-    // A member joins and is served while those connections are still open.
-    auto b = run.start("b", false);
-    auto [peer, err] = try_resolve(*b, fmt::format("127.0.0.1:{}/ping", a->port()));
-    REQUIRE_MESSAGE(peer, err);
-    CHECK(ping(*b, peer) == "a");
+    CHECK(a->gate()->admission().admitted() == 1);
+    CHECK(a->gate()->admission().refusals().total() == 0);
   }
-  CHECK(a->gate()->admission().admitted() == 1);
-  CHECK(a->gate()->admission().refusals().total() == 0);
 }
