@@ -192,6 +192,7 @@ public:
       // being read): the weighted mean adds a chunk and drops it, so a round needs about three
       // buffers per link, which the pool keeps for the next round (fresh pages are expensive).
       to.pool_buffers = 32;
+      to.security = opts_.data_security;
       auto t = transfer::transport::open(to);
       if (t) {
         transport_ = std::move(*t);

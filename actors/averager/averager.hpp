@@ -45,6 +45,7 @@
 
 namespace starling::actors::transfer {
 class transport;
+struct link_security;
 }
 
 namespace starling::actors::averager {
@@ -97,6 +98,9 @@ struct averager_options {
   /// The direct transport to use (e.g. the node's, shared with its other users); null: one of
   /// the averager's own on `data_host`, if set.
   std::shared_ptr<transfer::transport> transport;
+  /// Seals the links of the averager's own transport (a closed run: the node's
+  /// `link_security()`); null: plaintext.
+  std::shared_ptr<const transfer::link_security> data_security;
   /// IPv4 address the averager's own transport listens on (the node's address) when `transport`
   /// is null. Both empty: every chunk travels over BASP. Peers without a transport, or whose
   /// transport cannot be reached, are served over BASP either way.

@@ -439,6 +439,7 @@ result<std::shared_ptr<data_endpoint>> data_endpoint::open(const data_channel_op
   t.token_ttl = opts.announce_ttl;
   t.max_links = opts.max_connections;
   t.pool_buffers = opts.pool_buffers;
+  t.security = opts.security;
   auto tr = transport::open(t);
   if (!tr)
     return fail("cannot open a data endpoint: " + tr.error().what);

@@ -60,6 +60,8 @@ struct data_channel_options {
   /// Receive buffers kept for reuse once their tensors are freed, on top of the ones the open
   /// links can hold at once (transport_options::pool_buffers).
   uint32_t pool_buffers = 4;
+  /// Seals the links (a closed run); null: plaintext (transport_options::security).
+  std::shared_ptr<const link_security> security;
 };
 
 /// A node's transfer endpoint: its transport with the transfer channels installed, shared by the

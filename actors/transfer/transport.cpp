@@ -4,7 +4,9 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
+#include <functional>
 #include <map>
 #include <poll.h>
 #include <sys/socket.h>
@@ -14,6 +16,8 @@
 #include <ATen/ATen.h>
 #include <sodium.h>
 
+#include "actors/auth/identity.hpp"
+#include "actors/transfer/link_crypto.hpp"
 #include "actors/transfer/socket_io.hpp"
 #include "messages/chunked.hpp"
 
@@ -137,6 +141,141 @@ struct credit_hold {
   }
 };
 
+/// Counts a sealed link's refusal by reason (the transport's `refusals`).
+using count_fn = std::function<void(const char* reason)>;
+
+/// The sending half of a link's byte stream: straight to the socket (open runs: the same calls
+/// as before sealing existed), or in sealed records of at most `sealed_max_record` bytes. Owned
+/// by the link's writer thread.
+class link_out {
+public:
+  link_out(int fd, std::unique_ptr<record_cipher> cipher) : fd_(fd), cipher_(std::move(cipher)) {
+    if (cipher_)
+      buf_.reset(new uint8_t[sealed_max_record + sealed_header_bytes + sealed_tag_bytes]);
+  }
+
+  /// Writes `n` bytes (sealed: staged until a record is full or `flush`).
+  status write(const void* data, size_t n, int flags = 0) {
+    if (!cipher_)
+      return send_all(fd_, data, n, flags);
+    const auto* p = static_cast<const uint8_t*>(data);
+    while (n > 0) {
+      if (n >= direct_min) {
+        // Bulk bytes (a payload) in records of their own, sealed straight from the source: no
+        // staging copy here, and the reader opens them in place in its receive buffer.
+        if (auto st = flush(); !st)
+          return st;
+        auto take = std::min<size_t>(n, sealed_max_record);
+        cipher_->seal(p, take, buf_.get());
+        if (auto st = send_all(fd_, buf_.get(), take + overhead); !st)
+          return st;
+        p += take;
+        n -= take;
+        continue;
+      }
+      auto take = std::min<size_t>(n, sealed_max_record - staged_);
+      std::memcpy(buf_.get() + sealed_header_bytes + staged_, p, take);
+      staged_ += take;
+      p += take;
+      n -= take;
+      if (staged_ == sealed_max_record)
+        if (auto st = flush(); !st)
+          return st;
+    }
+    return {};
+  }
+
+  /// Seals and sends what is staged (the end of a frame).
+  status flush() {
+    if (!cipher_ || staged_ == 0)
+      return {};
+    cipher_->seal(buf_.get() + sealed_header_bytes, staged_, buf_.get());
+    auto n = staged_ + overhead;
+    staged_ = 0;
+    return send_all(fd_, buf_.get(), n);
+  }
+
+private:
+  static constexpr size_t overhead = sealed_header_bytes + sealed_tag_bytes;
+  /// Writes of at least this many bytes get records of their own.
+  static constexpr size_t direct_min = size_t{64} << 10;
+  int fd_;
+  std::unique_ptr<record_cipher> cipher_;
+  std::unique_ptr<uint8_t[]> buf_;
+  size_t staged_ = 0;
+};
+
+/// The receiving half: straight from the socket, or record by record, each opened (checked)
+/// before a byte of it is used. A record that fits the caller's room is read and opened in
+/// place there; a smaller read is served from one record's buffer. Owned by the reader thread.
+class link_in {
+public:
+  link_in(int fd, std::unique_ptr<record_cipher> cipher, count_fn count)
+    : fd_(fd), cipher_(std::move(cipher)), count_(std::move(count)) {}
+
+  int fd() const { return fd_; }
+
+  /// True when opened bytes wait here (the socket need not be readable).
+  bool buffered() const { return pos_ < end_; }
+
+  /// Reads exactly `n` bytes.
+  status read(void* data, size_t n) {
+    size_t got = 0;
+    if (!cipher_)
+      return recv_all(fd_, data, n, got);
+    auto* p = static_cast<uint8_t*>(data);
+    while (n > 0) {
+      if (pos_ < end_) {
+        auto take = std::min(n, end_ - pos_);
+        std::memcpy(p, buf_.data() + pos_, take);
+        pos_ += take;
+        p += take;
+        n -= take;
+        continue;
+      }
+      uint8_t head[sealed_header_bytes];
+      if (auto st = recv_all(fd_, head, sizeof head, got); !st)
+        return fail("sealed record header: " + st.what());
+      auto len = parse_sealed_header(head, sizeof head);
+      if (!len) {
+        count_("record");
+        return len.error();
+      }
+      uint8_t* into = p;
+      if (n < *len) {
+        if (buf_.size() < *len)
+          buf_.resize(sealed_max_record);
+        into = buf_.data();
+      }
+      uint8_t tag[sealed_tag_bytes];
+      if (auto st = recv_all(fd_, into, *len, got); !st)
+        return fail("sealed record: " + st.what());
+      if (auto st = recv_all(fd_, tag, sizeof tag, got); !st)
+        return fail("sealed record tag: " + st.what());
+      if (auto st = cipher_->open(head, into, *len, tag); !st) {
+        count_("tampered");
+        return st;
+      }
+      if (into == p) {
+        p += *len;
+        n -= *len;
+      } else {
+        pos_ = 0;
+        end_ = *len;
+      }
+    }
+    return {};
+  }
+
+private:
+  int fd_;
+  std::unique_ptr<record_cipher> cipher_;
+  count_fn count_;
+  std::vector<uint8_t> buf_;
+  size_t pos_ = 0;
+  size_t end_ = 0;
+};
+
 /// One TCP connection to a peer transport, both directions.
 struct link {
   std::string peer;
@@ -154,6 +293,11 @@ struct link {
   std::thread writer;
   std::thread reader;
   std::shared_ptr<link_credit> credit = std::make_shared<link_credit>();
+  /// The two halves of the byte stream (set once the link is up).
+  std::unique_ptr<link_out> out;
+  std::unique_ptr<link_in> in;
+  /// The peer's proven node key (sealed links).
+  std::string peer_key;
 };
 
 class transport_impl final : public transport {
@@ -181,6 +325,11 @@ public:
   uint64_t delivered() const override { return delivered_; }
   uint64_t failed() const override { return failed_; }
   uint64_t connections_opened() const override { return connections_; }
+  bool sealed() const override { return opts_.security != nullptr; }
+  std::map<std::string, uint64_t> refusals() const override {
+    std::lock_guard<std::mutex> guard{mu_};
+    return refusals_;
+  }
   std::string last_error() const override {
     std::lock_guard<std::mutex> guard{mu_};
     return last_error_;
@@ -364,6 +513,99 @@ private:
     last_error_ = std::move(what);
   }
 
+  /// Counts a sealed link's refusal by reason (its line is recorded where the link closes).
+  void count(const char* reason) {
+    std::lock_guard<std::mutex> guard{mu_};
+    ++refusals_[reason];
+  }
+
+  count_fn counter() {
+    return [this](const char* reason) { count(reason); };
+  }
+
+  /// Ciphers of a sealed link's two directions, from its session.
+  static std::pair<std::unique_ptr<record_cipher>, std::unique_ptr<record_cipher>>
+  ciphers_of(const link_session& s) {
+    return {std::make_unique<record_cipher>(s.cipher, s.tx),
+            std::make_unique<record_cipher>(s.cipher, s.rx)};
+  }
+
+  /// The proven peer key must belong to a node the gate admits now.
+  status admitted(const std::string& peer_key) {
+    auto line = opts_.security->admit ? opts_.security->admit(auth::peer_id_of(peer_key))
+                                      : std::string{};
+    if (line.empty())
+      return {};
+    count("not_admitted");
+    return fail("sealed link: the peer's node key is not admitted: " + line);
+  }
+
+  /// The connector's side of a sealed link's handshake, after the TCP connect.
+  result<link_session> seal_outgoing(int fd, const link_token& token) {
+    auto& sec = *opts_.security;
+    link_handshake hs{*sec.key, sec.experiment, token,
+                      sec.ciphers != 0 ? sec.ciphers : local_ciphers()};
+    uint8_t pre[link_preamble_bytes];
+    write_sealed_preamble(token, pre);
+    if (auto st = send_all(fd, pre, sizeof pre, MSG_MORE); !st)
+      return fail(st.what());
+    auto hello = hs.hello();
+    if (auto st = send_all(fd, hello.data(), hello.size()); !st)
+      return fail(st.what());
+    uint8_t reply[link_reply_bytes];
+    size_t got = 0;
+    if (auto st = recv_all(fd, reply, sizeof reply, got); !st) {
+      count("handshake");
+      return fail("sealed link: the acceptor's reply: " + st.what());
+    }
+    if (auto st = hs.on_reply(reply, sizeof reply); !st) {
+      count(hs.forged() ? "signature" : "handshake");
+      return fail(st.what());
+    }
+    if (auto st = admitted(hs.session().peer_key); !st)
+      return fail(st.what());
+    auto fin = hs.finish();
+    if (auto st = send_all(fd, fin.data(), fin.size()); !st)
+      return fail(st.what());
+    return hs.session();
+  }
+
+  /// The acceptor's side, after a sealed preamble with a token it issued.
+  result<link_session> seal_incoming(int fd, const link_token& token) {
+    auto& sec = *opts_.security;
+    link_handshake hs{*sec.key, sec.experiment, token,
+                      sec.ciphers != 0 ? sec.ciphers : local_ciphers()};
+    uint8_t hello[link_hello_bytes];
+    size_t got = 0;
+    if (auto st = recv_all(fd, hello, sizeof hello, got); !st) {
+      count("handshake");
+      return fail("sealed link: the connector's hello: " + st.what());
+    }
+    if (auto st = hs.on_hello(hello, sizeof hello); !st) {
+      count("handshake");
+      return fail(st.what());
+    }
+    auto reply = hs.reply();
+    if (!reply) {
+      count("handshake");
+      return reply.error();
+    }
+    if (auto st = send_all(fd, reply->data(), reply->size()); !st)
+      return fail(st.what());
+    uint8_t fin[link_finish_bytes];
+    if (auto st = recv_all(fd, fin, sizeof fin, got); !st) {
+      count("handshake");
+      return fail("sealed link: the connector's finish: " + st.what());
+    }
+    if (auto st = hs.on_finish(fin, sizeof fin); !st) {
+      count(hs.forged() ? "signature" : "handshake");
+      return fail(st.what());
+    }
+    if (auto st = admitted(hs.session().peer_key); !st)
+      return fail(st.what());
+    return hs.session();
+  }
+
   std::vector<std::shared_ptr<channel_handler>> handlers() {
     std::lock_guard<std::mutex> guard{mu_};
     std::vector<std::shared_ptr<channel_handler>> out;
@@ -440,14 +682,28 @@ private:
           return fail("stopped");
         }
       }
-      uint8_t pre[link_preamble_bytes];
-      write_link_preamble(token, pre);
-      return send_all(fd, pre, sizeof pre);
+      if (!opts_.security) {
+        uint8_t pre[link_preamble_bytes];
+        write_link_preamble(token, pre);
+        if (auto st = send_all(fd, pre, sizeof pre); !st)
+          return st;
+        l->out = std::make_unique<link_out>(fd, nullptr);
+        l->in = std::make_unique<link_in>(fd, nullptr, counter());
+        return {};
+      }
+      auto session = seal_outgoing(fd, token);
+      if (!session)
+        return fail(session.error().what);
+      auto [tx, rx] = ciphers_of(*session);
+      l->peer_key = session->peer_key;
+      l->out = std::make_unique<link_out>(fd, std::move(tx));
+      l->in = std::make_unique<link_in>(fd, std::move(rx), counter());
+      return {};
     }();
     if (opened) {
       announce_up(l->peer);
       l->reader = std::thread([this, l] {
-        auto st = read_frames(l->fd, l->peer, l->credit);
+        auto st = read_frames(*l->in, l->peer, l->credit);
         close_link(*l, st ? std::string{"closed by the peer"} : st.what(), st.ok());
       });
       auto st = write_frames(*l);
@@ -476,9 +732,16 @@ private:
       record_failure("incoming link: preamble: " + st.what());
       return;
     }
-    auto token = parse_link_preamble(pre, sizeof pre);
+    auto token = opts_.security ? parse_sealed_preamble(pre, sizeof pre)
+                                : parse_link_preamble(pre, sizeof pre);
     if (!token) {
-      record_failure("incoming link: " + token.error().what);
+      if (opts_.security && parse_link_preamble(pre, sizeof pre).ok()) {
+        count("plaintext");
+        record_failure("incoming link: a plaintext link refused: this transport's links are "
+                       "sealed (a closed run)");
+      } else {
+        record_failure("incoming link: " + token.error().what);
+      }
       return;
     }
     auto l = std::make_shared<link>();
@@ -496,6 +759,25 @@ private:
       }
       l->peer = std::move(i->second.peer);
       tokens_.erase(i); // one-time
+    }
+    if (opts_.security) {
+      auto session = seal_incoming(fd, *token);
+      if (!session) {
+        record_failure("incoming link from " + l->peer + ": " + session.error().what);
+        return;
+      }
+      auto [tx, rx] = ciphers_of(*session);
+      l->peer_key = session->peer_key;
+      l->out = std::make_unique<link_out>(fd, std::move(tx));
+      l->in = std::make_unique<link_in>(fd, std::move(rx), counter());
+    } else {
+      l->out = std::make_unique<link_out>(fd, nullptr);
+      l->in = std::make_unique<link_in>(fd, nullptr, counter());
+    }
+    {
+      std::lock_guard<std::mutex> guard{mu_};
+      if (stopped_)
+        return;
       links_.push_back(l);
       fit_pool();
       l->writer = std::thread([this, l] {
@@ -504,7 +786,7 @@ private:
       });
     }
     announce_up(l->peer);
-    auto st = read_frames(fd, l->peer, l->credit);
+    auto st = read_frames(*l->in, l->peer, l->credit);
     close_link(*l, st ? std::string{"closed by the peer"} : st.what(), st.ok());
     l->writer.join();
     {
@@ -522,7 +804,6 @@ private:
   status write_frames(link& l) {
     for (;;) {
       std::shared_ptr<outgoing_frame> f;
-      int fd = -1;
       {
         std::unique_lock<std::mutex> lk{l.mu};
         l.cv.wait(lk, [&] { return l.stopping || l.dead || !l.queue.empty(); });
@@ -532,8 +813,8 @@ private:
           return fail(l.why);
         f = std::move(l.queue.front());
         l.queue.pop_front();
-        fd = l.fd;
       }
+      auto& out = *l.out;
       auto& meta = f->meta();
       if (meta.size() > link_max_meta_bytes)
         return fail("a frame's meta of " + std::to_string(meta.size()) + " bytes");
@@ -548,24 +829,28 @@ private:
       h.payload_bytes = payload ? payload->size() : 0;
       uint8_t raw[link_frame_header_bytes];
       write_link_frame_header(h, raw);
-      if (auto st = send_all(fd, raw, sizeof raw, MSG_MORE); !st)
+      if (auto st = out.write(raw, sizeof raw, MSG_MORE); !st)
         return st;
-      if (auto st = send_all(fd, meta.data(), meta.size(), payload ? MSG_MORE : 0); !st)
+      if (auto st = out.write(meta.data(), meta.size(), payload ? MSG_MORE : 0); !st)
         return st;
       if (payload) {
         status sent;
         auto t0 = clk::now();
         payload->for_each(0, payload->size(), [&](const char* p, size_t n) -> caf::error {
-          sent = send_all(fd, p, n);
+          sent = out.write(p, n);
           return sent ? caf::error{} : caf::make_error(caf::sec::runtime_error);
         });
         if (!sent)
           return sent;
+        if (auto st = out.flush(); !st)
+          return st;
         auto dt = std::chrono::duration<double>(clk::now() - t0).count();
         std::lock_guard<std::mutex> guard{stats_mu_};
         auto& w = written_[l.peer];
         w.bytes += payload->size();
         w.seconds += dt;
+      } else if (auto st = out.flush(); !st) {
+        return st;
       }
     }
   }
@@ -590,18 +875,19 @@ private:
   }
 
   /// Reads frames until the link closes (success) or something is malformed (the reason).
-  status read_frames(int fd, const std::string& peer,
+  status read_frames(link_in& in, const std::string& peer,
                      const std::shared_ptr<link_credit>& credit) {
     std::vector<uint8_t> meta;
-    size_t got = 0;
     for (;;) {
-      if (!wait_readable(fd))
-        return {};
       uint8_t raw[link_frame_header_bytes];
-      auto r = ::recv(fd, raw, 1, MSG_PEEK);
-      if (r <= 0)
-        return {}; // closed between frames: a clean end
-      if (auto st = recv_all(fd, raw, sizeof raw, got); !st)
+      if (!in.buffered()) {
+        if (!wait_readable(in.fd()))
+          return {};
+        auto r = ::recv(in.fd(), raw, 1, MSG_PEEK);
+        if (r <= 0)
+          return {}; // closed between frames: a clean end
+      }
+      if (auto st = in.read(raw, sizeof raw); !st)
         return fail("frame header from " + peer + ": " + st.what());
       auto h = parse_link_frame_header(raw, sizeof raw);
       if (!h)
@@ -611,14 +897,14 @@ private:
                     + std::to_string(h->payload_bytes) + " bytes, more than the limit of "
                     + std::to_string(opts_.max_payload_bytes));
       meta.resize(h->meta_bytes);
-      if (auto st = recv_all(fd, meta.data(), meta.size(), got); !st)
+      if (auto st = in.read(meta.data(), meta.size()); !st)
         return fail("meta from " + peer + ": " + st.what());
       auto channel = static_cast<uint32_t>(read_le(meta.data(), 4));
       const uint8_t* body = meta.data() + 4;
       size_t body_size = meta.size() - 4;
       auto h_ = handler(channel);
       if (!h_) { // a channel closed meanwhile (its user stopped): read and drop the frame
-        if (auto st = discard(fd, h->payload_bytes); !st)
+        if (auto st = discard(in, h->payload_bytes); !st)
           return fail("payload from " + peer + ": " + st.what());
         continue;
       }
@@ -626,7 +912,7 @@ private:
         record_failure("a frame from " + peer + ": " + st.what());
         if (!h_->refused(peer, body, body_size, st.what()))
           return st;
-        if (auto d = discard(fd, h->payload_bytes); !d)
+        if (auto d = discard(in, h->payload_bytes); !d)
           return fail("payload from " + peer + ": " + d.what());
         continue;
       }
@@ -643,7 +929,7 @@ private:
           }
         } guard{credit.get()};
         auto b = pool_->take(h->payload_bytes);
-        if (auto st = recv_all(fd, b.data.get(), h->payload_bytes, got); !st) {
+        if (auto st = in.read(b.data.get(), h->payload_bytes); !st) {
           pool_->give(std::move(b));
           return fail("payload from " + peer + ": " + st.what());
         }
@@ -678,12 +964,11 @@ private:
   }
 
   /// Reads and drops `n` bytes.
-  static status discard(int fd, uint64_t n) {
+  static status discard(link_in& in, uint64_t n) {
     std::vector<char> sink(size_t{1} << 16);
-    size_t got = 0;
     while (n > 0) {
       auto take = static_cast<size_t>(std::min<uint64_t>(n, sink.size()));
-      if (auto st = recv_all(fd, sink.data(), take, got); !st)
+      if (auto st = in.read(sink.data(), take); !st)
         return st;
       n -= take;
     }
@@ -708,6 +993,7 @@ private:
   std::atomic<uint64_t> failed_{0};
   std::atomic<uint64_t> connections_{0};
   std::string last_error_;
+  std::map<std::string, uint64_t> refusals_;
 };
 
 } // namespace
@@ -715,6 +1001,8 @@ private:
 result<std::shared_ptr<transport>> transport::open(transport_options opts) {
   if (sodium_init() < 0)
     return fail("cannot open the direct transport: libsodium failed to initialize");
+  if (opts.security && (!opts.security->key || opts.security->key->public_key().empty()))
+    return fail("cannot open the direct transport: sealed links need this node's key");
   int fd = -1;
   uint16_t port = 0;
   if (!opts.host.empty()) {

@@ -13,7 +13,12 @@
 // the links it opened. Links stay open (a pool keyed by the peer's transport id) until they fail
 // or the transport stops: a transfer between two nodes that met before pays no connection and no
 // thread start. The side that connects presents a one-time token that the other side issued
-// (over BASP, to the peer it names); the link then counts as a link to that peer. Frames carry a
+// (over BASP, to the peer it names); the link then counts as a link to that peer. In a closed
+// run (`transport_options::security`) the link is sealed (link_crypto.hpp): after the token both
+// sides prove their node keys in a signed handshake, each checks that the other's key is one its
+// gate admitted, and every byte after it (frames, metas, payloads) travels in AEAD records of at
+// most 1 MiB with a counter nonce per direction; a tampered, replayed or reordered record closes
+// the link with a counted reason (`refusals`). Open runs keep plaintext links. Frames carry a
 // channel (link_frame.hpp): a local user registers a `channel_handler` and tells its peers its
 // channel over BASP.
 //
@@ -29,6 +34,8 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,7 +52,26 @@ namespace starling::messages {
 class chunk_source;
 }
 
+namespace starling::actors::auth {
+class key_pair;
+}
+
 namespace starling::actors::transfer {
+
+/// What seals a closed run's links (link_crypto.hpp): both sides prove their node keys, each
+/// checks that the other's is admitted, and every byte after the handshake travels in
+/// authenticated, encrypted records.
+struct link_security {
+  /// This node's identity key.
+  std::shared_ptr<const auth::key_pair> key;
+  /// The run's experiment id (part of the signed transcript).
+  std::string experiment;
+  /// Whether the node of a proven peer id (20 bytes) may use a link now: empty when it may,
+  /// else the refusal's line (e.g. the node gate's). Called on link threads: thread-safe.
+  std::function<std::string(const std::string& peer_id)> admit;
+  /// Ciphers offered (link_crypto.hpp's bits); 0: what this machine has.
+  uint8_t ciphers = 0;
+};
 
 /// Settings of a transport.
 struct transport_options {
@@ -67,6 +93,9 @@ struct transport_options {
   uint32_t pool_buffers = 16;
   /// Delivered payloads of one link its handlers may hold at once (at least 1).
   uint32_t link_buffers = 2;
+  /// Null: plaintext links authenticated by their one-time token only (open runs: loopback
+  /// demos and tests). Set (a closed run): every link is sealed, and plaintext links are refused.
+  std::shared_ptr<const link_security> security;
 };
 
 /// A payload to send: a tensor encoded on first use by whichever link sends it first, then shared
@@ -196,6 +225,14 @@ public:
   virtual uint64_t failed() const = 0;
   virtual std::string last_error() const = 0;
   virtual uint64_t connections_opened() const = 0;
+  /// Links refused or closed for the sealed channel's reasons, by reason: `plaintext` (an
+  /// unsealed link offered to a closed run), `handshake` (a malformed or cut handshake),
+  /// `signature` (a forged handshake or the wrong key), `not_admitted` (a proven key the gate
+  /// does not admit), `record` (a malformed record header), `tampered` (a record that failed
+  /// authentication: tampered, replayed, reordered or dropped).
+  virtual std::map<std::string, uint64_t> refusals() const = 0;
+  /// True when links are sealed (`transport_options::security` set).
+  virtual bool sealed() const = 0;
   /// Closes every link and the listener and joins the threads; queued frames are dropped.
   /// Idempotent; the owner calls it before its actor system shuts down.
   virtual void stop() = 0;

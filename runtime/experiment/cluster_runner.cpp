@@ -330,6 +330,7 @@ public:
     } else {
       auto ep = endpoint();
       opts.data_host = ep.substr(0, ep.rfind(':'));
+      opts.data_security = nd_.link_security();
     }
     auto a = actors::averager::spawn_averager(nd_.system(), dht_, resolver_, opts);
     put(name, a);

@@ -95,6 +95,13 @@ caf::actor spawn_directory(caf::actor_system& sys, std::shared_ptr<node_gate> ga
   });
 }
 
+namespace {
+
+/// Connects tried per `reach` when CAF ends the connect as `connection_timeout` (see below).
+constexpr int connect_attempts = 4;
+
+} // namespace
+
 caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directory,
                                   std::string own_endpoint, caf::timespan timeout,
                                   std::shared_ptr<node_gate> gate, caf::actor connector) {
@@ -119,6 +126,11 @@ caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directo
         .then([rp](const caf::actor& a) mutable { rp.deliver(a); },
               [rp](caf::error& e) mutable { rp.deliver(std::move(e)); });
     };
+    using connect_fn = std::function<void(const std::string&, const std::string&, uint16_t,
+                                          caf::typed_response_promise<caf::actor>,
+                                          std::function<void(caf::actor)>, int)>;
+    // Owned by the behaviour below; the callbacks that call it again die with the actor too.
+    auto connect = std::make_shared<connect_fn>();
     // The directory of the node at `ep`, connected and (with a gate) admitted both ways, then
     // `then(dir)`; an error goes to `rp`.
     auto reach = [=](const std::string& ep, const std::string& host, uint16_t port,
@@ -132,6 +144,12 @@ caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directo
         rp.deliver(caf::make_error(caf::sec::runtime_error, "no middleman: cannot reach " + ep));
         return;
       }
+      (*connect)(ep, host, port, std::move(rp), std::move(then), connect_attempts);
+    };
+    auto* again = connect.get();
+    *connect = [=](const std::string& ep, const std::string& host, uint16_t port,
+                   caf::typed_response_promise<caf::actor> rp,
+                   std::function<void(caf::actor)> then, int attempts) mutable {
       self->request(mm, timeout, caf::connect_atom::value, host, port)
         .then(
           [=](const caf::node_id&, caf::strong_actor_ptr& ptr,
@@ -159,7 +177,19 @@ caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directo
                                            "node " + ep + ": " + why));
             });
           },
-          [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+          [=](caf::error& e) mutable {
+            // CAF 0.17's BASP broker opens a connecting context without `last_seen`, so the
+            // first heartbeat tick ends it as `connection_timeout` unless the acceptor's
+            // handshake came first. A slow acceptor loses that race (TLS: caf_openssl builds
+            // a fresh SSL context per accepted connection, behind a backlog of other
+            // connections; 5 of 10 joins failed at a node holding 64 garbage connections):
+            // such a failure, which comes within one heartbeat interval, is tried again.
+            if (e == caf::sec::connection_timeout && attempts > 1) {
+              (*again)(ep, host, port, std::move(rp), std::move(then), attempts - 1);
+              return;
+            }
+            rp.deliver(std::move(e));
+          });
     };
     return {
       [=](resolve_atom, const std::string& text) mutable -> caf::result<caf::actor> {
@@ -338,6 +368,19 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
     return refused ? refused->line() : std::string{};
   };
   n->wire_ = std::make_shared<messages::wire_context>(std::move(wo));
+  if (!creds->trust.open()) {
+    // A closed run seals its direct links: each side proves its node key, and the other must be
+    // a node this gate admitted (the hello over BASP comes first: a link's token is handed out
+    // only to an admitted peer).
+    auto sec = std::make_shared<actors::transfer::link_security>();
+    sec->key = n->key_;
+    sec->experiment = creds->experiment;
+    sec->admit = [gate = n->gate_](const std::string& peer_id) {
+      auto refused = gate->admission().allow_any(peer_id);
+      return refused ? refused->line() : std::string{};
+    };
+    n->link_security_ = std::move(sec);
+  }
   auto cfg = std::make_unique<node_config>();
   cfg->wire = n->wire_;
   n->cfg_ = std::move(cfg);
@@ -377,6 +420,7 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
   if (opts.data_endpoint && actors::transfer::check_listen_host(n->host_).ok()) {
     actors::transfer::data_channel_options dopts;
     dopts.host = n->host_;
+    dopts.security = n->link_security_;
     auto data = actors::transfer::data_endpoint::open(dopts);
     if (!data) {
       n->shutdown();

@@ -98,6 +98,12 @@ public:
   /// The node's data endpoint for direct tensor transfers (its direct transport: `link_layer()`);
   /// null when `node_options::data_endpoint` is off or the node listens on the wildcard address.
   std::shared_ptr<actors::transfer::data_endpoint> data_endpoint() const { return data_; }
+  /// What seals this node's direct links in a closed run (its key, the experiment, its gate's
+  /// admission); null in an open run (plaintext links). Transports the node's actors open on
+  /// their own take it too.
+  std::shared_ptr<const actors::transfer::link_security> link_security() const {
+    return link_security_;
+  }
 
   /// Spawns a transfer receiver delivering to `sink`: direct transfers over the node's data
   /// endpoint when it has one, BASP chunks otherwise. The node stops it on shutdown.
@@ -137,6 +143,7 @@ private:
   std::unique_ptr<caf::actor> directory_;
   std::unique_ptr<caf::actor> resolver_;
   std::shared_ptr<actors::transfer::data_endpoint> data_;
+  std::shared_ptr<const actors::transfer::link_security> link_security_;
   std::vector<caf::actor> owned_;
   bool stopped_ = false;
 };

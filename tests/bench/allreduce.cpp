@@ -20,12 +20,15 @@
 //                        [--netns PREFIX] [reps] [sizes...]   (default 10; 1M and 16M floats)
 //   --netns PREFIX  child r runs in network namespace PREFIX<r> at 10.77.0.<r+1> (set up, shaped
 //                   and removed by scripts/netns-allreduce, which passes this option)
-// env: STARLING_BENCH_BASP=1 (averager over BASP only), STARLING_BENCH_CHUNK_KIB=N (chunk
+// env: STARLING_BENCH_BASP=1 (averager over BASP only), STARLING_BENCH_NO_TLS=1
+//      (starling-closed without TLS on BASP; the direct links are sealed either way), STARLING_BENCH_CHUNK_KIB=N (chunk
 //      size), STARLING_BENCH_TRACE=1 (each child's RSS after every round, to stderr)
 // starling-auto: `codec: auto` (adaptive_codec), the codec each round is printed with
 //   STARLING_BENCH_TRACE=1.
+// starling-closed: `starling` in a closed run: an authority made for the row, each process with
+//   its key and token, BASP over TLS and the direct links sealed (actors/transfer/link_crypto.hpp).
 // children: bench_allreduce --child gloo|starling|starling-fp16|starling-bw8|starling-auto
-//           RANK N NUMEL DIR REPS
+//           |starling-closed RANK N NUMEL DIR REPS
 //           (address from $STARLING_BENCH_HOST, default 127.0.0.1)
 #include <algorithm>
 #include <chrono>
@@ -46,6 +49,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/torch.h>
 
+#include "actors/auth/authority.hpp"
 #include "actors/averager/averager.hpp"
 #include "actors/transfer/data_channel.hpp"
 #include "actors/dht/dht.hpp"
@@ -159,18 +163,58 @@ std::string wait_file(const std::string& path) {
   return {};
 }
 
+int64_t unix_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+           std::chrono::system_clock::now().time_since_epoch())
+    .count();
+}
+
+/// A closed run's settings for process `rank`: its key and a token from the row's authority.
+bool closed_node(runtime::node_options& no, int rank, const std::string& dir) {
+  namespace auth = actors::auth;
+  auto a = auth::load_authority(dir + "/authority");
+  if (!a) {
+    fmt::print(stderr, "authority: {}\n", a.error().what);
+    return false;
+  }
+  no.key_file = fmt::format("{}/n{}/node.key", dir, rank);
+  auto key = auth::load_or_create_key(no.key_file, auth::key_role::node);
+  if (!key) {
+    fmt::print(stderr, "key: {}\n", key.error().what);
+    return false;
+  }
+  auto t = auth::issue_token(*a, {key->key.public_key(), {"any"}, unix_ns() - 1'000'000'000,
+                                  int64_t{3600} * 1'000'000'000, {}});
+  if (!t) {
+    fmt::print(stderr, "token: {}\n", t.error().what);
+    return false;
+  }
+  no.token = fmt::format("{}/n{}.token", dir, rank);
+  if (auto st = auth::write_file_atomically(no.token, t->file_text, 0600); !st)
+    return false;
+  no.authority = dir + "/authority/authority.pub";
+  no.tls = std::getenv("STARLING_BENCH_NO_TLS") == nullptr;
+  return true;
+}
+
 int child_starling(int rank, int n, int64_t numel, const std::string& dir, int reps,
-                   kernels::codec_id codec, bool adaptive = false) {
+                   kernels::codec_id codec, bool adaptive = false, bool closed = false) {
   runtime::caf_options caf_opts;
   caf_opts.scheduler_policy = "sharing";
   runtime::node_options node_opts;
   node_opts.listen = bench_host() + ":0";
+  if (closed && !closed_node(node_opts, rank, dir))
+    return 2;
   auto nd = runtime::node::start(caf_opts, node_opts, "bench" + std::to_string(rank));
   if (!nd) {
     fmt::print(stderr, "node: {}\n", nd.error().what);
     return 2;
   }
   auto& node = **nd;
+  if (closed && (!node.data_endpoint() || !node.data_endpoint()->link_layer()->sealed())) {
+    fmt::print(stderr, "closed run without sealed direct links\n");
+    return 2;
+  }
   auto ep = node.endpoint();
   actors::dht::dht_options d;
   d.address = ep + "/dht";
@@ -274,6 +318,14 @@ row run_children(const std::string& kind, int n, int64_t numel, int reps,
                  const std::string& netns) {
   char tmpl[] = "/tmp/starling-allreduce-XXXXXX";
   std::string dir = mkdtemp(tmpl);
+  if (kind == "starling-closed") {
+    actors::auth::authority_init_options o;
+    o.dir = dir + "/authority";
+    o.experiment = "bench-allreduce";
+    o.now_ns = unix_ns() - 60'000'000'000;
+    if (auto a = actors::auth::init_authority(o); !a)
+      fmt::print(stderr, "authority: {}\n", a.error().what);
+  }
   std::vector<FILE*> pipes;
   for (int r = 0; r < n; ++r) {
     auto where = netns.empty()
@@ -331,6 +383,8 @@ int main(int argc, char** argv) {
       return child_starling(rank, n, numel, dir, reps, kernels::codec_id::blockwise8);
     if (kind == "starling-auto")
       return child_starling(rank, n, numel, dir, reps, kernels::codec_id::none, true);
+    if (kind == "starling-closed")
+      return child_starling(rank, n, numel, dir, reps, kernels::codec_id::none, false, true);
     return 2;
   }
   std::vector<int> ns{2, 4};
@@ -374,7 +428,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   for (auto& k : kinds)
-    if (k != "starling" && k != "starling-fp16" && k != "starling-bw8" && k != "starling-auto") {
+    if (k != "starling" && k != "starling-fp16" && k != "starling-bw8" && k != "starling-auto"
+        && k != "starling-closed") {
       fmt::print(stderr, "bench_allreduce: unknown kind {}\n", k);
       return 2;
     }

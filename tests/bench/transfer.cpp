@@ -9,6 +9,9 @@
 //              loopback TCP data connection (new per transfer), written straight from the
 //              tensor's storage and read into a pooled buffer; timed until the sender's reply,
 //              which follows the receiver's decode and hand-off to the sink.
+//   sealed     `direct` as in a closed run: both endpoints with node keys, the link's handshake
+//              proves them and every byte travels in sealed records (link_crypto.hpp; the
+//              cipher is printed). Its own link, opened in the warm-up like `direct`'s.
 // GB/s = tensor bytes / median time of `reps` runs after one warm-up. Both systems run with
 // `middleman.workers=0` (CAF-NOTES, pitfall 7). Unless --default-malloc is given, glibc keeps
 // freed memory instead of unmapping it (mallopt), as a buffer pool would: fresh pages fault in
@@ -40,8 +43,10 @@
 #include <caf/io/all.hpp>
 #include <torch/torch.h>
 
+#include "actors/auth/identity.hpp"
 #include "actors/transfer/chunked.hpp"
 #include "actors/transfer/data_channel.hpp"
+#include "actors/transfer/link_crypto.hpp"
 #include "messages/atoms.hpp"
 #include "messages/direct.hpp"
 #include "messages/registry.hpp"
@@ -180,17 +185,45 @@ int main(int argc, char** argv) {
     return 1;
   }
   auto direct_rx = actors::transfer::spawn_direct_receiver(b, sink, *endpoint);
+  // The sealed pair: b's endpoint and a client-mode one for a, each with its node key; each
+  // admits the other's key only.
+  namespace auth = actors::auth;
+  auto key_a = std::make_shared<const auth::key_pair>(auth::key_pair::generate());
+  auto key_b = std::make_shared<const auth::key_pair>(auth::key_pair::generate());
+  auto sealing = [](std::shared_ptr<const auth::key_pair> me, std::string peer_id) {
+    auto s = std::make_shared<actors::transfer::link_security>();
+    s->key = std::move(me);
+    s->experiment = "bench-transfer";
+    s->admit = [peer_id](const std::string& id) {
+      return id == peer_id ? std::string{} : std::string{"not this run's"};
+    };
+    return s;
+  };
+  actors::transfer::data_channel_options sealed_rx_opts;
+  sealed_rx_opts.security = sealing(key_b, key_a->peer_id());
+  auto sealed_ep = actors::transfer::data_endpoint::open(sealed_rx_opts);
+  actors::transfer::data_channel_options sealed_tx_opts;
+  sealed_tx_opts.host.clear();
+  sealed_tx_opts.security = sealing(key_a, key_b->peer_id());
+  auto sealed_tx_ep = actors::transfer::data_endpoint::open(sealed_tx_opts);
+  if (!sealed_ep || !sealed_tx_ep) {
+    std::fprintf(stderr, "sealed endpoints failed\n");
+    return 1;
+  }
+  auto sealed_rx = actors::transfer::spawn_direct_receiver(b, sink, *sealed_ep);
   auto port_d = b.middleman().publish(decoder, 0, "127.0.0.1");
   auto port_r = b.middleman().publish(receiver, 0, "127.0.0.1");
   auto port_x = b.middleman().publish(direct_rx, 0, "127.0.0.1");
-  if (!port_d || !port_r || !port_x) {
+  auto port_s = b.middleman().publish(sealed_rx, 0, "127.0.0.1");
+  if (!port_d || !port_r || !port_x || !port_s) {
     std::fprintf(stderr, "publish failed\n");
     return 1;
   }
   auto remote_d = a.middleman().remote_actor("127.0.0.1", *port_d);
   auto remote_r = a.middleman().remote_actor("127.0.0.1", *port_r);
   auto remote_x = a.middleman().remote_actor("127.0.0.1", *port_x);
-  if (!remote_d || !remote_r || !remote_x) {
+  auto remote_s = a.middleman().remote_actor("127.0.0.1", *port_s);
+  if (!remote_d || !remote_r || !remote_x || !remote_s) {
     std::fprintf(stderr, "remote_actor failed\n");
     return 1;
   }
@@ -198,6 +231,8 @@ int main(int argc, char** argv) {
   actors::transfer::direct_sender_options dopts;
   dopts.chunks = copts;
   auto direct_tx = actors::transfer::spawn_direct_sender(a, dopts);
+  dopts.endpoint = *sealed_tx_ep;
+  auto sealed_tx = actors::transfer::spawn_direct_sender(a, dopts);
   caf::scoped_actor self{a};
   socket_pair sockets;
 
@@ -207,8 +242,14 @@ int main(int argc, char** argv) {
               stealing ? "stealing" : "sharing");
   std::printf("chunks of %llu KiB, window %u\n",
               static_cast<unsigned long long>(copts.chunk_bytes >> 10), copts.window);
-  std::printf("%8s %12s %12s %8s %12s %8s %12s %8s\n", "MiB", "raw TCP GB/s", "1 msg GB/s",
-              "% raw", "chunked GB/s", "% raw", "direct GB/s", "% raw");
+  std::printf("sealed: %s\n",
+              actors::transfer::cipher_name((actors::transfer::local_ciphers()
+                                             & actors::transfer::cipher_aes256gcm)
+                                              ? actors::transfer::cipher_aes256gcm
+                                              : actors::transfer::cipher_xchacha20));
+  std::printf("%8s %12s %12s %8s %12s %8s %12s %8s %12s %8s %9s\n", "MiB", "raw TCP GB/s",
+              "1 msg GB/s", "% raw", "chunked GB/s", "% raw", "direct GB/s", "% raw",
+              "sealed GB/s", "% raw", "% direct");
   bool failed = false;
   for (int mib : {1, 16, 64}) {
     size_t bytes = static_cast<size_t>(mib) << 20;
@@ -232,16 +273,25 @@ int main(int argc, char** argv) {
           .receive([&](messages::transfer_report& r) { failed |= r.path != "direct"; },
                    [&](caf::error&) { failed = true; });
     });
+    double sealed = median_seconds(reps, [&] {
+      self->request(sealed_tx, caf::infinite, transfer_atom::value, m, *remote_s)
+          .receive([&](messages::transfer_report& r) { failed |= r.path != "direct"; },
+                   [&](caf::error&) { failed = true; });
+    });
     auto gbs = [&](double s) { return static_cast<double>(bytes) / s / 1e9; };
-    std::printf("%8d %12.2f %12.2f %7.0f%% %12.2f %7.0f%% %12.2f %7.0f%%\n", mib, gbs(raw),
-                gbs(one), 100.0 * raw / one, gbs(chunked), 100.0 * raw / chunked, gbs(direct),
-                100.0 * raw / direct);
+    std::printf("%8d %12.2f %12.2f %7.0f%% %12.2f %7.0f%% %12.2f %7.0f%% %12.2f %7.0f%% %8.0f%%\n",
+                mib, gbs(raw), gbs(one), 100.0 * raw / one, gbs(chunked), 100.0 * raw / chunked,
+                gbs(direct), 100.0 * raw / direct, gbs(sealed), 100.0 * raw / sealed,
+                100.0 * direct / sealed);
   }
   if (failed)
     std::printf("some transfers failed\n");
-  for (auto& h : {decoder, sink, receiver, sender, direct_rx, direct_tx})
+  for (auto& h : {decoder, sink, receiver, sender, direct_rx, direct_tx, sealed_rx, sealed_tx})
     caf::anon_send_exit(h, caf::exit_reason::user_shutdown);
   (*endpoint)->stop();
+  (*sealed_ep)->stop();
+  (*sealed_tx_ep)->stop();
+  b.middleman().unpublish(sealed_rx, *port_s);
   b.middleman().unpublish(direct_rx, *port_x);
   b.middleman().unpublish(decoder, *port_d);
   b.middleman().unpublish(receiver, *port_r);

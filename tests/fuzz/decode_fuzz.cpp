@@ -4,8 +4,12 @@
 //   1 envelope without a context (structure only), 2 bare Cap'n Proto tensor,
 //   3 direct transport link (16-byte frame header, its meta, then a tensor; or a preamble; or a
 //   transfer status), 4 averager chunk meta, 5 token, 6 deny list, 7 hello (and a gatekeeper admitting it),
-//   8 secret key file, 9 public key file, 10 token file text.
+//   8 secret key file, 9 public key file, 10 token file text, 11 sealed direct link (a
+//   handshake message of each kind, a sealed preamble, a record header and its record opened
+//   with a fixed key, and an acceptor's handshake run on the input: hello, then finish).
 // Everything must be refused with a reason or decoded, never crash.
+#include <vector>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -16,6 +20,7 @@
 #include "actors/auth/identity.hpp"
 #include "actors/auth/token.hpp"
 #include "actors/averager/chunk.hpp"
+#include "actors/transfer/link_crypto.hpp"
 #include "actors/transfer/link_frame.hpp"
 #include "messages/envelope.hpp"
 #include "messages/wire.hpp"
@@ -99,6 +104,41 @@ void link(const uint8_t* data, size_t size) {
   }
 }
 
+void sealed(const uint8_t* data, size_t size) {
+  namespace tr = actors::transfer;
+  for (uint8_t kind = 0; kind <= 4; ++kind)
+    (void) tr::parse_link_hello(data, size, kind);
+  if (size >= tr::link_preamble_bytes)
+    (void) tr::parse_sealed_preamble(data, tr::link_preamble_bytes);
+  if (size >= tr::sealed_header_bytes) {
+    auto n = tr::parse_sealed_header(data, tr::sealed_header_bytes);
+    if (n.ok()) {
+      if (*n == 0 || *n > tr::sealed_max_record)
+        std::abort();
+      if (size >= tr::sealed_header_bytes + *n + tr::sealed_tag_bytes) {
+        // The seed's key: a seed record opens, anything else must fail its tag.
+        std::array<uint8_t, 32> key{};
+        key.fill(0x11);
+        tr::record_cipher rc{tr::cipher_xchacha20, key};
+        std::vector<uint8_t> body(data + tr::sealed_header_bytes,
+                                  data + tr::sealed_header_bytes + *n);
+        (void) rc.open(data, body.data(), body.size(), data + tr::sealed_header_bytes + *n);
+      }
+    }
+  }
+  if (size >= tr::link_hello_bytes) {
+    static const auto key = auth::key_pair::from_test_seed(60);
+    tr::link_token token{};
+    tr::link_handshake hs{key, "seed", token};
+    if (hs.on_hello(data, tr::link_hello_bytes).ok()) {
+      auto r = hs.reply();
+      if (r.ok() && size >= tr::link_hello_bytes + tr::link_finish_bytes
+          && hs.on_finish(data + tr::link_hello_bytes, tr::link_finish_bytes).ok())
+        std::abort(); // a finish signed for this acceptor's fresh ephemeral key: unforgeable
+    }
+  }
+}
+
 void chunk_meta(const uint8_t* data, size_t size) {
   namespace av = actors::averager;
   auto meta = av::decode_chunk_meta(data, size);
@@ -149,7 +189,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   --size;
   const auto* bytes = reinterpret_cast<const char*>(data);
   std::string_view text(bytes, size);
-  switch (kind % 11) {
+  switch (kind % 12) {
     case 0: {
       wire_context ctx{context_options()};
       envelope(bytes, size, &ctx);
@@ -186,6 +226,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 10:
       if (auto t = auth::parse_token_file(text, "fuzz"); t.ok())
         (void) auth::decode_token(*t);
+      break;
+    case 11:
+      sealed(data, size);
       break;
   }
   return 0;

@@ -13,6 +13,7 @@
 #include "actors/auth/identity.hpp"
 #include "actors/auth/token.hpp"
 #include "actors/averager/chunk.hpp"
+#include "actors/transfer/link_crypto.hpp"
 #include "actors/transfer/link_frame.hpp"
 #include "messages/chunked.hpp"
 #include "messages/dht.hpp"
@@ -238,5 +239,35 @@ int main(int argc, char** argv) {
   save("secret-key", 8, auth::format_secret_key(node, auth::key_role::node));
   save("public-key", 9, auth::format_public_key(node.public_key(), auth::key_role::node));
   save("token-file", 10, auth::format_token_file(signed_token));
+  // The sealed direct link: a hello, a reply, a finish and a record under the fuzzer's key.
+  {
+    namespace tr = actors::transfer;
+    tr::link_token token{};
+    tr::link_handshake c{node, "seed", token};
+    tr::link_handshake s{authority, "seed", token};
+    auto hello = c.hello();
+    save("sealed-hello", 11, reinterpret_cast<const char*>(hello.data()), hello.size());
+    if (s.on_hello(hello.data(), hello.size()).ok())
+      if (auto r = s.reply(); r.ok()) {
+        save("sealed-reply", 11, reinterpret_cast<const char*>(r->data()), r->size());
+        if (c.on_reply(r->data(), r->size()).ok()) {
+          auto f = c.finish();
+          std::vector<char> both(hello.begin(), hello.end());
+          both.insert(both.end(), f.begin(), f.end());
+          save("sealed-hello-finish", 11, both);
+          save("sealed-finish", 11, reinterpret_cast<const char*>(f.data()), f.size());
+        }
+      }
+    std::array<uint8_t, 32> key{};
+    key.fill(0x11);
+    tr::record_cipher rc{tr::cipher_xchacha20, key};
+    std::vector<uint8_t> plain(100, 0x42);
+    std::vector<char> rec(plain.size() + tr::sealed_header_bytes + tr::sealed_tag_bytes);
+    rc.seal(plain.data(), plain.size(), reinterpret_cast<uint8_t*>(rec.data()));
+    save("sealed-record", 11, rec);
+    uint8_t pre[tr::link_preamble_bytes];
+    tr::write_sealed_preamble(token, pre);
+    save("sealed-preamble", 11, reinterpret_cast<const char*>(pre), sizeof pre);
+  }
   return 0;
 }
