@@ -10,8 +10,6 @@ namespace starling::actors::transfer {
 
 namespace {
 
-constexpr uint32_t preamble_magic = 0x314c5453; // "STL1"
-constexpr uint16_t sealed_version = 2;
 constexpr uint32_t hello_magic = 0x31485453;  // "STH1"
 constexpr uint32_t record_magic = 0x31525453; // "STR1"
 constexpr size_t head_bytes = 8;
@@ -54,25 +52,11 @@ const char* cipher_name(uint8_t cipher) {
 }
 
 void write_sealed_preamble(const link_token& token, uint8_t* out) {
-  write_le(out, preamble_magic, 4);
-  write_le(out + 4, sealed_version, 2);
-  write_le(out + 6, 0, 2);
-  std::memcpy(out + 8, token.data(), token.size());
+  write_link_preamble(token, out, link_sealed_version);
 }
 
 result<link_token> parse_sealed_preamble(const uint8_t* bytes, size_t size) {
-  if (size != link_preamble_bytes)
-    return fail("sealed link: a preamble of " + std::to_string(size) + " bytes, expected 24");
-  if (read_le(bytes, 4) != preamble_magic)
-    return fail("sealed link: bad preamble magic");
-  if (auto v = read_le(bytes + 4, 2); v != sealed_version)
-    return fail("sealed link: version " + std::to_string(v)
-                + ", expected 2 (a closed run's direct links are sealed; 1 is plaintext)");
-  if (read_le(bytes + 6, 2) != 0)
-    return fail("sealed link: unknown preamble flags");
-  link_token t;
-  std::memcpy(t.data(), bytes + 8, t.size());
-  return t;
+  return parse_link_preamble(bytes, size, link_sealed_version);
 }
 
 result<link_hello> parse_link_hello(const uint8_t* bytes, size_t size, uint8_t kind) {

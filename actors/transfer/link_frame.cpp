@@ -11,7 +11,6 @@ namespace {
 
 constexpr uint32_t preamble_magic = 0x314c5453; // "STL1"
 constexpr uint32_t frame_magic = 0x31465453;    // "STF1"
-constexpr uint16_t version = 1;
 
 } // namespace
 
@@ -27,22 +26,24 @@ void write_le(uint8_t* p, uint64_t v, int n) {
     p[i] = static_cast<uint8_t>(v >> (8 * i));
 }
 
-void write_link_preamble(const link_token& token, uint8_t* out) {
+void write_link_preamble(const link_token& token, uint8_t* out, uint16_t version) {
   write_le(out, preamble_magic, 4);
   write_le(out + 4, version, 2);
   write_le(out + 6, 0, 2);
   std::memcpy(out + 8, token.data(), token.size());
 }
 
-result<link_token> parse_link_preamble(const uint8_t* bytes, size_t size) {
+result<link_token> parse_link_preamble(const uint8_t* bytes, size_t size, uint16_t version) {
+  std::string what = version == link_sealed_version ? "sealed link" : "direct link";
   if (size != link_preamble_bytes)
-    return fail("direct link: a preamble of " + std::to_string(size) + " bytes, expected 24");
+    return fail(what + ": a preamble of " + std::to_string(size) + " bytes, expected 24");
   if (read_le(bytes, 4) != preamble_magic)
-    return fail("direct link: bad preamble magic");
+    return fail(what + ": bad preamble magic");
   if (auto v = read_le(bytes + 4, 2); v != version)
-    return fail("direct link: unsupported version " + std::to_string(v) + ", expected 1");
+    return fail(what + ": version " + std::to_string(v) + ", expected " + std::to_string(version)
+                + " (a closed run's direct links are sealed, version 2; 1 is plaintext)");
   if (read_le(bytes + 6, 2) != 0)
-    return fail("direct link: unknown preamble flags");
+    return fail(what + ": unknown preamble flags");
   link_token t;
   std::memcpy(t.data(), bytes + 8, t.size());
   return t;

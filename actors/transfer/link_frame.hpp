@@ -54,9 +54,16 @@ uint64_t read_le(const uint8_t* p, int n);
 /// Writes `v` as an `n`-byte little-endian unsigned integer.
 void write_le(uint8_t* p, uint64_t v, int n);
 
-void write_link_preamble(const link_token& token, uint8_t* out);
-/// Parses an untrusted preamble; fails on a wrong size, magic, version or flags.
-result<link_token> parse_link_preamble(const uint8_t* bytes, size_t size);
+/// Preamble versions: plaintext frames, sealed records (link_crypto.hpp).
+inline constexpr uint16_t link_plain_version = 1;
+inline constexpr uint16_t link_sealed_version = 2;
+
+void write_link_preamble(const link_token& token, uint8_t* out,
+                         uint16_t version = link_plain_version);
+/// Parses an untrusted preamble that must announce `version`; fails on a wrong size, magic,
+/// version or flags.
+result<link_token> parse_link_preamble(const uint8_t* bytes, size_t size,
+                                       uint16_t version = link_plain_version);
 
 void write_link_frame_header(const link_frame_header& h, uint8_t* out);
 /// Parses an untrusted frame header; fails on a wrong size or magic, or lengths out of range.
