@@ -278,8 +278,9 @@ private:
   /// Stores the peer's progress record (or its tombstone).
   void put_record(std::vector<char> value, collab::seconds expires_at);
   void read_records();
-  /// Takes the step's mean gradient out and averages it (weight: its samples).
+  /// Takes the step's mean gradient out (kept under `id`).
   torch::Tensor take_gradient(uint64_t id);
+  /// Takes the step's mean gradient out and averages it (weight: its samples).
   void start_round(const collab::start_round& r);
   /// Steps the optimizer on round `id`'s averaged gradient or on the peer's own.
   void take_step(uint64_t id, uint64_t step, bool averaged);
