@@ -25,6 +25,7 @@
 #include "actors/auth/identity.hpp"
 #include "actors/transfer/socket_io.hpp"
 #include "actors/transfer/transport.hpp"
+#include "support/channel_collector.hpp"
 #include "support/raw_socket.hpp"
 
 using namespace starling;
@@ -33,53 +34,6 @@ using namespace std::chrono_literals;
 namespace auth = starling::actors::auth;
 
 namespace {
-
-struct got_frame {
-  std::string peer;
-  std::vector<uint8_t> body;
-  messages::tensor_msg payload;
-};
-
-/// Queues what arrives on one channel.
-struct inbox : channel_handler {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<got_frame> frames;
-  std::deque<std::string> losses;
-
-  status deliver(const std::string& peer, std::vector<uint8_t> body,
-                 messages::tensor_msg payload) override {
-    {
-      std::lock_guard<std::mutex> g{mu};
-      frames.push_back({peer, std::move(body), std::move(payload)});
-    }
-    cv.notify_all();
-    return {};
-  }
-  void link_lost(const std::string&, const std::string& why) override {
-    {
-      std::lock_guard<std::mutex> g{mu};
-      losses.push_back(why);
-    }
-    cv.notify_all();
-  }
-  std::optional<got_frame> next() {
-    std::unique_lock<std::mutex> lk{mu};
-    if (!cv.wait_for(lk, 10s, [&] { return !frames.empty(); }))
-      return std::nullopt;
-    auto f = std::move(frames.front());
-    frames.pop_front();
-    return f;
-  }
-  std::optional<std::string> lost() {
-    std::unique_lock<std::mutex> lk{mu};
-    if (!cv.wait_for(lk, 10s, [&] { return !losses.empty(); }))
-      return std::nullopt;
-    auto l = losses.front();
-    losses.pop_front();
-    return l;
-  }
-};
 
 /// The closed run's admitted node keys (what the node gate would say).
 struct gate_keys {
@@ -113,7 +67,8 @@ std::shared_ptr<const link_security> security(const auth::key_pair& k, gate_keys
 
 struct node_side {
   std::shared_ptr<transport> t;
-  std::shared_ptr<inbox> in = std::make_shared<inbox>();
+  std::shared_ptr<starling::testing::collector> in =
+    std::make_shared<starling::testing::collector>();
   uint32_t channel = 0;
 
   explicit node_side(std::shared_ptr<const link_security> sec) {
@@ -462,7 +417,7 @@ TEST_CASE("sealed link: a key the gate does not admit, a forged handshake and a 
     REQUIRE(a.t->connect(b2.t->id(), "127.0.0.1", b2.t->port(), b2.t->issue(a.t->id())));
     auto why = a.in->lost();
     REQUIRE(why);
-    CHECK(why->find("not admitted") != std::string::npos);
+    CHECK(why->second.find("not admitted") != std::string::npos);
     CHECK(refused(*a.t, "not_admitted") == 1);
   }
   {

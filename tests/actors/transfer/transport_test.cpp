@@ -17,72 +17,15 @@
 #include <torch/torch.h>
 
 #include "actors/transfer/link_frame.hpp"
+#include "support/channel_collector.hpp"
 #include "support/raw_socket.hpp"
 
 using namespace starling;
 using namespace starling::actors::transfer;
 using namespace std::chrono_literals;
+using starling::testing::collector;
 
 namespace {
-
-struct frame_got {
-  std::string peer;
-  std::vector<uint8_t> body;
-  messages::tensor_msg payload;
-};
-
-/// A channel handler that queues what arrives; payloads must be 1-D.
-struct collector : channel_handler {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<frame_got> frames;
-  std::deque<std::pair<std::string, std::string>> losses;
-  std::vector<std::string> ups;
-
-  status check(const std::string&, const uint8_t*, size_t,
-               const kernels::tensor_header& h) override {
-    if (h.shape.size() != 1)
-      return fail("a 1-D tensor was expected");
-    return {};
-  }
-  status deliver(const std::string& peer, std::vector<uint8_t> body,
-                 messages::tensor_msg payload) override {
-    {
-      std::lock_guard<std::mutex> g{mu};
-      frames.push_back({peer, std::move(body), std::move(payload)});
-    }
-    cv.notify_all();
-    return {};
-  }
-  void link_up(const std::string& peer) override {
-    std::lock_guard<std::mutex> g{mu};
-    ups.push_back(peer);
-  }
-  void link_lost(const std::string& peer, const std::string& why) override {
-    {
-      std::lock_guard<std::mutex> g{mu};
-      losses.emplace_back(peer, why);
-    }
-    cv.notify_all();
-  }
-
-  std::optional<frame_got> next(std::chrono::milliseconds wait = 10s) {
-    std::unique_lock<std::mutex> lk{mu};
-    if (!cv.wait_for(lk, wait, [&] { return !frames.empty(); }))
-      return std::nullopt;
-    auto f = std::move(frames.front());
-    frames.pop_front();
-    return f;
-  }
-  std::optional<std::pair<std::string, std::string>> lost(std::chrono::milliseconds wait = 10s) {
-    std::unique_lock<std::mutex> lk{mu};
-    if (!cv.wait_for(lk, wait, [&] { return !losses.empty(); }))
-      return std::nullopt;
-    auto l = losses.front();
-    losses.pop_front();
-    return l;
-  }
-};
 
 /// Transports, each with a collector on one channel (the same number everywhere).
 struct transports {
