@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string_view>
+#include <unordered_map>
 
 #include <fmt/format.h>
 
@@ -198,12 +200,16 @@ read_summary progress_tracker::observe(const std::vector<progress_entry>& entrie
     s.accepted++;
   }
   // A presumed record stays over the peer's own record from before the step it presumes.
+  std::unordered_map<std::string_view, const held_record*> presumed;
+  for (const auto& h : records_)
+    if (h.presumed)
+      presumed.emplace(h.record.peer, &h);
   for (auto& h : view) {
-    auto held = std::find_if(records_.begin(), records_.end(), [&](const held_record& p) {
-      return p.presumed && p.record.peer == h.record.peer;
-    });
-    if (held != records_.end() && h.record.step < held->record.step &&
-        h.record.time <= held->record.time) {
+    auto it = presumed.find(h.record.peer);
+    if (it == presumed.end())
+      continue;
+    const auto* held = it->second;
+    if (h.record.step < held->record.step && h.record.time <= held->record.time) {
       // Records are published less often than fast steps come: the presumption is carried
       // from step to step, and takes the rate of each newer record meanwhile.
       auto fresher = h.record.time > held->rate_time;
