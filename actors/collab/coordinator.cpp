@@ -331,6 +331,15 @@ void coordinator::decide(seconds now, effects& out) {
     if (phase_ == coordinator_phase::downloading)
       return;
   }
+  if (resync_due_ && contributes()) {
+    // Stepped alone since the last update; peers at this step that did not hold the
+    // collaboration's state: take theirs (see the file comment).
+    if (auto donors = consensus_donors(now); !donors.empty()) {
+      stats_.resync_downloads++;
+      download_from(step_, std::move(donors), true, now, out);
+      return;
+    }
+  }
   // The ETA stands in for the others' samples, which the peer cannot see between reads; a peer
   // that counts nobody but itself knows its own count exactly and waits for the target.
   bool alone = e.peers <= 1 && contributes();
@@ -475,19 +484,42 @@ void coordinator::end_state_round(bool loaded, seconds now, effects& out) {
 void coordinator::start_download(const progress_estimate& e, seconds now, effects& out) {
   // Donors must hold the same state: all at one step, the highest that has any full-mode peer
   // (a client-mode peer accepts no connections, so it cannot serve).
-  download_state d;
+  uint64_t step = 0;
+  std::vector<std::string> donors;
   for (const auto& p : e.ahead) {
     if (p.client_mode)
       continue;
-    if (d.donors.empty())
-      d.step = p.step;
-    else if (p.step != d.step)
+    if (donors.empty())
+      step = p.step;
+    else if (p.step != step)
       break;
-    if (d.donors.size() < opts_.max_donors)
-      d.donors.push_back(p.peer);
+    if (donors.size() < opts_.max_donors)
+      donors.push_back(p.peer);
   }
-  if (d.donors.empty())
+  if (donors.empty())
     return; // only clients are ahead: keep going; a donor shows up at a later read
+  download_from(step, std::move(donors), false, now, out);
+}
+
+std::vector<std::string> coordinator::consensus_donors(seconds now) const {
+  std::vector<std::string> donors;
+  for (const auto& h : tracker_.records()) {
+    const auto& r = h.record;
+    if (h.presumed || r.client_mode || r.withdrawn || r.resync || r.step != step_ ||
+        now >= h.expires_at)
+      continue;
+    if (donors.size() < opts_.max_donors)
+      donors.push_back(r.peer);
+  }
+  return donors;
+}
+
+void coordinator::download_from(uint64_t step, std::vector<std::string> donors, bool resync,
+                                seconds now, effects& out) {
+  download_state d;
+  d.step = step;
+  d.resync = resync;
+  d.donors = std::move(donors);
   op_id_ = ++next_id_;
   op_deadline_ = now + opts_.download_timeout;
   d.id = op_id_;

@@ -30,6 +30,10 @@
 // that finishes the same step and saw the flag in its last read joins that state round. A failed
 // resync is tried once more after the following update, then given up (never a loop: a state
 // round only ever starts after an update).
+// While the resync is due, a read that shows full-mode peers at the peer's own step whose records
+// ask for none (they took that step's averaged update without it: a newcomer whose first round
+// missed the group, a peer whose round alone failed) sends it downloading their state instead:
+// the collaboration's state replaces its own, and no one has to join anything.
 //
 // Delayed parameter updates (`delay_updates`): the peer keeps computing while step t's gradient
 // is averaged, so step t + 1's first gradients are computed on parameters one step old; the
@@ -232,6 +236,8 @@ struct download_state {
   std::vector<std::string> donors;
   /// The core stops waiting at this time.
   seconds deadline = 0;
+  /// The peer stepped alone and takes the state of peers at its own step (`resync_downloads`).
+  bool resync = false;
 };
 
 /// Stop waiting for download `id`; load nothing that arrives for it.
@@ -293,6 +299,9 @@ struct coordinator_stats {
   uint64_t resyncs = 0, resyncs_failed = 0;
   /// Downloads started / finished / failed or timed out.
   uint64_t downloads = 0, downloads_done = 0, downloads_failed = 0;
+  /// Of the downloads started, those of a peer that stepped alone from peers at its own step
+  /// that did not (the collaboration's state replaces its own: a resync by download).
+  uint64_t resync_downloads = 0;
   /// Progress reads answered / failed or timed out; records refused (malformed or mismatched).
   uint64_t reads = 0, reads_failed = 0, records_rejected = 0;
   /// Answers for rounds or downloads the core had already given up on.
@@ -382,6 +391,11 @@ private:
   void end_state_round(bool loaded, seconds now, effects& out);
   bool others_ask_resync(uint64_t step, seconds now) const;
   void start_download(const progress_estimate& e, seconds now, effects& out);
+  /// After a lone step: full-mode peers at the peer's step whose fresh (read, not presumed)
+  /// records do not ask for a resync, i.e. that took the step's averaged update without it.
+  std::vector<std::string> consensus_donors(seconds now) const;
+  void download_from(uint64_t step, std::vector<std::string> donors, bool resync, seconds now,
+                     effects& out);
   void end_download(bool ok, uint64_t loaded_step, seconds now, effects& out);
   void pause(effects& out);
   void resume(seconds now, effects& out);

@@ -141,6 +141,8 @@ struct peer_state {
   /// State rounds in flight: id -> (step, a resync after a lone step).
   std::map<uint64_t, std::pair<uint64_t, bool>> state_rounds;
   std::set<uint64_t> abandoned;
+  /// Downloads of a peer that stepped alone, from peers at its step (`download_state::resync`).
+  std::set<uint64_t> resync_downloads;
   std::map<std::string, caf::actor> handles;
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
@@ -566,7 +568,8 @@ void finish_download(peer_actor* self, uint64_t id, const messages::stage_state&
   metric(self, "dp_download",
          {{"step", static_cast<double>(st.steps)},
           {"donors", static_cast<double>(donors)},
-          {"ok", ok ? 1.0 : 0.0}});
+          {"ok", ok ? 1.0 : 0.0},
+          {"resync", s.resync_downloads.erase(id) > 0 ? 1.0 : 0.0}});
   if (!ok) {
     carry(self, s.core->download_failed(id, now_s(self)));
     return;
@@ -588,7 +591,10 @@ void download_whole(peer_actor* self, uint64_t id, uint64_t min_step,
     return;
   if (next >= donors->size()) {
     metric(self, "dp_download",
-           {{"step", 0.0}, {"donors", static_cast<double>(parts_donors)}, {"ok", 0.0}});
+           {{"step", 0.0},
+            {"donors", static_cast<double>(parts_donors)},
+            {"ok", 0.0},
+            {"resync", s.resync_downloads.erase(id) > 0 ? 1.0 : 0.0}});
     carry(self, s.core->download_failed(id, now_s(self)));
     return;
   }
@@ -616,6 +622,8 @@ void download_whole(peer_actor* self, uint64_t id, uint64_t min_step,
 }
 
 void download(peer_actor* self, const collab::download_state& d) {
+  if (d.resync)
+    self->state.resync_downloads.insert(d.id);
   auto timeout = span_of(self->state.opts.rpc_timeout * 4);
   auto donors = std::make_shared<std::vector<std::string>>(d.donors);
   auto n = std::min<size_t>(donors->size(), stage::max_state_parts);
@@ -801,6 +809,7 @@ void carry(peer_actor* self, std::vector<collab::effect> es) {
       download(self, *d);
     } else if (auto* ad = std::get_if<collab::abandon_download>(&e)) {
       s.abandoned.insert(ad->id);
+      s.resync_downloads.erase(ad->id);
     } else if (std::holds_alternative<collab::discard_gradients>(e)) {
       auto samples = s.model->accumulated();
       report_dropped(self, s.pending_first, s.next_micro - s.pending_first, samples);
@@ -1033,6 +1042,9 @@ status validate(const dp_peer_options& o) {
       return fail("inner_batch must be at least 1 sample");
     if (auto st = collab::validate(o.diloco); !st)
       return st;
+    if (o.collab.delay_updates)
+      return fail("delayed updates belong to DeDLOC: DiLoCo's outer step replaces the parameters "
+                  "that inner steps would move while it is averaged");
   }
   if (!(o.wire_bytes_per_element > 0))
     return fail("wire_bytes_per_element must be positive");

@@ -16,6 +16,9 @@
 // Compute: microbatch i lands `compute_time / speed` after microbatch i − 1 (or after the peer
 // resumed computing) on CAF's clock, so a simulation charges virtual time and a real run paces
 // a fast machine down to its configured speed; the backend computes it when it lands.
+// Without delayed updates (`collab.delay_updates`) a peer pauses computing while its step's
+// gradient is averaged; with them it keeps computing towards the next step and applies the
+// averaged gradient when the round ends (DeDLOC only).
 //
 // Modes (actors/collab's peer_mode): `full`; `client` (its averager has bandwidth 0: reduces
 // nothing and accepts no connection — reducers answer over the links the client opened; it is
@@ -35,7 +38,9 @@
 //                                                   first/last: its microbatch indices)
 //   `dp_dropped`   {first, last, samples}           microbatches that reached no update
 //   `dp_eval`      {step, accuracy, loss, bytes_sent}  held-out quality every `eval_every` steps
-//   `dp_download`  {step, donors, ok}               a state download ended
+//   `dp_download`  {step, donors, ok, resync}       a state download ended (resync: the peer had
+//                                                   stepped alone and took the state of peers
+//                                                   at its step)
 //   `dp_leave`     {step}                           the peer left on purpose
 #pragma once
 

@@ -188,6 +188,7 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
   c.round_timeout = secs(o.round_timeout);
   c.average_state_every = o.average_state_every;
   c.resync_after_lone_step = o.resync_after_lone_step;
+  c.delay_updates = o.delay_updates;
   po.inner_batch = o.inner_batch;
   po.diloco.outer.kind = "sgd";
   po.diloco.outer.lr = o.outer_lr;
@@ -272,9 +273,11 @@ public:
     } else if (m.kind == "dp_leave") {
       leaves_++;
     } else if (m.kind == "dp_download") {
-      if (m.value("ok") > 0)
+      if (m.value("ok") > 0) {
         downloads_++;
-      else
+        if (m.value("resync") > 0)
+          resync_downloads_++;
+      } else
         failed_downloads_++;
     } else if (m.kind == "dp_state_round") {
       auto& n = m.value("resync") > 0 ? resyncs_ : periodic_;
@@ -328,7 +331,8 @@ public:
                periodic_.first, periodic_.second);
     fmt::print("  {:<34} {} distinct ({} starts, {} in client mode), {} left on purpose\n", "peers",
                peers_.size(), joins_, clients_.size(), leaves_);
-    fmt::print("  {:<34} {} done, {} failed\n", "state downloads", downloads_, failed_downloads_);
+    fmt::print("  {:<34} {} done ({} by peers that had stepped alone), {} failed\n",
+               "state downloads", downloads_, resync_downloads_, failed_downloads_);
     fmt::print("  {:<34} {:.2f} MB sent, {:.2f} MB received (mean per peer)\n", "traffic",
                per_peer / 1e6, per_peer_in / 1e6);
     fmt::print("  {:<34} {}\n", "faults", faults_);
@@ -533,6 +537,7 @@ private:
   double samples_ = 0, dropped_ = 0, round_s_ = 0, last_t_ = 0;
   uint64_t steps_ = 0, rounds_ = 0, averaged_ = 0;
   uint64_t joins_ = 0, leaves_ = 0, downloads_ = 0, failed_downloads_ = 0, faults_ = 0;
+  uint64_t resync_downloads_ = 0;
   /// State rounds a peer took part in: (ended, of which not loaded), resyncs and periodic ones.
   std::pair<uint64_t, uint64_t> resyncs_, periodic_;
   double next_ = 10;
@@ -585,6 +590,7 @@ void read_dedloc_role(config_node& n, dedloc_role_options& o) {
   read_non_negative(n, "average_state_every", o.average_state_every);
   read(n, "resync_after_lone_step", o.resync_after_lone_step);
   read(n, "persistent_rounds", o.persistent_rounds);
+  read(n, "delay_updates", o.delay_updates);
   read_duration(n, "record_lifetime", o.record_lifetime);
   read_positive(n, "inner_batch", o.inner_batch);
   read_real(n, "outer_lr", o.outer_lr, 0, 10);
@@ -652,6 +658,9 @@ status check_dedloc_role(const dedloc_role_options& o) {
     return fail("window, averager_timeout, round_timeout and record_lifetime must be positive");
   if (o.clients > 0 && o.cycle == 0)
     return fail("clients needs cycle (the instances it counts in)");
+  if (o.delay_updates && o.algorithm == "diloco")
+    return fail("delay_updates belongs to algorithm dedloc (DiLoCo's outer step replaces the "
+                "parameters the inner steps would have moved meanwhile)");
   bool token_model = o.torchscript && o.torchscript->input_shape.empty();
   if (token_model && o.data_kind != "tokens")
     return fail("a TorchScript model of tokens needs data: {kind: tokens, path: F}");

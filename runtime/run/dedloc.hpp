@@ -87,6 +87,10 @@ struct dedloc_role_options {
   /// averager's `family_groups`): no matchmaking window per step. Off: every step's group is
   /// formed anew in a matchmaking window.
   bool persistent_rounds = true;
+  /// Delayed parameter updates (DeDLOC only): peers keep computing while a step's gradient is
+  /// averaged and apply the averaged gradient when it arrives, so step t + 1's first gradients
+  /// come from parameters one step old. Off: a peer pauses for every round.
+  bool delay_updates = false;
   /// Progress records expire this long after they were made (a silent leaver stops counting).
   std::chrono::nanoseconds record_lifetime = std::chrono::seconds(30);
   /// DiLoCo: samples per inner step, the outer optimizer (SGD), pseudo-gradient codec.

@@ -469,15 +469,30 @@ TEST_CASE("no sample is counted twice") {
   std::mt19937_64 gen(11);
   std::uniform_int_distribution<int> batch(1, 16), outcome(0, 3);
   c.start(0);
-  uint64_t in_rounds = 0;
+  uint64_t in_rounds = 0, dropped_by_downloads = 0;
   std::vector<start_round> rounds;
   double t = 0;
   for (int i = 0; i < 400; ++i) {
     t += 0.25;
     std::vector<effect> es = c.samples_done(static_cast<uint64_t>(batch(gen)), t);
     if (i % 5 == 0) {
-      auto more = c.progress_read({peer_at("b", c.step(), 40, 20, t)}, t);
+      // "b" at our step: half the time it asks for a resync too (it stepped alone as well),
+      // else a peer that stepped alone downloads b's state.
+      auto b = peer_at("b", c.step(), 40, 20, t);
+      if (outcome(gen) < 2) {
+        progress_record r{"b", c.step(), 40, 20, t, false, false};
+        r.resync = true;
+        b.value = encode_progress(r);
+      }
+      auto more = c.progress_read({b}, t);
       es.insert(es.end(), more.begin(), more.end());
+    }
+    for (auto& d : all<download_state>(es)) {
+      auto before = c.stats().samples_dropped;
+      std::vector<effect> ends = outcome(gen) == 0 ? c.download_failed(d.id, t)
+                                                   : c.download_done(d.id, d.step, t);
+      dropped_by_downloads += c.stats().samples_dropped - before; // pending, never in a round
+      es.insert(es.end(), ends.begin(), ends.end());
     }
     for (auto& r : all<start_round>(es)) {
       rounds.push_back(r);
@@ -514,9 +529,11 @@ TEST_CASE("no sample is counted twice") {
   CHECK(s.rounds_averaged > 0);
   CHECK(s.own_steps > 0);
   CHECK(s.resyncs > 0);
+  CHECK(s.resync_downloads > 0);
   // What went into rounds was counted once, in exactly one of the round outcomes.
   CHECK(in_rounds ==
-        s.samples_averaged + s.samples_alone + c.round_samples() + (s.samples_dropped));
+        s.samples_averaged + s.samples_alone + c.round_samples() +
+                        (s.samples_dropped - dropped_by_downloads));
   CHECK(s.samples_stale > 0);
 }
 
@@ -605,9 +622,13 @@ coordinator at_first_round(coordinator_options o) {
   return c;
 }
 
-/// Reads "b" at the peer's step with `samples`, reports 20 samples at `t`: the round started.
-start_round next_round(coordinator& c, seconds t, std::vector<progress_entry> more = {}) {
-  more.push_back(peer_at("b", c.step(), 90, 0, t));
+/// Reads "b" at the peer's step with 90 samples (asking for a resync when `b_resync`: it
+/// stepped alone too), reports 20 samples at `t`: the round started.
+start_round next_round(coordinator& c, seconds t, std::vector<progress_entry> more = {},
+                       bool b_resync = false) {
+  progress_record b{"b", c.step(), 90, 0, t, false, false};
+  b.resync = b_resync;
+  more.push_back({"b", encode_progress(b), 1e9});
   c.progress_read(more, t);
   return one<start_round>(c.samples_done(20, t));
 }
@@ -642,7 +663,7 @@ TEST_CASE("after a lone step the next update is followed by a state round withou
   REQUIRE(rec.ok());
   CHECK(rec->step == 1);
   CHECK(rec->resync);
-  r = next_round(c, now + 1);
+  r = next_round(c, now + 1, {}, true); // "b" stepped alone too
   CHECK(r.step == 1);
   CHECK(decode_progress(encode_progress(c.own_record(now + 1)))->resync); // still asking
   es = c.round_done(r.id, now + 2);
@@ -661,6 +682,44 @@ TEST_CASE("after a lone step the next update is followed by a state round withou
   // In sync again: later updates bring no state round.
   r = next_round(c, now + 4);
   CHECK_FALSE(has<start_state_round>(c.round_done(r.id, now + 5)));
+  check_accounting(c);
+}
+
+TEST_CASE("a peer that stepped alone downloads the state of peers at its step that did not") {
+  // A newcomer's first round missed the group (it re-formed before the newcomer asked), or this
+  // peer's round alone failed: the others took the averaged update, so their state is the
+  // collaboration's and this peer takes it instead of asking them for a state round.
+  auto c = at_first_round(options(100));
+  auto r = one<start_round>(c.samples_done(20, 1));
+  auto es = c.round_failed(r.id, 2);
+  CHECK(has<step_own>(es));
+  CHECK(c.resync_due());
+  REQUIRE(c.step() == 1);
+  // At step 1: a client (no donor), a peer that stepped alone too, a peer still at step 0.
+  es = c.progress_read({peer_at("k", 1, 10, 5, 2, true), resync_asked("l", 1, 2),
+                        peer_at("m", 0, 10, 5, 2)},
+                       2);
+  CHECK_FALSE(has<download_state>(es));
+  CHECK(c.phase() == coordinator_phase::accumulating);
+  // "b" took step 0's averaged update: it is at step 1 and asks for nothing.
+  es = c.progress_read({peer_at("b", 1, 10, 5, 3), resync_asked("l", 1, 3)}, 3);
+  auto d = one<download_state>(es);
+  CHECK(d.step == 1);
+  CHECK(d.donors == std::vector<std::string>{"b"});
+  CHECK(d.resync);
+  CHECK(has<pause_compute>(es));
+  CHECK(c.phase() == coordinator_phase::downloading);
+  CHECK(c.stats().resync_downloads == 1);
+  c.samples_done(5, 3.5);
+  es = c.download_done(d.id, 1, 4);
+  CHECK(has<discard_gradients>(es));
+  CHECK_FALSE(c.resync_due());
+  CHECK_FALSE(c.own_record(4).resync);
+  // In sync again: the next update brings no state round.
+  r = next_round(c, 5);
+  CHECK(r.step == 1);
+  CHECK_FALSE(has<start_state_round>(c.round_done(r.id, 6)));
+  CHECK(c.stats().state_rounds == 0);
   check_accounting(c);
 }
 
@@ -707,15 +766,15 @@ TEST_CASE("a failed resync is tried once more after the next update, then given 
   auto c = at_first_round(options(100));
   auto r = one<start_round>(c.samples_done(20, 1));
   c.round_failed(r.id, 2);
-  r = next_round(c, 3);
+  r = next_round(c, 3, {}, true);
   auto sr = one<start_state_round>(c.round_done(r.id, 4));
   // The resync finds nobody: no new state round at once, back to accumulating.
   auto es = c.state_round_failed(sr.id, 5);
   CHECK_FALSE(has<start_state_round>(es));
   CHECK(c.phase() == coordinator_phase::accumulating);
   CHECK(c.resync_due());
-  // The retry follows the next update; it times out.
-  r = next_round(c, 6);
+  // The retry follows the next update ("b" failed its resync too); it times out.
+  r = next_round(c, 6, {}, true);
   auto retry = one<start_state_round>(c.round_done(r.id, 7));
   CHECK(retry.resync);
   CHECK(retry.id != sr.id);

@@ -306,6 +306,74 @@ TEST_CASE("with persistent rounds a step's group re-forms at once and every step
           " with persistent rounds");
 }
 
+TEST_CASE("with delayed updates peers compute through the rounds and still end as one model") {
+  // Slow links (1 MB/s): a round of the ~100 KB model takes longer than the peers need to
+  // compute a step's target batch. Paused for every round, the peers idle; with
+  // dedloc.delay_updates they compute the next step's microbatches meanwhile (on parameters one
+  // step old) and apply each averaged gradient when it arrives.
+  auto run = [](bool delayed) {
+    auto o = small_options();
+    o.speeds = {1.0, 0.8, 0.6, 0.5};
+    o.delay_updates = delayed;
+    auto out = std::make_shared<captured>();
+    auto b = collaboration(delayed ? "dp-delay-on" : "dp-delay-off", 15, 20s, 4, o, out);
+    network_options net;
+    net.defaults.latency = 5ms;
+    net.defaults.bandwidth = 1e6;
+    b.network(net);
+    auto res = run_sim(b);
+    CHECK(res.exit_code == 0);
+    return out;
+  };
+  auto off = run(false);
+  auto on = run(true);
+  auto computed = [](const captured& c) {
+    uint64_t n = 0;
+    for (auto& [name, k] : c.counters)
+      n += k[dp::st_microbatches];
+    return n;
+  };
+  REQUIRE(on->counters.size() == 4);
+  REQUIRE(off->counters.size() == 4);
+  MESSAGE("microbatches in 20 virtual s: ", computed(*off), " pausing for rounds, ", computed(*on),
+          " with delayed updates");
+  CHECK(computed(*on) > computed(*off) * 3 / 2);
+  auto steps = on->steps();
+  REQUIRE(steps.size() >= 12);
+  for (auto& r : steps) {
+    CAPTURE(r.peer);
+    CAPTURE(r.step);
+    CHECK(r.averaged);
+    CHECK(r.contributors == 4);
+  }
+  // Peers at one step hold one state: each applied the same averaged gradients in order.
+  std::map<uint64_t, std::vector<const messages::stage_state*>> by_step;
+  for (auto& [name, st] : on->states)
+    by_step[st.steps].push_back(&st);
+  size_t same = 0;
+  for (auto& [step, sts] : by_step) {
+    CAPTURE(step);
+    for (auto* st : sts)
+      CHECK(max_diff(st->params.tensor, sts.front()->params.tensor) == 0);
+    same = std::max(same, sts.size());
+  }
+  CHECK(same >= 2);
+  // Exactly once: each step's microbatches follow the last step's, and every sample reported is
+  // in one place (the round in flight included).
+  std::map<std::string, uint64_t> next;
+  for (auto& r : steps) {
+    CAPTURE(r.peer);
+    CHECK(r.first == next[r.peer]);
+    next[r.peer] = r.first + r.microbatches;
+  }
+  for (auto& [name, c] : on->counters) {
+    CAPTURE(name);
+    CHECK(c[dp::st_samples_reported] == c[dp::st_samples_averaged] + c[dp::st_samples_alone] +
+                                            c[dp::st_samples_dropped] + c[dp::st_pending] +
+                                            c[dp::st_in_flight]);
+  }
+}
+
 TEST_CASE("four peers average every step and match a single process within the codec's error") {
   auto o = small_options();
   // SGD: Adam's first steps turn fp32 rounding of near-zero averages into whole steps of +-lr.
@@ -349,6 +417,57 @@ TEST_CASE("four peers average every step and match a single process within the c
   for (auto& [name, st] : out->states)
     if (st.steps == a.steps)
       CHECK(max_diff(st.params.tensor, a.params.tensor) == 0);
+}
+
+TEST_CASE("under churn a peer that stepped alone takes the collaboration's state again") {
+  // Newcomers join every 1.7 s while peers leave: with persistent rounds a newcomer's first
+  // round often misses its step's group (it re-formed before the newcomer asked) and the
+  // newcomer steps alone. It then downloads the state of the peers at its step that took the
+  // averaged update, so at the end every live peer at one step holds one model.
+  auto o = small_options();
+  o.speeds = {1.0, 0.8, 0.6, 0.45, 0.3};
+  o.target_batch = 256;
+  o.compute_time = 40ms;
+  auto out = std::make_shared<captured>();
+  auto b = collaboration("dp-churn", 16, 40s, 6, o, out);
+  network_options net;
+  net.defaults.latency = 20ms;
+  net.defaults.bandwidth = 12.5e6;
+  b.network(net);
+  for (int i = 0; i < 10; ++i)
+    b.join("peers", std::chrono::milliseconds(6000 + 1700 * i));
+  for (size_t i = 0; i < 8; ++i)
+    b.leave("peers", i, std::chrono::milliseconds(7000 + 2300 * static_cast<int64_t>(i)));
+  run_sim(b);
+  std::set<std::string> lone;
+  for (auto& r : out->steps())
+    if (!r.averaged)
+      lone.insert(r.peer);
+  MESSAGE(lone.size(), " peers stepped alone at least once");
+  CHECK(!lone.empty()); // the case this test is about happened
+  std::map<uint64_t, std::vector<std::string>> by_step;
+  for (auto& [name, st] : out->states)
+    by_step[st.steps].push_back(name);
+  size_t compared = 0;
+  for (auto& [step, names] : by_step) {
+    CAPTURE(step);
+    for (auto& n : names) {
+      CAPTURE(n);
+      CHECK(max_diff(out->states[n].params.tensor, out->states[names.front()].params.tensor) ==
+            0);
+      compared++;
+    }
+  }
+  CHECK(compared >= 4);
+  // A peer that stepped alone and is still live ends averaging with the others.
+  for (auto& p : lone) {
+    if (out->states.count(p) == 0)
+      continue;
+    auto mine = out->steps(p);
+    REQUIRE(!mine.empty());
+    CAPTURE(p);
+    CHECK(mine.back().averaged);
+  }
 }
 
 TEST_CASE("a newcomer downloads the state mid-run and contributes to the next step") {

@@ -158,6 +158,23 @@ TEST_CASE("dedloc.resync_after_lone_step is true by default, false on request, a
   CHECK(has(section_error("  persistent_rounds: 2\n"), "persistent_rounds"));
 }
 
+TEST_CASE("dedloc.delay_updates is off by default and belongs to algorithm dedloc") {
+  auto role = [](const std::string& body) {
+    auto cfg = read_experiment(
+        load_yaml_string("experiment: {name: x, kind: dedloc}\ndedloc:\n  peers: 2\n" + body,
+                         "x.yaml"),
+        builtin_registry(), {});
+    REQUIRE(cfg.graph.find("peers"));
+    return std::any_cast<const dedloc_role_options&>(cfg.graph.find("peers")->options);
+  };
+  CHECK_FALSE(role("").delay_updates);
+  CHECK(role("  delay_updates: true\n").delay_updates);
+  CHECK(has(section_error("  delay_updates: later\n"), "delay_updates"));
+  auto diloco = section_error("  algorithm: diloco\n  delay_updates: true\n");
+  CHECK(has(diloco, "delay_updates belongs to algorithm dedloc"));
+  CHECK(section_error("  algorithm: diloco\n  delay_updates: false\n").empty());
+}
+
 TEST_CASE("dedloc.export is true or false and needs the torch backend") {
   CHECK(section_error("  export: true\n").empty());
   CHECK(section_error("  export: false\n  backend: modeled\n").empty());
