@@ -12,21 +12,38 @@ std::chrono::nanoseconds seconds(double s) {
 
 } // namespace
 
-device_queue::time_point device_queue::admit(time_point arrived, time_point computed,
-                                             double device_s, double ran_s) {
-  auto start = std::max(arrived, busy_until_);
+void device_queue::push(uint64_t id, time_point arrived, time_point computed, double device_s,
+                        double ran_s, bool first) {
   // Real compute the clock did not see pass (all of it on a virtual clock, none in real time).
   auto seen = std::chrono::duration<double>(computed - arrived).count();
   auto unseen = std::max(0.0, ran_s - std::max(0.0, seen));
-  auto done = start + seconds(std::max(0.0, device_s - unseen));
-  // FIFO: never before the request ahead of it, never before the compute itself returned.
-  busy_until_ = std::max({done, busy_until_, computed});
-  ++queued_;
-  return busy_until_;
+  request r{id, arrived, computed, std::max(0.0, device_s - unseen)};
+  waiting_s_ += r.seconds;
+  (first ? first_ : rest_).push_back(r);
+}
+
+std::optional<device_queue::started> device_queue::start() {
+  if (running_ || (first_.empty() && rest_.empty()))
+    return std::nullopt;
+  // A `first` request goes next, but two in a row only when nothing else waits.
+  bool take_first = !first_.empty() && (rest_.empty() || !last_first_);
+  auto& lane = take_first ? first_ : rest_;
+  auto r = lane.front();
+  lane.pop_front();
+  last_first_ = take_first;
+  // Reset when empty, so that rounding never leaves a phantom backlog.
+  waiting_s_ = first_.empty() && rest_.empty() ? 0.0 : waiting_s_ - r.seconds;
+  auto begin = std::max(r.arrived, busy_until_);
+  // Never before the request ahead of it, never before the compute itself returned.
+  busy_until_ = std::max(begin + seconds(r.seconds), r.computed);
+  running_ = true;
+  return started{r.id, busy_until_};
 }
 
 double device_queue::backlog(time_point now) const {
-  return std::max(0.0, std::chrono::duration<double>(busy_until_ - now).count());
+  auto rest = running_ ? std::max(0.0, std::chrono::duration<double>(busy_until_ - now).count())
+                       : 0.0;
+  return rest + std::max(0.0, waiting_s_);
 }
 
 } // namespace starling::actors::stage

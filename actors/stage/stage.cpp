@@ -197,13 +197,19 @@ private:
   caf::result<tensor_msg> forward(const stage_forward& req);
   caf::result<stage_backward_reply> backward(const stage_backward& req);
 
-  /// Queues the computed request on the device: the reply leaves when its compute is done (at
-  /// once when that is now), or fails at once when the peer dies first.
+  /// Queues the computed request on the device (a backward before waiting forwards with
+  /// `backward_first`): the reply leaves when its compute is done (at once when the device is
+  /// free and that is now), or fails at once when the peer dies first.
   template <class T>
-  caf::result<T> respond(time_point arrived, const compute_result& r, T value);
+  caf::result<T> respond(time_point arrived, const compute_result& r, T value, bool backward);
 
-  /// Runs `deliver` after `delay`; `fail` answers the caller if the peer dies first.
-  void hold(caf::timespan delay, std::function<void()> deliver,
+  /// Gives the free device to the next waiting request (replies of requests that complete at
+  /// once leave now; the next one that takes time is timed by its ticket).
+  void serve_next();
+
+  /// Keeps `deliver` under `ticket` until a `(tick_atom, ticket)` or `serve_next` runs it; `fail`
+  /// answers the caller if the peer dies first.
+  void park(uint64_t ticket, std::function<void()> deliver,
             std::function<void(const caf::error&)> fail);
 
   // -- state ------------------------------------------------------------------------------------
@@ -297,7 +303,8 @@ private:
   std::unique_ptr<backend> dev_;
   std::unique_ptr<torch::optim::Optimizer> optim_;
   std::vector<torch::Tensor> params_;
-  /// The device: requests in arrival order, each behind the ones before it.
+  /// The device: one request at a time, backwards first (`backward_first`); queue ids are the
+  /// tickets of the held replies.
   device_queue queue_;
   /// Replies waiting for their compute to finish, by ticket.
   std::map<uint64_t, std::function<void()>> held_;
@@ -484,6 +491,7 @@ caf::behavior stage_peer::make_behavior() {
       auto deliver = std::move(i->second);
       held_.erase(i);
       deliver();
+      serve_next();
       leave_when_drained();
     },
     [this](checkpoint_atom) {
@@ -539,7 +547,7 @@ caf::result<tensor_msg> stage_peer::forward(const stage_forward& req) {
     return to_error(r.error());
   // The loss travels exactly; activations with the peer's codec.
   tensor_msg reply{r->output, dev_->is_last() ? kernels::codec_id::none : opts_.codec, {}, {}};
-  return respond(arrived, *r, std::move(reply));
+  return respond(arrived, *r, std::move(reply), false);
 }
 
 caf::result<stage_backward_reply> stage_peer::backward(const stage_backward& req) {
@@ -566,7 +574,7 @@ caf::result<stage_backward_reply> stage_peer::backward(const stage_backward& req
     reply.grad_input = tensor_msg{r->output, opts_.codec, {}, {}};
   if (dev_->is_last())
     reply.loss = r->loss;
-  auto out = respond(arrived, *r, std::move(reply));
+  auto out = respond(arrived, *r, std::move(reply), true);
   // Overdue once the reply left (behind the queue) and a commit timeout passed.
   auto now = self_->clock().now();
   held.deadline = now
@@ -650,38 +658,60 @@ void stage_peer::expire_uncommitted() {
 }
 
 template <class T>
-caf::result<T> stage_peer::respond(time_point arrived, const compute_result& r, T value) {
+caf::result<T> stage_peer::respond(time_point arrived, const compute_result& r, T value,
+                                   bool backward) {
   auto now = self_->clock().now();
   auto device_s = r.device_s / opts_.speed;
-  auto done = queue_.admit(arrived, now, device_s, r.ran_s);
   auto samples = r.samples;
-  if (done <= now) {
-    queue_.complete();
+  auto ticket = next_ticket_++;
+  queue_.push(ticket, arrived, now, device_s, r.ran_s, backward && opts_.backward_first);
+  // The device was free (then nothing else waits): this request holds it now.
+  auto got = queue_.start();
+  if (got && got->done <= now) {
+    queue_.finish();
     meter_.add(device_s, samples);
     return value;
   }
   auto rp = self_->make_response_promise<T>();
-  hold(
-    done - now,
+  park(
+    ticket,
     [this, rp, device_s, samples, v = std::move(value)]() mutable {
-      queue_.complete();
+      queue_.finish();
       meter_.add(device_s, samples);
       rp.deliver(std::move(v));
     },
     [rp](const caf::error& e) mutable { rp.deliver(e); });
+  if (got)
+    self_->delayed_send(self_, got->done - now, tick_atom::value, ticket);
   return rp;
 }
 
-void stage_peer::hold(caf::timespan delay, std::function<void()> deliver,
+void stage_peer::serve_next() {
+  auto now = self_->clock().now();
+  while (auto got = queue_.start()) {
+    if (got->done > now) {
+      self_->delayed_send(self_, got->done - now, tick_atom::value, got->id);
+      return;
+    }
+    auto i = held_.find(got->id);
+    if (i == held_.end()) {
+      queue_.finish(); // cannot happen: every queued request is parked
+      continue;
+    }
+    auto deliver = std::move(i->second);
+    held_.erase(i);
+    deliver();
+  }
+}
+
+void stage_peer::park(uint64_t ticket, std::function<void()> deliver,
                       std::function<void(const caf::error&)> fail) {
-  auto ticket = next_ticket_++;
   auto deaths = on_death_;
   deaths->emplace(ticket, std::move(fail));
   held_.emplace(ticket, [deaths, ticket, f = std::move(deliver)] {
     deaths->erase(ticket);
     f();
   });
-  self_->delayed_send(self_, delay, tick_atom::value, ticket);
 }
 
 // -- state --------------------------------------------------------------------------------------

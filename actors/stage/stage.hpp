@@ -2,9 +2,10 @@
 // of a model, accumulates gradients, and downloads its state from a live peer of the same stage
 // before it announces itself. It computes with a backend (backend.hpp): the LibTorch stage
 // module of a registered model, or a cost model that only says how long the device would take
-// (simulation at scale). Either way the device is one FIFO queue on CAF's clock
-// (device_queue.hpp): requests wait behind each other and replies leave when their compute is
-// done, while the peer keeps answering probes, load reports, state requests and its averaging.
+// (simulation at scale). Either way the device is one queue on CAF's clock (device_queue.hpp):
+// one request at a time in arrival order (or backwards first, `backward_first`), and replies
+// leave when their compute is done, while the peer keeps
+// answering probes, load reports, state requests and its averaging.
 // Two stepping modes:
 // - local (default, `averaging.averager` unset): steps its optimizer every `local_batch` samples
 //   and keeps close to its stage's other peers by gossip-averaging parameters;
@@ -130,6 +131,10 @@ struct stage_options {
   /// the LibTorch backend the time beyond the real compute is queue time on CAF's clock),
   /// emulating a slower device on the same machine.
   double speed = 1.0;
+  /// A waiting backward pass takes the device before waiting forward passes, alternating with
+  /// them while both wait (1F1B; device_queue.hpp). Off (default): one arrival order for both.
+  /// Measured worse in the 1000-peer simulation (runtime/run/SWARM-SIM.md).
+  bool backward_first = false;
   /// Codec for the activations and gradients the peer sends back.
   kernels::codec_id codec = kernels::codec_id::blockwise8;
   /// Timeout of state downloads and gossip exchanges.

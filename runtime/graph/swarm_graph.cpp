@@ -235,7 +235,7 @@ void read_swarm_graph(config_node& n, swarm_graph& out) {
   n.allow({"model", "data", "stages", "trainers", "microbatch", "microbatches_per_trainer", "max_inflight",
            "local_batch", "target_batch", "averaging", "optimizer", "compression", "hop_timeout",
            "preempt_every", "restart_delay", "eval_batches", "torch_threads", "export", "checkpoint",
-           "rebalance", "sim"});
+           "rebalance", "sim", "backward_first"});
   if (n.has("model")) {
     auto m = n.child("model");
     std::string kind = "gpt";
@@ -327,6 +327,7 @@ void read_swarm_graph(config_node& n, swarm_graph& out) {
   read_int(n, "microbatches_per_trainer", out.microbatches_per_trainer, 1, INT64_MAX);
   read_int(n, "max_inflight", out.max_inflight, 1, 64);
   read_int(n, "local_batch", out.local_batch, 1, INT64_MAX);
+  read(n, "backward_first", out.backward_first);
   read_int(n, "target_batch", out.averaging.target_batch, 0, INT64_MAX);
   if (n.has("averaging")) {
     auto a = n.child("averaging");

@@ -111,6 +111,9 @@ struct swarm_graph {
   int64_t max_inflight = 2;
   /// Samples a stage peer accumulates before an optimizer step (without averaging).
   int64_t local_batch = 32;
+  /// Stage peers serve a waiting backward pass before waiting forward passes, alternating
+  /// while both wait (1F1B order); off by default (see actors/stage/stage.hpp).
+  bool backward_first = false;
   /// Gradient averaging within stages (off by default).
   averaging_spec averaging;
   /// Stage state checkpoints (local and cluster mode; simulated cost-model peers hold no learned

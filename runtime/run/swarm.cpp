@@ -191,6 +191,7 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
   so.optimizer = g.optimizer;
   so.local_batch = g.local_batch;
   so.speed = s.slots[slot].second;
+  so.backward_first = g.backward_first;
   so.download_state = ctx.download_state();
   so.seed = ctx.seed;
   so.codec = s.modeled ? kernels::codec_id::none : g.compression;

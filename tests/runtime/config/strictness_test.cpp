@@ -61,8 +61,8 @@ TEST_CASE("a misspelt key in a stage's map is reported as unknown, not as a wron
 TEST_CASE("a misspelt key of the swarm section wins over the errors its absence causes") {
   // `stages` misspelt: reported as unknown, not as a missing `stages`.
   CHECK(validate_error(swarm_head + "  stagse:\n    - {peers: [1.0]}\n")
-          .find("x.yaml:4: swarm.stagse: unknown key (allowed here: averaging, checkpoint, "
-                "compression,")
+          .find("x.yaml:4: swarm.stagse: unknown key (allowed here: averaging, backward_first, "
+                "checkpoint, compression,")
         == 0);
   // `model` misspelt: reported as unknown, not as 3 stages against the default model's layers.
   CHECK(validate_error("experiment: {name: x, kind: swarm}\nswarm:\n  modle: {layers: 3}\n"

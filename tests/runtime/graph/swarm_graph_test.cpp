@@ -197,3 +197,16 @@ TEST_CASE("the data a swarm's trainers read is an option: the text corpus or a t
         != std::string::npos);
   CHECK(read_error(head + "  data: {knd: text}\n", x).find("knd") != std::string::npos);
 }
+
+TEST_CASE("swarm.backward_first is off by default, on by request, and strict") {
+  const std::string base = "swarm:\n  stages: [{peers: [1.0]}, {peers: [1.0]}]\n";
+  swarm_graph a;
+  CHECK(read_error(base, a).empty());
+  CHECK_FALSE(a.backward_first);
+  swarm_graph b;
+  CHECK(read_error(base + "  backward_first: true\n", b).empty());
+  CHECK(b.backward_first);
+  swarm_graph c;
+  auto e = read_error(base + "  backward_first: often\n", c);
+  CHECK(e.find("backward_first") != std::string::npos);
+}

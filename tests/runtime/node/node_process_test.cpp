@@ -214,8 +214,8 @@ TEST_CASE("starling run --set overrides values, a bad --set is one line, exit 2,
     {"swarm.trainers", "starling: error: --set: expected KEY.PATH=VALUE (e.g. swarm.trainers=3 "
                        "or swarm.stages[1].peers[0]=0.5), got \"swarm.trainers\"\n"},
     {"swarm.trainerz=3", "starling: error: --set swarm.trainerz=3: unknown key (allowed here: "
-                         "averaging, checkpoint, compression, data, eval_batches, export, "
-                         "hop_timeout, local_batch, max_inflight, microbatch, "
+                         "averaging, backward_first, checkpoint, compression, data, eval_batches, "
+                         "export, hop_timeout, local_batch, max_inflight, microbatch, "
                          "microbatches_per_trainer, model, optimizer, preempt_every, "
                          "rebalance, restart_delay, sim, stages, target_batch, torch_threads, "
                          "trainers)\n"},
