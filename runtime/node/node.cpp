@@ -140,6 +140,16 @@ caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directo
         then(i->second);
         return;
       }
+      // A node that connected here and said hello already gave its directory: use that
+      // connection (a second one between the same two nodes breaks the first one under TLS, see
+      // node_gate::add_endpoint). Both nodes admitted each other in that hello.
+      if (gate)
+        if (auto dir = gate->directory_at(ep)) {
+          self->monitor(dir);
+          (*dirs)[ep] = dir;
+          then(dir);
+          return;
+        }
       if (!mm) {
         rp.deliver(caf::make_error(caf::sec::runtime_error, "no middleman: cannot reach " + ep));
         return;
@@ -417,6 +427,7 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
     return fail(fmt::format("cannot listen on {}: {}", opts.listen, why));
   }
   n->port_ = *port;
+  n->gate_->set_own_directory(n->endpoint(), *n->directory_);
   if (opts.data_endpoint && actors::transfer::check_listen_host(n->host_).ok()) {
     actors::transfer::data_channel_options dopts;
     dopts.host = n->host_;
