@@ -48,6 +48,16 @@ caf::actor node_gate::directory_at(const std::string& endpoint) const {
   return i == endpoints_.end() ? caf::actor{} : caf::actor_cast<caf::actor>(i->second.second);
 }
 
+void node_gate::set_resolver(const caf::actor& resolver) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  resolver_ = resolver.address();
+}
+
+caf::actor node_gate::resolver() const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return caf::actor_cast<caf::actor>(resolver_);
+}
+
 void node_gate::set_own_directory(const std::string& endpoint, const caf::actor& dir) {
   std::lock_guard<std::mutex> guard{mtx_};
   own_endpoint_ = endpoint;
@@ -173,8 +183,11 @@ caf::actor spawn_gate(caf::actor_system& sys, std::shared_ptr<node_gate> gate) {
         // malformed endpoint is not kept; the connector is admitted all the same.
         auto& sender = self->current_sender();
         if (refused.empty() && sender && parse_endpoint(their_endpoint).ok()
-            && gate->add_endpoint(sender->node(), their_endpoint, their_directory))
+            && gate->add_endpoint(sender->node(), their_endpoint, their_directory)) {
           self->monitor(their_directory);
+          if (auto r = gate->resolver())
+            caf::anon_send(r, hello_atom::value, their_endpoint);
+        }
         return refused;
       },
       [=](deny_atom, const std::string& signed_list) -> caf::result<uint64_t> {

@@ -69,6 +69,12 @@ public:
   /// handle.
   caf::actor directory_at(const std::string& endpoint) const;
 
+  /// The resolver whose waits for an endpoint end when that endpoint's node said hello here
+  /// (`(hello_atom, endpoint)`, see `spawn_cluster_resolver`).
+  void set_resolver(const caf::actor& resolver);
+  /// That resolver, or an invalid handle.
+  caf::actor resolver() const;
+
   /// This node's endpoint and directory, sent along with this node's hellos.
   void set_own_directory(const std::string& endpoint, const caf::actor& dir);
   /// This node's endpoint (empty until set).
@@ -102,6 +108,7 @@ private:
   /// Endpoints that admitted nodes said they publish their directories at.
   std::map<std::string, std::pair<caf::node_id, caf::actor_addr>> endpoints_;
   std::string own_endpoint_;
+  caf::actor_addr resolver_;
   caf::actor_addr own_directory_;
   std::string deny_list_;
 };

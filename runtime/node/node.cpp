@@ -1,5 +1,6 @@
 #include "runtime/node/node.hpp"
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -102,9 +103,20 @@ constexpr int connect_attempts = 4;
 
 } // namespace
 
+namespace {
+
+/// Tells `gate` to wake `resolver`'s waits for endpoints whose nodes said hello.
+void gate_wakes_resolver(const std::shared_ptr<node_gate>& gate, caf::event_based_actor* resolver) {
+  if (gate)
+    gate->set_resolver(caf::actor_cast<caf::actor>(resolver));
+}
+
+} // namespace
+
 caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directory,
                                   std::string own_endpoint, caf::timespan timeout,
-                                  std::shared_ptr<node_gate> gate, caf::actor connector) {
+                                  std::shared_ptr<node_gate> gate, caf::actor connector,
+                                  caf::timespan defer) {
   auto mm = connector ? connector
                       : sys.has_middleman()
                           ? caf::actor_cast<caf::actor>(sys.middleman().actor_handle())
@@ -133,9 +145,9 @@ caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directo
     auto connect = std::make_shared<connect_fn>();
     // The directory of the node at `ep`, connected and (with a gate) admitted both ways, then
     // `then(dir)`; an error goes to `rp`.
-    auto reach = [=](const std::string& ep, const std::string& host, uint16_t port,
-                     caf::typed_response_promise<caf::actor> rp,
-                     std::function<void(caf::actor)> then) mutable {
+    auto dial = [=](const std::string& ep, const std::string& host, uint16_t port,
+                    caf::typed_response_promise<caf::actor> rp,
+                    std::function<void(caf::actor)> then) mutable {
       if (auto i = dirs->find(ep); i != dirs->end()) {
         then(i->second);
         return;
@@ -155,6 +167,25 @@ caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directo
         return;
       }
       (*connect)(ep, host, port, std::move(rp), std::move(then), connect_attempts);
+    };
+    // Dials waiting for the other node's own dial, per endpoint (see `defer`).
+    auto waiting = std::make_shared<std::map<std::string, std::vector<std::function<void()>>>>();
+    auto reach = [=](const std::string& ep, const std::string& host, uint16_t port,
+                     caf::typed_response_promise<caf::actor> rp,
+                     std::function<void(caf::actor)> then) mutable {
+      // Two nodes that dial each other at once end with two BASP connections, which breaks
+      // both under TLS like a redundant one (node_gate::add_endpoint): the larger endpoint
+      // lets the smaller one's dial go first, and uses the connection it brings (the gate wakes
+      // this wait when its hello passed).
+      if (gate && defer.count() > 0 && dirs->count(ep) == 0 && !gate->directory_at(ep)
+          && ep < own_endpoint) {
+        auto& w = (*waiting)[ep];
+        w.push_back([=]() mutable { dial(ep, host, port, rp, then); });
+        if (w.size() == 1)
+          self->delayed_send(self, defer, hello_atom::value, ep);
+        return;
+      }
+      dial(ep, host, port, std::move(rp), std::move(then));
     };
     auto* again = connect.get();
     *connect = [=](const std::string& ep, const std::string& host, uint16_t port,
@@ -201,7 +232,18 @@ caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directo
             rp.deliver(std::move(e));
           });
     };
+    gate_wakes_resolver(gate, self);
     return {
+      // The wait for `ep` ends: its node's hello passed, or `defer` is over.
+      [=](hello_atom, const std::string& ep) {
+        auto i = waiting->find(ep);
+        if (i == waiting->end())
+          return;
+        auto dials = std::move(i->second);
+        waiting->erase(i);
+        for (auto& d : dials)
+          d();
+      },
       [=](resolve_atom, const std::string& text) mutable -> caf::result<caf::actor> {
         auto addr = peer_address::parse(text);
         if (!addr)
@@ -442,8 +484,13 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
   auto connector =
     n->tls_ ? caf::actor_cast<caf::actor>(n->sys_->openssl_manager().actor_handle())
             : caf::actor{};
+  // Under TLS two connections between two nodes break both (node_gate::add_endpoint): a node
+  // lets a smaller endpoint's dial go first for a while (a TLS handshake and the hello take
+  // ~15 ms on loopback).
+  auto defer = n->tls_ ? std::min<caf::timespan>(n->timeout_ / 5, std::chrono::milliseconds(200))
+                       : caf::timespan{0};
   n->resolver_ = std::make_unique<caf::actor>(spawn_cluster_resolver(
-    *n->sys_, *n->directory_, n->endpoint(), n->timeout_, n->gate_, connector));
+    *n->sys_, *n->directory_, n->endpoint(), n->timeout_, n->gate_, connector, defer));
   return n;
 }
 
