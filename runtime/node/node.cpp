@@ -103,16 +103,6 @@ constexpr int connect_attempts = 4;
 
 } // namespace
 
-namespace {
-
-/// Tells `gate` to wake `resolver`'s waits for endpoints whose nodes said hello.
-void gate_wakes_resolver(const std::shared_ptr<node_gate>& gate, caf::event_based_actor* resolver) {
-  if (gate)
-    gate->set_resolver(caf::actor_cast<caf::actor>(resolver));
-}
-
-} // namespace
-
 caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directory,
                                   std::string own_endpoint, caf::timespan timeout,
                                   std::shared_ptr<node_gate> gate, caf::actor connector,
@@ -232,7 +222,9 @@ caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directo
             rp.deliver(std::move(e));
           });
     };
-    gate_wakes_resolver(gate, self);
+    // The gate ends a wait when the awaited node's hello passed.
+    if (gate)
+      gate->set_resolver(caf::actor_cast<caf::actor>(self));
     return {
       // The wait for `ep` ends: its node's hello passed, or `defer` is over.
       [=](hello_atom, const std::string& ep) {
