@@ -4,6 +4,7 @@
 
 #include "actors/auth/identity.hpp"
 #include "messages/atoms.hpp"
+#include "runtime/config/config.hpp"
 
 namespace starling::runtime {
 
@@ -23,6 +24,54 @@ void node_gate::forget_node(const caf::node_id& n) {
   std::lock_guard<std::mutex> guard{mtx_};
   nodes_.erase(n);
   gates_.erase(n);
+  for (auto i = endpoints_.begin(); i != endpoints_.end();)
+    i = i->second.first == n ? endpoints_.erase(i) : std::next(i);
+}
+
+bool node_gate::add_endpoint(const caf::node_id& n, const std::string& endpoint,
+                             const caf::actor& dir) {
+  if (!dir || dir.node() != n)
+    return false;
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (nodes_.count(n) == 0)
+    return false;
+  auto i = endpoints_.find(endpoint);
+  if (i != endpoints_.end() && i->second.first != n)
+    return false; // the first live claim holds (the gate forgets it when that node goes)
+  endpoints_[endpoint] = {n, dir.address()};
+  return true;
+}
+
+caf::actor node_gate::directory_at(const std::string& endpoint) const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  auto i = endpoints_.find(endpoint);
+  return i == endpoints_.end() ? caf::actor{} : caf::actor_cast<caf::actor>(i->second.second);
+}
+
+void node_gate::set_resolver(const caf::actor& resolver) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  resolver_ = resolver.address();
+}
+
+caf::actor node_gate::resolver() const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return caf::actor_cast<caf::actor>(resolver_);
+}
+
+void node_gate::set_own_directory(const std::string& endpoint, const caf::actor& dir) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  own_endpoint_ = endpoint;
+  own_directory_ = dir.address();
+}
+
+std::string node_gate::own_endpoint() const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return own_endpoint_;
+}
+
+caf::actor node_gate::own_directory() const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return caf::actor_cast<caf::actor>(own_directory_);
 }
 
 void node_gate::add_gate(const caf::node_id& n, const caf::actor& gate) {
@@ -64,6 +113,8 @@ bool node_gate::install_deny_list(const std::string& signed_list, std::string& w
     for (auto i = nodes_.begin(); i != nodes_.end();)
       if (i->second == peer) {
         gates_.erase(i->first);
+        for (auto e = endpoints_.begin(); e != endpoints_.end();)
+          e = e->second.first == i->first ? endpoints_.erase(e) : std::next(e);
         i = nodes_.erase(i);
       } else {
         ++i;
@@ -89,6 +140,24 @@ void pass_on(const node_gate& gate, const std::string& list, const caf::node_id&
 
 caf::actor spawn_gate(caf::actor_system& sys, std::shared_ptr<node_gate> gate) {
   return sys.spawn([gate](caf::event_based_actor* self) -> caf::behavior {
+    // A connector's directory goes down with its node: its endpoint is forgotten with it.
+    self->set_down_handler(
+      [gate](const caf::down_msg& dm) { gate->forget_node(dm.source.node()); });
+    auto admit = [=](uint64_t session, const std::string& hello,
+                     const caf::actor& their_gate) -> std::string {
+      auto p = gate->admission().admit(session, hello);
+      if (!p)
+        return p.error().line();
+      if (auto& sender = self->current_sender(); sender) {
+        gate->admit_node(sender->node(), p->peer_id);
+        if (their_gate && their_gate.node() == sender->node())
+          gate->add_gate(sender->node(), their_gate);
+      }
+      // A node that joins late learns the revocations in force.
+      if (auto list = gate->deny_list(); !list.empty() && their_gate)
+        caf::anon_send(their_gate, deny_atom::value, list);
+      return std::string{};
+    };
     return {
       [=](hello_atom, const std::string& peer_id, const std::string& challenge)
         -> caf::result<uint64_t, std::string, std::string> {
@@ -104,18 +173,22 @@ caf::actor spawn_gate(caf::actor_system& sys, std::shared_ptr<node_gate> gate) {
       },
       [=](hello_atom, uint64_t session, const std::string& hello,
           const caf::actor& their_gate) -> std::string {
-        auto p = gate->admission().admit(session, hello);
-        if (!p)
-          return p.error().line();
-        if (auto& sender = self->current_sender(); sender) {
-          gate->admit_node(sender->node(), p->peer_id);
-          if (their_gate && their_gate.node() == sender->node())
-            gate->add_gate(sender->node(), their_gate);
+        return admit(session, hello, their_gate);
+      },
+      [=](hello_atom, uint64_t session, const std::string& hello, const caf::actor& their_gate,
+          const std::string& their_endpoint, const caf::actor& their_directory) -> std::string {
+        auto refused = admit(session, hello, their_gate);
+        // Kept before the answer: whatever the connector sends once admitted comes later, so
+        // this node never opens a second connection to it (see node_gate::add_endpoint). A
+        // malformed endpoint is not kept; the connector is admitted all the same.
+        auto& sender = self->current_sender();
+        if (refused.empty() && sender && parse_endpoint(their_endpoint).ok()
+            && gate->add_endpoint(sender->node(), their_endpoint, their_directory)) {
+          self->monitor(their_directory);
+          if (auto r = gate->resolver())
+            caf::anon_send(r, hello_atom::value, their_endpoint);
         }
-        // A node that joins late learns the revocations in force.
-        if (auto list = gate->deny_list(); !list.empty() && their_gate)
-          caf::anon_send(their_gate, deny_atom::value, list);
-        return std::string{};
+        return refused;
       },
       [=](deny_atom, const std::string& signed_list) -> caf::result<uint64_t> {
         std::string why;
@@ -152,8 +225,10 @@ void say_hello(caf::event_based_actor* self, caf::actor remote_dir,
               }
               gate->admit_node(remote_node, acceptor->peer_id);
               auto hello = gate->admission().hello_for(their_challenge, acceptor->peer_id);
+              // With this node's endpoint and directory: the acceptor reaches this node
+              // through this connection instead of opening a second one.
               self->request(remote_gate, timeout, hello_atom::value, theirs, hello,
-                            gate->own_gate())
+                            gate->own_gate(), gate->own_endpoint(), gate->own_directory())
                 .then(
                   [=](const std::string& refused) {
                     if (!refused.empty()) {

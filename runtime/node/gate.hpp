@@ -15,6 +15,7 @@
 #include <set>
 #include <vector>
 #include <string>
+#include <utility>
 
 #include <caf/atom.hpp>
 #include <caf/fwd.hpp>
@@ -27,7 +28,9 @@ namespace starling::runtime {
 
 /// `(hello_atom, peer_id, challenge) -> (session, challenge, hello)` opens an admission;
 /// `(hello_atom, session, hello, connector's gate) -> refusal line` (empty: admitted) completes
-/// it.
+/// it; `(hello_atom, session, hello, connector's gate, its endpoint, its directory)` completes it
+/// too, and the acceptor then reaches the connector through this connection (see
+/// `node_gate::directory_at`).
 using hello_atom = caf::atom_constant<caf::atom("hello")>;
 /// `(deny_atom, signed deny list) -> serial in force`: installs a newer deny list (from anyone:
 /// only the authority can sign one) and passes it on to the gates of the nodes admitted both
@@ -51,8 +54,33 @@ public:
   void admit_node(const caf::node_id& n, const std::string& peer_id);
   /// True when `n` passed the hello (or is this process's own node).
   bool node_admitted(const caf::node_id& n) const;
-  /// Forgets `n` (a deny list revoked its peer, or it went away) and its gate.
+  /// Forgets `n` (a deny list revoked its peer, or it went away), its gate and its endpoint.
   void forget_node(const caf::node_id& n);
+
+  /// Remembers that the admitted node `n`, which connected to this one, publishes its
+  /// directory `dir` at `endpoint` (`host:port`, as its hello said). The resolver then reaches
+  /// that endpoint through the connection `n` opened instead of opening a second one: CAF 0.17
+  /// closes the second BASP connection between two nodes as redundant, and with caf_openssl that
+  /// close took the first connection's route down with it (every handle of the other node failed
+  /// as unreachable, and the two nodes kept reconnecting). False (nothing kept) when `n` is not
+  /// admitted, `dir` is not on `n`, or another live node said it first.
+  bool add_endpoint(const caf::node_id& n, const std::string& endpoint, const caf::actor& dir);
+  /// The directory of the admitted node that said it publishes at `endpoint`, or an invalid
+  /// handle.
+  caf::actor directory_at(const std::string& endpoint) const;
+
+  /// The resolver whose waits for an endpoint end when that endpoint's node said hello here
+  /// (`(hello_atom, endpoint)`, see `spawn_cluster_resolver`).
+  void set_resolver(const caf::actor& resolver);
+  /// That resolver, or an invalid handle.
+  caf::actor resolver() const;
+
+  /// This node's endpoint and directory, sent along with this node's hellos.
+  void set_own_directory(const std::string& endpoint, const caf::actor& dir);
+  /// This node's endpoint (empty until set).
+  std::string own_endpoint() const;
+  /// This node's directory, or an invalid handle.
+  caf::actor own_directory() const;
 
   /// Remembers the gate of node `n` (deny lists are passed on to it).
   void add_gate(const caf::node_id& n, const caf::actor& gate);
@@ -77,6 +105,11 @@ private:
   std::map<caf::node_id, std::string> nodes_;
   std::map<caf::node_id, caf::actor_addr> gates_;
   caf::actor_addr own_gate_;
+  /// Endpoints that admitted nodes said they publish their directories at.
+  std::map<std::string, std::pair<caf::node_id, caf::actor_addr>> endpoints_;
+  std::string own_endpoint_;
+  caf::actor_addr resolver_;
+  caf::actor_addr own_directory_;
   std::string deny_list_;
 };
 

@@ -1,5 +1,6 @@
 #include "runtime/node/node.hpp"
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -104,7 +105,8 @@ constexpr int connect_attempts = 4;
 
 caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directory,
                                   std::string own_endpoint, caf::timespan timeout,
-                                  std::shared_ptr<node_gate> gate, caf::actor connector) {
+                                  std::shared_ptr<node_gate> gate, caf::actor connector,
+                                  caf::timespan defer) {
   auto mm = connector ? connector
                       : sys.has_middleman()
                           ? caf::actor_cast<caf::actor>(sys.middleman().actor_handle())
@@ -133,18 +135,47 @@ caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directo
     auto connect = std::make_shared<connect_fn>();
     // The directory of the node at `ep`, connected and (with a gate) admitted both ways, then
     // `then(dir)`; an error goes to `rp`.
-    auto reach = [=](const std::string& ep, const std::string& host, uint16_t port,
-                     caf::typed_response_promise<caf::actor> rp,
-                     std::function<void(caf::actor)> then) mutable {
+    auto dial = [=](const std::string& ep, const std::string& host, uint16_t port,
+                    caf::typed_response_promise<caf::actor> rp,
+                    std::function<void(caf::actor)> then) mutable {
       if (auto i = dirs->find(ep); i != dirs->end()) {
         then(i->second);
         return;
       }
+      // A node that connected here and said hello already gave its directory: use that
+      // connection (a second one between the same two nodes breaks the first one under TLS, see
+      // node_gate::add_endpoint). Both nodes admitted each other in that hello.
+      if (gate)
+        if (auto dir = gate->directory_at(ep)) {
+          self->monitor(dir);
+          (*dirs)[ep] = dir;
+          then(dir);
+          return;
+        }
       if (!mm) {
         rp.deliver(caf::make_error(caf::sec::runtime_error, "no middleman: cannot reach " + ep));
         return;
       }
       (*connect)(ep, host, port, std::move(rp), std::move(then), connect_attempts);
+    };
+    // Dials waiting for the other node's own dial, per endpoint (see `defer`).
+    auto waiting = std::make_shared<std::map<std::string, std::vector<std::function<void()>>>>();
+    auto reach = [=](const std::string& ep, const std::string& host, uint16_t port,
+                     caf::typed_response_promise<caf::actor> rp,
+                     std::function<void(caf::actor)> then) mutable {
+      // Two nodes that dial each other at once end with two BASP connections, which breaks
+      // both under TLS like a redundant one (node_gate::add_endpoint): the larger endpoint
+      // lets the smaller one's dial go first, and uses the connection it brings (the gate wakes
+      // this wait when its hello passed).
+      if (gate && defer.count() > 0 && dirs->count(ep) == 0 && !gate->directory_at(ep)
+          && ep < own_endpoint) {
+        auto& w = (*waiting)[ep];
+        w.push_back([=]() mutable { dial(ep, host, port, rp, then); });
+        if (w.size() == 1)
+          self->delayed_send(self, defer, hello_atom::value, ep);
+        return;
+      }
+      dial(ep, host, port, std::move(rp), std::move(then));
     };
     auto* again = connect.get();
     *connect = [=](const std::string& ep, const std::string& host, uint16_t port,
@@ -191,7 +222,20 @@ caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directo
             rp.deliver(std::move(e));
           });
     };
+    // The gate ends a wait when the awaited node's hello passed.
+    if (gate)
+      gate->set_resolver(caf::actor_cast<caf::actor>(self));
     return {
+      // The wait for `ep` ends: its node's hello passed, or `defer` is over.
+      [=](hello_atom, const std::string& ep) {
+        auto i = waiting->find(ep);
+        if (i == waiting->end())
+          return;
+        auto dials = std::move(i->second);
+        waiting->erase(i);
+        for (auto& d : dials)
+          d();
+      },
       [=](resolve_atom, const std::string& text) mutable -> caf::result<caf::actor> {
         auto addr = peer_address::parse(text);
         if (!addr)
@@ -417,6 +461,7 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
     return fail(fmt::format("cannot listen on {}: {}", opts.listen, why));
   }
   n->port_ = *port;
+  n->gate_->set_own_directory(n->endpoint(), *n->directory_);
   if (opts.data_endpoint && actors::transfer::check_listen_host(n->host_).ok()) {
     actors::transfer::data_channel_options dopts;
     dopts.host = n->host_;
@@ -431,8 +476,13 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
   auto connector =
     n->tls_ ? caf::actor_cast<caf::actor>(n->sys_->openssl_manager().actor_handle())
             : caf::actor{};
+  // Under TLS two connections between two nodes break both (node_gate::add_endpoint): a node
+  // lets a smaller endpoint's dial go first for a while (a TLS handshake and the hello take
+  // ~15 ms on loopback).
+  auto defer = n->tls_ ? std::min<caf::timespan>(n->timeout_ / 5, std::chrono::milliseconds(200))
+                       : caf::timespan{0};
   n->resolver_ = std::make_unique<caf::actor>(spawn_cluster_resolver(
-    *n->sys_, *n->directory_, n->endpoint(), n->timeout_, n->gate_, connector));
+    *n->sys_, *n->directory_, n->endpoint(), n->timeout_, n->gate_, connector, defer));
   return n;
 }
 

@@ -38,10 +38,14 @@ caf::actor spawn_directory(caf::actor_system& sys, std::shared_ptr<node_gate> ga
 /// it has a `gate` (both nodes admit each other; a refusal fails the resolve with its line), asks
 /// that node's directory for the name, and fails with a clear error within `timeout`.
 /// `(join_atom, "host:port") -> actor` connects the same way and returns the node's directory.
+/// With a `gate`, a node that connected here and said hello is reached through that connection
+/// (`node_gate::directory_at`); with `defer` as well (TLS), a node dialing a smaller endpoint
+/// first waits up to `defer` for that node's own dial to arrive, so that two nodes reaching each
+/// other at once open one connection, not two (see `node_gate::add_endpoint`).
 caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directory,
                                   std::string own_endpoint, caf::timespan timeout,
                                   std::shared_ptr<node_gate> gate = nullptr,
-                                  caf::actor connector = {});
+                                  caf::actor connector = {}, caf::timespan defer = {});
 
 /// One node process (or one of several nodes in a test process).
 class node {

@@ -18,7 +18,9 @@
 #include "actors/transfer/transport.hpp"
 #include "messages/atoms.hpp"
 #include "messages/averager.hpp"
+#include "runtime/node/gate.hpp"
 #include "runtime/node/node.hpp"
+#include "tests/support/closed_run.hpp"
 
 using namespace starling;
 using namespace starling::actors::averager;
@@ -42,7 +44,9 @@ struct avg_nodes {
   std::vector<caf::actor> avgs;
   std::vector<std::shared_ptr<actors::transfer::transport>> own;
 
-  avg_nodes(std::vector<link_kind> kinds, kernels::codec_id codec) {
+  /// With `closed`, the nodes belong to that closed run and speak TLS.
+  avg_nodes(std::vector<link_kind> kinds, kernels::codec_id codec,
+            testing::closed_run* closed = nullptr) {
     runtime::caf_options co;
     co.heartbeat_interval = 100ms;
     co.connection_timeout = 2s;
@@ -50,6 +54,10 @@ struct avg_nodes {
     no.listen = "127.0.0.1:0";
     std::string boot;
     for (size_t i = 0; i < kinds.size(); ++i) {
+      if (closed) {
+        no = closed->options("avg" + std::to_string(i), true);
+        no.listen = "127.0.0.1:0";
+      }
       auto nd = runtime::node::start(co, no, "avg" + std::to_string(i));
       REQUIRE_MESSAGE(nd, (nd ? std::string{} : nd.error().what));
       auto& node = **nd;
@@ -212,4 +220,25 @@ TEST_CASE("a client-mode averager (a transport without listener) sends and recei
   }
   CHECK(w.own[0]->connections_opened() == 2);
   CHECK(w.own[0]->port() == 0);
+}
+
+TEST_CASE("averagers on three nodes of a closed run with TLS average over sealed links") {
+  torch::manual_seed(14);
+  std::vector<torch::Tensor> xs;
+  for (int i = 0; i < 3; ++i)
+    xs.push_back(torch::randn({100000}) + i);
+  auto mean = (xs[0] + xs[1] + xs[2]) / 3;
+  testing::closed_run run;
+  avg_nodes w({link_kind::node, link_kind::node, link_kind::node}, kernels::codec_id::none, &run);
+  for (auto& n : w.nodes) {
+    REQUIRE(n->tls());
+    REQUIRE(n->data_endpoint()->link_layer()->sealed());
+  }
+  for (int rep = 0; rep < 2; ++rep) {
+    CAPTURE(rep);
+    auto r = complete_round(w, xs);
+    REQUIRE(r.size() == 3);
+    for (auto& res : r)
+      CHECK((res.tensors[0].tensor - mean).abs().max().item<double>() < 1e-6);
+  }
 }

@@ -152,6 +152,52 @@ TEST_CASE("token holders of a closed run connect over TLS, and a node without th
   CHECK(a->gate()->admission().admitted() == 1);
 }
 
+TEST_CASE("two TLS nodes that resolve each other in turn keep the first connection's handles") {
+  // The second direction must reuse the connection the first one opened: a second BASP
+  // connection between two caf_openssl nodes, closed by CAF as redundant, took the first one's
+  // route down with it (every handle of the other node then failed as unreachable).
+  closed_run run;
+  auto a = run.start("a", true);
+  auto b = run.start("b", true);
+  a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
+  b->register_actor("ping", b->system().spawn(ping_responder, std::string{"b"}));
+  auto [at_a, why_a] = try_resolve(*b, fmt::format("127.0.0.1:{}/ping", a->port()));
+  REQUIRE_MESSAGE(at_a, why_a);
+  CHECK(ping(*b, at_a) == "a");
+  auto [at_b, why_b] = try_resolve(*a, fmt::format("127.0.0.1:{}/ping", b->port()));
+  REQUIRE_MESSAGE(at_b, why_b);
+  CHECK(ping(*a, at_b) == "b");
+  CHECK(ping(*b, at_a) == "a");
+  // One hello per pair: the second direction needed none.
+  CHECK(a->gate()->admission().admitted() == 1);
+  CHECK(b->gate()->admission().admitted() == 1);
+}
+
+TEST_CASE("two TLS nodes that resolve each other at the same moment get working handles") {
+  // Both dial at once: without the larger endpoint waiting for the smaller one's dial, each
+  // opened a connection and requests over either were lost until one timed out.
+  closed_run run;
+  auto a = run.start("a", true);
+  auto b = run.start("b", true);
+  a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
+  b->register_actor("ping", b->system().spawn(ping_responder, std::string{"b"}));
+  caf::scoped_actor from_a{a->system()};
+  caf::scoped_actor from_b{b->system()};
+  auto to_a = from_b->request(b->resolver(), 10s, resolve_atom::value,
+                              fmt::format("127.0.0.1:{}/ping", a->port()));
+  auto to_b = from_a->request(a->resolver(), 10s, resolve_atom::value,
+                              fmt::format("127.0.0.1:{}/ping", b->port()));
+  caf::actor at_a, at_b;
+  to_a.receive([&](const caf::actor& h) { at_a = h; },
+               [&](caf::error& e) { FAIL("b resolving a: " << b->system().render(e)); });
+  to_b.receive([&](const caf::actor& h) { at_b = h; },
+               [&](caf::error& e) { FAIL("a resolving b: " << a->system().render(e)); });
+  CHECK(ping(*a, at_b) == "b");
+  CHECK(ping(*b, at_a) == "a");
+  CHECK(a->gate()->admission().admitted() == 1);
+  CHECK(b->gate()->admission().admitted() == 1);
+}
+
 TEST_CASE("a tensor between two nodes of a closed run takes a sealed direct link") {
   closed_run run;
   auto a = run.start("a", true);
