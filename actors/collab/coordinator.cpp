@@ -331,7 +331,7 @@ void coordinator::decide(seconds now, effects& out) {
     if (phase_ == coordinator_phase::downloading)
       return;
   }
-  if (resync_due_ && contributes()) {
+  if (opts_.resync_by_download && resync_due_ && contributes()) {
     // Stepped alone since the last update; peers at this step that did not hold the
     // collaboration's state: take theirs (see the file comment).
     if (auto donors = consensus_donors(now); !donors.empty()) {
@@ -502,15 +502,27 @@ void coordinator::start_download(const progress_estimate& e, seconds now, effect
 }
 
 std::vector<std::string> coordinator::consensus_donors(seconds now) const {
+  // Peers at this step that took its averaged update (any mode: clients count, but serve no
+  // state), and those that stepped alone too (this one included).
   std::vector<std::string> donors;
+  size_t in_sync = 0, apart = 1;
   for (const auto& h : tracker_.records()) {
     const auto& r = h.record;
-    if (h.presumed || r.client_mode || r.withdrawn || r.resync || r.step != step_ ||
-        now >= h.expires_at)
+    if (h.presumed || r.withdrawn || r.step != step_ || now >= h.expires_at)
       continue;
-    if (donors.size() < opts_.max_donors)
+    if (r.resync) {
+      apart++;
+      continue;
+    }
+    in_sync++;
+    if (!r.client_mode && donors.size() < opts_.max_donors)
       donors.push_back(r.peer);
   }
+  // Only when most of the step stayed together: where many stepped alone (rounds failing all
+  // over), downloads would pause peer after peer while the others wait for them in the next
+  // rounds; a state round brings those back instead.
+  if (in_sync <= apart)
+    donors.clear();
   return donors;
 }
 

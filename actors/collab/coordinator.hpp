@@ -32,8 +32,12 @@
 // round only ever starts after an update).
 // While the resync is due, a read that shows full-mode peers at the peer's own step whose records
 // ask for none (they took that step's averaged update without it: a newcomer whose first round
-// missed the group, a peer whose round alone failed) sends it downloading their state instead:
-// the collaboration's state replaces its own, and no one has to join anything.
+// missed the group, a peer whose round alone failed) sends it downloading their state instead,
+// when they outnumber the peers at that step that ask for a resync (this one included): the
+// collaboration's state replaces its own, and no one has to join anything. Where many stepped
+// alone (rounds failing all over), the state round brings them back together instead: downloads
+// would pause peer after peer while the others wait for them in the next rounds (64 peers with
+// delayed updates: half the throughput).
 //
 // Delayed parameter updates (`delay_updates`): the peer keeps computing while step t's gradient
 // is averaged, so step t + 1's first gradients are computed on parameters one step old; the
@@ -86,6 +90,9 @@ struct coordinator_options {
   /// After a lone step (`step_own`), average parameters and optimizer statistics after the next
   /// update, and join such a resync when a peer at the same step asks for it in its record.
   bool resync_after_lone_step = true;
+  /// With it: a resync is a download from the peers at the step that took the averaged update,
+  /// when they are the most (see the file comment); else always a state round.
+  bool resync_by_download = true;
   /// A gradient round not finished this long after it started is abandoned (a peer that left
   /// mid-round does not make the others wait longer).
   seconds round_timeout = 30;
@@ -392,7 +399,8 @@ private:
   bool others_ask_resync(uint64_t step, seconds now) const;
   void start_download(const progress_estimate& e, seconds now, effects& out);
   /// After a lone step: full-mode peers at the peer's step whose fresh (read, not presumed)
-  /// records do not ask for a resync, i.e. that took the step's averaged update without it.
+  /// records do not ask for a resync, i.e. that took the step's averaged update without it;
+  /// none unless such peers outnumber those at the step that ask for one (this one included).
   std::vector<std::string> consensus_donors(seconds now) const;
   void download_from(uint64_t step, std::vector<std::string> donors, bool resync, seconds now,
                      effects& out);

@@ -116,6 +116,8 @@ collab::coordinator_options core_options(const stage_options& o) {
   c.download_timeout = 4 * seconds_of(o.timeout);
   c.download_retry = seconds_of(o.retry_every);
   c.keep_gradients_on_download = true;
+  c.average_state_every = a.average_state_every;
+  c.resync_after_lone_step = a.resync_after_lone_step;
   return c;
 }
 

@@ -64,6 +64,10 @@ struct averaging_options {
   /// Timeout of one averaging round (matchmaking + round), gradients or state; DHT calls time
   /// out after two progress periods.
   caf::timespan average_timeout = std::chrono::seconds(30);
+  /// Parameters and optimizer state averaged after every this many global steps (0: never).
+  uint64_t average_state_every = 0;
+  /// After a lone step, take the stage's state again (collab::coordinator_options).
+  bool resync_after_lone_step = true;
 };
 
 /// Checkpoints of a stage peer's state on disk (actors/stage/checkpoint.hpp): the stage's learned

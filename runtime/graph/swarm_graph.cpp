@@ -334,6 +334,9 @@ void read_swarm_graph(config_node& n, swarm_graph& out) {
     read_duration(a, "progress_period", out.averaging.progress_period);
     read_duration(a, "matchmaking_window", out.averaging.matchmaking_window);
     read_duration(a, "round_timeout", out.averaging.round_timeout);
+    read(a, "persistent_rounds", out.averaging.persistent_rounds);
+    read_int(a, "average_state_every", out.averaging.average_state_every, 0, INT64_MAX);
+    read(a, "resync_after_lone_step", out.averaging.resync_after_lone_step);
     if (a.has("codec")) {
       auto c = a.child("codec");
       auto id = kernels::parse_codec(c.as_string());

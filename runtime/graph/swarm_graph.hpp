@@ -50,6 +50,15 @@ struct averaging_spec {
   std::chrono::nanoseconds round_timeout = std::chrono::seconds(10);
   /// Codec of the gradient parts between peers.
   kernels::codec_id codec = kernels::codec_id::none;
+  /// A step's averaging group re-forms at once while the last step's members are back (the
+  /// averager's `family_groups`, as `dedloc.persistent_rounds`); off (default, not yet measured
+  /// for stages): every step's group gathers for `matchmaking_window`.
+  bool persistent_rounds = false;
+  /// Parameters and optimizer state are averaged after every this many global steps (0: never).
+  int64_t average_state_every = 0;
+  /// After a peer stepped on its own gradient, it takes the stage's state again (a download
+  /// from peers at its step that did not, or a state round with those that did too).
+  bool resync_after_lone_step = true;
 
   bool enabled() const { return target_batch > 0; }
 };

@@ -188,6 +188,7 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
   c.round_timeout = secs(o.round_timeout);
   c.average_state_every = o.average_state_every;
   c.resync_after_lone_step = o.resync_after_lone_step;
+  c.resync_by_download = o.resync_by_download;
   c.delay_updates = o.delay_updates;
   po.inner_batch = o.inner_batch;
   po.diloco.outer.kind = "sgd";
@@ -589,6 +590,7 @@ void read_dedloc_role(config_node& n, dedloc_role_options& o) {
   read_duration(n, "round_timeout", o.round_timeout);
   read_non_negative(n, "average_state_every", o.average_state_every);
   read(n, "resync_after_lone_step", o.resync_after_lone_step);
+  read(n, "resync_by_download", o.resync_by_download);
   read(n, "persistent_rounds", o.persistent_rounds);
   read(n, "delay_updates", o.delay_updates);
   read_duration(n, "record_lifetime", o.record_lifetime);

@@ -83,6 +83,9 @@ struct dedloc_role_options {
   /// After a peer stepped on its own gradient (a failed round), average parameters and optimizer
   /// state with the peers after its next update (the coordinator's `resync_after_lone_step`).
   bool resync_after_lone_step = true;
+  /// That resync downloads the state of the peers at its step that took the averaged update
+  /// when they are the most (else it is a state round, as it always is without this).
+  bool resync_by_download = true;
   /// Gradient rounds re-form the last step's group at once while its members stay (the
   /// averager's `family_groups`): no matchmaking window per step. Off: every step's group is
   /// formed anew in a matchmaking window.

@@ -251,12 +251,15 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
       std::min(caf::timespan{avg.progress_period}, caf::timespan{avg.matchmaking_window / 4});
     ao.round_timeout = caf::timespan{avg.round_timeout};
     ao.codec = avg.codec;
+    ao.family_groups = avg.persistent_rounds;
     averager = h.spawn_averager("avg-" + so.name, ao);
     so.averaging.averager = averager;
     so.averaging.dht = h.dht();
     so.averaging.prefix = s.prefix;
     so.averaging.target_batch = avg.target_batch;
     so.averaging.progress_period = caf::timespan{avg.progress_period};
+    so.averaging.average_state_every = static_cast<uint64_t>(avg.average_state_every);
+    so.averaging.resync_after_lone_step = avg.resync_after_lone_step;
     so.averaging.average_timeout = caf::timespan{avg.matchmaking_window + ao.join_grace
                                                  + avg.round_timeout + std::chrono::seconds(5)};
   }

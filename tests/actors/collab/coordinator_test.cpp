@@ -477,14 +477,17 @@ TEST_CASE("no sample is counted twice") {
     std::vector<effect> es = c.samples_done(static_cast<uint64_t>(batch(gen)), t);
     if (i % 5 == 0) {
       // "b" at our step: half the time it asks for a resync too (it stepped alone as well),
-      // else a peer that stepped alone downloads b's state.
+      // else it and "c" took the update and a peer that stepped alone downloads their state.
       auto b = peer_at("b", c.step(), 40, 20, t);
       if (outcome(gen) < 2) {
         progress_record r{"b", c.step(), 40, 20, t, false, false};
         r.resync = true;
         b.value = encode_progress(r);
       }
-      auto more = c.progress_read({b}, t);
+      std::vector<progress_entry> read{b};
+      if (b.value == peer_at("b", c.step(), 40, 20, t).value)
+        read.push_back(peer_at("c", c.step(), 40, 20, t)); // two in sync outnumber a lone one
+      auto more = c.progress_read(read, t);
       es.insert(es.end(), more.begin(), more.end());
     }
     for (auto& d : all<download_state>(es)) {
@@ -701,11 +704,19 @@ TEST_CASE("a peer that stepped alone downloads the state of peers at its step th
                        2);
   CHECK_FALSE(has<download_state>(es));
   CHECK(c.phase() == coordinator_phase::accumulating);
-  // "b" took step 0's averaged update: it is at step 1 and asks for nothing.
-  es = c.progress_read({peer_at("b", 1, 10, 5, 3), resync_asked("l", 1, 3)}, 3);
+  // "b" took step 0's averaged update: it is at step 1 and asks for nothing. But as many at
+  // step 1 stepped alone ("l" and this peer): a state round, not a download, brings them back.
+  es = c.progress_read({peer_at("b", 1, 10, 5, 3), peer_at("k", 1, 10, 5, 3, true),
+                        resync_asked("l", 1, 3)},
+                       3);
+  CHECK_FALSE(has<download_state>(es));
+  // "d" too: those that stayed together are the most; the client "k" counts but serves nothing.
+  es = c.progress_read({peer_at("b", 1, 10, 5, 3), peer_at("k", 1, 10, 5, 3, true),
+                        peer_at("d", 1, 10, 5, 3), resync_asked("l", 1, 3)},
+                       3);
   auto d = one<download_state>(es);
   CHECK(d.step == 1);
-  CHECK(d.donors == std::vector<std::string>{"b"});
+  CHECK(d.donors == std::vector<std::string>{"b", "d"});
   CHECK(d.resync);
   CHECK(has<pause_compute>(es));
   CHECK(c.phase() == coordinator_phase::downloading);
@@ -721,6 +732,15 @@ TEST_CASE("a peer that stepped alone downloads the state of peers at its step th
   CHECK_FALSE(has<start_state_round>(c.round_done(r.id, 6)));
   CHECK(c.stats().state_rounds == 0);
   check_accounting(c);
+  // Without resync_by_download the same read brings no download.
+  auto o = options(100);
+  o.resync_by_download = false;
+  auto x = at_first_round(o);
+  r = one<start_round>(x.samples_done(20, 1));
+  CHECK(has<step_own>(x.round_failed(r.id, 2)));
+  CHECK_FALSE(has<download_state>(
+    x.progress_read({peer_at("b", 1, 10, 5, 3), peer_at("d", 1, 10, 5, 3)}, 3)));
+  CHECK(x.resync_due());
 }
 
 TEST_CASE("with resync after a lone step off, a lone step brings no state round") {

@@ -156,6 +156,8 @@ TEST_CASE("dedloc.resync_after_lone_step is true by default, false on request, a
   CHECK_FALSE(role("  persistent_rounds: false\n").persistent_rounds);
   CHECK(role("  persistent_rounds: true\n").persistent_rounds);
   CHECK(has(section_error("  persistent_rounds: 2\n"), "persistent_rounds"));
+  CHECK(role("").resync_by_download); // the default
+  CHECK_FALSE(role("  resync_by_download: false\n").resync_by_download);
 }
 
 TEST_CASE("dedloc.delay_updates is off by default and belongs to algorithm dedloc") {

@@ -210,3 +210,26 @@ TEST_CASE("swarm.backward_first is off by default, on by request, and strict") {
   auto e = read_error(base + "  backward_first: often\n", c);
   CHECK(e.find("backward_first") != std::string::npos);
 }
+
+TEST_CASE("swarm.averaging takes persistent_rounds, average_state_every and resync_after_lone_step") {
+  const std::string base = "swarm:\n  stages: [{peers: [1.0]}, {peers: [1.0]}]\n  target_batch: 64\n";
+  swarm_graph a;
+  CHECK(read_error(base, a).empty());
+  CHECK_FALSE(a.averaging.persistent_rounds);
+  CHECK(a.averaging.average_state_every == 0);
+  CHECK(a.averaging.resync_after_lone_step);
+  swarm_graph b;
+  CHECK(read_error(base + "  averaging: {persistent_rounds: true, average_state_every: 10, "
+                          "resync_after_lone_step: false}\n",
+                   b)
+          .empty());
+  CHECK(b.averaging.persistent_rounds);
+  CHECK(b.averaging.average_state_every == 10);
+  CHECK_FALSE(b.averaging.resync_after_lone_step);
+  swarm_graph c;
+  CHECK(read_error(base + "  averaging: {average_state_every: -1}\n", c)
+          .find("average_state_every") != std::string::npos);
+  swarm_graph d;
+  CHECK(read_error(base + "  averaging: {persistent_round: true}\n", d).find("unknown key") !=
+        std::string::npos);
+}
