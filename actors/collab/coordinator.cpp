@@ -142,13 +142,15 @@ std::vector<effect> coordinator::progress_read_failed(seconds now) {
   return out;
 }
 
-std::vector<effect> coordinator::round_done(uint64_t id, seconds now) {
+std::vector<effect> coordinator::round_done(uint64_t id, seconds now, size_t group) {
   effects out;
   if (phase_ != coordinator_phase::averaging || id != op_id_) {
     stats_.stale_answers++;
     return out;
   }
+  round_group_ = group;
   finish_round(round_end::averaged, now, out);
+  round_group_ = 0;
   advance(now, out);
   return out;
 }
@@ -409,7 +411,7 @@ void coordinator::finish_round(round_end how, seconds now, effects& out) {
   round_samples_ = 0;
   phase_ = coordinator_phase::accumulating;
   resume(now, out);
-  if (how == round_end::averaged && has_view_) {
+  if (how == round_end::averaged && has_view_ && whole_step_averaged(now)) {
     // The peers of the last read at that step averaged with this one and stepped with it: their
     // progress towards the new step is predicted from now on at their rates, so the next round
     // starts on time even though the read asked below still returns their old records (steps
@@ -499,6 +501,16 @@ void coordinator::start_download(const progress_estimate& e, seconds now, effect
   if (donors.empty())
     return; // only clients are ahead: keep going; a donor shows up at a later read
   download_from(step, std::move(donors), false, now, out);
+}
+
+bool coordinator::whole_step_averaged(seconds now) const {
+  if (round_group_ == 0)
+    return true; // the owner does not say: presume as before
+  size_t at_step = 1; // this peer
+  for (const auto& h : tracker_.records())
+    if (!h.record.withdrawn && h.record.step == round_step_ && now < h.expires_at)
+      at_step++;
+  return round_group_ >= at_step;
 }
 
 std::vector<std::string> coordinator::consensus_donors(seconds now) const {

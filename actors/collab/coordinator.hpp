@@ -334,7 +334,10 @@ public:
   std::vector<effect> progress_read_failed(seconds now);
 
   /// Round `id` produced an averaged gradient (complete or partial).
-  std::vector<effect> round_done(uint64_t id, seconds now);
+  /// `group`: the round's group size when the owner knows it (0: unknown). A group smaller
+  /// than the peers of the last read at that step means the others did not take this step:
+  /// they are not presumed at the next one.
+  std::vector<effect> round_done(uint64_t id, seconds now, size_t group = 0);
 
   /// Round `id` failed (no partner, an error, the averager's own timeout).
   std::vector<effect> round_failed(uint64_t id, seconds now);
@@ -402,6 +405,9 @@ private:
   /// records do not ask for a resync, i.e. that took the step's averaged update without it;
   /// none unless such peers outnumber those at the step that ask for one (this one included).
   std::vector<std::string> consensus_donors(seconds now) const;
+  /// The round that just ended had a group as large as the peers of the last read at its step
+  /// (or the owner gave no group size).
+  bool whole_step_averaged(seconds now) const;
   void download_from(uint64_t step, std::vector<std::string> donors, bool resync, seconds now,
                      effects& out);
   void end_download(bool ok, uint64_t loaded_step, seconds now, effects& out);
@@ -434,6 +440,8 @@ private:
   uint64_t op_id_ = 0;
   seconds op_deadline_ = 0;
   uint64_t round_step_ = 0;
+  /// The group size of the round that just ended (0: unknown).
+  size_t round_group_ = 0;
   uint64_t round_samples_ = 0;
   seconds last_wake_ = -std::numeric_limits<double>::infinity();
   // When samples were last reported (or the core started): `idle_after`.

@@ -342,11 +342,11 @@ void start_dedloc_round(peer_actor* self, const collab::start_round& r) {
             && (rep.outcome == messages::round_outcome::complete
                 || rep.outcome == messages::round_outcome::partial)) {
           // An auxiliary peer reduced for the others and applies nothing: its step is done.
-          carry(self, st.core->round_done(id, now_s(self)));
+          carry(self, st.core->round_done(id, now_s(self), rep.members.size()));
         } else if (any && !res.tensors.empty() && res.tensors[0].ok()
             && res.tensors[0].tensor.defined()) {
           st.averaged[id] = res.tensors[0].tensor.reshape({-1});
-          carry(self, st.core->round_done(id, now_s(self)));
+          carry(self, st.core->round_done(id, now_s(self), rep.members.size()));
         } else {
           carry(self, st.core->round_failed(id, now_s(self)));
         }
@@ -403,7 +403,7 @@ void finish_reduction(peer_actor* self, const std::string& round) {
   t->second.wire = *w;
   t->second.group = static_cast<double>(rr.expected);
   t->second.contributors = static_cast<double>(rr.added);
-  carry(self, s.core->round_done(rr.round_id, now_s(self)));
+  carry(self, s.core->round_done(rr.round_id, now_s(self), rr.expected));
 }
 
 void add_contribution(peer_actor* self, const std::string& round,
@@ -510,7 +510,7 @@ void diloco_gathered(peer_actor* self, uint64_t id, uint64_t step,
             it->second.wire = std::move(w);
             it->second.group = static_cast<double>(contributors);
             it->second.contributors = static_cast<double>(contributors);
-            carry(self, st.core->round_done(id, now_s(self)));
+            carry(self, st.core->round_done(id, now_s(self), contributors));
           },
           [=](caf::error&) {
             forget_handle(self, reducer);

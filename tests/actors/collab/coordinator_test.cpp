@@ -462,6 +462,25 @@ TEST_CASE("after an averaged step the peers of the round are presumed at the new
   check_accounting(c);
 }
 
+TEST_CASE("a round whose group was smaller than the step's peers presumes nobody") {
+  // 64 peers once: two of them finished a round of their own and presumed the other 62 at the
+  // next step with their rates, so the pair's estimate reached the target at once and the two
+  // took step after step on a microbatch each while the others fell behind.
+  auto run = [](size_t group) {
+    coordinator c("a", options(100));
+    c.start(0);
+    c.samples_done(10, 1);
+    auto r = one<start_round>(
+      c.progress_read({peer_at("b", 0, 50, 30, 1), peer_at("c", 0, 40, 60, 1)}, 1));
+    c.round_done(r.id, 3, group);
+    REQUIRE(c.step() == 1);
+    return c.estimate(3).peers;
+  };
+  CHECK(run(0) == 3); // the owner gave no size: presumed as before
+  CHECK(run(3) == 3); // the whole step averaged
+  CHECK(run(2) == 1); // only a pair: nobody presumed, the next read decides
+}
+
 TEST_CASE("no sample is counted twice") {
   auto o = options(100);
   o.delay_updates = true;

@@ -30,6 +30,16 @@ std::string section_error(const std::string& body) {
   }
 }
 
+/// The `dedloc.peer` options of a 2-peer dedloc section with `body`.
+dedloc_role_options role(const std::string& body) {
+  auto cfg = read_experiment(
+      load_yaml_string("experiment: {name: x, kind: dedloc}\ndedloc:\n  peers: 2\n" + body,
+                       "x.yaml"),
+      builtin_registry(), {});
+  REQUIRE(cfg.graph.find("peers"));
+  return std::any_cast<const dedloc_role_options&>(cfg.graph.find("peers")->options);
+}
+
 bool has(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
@@ -137,14 +147,6 @@ TEST_CASE("bad dedloc options are rejected with the key named") {
 }
 
 TEST_CASE("dedloc.resync_after_lone_step is true by default, false on request, and strict") {
-  auto role = [](const std::string& body) {
-    auto cfg = read_experiment(
-        load_yaml_string("experiment: {name: x, kind: dedloc}\ndedloc:\n  peers: 2\n" + body,
-                         "x.yaml"),
-        builtin_registry(), {});
-    REQUIRE(cfg.graph.find("peers"));
-    return std::any_cast<const dedloc_role_options&>(cfg.graph.find("peers")->options);
-  };
   CHECK(role("").resync_after_lone_step);
   CHECK(role("  resync_after_lone_step: true\n").resync_after_lone_step);
   CHECK_FALSE(role("  resync_after_lone_step: false\n").resync_after_lone_step);
@@ -161,14 +163,6 @@ TEST_CASE("dedloc.resync_after_lone_step is true by default, false on request, a
 }
 
 TEST_CASE("dedloc.delay_updates is off by default and belongs to algorithm dedloc") {
-  auto role = [](const std::string& body) {
-    auto cfg = read_experiment(
-        load_yaml_string("experiment: {name: x, kind: dedloc}\ndedloc:\n  peers: 2\n" + body,
-                         "x.yaml"),
-        builtin_registry(), {});
-    REQUIRE(cfg.graph.find("peers"));
-    return std::any_cast<const dedloc_role_options&>(cfg.graph.find("peers")->options);
-  };
   CHECK_FALSE(role("").delay_updates);
   CHECK(role("  delay_updates: true\n").delay_updates);
   CHECK(has(section_error("  delay_updates: later\n"), "delay_updates"));
