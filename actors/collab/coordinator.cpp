@@ -9,6 +9,11 @@ namespace starling::actors::collab {
 
 namespace {
 
+/// A held record at `step` that has not expired at `now` (the tracker holds no tombstones).
+bool live_at(const held_record& h, uint64_t step, seconds now) {
+  return h.record.step == step && now < h.expires_at;
+}
+
 /// An ETA this close to zero counts as reached: the extrapolation at the predicted instant can
 /// fall a rounding error short of the target.
 constexpr seconds eta_tolerance = 1e-6;
@@ -458,7 +463,7 @@ void coordinator::start_state_round_now(bool resync, seconds now, effects& out) 
 bool coordinator::others_ask_resync(uint64_t step, seconds now) const {
   const auto& rs = tracker_.records();
   return std::any_of(rs.begin(), rs.end(), [&](const held_record& h) {
-    return h.record.resync && h.record.step == step && now < h.expires_at;
+    return h.record.resync && live_at(h, step, now);
   });
 }
 
@@ -508,7 +513,7 @@ bool coordinator::whole_step_averaged(seconds now) const {
     return true; // the owner does not say: presume as before
   size_t at_step = 1; // this peer
   for (const auto& h : tracker_.records())
-    if (!h.record.withdrawn && h.record.step == round_step_ && now < h.expires_at)
+    if (live_at(h, round_step_, now))
       at_step++;
   return round_group_ >= at_step;
 }
@@ -520,7 +525,7 @@ std::vector<std::string> coordinator::consensus_donors(seconds now) const {
   size_t in_sync = 0, apart = 1;
   for (const auto& h : tracker_.records()) {
     const auto& r = h.record;
-    if (h.presumed || r.withdrawn || r.step != step_ || now >= h.expires_at)
+    if (h.presumed || !live_at(h, step_, now))
       continue;
     if (r.resync) {
       apart++;

@@ -559,17 +559,22 @@ void download_whole(peer_actor* self, uint64_t id, uint64_t min_step,
                     std::shared_ptr<std::vector<std::string>> donors, size_t next,
                     size_t parts_donors);
 
+/// The `dp_download` metric of download `id`, which ends here.
+void report_download(peer_actor* self, uint64_t id, uint64_t step, size_t donors, bool ok) {
+  metric(self, "dp_download",
+         {{"step", static_cast<double>(step)},
+          {"donors", static_cast<double>(donors)},
+          {"ok", ok ? 1.0 : 0.0},
+          {"resync", self->state.resync_downloads.erase(id) > 0 ? 1.0 : 0.0}});
+}
+
 void finish_download(peer_actor* self, uint64_t id, const messages::stage_state& st,
                      size_t donors) {
   auto& s = self->state;
   if (!s.core || s.abandoned.count(id) > 0)
     return;
   auto ok = s.model->import_state(st);
-  metric(self, "dp_download",
-         {{"step", static_cast<double>(st.steps)},
-          {"donors", static_cast<double>(donors)},
-          {"ok", ok ? 1.0 : 0.0},
-          {"resync", s.resync_downloads.erase(id) > 0 ? 1.0 : 0.0}});
+  report_download(self, id, st.steps, donors, ok.ok());
   if (!ok) {
     carry(self, s.core->download_failed(id, now_s(self)));
     return;
@@ -590,11 +595,7 @@ void download_whole(peer_actor* self, uint64_t id, uint64_t min_step,
   if (!s.core || s.abandoned.count(id) > 0)
     return;
   if (next >= donors->size()) {
-    metric(self, "dp_download",
-           {{"step", 0.0},
-            {"donors", static_cast<double>(parts_donors)},
-            {"ok", 0.0},
-            {"resync", s.resync_downloads.erase(id) > 0 ? 1.0 : 0.0}});
+    report_download(self, id, 0, parts_donors, false);
     carry(self, s.core->download_failed(id, now_s(self)));
     return;
   }
