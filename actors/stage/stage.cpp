@@ -974,7 +974,8 @@ void stage_peer::report_load() {
 // -- local stepping -----------------------------------------------------------------------------
 
 void stage_peer::gossip() {
-  self_->request(board_, opts_.timeout, get_atom::value, opts_.stage)
+  auto board = opts_.gossip_board ? opts_.gossip_board : board_;
+  self_->request(board, opts_.timeout, get_atom::value, opts_.stage)
     .then(
       [this](const std::vector<std::string>&, const std::vector<caf::actor>& peers) {
         std::vector<caf::actor> others;
@@ -984,7 +985,9 @@ void stage_peer::gossip() {
         if (others.empty())
           return;
         std::uniform_int_distribution<size_t> pick{0, others.size() - 1};
-        self_->request(others[pick(rng_)], opts_.timeout, get_atom::value, state_atom::value)
+        auto& partner = others[pick(rng_)];
+        self_->request(opts_.view ? opts_.view(partner) : partner, opts_.timeout,
+                       get_atom::value, state_atom::value)
           .then([this](const stage_state& s) { average_with(s); }, [](caf::error&) {});
       },
       [](caf::error&) {});

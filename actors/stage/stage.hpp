@@ -158,6 +158,12 @@ struct stage_options {
   caf::timespan commit_timeout = std::chrono::seconds(30);
   /// Seed of gossip partner choices and of the cost model's noise.
   uint64_t seed = 0;
+  /// Where gossip lists the stage's peers (unset: the board the peer was spawned with), and
+  /// what turns a listed handle into one this peer can message (unset: the handle itself). The
+  /// simulation lists raw handles here and views only the partner drawn: each view is a link
+  /// proxy, and a gossip exchange in a 1250-peer stage made 1249 of them to use one.
+  caf::actor gossip_board;
+  std::function<caf::actor(const caf::actor&)> view;
   /// Collaborative stepping (off when `averaging.averager` is unset: local steps + gossip).
   averaging_options averaging;
   /// Checkpoints on disk, and where a peer without a live donor resumes from.

@@ -363,6 +363,8 @@ int command_run(const experiment_graph& g, const role_registry& registry, run_mo
   if (mode == run_mode::sim)
     fmt::print("  {:<34} {:016x} ({} events; {:.1f} s simulated in {:.1f} s wall)\n",
                "trace digest", r.trace_digest, r.trace_events, r.run_s, r.wall_s);
+  if (mode == run_mode::sim)
+    fmt::print("  {:<34} {}\n", "link proxies made", r.proxies_made);
   std::fflush(stdout);
   return r.exit_code;
 }

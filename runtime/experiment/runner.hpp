@@ -29,6 +29,8 @@ struct run_result {
   double wall_s = 0;
   /// Events in the simulation trace.
   size_t trace_events = 0;
+  /// Simulation only: link proxies spawned (handles of one node's actors as seen from another).
+  uint64_t proxies_made = 0;
   bool timed_out = false;
 };
 

@@ -292,6 +292,7 @@ run_result run_sim(const experiment_graph& g, const role_registry& registry, con
   res.exit_code = hub.finish(fin);
   res.trace_digest = w.trace_digest();
   res.trace_events = w.trace().size();
+  res.proxies_made = w.proxies_made();
   if (s.write_trace && !s.out_dir.empty())
     w.write_trace_jsonl(s.out_dir + "/trace.jsonl");
   for (auto& [name, a] : shared)

@@ -82,8 +82,9 @@ std::shared_ptr<const kernels::data_source> data_for(data_cache& cache,
 }
 
 /// The simulation's shared board as seen from one node: announcements and reports go to it;
-/// peer lists come back with handles as seen from this node (link proxies).
-caf::behavior board_view(caf::event_based_actor* self, host* h, caf::actor board) {
+/// peer lists come back with handles as seen from this node (link proxies), or, when `raw`, as
+/// they are, for a user that views only the handles it messages (stage gossip).
+caf::behavior board_view(caf::event_based_actor* self, host* h, caf::actor board, bool raw) {
   return {
     [=](put_atom, uint64_t stage, const std::string& name, const caf::actor& peer) {
       self->send(board, put_atom::value, stage, name, peer);
@@ -97,14 +98,28 @@ caf::behavior board_view(caf::event_based_actor* self, host* h, caf::actor board
       self->request(board, caf::infinite, get_atom::value, stage)
         .then(
           [=](std::vector<std::string>& names, std::vector<caf::actor>& handles) mutable {
-            for (auto& x : handles)
-              x = h->view(x);
+            if (!raw)
+              for (auto& x : handles)
+                x = h->view(x);
             rp.deliver(std::move(names), std::move(handles));
           },
           [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
       return rp;
     },
   };
+}
+
+/// The simulation's one board, shared by every node.
+caf::actor shared_board(host& h, const swarm_setup& s) {
+  auto stages = s.graph.stages.size();
+  return h.shared_service("swarm.board",
+                          [&h, stages] { return actors::stage::spawn_board(h.system(), stages); });
+}
+
+caf::actor raw_board_view(host& h, const swarm_setup& s) {
+  auto shared = shared_board(h, s);
+  return h.service("swarm.board_raw_view",
+                   [shared](host& x) { return x.system().spawn(board_view, &x, shared, true); });
 }
 
 /// Turns a trainer's reports into metrics for its node's sink.
@@ -262,6 +277,11 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
     so.averaging.resync_after_lone_step = avg.resync_after_lone_step;
     so.averaging.average_timeout = caf::timespan{avg.matchmaking_window + ao.join_grace
                                                  + avg.round_timeout + std::chrono::seconds(5)};
+  }
+  if (h.mode() == run_mode::sim) {
+    // Gossip lists raw handles and views the one partner it draws (stage_options::view).
+    so.gossip_board = raw_board_view(h, s);
+    so.view = [hp = &h](const caf::actor& a) { return hp->view(a); };
   }
   auto peer = actors::stage::spawn_stage(h.system(), so, swarm_board(h, s));
   // The DHT board announces the peer as `<endpoint>/<its name>`: trainers resolve that name.
@@ -639,11 +659,10 @@ std::vector<double> lognormal_speeds(size_t count, double sigma, uint64_t seed) 
 caf::actor swarm_board(host& h, const swarm_setup& s) {
   auto stages = s.graph.stages.size();
   if (h.mode() == run_mode::sim) {
-    auto shared = h.shared_service("swarm.board", [&h, stages] {
-      return actors::stage::spawn_board(h.system(), stages);
+    auto shared = shared_board(h, s);
+    return h.service("swarm.board_view", [shared](host& x) {
+      return x.system().spawn(board_view, &x, shared, false);
     });
-    return h.service("swarm.board_view",
-                     [shared](host& x) { return x.system().spawn(board_view, &x, shared); });
   }
   auto prefix = s.prefix;
   return h.service("swarm.board", [prefix, stages](host& x) {

@@ -574,6 +574,7 @@ caf::actor world::proxy(int from, const caf::actor& target, bool greet) {
   if (auto i = proxies_.find(key); i != proxies_.end())
     return i->second;
   auto p = sys_->spawn<link_proxy>(this, from, to, target);
+  ++proxies_made_;
   track(from, p);
   proxies_.emplace(key, p);
   return p;

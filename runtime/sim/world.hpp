@@ -171,6 +171,8 @@ public:
   void write_trace_jsonl(const std::string& path) const;
   /// A hash of the whole trace, to compare runs cheaply.
   uint64_t trace_digest() const;
+  /// Link proxies spawned so far (each a handle of one node's actor as seen from another).
+  uint64_t proxies_made() const { return proxies_made_; }
 
   // -- used by link proxies and resolvers ---------------------------------------------------
 
@@ -230,6 +232,7 @@ private:
   /// Node of each tracked actor, indexed by actor id (CAF numbers actors 1, 2, ...; -1: none).
   std::vector<int> actor_node_;
   std::unordered_map<std::pair<int, caf::actor_id>, caf::actor, proxy_key_hash> proxies_;
+  uint64_t proxies_made_ = 0;
   std::multimap<int64_t, std::pair<std::string, std::function<void()>>> pending_;
   std::vector<trace_event> trace_;
   caf::actor_clock::time_point start_;

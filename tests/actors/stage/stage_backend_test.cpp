@@ -3,6 +3,7 @@
 // downloading its state in a simulated swarm.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
@@ -324,4 +325,55 @@ TEST_CASE("modeled state bytes travel as that many bytes and decode back to thei
   stage_state cut;
   caf::binary_deserializer short_source{sys, buf};
   CHECK(static_cast<bool>(short_source(cut)));
+}
+
+TEST_CASE("gossip views only the partner it draws: one handle per exchange, never the peer itself") {
+  runtime::sim::world_options wo;
+  wo.seed = 5;
+  runtime::sim::world w{wo};
+  for (int i = 0; i < 4; ++i)
+    w.add_node("n" + std::to_string(i));
+  auto& sys = w.system();
+  auto board = actors::stage::spawn_board(sys, 1);
+  // Per peer (nodes 1-3): the handles its gossip asked to view.
+  auto viewed = std::make_shared<std::vector<std::vector<caf::actor_addr>>>(4);
+  std::vector<caf::actor> peers(4);
+  for (int i = 1; i <= 3; ++i) {
+    auto o = stage_opts(0, 0, 2, "s0" + std::string(1, static_cast<char>('a' + i)));
+    o.local_batch = 4; // a step, and so a gossip exchange, after every microbatch
+    o.gossip_board = board;
+    o.view = [&w, i, viewed](const caf::actor& a) {
+      (*viewed)[static_cast<size_t>(i)].push_back(a.address());
+      return w.proxy(i, a);
+    };
+    peers[static_cast<size_t>(i)] = actors::stage::spawn_stage(sys, o, board);
+    w.node(i).adopt(o.name, peers[static_cast<size_t>(i)]);
+  }
+  auto t = std::make_shared<tally>();
+  auto& n0 = w.node(0);
+  auto sink = n0.spawn("sink", counting_sink, t);
+  n0.adopt("trainer", actors::trainer::spawn_trainer(sys, testing::tiny_trainer(1, 30, 2, 10s),
+                                                     small_corpus(), board, sink));
+  REQUIRE(w.run_until([&] { return t->stops == 1; }, 600s));
+  w.run_for(5s); // the last exchanges' replies
+  uint64_t steps = 0;
+  size_t views = 0;
+  for (int i = 1; i <= 3; ++i) {
+    auto st = ask<std::vector<uint64_t>>(w, w.node(i), peers[static_cast<size_t>(i)],
+                                         status_atom::value);
+    REQUIRE(st);
+    steps += (*st)[0];
+    for (auto& a : (*viewed)[static_cast<size_t>(i)]) {
+      CHECK(a != peers[static_cast<size_t>(i)].address());
+      CHECK(std::find_if(peers.begin(), peers.end(),
+                         [&](const caf::actor& p) { return p && p.address() == a; })
+            != peers.end());
+    }
+    views += (*viewed)[static_cast<size_t>(i)].size();
+  }
+  MESSAGE("steps " << steps << ", handles viewed " << views << ", proxies " << w.proxies_made());
+  CHECK(steps >= 30 / 3); // every microbatch is a step at the peer that took it ...
+  CHECK(views == steps);  // ... each step one exchange, each exchange one view of 3 listed
+  // Proxies only for partners drawn: at most one per (peer, other peer) pair.
+  CHECK(w.proxies_made() <= 3 * 2);
 }
