@@ -5,7 +5,8 @@
 // Model. In a butterfly round of n members over N elements each member sends and receives about
 // m = 2 (n - 1) / n · N elements (contributions, then results). With codec c (b_c bytes and k_c
 // CPU seconds per element for encoding plus decoding, measured on this member's data) over links
-// of throughput B (bytes per second, measured by the transport while it writes), the round takes
+// of throughput B (bytes per second: the bytes a member wrote over its last rounds' durations, a
+// lower bound that errs toward compressing; see `observe`), the round takes
 // about T(c) = max(m · b_c / B, m · k_c): the links' threads encode and decode while others
 // write, so whichever is slower bounds the round.
 //
@@ -25,6 +26,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -71,7 +73,7 @@ public:
   void set_profile(const codec_profile& p);
   /// True once every candidate has a profile.
   bool profiled() const;
-  /// A throughput measurement: `bytes` written to peers in `seconds` of writing (ignored when
+  /// A throughput measurement: `bytes` written to peers in a round of `seconds` (ignored when
   /// either is not positive).
   void observe(double bytes, double seconds);
   /// The current throughput estimate in bytes per second, if any was measured.
@@ -83,6 +85,9 @@ public:
   double estimated_seconds(kernels::codec_id codec, int64_t elements, size_t members) const;
   /// The codec for a round over `elements` with `members` (none before profiling).
   kernels::codec_id choose(int64_t elements, size_t members) const;
+  /// What the choice saw, for reports: each candidate's estimated seconds (CPU, network) and
+  /// error, and the links' throughput.
+  std::string describe(int64_t elements, size_t members) const;
 
 private:
   codec_choice_options opts_;
