@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
+#include <functional>
 #include <limits>
 #include <map>
 #include <random>
@@ -63,6 +65,10 @@ struct trainer_state {
   bool stopped = false;
   /// Microbatches have started (the first refresh had its chance to land).
   bool running = false;
+  /// Admission at the entry (`entry_backlog_s`): one first forward probes at a time, so that
+  /// each sees the queues the ones before it joined; the others wait here in order.
+  bool entry_probing = false;
+  std::deque<std::function<void()>> entry_waiting;
 };
 
 using self_ptr = caf::stateful_actor<trainer_state>*;
@@ -105,8 +111,13 @@ void with_peer(self_ptr self, uint64_t stage, pass dir, double samples,
 /// probes travel so that concurrent hops spread out; the one that would finish the hop first
 /// (queued seconds plus this hop's expected seconds) keeps its charge, the other is refunded.
 void probe_and_go(self_ptr self, uint64_t stage, pass dir, double samples,
-                  std::function<void(std::string, caf::actor, double)> go) {
+                  std::function<void(std::string, caf::actor, double)> go,
+                  std::function<void()> decided = {}) {
   auto& st = self->state;
+  auto done = [decided] {
+    if (decided)
+      decided();
+  };
   std::vector<std::string> names;
   for (;;) {
     names = st.wiring->sample(stage, now_s(self), 2);
@@ -118,12 +129,14 @@ void probe_and_go(self_ptr self, uint64_t stage, pass dir, double samples,
     st.wiring->remove_peer(stage, *missing);
   }
   if (names.empty()) {
+    done();
     later(self, st.opts.refresh_every, [=] { with_peer(self, stage, dir, samples, go); });
     return;
   }
   for (auto& n : names)
     st.wiring->charge(stage, n, dir, samples);
   if (names.size() == 1) {
+    done();
     go(names[0], st.peers[stage].at(names[0]), 0.0);
     return;
   }
@@ -147,12 +160,22 @@ void probe_and_go(self_ptr self, uint64_t stage, pass dir, double samples,
         st.wiring->refund(stage, round->names[i], dir, samples);
     auto& chosen = round->names[best];
     auto h = st.peers[stage].find(chosen);
+    done();
     if (h == st.peers[stage].end()) {
       st.wiring->refund(stage, chosen, dir, samples);
       with_peer(self, stage, dir, samples, go); // it left while we probed
       return;
     }
     auto ahead = round->backlog[best];
+    auto limit = st.opts.entry_backlog_s;
+    if (decided && limit > 0 && std::isfinite(ahead) && ahead > limit) {
+      // Admission at the pipeline's entry: the microbatch waits here, not in that queue.
+      st.wiring->refund(stage, chosen, dir, samples);
+      auto wait = std::clamp(ahead - limit, 1.0, 10.0);
+      later(self, std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(wait)),
+            [=] { with_peer(self, stage, dir, samples, go); });
+      return;
+    }
     go(chosen, h->second, std::isfinite(ahead) ? ahead : 0.0);
   };
   for (size_t i = 0; i < names.size(); ++i) {
@@ -194,6 +217,23 @@ void with_peer(self_ptr self, uint64_t stage, pass dir, double samples,
       return;
     }
     later(self, st.opts.refresh_every, [=] { with_peer(self, stage, dir, samples, go); });
+    return;
+  }
+  if (st.opts.probe && stage == 0 && dir == pass::forward && st.opts.entry_backlog_s > 0) {
+    if (st.entry_probing) {
+      st.entry_waiting.emplace_back([=] { with_peer(self, stage, dir, samples, go); });
+      return;
+    }
+    st.entry_probing = true;
+    probe_and_go(self, stage, dir, samples, std::move(go), [self] {
+      auto& st = self->state;
+      st.entry_probing = false;
+      if (!st.entry_waiting.empty()) {
+        auto next = std::move(st.entry_waiting.front());
+        st.entry_waiting.pop_front();
+        later(self, caf::timespan{0}, std::move(next));
+      }
+    });
     return;
   }
   if (st.opts.probe) {

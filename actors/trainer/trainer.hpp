@@ -65,6 +65,11 @@ struct trainer_options {
   /// probe without answer within `probe_timeout` counts as an infinitely long queue.
   bool probe = false;
   caf::timespan probe_timeout = std::chrono::seconds(2);
+  /// With probes: a microbatch's first forward waits at the trainer (and probes again after at
+  /// most 10 s) while the stage-0 peer it would go to has more than this many seconds of work
+  /// queued; 0 = never. When every window opens at once, each stage-0 peer otherwise queues
+  /// minutes of forwards, and every backward through it waits behind them.
+  double entry_backlog_s = 0;
   /// A hop without answer by then is retried elsewhere.
   caf::timespan hop_timeout = std::chrono::seconds(10);
   /// A peer that failed is not picked again for this long.

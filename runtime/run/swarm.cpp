@@ -381,6 +381,7 @@ caf::actor spawn_trainer(role_context& ctx, const swarm_role_options& o,
     to.refresh_every = span(sim.refresh_every);
     to.exclude_for = span(sim.refresh_every);
     to.probe = sim.probe && sim.routing == swarm_routing::stochastic;
+    to.entry_backlog_s = std::chrono::duration<double>(sim.entry_backlog).count();
     using actors::trainer::routing_kind;
     to.routing = sim.routing == swarm_routing::uniform ? routing_kind::uniform
                  : sim.routing == swarm_routing::fixed ? routing_kind::fixed
@@ -483,6 +484,7 @@ void read_sim_options(config_node& n, swarm_sim_options& s) {
   read_real(n, "inflight_per_peer", s.inflight_per_peer, 0.0, 1000.0);
   read_int(n, "inflight_cap", s.inflight_cap, 1, 1 << 20);
   read(n, "probe", s.probe);
+  read_duration(n, "entry_backlog", s.entry_backlog);
   read_duration(n, "report_every", s.report_every);
   read_duration(n, "refresh_every", s.refresh_every);
   read_duration(n, "warmup", s.warmup);

@@ -265,3 +265,64 @@ TEST_CASE("real stage peers report their measured throughput to the board") {
   CHECK(l->mine > 0);
   CHECK(l->mine == doctest::Approx(l->throughput[1]));
 }
+
+namespace {
+
+/// The largest work queued (seconds, as probes answer) at either of two equal cost-model peers
+/// of a one-stage swarm while one trainer runs 40 microbatches with all 40 in flight at once,
+/// read every 250 ms; `entry_backlog_s` as in trainer_options.
+double largest_backlog(double entry_backlog_s) {
+  testing::board_world bw{6, 1};
+  auto& w = bw.w;
+  auto& n = bw.n;
+  auto& sys = w.system();
+  std::vector<caf::actor> peers;
+  for (std::string name : {"s0a", "s0b"}) {
+    auto o = stage_opts(0, 0, 2, name);
+    o.backend = actors::stage::compute_backend::cost_model;
+    o.cost_model.forward_s = 0.1; // a 4-sample forward takes 0.4 s, its backward 0.8 s
+    o.cost_model.backward_factor = 2;
+    peers.push_back(actors::stage::spawn_stage(sys, o, bw.board));
+    n.adopt(name, peers.back());
+  }
+  w.run();
+  auto largest = std::make_shared<double>(0);
+  n.spawn("watch", [peers, largest](caf::event_based_actor* self) -> caf::behavior {
+    self->send(self, 0);
+    return {[=](int) {
+      for (auto& p : peers)
+        self->request(p, caf::timespan{1s}, probe_atom::value)
+          .then([=](double backlog) { *largest = std::max(*largest, backlog); },
+                [](caf::error&) {});
+      self->delayed_send(self, 250ms, 0);
+    }};
+  });
+  auto t = std::make_shared<tally>();
+  auto sink = n.spawn("sink", counting_sink, t);
+  auto to = testing::tiny_trainer(1, 40, 40, caf::timespan{120s});
+  to.probe = true;
+  to.seed = 3;
+  to.entry_backlog_s = entry_backlog_s;
+  n.adopt("trainer", actors::trainer::spawn_trainer(sys, to, small_corpus(), bw.board, sink));
+  REQUIRE(w.run_until([&] { return t->stops == 1; }, 600s));
+  CHECK(t->microbatches == 40);
+  CHECK(t->samples == 40 * 4);
+  CHECK(t->repeats == 0);
+  return *largest;
+}
+
+} // namespace
+
+TEST_CASE("admission at the entry: with entry_backlog_s a new microbatch waits at the trainer "
+          "while the stage-0 peer's queue is long, and every microbatch still completes once") {
+  auto open = largest_backlog(0);
+  auto held = largest_backlog(2.0);
+  MESSAGE("largest backlog at a stage-0 peer: " << open << " s open, " << held
+                                                << " s with a 2 s entry limit");
+  // 40 forwards at once: about 20 per peer, 8 s of forwards each, then their backwards.
+  CHECK(open > 8.0);
+  // Forwards enter while a peer's queue is at most 2 s; the backwards of the admitted ones
+  // (0.8 s each, not held) come on top.
+  CHECK(held < 6.0);
+  CHECK(held < 0.5 * open);
+}
