@@ -35,10 +35,11 @@ namespace starling::actors::transfer {
 
 /// Bytes of a ring's control page, before its data.
 inline constexpr uint64_t ring_control_bytes = 4096;
-/// Data bytes of the ring each side of a same-host link writes into: room for a link's two
-/// held payloads of 1 MiB (the averager's chunks) and the next one, with their headers. (Every
-/// page of it ends up resident in both processes: 8 processes hold 14 rings each.)
-inline constexpr uint64_t ring_default_bytes = (uint64_t{3} << 20) + (uint64_t{64} << 10);
+/// Data bytes of the ring each side of a same-host link writes into: room for two payloads of
+/// 1 MiB (the averager's chunks) with their headers, what a link's handlers hold at once by
+/// default (`link_buffers`). Every page of it ends up resident in both processes (8 processes
+/// map 14 rings each), so it is no larger.
+inline constexpr uint64_t ring_default_bytes = (uint64_t{2} << 20) + (uint64_t{64} << 10);
 /// Data sizes a peer's ring may have.
 inline constexpr uint64_t ring_min_bytes = uint64_t{64} << 10;
 inline constexpr uint64_t ring_max_bytes = uint64_t{256} << 20;

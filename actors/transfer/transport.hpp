@@ -104,8 +104,8 @@ struct transport_options {
   bool local_links = true;
   /// Data bytes of the shared-memory ring each side of a same-host link writes its payloads of
   /// up to half that size into (shm_ring.hpp; a page multiple from 64 KiB to 256 MiB); 0: none,
-  /// payloads cross the Unix socket. The default holds three of the averager's 1 MiB chunks.
-  uint64_t ring_bytes = (uint64_t{3} << 20) + (uint64_t{64} << 10);
+  /// payloads cross the Unix socket. The default holds two of the averager's 1 MiB chunks.
+  uint64_t ring_bytes = (uint64_t{2} << 20) + (uint64_t{64} << 10);
   /// Null: plaintext links authenticated by their one-time token only (open runs: loopback
   /// demos and tests). Set (a closed run): every link is sealed, and plaintext links are refused.
   std::shared_ptr<const link_security> security;
