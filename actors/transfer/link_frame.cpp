@@ -11,6 +11,7 @@ namespace {
 
 constexpr uint32_t preamble_magic = 0x314c5453; // "STL1"
 constexpr uint32_t frame_magic = 0x31465453;    // "STF1"
+constexpr uint32_t ring_magic = 0x31525453;     // "STR1"
 
 } // namespace
 
@@ -41,7 +42,8 @@ result<link_token> parse_link_preamble(const uint8_t* bytes, size_t size, uint16
     return fail(what + ": bad preamble magic");
   if (auto v = read_le(bytes + 4, 2); v != version)
     return fail(what + ": version " + std::to_string(v) + ", expected " + std::to_string(version)
-                + " (a closed run's direct links are sealed, version 2; 1 is plaintext)");
+                + " (a closed run's direct links are sealed, version 2; 1 is plaintext, 3 "
+                  "plaintext on the same host)");
   if (read_le(bytes + 6, 2) != 0)
     return fail(what + ": unknown preamble flags");
   link_token t;
@@ -49,8 +51,13 @@ result<link_token> parse_link_preamble(const uint8_t* bytes, size_t size, uint16
   return t;
 }
 
+std::string local_link_name(const std::string& host, uint16_t port) {
+  return "starling-link/" + (host == "localhost" ? std::string{"127.0.0.1"} : host) + ":"
+         + std::to_string(port);
+}
+
 void write_link_frame_header(const link_frame_header& h, uint8_t* out) {
-  write_le(out, frame_magic, 4);
+  write_le(out, h.in_ring ? ring_magic : frame_magic, 4);
   write_le(out + 4, h.meta_bytes, 4);
   write_le(out + 8, h.payload_bytes, 8);
 }
@@ -58,9 +65,11 @@ void write_link_frame_header(const link_frame_header& h, uint8_t* out) {
 result<link_frame_header> parse_link_frame_header(const uint8_t* bytes, size_t size) {
   if (size != link_frame_header_bytes)
     return fail("direct link: a frame header of " + std::to_string(size) + " bytes, expected 16");
-  if (read_le(bytes, 4) != frame_magic)
+  auto magic = read_le(bytes, 4);
+  if (magic != frame_magic && magic != ring_magic)
     return fail("direct link: bad frame magic (not a starling frame)");
   link_frame_header h;
+  h.in_ring = magic == ring_magic;
   h.meta_bytes = static_cast<uint32_t>(read_le(bytes + 4, 4));
   h.payload_bytes = read_le(bytes + 8, 8);
   if (h.meta_bytes < link_min_meta_bytes || h.meta_bytes > link_max_meta_bytes)
@@ -69,6 +78,8 @@ result<link_frame_header> parse_link_frame_header(const uint8_t* bytes, size_t s
   if (h.payload_bytes > link_max_payload_bytes)
     return fail("direct link: a frame declares " + std::to_string(h.payload_bytes)
                 + " payload bytes (0 .. 2^31)");
+  if (h.in_ring && h.payload_bytes == 0)
+    return fail("direct link: a ring frame without payload");
   return h;
 }
 

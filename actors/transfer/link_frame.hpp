@@ -9,6 +9,10 @@
 //                              payload length (u64, 0 .. 2^31)
 //     meta: channel (u32), then the channel's own bytes (e.g. an averager chunk's meta)
 //     payload: a Cap'n Proto `Tensor` (messages/tensor.capnp), or nothing
+//   on a same-host link with shared-memory rings (shm_ring.hpp), also ring frames:
+//     frame header with magic "STR1" (u32 0x31525453), the same lengths (payload at least 1)
+//     meta, as above
+//     ring position (u64): where the payload lies in the sender's ring (not in the stream)
 //
 // Channel 1 carries tensor transfers (meta: the transfer's 16-byte token), channel 2 their
 // status (meta: the token, a status length (u32, <= 4096) and that much text; empty = delivered).
@@ -47,7 +51,13 @@ struct link_frame_header {
   /// Meta bytes, the channel included.
   uint32_t meta_bytes = 0;
   uint64_t payload_bytes = 0;
+  /// A ring frame: the payload lies in the sender's shared-memory ring, and a ring position
+  /// (`link_ring_position_bytes`) follows the meta instead of it.
+  bool in_ring = false;
 };
+
+/// Bytes of a ring frame's position.
+inline constexpr size_t link_ring_position_bytes = 8;
 
 /// Reads an `n`-byte little-endian unsigned integer.
 uint64_t read_le(const uint8_t* p, int n);
@@ -57,6 +67,14 @@ void write_le(uint8_t* p, uint64_t v, int n);
 /// Preamble versions: plaintext frames, sealed records (link_crypto.hpp).
 inline constexpr uint16_t link_plain_version = 1;
 inline constexpr uint16_t link_sealed_version = 2;
+/// A plaintext link over the same-host Unix socket (`local_link_name`): the listener answers a
+/// preamble whose token it accepted with the byte `link_local_ack`, then frames as version 1.
+inline constexpr uint16_t link_local_version = 3;
+inline constexpr uint8_t link_local_ack = 0x4b;
+
+/// The abstract-namespace Unix socket name on which a transport listening on `host:port` (an
+/// IPv4 literal) also accepts same-host links.
+std::string local_link_name(const std::string& host, uint16_t port);
 
 void write_link_preamble(const link_token& token, uint8_t* out,
                          uint16_t version = link_plain_version);
@@ -66,7 +84,8 @@ result<link_token> parse_link_preamble(const uint8_t* bytes, size_t size,
                                        uint16_t version = link_plain_version);
 
 void write_link_frame_header(const link_frame_header& h, uint8_t* out);
-/// Parses an untrusted frame header; fails on a wrong size or magic, or lengths out of range.
+/// Parses an untrusted frame header (either magic); fails on a wrong size or magic, or lengths
+/// out of range (a ring frame without payload included).
 result<link_frame_header> parse_link_frame_header(const uint8_t* bytes, size_t size);
 
 /// The meta of a frame: the channel, then `body`.

@@ -3,16 +3,21 @@
 #include <algorithm>
 #include <arpa/inet.h>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <netinet/in.h>
 #include <fcntl.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <ATen/ATen.h>
 
+#include <capnp/message.h>
+
+#include "actors/transfer/shm_ring.hpp"
 #include "kernels/compress/codec.hpp"
 #include "messages/wire.hpp"
 
@@ -158,6 +163,145 @@ int listen_ipv4(const std::string& host, uint16_t port, uint16_t& bound, std::st
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   bound = ntohs(addr.sin_port);
   return fd;
+}
+
+namespace {
+
+/// The address of the abstract-namespace Unix socket `name`; false when it is too long.
+bool local_address(const std::string& name, sockaddr_un& addr, socklen_t& len) {
+  addr = sockaddr_un{};
+  addr.sun_family = AF_UNIX;
+  if (name.empty() || name.size() + 1 > sizeof addr.sun_path)
+    return false;
+  addr.sun_path[0] = '\0'; // abstract: no file, gone with the socket
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());
+  len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return true;
+}
+
+} // namespace
+
+int listen_local(const std::string& name, std::string& why) {
+  sockaddr_un addr;
+  socklen_t len = 0;
+  if (!local_address(name, addr, len)) {
+    why = "a local socket name of " + std::to_string(name.size()) + " bytes";
+    return -1;
+  }
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    why = errno_text("socket");
+    return -1;
+  }
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd, 64) != 0) {
+    why = errno_text(("listen on the local socket " + name).c_str());
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+int connect_local(const std::string& name, std::string& why) {
+  sockaddr_un addr;
+  socklen_t len = 0;
+  if (!local_address(name, addr, len)) {
+    why = "a local socket name of " + std::to_string(name.size()) + " bytes";
+    return -1;
+  }
+  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    why = errno_text("socket");
+    return -1;
+  }
+  int r = 0;
+  do
+    r = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), len);
+  while (r != 0 && errno == EINTR);
+  if (r != 0) {
+    why = errno_text(("connect to the local socket " + name).c_str());
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool same_user(int fd) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || len != sizeof cred)
+    return false;
+  return cred.uid == ::geteuid();
+}
+
+void set_send_buffer(int fd, int bytes) {
+  if (::setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &bytes, sizeof bytes) != 0)
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+}
+
+status send_with_fd(int fd, const void* data, size_t n, int pass) {
+  if (pass < 0)
+    return send_all(fd, data, n);
+  iovec iov{const_cast<void*>(data), n};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  auto* c = CMSG_FIRSTHDR(&msg);
+  c->cmsg_level = SOL_SOCKET;
+  c->cmsg_type = SCM_RIGHTS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &pass, sizeof pass);
+  ssize_t r = 0;
+  do
+    r = ::sendmsg(fd, &msg, MSG_NOSIGNAL);
+  while (r < 0 && errno == EINTR);
+  if (r <= 0)
+    return fail(errno_text("writing to the local link"));
+  auto sent = static_cast<size_t>(r);
+  return send_all(fd, static_cast<const char*>(data) + sent, n - sent);
+}
+
+status recv_with_fd(int fd, void* data, size_t n, int& passed) {
+  passed = -1;
+  auto* p = static_cast<char*>(data);
+  size_t got = 0;
+  while (got < n) {
+    iovec iov{p + got, n - got};
+    alignas(cmsghdr) char control[CMSG_SPACE(4 * sizeof(int))];
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    auto r = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    if (r < 0 && errno == EINTR)
+      continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+      return fail("timed out after " + std::to_string(got) + " of " + std::to_string(n) +
+                  " bytes");
+    if (r == 0)
+      return fail("the peer closed the connection after " + std::to_string(got) + " of " +
+                  std::to_string(n) + " bytes");
+    if (r < 0)
+      return fail(errno_text("reading from the local link"));
+    for (auto* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+        continue;
+      auto count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+      for (size_t i = 0; i < count; ++i) {
+        int f = -1;
+        std::memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof f);
+        if (passed < 0)
+          passed = f;
+        else
+          ::close(f);
+      }
+    }
+    got += static_cast<size_t>(r);
+  }
+  return {};
 }
 
 acceptor::acceptor(int listen_fd, uint32_t max_connections, serve_fn serve, refused_fn refused)
@@ -347,6 +491,108 @@ status decode_pooled(const std::shared_ptr<buffer_pool>& pool, buffer_pool::bloc
   } catch (const std::exception& e) {
     return fail(std::string{"decode failed: "} + e.what());
   }
+}
+
+status decode_ring(const std::shared_ptr<ring_reader>& ring, uint64_t pos, size_t length,
+                   const std::shared_ptr<buffer_pool>& pool,
+                   const std::function<status(const kernels::tensor_header&)>& check,
+                   messages::tensor_msg& out) {
+  // `pos` was claimed: `length` bytes lie contiguously there, inside the mapping.
+  const uint8_t* src = ring->ring().at(pos);
+  auto copy_out = [&]() -> status {
+    auto b = pool->take(length);
+    std::memcpy(b.data.get(), src, length);
+    ring->release(pos);
+    return decode_pooled(pool, std::move(b), length, check, out);
+  };
+  // The segment table, copied: the peer may change the ring's bytes while they are read.
+  constexpr uint32_t max_segments = 512; // Cap'n Proto's own limit
+  if (ring->zeros() == nullptr || length < 8 || length % 8 != 0)
+    return copy_out();
+  uint32_t first = 0;
+  std::memcpy(&first, src, 4);
+  if (first >= max_segments)
+    return copy_out();
+  size_t count = size_t{first} + 1;
+  size_t table_bytes = 4 * ((count + 2) & ~size_t{1});
+  if (table_bytes > length)
+    return copy_out();
+  std::vector<uint32_t> table(table_bytes / 4);
+  std::memcpy(table.data(), src, table_bytes);
+  // Small segments (the message's structure) are copied; large ones (bulk data) are parsed as
+  // zero pages at the same offsets, so the parser reads nothing the peer can change, and a
+  // payload found inside one is then read from the ring at that offset.
+  constexpr size_t copy_limit = size_t{4} << 10;
+  size_t offset = table_bytes;
+  size_t copied = 0;
+  for (size_t i = 0; i < count; ++i) {
+    auto bytes = size_t{table[i + 1]} * sizeof(capnp::word);
+    if (bytes > length - offset)
+      return copy_out();
+    if (bytes <= copy_limit)
+      copied += bytes;
+    offset += bytes;
+  }
+  if (offset != length)
+    return copy_out();
+  std::vector<capnp::word> small(copied / sizeof(capnp::word));
+  std::vector<kj::ArrayPtr<const capnp::word>> segs;
+  offset = table_bytes;
+  copied = 0;
+  for (size_t i = 0; i < count; ++i) {
+    auto words = size_t{table[i + 1]};
+    auto bytes = words * sizeof(capnp::word);
+    if (bytes <= copy_limit) {
+      std::memcpy(reinterpret_cast<char*>(small.data()) + copied, src + offset, bytes);
+      segs.push_back(kj::arrayPtr(small.data() + copied / sizeof(capnp::word), words));
+      copied += bytes;
+    } else {
+      segs.push_back(
+        kj::arrayPtr(reinterpret_cast<const capnp::word*>(ring->zeros() + offset), words));
+    }
+    offset += bytes;
+  }
+  size_t data_offset = 0;
+  kernels::tensor_header header;
+  bool alias = false;
+  try {
+    capnp::ReaderOptions opts;
+    opts.traversalLimitInWords = 4 * (length / sizeof(capnp::word)) + 1024;
+    capnp::SegmentArrayMessageReader reader(kj::arrayPtr(segs.data(), segs.size()), opts);
+    messages::tensor_view view;
+    if (messages::read_tensor(reader.getRoot<wire::Tensor>(), view).ok()) {
+      auto& h = view.header;
+      auto* data = view.data;
+      if (h.codec == kernels::codec_id::none && h.dtype == kernels::wire_dtype::float32 &&
+          view.gathered.empty() && view.size > 0 && data >= ring->zeros() &&
+          data + view.size <= ring->zeros() + length &&
+          reinterpret_cast<uintptr_t>(src + (data - ring->zeros())) % alignof(float) == 0) {
+        alias = true;
+        data_offset = static_cast<size_t>(data - ring->zeros());
+        header = h;
+      }
+    }
+  } catch (const kj::Exception&) {
+    alias = false; // the copy's decoder gives the authoritative answer
+  }
+  if (!alias)
+    return copy_out();
+  if (check)
+    if (auto st = check(header); !st) {
+      ring->release(pos);
+      return st;
+    }
+  try {
+    out.tensor = at::from_blob(
+      const_cast<uint8_t*>(src + data_offset), header.shape,
+      [ring, pos](void*) { ring->release(pos); }, at::TensorOptions().dtype(at::kFloat));
+  } catch (const std::exception& e) {
+    ring->release(pos);
+    return fail(std::string{"decode failed: "} + e.what());
+  }
+  out.codec = header.codec;
+  out.params = header.params;
+  return {};
 }
 
 } // namespace starling::actors::transfer

@@ -19,6 +19,8 @@
 
 namespace starling::actors::transfer {
 
+class ring_reader;
+
 /// `what: strerror(errno)`.
 std::string errno_text(const char* what);
 
@@ -40,6 +42,29 @@ int connect_ipv4(const std::string& host, uint16_t port, int send_buffer, std::s
 /// Opens a listening TCP socket on the IPv4 literal `host` and `port` (0: any free port) and
 /// stores the port it got in `bound`. -1 with `why` set on failure.
 int listen_ipv4(const std::string& host, uint16_t port, uint16_t& bound, std::string& why);
+
+/// Opens a listening Unix stream socket on the abstract-namespace `name` (no file; visible only
+/// inside this network namespace). -1 with `why` set on failure (e.g. the name is taken).
+int listen_local(const std::string& name, std::string& why);
+
+/// Connects a Unix stream socket to the abstract-namespace `name`. -1 with `why` set when
+/// nothing listens there.
+int connect_local(const std::string& name, std::string& why);
+
+/// True when the process at the other end of the Unix socket `fd` runs as this process's
+/// effective user (who could read this process's memory anyway).
+bool same_user(int fd);
+
+/// Sets the send buffer of `fd` to `bytes` (beyond the system's cap when privileged).
+void set_send_buffer(int fd, int bytes);
+
+/// Sends all `n` bytes on the Unix socket `fd`, the first ones with a copy of the descriptor
+/// `pass` (none when negative).
+status send_with_fd(int fd, const void* data, size_t n, int pass);
+
+/// Receives exactly `n` bytes from the Unix socket `fd` and the first descriptor that came with
+/// them in `passed` (-1 when none; any others are closed).
+status recv_with_fd(int fd, void* data, size_t n, int& passed);
 
 /// A listening socket's accept thread with one thread per accepted connection. Finished
 /// connection threads are reaped as new connections arrive; beyond `max_connections` open ones a
@@ -112,5 +137,15 @@ status decode_pooled(const std::shared_ptr<buffer_pool>& pool, buffer_pool::bloc
                      size_t length,
                      const std::function<status(const kernels::tensor_header&)>& check,
                      messages::tensor_msg& out);
+
+/// Decodes the claimed payload of `length` bytes at `pos` of a peer's ring (shm_ring.hpp) into
+/// `out` after `check` accepted the header. The peer can write its ring at any time, so the
+/// message's structure is parsed from copies only (its bulk segments as zero pages); an fp32
+/// `none` payload is then read in place and holds its region until the tensor is freed, any
+/// other is copied out into a pooled buffer and decoded there (its region released at once).
+status decode_ring(const std::shared_ptr<ring_reader>& ring, uint64_t pos, size_t length,
+                   const std::shared_ptr<buffer_pool>& pool,
+                   const std::function<status(const kernels::tensor_header&)>& check,
+                   messages::tensor_msg& out);
 
 } // namespace starling::actors::transfer

@@ -8,16 +8,19 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <optional>
 #include <poll.h>
 #include <sys/socket.h>
 #include <thread>
 #include <unistd.h>
+#include <utility>
 
 #include <ATen/ATen.h>
 #include <sodium.h>
 
 #include "actors/auth/identity.hpp"
 #include "actors/transfer/link_crypto.hpp"
+#include "actors/transfer/shm_ring.hpp"
 #include "actors/transfer/socket_io.hpp"
 #include "messages/chunked.hpp"
 
@@ -89,6 +92,11 @@ namespace {
 /// Socket send buffer of a link this side opens: room for 4 MiB in flight at once instead of
 /// waiting for the kernel's autotuning.
 constexpr int send_buffer = 4 << 20;
+
+/// How long a writer waits for the peer's handlers to release ring space when they hold every
+/// payload it wrote (on 2 cores a busy handler may not run for some milliseconds) before it
+/// sends on the socket.
+constexpr std::chrono::milliseconds ring_grace{20};
 
 struct token_entry {
   std::string peer;
@@ -298,18 +306,25 @@ struct link {
   std::unique_ptr<link_in> in;
   /// The peer's proven node key (sealed links).
   std::string peer_key;
+  /// Same-host links: the ring this side writes payloads into, the peer's it reads them from.
+  std::unique_ptr<ring_writer> ring_out;
+  std::shared_ptr<ring_reader> ring_in;
 };
 
 class transport_impl final : public transport {
 public:
-  transport_impl(transport_options opts, int fd, uint16_t port)
+  transport_impl(transport_options opts, int fd, uint16_t port, int local_fd)
     : opts_(std::move(opts)), port_(port), pool_(std::make_shared<buffer_pool>(opts_.pool_buffers)) {
     if (fd >= 0) {
       host_ = opts_.host == "localhost" ? std::string{"127.0.0.1"} : opts_.host;
       id_ = host_ + ":" + std::to_string(port_);
       acceptor_ = std::make_unique<acceptor>(
-        fd, opts_.max_links, [this](int c) { serve(c); },
+        fd, opts_.max_links, [this](int c) { serve(c, false); },
         [this](std::string why) { record_failure(std::move(why)); });
+      if (local_fd >= 0)
+        local_acceptor_ = std::make_unique<acceptor>(
+          local_fd, opts_.max_links, [this](int c) { serve(c, true); },
+          [this](std::string why) { record_failure(std::move(why)); });
     } else {
       link_token t;
       randombytes_buf(t.data(), t.size());
@@ -325,6 +340,7 @@ public:
   uint64_t delivered() const override { return delivered_; }
   uint64_t failed() const override { return failed_; }
   uint64_t connections_opened() const override { return connections_; }
+  uint64_t local_links_opened() const override { return local_links_; }
   bool sealed() const override { return opts_.security != nullptr; }
   std::map<std::string, uint64_t> refusals() const override {
     std::lock_guard<std::mutex> guard{mu_};
@@ -453,6 +469,8 @@ public:
         l->queue.clear();
         if (l->fd >= 0)
           ::shutdown(l->fd, SHUT_RDWR);
+        if (l->ring_out)
+          l->ring_out->abort();
       }
       l->cv.notify_all();
       l->credit->stop();
@@ -460,6 +478,8 @@ public:
     join_all(links);
     if (acceptor_)
       acceptor_->stop(); // joins the accepted links' threads (they join their writers)
+    if (local_acceptor_)
+      local_acceptor_->stop();
     std::lock_guard<std::mutex> guard{mu_};
     channels_.clear();
   }
@@ -640,6 +660,9 @@ private:
     }
     l.cv.notify_all();
     l.credit->stop();
+    std::lock_guard<std::mutex> lg{l.mu};
+    if (l.ring_out)
+      l.ring_out->abort(); // a writer waiting for ring space
   }
 
   /// After a link's threads stopped: tells the handlers unless the transport stops.
@@ -668,6 +691,13 @@ private:
   void run_outgoing(const std::shared_ptr<link>& l, std::string host, uint16_t port,
                     link_token token) {
     auto opened = [&]() -> status {
+      if (!opts_.security && opts_.local_links && open_local(*l, host, port, token)) {
+        ++connections_;
+        ++local_links_;
+        l->out = std::make_unique<link_out>(l->fd, nullptr);
+        l->in = std::make_unique<link_in>(l->fd, nullptr, counter());
+        return {};
+      }
       std::string why;
       int fd = connect_ipv4(host, port, send_buffer, why, opts_.io_timeout);
       if (fd < 0)
@@ -703,7 +733,7 @@ private:
     if (opened) {
       announce_up(l->peer);
       l->reader = std::thread([this, l] {
-        auto st = read_frames(*l->in, l->peer, l->credit);
+        auto st = read_frames(*l);
         close_link(*l, st ? std::string{"closed by the peer"} : st.what(), st.ok());
       });
       auto st = write_frames(*l);
@@ -722,17 +752,101 @@ private:
     l->finished = true;
   }
 
+  /// A fresh ring for this side of a same-host link; null when rings are off or the system
+  /// gives none (the link then carries payloads on its socket).
+  std::shared_ptr<ring_map> own_ring() {
+    if (opts_.ring_bytes == 0)
+      return nullptr;
+    auto r = ring_map::create(opts_.ring_bytes);
+    return r ? std::move(*r) : nullptr;
+  }
+
+  /// Tries the same-host Unix socket of the transport listening on `host:port`: connected,
+  /// owned by this user, the token sent and acknowledged. True with `l.fd` set; false (the
+  /// caller falls back to TCP) when nothing listens there or it did not acknowledge.
+  bool open_local(link& l, const std::string& host, uint16_t port, const link_token& token) {
+    std::string why;
+    int fd = connect_local(local_link_name(host, port), why);
+    if (fd < 0)
+      return false; // not on this host (or its transport has no local socket)
+    if (!same_user(fd)) {
+      ::close(fd);
+      return false;
+    }
+    set_timeouts(fd, opts_.io_timeout);
+    set_send_buffer(fd, send_buffer);
+    {
+      std::lock_guard<std::mutex> lg{l.mu};
+      if (l.stopping) {
+        ::close(fd);
+        return false;
+      }
+      l.fd = fd; // from here `stop` can shut it down
+    }
+    uint8_t pre[link_preamble_bytes];
+    write_link_preamble(token, pre, link_local_version);
+    auto mine = own_ring();
+    uint8_t ack = 0;
+    int theirs = -1;
+    if (send_with_fd(fd, pre, sizeof pre, mine ? mine->fd() : -1) &&
+        recv_with_fd(fd, &ack, 1, theirs) && ack == link_local_ack) {
+      // The peer accepted this side's ring with its acknowledgement. (Set under the link's
+      // mutex: `stop` may look at it meanwhile; the writer thread, this one, reads it freely.)
+      if (mine) {
+        std::lock_guard<std::mutex> lg{l.mu};
+        l.ring_out = std::make_unique<ring_writer>(std::move(mine));
+      }
+      if (theirs < 0)
+        return true;
+      auto ring = ring_map::adopt(theirs);
+      if (ring) {
+        l.ring_in = std::make_shared<ring_reader>(std::move(*ring));
+        return true;
+      }
+      count("ring");
+      record_failure("local link to " + l.peer + ": " + ring.error().what);
+      // The peer's token is spent: close, the TCP fallback fails on it and reports the link.
+    } else if (theirs >= 0) {
+      ::close(theirs);
+    }
+    {
+      std::lock_guard<std::mutex> lg{l.mu};
+      l.fd = -1;
+    }
+    ::close(fd);
+    return false;
+  }
+
   // -- a link the peer opened (on the acceptor's connection thread) ----------------------------
 
-  void serve(int fd) {
+  /// Serves a link the peer opened over TCP, or over the same-host Unix socket (`local`).
+  void serve(int fd, bool local) {
     set_timeouts(fd, opts_.io_timeout);
+    if (local) {
+      if (!same_user(fd)) {
+        record_failure("incoming local link: from a process of another user");
+        return;
+      }
+      set_send_buffer(fd, send_buffer);
+    }
     uint8_t pre[link_preamble_bytes];
     size_t got = 0;
-    if (auto st = recv_all(fd, pre, sizeof pre, got); !st) {
+    int theirs = -1; // a same-host peer's ring
+    if (auto st = local ? recv_with_fd(fd, pre, sizeof pre, theirs)
+                        : recv_all(fd, pre, sizeof pre, got);
+        !st) {
       record_failure("incoming link: preamble: " + st.what());
       return;
     }
+    struct fd_guard {
+      int& fd;
+      ~fd_guard() {
+        if (fd >= 0)
+          ::close(fd);
+      }
+    } theirs_guard{theirs};
     auto token = opts_.security ? parse_sealed_preamble(pre, sizeof pre)
+                 : local        ? parse_link_preamble(pre, sizeof pre, link_local_version)
                                 : parse_link_preamble(pre, sizeof pre);
     if (!token) {
       if (opts_.security && parse_link_preamble(pre, sizeof pre).ok()) {
@@ -771,6 +885,25 @@ private:
       l->out = std::make_unique<link_out>(fd, std::move(tx));
       l->in = std::make_unique<link_in>(fd, std::move(rx), counter());
     } else {
+      if (local) {
+        if (theirs >= 0) {
+          auto ring = ring_map::adopt(std::exchange(theirs, -1));
+          if (!ring) {
+            count("ring");
+            record_failure("incoming local link from " + l->peer + ": " + ring.error().what);
+            return;
+          }
+          l->ring_in = std::make_shared<ring_reader>(std::move(*ring));
+        }
+        auto mine = own_ring();
+        uint8_t ack = link_local_ack;
+        if (auto st = send_with_fd(fd, &ack, 1, mine ? mine->fd() : -1); !st) {
+          record_failure("incoming local link from " + l->peer + ": " + st.what());
+          return;
+        }
+        if (mine)
+          l->ring_out = std::make_unique<ring_writer>(std::move(mine));
+      }
       l->out = std::make_unique<link_out>(fd, nullptr);
       l->in = std::make_unique<link_in>(fd, nullptr, counter());
     }
@@ -786,7 +919,7 @@ private:
       });
     }
     announce_up(l->peer);
-    auto st = read_frames(*l->in, l->peer, l->credit);
+    auto st = read_frames(*l);
     close_link(*l, st ? std::string{"closed by the peer"} : st.what(), st.ok());
     l->writer.join();
     {
@@ -824,6 +957,14 @@ private:
           return st;
         payload = f->payload()->bytes();
       }
+      if (payload && l.ring_out && payload->size() > 0 &&
+          payload->size() <= l.ring_out->ring().capacity() / 2) {
+        auto sent = write_ring_frame(l, meta, *payload);
+        if (!sent)
+          return sent.error();
+        if (*sent)
+          continue;
+      }
       link_frame_header h;
       h.meta_bytes = static_cast<uint32_t>(meta.size());
       h.payload_bytes = payload ? payload->size() : 0;
@@ -855,6 +996,39 @@ private:
     }
   }
 
+  /// A frame whose payload goes through this side's ring: copied in once (after waiting for
+  /// room), then the header, meta and position in one write. False when the peer's handlers
+  /// hold the ring (the frame goes on the socket).
+  result<bool> write_ring_frame(link& l, const std::vector<uint8_t>& meta,
+                                const messages::chunk_source& payload) {
+    auto t0 = clk::now();
+    auto size = payload.size();
+    auto room = l.ring_out->reserve(size, opts_.io_timeout, ring_grace);
+    if (!room)
+      return room.error();
+    if (!*room)
+      return false;
+    auto pos = *room;
+    auto* dst = l.ring_out->ring().at(*pos);
+    payload.for_each(0, size, [&](const char* p, size_t n) -> caf::error {
+      std::memcpy(dst, p, n);
+      dst += n;
+      return caf::error{};
+    });
+    std::vector<uint8_t> head(link_frame_header_bytes + meta.size() + link_ring_position_bytes);
+    write_link_frame_header({static_cast<uint32_t>(meta.size()), size, true}, head.data());
+    std::memcpy(head.data() + link_frame_header_bytes, meta.data(), meta.size());
+    write_le(head.data() + link_frame_header_bytes + meta.size(), *pos, 8);
+    if (auto st = l.out->write(head.data(), head.size()); !st)
+      return fail(st.what());
+    auto dt = std::chrono::duration<double>(clk::now() - t0).count();
+    std::lock_guard<std::mutex> guard{stats_mu_};
+    auto& w = written_[l.peer];
+    w.bytes += size;
+    w.seconds += dt;
+    return true;
+  }
+
   // -- reading ----------------------------------------------------------------------------------
 
   /// Waits until `fd` is readable (or closed); no timeout: links idle between uses.
@@ -875,8 +1049,10 @@ private:
   }
 
   /// Reads frames until the link closes (success) or something is malformed (the reason).
-  status read_frames(link_in& in, const std::string& peer,
-                     const std::shared_ptr<link_credit>& credit) {
+  status read_frames(link& l) {
+    auto& in = *l.in;
+    auto& peer = l.peer;
+    auto& credit = l.credit;
     std::vector<uint8_t> meta;
     for (;;) {
       uint8_t raw[link_frame_header_bytes];
@@ -899,12 +1075,37 @@ private:
       meta.resize(h->meta_bytes);
       if (auto st = in.read(meta.data(), meta.size()); !st)
         return fail("meta from " + peer + ": " + st.what());
+      // A ring frame's payload is claimed at once (the region stays in step with the writer's
+      // whatever happens to the frame) and given back wherever it is not delivered.
+      std::optional<uint64_t> ring_pos;
+      if (h->in_ring) {
+        if (!l.ring_in) {
+          count("ring");
+          return fail("a ring frame from " + peer + " on a link without a ring");
+        }
+        uint8_t raw_pos[link_ring_position_bytes];
+        if (auto st = in.read(raw_pos, sizeof raw_pos); !st)
+          return fail("ring position from " + peer + ": " + st.what());
+        auto pos = read_le(raw_pos, 8);
+        if (auto st = l.ring_in->claim(pos, h->payload_bytes); !st) {
+          count("ring");
+          return fail("a frame from " + peer + ": " + st.what());
+        }
+        ring_pos = pos;
+      }
+      auto drop = [&](uint64_t n) -> status {
+        if (ring_pos) {
+          l.ring_in->release(*ring_pos);
+          return {};
+        }
+        return discard(in, n);
+      };
       auto channel = static_cast<uint32_t>(read_le(meta.data(), 4));
       const uint8_t* body = meta.data() + 4;
       size_t body_size = meta.size() - 4;
       auto h_ = handler(channel);
       if (!h_) { // a channel closed meanwhile (its user stopped): read and drop the frame
-        if (auto st = discard(in, h->payload_bytes); !st)
+        if (auto st = drop(h->payload_bytes); !st)
           return fail("payload from " + peer + ": " + st.what());
         continue;
       }
@@ -912,14 +1113,17 @@ private:
         record_failure("a frame from " + peer + ": " + st.what());
         if (!h_->refused(peer, body, body_size, st.what()))
           return st;
-        if (auto d = discard(in, h->payload_bytes); !d)
+        if (auto d = drop(h->payload_bytes); !d)
           return fail("payload from " + peer + ": " + d.what());
         continue;
       }
       messages::tensor_msg payload;
       if (h->payload_bytes > 0) {
-        if (!credit->acquire(std::max<uint32_t>(1, opts_.link_buffers)))
+        if (!credit->acquire(std::max<uint32_t>(1, opts_.link_buffers))) {
+          if (ring_pos)
+            l.ring_in->release(*ring_pos);
           return {}; // stopping
+        }
         // The slot returns when the handler drops the payload's tensor (at once on failure).
         struct slot_guard {
           link_credit* c;
@@ -928,16 +1132,21 @@ private:
               c->release();
           }
         } guard{credit.get()};
-        auto b = pool_->take(h->payload_bytes);
-        if (auto st = in.read(b.data.get(), h->payload_bytes); !st) {
-          pool_->give(std::move(b));
-          return fail("payload from " + peer + ": " + st.what());
-        }
         auto check = [&](const kernels::tensor_header& th) {
           return h_->check(peer, body, body_size, th);
         };
-        if (auto st = decode_pooled(pool_, std::move(b), h->payload_bytes, check, payload);
-            !st) {
+        status decoded;
+        if (ring_pos) {
+          decoded = decode_ring(l.ring_in, *ring_pos, h->payload_bytes, pool_, check, payload);
+        } else {
+          auto b = pool_->take(h->payload_bytes);
+          if (auto st = in.read(b.data.get(), h->payload_bytes); !st) {
+            pool_->give(std::move(b));
+            return fail("payload from " + peer + ": " + st.what());
+          }
+          decoded = decode_pooled(pool_, std::move(b), h->payload_bytes, check, payload);
+        }
+        if (auto& st = decoded; !st) {
           auto why = "payload from " + peer + ": " + st.what();
           record_failure(why);
           if (!h_->refused(peer, body, body_size, "decode: " + st.what()))
@@ -987,11 +1196,14 @@ private:
   std::map<uint32_t, std::shared_ptr<channel_handler>> channels_;
   uint32_t next_channel_ = first_dynamic_channel;
   std::unique_ptr<acceptor> acceptor_;
+  /// Same-host links (`local_links`), when its socket could be bound.
+  std::unique_ptr<acceptor> local_acceptor_;
   mutable std::mutex stats_mu_;
   std::map<std::string, link_stats> written_;
   std::atomic<uint64_t> delivered_{0};
   std::atomic<uint64_t> failed_{0};
   std::atomic<uint64_t> connections_{0};
+  std::atomic<uint64_t> local_links_{0};
   std::string last_error_;
   std::map<std::string, uint64_t> refusals_;
 };
@@ -1004,6 +1216,7 @@ result<std::shared_ptr<transport>> transport::open(transport_options opts) {
   if (opts.security && (!opts.security->key || opts.security->key->public_key().empty()))
     return fail("cannot open the direct transport: sealed links need this node's key");
   int fd = -1;
+  int local_fd = -1;
   uint16_t port = 0;
   if (!opts.host.empty()) {
     if (auto st = check_ipv4(opts.host); !st)
@@ -1013,8 +1226,13 @@ result<std::shared_ptr<transport>> transport::open(transport_options opts) {
     fd = listen_ipv4(host, opts.port, port, why);
     if (fd < 0)
       return fail("cannot open the direct transport: " + why);
+    // A taken name (another process's) leaves this transport on TCP only: dialers that reach
+    // that socket get no acknowledgement for this transport's tokens and fall back.
+    if (opts.local_links && !opts.security)
+      local_fd = listen_local(local_link_name(host, port), why);
   }
-  return std::shared_ptr<transport>{std::make_shared<transport_impl>(std::move(opts), fd, port)};
+  return std::shared_ptr<transport>{
+    std::make_shared<transport_impl>(std::move(opts), fd, port, local_fd)};
 }
 
 } // namespace starling::actors::transfer

@@ -8,7 +8,8 @@
 // encoded once, on the first link that sends it, and shared by every link it goes to), and the
 // reader reads into a pooled buffer that becomes the tensor.
 //
-// Links: a link is one TCP connection to a peer transport and carries frames in both directions,
+// Links: a link is one TCP connection (or, between open-run transports on one host, one Unix
+// socket: `transport_options::local_links`) to a peer transport and carries frames in both directions,
 // so a peer that accepts no connections (client mode: no listener) still sends and receives over
 // the links it opened. Links stay open (a pool keyed by the peer's transport id) until they fail
 // or the transport stops: a transfer between two nodes that met before pays no connection and no
@@ -93,6 +94,18 @@ struct transport_options {
   uint32_t pool_buffers = 16;
   /// Delivered payloads of one link its handlers may hold at once (at least 1).
   uint32_t link_buffers = 2;
+  /// Open runs: a listening transport also accepts links on a same-host Unix socket
+  /// (`local_link_name`), and a link to a peer whose socket this side can reach, owned by this
+  /// process's user, goes over it instead of TCP, its payloads through shared-memory rings
+  /// (`ring_bytes`). Falls back to TCP when that socket is missing or refuses. Sealed links
+  /// always use TCP: a payload read in place from a peer's ring can still be written by the
+  /// peer while a handler holds it (as good as sending other values; never memory outside the
+  /// ring), which a closed run's authenticated records rule out.
+  bool local_links = true;
+  /// Data bytes of the shared-memory ring each side of a same-host link writes its payloads of
+  /// up to half that size into (shm_ring.hpp; a page multiple from 64 KiB to 256 MiB); 0: none,
+  /// payloads cross the Unix socket. The default holds two of the averager's 1 MiB chunks.
+  uint64_t ring_bytes = (uint64_t{2} << 20) + (uint64_t{64} << 10);
   /// Null: plaintext links authenticated by their one-time token only (open runs: loopback
   /// demos and tests). Set (a closed run): every link is sealed, and plaintext links are refused.
   std::shared_ptr<const link_security> security;
@@ -220,16 +233,20 @@ public:
   /// so far (links that ended included).
   virtual link_stats written(const std::string& peer) const = 0;
   /// Frames delivered to handlers; frames, links or connections refused or failed; the last
-  /// failure; TCP connections this side opened (a pool's reuse shows here).
+  /// failure; connections (TCP or same-host) this side opened (a pool's reuse shows here).
   virtual uint64_t delivered() const = 0;
   virtual uint64_t failed() const = 0;
   virtual std::string last_error() const = 0;
   virtual uint64_t connections_opened() const = 0;
+  /// Of `connections_opened`, those over the same-host Unix socket (`local_links`).
+  virtual uint64_t local_links_opened() const = 0;
   /// Links refused or closed for the sealed channel's reasons, by reason: `plaintext` (an
   /// unsealed link offered to a closed run), `handshake` (a malformed or cut handshake),
   /// `signature` (a forged handshake or the wrong key), `not_admitted` (a proven key the gate
   /// does not admit), `record` (a malformed record header), `tampered` (a record that failed
-  /// authentication: tampered, replayed, reordered or dropped).
+  /// authentication: tampered, replayed, reordered or dropped); on same-host links, `ring` (a
+  /// peer's ring that is not a sealed memory file of a valid size, a ring position other than
+  /// where the payload must lie, or a ring frame on a link without a ring).
   virtual std::map<std::string, uint64_t> refusals() const = 0;
   /// True when links are sealed (`transport_options::security` set).
   virtual bool sealed() const = 0;

@@ -6,7 +6,9 @@
 //   transfer status), 4 averager chunk meta, 5 token, 6 deny list, 7 hello (and a gatekeeper admitting it),
 //   8 secret key file, 9 public key file, 10 token file text, 11 sealed direct link (a
 //   handshake message of each kind, a sealed preamble, a record header and its record opened
-//   with a fixed key, and an acceptor's handshake run on the input: hello, then finish).
+//   with a fixed key, and an acceptor's handshake run on the input: hello, then finish),
+//   12 shared-memory ring positions of a same-host link (13-byte records: position u64, size
+//   u32, then 0 to claim at a fresh ring's reader or 1 to release an earlier claim).
 // Everything must be refused with a reason or decoded, never crash.
 #include <vector>
 #include <array>
@@ -22,6 +24,7 @@
 #include "actors/averager/chunk.hpp"
 #include "actors/transfer/link_crypto.hpp"
 #include "actors/transfer/link_frame.hpp"
+#include "actors/transfer/shm_ring.hpp"
 #include "messages/envelope.hpp"
 #include "messages/wire.hpp"
 
@@ -179,6 +182,36 @@ void hello(std::string_view bytes) {
   (void) gk.check(1, p.ok() ? "stage.forward" : "ping", now_ns);
 }
 
+/// Claims and releases of a peer's ring positions: a claim is accepted only where the writer
+/// must have placed it, inside the ring, and the release position never passes what was claimed.
+void ring_claims(const uint8_t* data, size_t size) {
+  namespace tr = actors::transfer;
+  auto ring = tr::ring_map::create(tr::ring_min_bytes);
+  if (!ring.ok())
+    return;
+  tr::ring_reader reader{*ring};
+  std::vector<uint64_t> claimed;
+  uint64_t end = 0;
+  for (; size >= 13; data += 13, size -= 13) {
+    auto pos = tr::read_le(data, 8);
+    auto n = tr::read_le(data + 8, 4);
+    if ((data[12] & 1) != 0) {
+      if (!claimed.empty())
+        reader.release(claimed[pos % claimed.size()]);
+      continue;
+    }
+    if (reader.claim(pos, n).ok()) {
+      if (n == 0 || n > (*ring)->capacity() || pos % tr::ring_align != 0 ||
+          pos % (*ring)->capacity() + n > (*ring)->capacity() || pos < end)
+        std::abort();
+      claimed.push_back(pos);
+      end = pos + n;
+    }
+    if ((*ring)->tail().load() > end || (*ring)->claimed().load() != end)
+      std::abort();
+  }
+}
+
 } // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -189,7 +222,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   --size;
   const auto* bytes = reinterpret_cast<const char*>(data);
   std::string_view text(bytes, size);
-  switch (kind % 12) {
+  switch (kind % 13) {
     case 0: {
       wire_context ctx{context_options()};
       envelope(bytes, size, &ctx);
@@ -229,6 +262,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 11:
       sealed(data, size);
+      break;
+    case 12:
+      ring_claims(data, size);
       break;
   }
   return 0;

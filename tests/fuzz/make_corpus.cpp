@@ -269,5 +269,24 @@ int main(int argc, char** argv) {
     tr::write_sealed_preamble(token, pre);
     save("sealed-preamble", 11, reinterpret_cast<const char*>(pre), sizeof pre);
   }
+  {
+    // Ring positions: three payloads claimed in order (the third on the next lap of a 64 KiB
+    // ring), the first and third released.
+    namespace tr = actors::transfer;
+    std::vector<char> rec;
+    auto record = [&](uint64_t pos, uint32_t n, uint8_t op) {
+      uint8_t r[13];
+      tr::write_le(r, pos, 8);
+      tr::write_le(r + 8, n, 4);
+      r[12] = op;
+      rec.insert(rec.end(), r, r + sizeof r);
+    };
+    record(0, 30000, 0);
+    record(30016, 30000, 0);
+    record(65536, 6000, 0);
+    record(0, 0, 1);
+    record(2, 0, 1);
+    save("ring-claims", 12, rec);
+  }
   return 0;
 }
