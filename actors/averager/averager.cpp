@@ -170,10 +170,9 @@ struct round_state {
   bool replied = false;
   /// The codec of this round's chunks (adaptive: chosen at its start).
   kernels::codec_id codec = kernels::codec_id::none;
-  /// What the choice saw (codec_chooser::describe), for the report.
+  /// What the choice saw (codec_chooser::describe), for the report, and the vector's elements.
   std::string choice;
-  /// What the links to each transport had written when the round started (adaptive codec).
-  std::map<std::string, transfer::link_stats> written;
+  int64_t elements = 0;
 };
 
 class shell : public std::enable_shared_from_this<shell> {
@@ -590,10 +589,7 @@ void shell::start_round(uint64_t id, std::vector<messages::member_info> members)
           chooser_->set_profile(*p);
     r.codec = chooser_->choose(cur_->flat.numel(), n);
     r.choice = chooser_->describe(cur_->flat.numel(), n);
-    if (transport_)
-      for (auto& m : members)
-        if (auto it = remotes_.find(m.address); it != remotes_.end() && !it->second.id.empty())
-          r.written[it->second.id] = transport_->written(it->second.id);
+    r.elements = cur_->flat.numel();
   }
   round_engine_options eo;
   eo.chunk_elems = opts_.chunk_bytes == 0
@@ -942,17 +938,14 @@ void shell::end_round() {
   for (uint32_t i = 0; i < r.members.size(); ++i)
     all_stayed = all_stayed && (i == r.engine->self() || !r.engine->gone(i));
   auto members = r.members;
-  if (chooser_ && transport_) {
-    // The links' throughput during the round: the bytes this member wrote over the round's
-    // duration. The time spent in writes is no measure: a write returns once the socket's
-    // buffer took the bytes (on 200 Mbit/s links it read 3.7-18 GB/s and sent `auto` to fp16,
-    // 1.8x slower than blockwise8 there). The round's duration also holds CPU work and waits
-    // for peers, so this is a lower bound of the links' throughput: it errs toward compressing.
-    double bytes = 0;
-    for (auto& [id, before] : r.written)
-      bytes += static_cast<double>(transport_->written(id).bytes - before.bytes);
-    chooser_->observe(bytes, std::chrono::duration<double>(self_->clock().now() - r.started)
-                               .count());
+  if (chooser_) {
+    // The round's time with its codec (codec_chooser::observe_round), which also measures the
+    // links: the bytes it moved over its duration. The time the link threads spent in writes
+    // is no measure (a write returns once the socket's buffer took the bytes: on 200 Mbit/s
+    // links it read 3.7-18 GB/s and sent `auto` to fp16, 1.8x slower than blockwise8 there).
+    chooser_->observe_round(r.codec, r.elements, r.members.size(),
+                            std::chrono::duration<double>(self_->clock().now() - r.started)
+                              .count());
   }
   for (auto& h : r.handles)
     if (h)

@@ -87,12 +87,41 @@ double codec_chooser::estimated_seconds(kernels::codec_id codec, int64_t element
   return std::max(cpu, net);
 }
 
+namespace {
+
+/// Elements a member sends and receives in a butterfly round.
+double moved_elements(int64_t elements, size_t members) {
+  auto n = static_cast<double>(std::max<size_t>(members, 2));
+  return 2 * (n - 1) / n * static_cast<double>(elements);
+}
+
+} // namespace
+
+void codec_chooser::observe_round(kernels::codec_id codec, int64_t elements, size_t members,
+                                  double seconds) {
+  auto moved = moved_elements(elements, members);
+  if (!(seconds > 0) || !std::isfinite(seconds) || !(moved > 0))
+    return;
+  // The links: the round's bytes over its duration, a lower bound (the round also computes and
+  // waits for its peers), so the estimate errs toward compressing.
+  if (auto p = profiles_.find(codec); p != profiles_.end())
+    observe(moved * p->second.bytes_per_element, seconds);
+  auto per = seconds / moved;
+  auto it = observed_.find(codec);
+  if (it == observed_.end())
+    observed_.emplace(codec, per);
+  else
+    it->second = (1 - opts_.smoothing) * it->second + opts_.smoothing * per;
+}
+
 kernels::codec_id codec_chooser::choose(int64_t elements, size_t members) const {
   if (!profiled())
     return kernels::codec_id::none;
   auto best = kernels::codec_id::none;
   auto best_time = std::numeric_limits<double>::infinity();
   auto best_bytes = std::numeric_limits<double>::infinity();
+  auto moved = moved_elements(elements, members);
+  // Observed codecs by their rounds; unobserved ones by the model, uncompressed tried once.
   for (auto c : opts_.candidates) {
     if (estimated_error(c, members) > opts_.error_budget)
       continue;
@@ -104,7 +133,11 @@ kernels::codec_id codec_chooser::choose(int64_t elements, size_t members) const 
       }
       continue;
     }
-    auto t = estimated_seconds(c, elements, members);
+    auto seen = observed_.find(c);
+    if (seen == observed_.end() && c == kernels::codec_id::none && !observed_.empty())
+      return c;
+    auto t = seen != observed_.end() ? seen->second * moved
+                                     : estimated_seconds(c, elements, members);
     if (t < best_time) {
       best_time = t;
       best = c;
@@ -115,8 +148,7 @@ kernels::codec_id codec_chooser::choose(int64_t elements, size_t members) const 
 
 std::string codec_chooser::describe(int64_t elements, size_t members) const {
   std::string out;
-  auto n = static_cast<double>(std::max<size_t>(members, 2));
-  auto moved = 2 * (n - 1) / n * static_cast<double>(elements);
+  auto moved = moved_elements(elements, members);
   for (auto c : opts_.candidates) {
     auto it = profiles_.find(c);
     if (it == profiles_.end())
@@ -128,6 +160,8 @@ std::string codec_chooser::describe(int64_t elements, size_t members) const {
                                                                 / *throughput_)
                                    : std::string{"?"},
                        estimated_error(c, members));
+    if (auto seen = observed_.find(c); seen != observed_.end())
+      out += fmt::format(" seen {:.3f} s", seen->second * moved);
   }
   if (throughput_)
     out += fmt::format("; links {:.1f} MB/s", *throughput_ / 1e6);

@@ -19,7 +19,16 @@
 // exceeds the budget are never chosen; `none` always fits.
 //
 // Before any throughput was measured, B counts as unknown and the smallest codec within budget is
-// chosen (a slow network then pays no uncompressed first round; a fast one switches after it).
+// chosen (a slow network then pays no uncompressed first round).
+//
+// Observed rounds. The model misjudges where a round is bound by neither: B is a lower bound, so
+// after a compressed round on one host (shared-memory links, memory-bound) fp32 looked 4x slower
+// than it was and was never tried again (`auto` stayed 13-46% behind fp32 there). So each round's
+// time is kept per codec (seconds per moved element, smoothed), a codec that was observed is
+// judged by its observations, one that was not by the model, and the uncompressed codec is tried
+// once whatever the model says (its round, free of CPU work, also measures the links best). Not
+// yet: trying an observed codec again when conditions change (a codec that lost keeps its time).
+
 #pragma once
 
 #include <cstdint>
@@ -83,6 +92,9 @@ public:
   /// Estimated seconds of a round over `elements` with `members`; unknown throughput counts as
   /// zero-cost network only when `throughput` is set.
   double estimated_seconds(kernels::codec_id codec, int64_t elements, size_t members) const;
+  /// A round with `codec` over `elements` with `members` took `seconds` (ignored when not
+  /// positive); also a throughput measurement of the bytes the round moved in that time.
+  void observe_round(kernels::codec_id codec, int64_t elements, size_t members, double seconds);
   /// The codec for a round over `elements` with `members` (none before profiling).
   kernels::codec_id choose(int64_t elements, size_t members) const;
   /// What the choice saw, for reports: each candidate's estimated seconds (CPU, network) and
@@ -93,6 +105,8 @@ private:
   codec_choice_options opts_;
   std::map<kernels::codec_id, codec_profile> profiles_;
   std::optional<double> throughput_;
+  /// Observed seconds per moved element, by codec.
+  std::map<kernels::codec_id, double> observed_;
 };
 
 } // namespace starling::actors::averager
