@@ -181,18 +181,28 @@ bool local_address(const std::string& name, sockaddr_un& addr, socklen_t& len) {
 
 } // namespace
 
-int listen_local(const std::string& name, std::string& why) {
-  sockaddr_un addr;
-  socklen_t len = 0;
+namespace {
+
+/// A Unix stream socket for `name` and its address; -1 with `why` when either fails.
+int local_socket(const std::string& name, sockaddr_un& addr, socklen_t& len, std::string& why) {
   if (!local_address(name, addr, len)) {
     why = "a local socket name of " + std::to_string(name.size()) + " bytes";
     return -1;
   }
   int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
+  if (fd < 0)
     why = errno_text("socket");
+  return fd;
+}
+
+} // namespace
+
+int listen_local(const std::string& name, std::string& why) {
+  sockaddr_un addr;
+  socklen_t len = 0;
+  int fd = local_socket(name, addr, len, why);
+  if (fd < 0)
     return -1;
-  }
   if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0 || ::listen(fd, 64) != 0) {
     why = errno_text(("listen on the local socket " + name).c_str());
     ::close(fd);
@@ -204,15 +214,9 @@ int listen_local(const std::string& name, std::string& why) {
 int connect_local(const std::string& name, std::string& why) {
   sockaddr_un addr;
   socklen_t len = 0;
-  if (!local_address(name, addr, len)) {
-    why = "a local socket name of " + std::to_string(name.size()) + " bytes";
+  int fd = local_socket(name, addr, len, why);
+  if (fd < 0)
     return -1;
-  }
-  int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    why = errno_text("socket");
-    return -1;
-  }
   int r = 0;
   do
     r = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), len);

@@ -1,15 +1,19 @@
 // A channel handler for direct-transport tests: queues the frames and lost links that arrive,
-// refuses payloads that are not 1-D, and waits (bounded) for the next of each.
+// refuses payloads that are not 1-D, and waits (bounded) for the next of each; and transports
+// with a collector each (`transports`).
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <doctest/doctest.h>
 
 #include "actors/transfer/transport.hpp"
 
@@ -71,6 +75,45 @@ struct collector : actors::transfer::channel_handler {
     auto l = losses.front();
     losses.pop_front();
     return l;
+  }
+};
+
+/// Transports, each with a collector on one channel (the same number everywhere), stopped at
+/// the end.
+struct transports {
+  std::vector<std::shared_ptr<actors::transfer::transport>> t;
+  std::vector<std::shared_ptr<collector>> c;
+  uint32_t channel = 0;
+
+  explicit transports(std::vector<actors::transfer::transport_options> opts) {
+    for (auto& o : opts) {
+      auto x = actors::transfer::transport::open(o);
+      REQUIRE_MESSAGE(x, (x ? std::string{} : x.error().what));
+      t.push_back(*x);
+      c.push_back(std::make_shared<collector>());
+      channel = t.back()->add_channel(c.back());
+    }
+  }
+  explicit transports(size_t n, actors::transfer::transport_options o = {})
+    : transports(std::vector<actors::transfer::transport_options>(n, o)) {}
+  ~transports() {
+    for (auto& x : t)
+      x->stop();
+  }
+  transports(const transports&) = delete;
+  transports& operator=(const transports&) = delete;
+
+  /// Links `from` to `to` (a token `to` issued for `from`'s id).
+  void link(size_t from, size_t to) {
+    auto token = t[to]->issue(t[from]->id());
+    REQUIRE(t[from]->connect(t[to]->id(), t[to]->host(), t[to]->port(), token));
+  }
+
+  std::shared_ptr<actors::transfer::outgoing_frame>
+  frame(std::vector<uint8_t> body, at::Tensor v = {},
+        kernels::codec_id codec = kernels::codec_id::none) {
+    return std::make_shared<actors::transfer::outgoing_frame>(channel, std::move(body),
+                                                              std::move(v), codec);
   }
 };
 

@@ -176,23 +176,30 @@ namespace {
 /// Training samples (backwards) served by the peers named `names`, one trainer of 10
 /// microbatches through a one-stage swarm of two equal cost-model peers, the first of which has
 /// 40 s of forwards queued from elsewhere; `probe` as in trainer_options.
+/// Two equal cost-model peers of the whole 2-block model on `bw`'s node: a 4-sample forward
+/// takes 0.4 s, its backward 0.8 s.
+std::vector<caf::actor> two_cost_peers(testing::board_world& bw,
+                                       const std::vector<std::string>& names) {
+  std::vector<caf::actor> peers;
+  for (auto& name : names) {
+    auto o = stage_opts(0, 0, 2, name);
+    o.backend = actors::stage::compute_backend::cost_model;
+    o.cost_model.forward_s = 0.1;
+    o.cost_model.backward_factor = 2;
+    peers.push_back(actors::stage::spawn_stage(bw.w.system(), o, bw.board));
+    bw.n.adopt(name, peers.back());
+  }
+  bw.w.run();
+  return peers;
+}
+
 std::vector<uint64_t> served_with_one_peer_loaded(bool probe) {
   testing::board_world bw{5, 1};
   auto& w = bw.w;
   auto& n = bw.n;
   auto& sys = w.system();
   auto& board = bw.board;
-  std::vector<caf::actor> peers;
-  for (std::string name : {"s0loaded", "s0idle"}) {
-    auto o = stage_opts(0, 0, 2, name);
-    o.backend = actors::stage::compute_backend::cost_model;
-    o.cost_model.forward_s = 0.1; // a 4-sample forward takes 0.4 s, its backward 0.8 s
-    o.cost_model.backward_factor = 2;
-    auto p = actors::stage::spawn_stage(sys, o, board);
-    n.adopt(name, p);
-    peers.push_back(p);
-  }
-  w.run();
+  auto peers = two_cost_peers(bw, {"s0loaded", "s0idle"});
   // 100 forwards queued at the first peer by someone else: 40 s of work.
   auto loaded = peers[0];
   n.spawn("other", [loaded](caf::event_based_actor* self) {
@@ -276,16 +283,7 @@ double largest_backlog(double entry_backlog_s) {
   auto& w = bw.w;
   auto& n = bw.n;
   auto& sys = w.system();
-  std::vector<caf::actor> peers;
-  for (std::string name : {"s0a", "s0b"}) {
-    auto o = stage_opts(0, 0, 2, name);
-    o.backend = actors::stage::compute_backend::cost_model;
-    o.cost_model.forward_s = 0.1; // a 4-sample forward takes 0.4 s, its backward 0.8 s
-    o.cost_model.backward_factor = 2;
-    peers.push_back(actors::stage::spawn_stage(sys, o, bw.board));
-    n.adopt(name, peers.back());
-  }
-  w.run();
+  auto peers = two_cost_peers(bw, {"s0a", "s0b"});
   auto largest = std::make_shared<double>(0);
   n.spawn("watch", [peers, largest](caf::event_based_actor* self) -> caf::behavior {
     self->send(self, 0);

@@ -30,37 +30,9 @@ using namespace starling;
 using namespace starling::actors::transfer;
 using namespace std::chrono_literals;
 using starling::testing::collector;
+using starling::testing::transports;
 
 namespace {
-
-/// Two transports (options each), a collector on one channel of each.
-struct pair_of_transports {
-  std::vector<std::shared_ptr<transport>> t;
-  std::vector<std::shared_ptr<collector>> c;
-  uint32_t channel = 0;
-
-  explicit pair_of_transports(std::vector<transport_options> opts) {
-    for (auto& o : opts) {
-      auto x = transport::open(o);
-      REQUIRE_MESSAGE(x, (x ? std::string{} : x.error().what));
-      t.push_back(*x);
-      c.push_back(std::make_shared<collector>());
-      channel = t.back()->add_channel(c.back());
-    }
-  }
-  ~pair_of_transports() {
-    for (auto& x : t)
-      x->stop();
-  }
-  void link(size_t from, size_t to) {
-    auto token = t[to]->issue(t[from]->id());
-    REQUIRE(t[from]->connect(t[to]->id(), t[to]->host(), t[to]->port(), token));
-  }
-  std::shared_ptr<outgoing_frame> frame(std::vector<uint8_t> body, at::Tensor v = {},
-                                        kernels::codec_id codec = kernels::codec_id::none) {
-    return std::make_shared<outgoing_frame>(channel, std::move(body), std::move(v), codec);
-  }
-};
 
 /// The name of the mapping of this process that holds `p` (from /proc/self/maps).
 std::string mapping_of(const void* p) {
@@ -139,7 +111,7 @@ std::vector<char> encoded(const at::Tensor& t) {
 
 TEST_CASE("local link: frames cross a same-host link both ways, payloads read in place from the "
           "sender's ring") {
-  pair_of_transports w({transport_options{}, transport_options{}});
+  transports w({transport_options{}, transport_options{}});
   w.link(0, 1);
   torch::manual_seed(5);
   auto x = torch::randn({200000}); // 800 KB: within half the default ring
@@ -208,7 +180,7 @@ TEST_CASE("local link: payloads above half the ring and rings turned off cross t
   small.ring_bytes = 64 << 10;
   transport_options none;
   none.ring_bytes = 0;
-  pair_of_transports w({small, none});
+  transports w({small, none});
   w.link(0, 1);
   auto big = torch::arange(20000, torch::kFloat32);  // 80 KB: above 32 KiB, on the socket
   auto little = torch::arange(2000, torch::kFloat32); // 8 KB: in the ring
@@ -234,7 +206,7 @@ TEST_CASE("local link: payloads above half the ring and rings turned off cross t
 TEST_CASE("local link: a client-mode transport links over the same-host socket, both ways") {
   transport_options client;
   client.host.clear();
-  pair_of_transports w({client, transport_options{}});
+  transports w({client, transport_options{}});
   w.link(0, 1);
   auto x = torch::arange(100000, torch::kFloat32);
   REQUIRE(w.t[0]->send(w.t[1]->id(), w.frame({1}, x)));
@@ -251,20 +223,29 @@ TEST_CASE("local link: a client-mode transport links over the same-host socket, 
   CHECK(w.t[0]->local_links_opened() == 1);
 }
 
+namespace {
+
+/// Links transport 0 to 1 and sends a tensor, which must arrive over TCP, not a local link.
+void sends_over_tcp(transports& w) {
+  w.link(0, 1);
+  auto x = torch::arange(5000, torch::kFloat32);
+  REQUIRE(w.t[0]->send(w.t[1]->id(), w.frame({1}, x)));
+  auto got = w.c[1]->next();
+  REQUIRE(got);
+  CHECK(torch::equal(got->payload.tensor, x));
+  CHECK_FALSE(in_ring(got->payload.tensor));
+  CHECK(w.t[0]->connections_opened() == 1);
+  CHECK(w.t[0]->local_links_opened() == 0);
+}
+
+} // namespace
+
 TEST_CASE("local link: without the peer's local socket, or when it refuses, the link is TCP") {
   SUBCASE("the listener has local links off") {
     transport_options off;
     off.local_links = false;
-    pair_of_transports w({transport_options{}, off});
-    w.link(0, 1);
-    auto x = torch::arange(5000, torch::kFloat32);
-    REQUIRE(w.t[0]->send(w.t[1]->id(), w.frame({1}, x)));
-    auto got = w.c[1]->next();
-    REQUIRE(got);
-    CHECK(torch::equal(got->payload.tensor, x));
-    CHECK_FALSE(in_ring(got->payload.tensor));
-    CHECK(w.t[0]->connections_opened() == 1);
-    CHECK(w.t[0]->local_links_opened() == 0);
+    transports w({transport_options{}, off});
+    sends_over_tcp(w);
   }
   SUBCASE("another process's socket holds the name and refuses") {
     // A free port, then a socket on the local name the transport on that port would take.
@@ -286,16 +267,9 @@ TEST_CASE("local link: without the peer's local socket, or when it refuses, the 
     transport_options at_port;
     at_port.port = port;
     {
-      pair_of_transports w({transport_options{}, at_port});
+      transports w({transport_options{}, at_port});
       REQUIRE(w.t[1]->port() == port);
-      w.link(0, 1);
-      auto x = torch::arange(5000, torch::kFloat32);
-      REQUIRE(w.t[0]->send(w.t[1]->id(), w.frame({1}, x)));
-      auto got = w.c[1]->next();
-      REQUIRE(got);
-      CHECK(torch::equal(got->payload.tensor, x));
-      CHECK(w.t[0]->local_links_opened() == 0);
-      CHECK(w.t[0]->connections_opened() == 1);
+      sends_over_tcp(w);
     }
     squatter.join();
     ::close(squat);
@@ -307,7 +281,7 @@ TEST_CASE("local link: hostile rings, ring positions and ring frames close the l
           "counted reason") {
   transport_options o;
   o.io_timeout = 2s;
-  pair_of_transports w({o});
+  transports w({o});
   auto& t = *w.t[0];
   auto name = local_link_name(t.host(), t.port());
   auto meta = make_link_meta(w.channel, {1});

@@ -24,42 +24,9 @@ using namespace starling;
 using namespace starling::actors::transfer;
 using namespace std::chrono_literals;
 using starling::testing::collector;
+using starling::testing::transports;
 
 namespace {
-
-/// Transports, each with a collector on one channel (the same number everywhere).
-struct transports {
-  std::vector<std::shared_ptr<transport>> t;
-  std::vector<std::shared_ptr<collector>> c;
-  uint32_t channel = 0;
-
-  explicit transports(std::vector<transport_options> opts) {
-    for (auto& o : opts) {
-      auto x = transport::open(o);
-      REQUIRE_MESSAGE(x, (x ? std::string{} : x.error().what));
-      t.push_back(*x);
-      c.push_back(std::make_shared<collector>());
-      channel = t.back()->add_channel(c.back());
-    }
-  }
-  explicit transports(size_t n, transport_options o = {})
-    : transports(std::vector<transport_options>(n, o)) {}
-  ~transports() {
-    for (auto& x : t)
-      x->stop();
-  }
-
-  /// Links `from` to `to` (a token `to` issued for `from`'s id).
-  void link(size_t from, size_t to) {
-    auto token = t[to]->issue(t[from]->id());
-    REQUIRE(t[from]->connect(t[to]->id(), t[to]->host(), t[to]->port(), token));
-  }
-
-  std::shared_ptr<outgoing_frame> frame(std::vector<uint8_t> body, at::Tensor v = {},
-                                        kernels::codec_id codec = kernels::codec_id::none) {
-    return std::make_shared<outgoing_frame>(channel, std::move(body), std::move(v), codec);
-  }
-};
 
 uint64_t rss_bytes() {
   std::ifstream f("/proc/self/statm");
