@@ -53,6 +53,22 @@ status send_all(int fd, const void* data, size_t n, int flags) {
   return {};
 }
 
+namespace {
+
+/// Why a read that returned `r` (0, or < 0 with errno other than EINTR) after `got` of `n`
+/// bytes ended.
+status read_ended(ssize_t r, size_t got, size_t n, const char* reading) {
+  if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+    return fail("timed out after " + std::to_string(got) + " of " + std::to_string(n) +
+                " bytes");
+  if (r == 0)
+    return fail("the peer closed the connection after " + std::to_string(got) + " of " +
+                std::to_string(n) + " bytes");
+  return fail(errno_text(reading));
+}
+
+} // namespace
+
 status recv_all(int fd, void* data, size_t n, size_t& got) {
   auto* p = static_cast<char*>(data);
   got = 0;
@@ -60,14 +76,8 @@ status recv_all(int fd, void* data, size_t n, size_t& got) {
     auto r = ::recv(fd, p + got, n - got, 0);
     if (r < 0 && errno == EINTR)
       continue;
-    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-      return fail("timed out after " + std::to_string(got) + " of " + std::to_string(n) +
-                  " bytes");
-    if (r == 0)
-      return fail("the peer closed the connection after " + std::to_string(got) + " of " +
-                  std::to_string(n) + " bytes");
-    if (r < 0)
-      return fail(errno_text("reading from the data connection"));
+    if (r <= 0)
+      return read_ended(r, got, n, "reading from the data connection");
     got += static_cast<size_t>(r);
   }
   return {};
@@ -282,14 +292,8 @@ status recv_with_fd(int fd, void* data, size_t n, int& passed) {
     auto r = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
     if (r < 0 && errno == EINTR)
       continue;
-    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-      return fail("timed out after " + std::to_string(got) + " of " + std::to_string(n) +
-                  " bytes");
-    if (r == 0)
-      return fail("the peer closed the connection after " + std::to_string(got) + " of " +
-                  std::to_string(n) + " bytes");
-    if (r < 0)
-      return fail(errno_text("reading from the local link"));
+    if (r <= 0)
+      return read_ended(r, got, n, "reading from the local link");
     for (auto* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
         continue;
