@@ -26,9 +26,10 @@ TEST_CASE("a slow stage of a 4-process cluster gains a peer by migration and the
     return std::vector<std::string>{
       STARLING_BINARY, "node", "--config", config, "--index", std::to_string(i), "--nodes", "4",
       "--out", dir + "/n" + std::to_string(i),
-      // Shorter: 200 microbatches, a check every 2 s on reports every 0.5 s. (With 120 the run
-      // took 13-20 s, and a first move that came only at 9.5 s, as it does in some runs, was
-      // missed once in four: a run of 18 s made none.)
+      // Shorter: 200 microbatches, a check every 2 s on reports every 0.5 s. A peer as fast as
+      // its stage's others claims a move with probability 0.25 per check (claim_probability),
+      // so the first move comes at 2.8 s in some runs and 9.5 s in others; with 120
+      // microbatches a run of 18 s once made none.
       "--set", "swarm.microbatches_per_trainer=100", "--set", "swarm.rebalance.every=2s",
       "--set", "swarm.rebalance.report_every=500ms", "--set", "swarm.eval_batches=2"};
   });
