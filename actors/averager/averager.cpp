@@ -587,6 +587,18 @@ void shell::start_round(uint64_t id, std::vector<messages::member_info> members)
       for (auto c : opts_.codec_candidates)
         if (auto p = measure_codec(sample, c, opts_.codec_params, now); p)
           chooser_->set_profile(*p);
+    // Links still open from an earlier round tell whether every member is on this host (then
+    // compression only adds work); a member not linked yet counts as remote.
+    bool local = transport_ && n > 1;
+    for (uint32_t i = 0; i < n && local; ++i) {
+      if (i == self)
+        continue;
+      auto it = remotes_.find(members[i].address);
+      local = members[i].bandwidth != 0 && it != remotes_.end() && it->second.channel != 0
+              && link_failures_[members[i].address] < max_link_failures
+              && transport_->local_link(it->second.id);
+    }
+    chooser_->set_links_local(local);
     r.codec = chooser_->choose(cur_->flat.numel(), n);
     r.choice = chooser_->describe(cur_->flat.numel(), n);
     r.elements = cur_->flat.numel();

@@ -107,15 +107,24 @@ void codec_chooser::observe_round(kernels::codec_id codec, int64_t elements, siz
   if (auto p = profiles_.find(codec); p != profiles_.end())
     observe(moved * p->second.bytes_per_element, seconds);
   auto per = seconds / moved;
+  ++rounds_;
   auto it = observed_.find(codec);
   if (it == observed_.end())
-    observed_.emplace(codec, per);
+    observed_.emplace(codec, observation{per, rounds_});
+  else if (stale(it->second)) // a retry: the old observation says nothing about now
+    it->second = observation{per, rounds_};
   else
-    it->second = (1 - opts_.smoothing) * it->second + opts_.smoothing * per;
+    it->second = observation{(1 - opts_.smoothing) * it->second.seconds_per_element
+                        + opts_.smoothing * per,
+                      rounds_};
+}
+
+bool codec_chooser::stale(const observation& s) const {
+  return opts_.retry_after > 0 && rounds_ >= s.round + opts_.retry_after;
 }
 
 kernels::codec_id codec_chooser::choose(int64_t elements, size_t members) const {
-  if (!profiled())
+  if (!profiled() || local_)
     return kernels::codec_id::none;
   auto best = kernels::codec_id::none;
   auto best_time = std::numeric_limits<double>::infinity();
@@ -136,14 +145,31 @@ kernels::codec_id codec_chooser::choose(int64_t elements, size_t members) const 
     auto seen = observed_.find(c);
     if (seen == observed_.end() && c == kernels::codec_id::none && !observed_.empty())
       return c;
-    auto t = seen != observed_.end() ? seen->second * moved
+    auto t = seen != observed_.end() ? seen->second.seconds_per_element * moved
                                      : estimated_seconds(c, elements, members);
     if (t < best_time) {
       best_time = t;
       best = c;
     }
   }
-  return best;
+  if (!throughput_)
+    return best;
+  // A codec that lost is tried again once its observation is stale, if it came close; the
+  // oldest observation first.
+  auto retry = best;
+  uint64_t oldest = std::numeric_limits<uint64_t>::max();
+  for (auto& [c, s] : observed_) {
+    if (c == best || estimated_error(c, members) > opts_.error_budget
+        || std::find(opts_.candidates.begin(), opts_.candidates.end(), c)
+               == opts_.candidates.end())
+      continue;
+    if (stale(s) && s.seconds_per_element * moved <= opts_.retry_ratio * best_time
+        && s.round < oldest) {
+      oldest = s.round;
+      retry = c;
+    }
+  }
+  return retry;
 }
 
 std::string codec_chooser::describe(int64_t elements, size_t members) const {
@@ -161,9 +187,11 @@ std::string codec_chooser::describe(int64_t elements, size_t members) const {
                                    : std::string{"?"},
                        estimated_error(c, members));
     if (auto seen = observed_.find(c); seen != observed_.end())
-      out += fmt::format(" seen {:.3f} s", seen->second * moved);
+      out += fmt::format(" seen {:.3f} s", seen->second.seconds_per_element * moved);
   }
-  if (throughput_)
+  if (local_)
+    out += "; links same-host (shared memory): uncompressed";
+  else if (throughput_)
     out += fmt::format("; links {:.1f} MB/s", *throughput_ / 1e6);
   return out;
 }

@@ -26,8 +26,18 @@
 // than it was and was never tried again (`auto` stayed 13-46% behind fp32 there). So each round's
 // time is kept per codec (seconds per moved element, smoothed), a codec that was observed is
 // judged by its observations, one that was not by the model, and the uncompressed codec is tried
-// once whatever the model says (its round, free of CPU work, also measures the links best). Not
-// yet: trying an observed codec again when conditions change (a codec that lost keeps its time).
+// once whatever the model says (its round, free of CPU work, also measures the links best).
+//
+// Trying again. One noisy round must not decide for good, and links change: an observed codec
+// that lost is tried once more when its last observation is `retry_after` rounds old and it came
+// within `retry_ratio` of the best (a codec several times slower, as fp32 on slow links, is not
+// retried); the fresh observation replaces the stale one.
+//
+// Same-host links. When every link of a round is a same-host link through shared-memory rings
+// (transfer::transport::local_link), fp32 chunks are reduced in place from the ring while a
+// compressed chunk is copied out and decoded: compression only adds CPU work, so the choice is
+// the uncompressed codec, without exploring (on one host `auto` was 8-30% behind fp32 over ten
+// rounds, from its exploring rounds and noisy observations).
 
 #pragma once
 
@@ -65,6 +75,10 @@ struct codec_choice_options {
   double error_budget = 1e-2;
   /// Weight of the newest throughput measurement in the running estimate (0, 1].
   double smoothing = 0.5;
+  /// Rounds after which an observed codec that lost is tried again (0: never).
+  uint32_t retry_after = 16;
+  /// ... when its observed time was at most this many times the best codec's.
+  double retry_ratio = 1.5;
 };
 
 /// Measures `codec` on `sample` (1-D fp32): size, error and the time to encode and decode it,
@@ -95,8 +109,14 @@ public:
   /// A round with `codec` over `elements` with `members` took `seconds` (ignored when not
   /// positive); also a throughput measurement of the bytes the round moved in that time.
   void observe_round(kernels::codec_id codec, int64_t elements, size_t members, double seconds);
+  /// Whether the next round's links are all same-host shared-memory links (then `choose` takes
+  /// the uncompressed codec). False until said.
+  void set_links_local(bool local) { local_ = local; }
+  bool links_local() const noexcept { return local_; }
   /// The codec for a round over `elements` with `members` (none before profiling).
   kernels::codec_id choose(int64_t elements, size_t members) const;
+  /// Rounds observed so far.
+  uint64_t rounds() const noexcept { return rounds_; }
   /// What the choice saw, for reports: each candidate's estimated seconds (CPU, network) and
   /// error, and the links' throughput.
   std::string describe(int64_t elements, size_t members) const;
@@ -105,8 +125,17 @@ private:
   codec_choice_options opts_;
   std::map<kernels::codec_id, codec_profile> profiles_;
   std::optional<double> throughput_;
-  /// Observed seconds per moved element, by codec.
-  std::map<kernels::codec_id, double> observed_;
+  /// Observed seconds per moved element, by codec, and the round (1-based) of its last
+  /// observation.
+  struct observation {
+    double seconds_per_element = 0;
+    uint64_t round = 0;
+  };
+  std::map<kernels::codec_id, observation> observed_;
+  uint64_t rounds_ = 0;
+  bool local_ = false;
+  /// True when `s` is stale: `retry_after` rounds or more old.
+  bool stale(const observation& s) const;
 };
 
 } // namespace starling::actors::averager

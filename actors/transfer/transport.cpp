@@ -309,6 +309,8 @@ struct link {
   /// Same-host links: the ring this side writes payloads into, the peer's it reads them from.
   std::unique_ptr<ring_writer> ring_out;
   std::shared_ptr<ring_reader> ring_in;
+  /// Over the same-host Unix socket (set once the link is up).
+  std::atomic<bool> local{false};
 };
 
 class transport_impl final : public transport {
@@ -409,6 +411,14 @@ public:
     std::lock_guard<std::mutex> guard{mu_};
     for (auto& l : links_)
       if (l->peer == peer && alive(*l))
+        return true;
+    return false;
+  }
+
+  bool local_link(const std::string& peer) const override {
+    std::lock_guard<std::mutex> guard{mu_};
+    for (auto& l : links_)
+      if (l->peer == peer && alive(*l) && l->local.load())
         return true;
     return false;
   }
@@ -694,6 +704,7 @@ private:
       if (!opts_.security && opts_.local_links && open_local(*l, host, port, token)) {
         ++connections_;
         ++local_links_;
+        l->local = true;
         l->out = std::make_unique<link_out>(l->fd, nullptr);
         l->in = std::make_unique<link_in>(l->fd, nullptr, counter());
         return {};
@@ -903,6 +914,7 @@ private:
         }
         if (mine)
           l->ring_out = std::make_unique<ring_writer>(std::move(mine));
+        l->local = true;
       }
       l->out = std::make_unique<link_out>(fd, nullptr);
       l->in = std::make_unique<link_in>(fd, nullptr, counter());

@@ -222,6 +222,8 @@ public:
                          const std::string& token) = 0;
   /// True while a link to `peer` (opened by either side) is open or opening.
   virtual bool linked(const std::string& peer) const = 0;
+  /// True while an open link to `peer` goes over the same-host Unix socket (`local_links`).
+  virtual bool local_link(const std::string& peer) const = 0;
   /// Queues `f` on a link to `peer`; false when there is none.
   virtual bool send(const std::string& peer, std::shared_ptr<outgoing_frame> f) = 0;
   /// Registers `h` under a new channel (>= first_dynamic_channel) and returns it.

@@ -46,7 +46,7 @@ struct avg_nodes {
 
   /// With `closed`, the nodes belong to that closed run and speak TLS.
   avg_nodes(std::vector<link_kind> kinds, kernels::codec_id codec,
-            testing::closed_run* closed = nullptr) {
+            testing::closed_run* closed = nullptr, bool adaptive = false) {
     runtime::caf_options co;
     co.heartbeat_interval = 100ms;
     co.connection_timeout = 2s;
@@ -78,6 +78,7 @@ struct avg_nodes {
       a.round_timeout = 20s;
       a.chunk_bytes = 64 << 10; // several chunks per part
       a.codec = codec;
+      a.adaptive_codec = adaptive;
       if (kinds[i] == link_kind::node) {
         REQUIRE(node.data_endpoint());
         a.transport = node.data_endpoint()->link_layer();
@@ -179,6 +180,38 @@ TEST_CASE("averagers on three nodes average over their nodes' transport: exact, 
       CHECK(mse <= 1e-5);
     }
   }
+}
+
+TEST_CASE("codec auto over same-host links: uncompressed once the links are known to be local") {
+  torch::manual_seed(12);
+  std::vector<torch::Tensor> xs;
+  for (int i = 0; i < 3; ++i)
+    xs.push_back(torch::randn({300001}));
+  auto mean = (xs[0] + xs[1] + xs[2]) / 3;
+  avg_nodes w({link_kind::node, link_kind::node, link_kind::node}, kernels::codec_id::none,
+              nullptr, true);
+  // The first round knows nothing of its links (the fewest bytes within the error budget: a
+  // compressed codec); the links it opened are same-host links, so every later round is exact.
+  auto first = complete_round(w, xs);
+  REQUIRE(first.size() == 3);
+  for (auto& res : first) {
+    INFO(res.report.detail);
+    CHECK(res.report.detail.find("codec auto: none") == std::string::npos);
+    CHECK(res.report.detail.find("same-host") == std::string::npos);
+  }
+  for (int rep = 0; rep < 2; ++rep) {
+    auto r = complete_round(w, xs);
+    REQUIRE(r.size() == 3);
+    for (auto& res : r) {
+      INFO(res.report.detail);
+      CHECK(res.report.detail.find("codec auto: none") != std::string::npos);
+      CHECK(res.report.detail.find("same-host") != std::string::npos);
+      CHECK((res.tensors[0].tensor - mean).abs().max().item<double>() < 1e-6);
+    }
+  }
+  for (auto& n : w.nodes)
+    CHECK(n->data_endpoint()->link_layer()->local_links_opened()
+          == n->data_endpoint()->link_layer()->connections_opened());
 }
 
 TEST_CASE("an averager without a transport is served over BASP in a group with transports") {

@@ -133,3 +133,73 @@ TEST_CASE("codec choice: observed rounds decide, the uncompressed codec is tried
     round(slow, 5.0, 2.5, 1.3);
   CHECK(picks == "blockwise8 none blockwise8 blockwise8 blockwise8");
 }
+
+TEST_CASE("codec choice: a codec that lost is tried again once its observation is stale") {
+  const int64_t n = int64_t{16} << 20;
+  codec_choice_options o;
+  o.candidates = {codec_id::none, codec_id::blockwise8};
+  o.retry_after = 4;
+  o.retry_ratio = 1.5;
+  codec_chooser c(o);
+  c.set_profile({codec_id::none, 4.0, 0.0, 0.0});
+  c.set_profile({codec_id::blockwise8, 1.0 + 4.0 / 4096, 6e-9, 8e-3});
+  std::string picks;
+  auto round = [&](double seconds_none, double seconds_bw8) {
+    auto k = c.choose(n, 4);
+    picks += std::string{picks.empty() ? "" : " "} + std::string{kernels::to_string(k)};
+    c.observe_round(k, n, 4, k == codec_id::none ? seconds_none : seconds_bw8);
+  };
+  // The uncompressed round is slowed once (0.12 s, a process that lost its core) and 8-bit
+  // wins; once that observation is four rounds old fp32 (within 1.5x) is tried again, its fresh
+  // 0.06 s replaces the stale 0.12 s, and it keeps the rounds; 8-bit, stale and within 1.5x in
+  // turn, is retried once.
+  round(0.12, 0.087); // blockwise8: nothing measured yet
+  round(0.12, 0.087); // none, tried once: slowed
+  for (int i = 0; i < 9; ++i)
+    round(0.06, 0.087);
+  CHECK(picks
+        == "blockwise8 none blockwise8 blockwise8 blockwise8 blockwise8 none none none none "
+           "blockwise8");
+  CHECK(c.rounds() == 11);
+  // A codec several times slower is not retried: fp32 over 200 Mbit/s links (5 s against 1.3 s).
+  codec_chooser slow(o);
+  slow.set_profile({codec_id::none, 4.0, 0.0, 0.0});
+  slow.set_profile({codec_id::blockwise8, 1.0 + 4.0 / 4096, 6e-9, 8e-3});
+  int fp32_rounds = 0;
+  for (int i = 0; i < 40; ++i) {
+    auto k = slow.choose(n, 4);
+    fp32_rounds += k == codec_id::none;
+    slow.observe_round(k, n, 4, k == codec_id::none ? 5.0 : 1.3);
+  }
+  CHECK(fp32_rounds == 1);
+  // retry_after 0: never.
+  o.retry_after = 0;
+  codec_chooser never(o);
+  never.set_profile({codec_id::none, 4.0, 0.0, 0.0});
+  never.set_profile({codec_id::blockwise8, 1.0 + 4.0 / 4096, 6e-9, 8e-3});
+  picks.clear();
+  int none_rounds = 0;
+  for (int i = 0; i < 20; ++i) {
+    auto k = never.choose(n, 4);
+    none_rounds += k == codec_id::none;
+    never.observe_round(k, n, 4, k == codec_id::none ? (i < 2 ? 0.12 : 0.06) : 0.087);
+  }
+  CHECK(none_rounds == 1);
+}
+
+TEST_CASE("codec choice: same-host links take the uncompressed codec without exploring") {
+  const int64_t n = int64_t{16} << 20;
+  auto c = typical();
+  c.set_links_local(true);
+  CHECK(c.links_local());
+  // Before any measurement (remote links would start with the fewest bytes) and after a
+  // compressed round that looked faster.
+  CHECK(c.choose(n, 4) == codec_id::none);
+  c.observe_round(codec_id::blockwise8, n, 4, 0.05);
+  c.observe_round(codec_id::none, n, 4, 0.07);
+  CHECK(c.choose(n, 4) == codec_id::none);
+  CHECK(c.describe(n, 4).find("same-host") != std::string::npos);
+  // A group with a remote member: the observations decide again.
+  c.set_links_local(false);
+  CHECK(c.choose(n, 4) == codec_id::blockwise8);
+}

@@ -124,6 +124,9 @@ TEST_CASE("local link: frames cross a same-host link both ways, payloads read in
   CHECK(in_ring(got->payload.tensor)); // one copy: the sender's into its ring
   CHECK(w.t[0]->local_links_opened() == 1);
   CHECK(w.t[0]->connections_opened() == 1);
+  CHECK(w.t[0]->local_link(w.t[1]->id())); // both ends know (codec: auto takes fp32 over it)
+  CHECK(w.t[1]->local_link(w.t[0]->id()));
+  CHECK_FALSE(w.t[0]->local_link("127.0.0.1:1"));
   // The answer comes back over the same link, through the other side's ring; a compressed
   // payload is copied out of the ring and decoded; a frame without payload has no ring part.
   REQUIRE(w.t[1]->send(w.t[0]->id(), w.frame({2}, x * 3)));
@@ -236,6 +239,8 @@ void sends_over_tcp(transports& w) {
   CHECK_FALSE(in_ring(got->payload.tensor));
   CHECK(w.t[0]->connections_opened() == 1);
   CHECK(w.t[0]->local_links_opened() == 0);
+  CHECK_FALSE(w.t[0]->local_link(w.t[1]->id()));
+  CHECK_FALSE(w.t[1]->local_link(w.t[0]->id()));
 }
 
 } // namespace
