@@ -4,6 +4,7 @@
 
 #include <capnp/message.h>
 #include <kj/exception.h>
+#include <sodium.h>
 
 #include "messages/enveloped.hpp"
 #include "messages/wire.hpp"
@@ -20,6 +21,56 @@ constexpr size_t sender_bytes = 20;
 /// A first segment (2 KiB) that holds a control message in one allocation; a large payload gets
 /// a segment of its own size anyway, and a bigger first segment would be zeroed for nothing.
 constexpr unsigned first_segment_words = 256;
+
+/// What an envelope's digest starts with: signatures of envelopes are of nothing else.
+constexpr char digest_domain[] = "starling envelope v3";
+
+/// BLAKE2b-256 of the domain and `pieces` (an envelope's flat bytes).
+std::string envelope_digest(const std::vector<std::pair<const char*, size_t>>& pieces) {
+  crypto_generichash_state st;
+  crypto_generichash_init(&st, nullptr, 0, envelope_digest_bytes);
+  crypto_generichash_update(&st, reinterpret_cast<const unsigned char*>(digest_domain),
+                            sizeof digest_domain);
+  for (auto& [p, n] : pieces)
+    crypto_generichash_update(&st, reinterpret_cast<const unsigned char*>(p), n);
+  std::string out(envelope_digest_bytes, '\0');
+  crypto_generichash_final(&st, reinterpret_cast<unsigned char*>(out.data()), out.size());
+  return out;
+}
+
+/// The signature of `pieces` by `ctx`'s node, or a failure (a signer that returned no
+/// signature of the right size).
+result<std::string> sign_pieces(wire_context& ctx,
+                                const std::vector<std::pair<const char*, size_t>>& pieces) {
+  auto sig = ctx.sign(envelope_digest(pieces));
+  if (sig.size() != envelope_signature_bytes)
+    return fail("encoding failed: the node's signer returned " + std::to_string(sig.size())
+                + " bytes, expected a 64-byte signature");
+  return sig;
+}
+
+/// The size of the flat Cap'n Proto message at the start of `bytes` by its segment table, or
+/// nothing when the table does not fit (the reader then says why).
+std::optional<uint64_t> flat_size(const char* bytes, size_t size) {
+  if (size < 4)
+    return std::nullopt;
+  auto le32 = [&](size_t at) {
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; --i)
+      v = (v << 8) | static_cast<uint8_t>(bytes[at + static_cast<size_t>(i)]);
+    return v;
+  };
+  uint64_t count = uint64_t{le32(0)} + 1;
+  if (count > 512) // capnp's own limit on segments
+    return std::nullopt;
+  uint64_t table = ((count + 2) & ~uint64_t{1}) * 4;
+  if (size < table)
+    return std::nullopt;
+  uint64_t words = 0;
+  for (uint64_t i = 0; i < count; ++i)
+    words += le32(4 + 4 * static_cast<size_t>(i));
+  return table + words * sizeof(capnp::word);
+}
 
 } // namespace
 
@@ -51,6 +102,12 @@ status encode_envelope(wire_context* ctx, const std::function<status(payload_wri
     if (auto st = write(w); !st)
       return st;
     write_flat(msg, out);
+    if (ctx && ctx->signs()) {
+      auto sig = sign_pieces(*ctx, {{out.data(), out.size()}});
+      if (!sig)
+        return sig.error();
+      out.insert(out.end(), sig->begin(), sig->end());
+    }
     return {};
   } catch (const kj::Exception& e) {
     return fail("encoding failed: " + std::string{e.getDescription().cStr()});
@@ -70,6 +127,13 @@ decode_envelope(const char* bytes, size_t size, wire_context* ctx, const char* e
   };
   envelope_header h;
   auto limit = ctx ? ctx->options().max_envelope_bytes : max_message_bytes;
+  // A signature follows the flat message when the bytes exceed it by exactly one.
+  std::string_view signature;
+  if (auto flat = flat_size(bytes, size);
+      flat && size >= envelope_signature_bytes && *flat == size - envelope_signature_bytes) {
+    signature = std::string_view{bytes + *flat, envelope_signature_bytes};
+    size = static_cast<size_t>(*flat);
+  }
   if (size > limit) {
     refusal = wire_refusal{wire_reason::too_large, "an envelope of " + std::to_string(size)
                                                      + " bytes, at most "
@@ -103,6 +167,14 @@ decode_envelope(const char* bytes, size_t size, wire_context* ctx, const char* e
                                                     + ", expected " + expected);
       // Admission before the payload is read: an unadmitted sender costs no decoding.
       if (ctx && !ctx->authorize(h, expected, why))
+        return refuse(why.why, why.detail);
+      // The signature before anything is recorded: a forged envelope must not use up its
+      // victim's sequence numbers.
+      if (ctx && (!signature.empty() || ctx->options().require_signature)
+          && !ctx->verify(h,
+                          signature.empty() ? std::string{}
+                                            : envelope_digest({{bytes, size}}),
+                          signature, why))
         return refuse(why.why, why.detail);
       try {
         if (auto st = read(p); !st)
@@ -173,6 +245,7 @@ std::string payload_name(wire::Envelope::Payload::Reader p) {
 struct encoded_envelope::impl {
   capnp::MallocMessageBuilder msg{first_segment_words};
   std::vector<uint32_t> table;
+  std::string signature;
 };
 
 encoded_envelope::encoded_envelope() = default;
@@ -202,6 +275,14 @@ status encoded_envelope::build(wire_context* ctx,
       auto bytes = seg.size() * sizeof(capnp::word);
       pieces_.emplace_back(reinterpret_cast<const char*>(seg.begin()), bytes);
       size_ += bytes;
+    }
+    if (ctx && ctx->signs()) {
+      auto sig = sign_pieces(*ctx, pieces_);
+      if (!sig)
+        return sig.error();
+      impl_->signature = std::move(*sig);
+      pieces_.emplace_back(impl_->signature.data(), impl_->signature.size());
+      size_ += impl_->signature.size();
     }
     return {};
   } catch (const kj::Exception& e) {

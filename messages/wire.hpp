@@ -19,8 +19,9 @@ namespace starling::messages {
 
 /// The wire protocol version this build speaks (Envelope.protocolVersion); messages/README.md
 /// says which changes bump it. 2: every cross-process message is an envelope, with sequence
-/// numbers and send times.
-inline constexpr uint16_t protocol_version = 2;
+/// numbers and send times. 3: an envelope may carry its sender's signature after it (closed runs
+/// sign every envelope).
+inline constexpr uint16_t protocol_version = 3;
 
 /// Largest flat array accepted from the network (BASP carries at most ~2 GB per message anyway).
 inline constexpr size_t max_message_bytes = size_t{1} << 31;

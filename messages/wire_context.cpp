@@ -27,6 +27,8 @@ std::string_view to_string(wire_reason r) {
       return "out_of_range";
     case wire_reason::unauthorized:
       return "unauthorized";
+    case wire_reason::signature:
+      return "signature";
   }
   return "unknown";
 }
@@ -66,6 +68,32 @@ int64_t wire_context::now() const {
 
 std::pair<uint64_t, int64_t> wire_context::stamp() {
   return {next_seq_.fetch_add(1), now()};
+}
+
+std::string wire_context::sign(std::string_view digest) const {
+  return opts_.sign ? opts_.sign(digest) : std::string{};
+}
+
+bool wire_context::verify(const envelope_header& h, std::string_view digest,
+                          std::string_view signature, wire_refusal& why) const {
+  if (signature.empty()) {
+    if (!opts_.require_signature)
+      return true;
+    why = {wire_reason::signature, "an unsigned envelope; this run requires every envelope to be "
+                                   "signed by its sender's node key"};
+    return false;
+  }
+  if (!opts_.verify)
+    return true; // nothing to check it against: the envelope counts as unsigned
+  if (h.sender.empty()) {
+    why = {wire_reason::signature, "a signed envelope without a sender peer id"};
+    return false;
+  }
+  auto line = opts_.verify(h.sender, digest, signature);
+  if (line.empty())
+    return true;
+  why = {wire_reason::signature, std::move(line)};
+  return false;
 }
 
 bool wire_context::authorize(const envelope_header& h, std::string_view kind,

@@ -41,10 +41,18 @@ enum class wire_reason : uint8_t {
   /// A sender this node has not admitted (no hello, expired, revoked or banned), or whose roles
   /// do not allow the payload's kind (the gatekeeper's reason is in the detail).
   unauthorized,
+  /// A signature missing where the run requires one, or one that is not the sender's own over
+  /// this envelope (another member speaking for it, or bytes changed on the way).
+  signature,
 };
 
 /// Number of reasons.
-inline constexpr size_t wire_reason_count = static_cast<size_t>(wire_reason::unauthorized) + 1;
+inline constexpr size_t wire_reason_count = static_cast<size_t>(wire_reason::signature) + 1;
+
+/// Bytes of the digest an envelope's signature signs (BLAKE2b-256 of its flat bytes).
+inline constexpr size_t envelope_digest_bytes = 32;
+/// Bytes of an envelope's signature trailer (Ed25519).
+inline constexpr size_t envelope_signature_bytes = 64;
 
 /// The stable name of a reason (`"replay"`, `"out_of_range"`...).
 std::string_view to_string(wire_reason r);
@@ -96,6 +104,16 @@ struct wire_options {
   /// admitted, else the gatekeeper's refusal line (counted as `unauthorized`). Empty function:
   /// every sender that passes the header checks is admitted. Called on CAF's threads.
   std::function<std::string(const std::string& sender, std::string_view kind)> admit;
+  /// Signs the digest of an outgoing envelope (`envelope_digest_bytes`) with this node's key:
+  /// the 64-byte signature, sent after the envelope. Empty: envelopes go unsigned.
+  std::function<std::string(std::string_view digest)> sign;
+  /// Checks the signature of an arriving envelope from `sender` over its digest: empty when it
+  /// is the sender's, else the refusal's detail. Empty function: signatures are not checked.
+  std::function<std::string(const std::string& sender, std::string_view digest,
+                            std::string_view signature)>
+    verify;
+  /// Refuse unsigned envelopes (a closed run sets this, with `sign` and `verify`).
+  bool require_signature = false;
 };
 
 /// A node's wire state. Share one per actor system (see `wire_context_holder`).
@@ -118,6 +136,18 @@ public:
 
   /// Asks the admission hook whether `h`'s sender may send `kind`; false with the refusal.
   bool authorize(const envelope_header& h, std::string_view kind, wire_refusal& why) const;
+
+  /// True when outgoing envelopes are signed.
+  bool signs() const noexcept { return static_cast<bool>(opts_.sign); }
+  /// The signature of an outgoing envelope's digest (empty when this context does not sign).
+  std::string sign(std::string_view digest) const;
+
+  /// Checks an arriving envelope's signature (`signature` empty when it came without one) over
+  /// its digest: false with the refusal when one is required and missing, or present and not
+  /// the sender's. Call after `authorize` (the sender's key is the admitted one's) and before
+  /// `record` (a forged envelope must not use up its victim's sequence numbers).
+  bool verify(const envelope_header& h, std::string_view digest, std::string_view signature,
+              wire_refusal& why) const;
 
   /// Records `h`'s sequence number in its sender's window; false (a replay) when it was seen
   /// before or lies below the window. Senders without an id are not tracked.

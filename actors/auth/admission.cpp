@@ -187,6 +187,12 @@ std::optional<peer_info> admission::peer(std::string_view peer_id) const {
   return i->second.info;
 }
 
+std::string admission::key_of(std::string_view peer_id) const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  auto i = by_peer_.find(peer_id);
+  return i == by_peer_.end() ? std::string{} : i->second.info.peer_key;
+}
+
 checked<std::vector<std::string>> admission::update_deny_list(std::string_view signed_list) {
   auto t = now();
   std::lock_guard<std::mutex> guard{mtx_};

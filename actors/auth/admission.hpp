@@ -103,6 +103,8 @@ public:
 
   /// The admitted peer of `peer_id`, if any.
   std::optional<peer_info> peer(std::string_view peer_id) const;
+  /// The node key `peer_id` was admitted with (empty when it is not admitted now).
+  std::string key_of(std::string_view peer_id) const;
 
   /// Installs a newer signed deny list; returns the peer ids it removes (revoked or banned).
   checked<std::vector<std::string>> update_deny_list(std::string_view signed_list);

@@ -46,6 +46,7 @@ void read_options(config_node& n, node_options& out) {
   if (n.has("token"))
     out.token = n.child("token").as_string();
   read(n, "tls", out.tls);
+  read(n, "sign_envelopes", out.sign_envelopes);
   if (out.authority.empty() != out.token.empty())
     n.child(out.authority.empty() ? "token" : "authority")
       .expected(out.authority.empty() ? "node.authority (the run's authority.pub) beside node.token"

@@ -52,6 +52,11 @@ struct node_options {
   /// Encrypt and authenticate connections with caf_openssl when the token file carries the
   /// node's certificate and the run's CA. Default on (only with `authority`).
   bool tls = true;
+  /// Sign every envelope with the node key, and refuse arriving envelopes that are not signed by
+  /// the key their sender was admitted with (messages/README.md, "Signed envelopes"), so that a
+  /// member cannot speak for another. Default on (only with `authority`; both sides of a run
+  /// must agree: a node that signs refuses unsigned envelopes).
+  bool sign_envelopes = true;
 };
 
 /// One simulated link direction.

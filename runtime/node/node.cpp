@@ -411,6 +411,22 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
     auto refused = gate->admission().allow(sender, kind);
     return refused ? refused->line() : std::string{};
   };
+  if (!creds->trust.open() && opts.sign_envelopes) {
+    // A closed run signs every envelope with the node key and checks each arriving one against
+    // the key its sender was admitted with: a member cannot speak for another member.
+    wo.sign = [key = n->key_](std::string_view digest) { return key->sign(digest); };
+    wo.verify = [gate = n->gate_](const std::string& sender, std::string_view digest,
+                                  std::string_view signature) {
+      auto key = gate->admission().key_of(sender);
+      if (key.empty())
+        return std::string{"a signed envelope from a sender this node has not admitted"};
+      if (!actors::auth::verify_signature(key, digest, signature))
+        return std::string{"not signed by the key its sender was admitted with (another node "
+                           "speaking for it, or bytes changed on the way)"};
+      return std::string{};
+    };
+    wo.require_signature = true;
+  }
   n->wire_ = std::make_shared<messages::wire_context>(std::move(wo));
   if (!creds->trust.open()) {
     // A closed run seals its direct links: each side proves its node key, and the other must be

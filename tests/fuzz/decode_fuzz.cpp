@@ -36,19 +36,26 @@ namespace {
 
 constexpr int64_t now_ns = int64_t{1'800'000'000} * 1'000'000'000;
 
-/// A fresh receiving context per input: fuzz inputs must not depend on earlier ones.
+const auth::key_pair& authority() {
+  // Derived once; a constant, not state.
+  static const auto k = auth::key_pair::from_test_seed(100);
+  return k;
+}
+
+/// A fresh receiving context per input: fuzz inputs must not depend on earlier ones. A signature
+/// after an envelope is checked against the test key (unsigned envelopes are read on, so that
+/// every payload reader stays reachable).
 wire_options context_options() {
   wire_options o;
   o.experiment = "seed";
   o.clock = [] { return now_ns; };
   o.max_clock_skew_ns = 0; // seeds carry send time 0
+  o.verify = [](const std::string&, std::string_view digest, std::string_view signature) {
+    return auth::verify_signature(authority().public_key(), digest, signature)
+             ? std::string{}
+             : std::string{"not the test key's signature"};
+  };
   return o;
-}
-
-const auth::key_pair& authority() {
-  // Derived once; a constant, not state.
-  static const auto k = auth::key_pair::from_test_seed(100);
-  return k;
 }
 
 auth::trust_anchor trust() {

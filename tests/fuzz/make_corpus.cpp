@@ -82,13 +82,16 @@ void tensor_into(wire::Tensor::Builder b, kernels::codec_id c) {
   fill(h, chunks);
 }
 
-/// An envelope of the seed experiment whose payload `write` fills.
+/// An envelope of the seed experiment whose payload `write` fills; `signed_by` signs it (as a
+/// closed run's nodes do).
 template <class Write>
-std::vector<char> envelope(Write&& write) {
+std::vector<char> envelope(Write&& write, const auth::key_pair* signed_by = nullptr) {
   wire_options o;
   o.experiment = "seed";
-  o.peer_id = std::string(20, 'p');
+  o.peer_id = signed_by ? signed_by->peer_id() : std::string(20, 'p');
   o.clock = [] { return int64_t{0}; };
+  if (signed_by)
+    o.sign = [signed_by](std::string_view digest) { return signed_by->sign(digest); };
   wire_context ctx{o};
   std::vector<char> out;
   auto st = encode_envelope(&ctx, [&](payload_writer& w) {
@@ -122,6 +125,12 @@ int main(int argc, char** argv) {
   dht_peer peer{std::string(20, 'i'), "127.0.0.1:1/dht"};
   dht_record rec{"key", true, "sub", {'v'}, 5, std::string(64, 's')};
   typed("ping", ping_msg{1, "seed"});
+  // Signed as a closed run's node signs (the fuzzer's context checks it with the test key).
+  auto signer = auth::key_pair::from_test_seed(100);
+  save("envelope-ping-signed", 0, envelope([](wire::Envelope::Payload::Builder p) {
+         payload_writer w{p};
+         (void) wire_codec<ping_msg>::write(w, ping_msg{2, "signed"});
+       }, &signer));
   typed("blob", blob_msg{"t", {'x'}});
   typed("metric", metric_event{"trainer.0", "microbatch", {{"loss", 1.5}}, {{"peer", "p"}}, 2.0});
   typed("dht-request", dht_request{1, peer, {}, "key", {rec}});

@@ -3,6 +3,10 @@
 #include <doctest/doctest.h>
 
 #include <capnp/message.h>
+#include <sodium.h>
+
+#include <algorithm>
+#include <map>
 
 #include "messages/dht.hpp"
 #include "messages/envelope.hpp"
@@ -228,4 +232,107 @@ TEST_CASE("check_payload decodes torch-free payloads and refuses bad fields") {
     return check_payload(payload_reader{r.getRoot<wire::Envelope>().getPayload()});
   });
   CHECK(st.ok());
+}
+
+namespace {
+
+/// An Ed25519 key pair (libsodium), for signed envelopes.
+struct signer {
+  unsigned char pk[crypto_sign_PUBLICKEYBYTES];
+  unsigned char sk[crypto_sign_SECRETKEYBYTES];
+  explicit signer(unsigned char seed_byte) {
+    REQUIRE(sodium_init() >= 0);
+    unsigned char seed[crypto_sign_SEEDBYTES];
+    std::fill(std::begin(seed), std::end(seed), seed_byte);
+    crypto_sign_seed_keypair(pk, sk, seed);
+  }
+  std::string sign(std::string_view digest) const {
+    std::string sig(crypto_sign_BYTES, '\0');
+    crypto_sign_detached(reinterpret_cast<unsigned char*>(sig.data()), nullptr,
+                         reinterpret_cast<const unsigned char*>(digest.data()), digest.size(), sk);
+    return sig;
+  }
+  std::string public_key() const { return std::string(reinterpret_cast<const char*>(pk), sizeof pk); }
+};
+
+/// A context that claims peer id `id` and signs with `key` (null: unsigned).
+std::shared_ptr<wire_context> signing_ctx(char id, const signer* key, const int64_t* now) {
+  wire_options o;
+  o.experiment = "exp";
+  o.peer_id = std::string(20, id);
+  o.clock = [now] { return *now; };
+  if (key)
+    o.sign = [key](std::string_view digest) { return key->sign(digest); };
+  return std::make_shared<wire_context>(o);
+}
+
+} // namespace
+
+TEST_CASE("signed envelopes: a member cannot speak for another, a changed byte is caught") {
+  int64_t now = 1000 * sec;
+  signer alice{1}, mallory{2};
+  std::map<std::string, std::string> admitted{{std::string(20, 'a'), alice.public_key()},
+                                              {std::string(20, 'm'), mallory.public_key()}};
+  wire_options o;
+  o.experiment = "exp";
+  o.peer_id = std::string(20, 'b');
+  o.clock = [&] { return now; };
+  o.require_signature = true;
+  o.verify = [&](const std::string& sender, std::string_view digest, std::string_view sig) {
+    auto k = admitted.find(sender);
+    if (k == admitted.end())
+      return std::string{"not admitted"};
+    bool ok = sig.size() == crypto_sign_BYTES && digest.size() == envelope_digest_bytes
+              && crypto_sign_verify_detached(
+                   reinterpret_cast<const unsigned char*>(sig.data()),
+                   reinterpret_cast<const unsigned char*>(digest.data()), digest.size(),
+                   reinterpret_cast<const unsigned char*>(k->second.data()))
+                   == 0;
+    return ok ? std::string{} : std::string{"not the sender's signature"};
+  };
+  wire_context bob{o};
+  auto a = signing_ctx('a', &alice, &now);
+  // Mallory, a member, puts Alice's peer id on envelopes she signs with her own key; both
+  // contexts start their sequence numbers at the same clock reading.
+  auto forger = signing_ctx('a', &mallory, &now);
+  ping_msg got;
+  auto forged = encode(forger.get(), ping_msg{1, "node-a"});
+  auto honest = encode(a.get(), ping_msg{1, "node-a"});
+  CHECK(honest.size() % 8 == 0);
+  auto r = decode(&bob, forged, got);
+  REQUIRE(r);
+  CHECK(r->why == wire_reason::signature);
+  CHECK(r->line().rfind("envelope refused (signature): not the sender's signature", 0) == 0);
+  // The forgery used up none of Alice's sequence numbers: her envelope with the same one passes.
+  CHECK_FALSE(decode(&bob, honest, got));
+  CHECK(got.origin == "node-a");
+  // Bytes changed on the way: "node-a" becomes "node-x" in Alice's next envelope.
+  auto next = encode(a.get(), ping_msg{2, "node-a"});
+  std::string text{"node-a"};
+  auto at = std::search(next.begin(), next.end(), text.begin(), text.end());
+  REQUIRE(at != next.end());
+  *(at + 5) = 'x';
+  r = decode(&bob, next, got);
+  REQUIRE(r);
+  CHECK(r->why == wire_reason::signature);
+  // An unsigned envelope where the run requires signatures.
+  auto bare = signing_ctx('a', nullptr, &now);
+  r = decode(&bob, encode(bare.get(), ping_msg{3, "node-a"}), got);
+  REQUIRE(r);
+  CHECK(r->why == wire_reason::signature);
+  CHECK(r->detail.find("unsigned") != std::string::npos);
+  // A ragged trailer (63 bytes after the message) is no signature: malformed.
+  auto ragged = encode(a.get(), ping_msg{4, "node-a"});
+  ragged.resize(ragged.size() - 1);
+  CHECK(decode(&bob, ragged, got)->why == wire_reason::malformed);
+  // Mallory signing as herself is admitted.
+  auto m = signing_ctx('m', &mallory, &now);
+  CHECK_FALSE(decode(&bob, encode(m.get(), ping_msg{5, "node-m"}), got));
+  CHECK(bob.refused(wire_reason::signature) == 3);
+  CHECK(bob.admitted() == 2);
+  // A receiver that checks no signatures (an open run) reads a signed envelope as any other.
+  auto open = make_ctx("exp", 'c', &now);
+  CHECK_FALSE(decode(open.get(), encode(a.get(), ping_msg{6, "node-a"}), got));
+  CHECK(got.seq == 6);
+  CHECK_FALSE(decode<ping_msg>(nullptr, encode(a.get(), ping_msg{7, "node-a"}), got));
 }

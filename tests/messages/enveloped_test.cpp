@@ -5,6 +5,7 @@
 
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
+#include <sodium.h>
 #include <torch/torch.h>
 
 #include "messages/averager.hpp"
@@ -351,4 +352,66 @@ TEST_CASE("over BASP, a refused request is answered with its reason instead of t
     anon_send_exit(server, caf::exit_reason::user_shutdown);
     b.middleman().unpublish(server, *port);
   }
+}
+
+TEST_CASE("signed envelopes under CAF's serializers: the sender's key verifies, a claimed id fails") {
+  REQUIRE(sodium_init() >= 0);
+  unsigned char pk_a[crypto_sign_PUBLICKEYBYTES], sk_a[crypto_sign_SECRETKEYBYTES];
+  unsigned char pk_m[crypto_sign_PUBLICKEYBYTES], sk_m[crypto_sign_SECRETKEYBYTES];
+  crypto_sign_keypair(pk_a, sk_a);
+  crypto_sign_keypair(pk_m, sk_m);
+  auto signing = [](const unsigned char* sk) {
+    return [sk](std::string_view digest) {
+      std::string sig(crypto_sign_BYTES, '\0');
+      crypto_sign_detached(reinterpret_cast<unsigned char*>(sig.data()), nullptr,
+                           reinterpret_cast<const unsigned char*>(digest.data()), digest.size(),
+                           sk);
+      return sig;
+    };
+  };
+  // a signs as itself; m claims a's peer id with its own key; b knows a's key.
+  wire_config cfg_a{"exp", 'a'}, cfg_m{"exp", 'a'}, cfg_b{"exp", 'b'};
+  auto with = [](wire_config& cfg, auto&& change) {
+    auto o = cfg.wire->options();
+    change(o);
+    cfg.wire = std::make_shared<wire_context>(o);
+  };
+  with(cfg_a, [&](wire_options& o) { o.sign = signing(sk_a); });
+  with(cfg_m, [&](wire_options& o) { o.sign = signing(sk_m); });
+  with(cfg_b, [&](wire_options& o) {
+    o.require_signature = true;
+    o.verify = [&](const std::string& sender, std::string_view digest, std::string_view sig) {
+      bool ok = sender == std::string(20, 'a')
+                && crypto_sign_verify_detached(
+                     reinterpret_cast<const unsigned char*>(sig.data()),
+                     reinterpret_cast<const unsigned char*>(digest.data()), digest.size(), pk_a)
+                     == 0;
+      return ok ? std::string{} : std::string{"not a's signature"};
+    };
+  });
+  caf::actor_system a{cfg_a}, m{cfg_m}, b{cfg_b};
+  auto carry = [&](caf::actor_system& from, stage_forward x) {
+    std::vector<char> buf;
+    caf::binary_serializer sink{from, buf};
+    auto err = inspect(sink, x);
+    REQUIRE_MESSAGE(!err, caf::to_string(err));
+    stage_forward y;
+    caf::binary_deserializer source{b, buf};
+    err = inspect(source, y);
+    REQUIRE_MESSAGE(!err, caf::to_string(err));
+    return y;
+  };
+  torch::manual_seed(5);
+  stage_forward f;
+  f.seed = 7;
+  f.input = tensor({4, 8});
+  // The pieces (segment table, segments, the tensor's memory) and the signature after them.
+  auto y = carry(a, f);
+  CHECK(y.wire_error == "");
+  same(f.input, y.input);
+  auto forged = carry(m, f);
+  CHECK(forged.wire_error.rfind("envelope refused (signature): not a's signature", 0) == 0);
+  CHECK_FALSE(forged.input.ok());
+  CHECK(cfg_b.wire->refused(wire_reason::signature) == 1);
+  CHECK(cfg_b.wire->admitted() == 1);
 }

@@ -143,6 +143,13 @@ TEST_CASE("token holders of a closed run connect over TLS, and a node without th
   CHECK(ping(*b, peer) == "a");
   CHECK(a->gate()->admission().admitted() == 1);
   CHECK(b->gate()->admission().admitted() == 1);
+  // Every envelope of a closed run is signed, and each arriving one verified against the key
+  // its sender was admitted with.
+  CHECK(a->wire()->signs());
+  CHECK(a->wire()->options().require_signature);
+  CHECK(a->wire()->admitted() >= 1);
+  CHECK(a->wire()->refused(messages::wire_reason::signature) == 0);
+  CHECK(b->wire()->refused_total() == 0);
   // An open node (no certificate) cannot reach the TLS node, nor the TLS node it.
   auto plain = testing::start_node("plain", "gate-run");
   auto to_tls = plain->join(fmt::format("127.0.0.1:{}", a->port()), {});
