@@ -283,7 +283,15 @@ class model_input : public stage_layer {
 public:
   explicit model_input(torchscript_config cfg) : cfg_(std::move(cfg)) {}
 
-  torch::Tensor forward(const torch::Tensor& x) override { return x; }
+  /// Tokens pass; features come as [B, input_shape...] or flat [B, numel of input_shape] (image
+  /// data sources give flat rows) and leave as [B, input_shape...].
+  torch::Tensor forward(const torch::Tensor& x) override {
+    if (cfg_.input_shape.empty() || x.dim() != 2 || cfg_.input_shape.size() == 1)
+      return x;
+    std::vector<int64_t> want{x.size(0)};
+    want.insert(want.end(), cfg_.input_shape.begin(), cfg_.input_shape.end());
+    return x.reshape(want);
+  }
 
   status check_input(const torch::Tensor& x) const override {
     if (cfg_.input_shape.empty()) {
@@ -299,9 +307,14 @@ public:
     }
     std::vector<int64_t> want{x.dim() > 0 ? x.size(0) : 0};
     want.insert(want.end(), cfg_.input_shape.begin(), cfg_.input_shape.end());
-    if (!x.is_floating_point() || x.sizes().vec() != want || x.size(0) < 1)
-      return fail(fmt::format("{}: expects float [B, {}], got {}", cfg_.files.front(),
-                              fmt::join(cfg_.input_shape, ", "), describe(x)));
+    int64_t features = 1;
+    for (auto v : cfg_.input_shape)
+      features *= v;
+    bool flat = x.dim() == 2 && x.size(1) == features;
+    if (!x.is_floating_point() || (x.sizes().vec() != want && !flat) || x.size(0) < 1)
+      return fail(fmt::format("{}: expects float [B, {}] (or flat rows [B, {}]), got {}",
+                              cfg_.files.front(), fmt::join(cfg_.input_shape, ", "), features,
+                              describe(x)));
     return {};
   }
 

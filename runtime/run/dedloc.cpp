@@ -440,8 +440,11 @@ private:
     j["held_out_samples"] = samples;
     j["held_out_batches"] = samples > 0 ? 1 : 0;
     j["microbatch"] = samples;
-    if (o.torchscript)
+    if (o.torchscript && o.torchscript->input_shape.empty())
       j["seq_len"] = o.torchscript->seq_len;
+    else if (o.torchscript)
+      j["input_shape"] = o.torchscript->input_shape; // images: the first held_out_samples
+                                                     // test images, pixels / 255
     std::ofstream out{dir + "/export.json"};
     out << j.dump(2) << "\n";
     out.close();
@@ -669,6 +672,21 @@ status check_dedloc_role(const dedloc_role_options& o) {
   if (o.data_kind == "tokens" && !token_model)
     return fail("data kind tokens needs a TorchScript model of tokens (model: {kind: "
                 "torchscript, files: [...]}); the MLP reads images");
+  if (o.torchscript && !token_model) {
+    // A scripted model of images reads the idx images: 28x28 pixels, 10 classes.
+    int64_t features = 1;
+    for (auto v : o.torchscript->input_shape)
+      features *= v;
+    if (features != 784)
+      return fail(fmt::format("a TorchScript model of images reads 28x28 images (Fashion-MNIST): "
+                              "model.input_shape must hold 784 features ([1, 28, 28], [28, 28] "
+                              "or [784]), got [{}]",
+                              fmt::join(o.torchscript->input_shape, ", ")));
+    if (o.torchscript->vocab < 10)
+      return fail(fmt::format("model.vocab is the class count of a TorchScript model of images "
+                              "(its output's features): at least Fashion-MNIST's 10, got {}",
+                              o.torchscript->vocab));
+  }
   return {};
 }
 

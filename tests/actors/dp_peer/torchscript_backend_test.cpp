@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "actors/dp_peer/backend.hpp"
+#include "kernels/data/idx_source.hpp"
 #include "kernels/data/token_source.hpp"
 #include "kernels/flat.hpp"
 #include "kernels/models/torchscript.hpp"
@@ -89,4 +90,57 @@ TEST_CASE("a data-parallel peer trains a TorchScript model on a token file and h
   REQUIRE(v.ok());
   REQUIRE(b->load_state_vector(*v));
   CHECK(kernels::flatten_parameters(b->parameters()).equal(kernels::flatten_parameters(a->parameters())));
+}
+
+TEST_CASE("a data-parallel peer trains a scripted CNN on images given as flat rows") {
+  auto dir = starling::testing::python_fixtures(
+    STARLING_SOURCE_DIR "/examples/torchscript/image_model.py", {"--channels", "4", "--seed", "1"},
+    {STARLING_SOURCE_DIR "/examples/torchscript/image_model.py"});
+  kernels::torchscript_config ts;
+  ts.files = {dir + "/cnn.pt"};
+  ts.vocab = 10;
+  ts.input_shape = {1, 28, 28};
+  // The generated stand-in of Fashion-MNIST (the folder does not exist): flat rows [B, 784].
+  kernels::idx_source_options io;
+  io.dir = dir + "/no-such-folder";
+  io.synthetic_when_absent = true;
+  io.max_items = 2000;
+  auto train = kernels::idx_source::load(io);
+  REQUIRE(train.ok());
+  io.train = false;
+  io.max_items = 500;
+  auto eval = kernels::idx_source::load(io);
+  REQUIRE(eval.ok());
+  dp::torch_backend_options o;
+  o.spec = kernels::torchscript_model(ts);
+  o.optimizer.kind = "adam";
+  o.optimizer.lr = 3e-3;
+  o.stream.seed = 2;
+  o.stream.microbatch = 32;
+  o.eval_samples = 500;
+  auto b = dp::make_torch_backend(o, *train, *eval);
+  REQUIRE_MESSAGE(b.ok(), (b.ok() ? "" : b.error().what));
+  auto& peer = **b;
+  auto before = peer.evaluate();
+  REQUIRE(before);
+  CHECK(before->loss > 1.5); // about ln 10 at initialization
+  for (uint64_t step = 0; step < 30; ++step) {
+    REQUIRE(peer.compute(step).ok());
+    auto g = peer.take();
+    REQUIRE(peer.apply(g.mean));
+  }
+  auto after = peer.evaluate();
+  REQUIRE(after);
+  INFO("held-out loss " << before->loss << " -> " << after->loss << ", accuracy "
+                        << after->accuracy);
+  CHECK(after->loss < before->loss - 0.5);
+  CHECK(after->accuracy > 0.5);
+  // A model whose input_shape does not match its first layer is refused at loading, naming
+  // the file.
+  ts.input_shape = {784};
+  dp::torch_backend_options bad = o;
+  bad.spec = kernels::torchscript_model(ts);
+  auto refused = dp::make_torch_backend(bad, *train, *eval);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.error().what.find("cnn.pt") != std::string::npos);
 }

@@ -12,6 +12,7 @@
 #include "runtime/experiment/yaml.hpp"
 #include "runtime/run/dedloc.hpp"
 #include "runtime/run/kinds.hpp"
+#include "support/python_fixtures.hpp"
 
 using namespace starling::runtime;
 
@@ -178,4 +179,28 @@ TEST_CASE("dedloc.export is true or false and needs the torch backend") {
   auto modeled = section_error("  export: true\n  backend: modeled\n");
   CHECK(has(modeled, "export"));
   CHECK(has(modeled, "export needs the torch backend"));
+}
+
+TEST_CASE("a TorchScript model of images takes 784 features and at least 10 classes") {
+  auto dir = starling::testing::python_fixtures(
+    STARLING_SOURCE_DIR "/examples/torchscript/image_model.py", {"--channels", "4", "--seed", "1"},
+    {STARLING_SOURCE_DIR "/examples/torchscript/image_model.py"});
+  auto model = [&](const std::string& shape, int vocab) {
+    return fmt::format("  model: {{kind: torchscript, files: [{}/cnn.pt], input_shape: {}, "
+                       "vocab: {}}}\n",
+                       dir, shape, vocab);
+  };
+  CHECK(section_error(model("[1, 28, 28]", 10)).empty());
+  // The CNN takes images of any size (adaptive pooling), but the data's are 28x28.
+  auto e = section_error(model("[1, 32, 32]", 10));
+  CHECK(has(e, "784 features"));
+  CHECK(has(e, "got [1, 32, 32]"));
+  // Loading names what does not fit: flat rows for a convolution, fewer classes than outputs.
+  e = section_error(model("[784]", 10));
+  CHECK(has(e, "cnn.pt: does not accept the model's input (Float [2, 784])"));
+  e = section_error(model("[1, 28, 28]", 5));
+  CHECK(has(e, "the cross_entropy loss needs float [2, 5] (vocab 5)"));
+  // A model of images does not read token files.
+  e = section_error(model("[1, 28, 28]", 10) + "  data: {kind: tokens, path: t.bin}\n");
+  CHECK(has(e, "data kind tokens needs a TorchScript model of tokens"));
 }

@@ -110,6 +110,41 @@ TEST_CASE("a TorchScript GPT trained by a local dedloc run exports TorchScript a
   CHECK_FALSE(has(check.output(), "MISMATCH"));
 }
 
+TEST_CASE("a scripted CNN trained on Fashion-MNIST by a local dedloc run exports TorchScript "
+          "that gives starling's held-out loss in Python") {
+  // examples/torchscript/dedloc-cnn.yaml as it is, with the fixture's small CNN.
+  auto dir = starling::testing::python_fixtures(example + "/image_model.py",
+                                                {"--channels", "4", "--seed", "1"},
+                                                {example + "/image_model.py"});
+  starling::testing::temp_dir scratch{"starling-cnnexport"};
+  auto out = scratch.path + "/run";
+  auto text = run_to_end({example + "/dedloc-cnn.yaml", "--out", out},
+                         {{"experiment.duration", "3s"},
+                          {"dedloc.peers", "2"},
+                          {"dedloc.churn", "0"},
+                          {"dedloc.model.files[0]", dir + "/cnn.pt"},
+                          {"dedloc.target_batch", "64"},
+                          {"dedloc.window", "200ms"},
+                          {"dedloc.eval_samples", "200"}},
+                         60s);
+  CHECK(has(text, "export                             2 files in " + out + "/export"));
+  auto ex = read_json(out + "/export/export.json");
+  CHECK(ex["files"] ==
+        nlohmann::json::array({out + "/export/cnn.pt", out + "/export/cnn.state_dict.pt"}));
+  CHECK(ex["input_shape"] == nlohmann::json::array({1, 28, 28}));
+  CHECK_FALSE(ex.contains("seq_len"));
+  CHECK(ex["held_out_samples"] == 200);
+  CHECK(ex["held_out_loss"].get<double>() < ex["held_out_loss_before"].get<double>());
+  // check_images.py: the exported TorchScript file and its state dict on the first 200 test
+  // images of Fashion-MNIST (install-deps installs it) against export.json's loss (1e-4).
+  subprocess check{{"/usr/bin/python3", example + "/check_images.py", out + "/export"}};
+  auto rc = check.wait_exit(120s);
+  INFO(check.output());
+  CHECK(rc == 0);
+  CHECK(has(check.output(), "match"));
+  CHECK_FALSE(has(check.output(), "MISMATCH"));
+}
+
 TEST_CASE("a simulated dedloc run of the built-in MLP exports a state dict with the model's names "
           "and shapes that gives export.json's held-out loss") {
   starling::testing::temp_dir scratch{"starling-dpexport"};
