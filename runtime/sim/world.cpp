@@ -335,15 +335,38 @@ void world::reset_gate(int index) {
   if (gates_.size() <= i)
     gates_.resize(i + 1);
   actors::auth::admission_options o;
-  o.key = std::make_shared<const actors::auth::key_pair>(
-    actors::auth::key_pair::from_test_seed(opts_.seed * 1000003ULL + i + 0x5eed));
+  o.key = std::make_shared<const actors::auth::key_pair>(node_key(i));
   o.protocol_version = messages::protocol_version;
   o.clock = [this] { return now_ns(); };
   o.random = [this](uint8_t* p, size_t n) {
     for (size_t k = 0; k < n; ++k)
       p[k] = static_cast<uint8_t>(gate_rng_());
   };
+  if (opts_.closed) {
+    if (!authority_)
+      authority_ = std::make_unique<actors::auth::key_pair>(
+        actors::auth::key_pair::from_test_seed(opts_.seed * 1000003ULL + 0xa07));
+    o.trust.authority_key = authority_->public_key();
+    o.trust.experiment = experiment();
+    // A token per start of the node, as a volunteer's client would fetch one.
+    actors::auth::token t;
+    t.id.resize(16);
+    for (auto& c : t.id)
+      c = static_cast<char>(gate_rng_());
+    t.peer_key = o.key->public_key();
+    t.roles = {"any"};
+    t.experiment = experiment();
+    t.issued_at_ns = std::max<int64_t>(0, now_ns());
+    t.expires_at_ns = t.issued_at_ns + std::max<int64_t>(1, opts_.token_lifetime.count());
+    auto signed_token = actors::auth::encode_token(t, *authority_);
+    if (!signed_token)
+      throw std::runtime_error("sim: cannot issue node " + std::to_string(i)
+                               + "'s token: " + signed_token.error().what);
+    o.token = std::move(*signed_token);
+  }
   gates_[i] = std::make_unique<actors::auth::admission>(std::move(o));
+  if (!deny_signed_.empty())
+    (void) gates_[i]->update_deny_list(deny_signed_); // the list in force, as a gate gets it
   // The node's new process has greeted nobody, and nobody has greeted it.
   for (auto* pairs : {&greeted_, &greet_due_}) {
     if (i < pairs->size())
@@ -352,6 +375,48 @@ void world::reset_gate(int index) {
       if (i < row.size())
         row[i] = false;
   }
+}
+
+actors::auth::key_pair world::node_key(size_t index) const {
+  return actors::auth::key_pair::from_test_seed(opts_.seed * 1000003ULL + index + 0x5eed);
+}
+
+std::string world::experiment() const {
+  return "sim-" + std::to_string(opts_.seed);
+}
+
+std::string world::ban(const std::string& name, const std::string& reason) {
+  if (!opts_.gate || !opts_.closed || !authority_)
+    return "ban: an open run has no authority to sign a deny list (world_options::closed)";
+  auto it = std::find_if(nodes_.begin(), nodes_.end(),
+                         [&](const auto& n) { return n->name() == name; });
+  if (it == nodes_.end())
+    return "ban: no node '" + name + "'";
+  auto index = static_cast<size_t>((*it)->index());
+  actors::auth::deny_entry e;
+  e.kind = actors::auth::deny_entry::kind_t::peer;
+  e.id = node_key(index).public_key();
+  e.reason = reason;
+  e.added_at_ns = now_ns();
+  auto next = deny_;
+  next.experiment = experiment();
+  next.serial = deny_.serial + 1;
+  next.issued_at_ns = now_ns();
+  next.entries.push_back(e);
+  auto list = actors::auth::encode_deny_list(next, *authority_);
+  if (!list)
+    return "ban: " + list.error().what;
+  deny_ = std::move(next);
+  deny_signed_ = std::move(*list);
+  for (size_t g = 0; g < gates_.size(); ++g)
+    if (gates_[g]) {
+      auto removed = gates_[g]->update_deny_list(deny_signed_);
+      if (!removed)
+        return "ban: node " + std::to_string(g) + "'s gate refused the list: "
+               + removed.error().line();
+    }
+  record("ban", name, "", 0, reason);
+  return {};
 }
 
 actors::auth::admission* world::gate(int index) {

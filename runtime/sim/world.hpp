@@ -20,6 +20,9 @@
 #include "runtime/config/config.hpp"
 #include "runtime/sim/network_model.hpp"
 
+#include "actors/auth/deny_list.hpp"
+#include "actors/auth/identity.hpp"
+
 namespace starling::actors::auth {
 class admission;
 } // namespace starling::actors::auth
@@ -58,6 +61,12 @@ struct world_options {
   /// nodes is checked on arrival (a sender never admitted, or revoked, is refused and a request
   /// answered with the refusal). Keys, challenges and clock are seeded and virtual. Default on.
   bool gate = true;
+  /// A closed run (needs `gate`): an authority derived from the seed issues each node a token
+  /// (every role, valid for `token_lifetime` of virtual time from each start of the node), the
+  /// gates admit token holders only, and `world::ban` refuses a node at every gate from then on,
+  /// deterministically (what BTARD's bans and tests of them build on).
+  bool closed = false;
+  std::chrono::nanoseconds token_lifetime = std::chrono::hours(24);
 };
 
 /// A simulated node: a name, an index in the network model, an identity, and the actors
@@ -200,6 +209,13 @@ public:
   actors::auth::admission* gate(int index);
   /// Empty when node `to` admits messages from node `from`, else the refusal's line.
   std::string admits(int to, int from);
+  /// A closed run's authority bans node `name` (its node key) for `reason`: it signs a deny list
+  /// with the next serial, every gate installs it (gates that restart later too), and every
+  /// message from that node is refused from then on, with the reason; its own gate refuses the
+  /// others' as well. Empty on success, else why not (an open run, an unknown node).
+  std::string ban(const std::string& name, const std::string& reason);
+  /// The serial of the deny list in force (0: none signed yet).
+  uint64_t deny_serial() const { return deny_.serial; }
 
 private:
   friend class sim_node;
@@ -246,6 +262,14 @@ private:
   /// Challenges of the gates: seeded apart from `rng_`, so turning gates on or off does not
   /// change the rest of a run's randomness.
   std::mt19937_64 gate_rng_;
+  /// Closed runs: the authority's key, its deny list and that list signed (empty until a ban).
+  std::unique_ptr<actors::auth::key_pair> authority_;
+  actors::auth::deny_list deny_;
+  std::string deny_signed_;
+  /// The key of node `index` (the same in every incarnation).
+  actors::auth::key_pair node_key(size_t index) const;
+  /// The experiment id of a closed run's tokens.
+  std::string experiment() const;
 };
 
 template <class F, class... Ts>

@@ -233,6 +233,58 @@ TEST_CASE("a message type that does not serialize is reported, not delivered") {
   CHECK(reported);
 }
 
+TEST_CASE("a closed simulated run: token holders admitted, a banned node refused at every gate, after restarts too") {
+  auto run = [](uint64_t seed) {
+    auto o = link_50ms_10mbs(seed);
+    o.closed = true;
+    sim::world w{o};
+    auto& a = w.add_node("a");
+    auto& b = w.add_node("b");
+    auto& c = w.add_node("c");
+    b.spawn("echo", echo);
+    c.spawn("echo", echo);
+    auto ping = [&](sim::sim_node& from, const std::string& target) {
+      auto p = from.spawn("pinger", pinger, from.resolver(), target, size_t{10}, caf::timespan{1s});
+      caf::anon_send(p, ping_atom::value);
+      w.run_for(1s);
+      return state_of(p);
+    };
+    CHECK(ping(a, "b:1/echo").replies == 1); // tokens checked at the hello, both ways
+    CHECK(ping(c, "b:1/echo").replies == 1);
+    REQUIRE(w.gate(b.index()) != nullptr);
+    CHECK_FALSE(w.gate(b.index())->open_run());
+    CHECK(w.gate(b.index())->admitted() == 2);
+    // The authority bans a: every gate refuses it from now on, with the ban's reason.
+    CHECK(w.ban("a", "sent a wrong gradient").empty());
+    CHECK(w.deny_serial() == 1);
+    auto refused = ping(a, "b:1/echo");
+    CHECK(refused.replies == 0);
+    CHECK(refused.last_error.find("banned") != std::string::npos);
+    CHECK(refused.last_error.find("sent a wrong gradient") != std::string::npos);
+    CHECK(ping(a, "c:1/echo").replies == 0); // a never said hello to c: refused at the hello
+    CHECK(ping(c, "b:1/echo").replies == 1); // the others are served
+    // b restarts (a fresh gate gets the list in force); a restarts with the same key.
+    w.kill_node("b", 100ms);
+    w.kill_node("a", 100ms);
+    w.run_for(1s);
+    b.spawn("echo", echo);
+    CHECK(ping(a, "b:1/echo").replies == 0);
+    CHECK(ping(c, "b:1/echo").replies == 1);
+    CHECK(w.gate(b.index())->refusals().of(actors::auth::reason::banned) >= 1);
+    return w.trace_digest();
+  };
+  CHECK(run(3) == run(3)); // deterministic
+  // An open run has no authority to ban with.
+  sim::world open{link_50ms_10mbs(3)};
+  open.add_node("a");
+  CHECK(open.ban("a", "x").find("open run") != std::string::npos);
+  sim::world_options closed = link_50ms_10mbs(3);
+  closed.closed = true;
+  sim::world w{closed};
+  w.add_node("a");
+  CHECK(w.ban("nobody", "x").find("no node 'nobody'") != std::string::npos);
+}
+
 TEST_CASE("simulated nodes admit each other by the hello before their first message, and a node that skipped it is refused") {
   for (bool gate : {true, false}) {
     CAPTURE(gate);
