@@ -31,6 +31,8 @@ const char* to_string(fault_kind k) {
       return "preempt";
     case fault_kind::partition:
       return "partition";
+    case fault_kind::ban:
+      return "ban";
     default:
       return "slow_link";
   }
@@ -53,6 +55,7 @@ size_t experiment_graph::instance_count() const {
 bool supports(run_mode mode, fault_kind kind) {
   switch (kind) {
     case fault_kind::slow_link:
+    case fault_kind::ban:
       return mode == run_mode::sim;
     case fault_kind::partition:
       // Local mode's nodes share one process and reach each other by reference: there is no
@@ -166,6 +169,9 @@ status validate(const experiment_graph& g, const role_registry& registry, run_mo
                               to_string(f.kind), to_string(mode),
                               f.kind == fault_kind::slow_link
                                 ? " (links have a speed only in the simulation's network model)"
+                              : f.kind == fault_kind::ban
+                                ? " (a simulated run has its own authority; a live closed run "
+                                  "bans with `starling deny --authority DIR --push HOST:PORT`)"
                                 : " (local mode's nodes share one process: no link to cut)"));
     if (f.at < std::chrono::nanoseconds{0} || f.at > g.duration)
       return fail(fmt::format("{}: time {:.3f} s is outside the run (0 to {:.3f} s)", what,
@@ -206,6 +212,10 @@ status validate(const experiment_graph& g, const role_registry& registry, run_mo
           return fail(fmt::format("{}: a slow link needs two different nodes", what));
         if (f.bandwidth <= 0 && f.latency <= std::chrono::nanoseconds{0})
           return fail(fmt::format("{}: a slow link needs a latency or a bandwidth", what));
+        break;
+      case fault_kind::ban:
+        if (f.reason.size() > 256)
+          return fail(fmt::format("{}: a ban's reason has at most 256 bytes", what));
         break;
       case fault_kind::kill_node:
         break;
@@ -350,6 +360,16 @@ experiment_builder& experiment_builder::slow_link(size_t a, size_t b,
   f.bandwidth = bandwidth;
   f.at = at;
   f.until = until;
+  return fault(std::move(f));
+}
+
+experiment_builder& experiment_builder::ban(size_t node, std::chrono::nanoseconds at,
+                                            std::string reason) {
+  fault_spec f;
+  f.kind = fault_kind::ban;
+  f.node = node;
+  f.at = at;
+  f.reason = std::move(reason);
   return fault(std::move(f));
 }
 

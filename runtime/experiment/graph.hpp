@@ -87,9 +87,12 @@ enum class fault_kind {
   partition,
   /// Slow the link between two nodes (simulation only) until `until` (or the end).
   slow_link,
+  /// The run's authority bans a node's peer (simulation only: its world is then a closed run):
+  /// every gate refuses that node from then on, restarts included.
+  ban,
 };
 
-/// `kill`, `kill_node`, `preempt`, `partition` or `slow_link`.
+/// `kill`, `kill_node`, `preempt`, `partition`, `slow_link` or `ban`.
 const char* to_string(fault_kind k);
 
 /// Restart delays: a duration, the default of the role (or node), or never.
@@ -111,7 +114,7 @@ struct fault_spec {
   std::string role;
   /// `kill`: the instance (unset: drawn by the plan from the role's instances).
   std::optional<size_t> instance;
-  /// `kill_node`: the node; `slow_link`: one end.
+  /// `kill_node`, `ban`: the node; `slow_link`: one end.
   size_t node = 0;
   /// `slow_link`: the other end.
   size_t peer = 0;
@@ -123,6 +126,8 @@ struct fault_spec {
   /// `slow_link`: the link's one-way latency and bandwidth (bytes/s) while it lasts.
   std::chrono::nanoseconds latency{0};
   double bandwidth = 0;
+  /// `ban`: the reason the refused node is told.
+  std::string reason;
   /// The YAML line (0 from the builder), for errors found later.
   int line = 0;
 };
@@ -262,6 +267,8 @@ public:
   experiment_builder& slow_link(size_t a, size_t b, std::chrono::nanoseconds latency,
                                 double bandwidth, std::chrono::nanoseconds at,
                                 std::optional<std::chrono::nanoseconds> until = {});
+  /// The run's authority bans node `node` at `at` (simulation only).
+  experiment_builder& ban(size_t node, std::chrono::nanoseconds at, std::string reason);
   experiment_builder& fault(fault_spec f);
   /// `count` new instances of `role` arrive at `at`.
   experiment_builder& join(std::string role, std::chrono::nanoseconds at, size_t count = 1);

@@ -71,6 +71,8 @@ const char* to_string(planned_fault::action a) {
       return "heal";
     case planned_fault::action::slow_link:
       return "slow_link";
+    case planned_fault::action::ban:
+      return "ban";
     default:
       return "restore_link";
   }
@@ -374,6 +376,15 @@ result<plan> make_plan(const experiment_graph& g, run_mode mode, size_t nodes, u
           p.faults.push_back(a);
         }
         break;
+      case fault_kind::ban:
+        if (f.node >= nodes)
+          return fail(fmt::format("faults[{}]: node {} does not exist (the run has {} node{})", k,
+                                  f.node, nodes, nodes == 1 ? "" : "s"));
+        a.what = planned_fault::action::ban;
+        a.node = f.node;
+        a.reason = f.reason;
+        p.faults.push_back(a);
+        break;
       case fault_kind::slow_link:
         if (f.node >= nodes || f.peer >= nodes)
           return fail(fmt::format("faults[{}]: node {} does not exist (the run has {} node{})", k,
@@ -481,6 +492,9 @@ std::string describe(const experiment_graph& g, const plan& p) {
         break;
       case planned_fault::action::restore_link:
         what = fmt::format("restore link node{} <-> node{}", f.node, f.peer);
+        break;
+      case planned_fault::action::ban:
+        what = fmt::format("ban node{}: {}", f.node, f.reason);
         break;
     }
     out += fmt::format("  {:>9.3f} s  {}\n", seconds(f.at), what);

@@ -45,6 +45,8 @@ struct planned_fault {
     slow_link,
     /// Restore that link to the network defaults.
     restore_link,
+    /// The run's authority bans node `node` (simulation), telling it `reason`.
+    ban,
   };
   std::chrono::nanoseconds at{0};
   action what = action::kill_instance;
@@ -56,11 +58,13 @@ struct planned_fault {
   std::vector<std::vector<size_t>> groups;
   std::chrono::nanoseconds latency{0};
   double bandwidth = 0;
+  /// `ban`: why.
+  std::string reason;
   /// Index of the graph fault this action comes from.
   size_t origin = 0;
 };
 
-/// `kill_instance`, `kill_node`, `partition`, `heal`, `slow_link` or `restore_link`.
+/// `kill_instance`, `kill_node`, `partition`, `heal`, `slow_link`, `restore_link` or `ban`.
 const char* to_string(planned_fault::action a);
 
 /// A whole plan.

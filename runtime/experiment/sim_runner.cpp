@@ -186,6 +186,10 @@ run_result run_sim(const experiment_graph& g, const role_registry& registry, con
   wo.network = g.network;
   wo.trace_messages = s.trace_messages && g.trace_messages;
   wo.configure = [&registry](caf::actor_system_config& cfg) { registry.configure(cfg); };
+  // A run with bans is a closed run: its world's authority signs them.
+  wo.closed = std::any_of(p.faults.begin(), p.faults.end(), [](const planned_fault& f) {
+    return f.what == planned_fault::action::ban;
+  });
   // The world goes first at the end: its actors use the hub and the hosts until they die.
   auto world_ptr = std::make_unique<sim::world>(wo);
   auto& w = *world_ptr;
@@ -271,6 +275,13 @@ run_result run_sim(const experiment_graph& g, const role_registry& registry, con
                    fmt::format("node{}", f.peer), 0, "");
           w.network().set_link(static_cast<int>(f.node), static_cast<int>(f.peer), link);
           w.network().set_link(static_cast<int>(f.peer), static_cast<int>(f.node), link);
+        });
+        break;
+      case planned_fault::action::ban:
+        w.at(f.at, "ban", [&w, f, node_name, note] {
+          note(f);
+          if (auto why = w.ban(node_name(f.node), f.reason); !why.empty())
+            w.record("ban_failed", node_name(f.node), "", 0, why);
         });
         break;
       default:

@@ -60,7 +60,7 @@ void read_restart_after(config_node& item, restart_after& out) {
 
 const std::vector<std::string>& fault_kinds() {
   static const std::vector<std::string> kinds{"kill", "kill_node", "preempt", "partition",
-                                              "slow_link"};
+                                              "slow_link", "ban"};
   return kinds;
 }
 
@@ -158,8 +158,8 @@ event_spec read_event(config_node& item) {
 fault_spec read_fault(config_node& item) {
   if (!item.is_map())
     item.expected("a map such as {kill: ROLE, at: 20s}, {kill_node: 2, at: 30s}, {preempt: ROLE, "
-                  "every: 20s}, {partition: [[0, 1], [2, 3]], at: 40s} or {slow_link: [0, 2], "
-                  "bandwidth: 1MB/s, at: 50s}");
+                  "every: 20s}, {partition: [[0, 1], [2, 3]], at: 40s}, {slow_link: [0, 2], "
+                  "bandwidth: 1MB/s, at: 50s} or {ban: 3, at: 60s, reason: TEXT}");
   fault_spec f;
   f.line = item.line();
   std::string kind;
@@ -198,6 +198,12 @@ fault_spec read_fault(config_node& item) {
       f.groups.push_back(read_nodes(g));
     if (f.groups.size() < 2)
       c.expected("two or more groups of nodes, e.g. [[0, 1], [2, 3]]");
+  } else if (kind == "ban") {
+    f.kind = fault_kind::ban;
+    f.node = read_index(c, "a node index (0, 1, ...)");
+    f.reason = "banned by the run's authority";
+    if (item.has("reason"))
+      f.reason = item.child("reason").as_string();
   } else {
     f.kind = fault_kind::slow_link;
     auto ends = read_nodes(c);

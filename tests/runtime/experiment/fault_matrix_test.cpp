@@ -45,6 +45,8 @@ std::string fault_line(const std::string& kind) {
     return "  - {preempt: echo, every: 1s, restart_after: 500ms, at: 6s, until: 9.5s}\n";
   if (kind == "partition")
     return "  - {partition: [[0], [1]], at: 9s, until: 12s}\n";
+  if (kind == "ban")
+    return "  - {ban: 2, at: 12.5s, reason: sent a wrong gradient}\n";
   return "  - {slow_link: [0, 2], latency: 300ms, at: 9s, until: 12s}\n";
 }
 
@@ -124,6 +126,15 @@ void check_effect(const std::string& kind, const metrics& m) {
   } else if (kind == "slow_link") {
     CHECK(max_rtt_to(m, "pinger.0", 2, 0.5, 2.9) < 200);
     CHECK(max_rtt_to(m, "pinger.0", 2, 9.2, 11.5) >= 600);
+  } else if (kind == "ban") {
+    // Node 2 is served until its ban, refused by every gate after it (both ways); 0 and 1
+    // go on.
+    CHECK(pings_to(m, "pinger.1", 2, 12, 12.5) > 0);
+    CHECK(pings_to(m, "pinger.0", 2, 12.8, 14) == 0);
+    CHECK(pings_to(m, "pinger.1", 2, 12.8, 14) == 0);
+    CHECK(m.of("ping", "pinger.2", 12.8, 14).empty());
+    CHECK(pings_to(m, "pinger.0", 1, 12.8, 14) > 0);
+    CHECK(m.of("fault", "", 12.4, 12.6).size() == 1);
   }
 }
 
@@ -136,12 +147,14 @@ struct row {
 const std::vector<row> table{
   {"kill", run_mode::sim, true},          {"kill_node", run_mode::sim, true},
   {"preempt", run_mode::sim, true},       {"partition", run_mode::sim, true},
-  {"slow_link", run_mode::sim, true},     {"kill", run_mode::local, true},
+  {"slow_link", run_mode::sim, true},     {"ban", run_mode::sim, true},
+  {"kill", run_mode::local, true},
   {"kill_node", run_mode::local, true},   {"preempt", run_mode::local, true},
   {"partition", run_mode::local, false},  {"slow_link", run_mode::local, false},
   {"kill", run_mode::cluster, true},      {"kill_node", run_mode::cluster, true},
   {"preempt", run_mode::cluster, true},   {"partition", run_mode::cluster, true},
-  {"slow_link", run_mode::cluster, false},
+  {"slow_link", run_mode::cluster, false}, {"ban", run_mode::local, false},
+  {"ban", run_mode::cluster, false},
 };
 
 std::string yaml_for(run_mode mode, const std::vector<std::string>& kinds) {
@@ -246,7 +259,8 @@ TEST_CASE("every (fault kind, mode) pair is carried out or rejected when the fil
 }
 
 TEST_CASE("the simulation of the fault matrix replays exactly for a seed") {
-  auto yaml = yaml_for(run_mode::sim, {"kill", "kill_node", "preempt", "partition", "slow_link"});
+  auto yaml =
+    yaml_for(run_mode::sim, {"kill", "kill_node", "preempt", "partition", "slow_link", "ban"});
   auto digest = [&] {
     auto ex = read(yaml, run_mode::sim);
     run_settings s;
