@@ -83,8 +83,13 @@ bool wire_context::verify(const envelope_header& h, std::string_view digest,
                                    "signed by its sender's node key"};
     return false;
   }
-  if (!opts_.verify)
-    return true; // nothing to check it against: the envelope counts as unsigned
+  if (!opts_.verify) {
+    if (!opts_.require_signature)
+      return true; // nothing to check it against: the envelope counts as unsigned
+    why = {wire_reason::signature, "this node requires signed envelopes but has no keys to "
+                                   "check them with"};
+    return false;
+  }
   if (h.sender.empty()) {
     why = {wire_reason::signature, "a signed envelope without a sender peer id"};
     return false;
