@@ -12,7 +12,8 @@
 // (its own count exact, not extrapolated), the time left to the target batch B as
 // ETA = max(0, B − S(t)) / Σ rate_i, and reads again after ETA·N / max(N + 3, 1.2·N) clipped to
 // [min_refresh, max_refresh]: the more peers, the sooner the estimate goes stale (hivemind's
-// ProgressTracker). A record stops counting when it expires (its peer left without a word) or at
+// ProgressTracker). For the refresh only, peers whose records say rate 0 (not measured yet) are
+// presumed at the measured peers' mean rate, as hivemind's new peers publish an unbounded rate. A record stops counting when it expires (its peer left without a word) or at
 // once when its peer withdrew it (a tombstone record, published when leaving on purpose).
 #pragma once
 
@@ -131,11 +132,15 @@ struct progress_estimate {
   double rate = 0;
   /// Peers counted (fresh records at `step`, the peer itself included).
   size_t peers = 0;
+  /// Of those, peers whose rate is 0 (not measured yet, or idle): the refresh period presumes
+  /// they go at the measured peers' mean rate (the ETA and `reached` do not).
+  size_t unmeasured = 0;
   /// Seconds until the target is reached, >= 0; infinite when nobody makes progress.
   seconds eta = 0;
   /// The time the target is reached (`now + eta`).
   seconds eta_at = 0;
-  /// How long until the next read (the refresh formula, clipped).
+  /// How long until the next read (the refresh formula over the ETA with unmeasured peers at
+  /// the measured peers' mean rate, clipped).
   seconds refresh_in = 0;
   /// The estimate reached the target.
   bool reached = false;

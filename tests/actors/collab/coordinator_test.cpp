@@ -126,8 +126,9 @@ TEST_CASE("a normal round: the target is reached, the gradient is averaged and a
   // b has 60 samples at 10/s: 40 to go at 10/s.
   auto es = c.progress_read({peer_at("b", 0, 60, 10, 0)}, 0);
   CHECK_FALSE(has<start_round>(es));
-  // Refresh after ETA·N / max(N + 3, 1.2·N) = 4·2/5; the ETA itself (4 s) is later.
-  CHECK(one<wake_at>(es).at == doctest::Approx(1.6));
+  // Refresh after ETA'·N / max(N + 3, 1.2·N) = 2·2/5, ETA' presuming our own rate, not measured
+  // yet, at b's (40 samples at 20/s); the ETA itself (4 s, b's rate alone) is later.
+  CHECK(one<wake_at>(es).at == doctest::Approx(0.8));
   // Our 50 samples at t = 1: 50 + 60 + 10 = 120 >= 100.
   es = c.samples_done(50, 1);
   auto r = one<start_round>(es);
@@ -377,6 +378,28 @@ TEST_CASE("a peer nearing the target on its own count reads before it would step
   // At t = 1 the ETA is 9 s: the next read is due at 1 + 9/4.
   CHECK(reads.front() == 4);
   CHECK(reads.size() >= 3);
+}
+
+TEST_CASE("a peer whose first read showed its peers before their rates were measured reads "
+          "again as soon as the target could be near") {
+  // 64 peers that start together (the first records say rate 0), each 32 samples per 0.1 s,
+  // target 4096: together they reach it within about 0.2 s of their rates being known.
+  coordinator c("a", options(4096));
+  c.start(0);
+  std::vector<progress_entry> first;
+  for (int i = 0; i < 63; ++i)
+    first.push_back(peer_at("p" + std::to_string(i), 0, 0, 0, 0));
+  c.progress_read(first, 0);
+  double read_at = -1;
+  for (int i = 1; i <= 100 && read_at < 0; ++i) {
+    auto t = 0.1 * i;
+    if (has<read_progress>(c.samples_done(32, t)))
+      read_at = t;
+  }
+  // Counted at rate 0 the others made the next read 10.5 s away (ETA on the own rate, times
+  // 64 / 76.8), long after the collaboration reached the target.
+  REQUIRE(read_at > 0);
+  CHECK(read_at <= 1.0);
 }
 
 TEST_CASE("a departed peer's samples stop counting once its record expires or is withdrawn") {

@@ -177,6 +177,35 @@ TEST_CASE("the refresh period follows ETA·N / max(N + 3, 1.2·N) and is clipped
   CHECK(e.refresh_in == 10.0 * 2 / 5);
 }
 
+TEST_CASE("peers whose rate is not measured yet bring the next read forward as if they went at "
+          "the measured mean rate") {
+  auto o = opts(4096);
+  // 63 peers that just started (first records, rate 0); we measured 320/s and hold 64 samples.
+  std::vector<held_record> others;
+  for (int i = 0; i < 63; ++i)
+    others.push_back(rec("p" + std::to_string(i), 0, 0, 0, 0));
+  auto e = estimate_progress(others, "me", 0, 64, 320, 0.2, o);
+  CHECK(e.peers == 64);
+  CHECK(e.unmeasured == 63);
+  // The ETA itself counts only measured rates: (4096 - 64) / 320.
+  CHECK(e.eta == doctest::Approx(12.6));
+  CHECK_FALSE(e.reached);
+  // The refresh presumes 64 peers at 320/s: (4096 - 64) / 20480 = 0.197 s, clipped to 0.5 s
+  // (counted at rate 0 it was 12.6 · 64 / 76.8 = 10.5 s).
+  CHECK(e.refresh_in == o.min_refresh);
+  // Half of them measured: the others are presumed at their mean.
+  std::vector<held_record> half;
+  for (int i = 0; i < 2; ++i)
+    half.push_back(rec("p" + std::to_string(i), 0, 0, i == 0 ? 30 : 0, 0));
+  auto h = estimate_progress(half, "me", 0, 0, 10, 0, opts(400));
+  // Known 40/s over 2 measured peers: 60/s for 3; ETA' = 400 / 60; refresh = ETA'·3 / 6.
+  CHECK(h.eta == doctest::Approx(10.0));
+  CHECK(h.refresh_in == doctest::Approx(400.0 / 60 * 3 / 6));
+  // Nobody measured: nothing to presume.
+  auto none = estimate_progress(others, "me", 0, 0, 0, 0, o);
+  CHECK(none.refresh_in == o.max_refresh);
+}
+
 TEST_CASE("progress options are validated") {
   CHECK(validate(progress_options{}).ok());
   auto o = progress_options{};
