@@ -135,6 +135,16 @@ size_t plan::total_nodes() const {
   return n;
 }
 
+namespace {
+
+/// The error of fault `k` naming node `n` of a run of `nodes` nodes.
+failure no_such_node(size_t k, size_t n, size_t nodes) {
+  return fail(fmt::format("faults[{}]: node {} does not exist (the run has {} node{})", k, n,
+                          nodes, nodes == 1 ? "" : "s"));
+}
+
+} // namespace
+
 result<plan> make_plan(const experiment_graph& g, run_mode mode, size_t nodes, uint64_t seed) {
   plan p;
   p.mode = mode;
@@ -354,8 +364,7 @@ result<plan> make_plan(const experiment_graph& g, run_mode mode, size_t nodes, u
       }
       case fault_kind::kill_node:
         if (f.node >= nodes)
-          return fail(fmt::format("faults[{}]: node {} does not exist (the run has {} node{})", k,
-                                  f.node, nodes, nodes == 1 ? "" : "s"));
+          return no_such_node(k, f.node, nodes);
         a.what = planned_fault::action::kill_node;
         a.node = f.node;
         a.restart = f.restart.delay ? *f.restart.delay : default_node_restart;
@@ -365,8 +374,7 @@ result<plan> make_plan(const experiment_graph& g, run_mode mode, size_t nodes, u
         for (auto& grp : f.groups)
           for (auto n : grp)
             if (n >= nodes)
-              return fail(fmt::format("faults[{}]: node {} does not exist (the run has {} node{})",
-                                      k, n, nodes, nodes == 1 ? "" : "s"));
+              return no_such_node(k, n, nodes);
         a.what = planned_fault::action::partition;
         a.groups = f.groups;
         p.faults.push_back(a);
@@ -378,8 +386,7 @@ result<plan> make_plan(const experiment_graph& g, run_mode mode, size_t nodes, u
         break;
       case fault_kind::ban:
         if (f.node >= nodes)
-          return fail(fmt::format("faults[{}]: node {} does not exist (the run has {} node{})", k,
-                                  f.node, nodes, nodes == 1 ? "" : "s"));
+          return no_such_node(k, f.node, nodes);
         a.what = planned_fault::action::ban;
         a.node = f.node;
         a.reason = f.reason;
@@ -387,8 +394,7 @@ result<plan> make_plan(const experiment_graph& g, run_mode mode, size_t nodes, u
         break;
       case fault_kind::slow_link:
         if (f.node >= nodes || f.peer >= nodes)
-          return fail(fmt::format("faults[{}]: node {} does not exist (the run has {} node{})", k,
-                                  std::max(f.node, f.peer), nodes, nodes == 1 ? "" : "s"));
+          return no_such_node(k, std::max(f.node, f.peer), nodes);
         a.what = planned_fault::action::slow_link;
         a.node = f.node;
         a.peer = f.peer;
