@@ -595,13 +595,14 @@ void shell::start_round(uint64_t id, std::vector<messages::member_info> members)
     // choice. Profiling costs the round its time (3 timings of each codec on 64K elements: 30%
     // of a 2-process 16M-float round on one host), so it is skipped where the links decide
     // (same host) and refreshed every `profile_every` rounds otherwise.
-    auto sample = cur_->flat.narrow(0, 0, std::min<int64_t>(cur_->flat.numel(), 1 << 16));
-    auto now = [] {
-      return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-          .count();
-    };
-    if (!local && sample.numel() > 0
+    if (!local && cur_->flat.numel() > 0
         && (!chooser_->profiled() || chooser_->rounds() >= profiled_at_ + profile_every)) {
+      auto sample = cur_->flat.narrow(0, 0, std::min<int64_t>(cur_->flat.numel(), 1 << 16));
+      auto now = [] {
+        return std::chrono::duration<double>(
+                 std::chrono::steady_clock::now().time_since_epoch())
+          .count();
+      };
       for (auto c : opts_.codec_candidates)
         if (auto p = measure_codec(sample, c, opts_.codec_params, now); p)
           chooser_->set_profile(*p);

@@ -307,9 +307,7 @@ public:
     }
     std::vector<int64_t> want{x.dim() > 0 ? x.size(0) : 0};
     want.insert(want.end(), cfg_.input_shape.begin(), cfg_.input_shape.end());
-    int64_t features = 1;
-    for (auto v : cfg_.input_shape)
-      features *= v;
+    auto features = c10::multiply_integers(cfg_.input_shape);
     bool flat = x.dim() == 2 && x.size(1) == features;
     if (!x.is_floating_point() || (x.sizes().vec() != want && !flat) || x.size(0) < 1)
       return fail(fmt::format("{}: expects float [B, {}] (or flat rows [B, {}]), got {}",

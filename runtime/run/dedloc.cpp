@@ -11,6 +11,7 @@
 #include <set>
 
 #include <caf/all.hpp>
+#include <c10/util/accumulate.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -674,10 +675,7 @@ status check_dedloc_role(const dedloc_role_options& o) {
                 "torchscript, files: [...]}); the MLP reads images");
   if (o.torchscript && !token_model) {
     // A scripted model of images reads the idx images: 28x28 pixels, 10 classes.
-    int64_t features = 1;
-    for (auto v : o.torchscript->input_shape)
-      features *= v;
-    if (features != 784)
+    if (c10::multiply_integers(o.torchscript->input_shape) != 784)
       return fail(fmt::format("a TorchScript model of images reads 28x28 images (Fashion-MNIST): "
                               "model.input_shape must hold 784 features ([1, 28, 28], [28, 28] "
                               "or [784]), got [{}]",

@@ -388,11 +388,10 @@ std::string world::experiment() const {
 std::string world::ban(const std::string& name, const std::string& reason) {
   if (!opts_.gate || !opts_.closed || !authority_)
     return "ban: an open run has no authority to sign a deny list (world_options::closed)";
-  auto it = std::find_if(nodes_.begin(), nodes_.end(),
-                         [&](const auto& n) { return n->name() == name; });
-  if (it == nodes_.end())
+  auto it = by_name_.find(name);
+  if (it == by_name_.end())
     return "ban: no node '" + name + "'";
-  auto index = static_cast<size_t>((*it)->index());
+  auto index = static_cast<size_t>(it->second);
   actors::auth::deny_entry e;
   e.kind = actors::auth::deny_entry::kind_t::peer;
   e.id = node_key(index).public_key();
