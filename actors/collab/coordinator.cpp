@@ -168,6 +168,10 @@ std::vector<effect> coordinator::round_failed(uint64_t id, seconds now) {
   }
   stats_.rounds_failed++;
   bool own = opts_.step_on_failure && round_samples_ > 0 && contributes();
+  if (round_samples_ == 0 && contributes()) {
+    await_samples_ = true;
+    await_step_ = round_step_;
+  }
   finish_round(own ? round_end::own : round_end::skipped, now, out);
   advance(now, out);
   return out;
@@ -358,8 +362,18 @@ void coordinator::decide(seconds now, effects& out) {
       step_solo(now, out);
     return;
   }
+  if (await_samples_ && await_step_ == step_ && local_.samples() == 0 &&
+      !samples_seen_at(step_, now))
+    return; // only extrapolated samples: the last round at this step found none
   if (e.reached || e.eta <= eta_tolerance || (now >= eta_at_ && !alone))
     start_round_now(now, out);
+}
+
+bool coordinator::samples_seen_at(uint64_t step, seconds now) const {
+  const auto& rs = tracker_.records();
+  return std::any_of(rs.begin(), rs.end(), [&](const held_record& h) {
+    return !h.presumed && h.record.samples > 0 && live_at(h, step, now);
+  });
 }
 
 void coordinator::step_solo(seconds now, effects& out) {

@@ -400,6 +400,8 @@ private:
   void start_state_round_now(bool resync, seconds now, effects& out);
   void end_state_round(bool loaded, seconds now, effects& out);
   bool others_ask_resync(uint64_t step, seconds now) const;
+  // A record read (not presumed) of another peer at `step` shows samples accumulated.
+  bool samples_seen_at(uint64_t step, seconds now) const;
   void start_download(const progress_estimate& e, seconds now, effects& out);
   /// After a lone step: full-mode peers at the peer's step whose fresh (read, not presumed)
   /// records do not ask for a resync, i.e. that took the step's averaged update without it;
@@ -443,6 +445,11 @@ private:
   /// The group size of the round that just ended (0: unknown).
   size_t round_group_ = 0;
   uint64_t round_samples_ = 0;
+  // A round of this peer's with no samples of its own failed at `step_` (its group put none in,
+  // or nobody came): the rates that predicted the step were stale, so no new round at this step
+  // rests on them alone (see `decide`).
+  bool await_samples_ = false;
+  uint64_t await_step_ = 0;
   seconds last_wake_ = -std::numeric_limits<double>::infinity();
   // When samples were last reported (or the core started): `idle_after`.
   seconds last_samples_at_ = 0;

@@ -190,7 +190,8 @@ public:
   /// once instead of after a read. A read right after the step still returns their records from
   /// before it (their new ones are being stored): such a record (at an earlier step, made no
   /// later than `now`) leaves the presumed one in place and only refreshes its rate when it is
-  /// newer than the one it carries; any other record of theirs replaces it.
+  /// newer than the one it carries, and its expiry too when it shows samples accumulated (its
+  /// peer is at work); any other record of theirs replaces it.
   void presume_stepped(uint64_t step, seconds now);
 
   /// The estimate at `now` (see `estimate_progress`).

@@ -1140,7 +1140,12 @@ void stage_peer::start_round(const collab::start_round& r) {
         auto out = res.report.outcome;
         bool usable = res.tensors.size() == 1 && res.tensors[0].ok()
                       && res.tensors[0].tensor.defined() && res.tensors[0].tensor.numel() == numel;
-        if ((out == round_outcome::complete || out == round_outcome::partial) && usable) {
+        // A round in which no part was averaged (every reducer failed, or the group put no
+        // sample in: the weights sum to 0) is no average: the core steps alone on the own
+        // samples or, with none, takes no step, where stepping on the own zero gradient moved
+        // idle peers' parameters (Adam's moments) once per empty round.
+        if ((out == round_outcome::complete || out == round_outcome::partial) && usable
+            && res.report.averaged > 0) {
           averaged_[id] = res.tensors[0].tensor.to(torch::kFloat).reshape({-1});
           carry(core_->round_done(id, now()));
           return;

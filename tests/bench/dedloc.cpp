@@ -8,15 +8,19 @@
 //   throughput  the cost-model backend: samples/s of 1, 4, 16 and 64 peers on 100 Mbit/s links
 //               against the sum of the peers' speeds (the bound).
 // Usage: bench_dedloc [accuracy] [diloco] [throughput] [--steps N] [--outer-batch B] [--budget X]
+//                     [--peers N[,N...]] [--variants I[,I...]]
 //   (default: all, 60 steps; DiLoCo with an outer step every 8192 and every 32768 samples of the
 //   collaboration, each with at most X = 3 times the samples of DeDLOC's run: DiLoCo trades
-//   compute for bytes, and the table says how many samples it used)
+//   compute for bytes, and the table says how many samples it used; the throughput table's rows
+//   are 1, 4, 16 and 64 peers unless --peers names others, and its columns (0: a window per
+//   step, 1: persistent rounds, 2: persistent + delayed updates) all unless --variants names some)
 // Prints tables; asserts nothing.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <set>
@@ -255,7 +259,23 @@ void diloco(uint64_t steps, uint64_t outer_batch, double budget) {
               "reached)\n");
 }
 
-void throughput() {
+std::vector<size_t> numbers(const char* list, const char* what) {
+  std::vector<size_t> out;
+  for (const char* p = list; *p;) {
+    char* end = nullptr;
+    auto v = std::strtoull(p, &end, 10);
+    if (end == p || (*end != ',' && *end != '\0')) {
+      std::fprintf(stderr, "bench_dedloc: %s: expected numbers separated by commas, got '%s'\n",
+                   what, list);
+      std::exit(2);
+    }
+    out.push_back(static_cast<size_t>(v));
+    p = *end == ',' ? end + 1 : end;
+  }
+  return out;
+}
+
+void throughput(const std::vector<size_t>& peers, const std::vector<size_t>& columns) {
   std::printf("\n== Throughput, cost model: 1M-parameter model (4 MB fp32), 32-sample "
               "microbatches of 100 ms at speed 1, target batch 4096, 100 Mbit/s links, 20 ms\n");
   std::printf("  %6s %-22s %14s %14s %8s %10s %8s\n", "peers", "rounds", "samples/s", "bound",
@@ -267,7 +287,9 @@ void throughput() {
   const variant variants[] = {{"window per step", false, false},
                               {"persistent", true, false},
                               {"persistent + delayed", true, true}};
-  for (size_t n : {size_t{1}, size_t{4}, size_t{16}, size_t{64}}) {
+  for (size_t n : peers) {
+    if (n == 0)
+      continue;
     dedloc_role_options o;
     o.backend = "modeled";
     o.modeled_params = 1'000'000;
@@ -276,7 +298,12 @@ void throughput() {
     o.target_batch = 4096;
     o.eval_every = 0;
     auto bound = static_cast<double>(n) * 32 / 0.1;
-    for (auto& v : variants) {
+    for (size_t k : columns) {
+      if (k >= std::size(variants)) {
+        std::fprintf(stderr, "bench_dedloc: --variants: %zu is not 0, 1 or 2\n", k);
+        std::exit(2);
+      }
+      const auto& v = variants[k];
       o.persistent_rounds = v.persistent;
       o.delay_updates = v.delayed;
       auto r = run("throughput", o, n, 0, 120s, mbit100, std::min<size_t>(n, 16));
@@ -295,6 +322,7 @@ int main(int argc, char** argv) {
   std::set<std::string> what;
   uint64_t steps = 60, outer_batch = 0;
   double budget = 3;
+  std::vector<size_t> peers = {1, 4, 16, 64}, columns = {0, 1, 2};
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--steps") == 0 && i + 1 < argc)
       steps = std::strtoull(argv[++i], nullptr, 10);
@@ -302,8 +330,18 @@ int main(int argc, char** argv) {
       outer_batch = std::strtoull(argv[++i], nullptr, 10);
     else if (std::strcmp(argv[i], "--budget") == 0 && i + 1 < argc)
       budget = std::strtod(argv[++i], nullptr);
-    else
+    else if (std::strcmp(argv[i], "--peers") == 0 && i + 1 < argc)
+      peers = numbers(argv[++i], "--peers");
+    else if (std::strcmp(argv[i], "--variants") == 0 && i + 1 < argc)
+      columns = numbers(argv[++i], "--variants");
+    else if (std::strcmp(argv[i], "accuracy") == 0 || std::strcmp(argv[i], "diloco") == 0 ||
+             std::strcmp(argv[i], "throughput") == 0)
       what.insert(argv[i]);
+    else {
+      std::fprintf(stderr, "bench_dedloc: unknown argument '%s' (see the usage at the top of "
+                           "tests/bench/dedloc.cpp)\n", argv[i]);
+      return 2;
+    }
   }
   auto all = what.empty();
   if (all || what.count("accuracy"))
@@ -313,6 +351,6 @@ int main(int argc, char** argv) {
                                       : std::vector<uint64_t>{8192, 32768})
       diloco(steps, b, budget);
   if (all || what.count("throughput"))
-    throughput();
+    throughput(peers, columns);
   return 0;
 }

@@ -961,3 +961,51 @@ TEST_CASE("malformed and mismatched records in a read are counted and ignored") 
   CHECK(d.stats().records_rejected == 1);
   CHECK_FALSE(has<start_round>(es));
 }
+
+TEST_CASE("after a round without own samples fails, no new round at that step rests on "
+          "extrapolated rates alone") {
+  // Two stage peers whose trainers stopped: each presumed the other at work at its last rate,
+  // and they stepped on empty rounds again and again until the rates went to 0.
+  auto failed_once = [] {
+    auto c = std::make_unique<coordinator>("a", options(100));
+    c->start(0);
+    // b has nothing yet but goes at 50/s: the target by t = 2 on its rate alone.
+    c->progress_read({peer_at("b", 0, 0, 50, 0)}, 0);
+    auto r = one<start_round>(c->timer(2));
+    CHECK(r.samples == 0);
+    CHECK(one<skip_step>(c->round_failed(r.id, 2.5)).step == 0);
+    CHECK(c->step() == 0);
+    // The next read shows b as before: no samples, the same rate.
+    c->progress_read({peer_at("b", 0, 0, 50, 2.5)}, 2.6);
+    for (seconds t = 3; t < 20; t += 0.5)
+      CHECK_FALSE(has<start_round>(c->timer(t)));
+    return c;
+  };
+  SUBCASE("own samples end the wait") {
+    auto c = failed_once();
+    auto r = one<start_round>(c->samples_done(5, 20));
+    CHECK(r.step == 0);
+    CHECK(r.samples == 5);
+  }
+  SUBCASE("a read that shows samples ends the wait") {
+    auto c = failed_once();
+    auto r = one<start_round>(c->progress_read({peer_at("b", 0, 100, 50, 20)}, 20));
+    CHECK(r.step == 0);
+    CHECK(r.samples == 0);
+  }
+  SUBCASE("a peer with own samples in its failed round steps alone and does not wait") {
+    coordinator c("a", options(100));
+    c.start(0);
+    c.samples_done(1, 0);
+    c.samples_done(1, 1); // 1/s
+    c.progress_read({peer_at("b", 0, 0, 50, 0)}, 1);
+    auto r = one<start_round>(c.timer(2.1));
+    CHECK(r.samples == 2);
+    CHECK(has<step_own>(c.round_failed(r.id, 2.5)));
+    c.progress_read({peer_at("b", 1, 0, 50, 2.5)}, 2.6);
+    bool started = false;
+    for (seconds t = 3; t < 6 && !started; t += 0.5)
+      started = has<start_round>(c.timer(t));
+    CHECK(started);
+  }
+}

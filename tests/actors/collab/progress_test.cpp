@@ -327,3 +327,39 @@ TEST_CASE("the local rate is an EMA of seconds per sample with bias correction")
   lp.add(10, 101);
   CHECK(lp.rate() > r);
 }
+
+TEST_CASE("a presumption carried over steps lives as long as the newer record that shows its "
+          "peer at work") {
+  // Steps faster than records: b is presumed at step 1, then 2, while the reads still return its
+  // records from step 0 and 1. Kept to the first record's expiry, the presumption of a peer at
+  // work emptied the views of 61 of 64 peers at once one record lifetime after the start.
+  auto run = [](uint64_t newer_samples) {
+    progress_tracker t("a", opts(100));
+    progress_record b{"b", 0, 10, 10, 0, false, false};
+    t.observe({entry(b, 30)}, 0.5);
+    t.presume_stepped(0, 1);
+    // The next read still holds b's record of step 0, made before the step ended.
+    t.observe({entry(b, 30)}, 1.2);
+    t.presume_stepped(1, 2);
+    // Then a record of step 1 (made at 1.8, before the second step ended, stored until 31.8):
+    // b at work (samples accumulated) or idle (none).
+    progress_record newer{"b", 1, newer_samples, 12, 1.8, false, false};
+    t.observe({entry(newer, 31.8)}, 2.5);
+    REQUIRE(t.records().size() == 1);
+    CHECK(t.records()[0].presumed);
+    CHECK(t.records()[0].record.step == 2);
+    CHECK(t.records()[0].record.rate == 12); // the newer rate either way
+    return t.records()[0].expires_at;
+  };
+  CHECK(run(5) == 31.8);
+  CHECK(run(0) == 30); // no sign of work since: the old expiry stays
+  // Counted until then, and not after.
+  progress_tracker t("a", opts(100));
+  progress_record b{"b", 0, 10, 10, 0, false, false};
+  t.observe({entry(b, 30)}, 0.5);
+  t.presume_stepped(0, 1);
+  progress_record newer{"b", 0, 20, 10, 0.9, false, false};
+  t.observe({entry(newer, 30.9)}, 1.5);
+  CHECK(t.estimate(1, 0, 0, 30.5).peers == 2);
+  CHECK(t.estimate(1, 0, 0, 30.95).peers == 1);
+}
