@@ -623,7 +623,8 @@ void shell::start_round(uint64_t id, std::vector<messages::member_info> members)
   auto own = plan->sizes[self];
   r.engine = std::make_unique<round_engine>(
       id, std::move(*plan), self, cur_->flat, cur_->weight, std::move(eo), *r.sink,
-      take_buffer(out_cache_, cur_->flat.numel()), take_buffer(reduced_cache_, own));
+      opts_.in_place ? cur_->flat : take_buffer(out_cache_, cur_->flat.numel()),
+      take_buffer(reduced_cache_, own));
   auto e = round_epoch_;
   self_->delayed_send(self_,
                       std::chrono::duration_cast<caf::timespan>(opts_.round_timeout
@@ -974,7 +975,9 @@ void shell::end_round() {
       self_->demonitor(h);
   round_.reset();
   ++round_epoch_;
-  keep_buffer(out_cache_, std::move(out));
+  // (A result written in place is the caller's vector: not ours to reuse.)
+  if (!cur_->flat.defined() || out.data_ptr() != cur_->flat.data_ptr())
+    keep_buffer(out_cache_, std::move(out));
   keep_buffer(reduced_cache_, std::move(reduced));
   apply(mm_.finish(all_stayed ? std::move(members) : std::vector<messages::member_info>{}));
   cur_.reset();

@@ -115,6 +115,14 @@ struct averager_options {
   bool family_groups = false;
   /// BTARD hook: digest every part sent and received (round_engine.hpp). Off: no cost.
   bool hash_parts = false;
+  /// Write the result into the request's vector instead of a second one (one contiguous fp32
+  /// CPU tensor; several are concatenated into a private vector first, which then takes the
+  /// result): one vector less resident per round, and no copy of the own values. The caller
+  /// hands its tensor over until the reply, whose tensor is then a view of it. A part that ends
+  /// unaveraged keeps the own values except where some of its result had already arrived
+  /// (averaged values there; the part's report says how many). Off: the request's tensor is
+  /// never written.
+  bool in_place = false;
 };
 
 /// Checks an options struct (address set, positive timeouts, window >= 1, ...).

@@ -48,6 +48,7 @@ round_engine::round_engine(uint64_t id, round_plan plan, uint32_t self, at::Tens
     weight_ = 0;
   // Every part of the result is written before it is ready (averaged values or own ones).
   out_ = fit(std::move(out_buffer), flat_.numel());
+  in_place_ = flat_.numel() > 0 && out_.data_ptr() == flat_.data_ptr();
   links_.resize(n);
   gone_.assign(n, false);
   resolved_.assign(n, false);
@@ -295,8 +296,17 @@ void round_engine::resolve_part(uint32_t part, part_status st, std::string reaso
   pr.status = st;
   pr.reason = std::move(reason);
   pr.contributors = std::move(contributors);
-  if (st != part_status::averaged && pr.size > 0) // own values for the whole part
+  if (st == part_status::averaged || pr.size == 0)
+    return;
+  if (!in_place_) {
+    // Own values for the whole part.
     out_.narrow(0, pr.offset, pr.size).copy_(flat_.narrow(0, pr.offset, pr.size));
+  } else if (auto arrived = result_ranges_[part].size(); arrived > 0) {
+    // In place, the result chunks that arrived already replaced the own values there.
+    pr.reason += fmt::format(" ({} of {} elements of its result had arrived and replaced the "
+                             "own values in place)",
+                             arrived, pr.size);
+  }
 }
 
 void round_engine::member_gone(uint32_t i, const std::string& why) {

@@ -103,7 +103,10 @@ public:
   /// stay unchanged until the round is finished) and `weight`, sending through `sink` (which
   /// must outlive the engine). `out_buffer` and `reduce_buffer` (fp32, the vector's and this
   /// member's part's size; e.g. from an earlier round) receive the result and the reduction;
-  /// others are allocated when they do not fit. Nothing is sent before `open`.
+  /// others are allocated when they do not fit. `out_buffer` may be `flat` itself (in place: no
+  /// second vector; result chunks overwrite the own values as they arrive, so a part that ends
+  /// unaveraged after some of its result arrived keeps those averaged elements, and its report
+  /// says how many). Nothing is sent before `open`.
   round_engine(uint64_t id, round_plan plan, uint32_t self, at::Tensor flat, double weight,
                round_engine_options opts, round_sink& sink, at::Tensor out_buffer = {},
                at::Tensor reduce_buffer = {});
@@ -185,6 +188,8 @@ private:
   round_sink& sink_;
   bool aux_ = false;
   at::Tensor out_;
+  /// `out_` is `flat_` (see the constructor).
+  bool in_place_ = false;
   std::vector<link> links_;
   std::vector<bool> gone_;
   std::map<std::pair<uint32_t, uint8_t>, stream> streams_;

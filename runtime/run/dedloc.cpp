@@ -215,6 +215,9 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
     ao.poll_interval = std::chrono::duration_cast<caf::timespan>(o.window / 8);
     ao.round_timeout = std::chrono::duration_cast<caf::timespan>(o.averager_timeout);
     ao.codec = codec;
+    // The peer hands over fresh vectors (its step's mean gradient, its state flattened) and
+    // reads only the reply's: the result is written into them, one vector less resident.
+    ao.in_place = true;
     averager = h.spawn_averager(fmt::format("{}-avg{}", ctx.name, ctx.generation), ao);
   }
   auto peer = dp::spawn_dp_peer(h.system(), {h.dht(), averager, h.resolver(), h.metrics()},

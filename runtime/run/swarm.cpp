@@ -267,6 +267,9 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
     ao.round_timeout = caf::timespan{avg.round_timeout};
     ao.codec = avg.codec;
     ao.family_groups = avg.persistent_rounds;
+    // The peer hands over fresh vectors (its step's mean gradient, its state flattened) and
+    // reads only the reply's: the result is written into them, one vector less resident.
+    ao.in_place = true;
     averager = h.spawn_averager("avg-" + so.name, ao);
     so.averaging.averager = averager;
     so.averaging.dht = h.dht();

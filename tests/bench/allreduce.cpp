@@ -22,7 +22,10 @@
 //                   and removed by scripts/netns-allreduce, which passes this option)
 // env: STARLING_BENCH_BASP=1 (averager over BASP only), STARLING_BENCH_NO_TLS=1
 //      (starling-closed without TLS on BASP; the direct links are sealed either way), STARLING_BENCH_CHUNK_KIB=N (chunk
-//      size), STARLING_BENCH_TRACE=1 (each child's RSS after every round, to stderr)
+//      size), STARLING_BENCH_TRACE=1 (each child's RSS after every round, to stderr),
+//      STARLING_BENCH_COPY=1 (the averager writes its result into a second vector and leaves
+//      the input as it is; by default the result goes into the input, which is refilled with
+//      the same values before each round, as Gloo's is)
 // starling-auto: `codec: auto` (adaptive_codec), the codec each round is printed with
 //   STARLING_BENCH_TRACE=1.
 // starling-closed: `starling` in a closed run: an authority made for the row, each process with
@@ -135,7 +138,13 @@ int child_gloo(int rank, int n, int64_t numel, const std::string& dir, int reps)
   std::vector<double> times;
   double mse = 0;
   for (int i = 0; i < reps; ++i) {
-    std::vector<at::Tensor> ts{x.clone()};
+    // Gloo sums in place: the same input each round, refilled rather than copied (a copy would
+    // hold a second vector), as starling's rounds do.
+    if (i > 0) {
+      torch::manual_seed(rank);
+      x.normal_();
+    }
+    std::vector<at::Tensor> ts{x};
     std::vector<at::Tensor> bar{torch::zeros({1})};
     pg.allreduce(bar)->wait(); // start together
     auto t0 = clk::now();
@@ -240,6 +249,9 @@ int child_starling(int rank, int n, int64_t numel, const std::string& dir, int r
   if (auto* c = std::getenv("STARLING_BENCH_CHUNK_KIB")) // chunk size experiments
     a.chunk_bytes = std::max<uint64_t>(4, std::strtoull(c, nullptr, 10) * 1024);
   a.window = 4;
+  // The result is written into the request's vector (a training loop hands over a fresh
+  // gradient each step); STARLING_BENCH_COPY=1: into a second vector, the input kept.
+  a.in_place = std::getenv("STARLING_BENCH_COPY") == nullptr;
   a.codec = codec;
   a.adaptive_codec = adaptive;
   // Chunks over the node's direct transport (STARLING_BENCH_BASP=1: BASP only).
@@ -258,6 +270,11 @@ int child_starling(int rank, int n, int64_t numel, const std::string& dir, int r
   {
     caf::scoped_actor self{node.system()};
     for (int i = 0; i < reps; ++i) {
+      if (i > 0 && a.in_place) {
+        // The same input again (the last round wrote its result into it), as Gloo's rounds do.
+        torch::manual_seed(rank);
+        x.normal_();
+      }
       messages::tensor_list tl;
       tl.tensors.push_back(messages::tensor_msg{x, kernels::codec_id::none, {}, {}});
       auto t0 = clk::now();

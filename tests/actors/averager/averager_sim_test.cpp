@@ -392,3 +392,36 @@ TEST_CASE("memory: 200 consecutive rounds do not grow resident memory beyond the
   // rounds. Allow 4 MiB for the harness (its dead client actors, ~3 KiB a round) and the allocator.
   CHECK(last <= early_peak + (uint64_t{4} << 20));
 }
+
+TEST_CASE("in place, the result is written into the request's vector; otherwise the request's "
+          "tensors stay as they were") {
+  // Peers 0 and 1 average in place; peer 1 sends two tensors (concatenated into a private
+  // vector first, so its own stay unchanged); peer 2 does not average in place.
+  avg_swarm s(701, 3, [](size_t i, averager_options& o) {
+    o.chunk_bytes = 1024;
+    o.in_place = i < 2;
+  });
+  auto x0 = make_tensors({{1000}}, 7010);
+  auto x1 = make_tensors({{600}, {400}}, 7011);
+  auto x2 = make_tensors({{1000}}, 7012);
+  std::vector<std::vector<torch::Tensor>> before = {clone_all(x0), clone_all(x1), clone_all(x2)};
+  auto want = flat_of(weighted_mean_of({{flat_of(x0)}, {flat_of(x1)}, {flat_of(x2)}}, {1, 2, 1},
+                                       {0, 1, 2}));
+  std::vector<call_ptr> calls = {s.average(0, "g", x0, 1), s.average(1, "g", x1, 2),
+                                 s.average(2, "g", x2, 1)};
+  REQUIRE(s.settle(calls));
+  for (size_t i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    REQUIRE(calls[i]->ok);
+    CHECK(calls[i]->result.report.outcome == round_outcome::complete);
+    CHECK(close_to(flat_of(tensors_of(calls[i]->result)), want, 1e-6));
+  }
+  // Peer 0: its vector holds the mean, and the reply's tensor is that vector.
+  CHECK(close_to(x0[0], want, 1e-6));
+  CHECK(calls[0]->result.tensors[0].tensor.data_ptr() == x0[0].data_ptr());
+  // Peers 1 and 2: their tensors as they were, the replies elsewhere.
+  for (size_t t = 0; t < 2; ++t)
+    CHECK(torch::equal(x1[t], before[1][t]));
+  CHECK(torch::equal(x2[0], before[2][0]));
+  CHECK(calls[2]->result.tensors[0].tensor.data_ptr() != x2[0].data_ptr());
+}

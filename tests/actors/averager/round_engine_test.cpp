@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <numeric>
@@ -55,6 +56,8 @@ struct net_options {
   round_engine_options engine;
   /// Every chunk is delivered twice.
   bool duplicate = false;
+  /// Each engine writes its result into (a copy of) its own vector (`out_buffer` = `flat`).
+  bool in_place = false;
 };
 
 class test_net;
@@ -87,6 +90,8 @@ struct peer {
   std::unique_ptr<net_sink> base;
   std::unique_ptr<fault_sink> sink;
   std::unique_ptr<round_engine> engine;
+  /// The vector the engine was given.
+  at::Tensor flat;
   bool dead = false;
   std::optional<round_result> result;
   usec ready_at = -1;
@@ -109,8 +114,11 @@ public:
       auto& p = peers_[i];
       p.base = std::make_unique<net_sink>(this, i);
       p.sink = std::make_unique<fault_sink>(*p.base, this, i, faults[i], fault_delay);
-      p.engine = std::make_unique<round_engine>(42, *plan, i, flats[i], weights[i], opts_.engine,
-                                                *p.sink);
+      // In place, the engine overwrites its vector: a copy, so that the callers' stay the inputs.
+      auto flat = opts_.in_place ? flats[i].clone() : flats[i];
+      p.flat = flat;
+      p.engine = std::make_unique<round_engine>(42, *plan, i, flat, weights[i], opts_.engine,
+                                                *p.sink, opts_.in_place ? flat : at::Tensor{});
       p.sink->contributions_total = p.engine->contribution_chunks();
       faults_.push_back(faults[i]);
     }
@@ -354,6 +362,8 @@ TEST_CASE("round engine: results equal the weighted mean for sizes, chunkings, w
           CAPTURE(seed);
           net_options o;
           o.engine.chunk_elems = elems(cb);
+          o.in_place = seed % 2 == 0; // every other run writes its result into its own vector
+          CAPTURE(o.in_place);
           test_net net(seed, members_of(ws.size()), xs, ws, o);
           net.run();
           for (size_t i = 0; i < ws.size(); ++i) {
@@ -365,6 +375,8 @@ TEST_CASE("round engine: results equal the weighted mean for sizes, chunkings, w
             for (auto& p : r.parts)
               CHECK(p.status == part_status::averaged);
             CHECK(max_diff(r.values, want) <= tol);
+            if (sizes[si] > 0)
+              CHECK((r.values.data_ptr() == net[i].flat.data_ptr()) == o.in_place);
           }
         }
       }
@@ -429,6 +441,9 @@ TEST_CASE("round engine faults: with 5 peers, peers 2-4 always finish with resul
   std::vector<double> ws = {1, 2, 1, 3, 1};
   // Parts that a sender failing mid-way reached in some chunks only (reported as segments).
   size_t split_parts = 0;
+  // In place: parts that ended unaveraged after some of their result had arrived.
+  size_t mixed_parts = 0;
+  for (bool in_place : {false, true})
   for (size_t ci = 0; ci < cases.size(); ++ci)
     for (uint64_t seed = 1; seed <= 100; ++seed) {
       auto [f0, f1] = cases[ci];
@@ -440,12 +455,14 @@ TEST_CASE("round engine faults: with 5 peers, peers 2-4 always finish with resul
       o.engine.chunk_elems = 50; // every part travels in several chunks
       o.window = 2;
       o.round_timeout = round_timeout;
+      o.in_place = in_place;
       auto xs = random_flats(5, 800, seed * 100 + ci);
       // A slow sender delivers its first chunks before the reducers' deadline (0.6 x 6 s) and the
       // rest after it: reducers count it where it arrived.
       test_net net(seed * 7 + ci, members, xs, ws, o, {f0, f1}, 2'500'000);
       net.run();
       for (size_t i = 2; i < 5; ++i) {
+        CAPTURE(in_place);
         CAPTURE(ci);
         CAPTURE(seed);
         CAPTURE(i);
@@ -489,7 +506,22 @@ TEST_CASE("round engine faults: with 5 peers, peers 2-4 always finish with resul
             if (p.segments.size() > 1)
               ++split_parts;
           } else {
-            CHECK(torch::equal(seg, xs[i].narrow(0, p.offset, p.size)));
+            auto own = xs[i].narrow(0, p.offset, p.size);
+            auto at = p.reason.find(" elements of its result had arrived");
+            if (!in_place || at == std::string::npos) {
+              CHECK(torch::equal(seg, own));
+            } else {
+              // The elements of the result that had arrived hold it; all others the own values.
+              auto open = p.reason.rfind('(', at);
+              REQUIRE(open != std::string::npos);
+              long long arrived = 0, of = 0;
+              REQUIRE(std::sscanf(p.reason.c_str() + open, "(%lld of %lld", &arrived, &of) == 2);
+              CHECK(of == p.size);
+              CHECK(arrived > 0);
+              CHECK(arrived < p.size);
+              CHECK(seg.ne(own).sum().item<int64_t>() <= arrived);
+              ++mixed_parts;
+            }
             CHECK_FALSE(p.reason.empty());
             CHECK(p.reducer == 0u); // only faulty reducers lose their parts
           }
@@ -497,6 +529,7 @@ TEST_CASE("round engine faults: with 5 peers, peers 2-4 always finish with resul
       }
     }
   MESSAGE("parts that a sender reached in some chunks only: " << split_parts);
+  MESSAGE("parts unaveraged in place after some of their result arrived: " << mixed_parts);
   CHECK(split_parts > 0);
 }
 
