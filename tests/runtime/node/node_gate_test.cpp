@@ -62,14 +62,18 @@ std::string ping(node& from, const caf::actor& peer) {
   return out;
 }
 
-/// An outsider: a bare actor system (no gate, no wire context) that connects to a node's
-/// published directory and speaks the gate's protocol with whatever hello it is given.
+/// An actor system config whose wire context a test sets (none: envelopes with empty headers).
+struct outsider_config : caf::actor_system_config, messages::wire_context_holder {};
+
+/// An outsider: a bare actor system (no gate; no wire context unless the test sets `cfg->wire`)
+/// that connects to a node's published directory and speaks the gate's protocol with whatever
+/// hello it is given.
 struct outsider {
-  std::unique_ptr<caf::actor_system_config> cfg;
+  std::unique_ptr<outsider_config> cfg;
   std::unique_ptr<caf::actor_system> sys;
   caf::actor dir;
 
-  explicit outsider(uint16_t port) : cfg(std::make_unique<caf::actor_system_config>()) {
+  explicit outsider(uint16_t port) : cfg(std::make_unique<outsider_config>()) {
     configure_system(*cfg, testing::fast_caf(), true);
     sys = std::make_unique<caf::actor_system>(*cfg);
     auto d = sys->middleman().remote_actor("127.0.0.1", port);
@@ -332,6 +336,57 @@ TEST_CASE("a hostile client is refused at the gate with each reason counted, and
   auto [peer, err] = try_resolve(*b, fmt::format("127.0.0.1:{}/ping", a->port()));
   REQUIRE_MESSAGE(peer, err);
   CHECK(ping(*b, peer) == "a");
+}
+
+TEST_CASE("a member that signs envelopes in another member's name is refused as signature, and "
+          "the other member's sequence numbers stay its own") {
+  closed_run run;
+  auto a = run.start("a", false);
+  auto c = run.start("c", false);
+  a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
+  auto [peer, err] = try_resolve(*c, fmt::format("127.0.0.1:{}/ping", a->port()));
+  REQUIRE_MESSAGE(peer, err);
+  CHECK(ping(*c, peer) == "a");
+  // x holds a valid token and is admitted at a's gate.
+  outsider x{a->port()};
+  auto key = std::make_shared<auth::key_pair>(run.key("x"));
+  auto [session, challenge] = x.open(key->peer_id());
+  REQUIRE(x.present(session, hello_of(*key, challenge, a->peer_id(), run.issue("x"),
+                                      [](auth::hello&) {})) == "");
+  auto [ping_a, lookup_err] = x.lookup("ping");
+  REQUIRE_MESSAGE(ping_a, lookup_err);
+  auto context = [&](const std::string& sender) {
+    messages::wire_options o;
+    o.experiment = a->wire()->options().experiment;
+    o.peer_id = sender;
+    o.sign = [key](std::string_view digest) { return key->sign(digest); };
+    return std::make_shared<messages::wire_context>(o);
+  };
+  auto ping_from_x = [&] {
+    caf::scoped_actor self{*x.sys};
+    std::string out;
+    self->request(ping_a, 5s, ping_msg{1, "x"})
+      .receive([&](const ping_msg& m) { out = m.wire_error.empty() ? m.origin : m.wire_error; },
+               [&](caf::error& e) { out = x.sys->render(e); });
+    return out;
+  };
+  // In its own name, signed with its own key: served.
+  x.cfg->wire = context(key->peer_id());
+  CHECK(ping_from_x() == "a");
+  CHECK(a->wire()->refused(messages::wire_reason::signature) == 0);
+  // In c's name (c is admitted too), signed with x's key, with sequence numbers above c's: the
+  // signature is not c's.
+  x.cfg->wire = context(c->peer_id());
+  for (int i = 0; i < 3; ++i) {
+    auto refused = ping_from_x();
+    CHECK(refused.find("signature") != std::string::npos);
+  }
+  CHECK(a->wire()->refused(messages::wire_reason::signature) == 3);
+  CHECK(a->wire()->refused(messages::wire_reason::replay) == 0);
+  // The forgeries used up none of c's sequence numbers: c's next envelopes are served.
+  CHECK(ping(*c, peer) == "a");
+  CHECK(ping(*c, peer) == "a");
+  CHECK(a->wire()->refused(messages::wire_reason::replay) == 0);
 }
 
 TEST_CASE("a peer whose token a newer deny list revokes has its next envelope refused as unauthorized") {
