@@ -338,15 +338,33 @@ TEST_CASE("a hostile client is refused at the gate with each reason counted, and
   CHECK(ping(*b, peer) == "a");
 }
 
+namespace {
+
+/// A closed run of two nodes: `a` serves "ping", `c` has resolved it (`peer`) and been served.
+struct served_pair {
+  closed_run run;
+  std::unique_ptr<node> a;
+  std::unique_ptr<node> c;
+  caf::actor peer;
+
+  served_pair() : a(run.start("a", false)), c(run.start("c", false)) {
+    a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
+    auto [h, err] = try_resolve(*c, fmt::format("127.0.0.1:{}/ping", a->port()));
+    REQUIRE_MESSAGE(h, err);
+    peer = h;
+    CHECK(ping(*c, peer) == "a");
+  }
+};
+
+} // namespace
+
 TEST_CASE("a member that signs envelopes in another member's name is refused as signature, and "
           "the other member's sequence numbers stay its own") {
-  closed_run run;
-  auto a = run.start("a", false);
-  auto c = run.start("c", false);
-  a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
-  auto [peer, err] = try_resolve(*c, fmt::format("127.0.0.1:{}/ping", a->port()));
-  REQUIRE_MESSAGE(peer, err);
-  CHECK(ping(*c, peer) == "a");
+  served_pair p;
+  auto& run = p.run;
+  auto& a = p.a;
+  auto& c = p.c;
+  auto& peer = p.peer;
   // x holds a valid token and is admitted at a's gate.
   outsider x{a->port()};
   auto key = std::make_shared<auth::key_pair>(run.key("x"));
@@ -390,13 +408,11 @@ TEST_CASE("a member that signs envelopes in another member's name is refused as 
 }
 
 TEST_CASE("a peer whose token a newer deny list revokes has its next envelope refused as unauthorized") {
-  closed_run run;
-  auto a = run.start("a", false);
-  auto c = run.start("c", false);
-  a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
-  auto [peer, err] = try_resolve(*c, fmt::format("127.0.0.1:{}/ping", a->port()));
-  REQUIRE_MESSAGE(peer, err);
-  CHECK(ping(*c, peer) == "a");
+  served_pair p;
+  auto& run = p.run;
+  auto& a = p.a;
+  auto& c = p.c;
+  auto& peer = p.peer;
   // The authority revokes c's token; any node may carry the signed list to a's gate.
   auto issued = auth::read_small_file(run.dir.path + "/c.token", 64 * 1024);
   REQUIRE(issued.ok());
