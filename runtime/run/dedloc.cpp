@@ -215,8 +215,10 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
     ao.poll_interval = std::chrono::duration_cast<caf::timespan>(o.window / 8);
     ao.round_timeout = std::chrono::duration_cast<caf::timespan>(o.averager_timeout);
     ao.codec = codec;
-    // The peer hands over fresh vectors (its step's mean gradient, its state flattened) and
-    // reads only the reply's: the result is written into them, one vector less resident.
+    // The peer hands over fresh vectors (its step's mean gradient, its state flattened) that
+    // nothing else reads while the round runs: the result is written into them, one vector
+    // less resident. (After a failed round it steps on its gradient as it then stands: its own
+    // values, averaged where some of a part's result had arrived.)
     ao.in_place = true;
     averager = h.spawn_averager(fmt::format("{}-avg{}", ctx.name, ctx.generation), ao);
   }

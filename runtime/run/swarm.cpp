@@ -267,8 +267,10 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
     ao.round_timeout = caf::timespan{avg.round_timeout};
     ao.codec = avg.codec;
     ao.family_groups = avg.persistent_rounds;
-    // The peer hands over fresh vectors (its step's mean gradient, its state flattened) and
-    // reads only the reply's: the result is written into them, one vector less resident.
+    // The peer hands over fresh vectors (its step's mean gradient, its state flattened) that
+    // nothing else reads while the round runs: the result is written into them, one vector
+    // less resident. (After a failed round it steps on its gradient as it then stands: its own
+    // values, averaged where some of a part's result had arrived.)
     ao.in_place = true;
     averager = h.spawn_averager("avg-" + so.name, ao);
     so.averaging.averager = averager;
