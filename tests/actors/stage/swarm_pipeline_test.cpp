@@ -324,3 +324,69 @@ TEST_CASE("admission at the entry: with entry_backlog_s a new microbatch waits a
   CHECK(held < 6.0);
   CHECK(held < 0.5 * open);
 }
+
+namespace {
+
+/// The largest work queued (seconds, as probes answer) at either of stage 1's two peers of a
+/// two-stage swarm whose stage 0 (two peers, forwards 0.4 s) feeds a stage 1 twice as slow
+/// (forwards 0.8 s, backwards 1.6 s), while one trainer runs 40 microbatches all in flight at
+/// once; `forward_backlog_s` as in trainer_options. Also checks that every microbatch
+/// completes once.
+double largest_stage1_backlog(double forward_backlog_s) {
+  testing::board_world bw{7, 2};
+  auto& w = bw.w;
+  auto& n = bw.n;
+  auto& sys = w.system();
+  std::vector<caf::actor> later_peers;
+  for (uint64_t s = 0; s < 2; ++s)
+    for (std::string name : {"a", "b"}) {
+      auto o = stage_opts(s, static_cast<int64_t>(s), static_cast<int64_t>(s) + 1,
+                          "s" + std::to_string(s) + name);
+      o.backend = actors::stage::compute_backend::cost_model;
+      o.cost_model.forward_s = s == 0 ? 0.1 : 0.2;
+      o.cost_model.backward_factor = 2;
+      auto p = actors::stage::spawn_stage(sys, o, bw.board);
+      n.adopt(o.name, p);
+      if (s == 1)
+        later_peers.push_back(p);
+    }
+  w.run();
+  auto largest = std::make_shared<double>(0);
+  n.spawn("watch", [later_peers, largest](caf::event_based_actor* self) -> caf::behavior {
+    self->send(self, 0);
+    return {[=](int) {
+      for (auto& p : later_peers)
+        self->request(p, caf::timespan{1s}, probe_atom::value)
+          .then([=](double backlog) { *largest = std::max(*largest, backlog); },
+                [](caf::error&) {});
+      self->delayed_send(self, 250ms, 0);
+    }};
+  });
+  auto t = std::make_shared<tally>();
+  auto sink = n.spawn("sink", counting_sink, t);
+  auto to = testing::tiny_trainer(2, 40, 40, caf::timespan{120s});
+  to.probe = true;
+  to.seed = 5;
+  to.forward_backlog_s = forward_backlog_s;
+  n.adopt("trainer", actors::trainer::spawn_trainer(sys, to, small_corpus(), bw.board, sink));
+  REQUIRE(w.run_until([&] { return t->stops == 1; }, 900s));
+  CHECK(t->microbatches == 40);
+  CHECK(t->samples == 40 * 4);
+  CHECK(t->repeats == 0);
+  return *largest;
+}
+
+} // namespace
+
+TEST_CASE("admission of later forwards: with forward_backlog_s a forward to stage 1 waits at the "
+          "trainer while the stage-1 peer's queue is long, and every microbatch still completes "
+          "once") {
+  auto open = largest_stage1_backlog(0);
+  auto held = largest_stage1_backlog(2.0);
+  MESSAGE("largest backlog at a stage-1 peer: " << open << " s open, " << held
+                                                << " s with a 2 s forward limit");
+  // Stage 0 hands 40 forwards to stage 1 faster than stage 1 serves them: they pile up there.
+  CHECK(open > 8.0);
+  // Held: at most 2 s of forwards plus the backwards that arrive on top (1.6 s each).
+  CHECK(held < 0.5 * open);
+}
