@@ -110,8 +110,10 @@ void with_peer(self_ptr self, uint64_t stage, pass dir, double samples,
 /// Power of two choices: two candidates from the wiring, both reserved (charged) while their
 /// probes travel so that concurrent hops spread out; the one that would finish the hop first
 /// (queued seconds plus this hop's expected seconds) keeps its charge, the other is refunded.
+/// With `hold` > 0 the hop instead waits at the trainer (and probes again after the excess,
+/// 1-10 s) while the better candidate has more than `hold` seconds queued.
 void probe_and_go(self_ptr self, uint64_t stage, pass dir, double samples,
-                  std::function<void(std::string, caf::actor, double)> go,
+                  std::function<void(std::string, caf::actor, double)> go, double hold = 0,
                   std::function<void()> decided = {}) {
   auto& st = self->state;
   auto done = [decided] {
@@ -167,11 +169,11 @@ void probe_and_go(self_ptr self, uint64_t stage, pass dir, double samples,
       return;
     }
     auto ahead = round->backlog[best];
-    auto limit = st.opts.entry_backlog_s;
-    if (decided && limit > 0 && std::isfinite(ahead) && ahead > limit) {
-      // Admission at the pipeline's entry: the microbatch waits here, not in that queue.
+    if (hold > 0 && std::isfinite(ahead) && ahead > hold) {
+      // Admission (at the pipeline's entry, or of a later forward): the microbatch waits here,
+      // not in that queue.
       st.wiring->refund(stage, chosen, dir, samples);
-      auto wait = std::clamp(ahead - limit, 1.0, 10.0);
+      auto wait = std::clamp(ahead - hold, 1.0, 10.0);
       later(self, std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(wait)),
             [=] { with_peer(self, stage, dir, samples, go); });
       return;
@@ -225,7 +227,7 @@ void with_peer(self_ptr self, uint64_t stage, pass dir, double samples,
       return;
     }
     st.entry_probing = true;
-    probe_and_go(self, stage, dir, samples, std::move(go), [self] {
+    probe_and_go(self, stage, dir, samples, std::move(go), st.opts.entry_backlog_s, [self] {
       auto& st = self->state;
       st.entry_probing = false;
       if (!st.entry_waiting.empty()) {
@@ -237,7 +239,8 @@ void with_peer(self_ptr self, uint64_t stage, pass dir, double samples,
     return;
   }
   if (st.opts.probe) {
-    probe_and_go(self, stage, dir, samples, std::move(go));
+    auto hold = dir == pass::forward && stage > 0 ? st.opts.forward_backlog_s : 0.0;
+    probe_and_go(self, stage, dir, samples, std::move(go), hold);
     return;
   }
   for (;;) {

@@ -70,6 +70,12 @@ struct trainer_options {
   /// queued; 0 = never. When every window opens at once, each stage-0 peer otherwise queues
   /// minutes of forwards, and every backward through it waits behind them.
   double entry_backlog_s = 0;
+  /// With probes: the same for every later forward hop (stages 1 and on; backward hops never
+  /// wait): a forward waits at the trainer while the better candidate has more than this many
+  /// seconds queued; 0 = never. Backwards then find short queues of forwards ahead of them (the
+  /// fill's wave clears faster) while each queue stays first-in first-out, so the probes'
+  /// backlogs and the service estimates stay right.
+  double forward_backlog_s = 0;
   /// A hop without answer by then is retried elsewhere.
   caf::timespan hop_timeout = std::chrono::seconds(10);
   /// A peer that failed is not picked again for this long.

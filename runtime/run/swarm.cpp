@@ -387,6 +387,7 @@ caf::actor spawn_trainer(role_context& ctx, const swarm_role_options& o,
     to.exclude_for = span(sim.refresh_every);
     to.probe = sim.probe && sim.routing == swarm_routing::stochastic;
     to.entry_backlog_s = std::chrono::duration<double>(sim.entry_backlog).count();
+    to.forward_backlog_s = std::chrono::duration<double>(sim.forward_backlog).count();
     using actors::trainer::routing_kind;
     to.routing = sim.routing == swarm_routing::uniform ? routing_kind::uniform
                  : sim.routing == swarm_routing::fixed ? routing_kind::fixed
@@ -490,6 +491,7 @@ void read_sim_options(config_node& n, swarm_sim_options& s) {
   read_int(n, "inflight_cap", s.inflight_cap, 1, 1 << 20);
   read(n, "probe", s.probe);
   read_duration(n, "entry_backlog", s.entry_backlog);
+  read_duration(n, "forward_backlog", s.forward_backlog);
   read_duration(n, "report_every", s.report_every);
   read_duration(n, "refresh_every", s.refresh_every);
   read_duration(n, "warmup", s.warmup);

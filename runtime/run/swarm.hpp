@@ -46,6 +46,8 @@ struct swarm_sim_options {
   /// With probes: a microbatch's first forward waits at its trainer while the stage-0 peer it
   /// would join has more than this much work queued (trainer_options::entry_backlog_s); 0 = off.
   std::chrono::nanoseconds entry_backlog{0};
+  /// The same for every later forward hop (trainer_options::forward_backlog_s); 0 = off.
+  std::chrono::nanoseconds forward_backlog{0};
   /// Rebalancing period (0 = off), threshold, and placing restarted peers where needed.
   std::chrono::nanoseconds rebalance_period = std::chrono::seconds(60);
   double rebalance_threshold = 0.05;

@@ -324,3 +324,83 @@ TEST_CASE("admission at the entry: with entry_backlog_s a new microbatch waits a
   CHECK(held < 6.0);
   CHECK(held < 0.5 * open);
 }
+
+namespace {
+
+/// What a two-stage swarm whose stage 0 (two peers, forwards 0.4 s) feeds a stage 1 twice as
+/// slow (forwards 0.8 s, backwards 1.6 s) does while one trainer runs 40 microbatches all in
+/// flight at once, `forward_backlog_s` as in trainer_options: the largest work queued at either
+/// stage-1 peer (seconds, as probes answer, read every 250 ms) and the virtual seconds until half
+/// of the microbatches completed. Also checks that every microbatch completes once.
+struct stage1_run {
+  double largest = 0;
+  double half_done_s = 0;
+};
+
+stage1_run run_stage1(double forward_backlog_s) {
+  testing::board_world bw{7, 2};
+  auto& w = bw.w;
+  auto& n = bw.n;
+  auto& sys = w.system();
+  std::vector<caf::actor> later_peers;
+  for (uint64_t s = 0; s < 2; ++s)
+    for (std::string name : {"a", "b"}) {
+      auto o = stage_opts(s, static_cast<int64_t>(s), static_cast<int64_t>(s) + 1,
+                          "s" + std::to_string(s) + name);
+      o.backend = actors::stage::compute_backend::cost_model;
+      o.cost_model.forward_s = s == 0 ? 0.1 : 0.2;
+      o.cost_model.backward_factor = 2;
+      auto p = actors::stage::spawn_stage(sys, o, bw.board);
+      n.adopt(o.name, p);
+      if (s == 1)
+        later_peers.push_back(p);
+    }
+  w.run();
+  auto largest = std::make_shared<double>(0);
+  n.spawn("watch", [later_peers, largest](caf::event_based_actor* self) -> caf::behavior {
+    self->send(self, 0);
+    return {[=](int) {
+      for (auto& p : later_peers)
+        self->request(p, caf::timespan{1s}, probe_atom::value)
+          .then([=](double backlog) { *largest = std::max(*largest, backlog); },
+                [](caf::error&) {});
+      self->delayed_send(self, 250ms, 0);
+    }};
+  });
+  auto t = std::make_shared<tally>();
+  auto sink = n.spawn("sink", counting_sink, t);
+  auto to = testing::tiny_trainer(2, 40, 40, caf::timespan{120s});
+  to.probe = true;
+  to.seed = 5;
+  to.forward_backlog_s = forward_backlog_s;
+  n.adopt("trainer", actors::trainer::spawn_trainer(sys, to, small_corpus(), bw.board, sink));
+  auto t0 = sys.clock().now();
+  REQUIRE(w.run_until([&] { return t->microbatches >= 20; }, 900s));
+  auto first = std::chrono::duration<double>(sys.clock().now() - t0).count();
+  REQUIRE(w.run_until([&] { return t->stops == 1; }, 900s));
+  CHECK(t->microbatches == 40);
+  CHECK(t->samples == 40 * 4);
+  CHECK(t->repeats == 0);
+  return {*largest, first};
+}
+
+} // namespace
+
+TEST_CASE("admission of later forwards: with forward_backlog_s a forward to stage 1 waits at the "
+          "trainer while the stage-1 peer's queue is long, and every microbatch still completes "
+          "once") {
+  auto open = run_stage1(0);
+  auto held = run_stage1(2.0);
+  MESSAGE("largest backlog at a stage-1 peer: " << open.largest << " s open, " << held.largest
+                                                << " s with a 2 s forward limit; half of the "
+                                                   "microbatches done after "
+                                                << open.half_done_s << " s open, "
+                                                << held.half_done_s << " s held");
+  // Stage 0 hands 40 forwards to stage 1 faster than stage 1 serves them: they pile up there,
+  // and every backward at stage 1 waits behind them.
+  CHECK(open.largest > 8.0);
+  // Held, the queues are shorter (forwards admitted at up to 2 s, backwards on top) and the
+  // backwards find fewer forwards ahead of them: microbatches complete sooner.
+  CHECK(held.largest < 0.8 * open.largest);
+  CHECK(held.half_done_s < open.half_done_s);
+}
