@@ -8,6 +8,7 @@
 #include <set>
 #include <memory>
 #include <optional>
+#include <string_view>
 
 #include <sodium.h>
 
@@ -54,6 +55,14 @@ status validate(const averager_options& o) {
 }
 
 namespace {
+
+/// The host of an averager's address (`host:port/name`), or empty when it has none.
+std::string_view host_of(std::string_view address) {
+  auto slash = address.find('/');
+  auto endpoint = address.substr(0, slash);
+  auto colon = endpoint.rfind(':');
+  return colon == std::string_view::npos ? std::string_view{} : endpoint.substr(0, colon);
+}
 
 /// Why a request whose input holds NaN or infinity is refused.
 constexpr const char* non_finite_input = "the tensors hold non-finite values";
@@ -581,15 +590,20 @@ void shell::start_round(uint64_t id, std::vector<messages::member_info> members)
   r.codec = opts_.codec;
   if (chooser_) {
     // Links still open from an earlier round tell whether every member is on this host (then
-    // compression only adds work); a member not linked yet counts as remote.
+    // compression only adds work); a member not linked yet is on this host when its address
+    // names this averager's host (the link the round opens to it will be a same-host one), so
+    // that a first round on one host is not compressed and profiled for nothing.
     bool local = transport_ && n > 1;
+    auto own_host = host_of(opts_.address);
     for (uint32_t i = 0; i < n && local; ++i) {
       if (i == self)
         continue;
       auto it = remotes_.find(members[i].address);
-      local = members[i].bandwidth != 0 && it != remotes_.end() && it->second.channel != 0
+      bool linked = it != remotes_.end() && it->second.channel != 0;
+      local = members[i].bandwidth != 0
               && link_failures_[members[i].address] < max_link_failures
-              && transport_->local_link(it->second.id);
+              && (linked ? transport_->local_link(it->second.id)
+                         : !own_host.empty() && host_of(members[i].address) == own_host);
     }
     // Profiles on a slice of this round's vector (its data decide the errors), then the
     // choice. Profiling costs the round its time (3 timings of each codec on 64K elements: 30%
