@@ -275,15 +275,10 @@ TEST_CASE("real stage peers report their measured throughput to the board") {
 
 namespace {
 
-/// The largest work queued (seconds, as probes answer) at either of two equal cost-model peers
-/// of a one-stage swarm while one trainer runs 40 microbatches with all 40 in flight at once,
-/// read every 250 ms; `entry_backlog_s` as in trainer_options.
-double largest_backlog(double entry_backlog_s) {
-  testing::board_world bw{6, 1};
-  auto& w = bw.w;
-  auto& n = bw.n;
-  auto& sys = w.system();
-  auto peers = two_cost_peers(bw, {"s0a", "s0b"});
+/// The largest work any of `peers` answers a probe with (seconds queued), read every 250 ms
+/// from an actor on `n` for as long as the world runs.
+template <class Node>
+std::shared_ptr<double> watch_largest_backlog(Node& n, std::vector<caf::actor> peers) {
   auto largest = std::make_shared<double>(0);
   n.spawn("watch", [peers, largest](caf::event_based_actor* self) -> caf::behavior {
     self->send(self, 0);
@@ -295,6 +290,19 @@ double largest_backlog(double entry_backlog_s) {
       self->delayed_send(self, 250ms, 0);
     }};
   });
+  return largest;
+}
+
+/// The largest work queued (seconds, as probes answer) at either of two equal cost-model peers
+/// of a one-stage swarm while one trainer runs 40 microbatches with all 40 in flight at once,
+/// read every 250 ms; `entry_backlog_s` as in trainer_options.
+double largest_backlog(double entry_backlog_s) {
+  testing::board_world bw{6, 1};
+  auto& w = bw.w;
+  auto& n = bw.n;
+  auto& sys = w.system();
+  auto peers = two_cost_peers(bw, {"s0a", "s0b"});
+  auto largest = watch_largest_backlog(n, peers);
   auto t = std::make_shared<tally>();
   auto sink = n.spawn("sink", counting_sink, t);
   auto to = testing::tiny_trainer(1, 40, 40, caf::timespan{120s});
@@ -356,17 +364,7 @@ stage1_run run_stage1(double forward_backlog_s) {
         later_peers.push_back(p);
     }
   w.run();
-  auto largest = std::make_shared<double>(0);
-  n.spawn("watch", [later_peers, largest](caf::event_based_actor* self) -> caf::behavior {
-    self->send(self, 0);
-    return {[=](int) {
-      for (auto& p : later_peers)
-        self->request(p, caf::timespan{1s}, probe_atom::value)
-          .then([=](double backlog) { *largest = std::max(*largest, backlog); },
-                [](caf::error&) {});
-      self->delayed_send(self, 250ms, 0);
-    }};
-  });
+  auto largest = watch_largest_backlog(n, later_peers);
   auto t = std::make_shared<tally>();
   auto sink = n.spawn("sink", counting_sink, t);
   auto to = testing::tiny_trainer(2, 40, 40, caf::timespan{120s});
