@@ -393,7 +393,7 @@ TEST_CASE("memory: 200 consecutive rounds do not grow resident memory beyond the
   CHECK(last <= early_peak + (uint64_t{4} << 20));
 }
 
-TEST_CASE("in place, the result is written into the request's vector; otherwise the request's "
+TEST_CASE("in place, the result is written into the request's vector, and otherwise the request's "
           "tensors stay as they were") {
   // Peers 0 and 1 average in place; peer 1 sends two tensors (concatenated into a private
   // vector first, so its own stay unchanged); peer 2 does not average in place.
