@@ -120,6 +120,12 @@ double mean_of(const std::vector<double>& v) {
   return v.empty() ? 0 : s / static_cast<double>(v.size());
 }
 
+/// Rank `rank`'s input, the same values every time (seeded normal draws).
+void fill_input(at::Tensor& x, int rank) {
+  torch::manual_seed(rank);
+  x.normal_();
+}
+
 /// The worse of two sampled errors, a missing one (-1) winning.
 double worse(double a, double b) {
   return a < 0 || b < 0 ? -1 : std::max(a, b);
@@ -133,17 +139,15 @@ int child_gloo(int rank, int n, int64_t numel, const std::string& dir, int reps)
   ::c10d::ProcessGroupGloo pg(store, rank, n, opts);
   mean_samples check(n, numel);
   auto base = current_rss_bytes();
-  torch::manual_seed(rank);
-  auto x = torch::randn({numel});
+  auto x = torch::empty({numel});
+  fill_input(x, rank);
   std::vector<double> times;
   double mse = 0;
   for (int i = 0; i < reps; ++i) {
     // Gloo sums in place: the same input each round, refilled rather than copied (a copy would
     // hold a second vector), as starling's rounds do.
-    if (i > 0) {
-      torch::manual_seed(rank);
-      x.normal_();
-    }
+    if (i > 0)
+      fill_input(x, rank);
     std::vector<at::Tensor> ts{x};
     std::vector<at::Tensor> bar{torch::zeros({1})};
     pg.allreduce(bar)->wait(); // start together
@@ -262,19 +266,16 @@ int child_starling(int rank, int n, int64_t numel, const std::string& dir, int r
   std::this_thread::sleep_for(std::chrono::milliseconds(500)); // DHT joins settle
   mean_samples check(n, numel);
   auto base = current_rss_bytes();
-  torch::manual_seed(rank);
-  auto x = torch::randn({numel});
+  auto x = torch::empty({numel});
+  fill_input(x, rank);
   std::vector<double> rounds, walls;
   double mse = 0;
   int bad = 0;
   {
     caf::scoped_actor self{node.system()};
     for (int i = 0; i < reps; ++i) {
-      if (i > 0 && a.in_place) {
-        // The same input again (the last round wrote its result into it), as Gloo's rounds do.
-        torch::manual_seed(rank);
-        x.normal_();
-      }
+      if (i > 0 && a.in_place)
+        fill_input(x, rank); // the last round wrote its result into it, as Gloo's rounds do
       messages::tensor_list tl;
       tl.tensors.push_back(messages::tensor_msg{x, kernels::codec_id::none, {}, {}});
       auto t0 = clk::now();
