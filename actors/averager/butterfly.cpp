@@ -326,9 +326,47 @@ result<reduction> part_reducer::reduce_streamed() {
     if (append_segment(out.segments, std::move(seg)))
       totals.push_back(total);
   }
-  for (size_t k = 0; k < out.segments.size(); ++k)
-    acc_.narrow(0, out.segments[k].offset, out.segments[k].size).div_(totals[k]);
+  // Divided by their totals, except where `finish_early` did it already.
+  for (size_t k = 0; k < out.segments.size(); ++k) {
+    auto lo = out.segments[k].offset;
+    auto hi = lo + out.segments[k].size;
+    for (auto& [elo, ehi] : early_.ranges()) {
+      if (ehi <= lo)
+        continue;
+      if (elo >= hi)
+        break;
+      if (elo > lo)
+        acc_.narrow(0, lo, elo - lo).div_(totals[k]);
+      lo = std::max(lo, ehi);
+    }
+    if (hi > lo)
+      acc_.narrow(0, lo, hi - lo).div_(totals[k]);
+  }
   return out;
+}
+
+std::optional<part_segment> part_reducer::finish_early(int64_t lo, int64_t hi) {
+  if (!streaming() || reduced_ || lo < 0 || hi <= lo || hi > size_ || !early_.check(lo, hi))
+    return std::nullopt;
+  part_segment seg;
+  seg.offset = lo;
+  seg.size = hi - lo;
+  double total = 0;
+  for (auto& s : slots_) {
+    if (s.ranges.covers(lo, hi)) {
+      seg.contributors.push_back(static_cast<uint32_t>(s.peer));
+      total += s.weight;
+      continue;
+    }
+    // Still owed there, or cut inside the range (the contributors change within it).
+    if (!s.excluded || !s.ranges.check(lo, hi))
+      return std::nullopt;
+  }
+  if (seg.contributors.empty() || !(total > 0) || !acc_ready_)
+    return std::nullopt;
+  acc_.narrow(0, lo, hi - lo).div_(total);
+  early_.insert(lo, hi);
+  return seg;
 }
 
 result<reduction> part_reducer::reduce_kept() {

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -139,8 +140,22 @@ public:
   std::vector<size_t> contributors() const;
   /// Reduces into the buffer (once). Fails when nothing usable arrived: no contribution, elements
   /// no contribution reached, a total weight of 0 somewhere (the weighted mean), or the kernel
-  /// failing.
+  /// failing. Ranges `finish_early` finished keep their values.
   result<reduction> reduce();
+  /// The streamed weighted mean only: finishes elements [lo, hi) before the reduction when
+  /// nothing more can change them, so that their result can go out while other senders are
+  /// still sending (a butterfly round then overlaps its two phases, as a ring does). That is
+  /// when every expected sender either delivered all of [lo, hi) or none of it and was excluded,
+  /// at least one did, and their weights sum to more than 0: the range is divided by that sum
+  /// at once, and `reduce` later leaves it alone (its segments say the same contributors).
+  /// Returns the range as a segment with its contributors, or nothing (changing nothing) when a
+  /// sender is still owed there, an excluded one delivered part of it, the weights sum to 0,
+  /// the range is empty, outside the part or overlaps one finished before, or with another
+  /// reduction.
+  std::optional<part_segment> finish_early(int64_t lo, int64_t hi);
+  /// A range `finish_early` finished: a view of its values in the result buffer (the buffer
+  /// `reduce` returns).
+  at::Tensor early_values(int64_t lo, int64_t hi) const { return acc_.narrow(0, lo, hi - lo); }
   int64_t size() const { return size_; }
 
 private:
@@ -170,6 +185,8 @@ private:
   /// that covers the whole part, which saves a pass over it).
   bool acc_ready_ = false;
   bool reduced_ = false;
+  /// Streaming: ranges `finish_early` divided already.
+  range_set early_;
 };
 
 /// True when `t` (any float tensor) holds no NaN or infinity; reads it without temporaries of

@@ -198,6 +198,7 @@ void round_engine::on_chunk(const chunk_meta& c, const at::Tensor& in) {
       values = values.clone();
     if (!values.defined() || !reducer_->add(c.from, c.weight, c.offset, values))
       reducer_->exclude(c.from); // a malformed contribution is no contribution
+    stream_results();
     maybe_reduce(false);
     check_done();
     return;
@@ -279,12 +280,59 @@ void round_engine::maybe_reduce(bool deadline) {
     auto& s = streams_[{m, result_chunk}];
     if (!reduce_error_.empty())
       s.queue.push_back({0, 0});
-    else // chunks never straddle a segment: each carries its own contributors
-      for (auto& seg : reduced_segments_)
-        for (int64_t off = 0; off < seg.size; off += opts_.chunk_elems)
-          s.queue.push_back({seg.offset + off, std::min(opts_.chunk_elems, seg.size - off)});
+    else // what did not go out before the reduction
+      for (auto& pc : result_cuts(streamed_end_))
+        s.queue.push_back(pc);
     pump(m, result_chunk);
   }
+}
+
+void round_engine::stream_results() {
+  if (reduced_ || !reducer_ || opts_.reducer)
+    return;
+  auto size = plan_.sizes[self_];
+  auto from = streamed_end_;
+  while (streamed_end_ < size) {
+    auto lo = streamed_end_;
+    auto hi = std::min(size, lo + opts_.chunk_elems);
+    auto seg = reducer_->finish_early(lo, hi);
+    if (!seg)
+      break;
+    auto c = std::make_shared<out_chunk>();
+    c->meta.group_id = id_;
+    c->meta.kind = result_chunk;
+    c->meta.part = self_;
+    c->meta.from = self_;
+    c->meta.offset = lo;
+    c->meta.contributors = std::move(seg->contributors);
+    c->values = reducer_->early_values(lo, hi);
+    result_chunks_[lo] = std::move(c);
+    streamed_end_ = hi;
+  }
+  if (streamed_end_ == from)
+    return;
+  for (uint32_t m = 0; m < plan_.num_members(); ++m) {
+    if (m == self_ || gone_[m] || plan_.members[m].auxiliary)
+      continue;
+    auto& s = streams_[{m, result_chunk}];
+    for (int64_t off = from; off < streamed_end_; off += opts_.chunk_elems)
+      s.queue.push_back({off, std::min(opts_.chunk_elems, streamed_end_ - off)});
+    pump(m, result_chunk);
+  }
+}
+
+std::vector<round_engine::pending_chunk> round_engine::result_cuts(int64_t from) const {
+  std::vector<pending_chunk> out;
+  for (auto off = from; off < streamed_end_; off += opts_.chunk_elems)
+    out.push_back({off, std::min(opts_.chunk_elems, streamed_end_ - off)});
+  // Chunks never straddle a segment: each carries its own contributors.
+  for (auto& seg : reduced_segments_) {
+    auto end = seg.offset + seg.size;
+    for (auto off = std::max({seg.offset, streamed_end_, from}); off < end;
+         off += opts_.chunk_elems)
+      out.push_back({off, std::min(opts_.chunk_elems, end - off)});
+  }
+  return out;
 }
 
 void round_engine::resolve_part(uint32_t part, part_status st, std::string reason,
@@ -318,8 +366,10 @@ void round_engine::member_gone(uint32_t i, const std::string& why) {
   if (!resolved_[i])
     resolve_part(i, part_status::own_value_kept,
                  fmt::format("reducer {} {}", plan_.members[i].address, why));
-  if (reducer_ && !reduced_)
+  if (reducer_ && !reduced_) {
     reducer_->exclude(i);
+    stream_results();
+  }
   maybe_reduce(false);
   check_done();
 }
@@ -409,16 +459,12 @@ part_digests round_engine::digests() const {
     out.received[i] = finish_log(received_logs_[i]);
     out.result_received[i] = finish_log(result_received_logs_[i]);
   }
-  // Our reduced part, cut as its result chunks are (segments, then `chunk_elems`): what every
-  // member received from us, and what we took for ourselves.
+  // Our reduced part, cut as its result chunks are (`result_cuts`): what every member received
+  // from us, and what we took for ourselves.
   if (reduced_part_.defined() && reduce_error_.empty()) {
     chunk_log own;
-    for (auto& seg : reduced_segments_)
-      for (int64_t off = 0; off < seg.size; off += opts_.chunk_elems) {
-        auto len = std::min(opts_.chunk_elems, seg.size - off);
-        log_chunk(own, seg.offset + off,
-                  reduced_part_.narrow(0, seg.offset + off, len));
-      }
+    for (auto& pc : result_cuts(0))
+      log_chunk(own, pc.offset, reduced_part_.narrow(0, pc.offset, pc.len));
     out.result_sent = finish_log(std::move(own));
     if (!aux_)
       out.result_received[self_] = out.result_sent;

@@ -15,6 +15,11 @@
 //   (senders still incomplete are cut there: the streamed weighted mean counts what they
 //   delivered, a kept-chunks reducer drops them), then sends the result to every non-auxiliary
 //   member, cut where the contributors change. An error result says why it could not reduce.
+// - With the streamed weighted mean, member j does not wait for that: each chunk-sized range of
+//   its part (from its start, in order) goes out as a result chunk as soon as every sender
+//   delivered it (`part_reducer::finish_early`), so results flow while contributions still
+//   arrive and no link idles between the two phases (measured on 200 Mbit/s links: the phases'
+//   barrier cost 10-15% of a round against a ring). The rest goes out at the reduction.
 // - A chunk already delivered is ignored; a malformed contribution excludes its sender; a
 //   malformed result keeps the member's own values for that part.
 // - A part whose reducer is gone, failed or missed the round deadline keeps the member's own
@@ -172,6 +177,11 @@ private:
   void pump(uint32_t member, uint8_t kind);
   out_chunk_ptr make_chunk(uint32_t member, uint8_t kind, const pending_chunk& pc);
   void maybe_reduce(bool deadline);
+  /// Sends the result chunks of the own part that can go out before the reduction.
+  void stream_results();
+  /// How the own part's result is cut into chunks, from `from` on: chunk-sized ranges up to
+  /// `streamed_end_` (sent before the reduction), then each segment in chunks.
+  std::vector<pending_chunk> result_cuts(int64_t from) const;
   std::vector<uint32_t> contributors_at(int64_t offset) const;
   void resolve_part(uint32_t part, part_status st, std::string reason,
                     std::vector<uint32_t> contributors = {});
@@ -198,6 +208,8 @@ private:
   at::Tensor reduced_part_;
   std::vector<part_segment> reduced_segments_;
   std::string reduce_error_;
+  /// The own part's result [0, streamed_end_) went out before the reduction.
+  int64_t streamed_end_ = 0;
   /// Result chunks of our part by offset, built once and shared by every destination.
   std::map<int64_t, out_chunk_ptr> result_chunks_;
   std::vector<part_report> parts_;

@@ -624,6 +624,136 @@ TEST_CASE("round engine: a malformed contribution excludes its sender, a malform
   CHECK_FALSE(e.ready());
 }
 
+TEST_CASE("round engine: the streamed mean sends each result chunk once every sender delivered "
+          "it, before the reduction") {
+  struct log_sink : round_sink {
+    std::vector<std::pair<uint32_t, out_chunk_ptr>> sent;
+    void send(uint32_t to, const out_chunk_ptr& c) override { sent.emplace_back(to, c); }
+    std::vector<out_chunk_ptr> results_to(uint32_t to) const {
+      std::vector<out_chunk_ptr> out;
+      for (auto& [t, c] : sent)
+        if (t == to && c->meta.kind == result_chunk)
+          out.push_back(c);
+      return out;
+    }
+  } sink;
+  // 3 members; member 0 reduces part 0 (40 elements) in chunks of 10.
+  auto plan = make_plan(members_of(3), 120);
+  REQUIRE(plan.ok());
+  auto part0 = plan->sizes[0];
+  REQUIRE(part0 == 40);
+  torch::manual_seed(5);
+  std::vector<at::Tensor> xs = {torch::randn({120}), torch::randn({120}), torch::randn({120})};
+  std::vector<double> ws = {1, 2, 3};
+  round_engine_options o;
+  o.chunk_elems = 10;
+  o.hash_parts = true;
+  round_engine e(7, *plan, 0, xs[0], ws[0], o, sink);
+  for (uint32_t m : {1u, 2u})
+    e.open(m, 0);
+  auto contribute = [&](uint32_t from, int64_t off) {
+    chunk_meta c;
+    c.group_id = 7;
+    c.kind = contribution_chunk;
+    c.part = 0;
+    c.from = from;
+    c.weight = ws[from];
+    c.offset = off;
+    e.on_chunk(c, xs[from].narrow(0, off, 10));
+  };
+  auto mean = [&](std::vector<size_t> who, int64_t off, int64_t n) {
+    at::Tensor acc = torch::zeros({n}, torch::kFloat64);
+    double total = 0;
+    for (auto i : who) {
+      acc += xs[i].narrow(0, off, n).to(torch::kFloat64) * ws[i];
+      total += ws[i];
+    }
+    return (acc / total).to(torch::kFloat32);
+  };
+  // Member 1 sends its first three chunks, member 2 its first one: only [0, 10) is complete.
+  for (int64_t off : {0, 10, 20})
+    contribute(1, off);
+  CHECK(sink.results_to(1).empty());
+  contribute(2, 0);
+  for (uint32_t to : {1u, 2u}) {
+    auto rs = sink.results_to(to);
+    REQUIRE(rs.size() == 1);
+    CHECK(rs[0]->meta.offset == 0);
+    CHECK(rs[0]->meta.contributors == std::vector<uint32_t>{0, 1, 2});
+    CHECK(torch::allclose(rs[0]->values, mean({0, 1, 2}, 0, 10), 1e-6, 1e-6));
+  }
+  CHECK(sink.results_to(1)[0] == sink.results_to(2)[0]); // one chunk for every destination
+  CHECK_FALSE(e.ready());
+  // Member 2 catches up to [0, 30): two more go out, in order.
+  contribute(2, 10);
+  contribute(2, 20);
+  REQUIRE(sink.results_to(1).size() == 3);
+  CHECK(sink.results_to(1)[2]->meta.offset == 20);
+  // Member 2 goes away before [30, 40): the reduction counts it where it had delivered; the
+  // last chunk waits for member 1 (still owed), then goes out with members 0 and 1.
+  e.member_gone(2, "went down");
+  CHECK(sink.results_to(1).size() == 3);
+  contribute(1, 30);
+  auto rs = sink.results_to(1);
+  REQUIRE(rs.size() == 4);
+  CHECK(rs[3]->meta.offset == 30);
+  CHECK(rs[3]->meta.contributors == std::vector<uint32_t>{0, 1});
+  CHECK(torch::allclose(rs[3]->values, mean({0, 1}, 30, 10), 1e-6, 1e-6));
+  // The own part of the result is the same values, each range divided once.
+  auto r = e.result();
+  CHECK(torch::allclose(r.values.narrow(0, 0, 30), mean({0, 1, 2}, 0, 30), 1e-6, 1e-6));
+  CHECK(torch::allclose(r.values.narrow(0, 30, 10), mean({0, 1}, 30, 10), 1e-6, 1e-6));
+  CHECK(r.parts[0].status == part_status::averaged);
+  REQUIRE(r.parts[0].segments.size() == 2);
+  CHECK(r.parts[0].segments[0].size == 30);
+  // Its digest covers the chunks as they went out.
+  digest zero{};
+  CHECK(e.digests().result_sent != zero);
+}
+
+TEST_CASE("round engine: a reducer cut at its deadline sends what it finished early once, and "
+          "the rest by segment") {
+  struct log_sink : round_sink {
+    std::vector<out_chunk_ptr> sent;
+    void send(uint32_t to, const out_chunk_ptr& c) override {
+      if (to == 1 && c->meta.kind == result_chunk)
+        sent.push_back(c);
+    }
+  } sink;
+  auto plan = make_plan(members_of(3), 120);
+  REQUIRE(plan.ok());
+  auto x = torch::ones({120});
+  round_engine_options o;
+  o.chunk_elems = 10;
+  round_engine e(8, *plan, 0, x, 1.0, o, sink);
+  for (uint32_t m : {1u, 2u})
+    e.open(m, 0);
+  chunk_meta c;
+  c.group_id = 8;
+  c.kind = contribution_chunk;
+  c.part = 0;
+  c.weight = 1.0;
+  for (uint32_t from : {1u, 2u}) {
+    c.from = from;
+    c.offset = 0;
+    e.on_chunk(c, torch::full({10}, 4.0f)); // [0, 10) complete: goes out early
+  }
+  c.from = 1;
+  c.offset = 10;
+  e.on_chunk(c, torch::full({10}, 4.0f)); // member 2 never sends [10, 40)
+  REQUIRE(sink.sent.size() == 1);
+  e.reduce_deadline();
+  // [10, 20) with members 0 and 1, [20, 40) with member 0 alone; nothing twice.
+  std::vector<std::pair<int64_t, size_t>> got;
+  for (auto& ch : sink.sent)
+    got.emplace_back(ch->meta.offset, ch->meta.contributors.size());
+  CHECK(got == std::vector<std::pair<int64_t, size_t>>{{0, 3}, {10, 2}, {20, 1}, {30, 1}});
+  auto r = e.result();
+  CHECK(torch::allclose(r.values.narrow(0, 0, 10), torch::full({10}, 3.0f)));
+  CHECK(torch::allclose(r.values.narrow(0, 10, 10), torch::full({10}, 2.5f)));
+  CHECK(torch::allclose(r.values.narrow(0, 20, 20), torch::ones({20})));
+}
+
 TEST_CASE("round engine BTARD hooks: part digests agree between sender and receiver, and a "
           "custom reducer sees whole contributions") {
   std::vector<double> ws = {1, 1, 2, 1};
