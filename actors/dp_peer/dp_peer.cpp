@@ -335,16 +335,12 @@ void start_dedloc_round(peer_actor* self, const collab::start_round& r) {
                                       ? p.contributors.size()
                                       : size_t{1});
         it->second.contributors = static_cast<double>(least);
-        bool any = rep.averaged > 0 && rep.members.size() > 1
-                   && (rep.outcome == messages::round_outcome::complete
-                       || rep.outcome == messages::round_outcome::partial);
         if (st.opts.collab.mode == collab::peer_mode::auxiliary && rep.members.size() > 1
             && (rep.outcome == messages::round_outcome::complete
                 || rep.outcome == messages::round_outcome::partial)) {
           // An auxiliary peer reduced for the others and applies nothing: its step is done.
           carry(self, st.core->round_done(id, now_s(self), rep.members.size()));
-        } else if (any && !res.tensors.empty() && res.tensors[0].ok()
-            && res.tensors[0].tensor.defined()) {
+        } else if (collab::usable_average(res, -1, 2)) {
           st.averaged[id] = res.tensors[0].tensor.reshape({-1});
           carry(self, st.core->round_done(id, now_s(self), rep.members.size()));
         } else {
@@ -781,7 +777,7 @@ void carry(peer_actor* self, std::vector<collab::effect> es) {
             if (!st.core || st.abandoned.count(id) > 0)
               return;
             count_round_bytes(self, res.report);
-            if (res.report.averaged > 0 && !res.tensors.empty() && res.tensors[0].ok()) {
+            if (collab::usable_average(res)) {
               st.state_results[id] = res.tensors[0].tensor.reshape({-1});
               carry(self, st.core->state_round_done(id, now_s(self)));
             } else {

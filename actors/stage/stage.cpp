@@ -1137,20 +1137,14 @@ void stage_peer::start_round(const collab::start_round& r) {
         auto t = taken_.find(id);
         if (!core_ || t == taken_.end() || t->second.abandoned)
           return;
-        auto out = res.report.outcome;
-        bool usable = res.tensors.size() == 1 && res.tensors[0].ok()
-                      && res.tensors[0].tensor.defined() && res.tensors[0].tensor.numel() == numel;
-        // A round in which no part was averaged (every reducer failed, or the group put no
-        // sample in: the weights sum to 0) is no average: the core steps alone on the own
-        // samples or, with none, takes no step, where stepping on the own zero gradient moved
-        // idle peers' parameters (Adam's moments) once per empty round.
-        if ((out == round_outcome::complete || out == round_outcome::partial) && usable
-            && res.report.averaged > 0) {
+        // Anything else is no average: the core steps alone on the own samples or, with none,
+        // takes no step.
+        if (collab::usable_average(res, numel)) {
           averaged_[id] = res.tensors[0].tensor.to(torch::kFloat).reshape({-1});
           carry(core_->round_done(id, now()));
           return;
         }
-        if (out == round_outcome::no_partner)
+        if (res.report.outcome == round_outcome::no_partner)
           no_partner_++;
         carry(core_->round_failed(id, now()));
       },
@@ -1198,8 +1192,7 @@ void stage_peer::start_state_round(const collab::start_state_round& r) {
       [this, id](messages::average_result& res) {
         if (!core_ || abandoned_.count(id) > 0)
           return;
-        if (res.report.averaged > 0 && res.tensors.size() == 1 && res.tensors[0].ok()
-            && res.tensors[0].tensor.defined()) {
+        if (collab::usable_average(res)) {
           state_results_[id] = res.tensors[0].tensor.to(torch::kFloat).reshape({-1});
           carry(core_->state_round_done(id, now()));
         } else {
