@@ -37,6 +37,39 @@ void set_timeouts(int fd, std::chrono::milliseconds t) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
+status set_congestion_control(int fd, const std::string& name) {
+  if (::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(),
+                   static_cast<socklen_t>(name.size()))
+      != 0)
+    return fail(errno_text(("TCP congestion control '" + name + "'").c_str()));
+  return {};
+}
+
+std::string congestion_control_of(int fd) {
+  char name[32] = {};
+  socklen_t len = sizeof name - 1;
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &len) != 0)
+    return {};
+  return std::string{name, ::strnlen(name, len)};
+}
+
+bool congestion_control_name(const std::string& name) {
+  // At most 15 characters: TCP_CA_NAME_MAX is 16 with the NUL.
+  return !name.empty() && name.size() <= 15
+         && std::all_of(name.begin(), name.end(), [](char c) {
+              return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+            });
+}
+
+std::string check_congestion_control(const std::string& name) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return errno_text("socket");
+  auto st = set_congestion_control(fd, name);
+  ::close(fd);
+  return st ? std::string{} : st.what();
+}
+
 status send_all(int fd, const void* data, size_t n, int flags) {
   auto* p = static_cast<const char*>(data);
   while (n > 0) {

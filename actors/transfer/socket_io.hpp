@@ -27,6 +27,17 @@ std::string errno_text(const char* what);
 /// Sets the send and receive timeouts (no progress for `t` fails a call) and TCP_NODELAY.
 void set_timeouts(int fd, std::chrono::milliseconds t);
 
+/// Sets the TCP congestion control of `fd` to `name` (e.g. "cubic"); fails when the kernel has
+/// no such algorithm or does not let this process choose it.
+status set_congestion_control(int fd, const std::string& name);
+/// The TCP congestion control `fd` uses (empty when it cannot be read, e.g. not a TCP socket).
+std::string congestion_control_of(int fd);
+/// True when `name` can be a kernel's congestion control name (1-15 of a-z, 0-9 and _).
+bool congestion_control_name(const std::string& name);
+/// Whether this process can give TCP sockets the algorithm `name`: empty when it can, else the
+/// kernel's refusal.
+std::string check_congestion_control(const std::string& name);
+
 /// Sends all `n` bytes; fails on a timeout (no progress for the socket's send timeout) or error.
 status send_all(int fd, const void* data, size_t n, int flags = 0);
 

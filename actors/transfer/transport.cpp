@@ -344,6 +344,7 @@ public:
   uint64_t connections_opened() const override { return connections_; }
   uint64_t local_links_opened() const override { return local_links_; }
   bool sealed() const override { return opts_.security != nullptr; }
+  std::string congestion_control() const override { return opts_.congestion_control; }
   std::map<std::string, uint64_t> refusals() const override {
     std::lock_guard<std::mutex> guard{mu_};
     return refusals_;
@@ -351,6 +352,11 @@ public:
   std::string last_error() const override {
     std::lock_guard<std::mutex> guard{mu_};
     return last_error_;
+  }
+  /// Sets `last_error` without counting a failure (a setting the kernel refused at open).
+  void note(std::string what) {
+    std::lock_guard<std::mutex> guard{mu_};
+    last_error_ = std::move(what);
   }
 
   std::string issue(const std::string& peer) override {
@@ -537,6 +543,13 @@ private:
         l->writer.join();
   }
 
+  /// A TCP link's congestion control (`transport_options::congestion_control`, checked at
+  /// open: a refusal here, e.g. a module unloaded since, leaves the system's).
+  void tune_tcp(int fd) {
+    if (!opts_.congestion_control.empty())
+      (void) set_congestion_control(fd, opts_.congestion_control);
+  }
+
   void record_failure(std::string what) {
     std::lock_guard<std::mutex> guard{mu_};
     ++failed_;
@@ -715,6 +728,7 @@ private:
         return fail(why);
       ++connections_;
       set_timeouts(fd, opts_.io_timeout);
+      tune_tcp(fd);
       {
         std::lock_guard<std::mutex> lg{l->mu};
         l->fd = fd;
@@ -839,6 +853,8 @@ private:
         return;
       }
       set_send_buffer(fd, send_buffer);
+    } else {
+      tune_tcp(fd);
     }
     uint8_t pre[link_preamble_bytes];
     size_t got = 0;
@@ -1225,6 +1241,16 @@ private:
 result<std::shared_ptr<transport>> transport::open(transport_options opts) {
   if (sodium_init() < 0)
     return fail("cannot open the direct transport: libsodium failed to initialize");
+  std::string cc_note;
+  if (!opts.congestion_control.empty()) {
+    if (!congestion_control_name(opts.congestion_control))
+      return fail("cannot open the direct transport: '" + opts.congestion_control
+                  + "' is not a TCP congestion control's name (1-15 of a-z, 0-9 and _)");
+    if (auto why = check_congestion_control(opts.congestion_control); !why.empty()) {
+      cc_note = why + ": TCP links use the system's congestion control";
+      opts.congestion_control.clear();
+    }
+  }
   if (opts.security && (!opts.security->key || opts.security->key->public_key().empty()))
     return fail("cannot open the direct transport: sealed links need this node's key");
   int fd = -1;
@@ -1243,8 +1269,10 @@ result<std::shared_ptr<transport>> transport::open(transport_options opts) {
     if (opts.local_links && !opts.security)
       local_fd = listen_local(local_link_name(host, port), why);
   }
-  return std::shared_ptr<transport>{
-    std::make_shared<transport_impl>(std::move(opts), fd, port, local_fd)};
+  auto t = std::make_shared<transport_impl>(std::move(opts), fd, port, local_fd);
+  if (!cc_note.empty())
+    t->note(std::move(cc_note));
+  return std::shared_ptr<transport>{std::move(t)};
 }
 
 } // namespace starling::actors::transfer

@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include "actors/transfer/link_frame.hpp"
+#include "actors/transfer/socket_io.hpp"
 #include "support/channel_collector.hpp"
 #include "support/raw_socket.hpp"
 
@@ -386,4 +387,50 @@ TEST_CASE("transport: a link that cannot be opened is reported lost, then nothin
   CHECK_FALSE(w.t[0]->connect("peer1", "127.0.0.1", port, "not-a-token"));
   CHECK_FALSE(w.t[0]->connect("peer1", "example.org", port, token));
   CHECK_FALSE(transport::open(transport_options{"example.org"}));
+}
+
+TEST_CASE("transport: TCP links take the congestion control asked for, a name that is no "
+          "algorithm's is refused, one the kernel lacks leaves the system's") {
+  // A socket's algorithm is set and read back (reno is built into every Linux kernel).
+  std::string why;
+  uint16_t port = 0;
+  int lfd = listen_ipv4("127.0.0.1", 0, port, why);
+  REQUIRE_MESSAGE(lfd >= 0, why);
+  int fd = connect_ipv4("127.0.0.1", port, 0, why, std::chrono::milliseconds{2000});
+  REQUIRE_MESSAGE(fd >= 0, why);
+  REQUIRE(set_congestion_control(fd, "reno"));
+  CHECK(congestion_control_of(fd) == "reno");
+  CHECK_FALSE(set_congestion_control(fd, "no_such_cc"));
+  CHECK(congestion_control_of(fd) == "reno");
+  ::close(fd);
+  ::close(lfd);
+
+  CHECK(congestion_control_name("cubic"));
+  CHECK(congestion_control_name("bbr2_x"));
+  for (std::string bad : {"", "Cubic", "cu bic", "cubic;rm", "a_name_too_long_16"})
+    CHECK_FALSE(congestion_control_name(bad));
+
+  transport_options o;
+  o.congestion_control = "BBR!"; // not an algorithm's name: a configuration error
+  auto refused = transport::open(o);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error().what.find("congestion control") != std::string::npos);
+
+  o.congestion_control = "no_such_cc"; // well-formed, but no kernel has it
+  auto fallback = transport::open(o);
+  REQUIRE(fallback);
+  CHECK((*fallback)->congestion_control().empty());
+  CHECK((*fallback)->last_error().find("no_such_cc") != std::string::npos);
+  CHECK((*fallback)->failed() == 0);
+  (*fallback)->stop();
+
+  auto dflt = transport::open(transport_options{});
+  REQUIRE(dflt);
+  if (check_congestion_control("cubic").empty()) {
+    CHECK((*dflt)->congestion_control() == "cubic");
+    CHECK((*dflt)->last_error().empty());
+  } else {
+    CHECK((*dflt)->congestion_control().empty());
+  }
+  (*dflt)->stop();
 }
