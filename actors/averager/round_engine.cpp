@@ -118,33 +118,39 @@ void round_engine::open(uint32_t member, uint32_t window) {
 
 out_chunk_ptr round_engine::make_chunk(uint32_t member, uint8_t kind, const pending_chunk& pc) {
   if (kind == contribution_chunk) {
-    auto c = std::make_shared<out_chunk>();
-    c->meta.group_id = id_;
-    c->meta.kind = contribution_chunk;
-    c->meta.part = member;
-    c->meta.from = self_;
+    auto c = new_chunk(contribution_chunk, member, pc.offset);
     c->meta.weight = weight_;
-    c->meta.offset = pc.offset;
     c->values = flat_.narrow(0, plan_.offsets[member] + pc.offset, pc.len);
     if (opts_.hash_parts)
       log_chunk(sent_logs_[member], pc.offset, c->values);
     return c;
   }
   auto& shared = result_chunks_[pc.offset];
-  if (!shared) {
-    auto c = std::make_shared<out_chunk>();
-    c->meta.group_id = id_;
-    c->meta.kind = result_chunk;
-    c->meta.part = self_;
-    c->meta.from = self_;
-    c->meta.offset = pc.offset;
-    c->meta.contributors = contributors_at(pc.offset);
-    c->meta.error = reduce_error_;
-    if (reduce_error_.empty())
-      c->values = reduced_part_.narrow(0, pc.offset, pc.len);
-    shared = std::move(c);
-  }
+  if (!shared)
+    shared = result_chunk_of(pc.offset, contributors_at(pc.offset),
+                             reduce_error_.empty() ? reduced_part_.narrow(0, pc.offset, pc.len)
+                                                   : at::Tensor{});
   return shared;
+}
+
+std::shared_ptr<out_chunk> round_engine::new_chunk(uint8_t kind, uint32_t part,
+                                                   int64_t offset) const {
+  auto c = std::make_shared<out_chunk>();
+  c->meta.group_id = id_;
+  c->meta.kind = kind;
+  c->meta.part = part;
+  c->meta.from = self_;
+  c->meta.offset = offset;
+  return c;
+}
+
+out_chunk_ptr round_engine::result_chunk_of(int64_t offset, std::vector<uint32_t> contributors,
+                                            at::Tensor values) const {
+  auto c = new_chunk(result_chunk, self_, offset);
+  c->meta.contributors = std::move(contributors);
+  c->meta.error = reduce_error_;
+  c->values = std::move(values);
+  return c;
 }
 
 void round_engine::pump(uint32_t member, uint8_t kind) {
@@ -298,15 +304,8 @@ void round_engine::stream_results() {
     auto seg = reducer_->finish_early(lo, hi);
     if (!seg)
       break;
-    auto c = std::make_shared<out_chunk>();
-    c->meta.group_id = id_;
-    c->meta.kind = result_chunk;
-    c->meta.part = self_;
-    c->meta.from = self_;
-    c->meta.offset = lo;
-    c->meta.contributors = std::move(seg->contributors);
-    c->values = reducer_->early_values(lo, hi);
-    result_chunks_[lo] = std::move(c);
+    result_chunks_[lo] =
+      result_chunk_of(lo, std::move(seg->contributors), reducer_->early_values(lo, hi));
     streamed_end_ = hi;
   }
   if (streamed_end_ == from)

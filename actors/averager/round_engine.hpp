@@ -176,6 +176,12 @@ private:
 
   void pump(uint32_t member, uint8_t kind);
   out_chunk_ptr make_chunk(uint32_t member, uint8_t kind, const pending_chunk& pc);
+  /// A chunk of `kind` from this member for `part` at `offset`, without values yet.
+  std::shared_ptr<out_chunk> new_chunk(uint8_t kind, uint32_t part, int64_t offset) const;
+  /// A result chunk of the own part at `offset` (an error one, without values, once the
+  /// reduction failed).
+  out_chunk_ptr result_chunk_of(int64_t offset, std::vector<uint32_t> contributors,
+                                at::Tensor values) const;
   void maybe_reduce(bool deadline);
   /// Sends the result chunks of the own part that can go out before the reduction.
   void stream_results();
