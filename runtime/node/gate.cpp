@@ -79,9 +79,16 @@ probe_options node_gate::probe_settings() const {
 
 bool node_gate::begin_claim(const std::string& endpoint) {
   std::lock_guard<std::mutex> guard{mtx_};
-  if (pending_claims_.size() >= max_pending_claims)
+  if (probes_ >= max_probes || !pending_claims_.insert(endpoint).second)
     return false;
-  return pending_claims_.insert(endpoint).second;
+  ++probes_;
+  return true;
+}
+
+void node_gate::probe_done() {
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (probes_ > 0)
+    --probes_;
 }
 
 void node_gate::end_claim(const std::string& endpoint) {
@@ -226,11 +233,12 @@ using probe_atom = caf::atom_constant<caf::atom("probe")>;
 /// A prober: answers one `probe_atom` with what `probe_listener` learned at `host:port`, then
 /// quits. Spawned detached: the probe blocks its own thread, never the gate's.
 caf::behavior prober(caf::event_based_actor* self, std::string host, uint16_t port,
-                     probe_options opts) {
+                     probe_options opts, std::shared_ptr<node_gate> gate) {
   return {
     [=](probe_atom) -> std::tuple<bool, caf::node_id, std::string> {
       self->quit();
       auto id = probe_listener(host, port, opts);
+      gate->probe_done();
       if (!id)
         return {false, caf::node_id{}, id.error().what};
       return {true, id->node, id->certified_key};
@@ -314,7 +322,7 @@ caf::actor spawn_gate(caf::actor_system& sys, std::shared_ptr<node_gate> gate) {
         }
         if (!gate->begin_claim(endpoint)) {
           refuse_claim(claim_refusal::busy, endpoint,
-                       "a claim of it, or too many claims, are being verified");
+                       "a claim of it is being verified, or too many probes are running");
           return refused;
         }
         // The node listening there must be the claimant: its BASP server handshake names the
@@ -323,7 +331,7 @@ caf::actor spawn_gate(caf::actor_system& sys, std::shared_ptr<node_gate> gate) {
         auto opts = gate->probe_settings();
         auto admitted_key = gate->admission().key_of(peer_id);
         auto rp = self->make_response_promise<std::string>();
-        auto probe = self->spawn<caf::detached>(prober, ep->first, ep->second, opts);
+        auto probe = self->spawn<caf::detached>(prober, ep->first, ep->second, opts, gate);
         auto finish = [=](bool reached, const caf::node_id& listener,
                           const std::string& key_or_why) mutable {
           gate->end_claim(endpoint);
@@ -350,7 +358,9 @@ caf::actor spawn_gate(caf::actor_system& sys, std::shared_ptr<node_gate> gate) {
             caf::anon_send(r, hello_atom::value, endpoint);
           rp.deliver(std::string{});
         };
-        self->request(probe, opts.timeout * 2 + std::chrono::seconds(1), probe_atom::value)
+        // The verdict comes within the connector's wait for the answer even when a TLS
+        // handshake is carried on past the probe's time (probe_options::tls_grace).
+        self->request(probe, opts.timeout + opts.timeout / 2, probe_atom::value)
           .then(
             [=](bool reached, const caf::node_id& listener, const std::string& key) mutable {
               finish(reached, listener, key);

@@ -52,7 +52,7 @@ enum class claim_refusal : uint8_t {
   malformed = 0,
   /// Another live node's verified claim holds the endpoint.
   taken,
-  /// A claim of that endpoint is being verified already, or too many claims are.
+  /// A claim of that endpoint is being verified already, or too many probes are running.
   busy,
   /// The probe learned nothing there: nothing listens, not the run's TLS, not a CAF node, or too
   /// slow.
@@ -104,11 +104,13 @@ public:
   void set_probe_options(probe_options opts);
   /// Those settings.
   probe_options probe_settings() const;
-  /// Marks a claim of `endpoint` as being verified: false when one is already, or when
-  /// `max_pending_claims` are.
+  /// Marks a claim of `endpoint` as being verified and counts its probe: false when a claim of
+  /// `endpoint` is being verified already, or when `max_probes` probes are running.
   bool begin_claim(const std::string& endpoint);
-  /// The verification of `endpoint`'s claim ended (kept or not).
+  /// The verification of `endpoint`'s claim ended (kept or not; its probe may run on).
   void end_claim(const std::string& endpoint);
+  /// A probe counted by `begin_claim` returned.
+  void probe_done();
   /// True while a claim of `endpoint` is being verified (the resolver waits for it before it
   /// dials that endpoint).
   bool claim_pending(const std::string& endpoint) const;
@@ -123,8 +125,8 @@ public:
   /// Claims refused so far, every reason.
   uint64_t claims_refused() const;
 
-  /// Claims verified at once at most; beyond, a claim is refused as `busy`.
-  static constexpr size_t max_pending_claims = 16;
+  /// Probes running at once at most (each holds a thread); beyond, a claim is refused as `busy`.
+  static constexpr size_t max_probes = 16;
   /// The directory of the admitted node that said it publishes at `endpoint`, or an invalid
   /// handle.
   caf::actor directory_at(const std::string& endpoint) const;
@@ -169,6 +171,8 @@ private:
   std::map<std::string, std::pair<caf::node_id, caf::actor_addr>> endpoints_;
   /// Endpoints whose claims are being verified.
   std::set<std::string> pending_claims_;
+  /// Probes running (a probe may outlive its verification, see probe_options::tls_grace).
+  size_t probes_ = 0;
   probe_options probe_;
   uint64_t claims_kept_ = 0;
   std::array<uint64_t, claim_refusal_count> claims_refused_{};

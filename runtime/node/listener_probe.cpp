@@ -59,9 +59,12 @@ class connection {
 public:
   explicit connection(clock_type::time_point deadline) : deadline_(deadline) {}
   ~connection() {
-    if (ssl_)
-      SSL_shutdown(ssl_.get()); // one close_notify, not waited for
+    // One close_notify after a completed handshake, not waited for (see the header on why a
+    // handshake is never left half done).
+    if (ssl_ && SSL_is_init_finished(ssl_.get()))
+      SSL_shutdown(ssl_.get());
     ssl_.reset();
+    ERR_clear_error(); // this thread's queue, whatever the probe left there
     if (fd_ >= 0)
       ::close(fd_);
   }
@@ -143,6 +146,9 @@ public:
     auto n = BIO_get_mem_data(bio.get(), &data);
     return std::string(data, static_cast<size_t>(n));
   }
+
+  /// Moves the deadline of every later wait to `t`.
+  void set_deadline(clock_type::time_point t) { deadline_ = t; }
 
   /// Reads exactly `n` bytes before the deadline.
   status read(char* out, size_t n) {
@@ -233,12 +239,19 @@ result<listener_identity> probe_listener(const std::string& host, uint16_t port,
       return made.error();
     ctx = std::move(*made);
   }
-  connection conn{clock_type::now() + opts.timeout};
+  // Under TLS, a connection once made is not left before its handshake is done, even past the
+  // probe's time (see probe_options::tls_grace): a TCP connect that completes in the kernel
+  // while the probe gives up on it is an accepted connection to the listener too.
+  auto deadline = clock_type::now() + opts.timeout;
+  connection conn{ctx ? deadline + opts.tls_grace : deadline};
   if (auto st = conn.open(host, port); !st)
     return fail(st.what());
   if (ctx) {
     if (auto st = conn.start_tls(ctx.get()); !st)
       return fail(st.what());
+    if (clock_type::now() > deadline)
+      return fail("TLS: no handshake within the probe's time");
+    conn.set_deadline(deadline);
     auto pem = conn.peer_certificate();
     if (!pem)
       return pem.error();

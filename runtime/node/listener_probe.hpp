@@ -4,6 +4,12 @@
 // it. The listening node's BASP broker adds a route only on a client handshake, so a probe leaves
 // its routes, and any connection it already has with the probing node, as they were; the probing
 // node's own middleman never sees the probe. Blocking: run it off the actors' threads.
+//
+// Under TLS a probe must not leave in the middle of a handshake: caf_openssl 0.17's session never
+// clears OpenSSL's error queue after a failed handshake or read, and the stale error then fails
+// the next `SSL_read` on any connection of that I/O thread (`SSL_get_error` peeks the queue). A
+// TCP connection that closes before completing its TLS handshake thus breaks the listener's
+// established TLS connections; a completed handshake closed with a close_notify does not.
 #pragma once
 
 #include <chrono>
@@ -30,6 +36,13 @@ struct probe_options {
   /// The largest server-handshake payload read (a hostile listener cannot make a probe allocate
   /// more).
   uint32_t max_payload = 64 * 1024;
+  /// Under TLS, how much longer a connection and its handshake under way when `timeout` is up
+  /// are carried on (the probe fails all the same) before the probe leaves: caf_openssl 0.17
+  /// leaves the error of a handshake cut short in its I/O thread's OpenSSL error queue, where it
+  /// fails that thread's next read of another connection (seen here: the listener's established
+  /// connection broke). A probe leaves after a completed handshake, with a close_notify, or
+  /// after a failed one, or past this grace.
+  std::chrono::milliseconds tls_grace{5000};
 
   /// True when probes speak TLS.
   bool tls() const { return !certificate.empty(); }
@@ -46,7 +59,8 @@ struct listener_identity {
 
 /// Probes `host:port` (a name or an IP literal) with `opts`: the listener's identity, or why none
 /// was learned (nothing listens, not the run's TLS, not a CAF node, too slow). Blocks at most
-/// `opts.timeout` once the name is resolved.
+/// `opts.timeout` once the name is resolved, plus `opts.tls_grace` while a TLS handshake is
+/// under way at the deadline.
 result<listener_identity> probe_listener(const std::string& host, uint16_t port,
                                          const probe_options& opts);
 

@@ -700,3 +700,43 @@ TEST_CASE("under TLS a member's claim of another live node's endpoint is refused
   CHECK(at_v.node() == v->system().node());
   CHECK(ping(*a, at_v) == "v");
 }
+
+TEST_CASE("probes of two connected TLS nodes' endpoints show their node ids and keys and leave the connection working") {
+  closed_run run;
+  auto a = run.start("a", true);
+  auto b = run.start("b", true);
+  a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
+  b->register_actor("ping", b->system().spawn(ping_responder, std::string{"b"}));
+  auto [at_a, why_a] = try_resolve(*b, fmt::format("127.0.0.1:{}/ping", a->port()));
+  REQUIRE_MESSAGE(at_a, why_a);
+  // Each node probes the other's endpoint, again and again, with its own TLS settings.
+  for (int i = 0; i < 5; ++i) {
+    auto seen_b = probe_listener("127.0.0.1", b->port(), a->gate()->probe_settings());
+    REQUIRE_MESSAGE(seen_b.ok(), (seen_b.ok() ? "" : seen_b.error().what));
+    CHECK(seen_b->node == b->system().node());
+    CHECK(seen_b->certified_key == run.key("b").public_key());
+    auto seen_a = probe_listener("localhost", a->port(), b->gate()->probe_settings());
+    REQUIRE_MESSAGE(seen_a.ok(), (seen_a.ok() ? "" : seen_a.error().what));
+    CHECK(seen_a->node == a->system().node());
+    CHECK(seen_a->certified_key == run.key("a").public_key());
+  }
+  // A probe out of time in the middle of its TLS handshake finishes it before it leaves.
+  auto hasty = a->gate()->probe_settings();
+  hasty.timeout = 1ms;
+  for (int i = 0; i < 5; ++i)
+    CHECK_FALSE(probe_listener("127.0.0.1", b->port(), hasty).ok());
+  // A TLS probe of a node without TLS learns nothing (the listener's first bytes are BASP).
+  // (No plain probe of a TLS node here: a connection that leaves before its TLS handshake is
+  // done breaks the listener's connections, see listener_probe.hpp.)
+  auto plain = testing::start_node("plain", "gate-run");
+  auto seen_plain = probe_listener("127.0.0.1", plain->port(), a->gate()->probe_settings());
+  CHECK_FALSE(seen_plain.ok());
+  // The one connection between them still carries both directions.
+  CHECK(ping(*b, at_a) == "a");
+  auto [at_b, why_b] = try_resolve(*a, fmt::format("127.0.0.1:{}/ping", b->port()));
+  REQUIRE_MESSAGE(at_b, why_b);
+  CHECK(ping(*a, at_b) == "b");
+  CHECK(ping(*b, at_a) == "a");
+  CHECK(a->gate()->admission().admitted() == 1);
+  CHECK(b->gate()->admission().admitted() == 1);
+}
