@@ -232,8 +232,8 @@ using probe_atom = caf::atom_constant<caf::atom("probe")>;
 
 /// A prober: answers one `probe_atom` with what `probe_listener` learned at `host:port`, then
 /// quits. Spawned detached: the probe blocks its own thread, never the gate's.
-caf::behavior prober(caf::event_based_actor* self, std::string host, uint16_t port,
-                     probe_options opts, std::shared_ptr<node_gate> gate) {
+caf::behavior prober(caf::event_based_actor* self, const std::string& host, uint16_t port,
+                     const probe_options& opts, const std::shared_ptr<node_gate>& gate) {
   return {
     [=](probe_atom) -> std::tuple<bool, caf::node_id, std::string> {
       self->quit();
