@@ -5,7 +5,9 @@
 //
 // The hello exchange travels as plain CAF messages (strings and a number), not in envelopes: each
 // hello is itself a signed, versioned Cap'n Proto object bound to the acceptor and its challenge,
-// checked by the gatekeeper before anything else is accepted from its sender.
+// checked by the gatekeeper before anything else is accepted from its sender. The endpoint a
+// connector names in its hello (so that the acceptor reaches it through that connection) is kept
+// only once a probe found the connector's node listening there (`listener_probe.hpp`).
 #pragma once
 
 #include <array>
