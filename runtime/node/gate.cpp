@@ -358,9 +358,10 @@ caf::actor spawn_gate(caf::actor_system& sys, std::shared_ptr<node_gate> gate) {
             caf::anon_send(r, hello_atom::value, endpoint);
           rp.deliver(std::string{});
         };
-        // The verdict comes within the connector's wait for the answer even when a TLS
-        // handshake is carried on past the probe's time (probe_options::tls_grace).
-        self->request(probe, opts.timeout + opts.timeout / 2, probe_atom::value)
+        // The verdict comes within the connector's wait for the answer (the node sets the
+        // probe's time to 3/5 of it: this is 4/5) even when a TLS handshake is carried on past
+        // the probe's time (probe_options::tls_grace).
+        self->request(probe, opts.timeout * 4 / 3, probe_atom::value)
           .then(
             [=](bool reached, const caf::node_id& listener, const std::string& key) mutable {
               finish(reached, listener, key);

@@ -474,7 +474,7 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
   probe_options probe;
   if (n->timeout_.count() > 0)
     probe.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
-      std::min<caf::timespan>(n->timeout_ / 2, std::chrono::seconds(5)));
+      std::min<caf::timespan>(n->timeout_ * 3 / 5, std::chrono::seconds(5)));
   if (n->tls_) {
     probe.certificate = n->cfg_->openssl_certificate;
     probe.key = n->cfg_->openssl_key;
