@@ -5,10 +5,29 @@
 #include "actors/auth/identity.hpp"
 #include "messages/atoms.hpp"
 #include "runtime/config/config.hpp"
+#include "runtime/log/log.hpp"
 
 namespace starling::runtime {
 
 namespace auth = actors::auth;
+
+std::string_view to_string(claim_refusal r) {
+  switch (r) {
+    case claim_refusal::malformed:
+      return "malformed";
+    case claim_refusal::taken:
+      return "taken";
+    case claim_refusal::busy:
+      return "busy";
+    case claim_refusal::unreachable:
+      return "unreachable";
+    case claim_refusal::other_node:
+      return "other_node";
+    case claim_refusal::other_key:
+      return "other_key";
+  }
+  return "unknown";
+}
 
 void node_gate::admit_node(const caf::node_id& n, const std::string& peer_id) {
   std::lock_guard<std::mutex> guard{mtx_};
@@ -40,6 +59,74 @@ bool node_gate::add_endpoint(const caf::node_id& n, const std::string& endpoint,
     return false; // the first live claim holds (the gate forgets it when that node goes)
   endpoints_[endpoint] = {n, dir.address()};
   return true;
+}
+
+caf::node_id node_gate::claimant_of(const std::string& endpoint) const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  auto i = endpoints_.find(endpoint);
+  return i == endpoints_.end() ? caf::node_id{} : i->second.first;
+}
+
+void node_gate::set_probe_options(probe_options opts) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  probe_ = std::move(opts);
+}
+
+probe_options node_gate::probe_settings() const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return probe_;
+}
+
+bool node_gate::begin_claim(const std::string& endpoint) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (probes_ >= max_probes || !pending_claims_.insert(endpoint).second)
+    return false;
+  ++probes_;
+  return true;
+}
+
+void node_gate::probe_done() {
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (probes_ > 0)
+    --probes_;
+}
+
+void node_gate::end_claim(const std::string& endpoint) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  pending_claims_.erase(endpoint);
+}
+
+bool node_gate::claim_pending(const std::string& endpoint) const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return pending_claims_.count(endpoint) != 0;
+}
+
+void node_gate::count_claim_kept() {
+  std::lock_guard<std::mutex> guard{mtx_};
+  ++claims_kept_;
+}
+
+void node_gate::count_claim_refused(claim_refusal why) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  ++claims_refused_[static_cast<size_t>(why)];
+}
+
+uint64_t node_gate::claims_kept() const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return claims_kept_;
+}
+
+uint64_t node_gate::claims_refused(claim_refusal why) const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return claims_refused_[static_cast<size_t>(why)];
+}
+
+uint64_t node_gate::claims_refused() const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  uint64_t n = 0;
+  for (auto c : claims_refused_)
+    n += c;
+  return n;
 }
 
 caf::actor node_gate::directory_at(const std::string& endpoint) const {
@@ -138,16 +225,41 @@ void pass_on(const node_gate& gate, const std::string& list, const caf::node_id&
 
 } // namespace
 
+namespace {
+
+/// `(probe_atom) -> (reached, node id, certified key or why not)`: asked once of a prober.
+using probe_atom = caf::atom_constant<caf::atom("probe")>;
+
+/// A prober: answers one `probe_atom` with what `probe_listener` learned at `host:port`, then
+/// quits. Spawned detached: the probe blocks its own thread, never the gate's.
+caf::behavior prober(caf::event_based_actor* self, const std::string& host, uint16_t port,
+                     const probe_options& opts, const std::shared_ptr<node_gate>& gate) {
+  return {
+    [=](probe_atom) -> std::tuple<bool, caf::node_id, std::string> {
+      self->quit();
+      auto id = probe_listener(host, port, opts);
+      gate->probe_done();
+      if (!id)
+        return {false, caf::node_id{}, id.error().what};
+      return {true, id->node, id->certified_key};
+    },
+  };
+}
+
+} // namespace
+
 caf::actor spawn_gate(caf::actor_system& sys, std::shared_ptr<node_gate> gate) {
   return sys.spawn([gate](caf::event_based_actor* self) -> caf::behavior {
     // A connector's directory goes down with its node: its endpoint is forgotten with it.
     self->set_down_handler(
       [gate](const caf::down_msg& dm) { gate->forget_node(dm.source.node()); });
-    auto admit = [=](uint64_t session, const std::string& hello,
-                     const caf::actor& their_gate) -> std::string {
+    // `peer_id` gets the admitted peer's id.
+    auto admit = [=](uint64_t session, const std::string& hello, const caf::actor& their_gate,
+                     std::string& peer_id) -> std::string {
       auto p = gate->admission().admit(session, hello);
       if (!p)
         return p.error().line();
+      peer_id = p->peer_id;
       if (auto& sender = self->current_sender(); sender) {
         gate->admit_node(sender->node(), p->peer_id);
         if (their_gate && their_gate.node() == sender->node())
@@ -157,6 +269,13 @@ caf::actor spawn_gate(caf::actor_system& sys, std::shared_ptr<node_gate> gate) {
       if (auto list = gate->deny_list(); !list.empty() && their_gate)
         caf::anon_send(their_gate, deny_atom::value, list);
       return std::string{};
+    };
+    // A claim not kept: counted by reason, one line in the log.
+    auto refuse_claim = [gate](claim_refusal why, const std::string& endpoint,
+                               const std::string& detail) {
+      gate->count_claim_refused(why);
+      log(log_level::warning, "gate", "endpoint claim {} refused ({}): {}", endpoint,
+          to_string(why), detail);
     };
     return {
       [=](hello_atom, const std::string& peer_id, const std::string& challenge)
@@ -173,22 +292,84 @@ caf::actor spawn_gate(caf::actor_system& sys, std::shared_ptr<node_gate> gate) {
       },
       [=](hello_atom, uint64_t session, const std::string& hello,
           const caf::actor& their_gate) -> std::string {
-        return admit(session, hello, their_gate);
+        std::string peer_id;
+        return admit(session, hello, their_gate, peer_id);
       },
       [=](hello_atom, uint64_t session, const std::string& hello, const caf::actor& their_gate,
-          const std::string& their_endpoint, const caf::actor& their_directory) -> std::string {
-        auto refused = admit(session, hello, their_gate);
-        // Kept before the answer: whatever the connector sends once admitted comes later, so
-        // this node never opens a second connection to it (see node_gate::add_endpoint). A
-        // malformed endpoint is not kept; the connector is admitted all the same.
-        auto& sender = self->current_sender();
-        if (refused.empty() && sender && parse_endpoint(their_endpoint).ok()
-            && gate->add_endpoint(sender->node(), their_endpoint, their_directory)) {
-          self->monitor(their_directory);
-          if (auto r = gate->resolver())
-            caf::anon_send(r, hello_atom::value, their_endpoint);
+          const std::string& their_endpoint,
+          const caf::actor& their_directory) -> caf::result<std::string> {
+        std::string peer_id;
+        auto refused = admit(session, hello, their_gate, peer_id);
+        auto sender = self->current_sender();
+        if (!refused.empty() || !sender)
+          return refused;
+        // The claim is kept only once verified, and before the answer: whatever the connector
+        // sends once admitted comes later, so this node never opens a second connection to it
+        // (see node_gate::add_endpoint). A claim not kept leaves the connector admitted.
+        auto claimant = sender->node();
+        auto ep = parse_endpoint(their_endpoint);
+        if (!ep || !their_directory || their_directory.node() != claimant) {
+          refuse_claim(claim_refusal::malformed, their_endpoint,
+                       ep ? "the directory it names is not on the claiming node"
+                          : ep.error().what);
+          return refused;
         }
-        return refused;
+        auto endpoint = ep->first + ":" + std::to_string(ep->second);
+        if (auto holder = gate->claimant_of(endpoint); holder && holder != claimant) {
+          refuse_claim(claim_refusal::taken, endpoint,
+                       "another live node's verified claim holds it");
+          return refused;
+        }
+        if (!gate->begin_claim(endpoint)) {
+          refuse_claim(claim_refusal::busy, endpoint,
+                       "a claim of it is being verified, or too many probes are running");
+          return refused;
+        }
+        // The node listening there must be the claimant: its BASP server handshake names the
+        // claimant's node, and under TLS its certificate certifies the key the claimant was
+        // admitted with (a node id is only what a CAF process says it is; a key is proven).
+        auto opts = gate->probe_settings();
+        auto admitted_key = gate->admission().key_of(peer_id);
+        auto rp = self->make_response_promise<std::string>();
+        auto probe = self->spawn<caf::detached>(prober, ep->first, ep->second, opts, gate);
+        auto finish = [=](bool reached, const caf::node_id& listener,
+                          const std::string& key_or_why) mutable {
+          gate->end_claim(endpoint);
+          if (!reached)
+            refuse_claim(claim_refusal::unreachable, endpoint, key_or_why);
+          else if (listener != claimant)
+            refuse_claim(claim_refusal::other_node, endpoint,
+                         "node " + caf::to_string(listener) + " listens there, not the claimant "
+                           + caf::to_string(claimant));
+          else if (opts.tls() && (admitted_key.empty() || key_or_why != admitted_key))
+            refuse_claim(claim_refusal::other_key, endpoint,
+                         "the listener's certificate is not for the key the claimant was "
+                         "admitted with");
+          else if (!gate->add_endpoint(claimant, endpoint, their_directory))
+            refuse_claim(claim_refusal::taken, endpoint,
+                         "another node's claim was kept meanwhile, or the claimant left");
+          else {
+            gate->count_claim_kept();
+            self->monitor(their_directory);
+          }
+          // A dial of that endpoint waiting for the verification goes on: through this
+          // connection when the claim was kept, to whoever listens there when not.
+          if (auto r = gate->resolver())
+            caf::anon_send(r, hello_atom::value, endpoint);
+          rp.deliver(std::string{});
+        };
+        // The verdict comes within the connector's wait for the answer (the node sets the
+        // probe's time to 3/5 of it: this is 4/5) even when a TLS handshake is carried on past
+        // the probe's time (probe_options::tls_grace).
+        self->request(probe, opts.timeout * 4 / 3, probe_atom::value)
+          .then(
+            [=](bool reached, const caf::node_id& listener, const std::string& key) mutable {
+              finish(reached, listener, key);
+            },
+            [=](caf::error& e) mutable {
+              finish(false, caf::node_id{}, "the probe failed: " + self->system().render(e));
+            });
+        return rp;
       },
       [=](deny_atom, const std::string& signed_list) -> caf::result<uint64_t> {
         std::string why;

@@ -5,9 +5,13 @@
 //
 // The hello exchange travels as plain CAF messages (strings and a number), not in envelopes: each
 // hello is itself a signed, versioned Cap'n Proto object bound to the acceptor and its challenge,
-// checked by the gatekeeper before anything else is accepted from its sender.
+// checked by the gatekeeper before anything else is accepted from its sender. The endpoint a
+// connector names in its hello (so that the acceptor reaches it through that connection) is kept
+// only once a probe found the connector's node listening there (`listener_probe.hpp`).
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -15,6 +19,7 @@
 #include <set>
 #include <vector>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <caf/atom.hpp>
@@ -23,13 +28,15 @@
 #include <caf/node_id.hpp>
 
 #include "actors/auth/admission.hpp"
+#include "runtime/node/listener_probe.hpp"
 
 namespace starling::runtime {
 
 /// `(hello_atom, peer_id, challenge) -> (session, challenge, hello)` opens an admission;
 /// `(hello_atom, session, hello, connector's gate) -> refusal line` (empty: admitted) completes
 /// it; `(hello_atom, session, hello, connector's gate, its endpoint, its directory)` completes it
-/// too, and the acceptor then reaches the connector through this connection (see
+/// too, and once the acceptor verified that the connector's node listens at that endpoint (the
+/// answer waits for it) it reaches the connector through this connection (see
 /// `node_gate::directory_at`).
 using hello_atom = caf::atom_constant<caf::atom("hello")>;
 /// `(deny_atom, signed deny list) -> serial in force`: installs a newer deny list (from anyone:
@@ -39,6 +46,31 @@ using deny_atom = caf::atom_constant<caf::atom("deny")>;
 
 /// The name of a node's gate in its directory.
 inline constexpr const char* gate_name = "gate";
+
+/// Why the endpoint a connector claimed in its hello was not kept (the connector stays
+/// admitted; the acceptor dials that endpoint itself when it needs it).
+enum class claim_refusal : uint8_t {
+  /// Not `host:port`, or the directory it named is not on the connector's node.
+  malformed = 0,
+  /// Another live node's verified claim holds the endpoint.
+  taken,
+  /// A claim of that endpoint is being verified already, or too many probes are running.
+  busy,
+  /// The probe learned nothing there: nothing listens, not the run's TLS, not a CAF node, or too
+  /// slow.
+  unreachable,
+  /// The node listening there is another CAF node than the connector.
+  other_node,
+  /// Under TLS, the listener's certificate certifies another key than the one the connector
+  /// was admitted with.
+  other_key,
+};
+
+/// Number of claim refusal reasons.
+inline constexpr size_t claim_refusal_count = static_cast<size_t>(claim_refusal::other_key) + 1;
+
+/// The stable name of a claim refusal reason (`"other_node"`...).
+std::string_view to_string(claim_refusal r);
 
 /// What a node's gate, directory and resolver share.
 class node_gate {
@@ -58,13 +90,45 @@ public:
   void forget_node(const caf::node_id& n);
 
   /// Remembers that the admitted node `n`, which connected to this one, publishes its
-  /// directory `dir` at `endpoint` (`host:port`, as its hello said). The resolver then reaches
-  /// that endpoint through the connection `n` opened instead of opening a second one: CAF 0.17
-  /// closes the second BASP connection between two nodes as redundant, and with caf_openssl that
-  /// close took the first connection's route down with it (every handle of the other node failed
-  /// as unreachable, and the two nodes kept reconnecting). False (nothing kept) when `n` is not
-  /// admitted, `dir` is not on `n`, or another live node said it first.
+  /// directory `dir` at `endpoint` (`host:port`, as its hello said, verified by the gate: a probe
+  /// found `n` listening there). The resolver then reaches that endpoint through the connection
+  /// `n` opened instead of opening a second one: CAF 0.17 closes the second BASP connection
+  /// between two nodes as redundant, and with caf_openssl that close took the first connection's
+  /// route down with it (every handle of the other node failed as unreachable, and the two nodes
+  /// kept reconnecting). False (nothing kept) when `n` is not admitted, `dir` is not on `n`, or
+  /// another live node's claim holds it.
   bool add_endpoint(const caf::node_id& n, const std::string& endpoint, const caf::actor& dir);
+  /// The node whose kept claim holds `endpoint` (none when no claim is kept).
+  caf::node_id claimant_of(const std::string& endpoint) const;
+
+  /// How claims are verified (`probe_listener`'s settings: its time limit, and under TLS this
+  /// node's certificate, key and the run's CA). Set before the gate is spawned.
+  void set_probe_options(probe_options opts);
+  /// Those settings.
+  probe_options probe_settings() const;
+  /// Marks a claim of `endpoint` as being verified and counts its probe: false when a claim of
+  /// `endpoint` is being verified already, or when `max_probes` probes are running.
+  bool begin_claim(const std::string& endpoint);
+  /// The verification of `endpoint`'s claim ended (kept or not; its probe may run on).
+  void end_claim(const std::string& endpoint);
+  /// A probe counted by `begin_claim` returned.
+  void probe_done();
+  /// True while a claim of `endpoint` is being verified (the resolver waits for it before it
+  /// dials that endpoint).
+  bool claim_pending(const std::string& endpoint) const;
+  /// Counts a kept claim.
+  void count_claim_kept();
+  /// Counts a refused claim.
+  void count_claim_refused(claim_refusal why);
+  /// Claims kept so far.
+  uint64_t claims_kept() const;
+  /// Claims refused for `why` so far.
+  uint64_t claims_refused(claim_refusal why) const;
+  /// Claims refused so far, every reason.
+  uint64_t claims_refused() const;
+
+  /// Probes running at once at most (each holds a thread); beyond, a claim is refused as `busy`.
+  static constexpr size_t max_probes = 16;
   /// The directory of the admitted node that said it publishes at `endpoint`, or an invalid
   /// handle.
   caf::actor directory_at(const std::string& endpoint) const;
@@ -107,6 +171,13 @@ private:
   caf::actor_addr own_gate_;
   /// Endpoints that admitted nodes said they publish their directories at.
   std::map<std::string, std::pair<caf::node_id, caf::actor_addr>> endpoints_;
+  /// Endpoints whose claims are being verified.
+  std::set<std::string> pending_claims_;
+  /// Probes running (a probe may outlive its verification, see probe_options::tls_grace).
+  size_t probes_ = 0;
+  probe_options probe_;
+  uint64_t claims_kept_ = 0;
+  std::array<uint64_t, claim_refusal_count> claims_refused_{};
   std::string own_endpoint_;
   caf::actor_addr resolver_;
   caf::actor_addr own_directory_;
@@ -114,7 +185,11 @@ private:
 };
 
 /// Spawns the gate of a node: answers the two hello messages and installs deny lists that
-/// verify and are newer than the one in force.
+/// verify and are newer than the one in force. An endpoint claimed in a hello is kept only once
+/// a probe (`probe_listener`, on a detached actor of its own) found the connector's node
+/// listening there (and under TLS showing a certificate of the key it was admitted with); the
+/// answer to that hello waits for the probe. A refused claim is counted by reason
+/// (`node_gate::claims_refused`) and logged in one line; the connector stays admitted.
 caf::actor spawn_gate(caf::actor_system& sys, std::shared_ptr<node_gate> gate);
 
 /// Runs the handshake with the node whose directory is `remote_dir`, from `self`: asks for its

@@ -166,13 +166,17 @@ caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directo
       // Two nodes that dial each other at once end with two BASP connections, which breaks
       // both under TLS like a redundant one (node_gate::add_endpoint): the larger endpoint
       // lets the smaller one's dial go first, and uses the connection it brings (the gate wakes
-      // this wait when its hello passed).
-      if (gate && defer.count() > 0 && dirs->count(ep) == 0 && !gate->directory_at(ep)
-          && ep < own_endpoint) {
+      // this wait when its hello passed and its claim of `ep` was verified). A dial of an
+      // endpoint whose claim is being verified waits for the verification too.
+      auto pending = gate && gate->claim_pending(ep);
+      if (gate && dirs->count(ep) == 0 && !gate->directory_at(ep)
+          && (pending || (defer.count() > 0 && ep < own_endpoint))) {
         auto& w = (*waiting)[ep];
         w.push_back([=]() mutable { dial(ep, host, port, rp, then); });
+        // A verification ends within the probe's time limit, which the connection timeout
+        // bounds; the timer is a last resort.
         if (w.size() == 1)
-          self->delayed_send(self, defer, hello_atom::value, ep);
+          self->delayed_send(self, pending ? timeout : defer, hello_atom::value, ep);
         return;
       }
       dial(ep, host, port, std::move(rp), std::move(then));
@@ -226,10 +230,12 @@ caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directo
     if (gate)
       gate->set_resolver(caf::actor_cast<caf::actor>(self));
     return {
-      // The wait for `ep` ends: its node's hello passed, or `defer` is over.
+      // The wait for `ep` ends: its node's hello passed (and the gate verified its claim of
+      // `ep`, kept or not), or `defer` is over. While the claim is being verified the wait goes
+      // on: the gate wakes it when the verification ends.
       [=](hello_atom, const std::string& ep) {
         auto i = waiting->find(ep);
-        if (i == waiting->end())
+        if (i == waiting->end() || (gate && gate->claim_pending(ep)))
           return;
         auto dials = std::move(i->second);
         waiting->erase(i);
@@ -462,6 +468,19 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
   }
   if (configure)
     configure(*n->cfg_);
+  // Claims of endpoints in hellos are verified by a probe of that endpoint, which ends well
+  // within the connector's wait for its answer (the connection timeout). Set before the
+  // gate can get a hello.
+  probe_options probe;
+  if (n->timeout_.count() > 0)
+    probe.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::min<caf::timespan>(n->timeout_ * 3 / 5, std::chrono::seconds(5)));
+  if (n->tls_) {
+    probe.certificate = n->cfg_->openssl_certificate;
+    probe.key = n->cfg_->openssl_key;
+    probe.cafile = n->cfg_->openssl_cafile;
+  }
+  n->gate_->set_probe_options(std::move(probe));
   n->sys_ = std::make_unique<caf::actor_system>(*n->cfg_);
   n->directory_ = std::make_unique<caf::actor>(spawn_directory(*n->sys_, n->gate_));
   // Registered before the directory is published: the first connection finds it.

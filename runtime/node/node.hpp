@@ -41,7 +41,8 @@ caf::actor spawn_directory(caf::actor_system& sys, std::shared_ptr<node_gate> ga
 /// With a `gate`, a node that connected here and said hello is reached through that connection
 /// (`node_gate::directory_at`); with `defer` as well (TLS), a node dialing a smaller endpoint
 /// first waits up to `defer` for that node's own dial to arrive, so that two nodes reaching each
-/// other at once open one connection, not two (see `node_gate::add_endpoint`).
+/// other at once open one connection, not two (see `node_gate::add_endpoint`). A dial of an
+/// endpoint whose claim the gate is verifying waits for the verification's end.
 caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directory,
                                   std::string own_endpoint, caf::timespan timeout,
                                   std::shared_ptr<node_gate> gate = nullptr,

@@ -18,6 +18,7 @@
 #include "actors/auth/identity.hpp"
 #include "actors/supervisor/supervisor.hpp"
 #include "actors/transfer/link_crypto.hpp"
+#include "actors/transfer/socket_io.hpp"
 #include "messages/atoms.hpp"
 #include "messages/direct.hpp"
 #include "messages/tensor_msg.hpp"
@@ -102,6 +103,19 @@ struct outsider {
                  out = {s, challenge};
                },
                [&](caf::error& e) { FAIL("the gate did not open: " << sys->render(e)); });
+    return out;
+  }
+
+  /// Presents `hello` for `session` with the claim that this system's `dir` is published at
+  /// `endpoint`: the gate's answer (empty: admitted), which waits for the claim's verification.
+  std::string claim(uint64_t session, const std::string& hello, const std::string& endpoint,
+                    const caf::actor& dir) {
+    auto gate = lookup(gate_name).first;
+    caf::scoped_actor self{*sys};
+    std::string out = "no answer";
+    self->request(gate, 5s, hello_atom::value, session, hello, caf::actor{}, endpoint, dir)
+      .receive([&](const std::string& line) { out = line; },
+               [&](caf::error& e) { out = sys->render(e); });
     return out;
   }
 
@@ -567,4 +581,162 @@ TEST_CASE("a flood of connections sending garbage leaves a closed node serving i
     CHECK(a->gate()->admission().admitted() == 1);
     CHECK(a->gate()->admission().refusals().total() == 0);
   }
+}
+
+namespace {
+
+/// An actor of no interest, to stand for a directory in a claim.
+caf::behavior idle_actor(caf::event_based_actor*) {
+  return {[](stop_atom) {}};
+}
+
+} // namespace
+
+TEST_CASE("an honest endpoint claim is verified and kept") {
+  served_pair p;
+  auto& a = p.a;
+  auto& c = p.c;
+  // c said hello to a with its endpoint: a's probe found c's node listening there.
+  CHECK(a->gate()->claims_kept() == 1);
+  CHECK(a->gate()->claims_refused() == 0);
+  auto dir = a->gate()->directory_at(c->endpoint());
+  REQUIRE(dir);
+  CHECK(dir.node() == c->system().node());
+  CHECK(dir.id() == c->directory().id());
+  // a reaches c through c's connection: no second hello.
+  auto joined = a->join(c->endpoint(), {});
+  REQUIRE_MESSAGE(joined.ok(), (joined.ok() ? "" : joined.error().what));
+  CHECK(joined->node() == c->system().node());
+  CHECK(a->gate()->admission().admitted() == 1);
+  CHECK(c->gate()->admission().admitted() == 1);
+}
+
+TEST_CASE("an admitted member that claims another live node's endpoint does not get it, and the refusal is counted") {
+  served_pair p;
+  auto& run = p.run;
+  auto& a = p.a;
+  // v is live and has not connected to a: nobody claimed its endpoint at a yet.
+  auto v = run.start("v", false);
+  v->register_actor("ping", v->system().spawn(ping_responder, std::string{"v"}));
+  // x holds a valid token and claims v's endpoint, naming an actor of its own as the directory.
+  outsider x{a->port()};
+  auto key = run.key("x");
+  auto token = run.issue("x");
+  auto decoy = x.sys->spawn(idle_actor);
+  auto [session, challenge] = x.open(key.peer_id());
+  CHECK(x.claim(session, hello_of(key, challenge, a->peer_id(), token, [](auth::hello&) {}),
+                v->endpoint(), decoy)
+        == "");
+  CHECK(a->gate()->claims_refused(claim_refusal::other_node) == 1);
+  CHECK(a->gate()->claims_refused() == 1);
+  CHECK_FALSE(a->gate()->directory_at(v->endpoint()));
+  CHECK_FALSE(a->gate()->claim_pending(v->endpoint()));
+  // x stays admitted.
+  auto [ping_a, lookup_err] = x.lookup("ping");
+  CHECK_MESSAGE(ping_a, lookup_err);
+  // a's join of v's endpoint reaches v, and so does a name there.
+  auto joined = a->join(v->endpoint(), {});
+  REQUIRE_MESSAGE(joined.ok(), (joined.ok() ? "" : joined.error().what));
+  CHECK(joined->node() == v->system().node());
+  auto [at_v, why] = try_resolve(*a, v->endpoint() + "/ping");
+  REQUIRE_MESSAGE(at_v, why);
+  CHECK(ping(*a, at_v) == "v");
+  // A kept claim is not taken over, and where no CAF node answers nothing is kept.
+  auto [s2, c2] = x.open(key.peer_id());
+  CHECK(x.claim(s2, hello_of(key, c2, a->peer_id(), token, [](auth::hello&) {}),
+                p.c->endpoint(), decoy)
+        == "");
+  CHECK(a->gate()->claims_refused(claim_refusal::taken) == 1);
+  CHECK(a->gate()->directory_at(p.c->endpoint()).node() == p.c->system().node());
+  uint16_t silent_port = 0;
+  std::string listen_err;
+  int silent = actors::transfer::listen_ipv4("127.0.0.1", 0, silent_port, listen_err);
+  REQUIRE_MESSAGE(silent >= 0, listen_err);
+  auto [s3, c3] = x.open(key.peer_id());
+  CHECK(x.claim(s3, hello_of(key, c3, a->peer_id(), token, [](auth::hello&) {}),
+                fmt::format("127.0.0.1:{}", silent_port), decoy)
+        == "");
+  ::close(silent);
+  CHECK(a->gate()->claims_refused(claim_refusal::unreachable) == 1);
+  CHECK_FALSE(a->gate()->directory_at(fmt::format("127.0.0.1:{}", silent_port)));
+  CHECK(a->gate()->claims_refused() == 3);
+  CHECK(a->gate()->claims_kept() == 1); // c's
+  caf::anon_send_exit(decoy, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("under TLS a member's claim of another live node's endpoint is refused, and its own claim kept") {
+  closed_run run;
+  auto a = run.start("a", true);
+  auto v = run.start("v", true);
+  auto x = run.start("x", true);
+  v->register_actor("ping", v->system().spawn(ping_responder, std::string{"v"}));
+  // x joins a honestly: its claim is verified over TLS (the listener's certificate is x's key).
+  auto [gate, err] = try_resolve(*x, fmt::format("127.0.0.1:{}/{}", a->port(), gate_name));
+  REQUIRE_MESSAGE(gate, err);
+  CHECK(a->gate()->claims_kept() == 1);
+  CHECK(a->gate()->directory_at(x->endpoint()).node() == x->system().node());
+  // Then x says hello again, claiming v's endpoint with its own directory.
+  caf::scoped_actor self{x->system()};
+  uint64_t session = 0;
+  std::string their_challenge;
+  self->request(gate, 5s, hello_atom::value, x->peer_id(), std::string(32, 'c'))
+    .receive([&](uint64_t s, const std::string& ch, const std::string&) {
+               session = s;
+               their_challenge = ch;
+             },
+             [&](caf::error& e) { FAIL("the gate did not open: " << x->system().render(e)); });
+  auto hello = x->gate()->admission().hello_for(their_challenge, a->peer_id());
+  std::string answer = "no answer";
+  self->request(gate, 5s, hello_atom::value, session, hello, caf::actor{}, v->endpoint(),
+                x->directory())
+    .receive([&](const std::string& line) { answer = line; },
+             [&](caf::error& e) { answer = x->system().render(e); });
+  CHECK(answer == "");
+  CHECK(a->gate()->claims_refused(claim_refusal::other_node) == 1);
+  CHECK_FALSE(a->gate()->directory_at(v->endpoint()));
+  // a reaches v itself.
+  auto [at_v, why] = try_resolve(*a, v->endpoint() + "/ping");
+  REQUIRE_MESSAGE(at_v, why);
+  CHECK(at_v.node() == v->system().node());
+  CHECK(ping(*a, at_v) == "v");
+}
+
+TEST_CASE("probes of two connected TLS nodes' endpoints show their node ids and keys and leave the connection working") {
+  closed_run run;
+  auto a = run.start("a", true);
+  auto b = run.start("b", true);
+  a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
+  b->register_actor("ping", b->system().spawn(ping_responder, std::string{"b"}));
+  auto [at_a, why_a] = try_resolve(*b, fmt::format("127.0.0.1:{}/ping", a->port()));
+  REQUIRE_MESSAGE(at_a, why_a);
+  // Each node probes the other's endpoint, again and again, with its own TLS settings.
+  for (int i = 0; i < 5; ++i) {
+    auto seen_b = probe_listener("127.0.0.1", b->port(), a->gate()->probe_settings());
+    REQUIRE_MESSAGE(seen_b.ok(), (seen_b.ok() ? "" : seen_b.error().what));
+    CHECK(seen_b->node == b->system().node());
+    CHECK(seen_b->certified_key == run.key("b").public_key());
+    auto seen_a = probe_listener("localhost", a->port(), b->gate()->probe_settings());
+    REQUIRE_MESSAGE(seen_a.ok(), (seen_a.ok() ? "" : seen_a.error().what));
+    CHECK(seen_a->node == a->system().node());
+    CHECK(seen_a->certified_key == run.key("a").public_key());
+  }
+  // A probe out of time in the middle of its TLS handshake finishes it before it leaves.
+  auto hasty = a->gate()->probe_settings();
+  hasty.timeout = 1ms;
+  for (int i = 0; i < 5; ++i)
+    CHECK_FALSE(probe_listener("127.0.0.1", b->port(), hasty).ok());
+  // A TLS probe of a node without TLS learns nothing (the listener's first bytes are BASP).
+  // (No plain probe of a TLS node here: a connection that leaves before its TLS handshake is
+  // done breaks the listener's connections, see listener_probe.hpp.)
+  auto plain = testing::start_node("plain", "gate-run");
+  auto seen_plain = probe_listener("127.0.0.1", plain->port(), a->gate()->probe_settings());
+  CHECK_FALSE(seen_plain.ok());
+  // The one connection between them still carries both directions.
+  CHECK(ping(*b, at_a) == "a");
+  auto [at_b, why_b] = try_resolve(*a, fmt::format("127.0.0.1:{}/ping", b->port()));
+  REQUIRE_MESSAGE(at_b, why_b);
+  CHECK(ping(*a, at_b) == "b");
+  CHECK(ping(*b, at_a) == "a");
+  CHECK(a->gate()->admission().admitted() == 1);
+  CHECK(b->gate()->admission().admitted() == 1);
 }
