@@ -5,11 +5,13 @@
 // its routes, and any connection it already has with the probing node, as they were; the probing
 // node's own middleman never sees the probe. Blocking: run it off the actors' threads.
 //
-// Under TLS a probe must not leave in the middle of a handshake: caf_openssl 0.17's session never
-// clears OpenSSL's error queue after a failed handshake or read, and the stale error then fails
-// the next `SSL_read` on any connection of that I/O thread (`SSL_get_error` peeks the queue). A
-// TCP connection that closes before completing its TLS handshake thus breaks the listener's
-// established TLS connections; a completed handshake closed with a close_notify does not.
+// Under TLS a probe does not leave in the middle of a handshake: caf_openssl 0.17's session never
+// clears OpenSSL's error queue after a failed handshake or read, and the stale error then failed
+// the next `SSL_read` on any connection of that I/O thread (`SSL_get_error` peeks the queue), so
+// a TCP connection that closed before completing its TLS handshake broke the listener's
+// established TLS connections. Starling processes clear the queue before every TLS I/O call now
+// (openssl_errors.hpp); a probe still finishes the handshakes it starts, for listeners without
+// that (an older build).
 #pragma once
 
 #include <chrono>

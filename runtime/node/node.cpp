@@ -25,6 +25,7 @@
 #include "runtime/log/log.hpp"
 #include "runtime/node/address.hpp"
 #include "runtime/node/gate.hpp"
+#include "runtime/node/openssl_errors.hpp"
 
 namespace starling::runtime {
 
@@ -465,6 +466,11 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
     if (auto st = write_tls_files(dir, *creds, *n->key_, *n->cfg_); !st)
       return fail(fmt::format("node {}: {}", n->name_, st.what()));
     n->cfg_->load<caf::openssl::manager>();
+    if (!openssl_errors_guarded())
+      log(log_level::warning, "node",
+          "{}: TLS I/O calls do not clear OpenSSL's error queue (runtime/node/openssl_errors.hpp):"
+          " a connection that fails its handshake can break this node's other connections",
+          n->name_);
   }
   if (configure)
     configure(*n->cfg_);
