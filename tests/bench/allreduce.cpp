@@ -4,7 +4,8 @@
 //   starling  one runtime::node + DHT + averager per process (chunks over the node's transport);
 //             `round` is the averager's `round_ns` (group message -> reply: the all-reduce
 //             without matchmaking), `w/mm` the wall time of the whole request (matchmaking
-//             included; groups persist across rounds while their members stay).
+//             included; groups persist across rounds while their members stay). Both start
+//             each round (request) after the same barrier (a Gloo all-reduce of one float).
 // Per row: round time = median over the rounds after the first (slowest process), GB/s = vector
 // bytes / round time, w/mm = mean wall time of all rounds, the first matchmaking included
 // (slowest process); x_gloo and x_gloo_mm = both over Gloo's median. RSS is each process's peak
@@ -25,7 +26,8 @@
 //      size), STARLING_BENCH_TRACE=1 (each child's RSS after every round, to stderr),
 //      STARLING_BENCH_COPY=1 (the averager writes its result into a second vector and leaves
 //      the input as it is; by default the result goes into the input, which is refilled with
-//      the same values before each round, as Gloo's is)
+//      the same values before each round, as Gloo's is), STARLING_BENCH_NO_BARRIER=1 (starling's
+//      requests start without the barrier: the processes' skew counts in its w/mm)
 // starling-auto: `codec: auto` (adaptive_codec), the codec each round is printed with
 //   STARLING_BENCH_TRACE=1.
 // starling-closed: `starling` in a closed run: an authority made for the row, each process with
@@ -131,12 +133,24 @@ double worse(double a, double b) {
   return a < 0 || b < 0 ? -1 : std::max(a, b);
 }
 
-int child_gloo(int rank, int n, int64_t numel, const std::string& dir, int reps) {
-  auto store = c10::make_intrusive<::c10d::FileStore>(dir + "/gloo.store", n);
+/// A Gloo process group of the `n` children over the file store `store_file`.
+std::unique_ptr<::c10d::ProcessGroupGloo> gloo_group(int rank, int n, const std::string& store_file) {
+  auto store = c10::make_intrusive<::c10d::FileStore>(store_file, n);
   auto opts = ::c10d::ProcessGroupGloo::Options::create();
   opts->devices.push_back(::c10d::ProcessGroupGloo::createDeviceForHostname(bench_host()));
   opts->timeout = std::chrono::seconds(120);
-  ::c10d::ProcessGroupGloo pg(store, rank, n, opts);
+  return std::make_unique<::c10d::ProcessGroupGloo>(store, rank, n, opts);
+}
+
+/// Waits until every child of `pg` got here (an all-reduce of one float).
+void barrier(::c10d::ProcessGroupGloo& pg) {
+  std::vector<at::Tensor> bar{torch::zeros({1})};
+  pg.allreduce(bar)->wait();
+}
+
+int child_gloo(int rank, int n, int64_t numel, const std::string& dir, int reps) {
+  auto group = gloo_group(rank, n, dir + "/gloo.store");
+  auto& pg = *group;
   mean_samples check(n, numel);
   auto base = current_rss_bytes();
   auto x = torch::empty({numel});
@@ -149,8 +163,7 @@ int child_gloo(int rank, int n, int64_t numel, const std::string& dir, int reps)
     if (i > 0)
       fill_input(x, rank);
     std::vector<at::Tensor> ts{x};
-    std::vector<at::Tensor> bar{torch::zeros({1})};
-    pg.allreduce(bar)->wait(); // start together
+    barrier(pg); // start together
     auto t0 = clk::now();
     pg.allreduce(ts)->wait();
     auto dt = std::chrono::duration<double>(clk::now() - t0).count();
@@ -264,6 +277,12 @@ int child_starling(int rank, int n, int64_t numel, const std::string& dir, int r
   auto avg = actors::averager::spawn_averager(node.system(), dht, node.resolver(), a);
   node.register_actor("averager", avg);
   std::this_thread::sleep_for(std::chrono::milliseconds(500)); // DHT joins settle
+  // Every request starts after the same barrier as Gloo's rounds, so that neither time counts
+  // the processes' skew (their refills, their previous round's end); STARLING_BENCH_NO_BARRIER=1
+  // leaves it out (the skew then counts in starling's time with matchmaking only, as before).
+  std::unique_ptr<::c10d::ProcessGroupGloo> sync;
+  if (!std::getenv("STARLING_BENCH_NO_BARRIER"))
+    sync = gloo_group(rank, n, dir + "/barrier.store");
   mean_samples check(n, numel);
   auto base = current_rss_bytes();
   auto x = torch::empty({numel});
@@ -278,6 +297,8 @@ int child_starling(int rank, int n, int64_t numel, const std::string& dir, int r
         fill_input(x, rank); // the last round wrote its result into it, as Gloo's rounds do
       messages::tensor_list tl;
       tl.tensors.push_back(messages::tensor_msg{x, kernels::codec_id::none, {}, {}});
+      if (sync)
+        barrier(*sync);
       auto t0 = clk::now();
       self->request(avg, std::chrono::seconds(300), average_atom::value, std::string("bench"), tl,
                     1.0)
