@@ -178,25 +178,45 @@ TEST_CASE("token holders of a closed run connect over TLS, and a node without th
   CHECK(a->gate()->admission().admitted() == 1);
 }
 
+namespace {
+
+/// Two TLS nodes of one closed run, each with a ping actor, b connected to a (one hello).
+struct tls_pair {
+  closed_run run;
+  std::unique_ptr<node> a = run.start("a", true);
+  std::unique_ptr<node> b = run.start("b", true);
+  /// a's ping actor as b resolved it.
+  caf::actor at_a;
+
+  tls_pair() {
+    a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
+    b->register_actor("ping", b->system().spawn(ping_responder, std::string{"b"}));
+    auto [at, why] = try_resolve(*b, fmt::format("127.0.0.1:{}/ping", a->port()));
+    REQUIRE_MESSAGE(at, why);
+    at_a = at;
+    CHECK(ping(*b, at_a) == "a");
+  }
+
+  /// a resolves b's ping, both directions answer, and neither node said hello again: still the
+  /// one connection b opened.
+  void check_one_connection() {
+    auto [at_b, why_b] = try_resolve(*a, fmt::format("127.0.0.1:{}/ping", b->port()));
+    REQUIRE_MESSAGE(at_b, why_b);
+    CHECK(ping(*a, at_b) == "b");
+    CHECK(ping(*b, at_a) == "a");
+    CHECK(a->gate()->admission().admitted() == 1);
+    CHECK(b->gate()->admission().admitted() == 1);
+  }
+};
+
+} // namespace
+
 TEST_CASE("two TLS nodes that resolve each other in turn keep the first connection's handles") {
   // The second direction must reuse the connection the first one opened: a second BASP
   // connection between two caf_openssl nodes, closed by CAF as redundant, took the first one's
   // route down with it (every handle of the other node then failed as unreachable).
-  closed_run run;
-  auto a = run.start("a", true);
-  auto b = run.start("b", true);
-  a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
-  b->register_actor("ping", b->system().spawn(ping_responder, std::string{"b"}));
-  auto [at_a, why_a] = try_resolve(*b, fmt::format("127.0.0.1:{}/ping", a->port()));
-  REQUIRE_MESSAGE(at_a, why_a);
-  CHECK(ping(*b, at_a) == "a");
-  auto [at_b, why_b] = try_resolve(*a, fmt::format("127.0.0.1:{}/ping", b->port()));
-  REQUIRE_MESSAGE(at_b, why_b);
-  CHECK(ping(*a, at_b) == "b");
-  CHECK(ping(*b, at_a) == "a");
-  // One hello per pair: the second direction needed none.
-  CHECK(a->gate()->admission().admitted() == 1);
-  CHECK(b->gate()->admission().admitted() == 1);
+  tls_pair p; // one hello per pair: the second direction needs none
+  p.check_one_connection();
 }
 
 TEST_CASE("two TLS nodes that resolve each other at the same moment get working handles") {
@@ -703,13 +723,10 @@ TEST_CASE("under TLS a member's claim of another live node's endpoint is refused
 }
 
 TEST_CASE("probes of two connected TLS nodes' endpoints show their node ids and keys and leave the connection working") {
-  closed_run run;
-  auto a = run.start("a", true);
-  auto b = run.start("b", true);
-  a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
-  b->register_actor("ping", b->system().spawn(ping_responder, std::string{"b"}));
-  auto [at_a, why_a] = try_resolve(*b, fmt::format("127.0.0.1:{}/ping", a->port()));
-  REQUIRE_MESSAGE(at_a, why_a);
+  tls_pair p;
+  auto& a = p.a;
+  auto& b = p.b;
+  auto& run = p.run;
   // Each node probes the other's endpoint, again and again, with its own TLS settings.
   for (int i = 0; i < 5; ++i) {
     auto seen_b = probe_listener("127.0.0.1", b->port(), a->gate()->probe_settings());
@@ -732,13 +749,8 @@ TEST_CASE("probes of two connected TLS nodes' endpoints show their node ids and 
   auto seen_plain = probe_listener("127.0.0.1", plain->port(), a->gate()->probe_settings());
   CHECK_FALSE(seen_plain.ok());
   // The one connection between them still carries both directions.
-  CHECK(ping(*b, at_a) == "a");
-  auto [at_b, why_b] = try_resolve(*a, fmt::format("127.0.0.1:{}/ping", b->port()));
-  REQUIRE_MESSAGE(at_b, why_b);
-  CHECK(ping(*a, at_b) == "b");
-  CHECK(ping(*b, at_a) == "a");
-  CHECK(a->gate()->admission().admitted() == 1);
-  CHECK(b->gate()->admission().admitted() == 1);
+  CHECK(ping(*b, p.at_a) == "a");
+  p.check_one_connection();
 }
 
 TEST_CASE("connections that leave a TLS node before their TLS handshake leave its other connections working") {
@@ -747,30 +759,18 @@ TEST_CASE("connections that leave a TLS node before their TLS handshake leave it
   // runtime/node/openssl_errors.hpp). Garbage, an HTTP request and a connection that leaves at
   // once, each twice, and the one connection between the two nodes still carries both ways.
   CHECK(openssl_errors_guarded());
-  closed_run run;
-  auto a = run.start("a", true);
-  auto b = run.start("b", true);
-  a->register_actor("ping", a->system().spawn(ping_responder, std::string{"a"}));
-  b->register_actor("ping", b->system().spawn(ping_responder, std::string{"b"}));
-  auto [at_a, why_a] = try_resolve(*b, fmt::format("127.0.0.1:{}/ping", a->port()));
-  REQUIRE_MESSAGE(at_a, why_a);
-  CHECK(ping(*b, at_a) == "a");
+  tls_pair p;
   std::string garbage(512, '\x16');
   for (int i = 0; i < 6; ++i) {
     {
-      testing::raw_socket s(a->port());
+      testing::raw_socket s(p.a->port());
       if (i % 3 == 0)
         s.write(garbage.data(), garbage.size());
       else if (i % 3 == 1)
         s.write("GET / HTTP/1.0\r\n\r\n", 18);
       // i % 3 == 2: connects and leaves at once
     }
-    CHECK(ping(*b, at_a) == "a");
+    CHECK(ping(*p.b, p.at_a) == "a");
   }
-  auto [at_b, why_b] = try_resolve(*a, fmt::format("127.0.0.1:{}/ping", b->port()));
-  REQUIRE_MESSAGE(at_b, why_b);
-  CHECK(ping(*a, at_b) == "b");
-  // Still the first connection: neither node said hello again.
-  CHECK(a->gate()->admission().admitted() == 1);
-  CHECK(b->gate()->admission().admitted() == 1);
+  p.check_one_connection();
 }
