@@ -440,6 +440,7 @@ result<std::shared_ptr<data_endpoint>> data_endpoint::open(const data_channel_op
   t.max_links = opts.max_connections;
   t.pool_buffers = opts.pool_buffers;
   t.security = opts.security;
+  t.congestion_control = opts.congestion_control;
   auto tr = transport::open(t);
   if (!tr)
     return fail("cannot open a data endpoint: " + tr.error().what);

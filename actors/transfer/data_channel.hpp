@@ -62,6 +62,9 @@ struct data_channel_options {
   uint32_t pool_buffers = 4;
   /// Seals the links (a closed run); null: plaintext (transport_options::security).
   std::shared_ptr<const link_security> security;
+  /// TCP congestion control of the links (transport_options::congestion_control; empty: the
+  /// system's).
+  std::string congestion_control = "cubic";
 };
 
 /// A node's transfer endpoint: its transport with the transfer channels installed, shared by the

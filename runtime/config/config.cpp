@@ -1,5 +1,7 @@
 #include "runtime/config/config.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 namespace starling::runtime {
@@ -41,6 +43,18 @@ void read_options(config_node& n, node_options& out) {
     }
   }
   read(n, "data_endpoint", out.data_endpoint);
+  if (n.has("congestion_control")) {
+    auto c = n.child("congestion_control");
+    out.congestion_control = c.as_string();
+    auto& cc = out.congestion_control;
+    // The kernel's names: 1-15 of a-z, 0-9 and _ (whether this kernel has it is checked when the
+    // node opens its endpoint: one it lacks leaves the system's, said in the log).
+    if (cc.empty() || cc.size() > 15
+        || !std::all_of(cc.begin(), cc.end(), [](char ch) {
+             return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_';
+           }))
+      c.expected("a TCP congestion control's name (cubic, bbr, reno...) or system");
+  }
   if (n.has("authority"))
     out.authority = n.child("authority").as_string();
   if (n.has("token"))

@@ -34,6 +34,10 @@ struct node_options {
   /// Open a direct data endpoint for bulk tensor transfers (actors/transfer/data_channel.hpp)
   /// beside BASP. Only where `listen` is a loopback host: other nodes use BASP chunks.
   bool data_endpoint = true;
+  /// TCP congestion control of the data endpoint's links (the averager's rounds, state
+  /// downloads, tensor transfers): an algorithm of this kernel ("cubic", "bbr", "reno"...), or
+  /// "system" for the kernel's default (actors/transfer/transport.hpp says why cubic by default).
+  std::string congestion_control = "cubic";
   /// The experiment id every envelope this node sends carries and every arriving one must carry
   /// (set by the runner from the experiment's name, not read from a file; empty for a node
   /// outside an experiment, such as `starling dht`).

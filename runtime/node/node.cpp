@@ -507,12 +507,17 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
     actors::transfer::data_channel_options dopts;
     dopts.host = n->host_;
     dopts.security = n->link_security_;
+    dopts.congestion_control =
+      opts.congestion_control == "system" ? std::string{} : opts.congestion_control;
     auto data = actors::transfer::data_endpoint::open(dopts);
     if (!data) {
       n->shutdown();
       return fail(fmt::format("node {}: {}", n->name_, data.error().what));
     }
     n->data_ = std::move(*data);
+    auto links = n->data_->link_layer();
+    if (!dopts.congestion_control.empty() && links->congestion_control().empty())
+      log(log_level::warning, "node", "{}: {}", n->name_, links->last_error());
   }
   auto connector =
     n->tls_ ? caf::actor_cast<caf::actor>(n->sys_->openssl_manager().actor_handle())

@@ -138,3 +138,20 @@ TEST_CASE("units parse strictly") {
   CHECK(n.child("d").as_duration() == 1000s);
   CHECK_THROWS_AS(n.child("a").as_duration(), config_error);
 }
+
+TEST_CASE("node.congestion_control takes a kernel algorithm's name or system, and nothing else") {
+  auto cc = [](const std::string& node) {
+    return read_text("experiment: {name: x, kind: ping}\nping: {}\n" + node)
+      .graph.node.congestion_control;
+  };
+  CHECK(cc("") == "cubic");
+  CHECK(cc("node: {congestion_control: bbr}\n") == "bbr");
+  CHECK(cc("node: {congestion_control: system}\n") == "system");
+  for (auto bad : {"\"\"", "BBR", "\"cu bic\"", "a_name_too_long_16"}) {
+    CAPTURE(bad);
+    auto e = error_of(std::string{"experiment: {name: x}\nnode: {congestion_control: "} + bad
+                      + "}\n");
+    CHECK(e.find("configs/x.yaml:2: node.congestion_control: expected a TCP congestion "
+                 "control's name") == 0);
+  }
+}
