@@ -1,8 +1,8 @@
 #include "runtime/config/config.hpp"
 
-#include <algorithm>
-
 #include <fmt/format.h>
+
+#include "actors/transfer/socket_io.hpp"
 
 namespace starling::runtime {
 
@@ -46,13 +46,9 @@ void read_options(config_node& n, node_options& out) {
   if (n.has("congestion_control")) {
     auto c = n.child("congestion_control");
     out.congestion_control = c.as_string();
-    auto& cc = out.congestion_control;
-    // The kernel's names: 1-15 of a-z, 0-9 and _ (whether this kernel has it is checked when the
-    // node opens its endpoint: one it lacks leaves the system's, said in the log).
-    if (cc.empty() || cc.size() > 15
-        || !std::all_of(cc.begin(), cc.end(), [](char ch) {
-             return (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_';
-           }))
+    // Whether this kernel has it is checked when the node opens its endpoint (one it lacks
+    // leaves the system's, said in the log).
+    if (!actors::transfer::congestion_control_name(out.congestion_control))
       c.expected("a TCP congestion control's name (cubic, bbr, reno...) or system");
   }
   if (n.has("authority"))
