@@ -17,18 +17,23 @@ $(BUILD)/CMakeCache.txt:
 
 configure: deps $(BUILD)/CMakeCache.txt
 
+# Everything but the benchmarks: the `starling` executable, the examples, the tests.
 build: configure
 	@cmake --build $(BUILD) -j $(JOBS)
 
-run: build
+# Builds only the `starling` executable and what it links, then runs the main job.
+run: configure
+	@cmake --build $(BUILD) -j $(JOBS) --target starling
 	@$(BUILD)/starling run $(CONFIG)
 
 test: build
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
 
-bench: build
-	@cmake --build $(BUILD) -j $(JOBS) --target benchmarks
-	@bash scripts/run-benchmarks $(BUILD)
+# Every benchmark, or one with BENCH=name (e.g. `make bench BENCH=codecs`); each one's wall time
+# is printed after its table.
+bench: configure
+	@cmake --build $(BUILD) -j $(JOBS) --target $(if $(filter-out netns-allreduce,$(BENCH)),bench_$(BENCH),benchmarks)
+	@bash scripts/run-benchmarks $(BUILD) $(BENCH)
 
 fuzz: deps
 	@bash scripts/fuzz $(or $(SECONDS),300)
@@ -36,9 +41,13 @@ fuzz: deps
 format:
 	@git ls-files '*.hpp' '*.cpp' | xargs clang-format -i
 
-lint: configure
+# clang-tidy needs one compile command per source: a configure without unity builds (in
+# $(BUILD)-lint), whose generated Cap'n Proto headers are built first.
+lint: deps
+	@cmake -S . -B $(BUILD)-lint $(GENERATOR) -DSTARLING_UNITY=OFF $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD)-lint --target starling_capnp -j $(JOBS)
 	@git ls-files 'kernels/*.cpp' 'messages/*.cpp' 'actors/*.cpp' 'runtime/*.cpp' \
-	  | xargs clang-tidy -p $(BUILD) --quiet
+	  | xargs clang-tidy -p $(BUILD)-lint --quiet
 
 clean:
 	@rm -rf $(BUILD)

@@ -1,5 +1,6 @@
 #include "kernels/flat.hpp"
 
+#include <torch/torch.h>
 #include <fmt/format.h>
 
 namespace starling::kernels {

@@ -3,7 +3,7 @@
 
 #include "kernels/result.hpp"
 
-#include <torch/torch.h>
+#include "kernels/torch_fwd.hpp"
 
 #include <cstdint>
 #include <vector>

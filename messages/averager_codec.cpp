@@ -7,8 +7,6 @@
 
 namespace starling::messages {
 
-using namespace codec;
-
 namespace {
 
 using M = wire::AveragerMessage;
@@ -44,7 +42,7 @@ void put_u32s(capnp::List<uint32_t>::Builder b, const std::vector<uint32_t>& xs)
 }
 
 void write_member(wire::MemberInfo::Builder b, const member_info& x) {
-  b.setAddress(text(x.address));
+  b.setAddress(codec::text(x.address));
   b.setBandwidth(x.bandwidth);
   b.setAuxiliary(x.auxiliary);
 }
@@ -66,7 +64,7 @@ std::vector<member_info> read_members(capnp::List<wire::MemberInfo>::Reader r) {
 }
 
 void write_report(wire::RoundReport::Builder b, const round_report& x) {
-  b.setGroupKey(text(x.group_key));
+  b.setGroupKey(codec::text(x.group_key));
   b.setGroupId(x.group_id);
   write_members(b.initMembers(static_cast<unsigned>(x.members.size())), x.members);
   b.setSelf(x.self);
@@ -79,7 +77,7 @@ void write_report(wire::RoundReport::Builder b, const round_report& x) {
     w.setSize(p.size);
     put_u32s(w.initContributors(static_cast<unsigned>(p.contributors.size())), p.contributors);
     w.setStatus(static_cast<uint8_t>(p.status));
-    w.setReason(text(p.reason));
+    w.setReason(codec::text(p.reason));
     auto segs = w.initSegments(static_cast<unsigned>(p.segments.size()));
     for (unsigned j = 0; j < p.segments.size(); ++j) {
       segs[j].setOffset(p.segments[j].offset);
@@ -92,7 +90,7 @@ void write_report(wire::RoundReport::Builder b, const round_report& x) {
   b.setAveraged(x.averaged);
   b.setKept(x.kept);
   b.setFailed(x.failed);
-  b.setDetail(text(x.detail));
+  b.setDetail(codec::text(x.detail));
   b.setElapsedNs(x.elapsed_ns);
   b.setRoundNs(x.round_ns);
   b.setPlaneLinks(x.plane_links);
@@ -152,7 +150,7 @@ bool wire_codec<avg_join>::matches(const payload_reader& r) {
 
 status wire_codec<avg_join>::write(payload_writer& w, const avg_join& x) {
   auto b = w.get().initAverager().initJoin();
-  b.setGroupKey(text(x.group_key));
+  b.setGroupKey(codec::text(x.group_key));
   write_member(b.initMember(), x.member);
   b.setNumel(x.numel);
   return {};
@@ -176,8 +174,8 @@ bool wire_codec<avg_join_reply>::matches(const payload_reader& r) {
 status wire_codec<avg_join_reply>::write(payload_writer& w, const avg_join_reply& x) {
   auto b = w.get().initAverager().initJoinReply();
   b.setVerdict(x.verdict);
-  b.setRedirect(text(x.redirect));
-  b.setReason(text(x.reason));
+  b.setRedirect(codec::text(x.redirect));
+  b.setReason(codec::text(x.reason));
   return {};
 }
 
@@ -198,9 +196,9 @@ bool wire_codec<avg_leave>::matches(const payload_reader& r) {
 
 status wire_codec<avg_leave>::write(payload_writer& w, const avg_leave& x) {
   auto b = w.get().initAverager().initLeave();
-  b.setGroupKey(text(x.group_key));
-  b.setAddress(text(x.address));
-  b.setLeader(text(x.leader));
+  b.setGroupKey(codec::text(x.group_key));
+  b.setAddress(codec::text(x.address));
+  b.setLeader(codec::text(x.leader));
   return {};
 }
 
@@ -221,7 +219,7 @@ bool wire_codec<avg_group>::matches(const payload_reader& r) {
 
 status wire_codec<avg_group>::write(payload_writer& w, const avg_group& x) {
   auto b = w.get().initAverager().initGroup();
-  b.setGroupKey(text(x.group_key));
+  b.setGroupKey(codec::text(x.group_key));
   b.setGroupId(x.group_id);
   write_members(b.initMembers(static_cast<unsigned>(x.members.size())), x.members);
   b.setNumel(x.numel);
@@ -256,9 +254,9 @@ status wire_codec<avg_chunk>::write(payload_writer& w, const avg_chunk& x) {
   b.setOffset(x.offset);
   if (x.values.tensor.defined())
     STARLING_TRY(write_tensor_msg(b.initValues(), x.values));
-  b.setEncoded(data(x.encoded));
+  b.setEncoded(codec::data(x.encoded));
   put_u32s(b.initContributors(static_cast<unsigned>(x.contributors.size())), x.contributors);
-  b.setError(text(x.error));
+  b.setError(codec::text(x.error));
   return {};
 }
 

@@ -5,8 +5,6 @@
 
 namespace starling::messages {
 
-using namespace codec;
-
 namespace {
 
 constexpr size_t max_key_bytes = 4096;
@@ -15,33 +13,33 @@ constexpr size_t max_records = 1024;
 constexpr size_t max_closer = 256;
 
 void write_peer(wire::DhtPeer::Builder b, const dht_peer& x) {
-  b.setId(data(x.id));
-  b.setAddress(text(x.address));
+  b.setId(codec::data(x.id));
+  b.setAddress(codec::text(x.address));
 }
 
 status read_peer(wire::DhtPeer::Reader r, dht_peer& x) {
-  STARLING_TRY(get(r.getId(), "peer id", 20, x.id));
+  STARLING_TRY(codec::get(r.getId(), "peer id", 20, x.id));
   if (!x.id.empty() && x.id.size() != 20)
     return fail("a peer id has 20 bytes, got " + std::to_string(x.id.size()));
-  return get(r.getAddress(), "peer address", max_name_bytes, x.address);
+  return codec::get(r.getAddress(), "peer address", codec::max_name_bytes, x.address);
 }
 
 void write_record(wire::DhtRecord::Builder b, const dht_record& x) {
-  b.setKey(data(x.key));
+  b.setKey(codec::data(x.key));
   b.setHasSubkey(x.has_subkey);
-  b.setSubkey(data(x.subkey));
-  b.setValue(data(x.value));
+  b.setSubkey(codec::data(x.subkey));
+  b.setValue(codec::data(x.value));
   b.setExpirationNs(x.expiration_ns);
-  b.setSignature(data(x.signature));
+  b.setSignature(codec::data(x.signature));
 }
 
 status read_record(wire::DhtRecord::Reader r, dht_record& x) {
-  STARLING_TRY(get(r.getKey(), "record key", max_key_bytes, x.key));
+  STARLING_TRY(codec::get(r.getKey(), "record key", max_key_bytes, x.key));
   x.has_subkey = r.getHasSubkey();
-  STARLING_TRY(get(r.getSubkey(), "record subkey", max_key_bytes, x.subkey));
-  STARLING_TRY(get(r.getValue(), "record value", max_value_bytes, x.value));
+  STARLING_TRY(codec::get(r.getSubkey(), "record subkey", max_key_bytes, x.subkey));
+  STARLING_TRY(codec::get(r.getValue(), "record value", max_value_bytes, x.value));
   x.expiration_ns = r.getExpirationNs();
-  STARLING_TRY(get(r.getSignature(), "record signature", 64, x.signature));
+  STARLING_TRY(codec::get(r.getSignature(), "record signature", 64, x.signature));
   if (!x.signature.empty() && x.signature.size() != 64)
     return fail("a record signature has 64 bytes, got " + std::to_string(x.signature.size()));
   return {};
@@ -53,7 +51,7 @@ void write_records(capnp::List<wire::DhtRecord>::Builder b, const std::vector<dh
 }
 
 status read_records(capnp::List<wire::DhtRecord>::Reader r, std::vector<dht_record>& xs) {
-  STARLING_TRY(at_most("records", r.size(), max_records));
+  STARLING_TRY(codec::at_most("records", r.size(), max_records));
   xs.resize(r.size());
   for (unsigned i = 0; i < r.size(); ++i)
     STARLING_TRY(read_record(r[i], xs[i]));
@@ -106,8 +104,8 @@ status wire_codec<dht_request>::write(payload_writer& w, const dht_request& x) {
   auto b = w.get().initDht().initRequest();
   b.setKind(x.kind);
   write_peer(b.initSender(), x.sender);
-  b.setTarget(data(x.target));
-  b.setKey(data(x.key));
+  b.setTarget(codec::data(x.target));
+  b.setKey(codec::data(x.key));
   write_records(b.initRecords(static_cast<unsigned>(x.records.size())), x.records);
   return {};
 }
@@ -115,10 +113,10 @@ status wire_codec<dht_request>::write(payload_writer& w, const dht_request& x) {
 status wire_codec<dht_request>::read(const payload_reader& r, dht_request& x) {
   auto m = r.get().getDht().getRequest();
   x.kind = m.getKind();
-  STARLING_TRY(within("request kind", x.kind, static_cast<uint64_t>(dht_rpc::find_value)));
+  STARLING_TRY(codec::within("request kind", x.kind, static_cast<uint64_t>(dht_rpc::find_value)));
   STARLING_TRY(read_peer(m.getSender(), x.sender));
-  STARLING_TRY(get(m.getTarget(), "request target", 20, x.target));
-  STARLING_TRY(get(m.getKey(), "request key", max_key_bytes, x.key));
+  STARLING_TRY(codec::get(m.getTarget(), "request target", 20, x.target));
+  STARLING_TRY(codec::get(m.getKey(), "request key", max_key_bytes, x.key));
   return read_records(m.getRecords(), x.records);
 }
 
@@ -136,7 +134,7 @@ status wire_codec<dht_response>::write(payload_writer& w, const dht_response& x)
     write_peer(closer[i], x.closer[i]);
   write_records(b.initRecords(static_cast<unsigned>(x.records.size())), x.records);
   b.setAccepted(capnp::Data::Reader(x.accepted.data(), x.accepted.size()));
-  b.setRefused(text(x.refused));
+  b.setRefused(codec::text(x.refused));
   return {};
 }
 
@@ -144,17 +142,17 @@ status wire_codec<dht_response>::read(const payload_reader& r, dht_response& x) 
   auto m = r.get().getDht().getResponse();
   STARLING_TRY(read_peer(m.getResponder(), x.responder));
   auto closer = m.getCloser();
-  STARLING_TRY(at_most("closer peers", closer.size(), max_closer));
+  STARLING_TRY(codec::at_most("closer peers", closer.size(), max_closer));
   x.closer.resize(closer.size());
   for (unsigned i = 0; i < closer.size(); ++i)
     STARLING_TRY(read_peer(closer[i], x.closer[i]));
   STARLING_TRY(read_records(m.getRecords(), x.records));
   auto acc = m.getAccepted();
-  STARLING_TRY(at_most("accepted flags", acc.size(), max_records));
+  STARLING_TRY(codec::at_most("accepted flags", acc.size(), max_records));
   x.accepted.assign(acc.begin(), acc.end());
   for (auto a : x.accepted)
-    STARLING_TRY(within("accepted flag", a, 1));
-  return get(m.getRefused(), "refusal", max_reason_bytes, x.refused);
+    STARLING_TRY(codec::within("accepted flag", a, 1));
+  return codec::get(m.getRefused(), "refusal", codec::max_reason_bytes, x.refused);
 }
 
 // -- dht_put ----------------------------------------------------------------------------------
@@ -165,10 +163,10 @@ bool wire_codec<dht_put>::matches(const payload_reader& r) {
 
 status wire_codec<dht_put>::write(payload_writer& w, const dht_put& x) {
   auto b = w.get().initDht().initPut();
-  b.setKey(data(x.key));
+  b.setKey(codec::data(x.key));
   b.setHasSubkey(x.has_subkey);
-  b.setSubkey(data(x.subkey));
-  b.setValue(data(x.value));
+  b.setSubkey(codec::data(x.subkey));
+  b.setValue(codec::data(x.value));
   b.setExpirationNs(x.expiration_ns);
   b.setSign(x.sign);
   return {};
@@ -176,10 +174,10 @@ status wire_codec<dht_put>::write(payload_writer& w, const dht_put& x) {
 
 status wire_codec<dht_put>::read(const payload_reader& r, dht_put& x) {
   auto m = r.get().getDht().getPut();
-  STARLING_TRY(get(m.getKey(), "put key", max_key_bytes, x.key));
+  STARLING_TRY(codec::get(m.getKey(), "put key", max_key_bytes, x.key));
   x.has_subkey = m.getHasSubkey();
-  STARLING_TRY(get(m.getSubkey(), "put subkey", max_key_bytes, x.subkey));
-  STARLING_TRY(get(m.getValue(), "put value", max_value_bytes, x.value));
+  STARLING_TRY(codec::get(m.getSubkey(), "put subkey", max_key_bytes, x.subkey));
+  STARLING_TRY(codec::get(m.getValue(), "put value", max_value_bytes, x.value));
   x.expiration_ns = m.getExpirationNs();
   x.sign = m.getSign();
   return {};
@@ -204,7 +202,7 @@ status wire_codec<dht_put_result>::read(const payload_reader& r, dht_put_result&
   x.accepted = m.getAccepted();
   x.replicas = m.getReplicas();
   x.hops = m.getHops();
-  return within("accepted replicas", x.accepted, x.replicas);
+  return codec::within("accepted replicas", x.accepted, x.replicas);
 }
 
 // -- dht_get_result ---------------------------------------------------------------------------

@@ -20,7 +20,7 @@ constexpr size_t sender_bytes = 20;
 
 /// A first segment (2 KiB) that holds a control message in one allocation; a large payload gets
 /// a segment of its own size anyway, and a bigger first segment would be zeroed for nothing.
-constexpr unsigned first_segment_words = 256;
+constexpr unsigned envelope_segment_words = 256;
 
 /// What an envelope's digest starts with: signatures of envelopes are of nothing else.
 constexpr char digest_domain[] = "starling envelope v3";
@@ -95,7 +95,7 @@ void stamp(wire::Envelope::Builder env, wire_context* ctx) {
 status encode_envelope(wire_context* ctx, const std::function<status(payload_writer&)>& write,
                        std::vector<char>& out) {
   try {
-    capnp::MallocMessageBuilder msg(first_segment_words);
+    capnp::MallocMessageBuilder msg(envelope_segment_words);
     auto env = msg.initRoot<wire::Envelope>();
     stamp(env, ctx);
     payload_writer w{env.getPayload()};
@@ -243,7 +243,7 @@ std::string payload_name(wire::Envelope::Payload::Reader p) {
 }
 
 struct encoded_envelope::impl {
-  capnp::MallocMessageBuilder msg{first_segment_words};
+  capnp::MallocMessageBuilder msg{envelope_segment_words};
   std::vector<uint32_t> table;
   std::string signature;
 };

@@ -5,8 +5,6 @@
 
 namespace starling::messages {
 
-using namespace codec;
-
 namespace {
 
 constexpr size_t max_steps_list = size_t{1} << 20;
@@ -32,7 +30,7 @@ status check_stage(wire::StageMessage::Reader m, bool tensors) {
     }
     case M::BACKWARD: {
       auto b = m.getBackward();
-      STARLING_TRY(within("attempt", b.getAttempt(), 1u << 20));
+      STARLING_TRY(codec::within("attempt", b.getAttempt(), 1u << 20));
       STARLING_TRY(check_tensor(tensors, b.hasInput(), b.getInput()));
       STARLING_TRY(check_tensor(tensors, b.hasGradOutput(), b.getGradOutput()));
       return check_tensor(tensors, b.hasTargets(), b.getTargets());
@@ -43,22 +41,22 @@ status check_stage(wire::StageMessage::Reader m, bool tensors) {
     }
     case M::STATE: {
       auto s = m.getState();
-      STARLING_TRY(at_most("optimizer steps", s.getOptimizerSteps().size(), max_steps_list));
-      STARLING_TRY(within("modeled bytes", s.getModeledBytes(), max_modeled_bytes));
+      STARLING_TRY(codec::at_most("optimizer steps", s.getOptimizerSteps().size(), max_steps_list));
+      STARLING_TRY(codec::within("modeled bytes", s.getModeledBytes(), max_modeled_bytes));
       STARLING_TRY(check_tensor(tensors, s.hasParams(), s.getParams()));
       return check_tensor(tensors, s.hasMoments(), s.getMoments());
     }
     case M::STATE_PART: {
       auto p = m.getStatePart();
-      STARLING_TRY(within("state parts", p.getParts(), 65536));
+      STARLING_TRY(codec::within("state parts", p.getParts(), 65536));
       if (p.getParts() == 0 || p.getPart() >= p.getParts())
         return fail("state part " + std::to_string(p.getPart()) + " of "
                     + std::to_string(p.getParts()));
-      STARLING_TRY(within("params numel", p.getParamsNumel(), uint64_t{1} << 40));
-      STARLING_TRY(within("params dtype", p.getParamsDtype(), 0, 63));
-      STARLING_TRY(within("moments numel", p.getMomentsNumel(), uint64_t{1} << 41));
-      STARLING_TRY(at_most("optimizer steps", p.getOptimizerSteps().size(), max_steps_list));
-      STARLING_TRY(within("modeled bytes", p.getModeledBytes(), max_modeled_bytes));
+      STARLING_TRY(codec::within("params numel", p.getParamsNumel(), uint64_t{1} << 40));
+      STARLING_TRY(codec::within("params dtype", p.getParamsDtype(), 0, 63));
+      STARLING_TRY(codec::within("moments numel", p.getMomentsNumel(), uint64_t{1} << 41));
+      STARLING_TRY(codec::at_most("optimizer steps", p.getOptimizerSteps().size(), max_steps_list));
+      STARLING_TRY(codec::within("modeled bytes", p.getModeledBytes(), max_modeled_bytes));
       auto digest = p.getDigest().size();
       if (digest != 0 && digest != 32)
         return fail("a state digest has 32 bytes, got " + std::to_string(digest));

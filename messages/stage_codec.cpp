@@ -7,17 +7,15 @@
 
 namespace starling::messages {
 
-using namespace codec;
-
 namespace {
 
-using M = wire::StageMessage;
+using stage_msg = wire::StageMessage;
 
-bool is_stage(const payload_reader& r, M::Which w) {
+bool is_stage(const payload_reader& r, stage_msg::Which w) {
   return r.get().isStage() && r.get().getStage().which() == w;
 }
 
-result<M::Reader> checked(const payload_reader& r) {
+result<stage_msg::Reader> checked_stage(const payload_reader& r) {
   auto m = r.get().getStage();
   if (auto st = check_stage(m, false); !st)
     return fail(st.what());
@@ -52,7 +50,7 @@ void put_u64s(capnp::List<uint64_t>::Builder b, const std::vector<uint64_t>& xs)
 } // namespace
 
 bool wire_codec<stage_forward>::matches(const payload_reader& r) {
-  return is_stage(r, M::FORWARD);
+  return is_stage(r, stage_msg::FORWARD);
 }
 
 status wire_codec<stage_forward>::write(payload_writer& w, const stage_forward& x) {
@@ -64,7 +62,7 @@ status wire_codec<stage_forward>::write(payload_writer& w, const stage_forward& 
 }
 
 status wire_codec<stage_forward>::read(const payload_reader& r, stage_forward& x) {
-  auto m = checked(r);
+  auto m = checked_stage(r);
   if (!m)
     return m.error();
   auto f = m->getForward();
@@ -75,7 +73,7 @@ status wire_codec<stage_forward>::read(const payload_reader& r, stage_forward& x
 }
 
 bool wire_codec<stage_backward>::matches(const payload_reader& r) {
-  return is_stage(r, M::BACKWARD);
+  return is_stage(r, stage_msg::BACKWARD);
 }
 
 status wire_codec<stage_backward>::write(payload_writer& w, const stage_backward& x) {
@@ -90,7 +88,7 @@ status wire_codec<stage_backward>::write(payload_writer& w, const stage_backward
 }
 
 status wire_codec<stage_backward>::read(const payload_reader& r, stage_backward& x) {
-  auto m = checked(r);
+  auto m = checked_stage(r);
   if (!m)
     return m.error();
   auto b = m->getBackward();
@@ -104,7 +102,7 @@ status wire_codec<stage_backward>::read(const payload_reader& r, stage_backward&
 }
 
 bool wire_codec<stage_backward_reply>::matches(const payload_reader& r) {
-  return is_stage(r, M::BACKWARD_REPLY);
+  return is_stage(r, stage_msg::BACKWARD_REPLY);
 }
 
 status wire_codec<stage_backward_reply>::write(payload_writer& w, const stage_backward_reply& x) {
@@ -115,7 +113,7 @@ status wire_codec<stage_backward_reply>::write(payload_writer& w, const stage_ba
 }
 
 status wire_codec<stage_backward_reply>::read(const payload_reader& r, stage_backward_reply& x) {
-  auto m = checked(r);
+  auto m = checked_stage(r);
   if (!m)
     return m.error();
   auto b = m->getBackwardReply();
@@ -125,7 +123,7 @@ status wire_codec<stage_backward_reply>::read(const payload_reader& r, stage_bac
 }
 
 bool wire_codec<stage_state>::matches(const payload_reader& r) {
-  return is_stage(r, M::STATE);
+  return is_stage(r, stage_msg::STATE);
 }
 
 status wire_codec<stage_state>::write(payload_writer& w, const stage_state& x) {
@@ -141,7 +139,7 @@ status wire_codec<stage_state>::write(payload_writer& w, const stage_state& x) {
 }
 
 status wire_codec<stage_state>::read(const payload_reader& r, stage_state& x) {
-  auto m = checked(r);
+  auto m = checked_stage(r);
   if (!m)
     return m.error();
   auto s = m->getState();
@@ -155,7 +153,7 @@ status wire_codec<stage_state>::read(const payload_reader& r, stage_state& x) {
 }
 
 bool wire_codec<stage_state_part>::matches(const payload_reader& r) {
-  return is_stage(r, M::STATE_PART);
+  return is_stage(r, stage_msg::STATE_PART);
 }
 
 status wire_codec<stage_state_part>::write(payload_writer& w, const stage_state_part& x) {
@@ -169,7 +167,7 @@ status wire_codec<stage_state_part>::write(payload_writer& w, const stage_state_
   b.setMomentsNumel(x.moments_numel);
   put_u64s(b.initOptimizerSteps(static_cast<unsigned>(x.optimizer_steps.size())),
            x.optimizer_steps);
-  b.setDigest(data(x.digest));
+  b.setDigest(codec::data(x.digest));
   STARLING_TRY(put(x.params, [&] { return b.initParams(); }));
   STARLING_TRY(put(x.moments, [&] { return b.initMoments(); }));
   b.setModeledBytes(x.modeled.size);
@@ -177,7 +175,7 @@ status wire_codec<stage_state_part>::write(payload_writer& w, const stage_state_
 }
 
 status wire_codec<stage_state_part>::read(const payload_reader& r, stage_state_part& x) {
-  auto m = checked(r);
+  auto m = checked_stage(r);
   if (!m)
     return m.error();
   auto p = m->getStatePart();

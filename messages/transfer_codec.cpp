@@ -10,8 +10,6 @@
 
 namespace starling::messages {
 
-using namespace codec;
-
 namespace {
 
 constexpr size_t max_chunk_bytes = size_t{64} << 20;
@@ -29,7 +27,7 @@ bool wire_codec<direct_announce>::matches(const payload_reader& r) {
 
 status wire_codec<direct_announce>::write(payload_writer& w, const direct_announce& x) {
   auto b = w.get().initTransfer().initAnnounce();
-  b.setToken(data(x.token));
+  b.setToken(codec::data(x.token));
   b.setTotalBytes(x.total_bytes);
   b.setDtype(x.dtype);
   auto shape = b.initShape(static_cast<unsigned>(x.shape.size()));
@@ -41,20 +39,20 @@ status wire_codec<direct_announce>::write(payload_writer& w, const direct_announ
 
 status wire_codec<direct_announce>::read(const payload_reader& r, direct_announce& x) {
   auto m = r.get().getTransfer().getAnnounce();
-  STARLING_TRY(get(m.getToken(), "announce token", 16, x.token));
+  STARLING_TRY(codec::get(m.getToken(), "announce token", 16, x.token));
   x.total_bytes = m.getTotalBytes();
-  STARLING_TRY(within("announced bytes", x.total_bytes, max_message_bytes));
+  STARLING_TRY(codec::within("announced bytes", x.total_bytes, max_message_bytes));
   x.dtype = m.getDtype();
-  STARLING_TRY(within("announced dtype", x.dtype, kernels::wire_dtype_count - 1));
+  STARLING_TRY(codec::within("announced dtype", x.dtype, kernels::wire_dtype_count - 1));
   auto shape = m.getShape();
-  STARLING_TRY(at_most("announced shape", shape.size(), 64));
+  STARLING_TRY(codec::at_most("announced shape", shape.size(), 64));
   for (auto d : shape) {
     if (d < 0)
       return fail("announced dimension " + std::to_string(d) + " is negative");
     x.shape.push_back(d);
   }
   x.codec = m.getCodec();
-  return within("announced codec", x.codec, kernels::codec_count - 1);
+  return codec::within("announced codec", x.codec, kernels::codec_count - 1);
 }
 
 bool wire_codec<direct_endpoint>::matches(const payload_reader& r) {
@@ -63,7 +61,7 @@ bool wire_codec<direct_endpoint>::matches(const payload_reader& r) {
 
 status wire_codec<direct_endpoint>::write(payload_writer& w, const direct_endpoint& x) {
   auto b = w.get().initTransfer().initEndpoint();
-  b.setHost(text(x.host));
+  b.setHost(codec::text(x.host));
   b.setPort(x.port);
   return {};
 }
@@ -71,7 +69,7 @@ status wire_codec<direct_endpoint>::write(payload_writer& w, const direct_endpoi
 status wire_codec<direct_endpoint>::read(const payload_reader& r, direct_endpoint& x) {
   auto m = r.get().getTransfer().getEndpoint();
   x.port = m.getPort();
-  return get(m.getHost(), "endpoint host", 255, x.host);
+  return codec::get(m.getHost(), "endpoint host", 255, x.host);
 }
 
 bool wire_codec<transfer_report>::matches(const payload_reader& r) {
@@ -81,16 +79,17 @@ bool wire_codec<transfer_report>::matches(const payload_reader& r) {
 status wire_codec<transfer_report>::write(payload_writer& w, const transfer_report& x) {
   auto b = w.get().initTransfer().initReport();
   b.setBytes(x.bytes);
-  b.setPath(text(x.path));
-  b.setFallbackReason(text(x.fallback_reason));
+  b.setPath(codec::text(x.path));
+  b.setFallbackReason(codec::text(x.fallback_reason));
   return {};
 }
 
 status wire_codec<transfer_report>::read(const payload_reader& r, transfer_report& x) {
   auto m = r.get().getTransfer().getReport();
   x.bytes = m.getBytes();
-  STARLING_TRY(get(m.getPath(), "report path", 64, x.path));
-  return get(m.getFallbackReason(), "fallback reason", max_reason_bytes, x.fallback_reason);
+  STARLING_TRY(codec::get(m.getPath(), "report path", 64, x.path));
+  return codec::get(m.getFallbackReason(), "fallback reason", codec::max_reason_bytes,
+                    x.fallback_reason);
 }
 
 bool wire_codec<chunk_msg>::matches(const payload_reader& r) {
@@ -125,9 +124,9 @@ status wire_codec<chunk_msg>::read(const payload_reader& r, chunk_msg& x) {
   if (x.count > 0 && x.index >= x.count)
     return fail("chunk " + std::to_string(x.index) + " of " + std::to_string(x.count));
   x.total_bytes = m.getTotalBytes();
-  STARLING_TRY(within("chunk total bytes", x.total_bytes, max_total_bytes));
-  STARLING_TRY(get(m.getBytes(), "chunk bytes", max_chunk_bytes, x.bytes));
-  return within("chunk bytes", x.bytes.size(), x.total_bytes);
+  STARLING_TRY(codec::within("chunk total bytes", x.total_bytes, max_total_bytes));
+  STARLING_TRY(codec::get(m.getBytes(), "chunk bytes", max_chunk_bytes, x.bytes));
+  return codec::within("chunk bytes", x.bytes.size(), x.total_bytes);
 }
 
 bool wire_codec<chunk_ack_msg>::matches(const payload_reader& r) {
@@ -139,7 +138,7 @@ status wire_codec<chunk_ack_msg>::write(payload_writer& w, const chunk_ack_msg& 
   b.setTransferId(x.transfer_id);
   b.setIndex(x.index);
   b.setDone(x.done);
-  b.setError(text(x.error));
+  b.setError(codec::text(x.error));
   return {};
 }
 
@@ -148,7 +147,7 @@ status wire_codec<chunk_ack_msg>::read(const payload_reader& r, chunk_ack_msg& x
   x.transfer_id = m.getTransferId();
   x.index = m.getIndex();
   x.done = m.getDone();
-  return get(m.getError(), "ack error", max_reason_bytes, x.error);
+  return codec::get(m.getError(), "ack error", codec::max_reason_bytes, x.error);
 }
 
 } // namespace starling::messages

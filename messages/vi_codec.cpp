@@ -5,8 +5,6 @@
 
 namespace starling::messages {
 
-using namespace codec;
-
 namespace {
 
 constexpr uint32_t max_dim = uint32_t{1} << 28;
@@ -26,14 +24,14 @@ void write_vector(wire::ViVector::Builder b, const vi_vector& x) {
 /// Structure only; `actors/vi/compressor.cpp`'s decode checks the codec's semantics.
 status read_vector(wire::ViVector::Reader r, vi_vector& x) {
   x.codec = r.getCodec();
-  STARLING_TRY(within("vi codec", x.codec, static_cast<uint64_t>(vi_codec::top_k)));
+  STARLING_TRY(codec::within("vi codec", x.codec, static_cast<uint64_t>(vi_codec::top_k)));
   x.dim = r.getDim();
-  STARLING_TRY(within("vi dim", x.dim, max_dim));
+  STARLING_TRY(codec::within("vi dim", x.dim, max_dim));
   x.seed = r.getSeed();
   auto idx = r.getIndices();
   auto val = r.getValues();
-  STARLING_TRY(at_most("vi values", val.size(), x.dim));
-  STARLING_TRY(at_most("vi indices", idx.size(), x.dim));
+  STARLING_TRY(codec::at_most("vi values", val.size(), x.dim));
+  STARLING_TRY(codec::at_most("vi indices", idx.size(), x.dim));
   x.indices.reserve(idx.size());
   for (auto i : idx) {
     if (i >= x.dim)
@@ -47,7 +45,7 @@ status read_vector(wire::ViVector::Reader r, vi_vector& x) {
 }
 
 status check_phase(uint8_t phase) {
-  return within("vi phase", phase, static_cast<uint64_t>(vi_phase::eg_half));
+  return codec::within("vi phase", phase, static_cast<uint64_t>(vi_phase::eg_half));
 }
 
 bool is_vi(const payload_reader& r, wire::ViMessage::Which w) {
@@ -133,7 +131,7 @@ status wire_codec<vi_report>::read(const payload_reader& r, vi_report& x) {
   auto m = r.get().getVi().getReport();
   x.iterations = m.getIterations();
   auto z = m.getZ();
-  STARLING_TRY(at_most("vi report z", z.size(), max_dim));
+  STARLING_TRY(codec::at_most("vi report z", z.size(), max_dim));
   x.z.reserve(z.size());
   for (auto v : z)
     x.z.push_back(v);

@@ -77,7 +77,7 @@ result<std::string> encode_deny_list(const deny_list& list, const key_pair& auth
 
 namespace {
 
-checked<deny_list> decode_body(const sealed& s) {
+checked<deny_list> decode_deny_list_body(const sealed& s) {
   deny_list out;
   auto st = messages::read_flat(s.body.data(), s.body.size(), [&](capnp::MessageReader& r) -> status {
     auto b = r.getRoot<wire::DenyListBody>();
@@ -127,14 +127,14 @@ checked<deny_list> decode_deny_list(std::string_view bytes) {
   auto s = unseal(bytes, max_deny_list_bytes, "deny list");
   if (!s)
     return s.error();
-  return decode_body(*s);
+  return decode_deny_list_body(*s);
 }
 
 checked<deny_list> verify_deny_list(std::string_view bytes, const trust_anchor& trust) {
   auto s = unseal(bytes, max_deny_list_bytes, "deny list");
   if (!s)
     return s.error();
-  auto list = decode_body(*s);
+  auto list = decode_deny_list_body(*s);
   if (!list)
     return list;
   if (trust.open())

@@ -44,7 +44,7 @@ std::string make_hello(const key_pair& node, const hello& h) {
 
 namespace {
 
-checked<hello> decode_body(const sealed& s) {
+checked<hello> decode_hello_body(const sealed& s) {
   hello h;
   auto st = messages::read_flat(s.body.data(), s.body.size(), [&](capnp::MessageReader& r) -> status {
     auto b = r.getRoot<wire::HelloBody>();
@@ -81,7 +81,7 @@ checked<hello> decode_hello(std::string_view bytes) {
   auto s = unseal(bytes, max_hello_bytes, "hello");
   if (!s)
     return s.error();
-  return decode_body(*s);
+  return decode_hello_body(*s);
 }
 
 std::map<std::string, std::vector<std::string>> default_policy() {
@@ -146,7 +146,7 @@ checked<peer_info> gatekeeper::admit_hello(uint64_t conn, std::string_view bytes
   auto sealed_hello = unseal(bytes, max_hello_bytes, "hello");
   if (!sealed_hello)
     return refuse_session(s, sealed_hello.error());
-  auto h = decode_body(*sealed_hello);
+  auto h = decode_hello_body(*sealed_hello);
   if (!h)
     return refuse_session(s, h.error());
   if (h->version != opts_.protocol_version)

@@ -6,18 +6,12 @@
 #include <fmt/format.h>
 
 #include "kernels/flat.hpp"
+#include "kernels/seeded_hash.hpp"
 #include "messages/tensor_msg.hpp"
 
 namespace starling::actors::dp_peer {
 
 namespace {
-
-uint64_t mix(uint64_t a, uint64_t b) {
-  uint64_t z = a + b * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 /// The state in the donor message form.
 messages::stage_state to_message(const collab::model_state& s, uint64_t step) {
@@ -254,7 +248,7 @@ backend::~backend() = default;
 result<std::vector<uint64_t>> microbatch_ids(uint64_t samples, const stream_options& s,
                                              uint64_t index) {
   kernels::loader_options lo;
-  lo.seed = mix(s.seed, s.stream);
+  lo.seed = kernels::splitmix64_combine(s.seed, s.stream, 0x632BE59BD9B4E019ull);
   lo.shards = 1;
   lo.shard = 0;
   return kernels::batch_for_step(samples, lo, index, s.microbatch);

@@ -12,7 +12,7 @@ namespace starling::actors::stage {
 
 namespace {
 
-int64_t batch_of(const at::Tensor& t) {
+int64_t cost_batch_of(const at::Tensor& t) {
   return t.defined() && t.dim() > 0 ? std::max<int64_t>(1, t.size(0)) : 1;
 }
 
@@ -31,7 +31,7 @@ public:
   std::vector<at::Tensor> parameters() override { return {params_}; }
 
   result<compute_result> forward(const at::Tensor& input, const at::Tensor&, uint64_t) override {
-    auto batch = batch_of(input);
+    auto batch = cost_batch_of(input);
     compute_result r;
     r.output = last_ ? torch::full({}, placeholder_loss) : placeholder(batch);
     r.device_s = opts_.forward_s * static_cast<double>(batch) * noise();
@@ -42,7 +42,7 @@ public:
 
   result<compute_result> backward(const at::Tensor& input, const at::Tensor&, const at::Tensor&,
                                   uint64_t seed) override {
-    auto batch = batch_of(input);
+    auto batch = cost_batch_of(input);
     // A microbatch's placeholder gradient, drawn from its seed: peers of a stage accumulate
     // different gradients, so stepping and averaging them is observable.
     {

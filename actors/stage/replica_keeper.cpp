@@ -53,14 +53,14 @@ struct keeper_data {
   uint64_t bytes = 0;
 };
 
-using data_ptr = std::shared_ptr<keeper_data>;
+using keeper_ptr = std::shared_ptr<keeper_data>;
 
 checkpoint_key key_of(const keeper_data& d, uint64_t stage) {
   return {stage, d.opts.ranges[stage].first, d.opts.ranges[stage].second};
 }
 
 /// Serves `s` as stage `stage`'s replica (spawning and announcing its server the first time).
-void serve(caf::event_based_actor* self, const data_ptr& d, uint64_t stage,
+void serve(caf::event_based_actor* self, const keeper_ptr& d, uint64_t stage,
            const messages::stage_state& s) {
   d->steps[stage] = s.steps;
   if (auto i = d->servers.find(stage); i != d->servers.end()) {
@@ -76,7 +76,7 @@ void serve(caf::event_based_actor* self, const data_ptr& d, uint64_t stage,
 }
 
 /// Pulls stage `stage`'s state from `peer` when it is ahead of the replica, and keeps it.
-void pull(caf::event_based_actor* self, const data_ptr& d, uint64_t stage, caf::actor peer) {
+void pull(caf::event_based_actor* self, const keeper_ptr& d, uint64_t stage, caf::actor peer) {
   if (d->pulling.count(stage))
     return;
   d->pulling.insert(stage);
@@ -128,7 +128,7 @@ void pull(caf::event_based_actor* self, const data_ptr& d, uint64_t stage, caf::
 }
 
 /// One look at every stage: the keepers, each stage's peers, and the pulls this keeper owes.
-void look(caf::event_based_actor* self, const data_ptr& d) {
+void look(caf::event_based_actor* self, const keeper_ptr& d) {
   auto stages = static_cast<uint64_t>(d->opts.ranges.size());
   auto me = d->opts.endpoint + "/" + replica_keeper_name;
   self->request(d->opts.replica_board, d->opts.timeout, get_atom::value, stages)

@@ -25,6 +25,7 @@
 #include "actors/stage/state_parts.hpp"
 #include "actors/stage/torch_backend.hpp"
 #include "kernels/flat.hpp"
+#include "kernels/seeded_hash.hpp"
 #include "messages/atoms.hpp"
 #include "messages/averager.hpp"
 #include "messages/dht.hpp"
@@ -137,15 +138,6 @@ int64_t batch_of(const at::Tensor& t) {
   return t.defined() && t.dim() > 0 ? std::max<int64_t>(1, t.size(0)) : 1;
 }
 
-/// splitmix64: the placeholder parameters' seed from the stage's blocks, equal on every peer of
-/// a stage (as a real model's seeded initialization).
-uint64_t mix(uint64_t x) {
-  uint64_t z = x + 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 /// The backend `opts` asks for.
 result<std::unique_ptr<backend>> make_backend(const stage_options& opts) {
   if (opts.backend == compute_backend::cost_model) {
@@ -153,8 +145,10 @@ result<std::unique_ptr<backend>> make_backend(const stage_options& opts) {
     auto depth = models->depth(opts.model);
     if (!depth)
       return depth.error();
-    auto init = mix(static_cast<uint64_t>(opts.begin) * 1000003ull
-                    + static_cast<uint64_t>(opts.end));
+    // The placeholder parameters' seed from the stage's blocks, equal on every peer of a stage
+    // (as a real model's seeded initialization).
+    auto init = kernels::splitmix64_mix(static_cast<uint64_t>(opts.begin) * 1000003ull
+                                        + static_cast<uint64_t>(opts.end));
     return make_cost_model(opts.cost_model, *depth, opts.begin, opts.end, opts.seed, init);
   }
   torch_backend_options t;

@@ -313,7 +313,7 @@ private:
   std::atomic<bool> stopped_{false};
 };
 
-caf::error transfer_error(std::string what) {
+caf::error direct_error(std::string what) {
   return caf::make_error(caf::sec::runtime_error, "direct transfer: " + std::move(what));
 }
 
@@ -324,7 +324,7 @@ struct in_flight {
   std::function<void(std::string)> fallback;
 };
 
-struct sender_state {
+struct direct_state {
   caf::actor chunks;
   std::shared_ptr<endpoint_impl> endpoint;
   bool own_endpoint = false;
@@ -333,7 +333,7 @@ struct sender_state {
   static inline const char* name = "direct_sender";
 };
 
-caf::behavior direct_sender(caf::stateful_actor<sender_state>* self, direct_sender_options opts) {
+caf::behavior direct_sender(caf::stateful_actor<direct_state>* self, direct_sender_options opts) {
   self->state.chunks = spawn_chunk_sender(self->system(), opts.chunks);
   self->link_to(self->state.chunks);
   if (opts.endpoint) {
@@ -355,13 +355,13 @@ caf::behavior direct_sender(caf::stateful_actor<sender_state>* self, direct_send
     [self, opts](transfer_atom, tensor_msg& x,
                  caf::actor receiver) -> caf::result<transfer_report> {
       if (!receiver)
-        return transfer_error("no receiver");
+        return direct_error("no receiver");
       auto header = kernels::make_header(x.tensor, x.codec, x.params);
       if (!header)
-        return transfer_error(header.error().what);
+        return direct_error(header.error().what);
       auto source = messages::encode_tensor_source(x);
       if (!source)
-        return transfer_error(source.error().what);
+        return direct_error(source.error().what);
       auto payload = std::move(*source);
       link_token token;
       randombytes_buf(token.data(), token.size());
@@ -384,7 +384,7 @@ caf::behavior direct_sender(caf::stateful_actor<sender_state>* self, direct_send
         .then(
           [self, token, payload, rp, fallback](direct_endpoint& ep) mutable {
             if (!ep.wire_error.empty()) {
-              rp.deliver(transfer_error("the receiver's answer was refused: " + ep.wire_error));
+              rp.deliver(direct_error("the receiver's answer was refused: " + ep.wire_error));
               return;
             }
             if (ep.port == 0)
@@ -392,7 +392,7 @@ caf::behavior direct_sender(caf::stateful_actor<sender_state>* self, direct_send
             if (!self->state.endpoint)
               return fallback("this sender has no transport");
             if (auto st = check_listen_host(ep.host); !st) {
-              rp.deliver(transfer_error("refusing the receiver's data endpoint: " + st.what()));
+              rp.deliver(direct_error("refusing the receiver's data endpoint: " + st.what()));
               return;
             }
             // The link's threads report the end; the actor answers (a message to itself).
@@ -424,7 +424,7 @@ caf::behavior direct_sender(caf::stateful_actor<sender_state>* self, direct_send
       else if (!connected)
         t.fallback("cannot connect to the data endpoint: " + error);
       else
-        t.rp.deliver(transfer_error(error));
+        t.rp.deliver(direct_error(error));
     },
   };
 }

@@ -5,6 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "kernels/seeded_hash.hpp"
+
 namespace starling::actors::vi {
 
 using messages::vi_downlink;
@@ -12,14 +14,6 @@ using messages::vi_phase;
 using messages::vi_uplink;
 
 namespace {
-
-/// splitmix64: decorrelates the per-worker and server streams derived from one run seed.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 uint8_t as_byte(vi_phase p) {
   return static_cast<uint8_t>(p);
@@ -41,7 +35,8 @@ const char* phase_name(uint8_t p) {
 
 /// The per-round stream every party draws the Rand-k seed from under `shared_randomness`.
 std::mt19937_64 round_stream(uint64_t seed, uint64_t round) {
-  return std::mt19937_64{mix(mix(seed ^ 0x726f756e64ULL) + round)};
+  using kernels::splitmix64_mix;
+  return std::mt19937_64{splitmix64_mix(splitmix64_mix(seed ^ 0x726f756e64ULL) + round)};
 }
 
 vi_phase first_phase(method_kind m) {
@@ -166,7 +161,8 @@ worker_core::worker_core(std::shared_ptr<const vi_problem> problem, std::size_t 
       index_(index),
       options_(options),
       codec_(make_compressor(options.worker_codec)),
-      rng_(mix(options.seed * 1000003ULL + index + 1)),
+      // splitmix64 decorrelates the per-worker and server streams derived from one run seed.
+      rng_(kernels::splitmix64_mix(options.seed * 1000003ULL + index + 1)),
       phase_(first_phase(options.method)),
       z_(std::move(z0)) {
   w_ = z_;
@@ -278,8 +274,9 @@ server_core::server_core(std::size_t dim, method_options options)
     : dim_(dim),
       options_(options),
       codec_(make_compressor(options.server_codec)),
-      rng_(mix(options.seed * 1000003ULL)),
-      coin_rng_(mix(options.seed ^ 0x636f696eULL)), // own stream: coins do not depend on codecs
+      rng_(kernels::splitmix64_mix(options.seed * 1000003ULL)),
+      // Own stream: coins do not depend on codecs.
+      coin_rng_(kernels::splitmix64_mix(options.seed ^ 0x636f696eULL)),
       phase_(first_phase(options.method)) {
   error_.assign(dim, 0.0);
 }

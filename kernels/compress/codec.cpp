@@ -11,6 +11,7 @@
 #include <ATen/Parallel.h>
 
 #include "kernels/compress/detail/loops.hpp"
+#include "kernels/seeded_hash.hpp"
 
 namespace starling::kernels {
 
@@ -224,17 +225,11 @@ std::vector<int64_t> topk_indices(const float* x, int64_t n, int64_t k, uint64_t
   constexpr int64_t sample_size = int64_t{1} << 16;
   float threshold = -1.0f; // every |x| >= -1: all elements are candidates
   if (n > 4 * sample_size) {
-    uint64_t state = seed ^ 0x2545f4914f6cdd1dull;
-    auto next = [&state] { // SplitMix64
-      uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-      return z ^ (z >> 31);
-    };
+    splitmix64_stream rng{seed ^ 0x2545f4914f6cdd1dull};
     std::vector<float> sample(static_cast<size_t>(sample_size));
     for (auto& v : sample) {
       // Multiply-shift draw in [0, n): its tiny bias only moves the threshold estimate.
-      auto i = static_cast<uint64_t>((static_cast<unsigned __int128>(next()) * n) >> 64);
+      auto i = static_cast<uint64_t>((static_cast<unsigned __int128>(rng.next()) * n) >> 64);
       v = std::fabs(x[i]);
     }
     // Expected sample hits above the true threshold, plus ~4 standard deviations of slack.

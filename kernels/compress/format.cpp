@@ -5,6 +5,8 @@
 #include <limits>
 #include <string>
 
+#include "kernels/seeded_hash.hpp"
+
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
               "payloads are little-endian and read in place");
 
@@ -27,7 +29,7 @@ bool is_sparse(codec_id c) {
   return c == codec_id::topk || c == codec_id::randk;
 }
 
-float load_f32(const uint8_t* p) {
+float payload_f32(const uint8_t* p) {
   float x;
   std::memcpy(&x, p, sizeof x);
   return x;
@@ -190,8 +192,8 @@ status check_payload(const tensor_header& h, const uint8_t* data, size_t size) {
   auto n = *checked_numel(h.shape);
   switch (h.codec) {
     case codec_id::uniform8: {
-      auto lo = load_f32(data);
-      auto step = load_f32(data + 4);
+      auto lo = payload_f32(data);
+      auto step = payload_f32(data + 4);
       if (!std::isfinite(lo) || !std::isfinite(step) || step < 0.0f
           || !std::isfinite(255.0f * step) || !std::isfinite(lo + 255.0f * step))
         return fail("uniform8: range (lo, step) must be finite with step >= 0");
@@ -200,7 +202,7 @@ status check_payload(const tensor_header& h, const uint8_t* data, size_t size) {
     case codec_id::blockwise8: {
       auto blocks = (static_cast<uint64_t>(n) + h.params.block_size - 1) / h.params.block_size;
       for (uint64_t b = 0; b < blocks; ++b) {
-        auto s = load_f32(data + 4 * b);
+        auto s = payload_f32(data + 4 * b);
         if (!std::isfinite(s) || s < 0.0f)
           return fail("blockwise8: block " + std::to_string(b) + " has a bad absmax");
       }
@@ -208,7 +210,7 @@ status check_payload(const tensor_header& h, const uint8_t* data, size_t size) {
     }
     case codec_id::quantile8:
       for (size_t i = 0; i < 256; ++i)
-        if (!std::isfinite(load_f32(data + 4 * i)))
+        if (!std::isfinite(payload_f32(data + 4 * i)))
           return fail("quantile8: lookup table entry " + std::to_string(i) + " is not finite");
       break;
     case codec_id::topk: {
@@ -248,25 +250,7 @@ std::vector<int64_t> randk_indices(int64_t numel, int64_t k, uint64_t seed) {
   }
   // SplitMix64 and Lemire's unbiased bounded draw: the same sequence on every platform (unlike
   // std::uniform_int_distribution, whose algorithm is implementation-defined).
-  uint64_t state = seed ^ 0x9e3779b97f4a7c15ull;
-  auto next = [&state] {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  };
-  auto below = [&next](uint64_t bound) { // uniform in [0, bound)
-    unsigned __int128 m = static_cast<unsigned __int128>(next()) * bound;
-    auto low = static_cast<uint64_t>(m);
-    if (low < bound) {
-      uint64_t threshold = (0 - bound) % bound;
-      while (low < threshold) {
-        m = static_cast<unsigned __int128>(next()) * bound;
-        low = static_cast<uint64_t>(m);
-      }
-    }
-    return static_cast<uint64_t>(m >> 64);
-  };
+  splitmix64_stream rng{seed ^ splitmix64_gamma};
   // Floyd's algorithm over a bitmap: k draws, then the set bits in increasing order.
   auto n = static_cast<uint64_t>(numel);
   std::vector<uint64_t> bits((n + 63) / 64, 0);
@@ -278,7 +262,7 @@ std::vector<int64_t> randk_indices(int64_t numel, int64_t k, uint64_t seed) {
     return was;
   };
   for (uint64_t j = n - static_cast<uint64_t>(k); j < n; ++j) {
-    auto t = below(j + 1);
+    auto t = rng.below(j + 1);
     if (test_set(t))
       test_set(j);
   }

@@ -1,5 +1,6 @@
 #include "kernels/data/corpus.hpp"
 
+#include <torch/torch.h>
 #include <fmt/format.h>
 
 #include <algorithm>

@@ -27,8 +27,8 @@ uint64_t split_point(uint64_t n, uint64_t k, uint64_t s) {
   return static_cast<uint64_t>(static_cast<unsigned __int128>(n) * k / s);
 }
 
-std::string describe(uint64_t samples, uint64_t seed, uint64_t shards, uint64_t shard,
-                     uint64_t layout) {
+std::string describe_shard(uint64_t samples, uint64_t seed, uint64_t shards, uint64_t shard,
+                           uint64_t layout) {
   const char* name = layout == 0 ? "contiguous" : layout == 1 ? "scattered" : "unknown";
   return fmt::format("shard {} of {} of {} samples, seed {}, {} layout", shard, shards, samples,
                      seed, name);
@@ -164,9 +164,9 @@ status sample_loader::restore_position(std::string_view bytes) {
   if (samples != samples_ || seed != opts_.seed || shards != opts_.shards || shard != opts_.shard ||
       layout != static_cast<uint8_t>(opts_.layout))
     return fail(fmt::format("loader position: saved for {}, this loader is {}",
-                            describe(samples, seed, shards, shard, layout),
-                            describe(samples_, opts_.seed, opts_.shards, opts_.shard,
-                                     static_cast<uint64_t>(opts_.layout))));
+                            describe_shard(samples, seed, shards, shard, layout),
+                            describe_shard(samples_, opts_.seed, opts_.shards, opts_.shard,
+                                           static_cast<uint64_t>(opts_.layout))));
   return seek(p);
 }
 

@@ -5,15 +5,14 @@
 
 #include <cstdint>
 
+#include "kernels/seeded_hash.hpp"
+
 namespace starling::kernels {
 
-/// Mixes a 64-bit value into a well-spread one (splitmix64's step): equal inputs, equal outputs
+/// Mixes a 64-bit value into a well-spread one (`splitmix64_mix`): equal inputs, equal outputs
 /// on every platform, unlike `std::hash`. Inline: the permutation's round function.
 inline uint64_t mix64(uint64_t x) noexcept {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
+  return splitmix64_mix(x);
 }
 
 /// A key derived from `a` and `b` (order matters): chains `mix64` so that e.g. (seed, shard) and

@@ -5,18 +5,13 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/seeded_hash.hpp"
+
 namespace starling::kernels {
 
 namespace {
 
-/// splitmix64 finalizer: distinct, well-spread seeds for the embedding and the head.
-uint64_t mix_seed(uint64_t seed, uint64_t tag) {
-  uint64_t z = seed + tag * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
+// Tags of splitmix64_combine: distinct, well-spread seeds for the embedding and the head.
 constexpr uint64_t embedding_tag = 0xE3B;
 constexpr uint64_t head_tag = 0x4EAD;
 
@@ -40,7 +35,7 @@ public:
     tokens_ = register_module("tokens", torch::nn::Embedding(cfg.vocab, cfg.width));
     positions_ = register_module("positions", torch::nn::Embedding(cfg.seq_len, cfg.width));
     torch::NoGradGuard no_grad;
-    auto gen = seeded_generator(mix_seed(cfg.seed, embedding_tag));
+    auto gen = seeded_generator(splitmix64_combine(cfg.seed, embedding_tag));
     tokens_->weight.normal_(0.0, 0.02, gen);
     positions_->weight.normal_(0.0, 0.02, gen);
   }
@@ -124,7 +119,7 @@ public:
     logits_ = register_module(
         "logits", torch::nn::Linear(torch::nn::LinearOptions(cfg.width, cfg.vocab).bias(false)));
     torch::NoGradGuard no_grad;
-    auto gen = seeded_generator(mix_seed(cfg.seed, head_tag));
+    auto gen = seeded_generator(splitmix64_combine(cfg.seed, head_tag));
     logits_->weight.normal_(0.0, 0.02, gen);
   }
 

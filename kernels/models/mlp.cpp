@@ -2,15 +2,11 @@
 
 #include <fmt/format.h>
 
+#include "kernels/seeded_hash.hpp"
+
 namespace starling::kernels {
 
 namespace {
-
-uint64_t mix(uint64_t seed, uint64_t tag) {
-  uint64_t z = seed + tag * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  return z ^ (z >> 31);
-}
 
 /// Linear layer (optionally followed by tanh) initialized from its own seed.
 class mlp_layer : public stage_layer {
@@ -55,14 +51,16 @@ result<std::shared_ptr<stage_module>> make_mlp_stage(const mlp_config& cfg, int6
                             cfg.layers));
   std::shared_ptr<stage_layer> input;
   if (begin == 0)
-    input = std::make_shared<mlp_layer>(cfg.inputs, cfg.width, true, mix(cfg.seed, 1));
+    input = std::make_shared<mlp_layer>(cfg.inputs, cfg.width, true,
+                                        splitmix64_combine_two_rounds(cfg.seed, 1));
   std::vector<std::shared_ptr<stage_layer>> blocks;
   for (auto i = begin; i < end; ++i)
     blocks.push_back(std::make_shared<mlp_layer>(cfg.width, cfg.width, true,
                                                  cfg.seed + static_cast<uint64_t>(i)));
   std::shared_ptr<stage_layer> head;
   if (end == cfg.layers)
-    head = std::make_shared<mlp_layer>(cfg.width, cfg.classes, false, mix(cfg.seed, 2));
+    head = std::make_shared<mlp_layer>(cfg.width, cfg.classes, false,
+                                       splitmix64_combine_two_rounds(cfg.seed, 2));
   return std::make_shared<stage_module>(cfg.layers, begin, std::move(input), std::move(blocks),
                                         std::move(head));
 }

@@ -3,6 +3,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 
+#include "kernels/seeded_hash.hpp"
+
 namespace starling::kernels {
 
 stage_module::stage_module(int64_t depth, int64_t begin, std::shared_ptr<stage_layer> input,
@@ -52,16 +54,13 @@ status stage_module::check(const torch::Tensor& input, const torch::Tensor& targ
 
 namespace {
 
-/// splitmix64 of (seed, tag): independent dropout streams per layer.
+/// Independent dropout streams per layer: splitmix64 of (seed, tag + 1).
 uint64_t layer_seed(uint64_t seed, uint64_t tag) {
-  uint64_t z = seed + (tag + 1) * 0x9E3779B97F4A7C15ull;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
+  return splitmix64_combine(seed, tag + 1);
 }
 
 constexpr uint64_t input_tag = ~uint64_t{0};
-constexpr uint64_t head_tag = ~uint64_t{0} - 1;
+constexpr uint64_t head_layer_tag = ~uint64_t{0} - 1;
 
 } // namespace
 
@@ -95,7 +94,7 @@ torch::Tensor stage_module::body(const torch::Tensor& input, uint64_t dropout_se
 torch::Tensor stage_module::predict(const torch::Tensor& input, uint64_t dropout_seed) {
   TORCH_CHECK(is_last(), "predict needs the stage holding the head");
   auto x = body(input, dropout_seed);
-  head_->reseed_dropout(layer_seed(dropout_seed, head_tag));
+  head_->reseed_dropout(layer_seed(dropout_seed, head_layer_tag));
   return head_->forward(x);
 }
 

@@ -25,9 +25,7 @@
 #include "runtime/cli/commands.hpp"
 #include "runtime/experiment/yaml.hpp"
 
-#ifndef STARLING_VERSION
-#  define STARLING_VERSION "0.1.0"
-#endif
+#include "runtime/cli/version.hpp"
 
 namespace starling::runtime {
 
@@ -42,7 +40,7 @@ caf::behavior ping_responder(caf::event_based_actor*, std::string name) {
 
 namespace {
 
-int die(const std::string& what) {
+int cli_die(const std::string& what) {
   return print_error(what);
 }
 
@@ -62,21 +60,21 @@ int cmd_run(std::string file, bool sim, std::optional<uint64_t> seed, std::strin
             const std::vector<std::string>& sets, size_t nodes, const std::string& resume) {
   if (!resume.empty()) {
     if (!out.empty() && out != resume)
-      return die(fmt::format("run: --out {} and --resume {} name two folders; a resumed run "
-                             "writes into the folder it continues",
-                             out, resume));
+      return cli_die(fmt::format("run: --out {} and --resume {} name two folders; a resumed run "
+                                 "writes into the folder it continues",
+                                 out, resume));
     out = resume;
     // Without a file, the experiment as the stopped run ran it (its `--set`s applied).
     if (file.empty())
       file = resume + "/experiment.yaml";
   } else if (file.empty()) {
-    return die("run: an EXPERIMENT.yaml file is required (or --resume RUN_DIR)");
+    return cli_die("run: an EXPERIMENT.yaml file is required (or --resume RUN_DIR)");
   }
   auto registry = builtin_registry();
   auto ex = load(file, registry, sim ? std::optional<run_mode>{run_mode::sim} : std::nullopt,
                  seed, sets);
   if (!ex)
-    return die(ex.error().what);
+    return cli_die(ex.error().what);
   set_log_level(parse_log_level(ex->log_level));
   return command_run(ex->graph, registry, ex->mode, nodes, out, ex->source_text,
                      !resume.empty());
@@ -93,10 +91,10 @@ int cmd_plan(const std::string& file, const std::string& mode_text, size_t nodes
   else if (mode_text == "cluster")
     mode = run_mode::cluster;
   else if (!mode_text.empty())
-    return die(fmt::format("--mode: expected sim, local or cluster, got \"{}\"", mode_text));
+    return cli_die(fmt::format("--mode: expected sim, local or cluster, got \"{}\"", mode_text));
   auto ex = load(file, registry, mode, std::nullopt, sets);
   if (!ex)
-    return die(ex.error().what);
+    return cli_die(ex.error().what);
   return command_plan(ex->graph, registry, ex->mode, nodes);
 }
 
@@ -126,7 +124,7 @@ int bare_node(const std::string& listen, const std::vector<std::string>& join,
   if (!config_file.empty()) {
     auto settings = load_node_settings(config_file);
     if (!settings)
-      return die(settings.error().what);
+      return cli_die(settings.error().what);
     caf_opts = settings->first;
     node_opts = settings->second;
   }
@@ -146,7 +144,7 @@ int bare_node(const std::string& listen, const std::vector<std::string>& join,
   auto name = given_name.empty() ? std::string{"node"} : given_name;
   auto n = node::start(caf_opts, node_opts, name);
   if (!n)
-    return die(n.error().what);
+    return cli_die(n.error().what);
   auto& nd = **n;
   nd.register_actor("ping", nd.system().spawn(ping_responder, name));
   fmt::print("node {} listening on {}\n", name, nd.endpoint());
@@ -198,30 +196,30 @@ int cmd_node(const std::string& listen, const std::vector<std::string>& join,
   for (auto& j : join) {
     auto ep = parse_endpoint(j);
     if (!ep || ep->second == 0)
-      return die(fmt::format("--join: expected HOST:PORT with a port in [1, 65535], got \"{}\"",
-                             j));
+      return cli_die(
+          fmt::format("--join: expected HOST:PORT with a port in [1, 65535], got \"{}\"", j));
   }
   if (!listen.empty())
     if (auto ep = parse_endpoint(listen); !ep)
-      return die(fmt::format("--listen: {}", ep.error().what));
+      return cli_die(fmt::format("--listen: {}", ep.error().what));
   if (cli.index) {
     if (!cli.nodes)
-      return die("--index and --nodes go together (this node's share of the experiment)");
+      return cli_die("--index and --nodes go together (this node's share of the experiment)");
     if (*cli.nodes < 1 || *cli.index >= *cli.nodes)
-      return die(fmt::format("--index {} must be below --nodes {}", *cli.index, *cli.nodes));
+      return cli_die(fmt::format("--index {} must be below --nodes {}", *cli.index, *cli.nodes));
     if (cli.config_file.empty())
-      return die("--index/--nodes need --config EXPERIMENT.yaml");
+      return cli_die("--index/--nodes need --config EXPERIMENT.yaml");
   } else if (!cli.sets.empty() && cli.config_file.empty()) {
-    return die("--set needs --config EXPERIMENT.yaml");
+    return cli_die("--set needs --config EXPERIMENT.yaml");
   } else if (cli.nodes && cli.config_file.empty()) {
-    return die("--nodes needs --config EXPERIMENT.yaml");
+    return cli_die("--nodes needs --config EXPERIMENT.yaml");
   }
   if (cli.config_file.empty() || (!cli.index && !cli.nodes))
     return bare_node(listen, join, cli.name, cli.config_file, cli);
   auto registry = builtin_registry();
   auto ex = load(cli.config_file, registry, run_mode::cluster, std::nullopt, cli.sets);
   if (!ex)
-    return die(ex.error().what);
+    return cli_die(ex.error().what);
   set_log_level(parse_log_level(ex->log_level));
   node_command nc;
   nc.listen = listen.empty() ? ex->graph.node.listen : listen;
@@ -337,7 +335,7 @@ int cli_main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0)
       return app.exit(e);
-    return die(e.what());
+    return cli_die(e.what());
   }
   if (auto rc = auth.run())
     return *rc;
@@ -355,11 +353,12 @@ int cli_main(int argc, char** argv) {
     if (dht_store->parsed())
       return cmd_dht_store(dht_node, dht_key, dht_value, dht_subkey, dht_ttl);
     if (dht_listen.empty())
-      return die("dht: expected --listen HOST:PORT, or a get/store subcommand");
+      return cli_die("dht: expected --listen HOST:PORT, or a get/store subcommand");
     return cmd_dht_serve(dht_listen, dht_join);
   }
-  fmt::print("starling {}\n", STARLING_VERSION);
+  fmt::print("starling {}\n", starling_version);
   return 0;
 }
 
 } // namespace starling::runtime
+

@@ -26,15 +26,13 @@
 #include "runtime/metrics/metrics.hpp"
 #include "runtime/node/node.hpp"
 
-#ifndef STARLING_VERSION
-#  define STARLING_VERSION "0.1.0"
-#endif
+#include "runtime/cli/version.hpp"
 
 namespace starling::runtime {
 
 namespace {
 
-int die(const std::string& what) {
+int cmd_die(const std::string& what) {
   return print_error(what);
 }
 
@@ -140,7 +138,7 @@ int run_parent(const experiment_graph& g, const node_command& cmd,
       args.push_back(x);
     auto child = spawn_child(args);
     if (child.pid < 0)
-      return die("cannot start the node process");
+      return cmd_die("cannot start the node process");
     for (;;) {
       pollfd p{child.out, POLLIN, 0};
       ::poll(&p, 1, 50);
@@ -307,39 +305,39 @@ int command_run(const experiment_graph& g, const role_registry& registry, run_mo
                 bool resume) {
   auto p = make_plan(g, mode, nodes, g.seed);
   if (!p)
-    return die(p.error().what);
+    return cmd_die(p.error().what);
   auto dir = out.empty() ? default_out_dir(g.name) : out;
   int64_t runs = 0;
   if (resume) {
     auto r = check_resume(g, mode, dir);
     if (!r)
-      return die(r.error().what);
+      return cmd_die(r.error().what);
     runs = r->first;
     if (auto st = keep_previous_results(dir, runs); !st)
-      return die(st.what());
+      return cmd_die(st.what());
     fmt::print("resuming run {} of '{}' in {} (the earlier results are in {}/run{}):\n  {}\n",
                runs + 1, g.name, dir, dir, runs, r->second);
   } else {
     std::error_code ec;
     if (std::filesystem::exists(dir + "/" + run_record, ec)
         || std::filesystem::exists(dir + "/experiment.yaml", ec))
-      return die(fmt::format("{} holds a run already: continue it with --resume {}, or choose "
-                             "another --out",
-                             dir, dir));
+      return cmd_die(fmt::format("{} holds a run already: continue it with --resume {}, or choose "
+                                 "another --out",
+                                 dir, dir));
   }
   std::string why;
   if (!make_dirs(dir, why))
-    return die(why);
+    return cmd_die(why);
   {
     nlohmann::json j{{"experiment", g.name}, {"kind", g.kind}, {"seed", g.seed},
                      {"mode", to_string(mode)}, {"runs", runs + 1},
-                     {"starling", STARLING_VERSION}};
+                     {"starling", starling_version}};
     std::ofstream{dir + "/" + run_record} << j.dump(2) << "\n";
   }
   if (!source_text.empty())
     std::ofstream{dir + "/experiment.yaml"} << source_text;
   fmt::print("starling {}: running '{}'{} in {} mode, seed {}, {} node{}; output in {}\n",
-             STARLING_VERSION, g.name, g.kind.empty() ? "" : fmt::format(" ({})", g.kind),
+             starling_version, g.name, g.kind.empty() ? "" : fmt::format(" ({})", g.kind),
              to_string(mode), g.seed, p->total_nodes(), p->total_nodes() == 1 ? "" : "s", dir);
   std::fflush(stdout);
   run_settings s;
@@ -372,10 +370,10 @@ int command_run(const experiment_graph& g, const role_registry& registry, run_mo
 int command_plan(const experiment_graph& g, const role_registry& registry, run_mode mode,
                  size_t nodes) {
   if (auto st = validate(g, registry, mode); !st)
-    return die(st.what());
+    return cmd_die(st.what());
   auto p = make_plan(g, mode, nodes, g.seed);
   if (!p)
-    return die(p.error().what);
+    return cmd_die(p.error().what);
   fmt::print("{}", describe(g, *p));
   return 0;
 }
@@ -394,12 +392,12 @@ void print_admission(const node& nd) {
 int command_node(const experiment_graph& g, const role_registry& registry,
                  const node_command& cmd) {
   if (cmd.count < 1 || (!cmd.volunteer && cmd.index >= cmd.count))
-    return die(fmt::format("--index {} must be below --nodes {}", cmd.index, cmd.count));
+    return cmd_die(fmt::format("--index {} must be below --nodes {}", cmd.index, cmd.count));
   if (cmd.volunteer && cmd.join.empty())
-    return die("a volunteer node (no --index) needs --join HOST:PORT of a node of the run");
+    return cmd_die("a volunteer node (no --index) needs --join HOST:PORT of a node of the run");
   auto p = make_plan(g, run_mode::cluster, cmd.count, g.seed);
   if (!p)
-    return die(p.error().what);
+    return cmd_die(p.error().what);
   std::vector<planned_fault> kills;
   for (auto& f : p->faults)
     if (!cmd.volunteer && f.what == planned_fault::action::kill_node && f.node == cmd.index)
@@ -414,7 +412,7 @@ int command_node(const experiment_graph& g, const role_registry& registry,
   auto out = cmd.out.empty() ? default_out_dir(g.name + "-" + name) : cmd.out;
   std::string why;
   if (!make_dirs(out, why))
-    return die(why);
+    return cmd_die(why);
   // Envelopes carry the experiment's name and this node's peer id; the key stays in the output
   // folder, so a restarted node (same folder) keeps its identity.
   no.experiment = g.name;
@@ -427,7 +425,7 @@ int command_node(const experiment_graph& g, const role_registry& registry,
   auto nd = node::start(g.caf, no, name,
                         [&registry](caf::actor_system_config& cfg) { registry.configure(cfg); });
   if (!nd)
-    return die(nd.error().what);
+    return cmd_die(nd.error().what);
   fmt::print("node {} listening on {} (peer id {})\n", name, (*nd)->endpoint(),
              actors::auth::to_hex((*nd)->peer_id()));
   print_admission(**nd);
@@ -479,18 +477,18 @@ int experiment_main(int argc, char** argv, const role_registry& registry,
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0)
       return app.exit(e);
-    return die(e.what());
+    return cmd_die(e.what());
   }
   auto mode = nodec->parsed() || (planc->parsed() && plan_cluster) ? run_mode::cluster
               : sim                                                ? run_mode::sim
                                                                    : run_mode::local;
   auto g = build(mode);
   if (!g)
-    return die(g.error().what);
+    return cmd_die(g.error().what);
   if (seed)
     g->seed = *seed;
   if (auto st = validate(*g, registry, mode); !st)
-    return die(st.what());
+    return cmd_die(st.what());
   if (planc->parsed())
     return command_plan(*g, registry, mode, nodes);
   if (nodec->parsed()) {
@@ -504,3 +502,4 @@ int experiment_main(int argc, char** argv, const role_registry& registry,
 }
 
 } // namespace starling::runtime
+

@@ -22,7 +22,7 @@ namespace starling::runtime {
 
 namespace {
 
-int die(const std::string& what) {
+int dht_die(const std::string& what) {
   return print_error(what);
 }
 
@@ -60,7 +60,7 @@ bool parse_ttl(const std::string& text, std::chrono::nanoseconds& out) {
     return false;
   auto n = std::stoll(text.substr(0, pos));
   auto unit = text.substr(pos);
-  using namespace std::chrono;
+  using std::chrono::hours, std::chrono::milliseconds, std::chrono::minutes, std::chrono::seconds;
   if (unit.empty() || unit == "s")
     out = seconds(n);
   else if (unit == "ms")
@@ -78,18 +78,18 @@ int cmd_dht_serve(const std::string& listen, const std::string& join) {
   caf_options caf_opts;
   node_options node_opts;
   if (auto ep = parse_endpoint(listen); !ep)
-    return die(fmt::format("--listen: {}", ep.error().what));
+    return dht_die(fmt::format("--listen: {}", ep.error().what));
   node_opts.listen = listen;
   if (!join.empty()) {
     auto ep = parse_endpoint(join);
     if (!ep || ep->second == 0)
-      return die(
+      return dht_die(
           fmt::format("--join: expected HOST:PORT with a port in [1, 65535], got \"{}\"", join));
   }
   install_shutdown_signals();
   auto n = node::start(caf_opts, node_opts, "dht");
   if (!n)
-    return die(n.error().what);
+    return dht_die(n.error().what);
   auto& nd = **n;
   actors::dht::dht_options opts;
   opts.address = nd.endpoint() + "/dht";
@@ -118,7 +118,7 @@ int cmd_dht_serve(const std::string& listen, const std::string& join) {
 int cmd_dht_get(const std::string& endpoint, const std::string& key) {
   auto c = connect_dht(endpoint);
   if (!c)
-    return die(c.error().what);
+    return dht_die(c.error().what);
   auto& [nd, dht] = *c;
   int code = 2;
   {
@@ -159,10 +159,11 @@ int cmd_dht_store(const std::string& endpoint, const std::string& key, const std
                   const std::string& subkey, const std::string& ttl) {
   std::chrono::nanoseconds d{};
   if (!parse_ttl(ttl, d))
-    return die(fmt::format("--ttl: expected a duration like 60s, 5m or 500ms, got \"{}\"", ttl));
+    return dht_die(
+        fmt::format("--ttl: expected a duration like 60s, 5m or 500ms, got \"{}\"", ttl));
   auto c = connect_dht(endpoint);
   if (!c)
-    return die(c.error().what);
+    return dht_die(c.error().what);
   auto& [nd, dht] = *c;
   int code = 2;
   {

@@ -274,7 +274,7 @@ caf::actor spawn_metric_sink(node_host& h, std::function<void(const metric_recor
 
 namespace {
 
-caf::timespan span(std::chrono::nanoseconds d) {
+caf::timespan to_span(std::chrono::nanoseconds d) {
   return std::chrono::duration_cast<caf::timespan>(d);
 }
 
@@ -289,7 +289,7 @@ caf::behavior fault_injector(caf::event_based_actor* self, node_host* h,
     auto at = p.faults[f].at;
     if (at < now)
       continue; // before this node (re)started
-    self->delayed_send(self, span(at - now), tick_atom::value, static_cast<uint64_t>(f));
+    self->delayed_send(self, to_span(at - now), tick_atom::value, static_cast<uint64_t>(f));
   }
   return {
     [=](tick_atom, uint64_t f) {
@@ -305,7 +305,7 @@ caf::behavior fault_injector(caf::event_based_actor* self, node_host* h,
         for (auto& [instance, child] : children)
           if (instance == fault.instance)
             self->send(supervisor, preempt_atom::value, static_cast<uint64_t>(child),
-                       span(fault.restart), fault.never);
+                       to_span(fault.restart), fault.never);
       } else if (node_fault) {
         e.labels["node"] = h->name();
         node_fault(fault);
@@ -336,10 +336,10 @@ node_share start_node_share(node_host& h, const role_registry& registry, int inc
       continue; // validated before: a registry without the type never gets here
     actors::supervisor::child_spec c;
     c.name = inst.name;
-    c.restart_delay = span(role.restart.delay);
+    c.restart_delay = to_span(role.restart.delay);
     c.supervised = role.restart.supervised;
-    c.start_after = inst.start > now ? span(inst.start - now) : caf::timespan{0};
-    c.leave_after = inst.leave ? span(*inst.leave - now) : caf::timespan{-1};
+    c.start_after = inst.start > now ? to_span(inst.start - now) : caf::timespan{0};
+    c.leave_after = inst.leave ? to_span(*inst.leave - now) : caf::timespan{-1};
     // After a node restart every instance comes back as a later generation: it downloads its
     // state like any respawned instance, and its generation-stamped names stay unique.
     c.first_generation = incarnation * 1000;

@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "kernels/seeded_hash.hpp"
 #include "kernels/stable_hash.hpp"
 
 namespace starling::runtime {
@@ -18,14 +19,6 @@ using std::chrono::nanoseconds;
 /// A stable 64-bit hash of text: role names enter seeds, and std::hash may differ between builds.
 uint64_t text_hash(const std::string& s) {
   return kernels::stable_hash(s);
-}
-
-uint64_t mix(uint64_t x) {
-  // splitmix64's finalizer: neighbouring inputs give unrelated outputs.
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
 }
 
 double seconds(nanoseconds d) {
@@ -55,8 +48,9 @@ struct placer {
 } // namespace
 
 uint64_t instance_seed(uint64_t seed, const std::string& role, size_t index, int generation) {
-  return mix(mix(seed ^ text_hash(role)) + index * 0x100000001b3ULL
-             + static_cast<uint64_t>(generation) * 0x9e3779b97f4a7c15ULL);
+  using kernels::splitmix64_mix;
+  return splitmix64_mix(splitmix64_mix(seed ^ text_hash(role)) + index * 0x100000001b3ULL
+                        + static_cast<uint64_t>(generation) * kernels::splitmix64_gamma);
 }
 
 const char* to_string(planned_fault::action a) {
@@ -322,7 +316,7 @@ result<plan> make_plan(const experiment_graph& g, run_mode mode, size_t nodes, u
   const nanoseconds default_node_restart = std::chrono::seconds(5);
   for (size_t k = 0; k < g.faults.size(); ++k) {
     auto& f = g.faults[k];
-    std::mt19937_64 rng{mix(seed ^ mix(0xfa017ULL + k))};
+    std::mt19937_64 rng{kernels::splitmix64_mix(seed ^ kernels::splitmix64_mix(0xfa017ULL + k))};
     auto end = f.until ? *f.until : g.duration;
     planned_fault a;
     a.origin = k;

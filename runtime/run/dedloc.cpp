@@ -37,7 +37,7 @@ namespace {
 using std::chrono::nanoseconds;
 namespace dp = actors::dp_peer;
 
-double secs(nanoseconds d) {
+double dedloc_secs(nanoseconds d) {
   return std::chrono::duration<double>(d).count();
 }
 
@@ -184,9 +184,9 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
   auto& c = po.collab;
   c.mode = mode;
   c.progress.target_batch = o.target_batch;
-  c.progress.record_lifetime = secs(o.record_lifetime);
-  c.progress.max_refresh = std::min(30.0, secs(o.record_lifetime) / 2);
-  c.round_timeout = secs(o.round_timeout);
+  c.progress.record_lifetime = dedloc_secs(o.record_lifetime);
+  c.progress.max_refresh = std::min(30.0, dedloc_secs(o.record_lifetime) / 2);
+  c.round_timeout = dedloc_secs(o.round_timeout);
   c.average_state_every = o.average_state_every;
   c.resync_after_lone_step = o.resync_after_lone_step;
   c.resync_by_download = o.resync_by_download;
@@ -458,7 +458,7 @@ private:
       return failed(fmt::format("{}/export.json: cannot write", dir));
     auto n = files.size();
     // Wall time of the whole export: the state's download, the evaluations, the files.
-    auto ms = 1e3 * secs(std::chrono::steady_clock::now() - began);
+    auto ms = 1e3 * dedloc_secs(std::chrono::steady_clock::now() - began);
     auto written_files = fmt::format("{} file{} in {}", n, n == 1 ? "" : "s", dir);
     if (after)
       fmt::print("  {:<34} {} (export.json: held-out loss {:.6f}, step {}; {:.0f} ms)\n", "export",
@@ -706,7 +706,7 @@ void add_churn(experiment_graph& g, const std::string& role, size_t replicas, do
   // Joins scheduled but not yet arrived, by time: they arrive in time order, so indices follow.
   std::vector<std::pair<double, size_t>> arriving;
   double t = 0;
-  auto end = secs(g.duration);
+  auto end = dedloc_secs(g.duration);
   while (true) {
     auto rate = per_minute * static_cast<double>(std::max<size_t>(live.size(), 1)) / 60.0;
     t += std::exponential_distribution<double>{rate}(rng);
@@ -740,7 +740,7 @@ void add_churn(experiment_graph& g, const std::string& role, size_t replicas, do
       join.at = join_at;
       join.count = 1;
       g.events.push_back(join);
-      arriving.emplace_back(secs(join_at), next_index++);
+      arriving.emplace_back(dedloc_secs(join_at), next_index++);
     }
   }
 }

@@ -42,7 +42,7 @@ caf::timespan span(nanoseconds d) {
 }
 
 /// The trainers' data source, made once per process on first use (trainers share it).
-struct data_cache {
+struct swarm_data_cache {
   std::mutex mtx;
   std::shared_ptr<const kernels::data_source> source;
   /// Why it could not be made (reported once per trainer that needed it).
@@ -51,7 +51,7 @@ struct data_cache {
 
 /// The graph's data source through the registry, its windows the model's context; in simulation
 /// (modeled compute reads no text) a small synthetic text keeps the trainers' batches cheap.
-std::shared_ptr<const kernels::data_source> data_for(data_cache& cache,
+std::shared_ptr<const kernels::data_source> data_for(swarm_data_cache& cache,
                                                      const graph::swarm_graph& g, bool modeled) {
   std::lock_guard<std::mutex> guard{cache.mtx};
   if (cache.source || !cache.error.empty())
@@ -356,7 +356,7 @@ caf::behavior progress_store(caf::event_based_actor* self, std::string dir) {
 }
 
 caf::actor spawn_trainer(role_context& ctx, const swarm_role_options& o,
-                         const std::shared_ptr<data_cache>& cache) {
+                         const std::shared_ptr<swarm_data_cache>& cache) {
   auto& s = *o.setup;
   auto& g = s.graph;
   auto data = data_for(*cache, g, s.modeled);
@@ -684,7 +684,7 @@ caf::actor swarm_board(host& h, const swarm_setup& s) {
 }
 
 void add_swarm(role_registry& reg) {
-  auto cache = std::make_shared<data_cache>();
+  auto cache = std::make_shared<swarm_data_cache>();
   auto describe = [](const swarm_role_options& o) {
     auto& g = o.setup->graph;
     return fmt::format("{}, {} stages, {} backend", g.describe_model(), g.stages.size(),

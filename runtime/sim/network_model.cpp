@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/seeded_hash.hpp"
+
 namespace starling::runtime::sim {
 
 network_model::network_model(link_options defaults, uint64_t seed)
@@ -28,12 +30,9 @@ int64_t network_model::latency_ns(int from, int to) const {
   if (latency_lo_ns_ < 0 || links_.count({from, to}) > 0)
     return link(from, to).latency.count();
   // splitmix64 of (seed, min, max): a stable per-link draw that needs no table.
-  auto x = seed_ ^ (static_cast<uint64_t>(std::min(from, to)) << 32) ^
-           static_cast<uint64_t>(static_cast<uint32_t>(std::max(from, to)));
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  x ^= x >> 31;
+  auto key = seed_ ^ (static_cast<uint64_t>(std::min(from, to)) << 32) ^
+             static_cast<uint64_t>(static_cast<uint32_t>(std::max(from, to)));
+  auto x = kernels::splitmix64_mix(key);
   auto span = static_cast<uint64_t>(latency_hi_ns_ - latency_lo_ns_) + 1;
   return latency_lo_ns_ + static_cast<int64_t>(x % span);
 }

@@ -10,6 +10,8 @@
 
 #include "support/subprocess.hpp"
 
+namespace starling::test::examples_gossip_test {
+
 using starling::testing::subprocess;
 using namespace std::chrono_literals;
 
@@ -73,3 +75,5 @@ TEST_CASE("the gossip example converges as a 4-process cluster") {
     CHECK(n->wait_exit(60s) == 0);
   std::filesystem::remove_all(dir);
 }
+
+} // namespace starling::test::examples_gossip_test

@@ -3,6 +3,8 @@
 
 #include <doctest/doctest.h>
 
+namespace starling::test::kernels_flat_test {
+
 using namespace starling::kernels;
 
 TEST_CASE("parameters flatten to one fp32 vector and back") {
@@ -42,3 +44,5 @@ TEST_CASE("gradients flatten with absent ones as zeros and load back") {
   REQUIRE(unflatten_gradients(2 * values, params).ok()); // overwrites existing gradients
   CHECK(torch::equal(flatten_gradients(params), 2 * values));
 }
+
+} // namespace starling::test::kernels_flat_test

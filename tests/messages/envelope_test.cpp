@@ -14,6 +14,8 @@
 #include "messages/wire.hpp"
 #include "messages/wire_context.hpp"
 
+namespace starling::test::messages_envelope_test {
+
 using namespace starling;
 using namespace starling::messages;
 
@@ -336,3 +338,5 @@ TEST_CASE("signed envelopes: a member cannot speak for another, a changed byte i
   CHECK(got.seq == 6);
   CHECK_FALSE(decode<ping_msg>(nullptr, encode(a.get(), ping_msg{7, "node-a"}), got));
 }
+
+} // namespace starling::test::messages_envelope_test

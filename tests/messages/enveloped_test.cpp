@@ -19,6 +19,8 @@
 #include "messages/vi.hpp"
 #include "messages/wire_context.hpp"
 
+namespace starling::test::messages_enveloped_test {
+
 using namespace starling;
 using namespace starling::messages;
 
@@ -415,3 +417,5 @@ TEST_CASE("signed envelopes under CAF's serializers: the sender's key verifies, 
   CHECK(cfg_b.wire->refused(wire_reason::signature) == 1);
   CHECK(cfg_b.wire->admitted() == 1);
 }
+
+} // namespace starling::test::messages_enveloped_test

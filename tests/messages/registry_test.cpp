@@ -4,6 +4,8 @@
 
 #include "messages/registry.hpp"
 
+namespace starling::test::messages_registry_test {
+
 namespace {
 
 /// A config with starling's types registered (no scheduler needed for serialization).
@@ -45,3 +47,5 @@ TEST_CASE("every registered message type round-trips through CAF's binary serial
   }
   CHECK(checked >= 2);
 }
+
+} // namespace starling::test::messages_registry_test

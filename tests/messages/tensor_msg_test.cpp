@@ -14,6 +14,8 @@
 #include "messages/envelope.hpp"
 #include "messages/wire.hpp"
 
+namespace starling::test::messages_tensor_msg_test {
+
 using namespace starling;
 using namespace starling::messages;
 using kernels::codec_id;
@@ -376,3 +378,5 @@ TEST_CASE("an envelope carries a tensor or a ping and checks its version") {
   REQUIRE(old);
   CHECK(old->why == wire_reason::version);
 }
+
+} // namespace starling::test::messages_tensor_msg_test

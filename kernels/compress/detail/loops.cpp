@@ -334,3 +334,5 @@ STARLING_VECTORIZE void from_bf16(const uint16_t* __restrict in, float* __restri
 }
 
 } // namespace starling::kernels::detail
+
+#undef STARLING_VECTORIZE

@@ -11,6 +11,8 @@
 #include "messages/wire.hpp"
 #include "messages/wire_context.hpp"
 
+namespace starling::test::actors_admission_test {
+
 using namespace starling;
 using namespace starling::actors::auth;
 
@@ -200,3 +202,5 @@ TEST_CASE("an envelope from a sender the node has not admitted is refused as una
   CHECK_FALSE(send());
   CHECK(at_b.admitted() == 1);
 }
+
+} // namespace starling::test::actors_admission_test

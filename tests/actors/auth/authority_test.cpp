@@ -10,6 +10,8 @@
 #include "actors/auth/certificates.hpp"
 #include "tests/support/node_fixtures.hpp"
 
+namespace starling::test::actors_authority_test {
+
 using namespace starling::actors::auth;
 
 namespace {
@@ -88,3 +90,5 @@ TEST_CASE("a mixed-up or missing authority folder is refused with the file it co
   CHECK(mixed.error().what.find("ca.crt") != std::string::npos);
   CHECK_FALSE(load_authority(dir.path + "/nothing").ok());
 }
+
+} // namespace starling::test::actors_authority_test

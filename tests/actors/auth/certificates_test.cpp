@@ -11,6 +11,8 @@
 
 #include "actors/auth/certificates.hpp"
 
+namespace starling::test::actors_certificates_test {
+
 using namespace starling::actors::auth;
 
 namespace {
@@ -135,3 +137,5 @@ TEST_CASE("TLS 1.2 with caf_openssl's settings admits members and refuses outsid
   auto expired = make_member(authority, 4, now - 7200 * sec, now - 3600 * sec);
   CHECK_FALSE(handshake(expired, ca, b, ca));
 }
+
+} // namespace starling::test::actors_certificates_test

@@ -2,6 +2,8 @@
 
 #include "actors/auth/deny_list.hpp"
 
+namespace starling::test::actors_deny_list_test {
+
 using namespace starling::actors::auth;
 
 namespace {
@@ -64,3 +66,5 @@ TEST_CASE("deny entries out of range are neither signed nor accepted") {
   CHECK_FALSE(encode_deny_list(bad, authority).ok());
   CHECK(decode_deny_list("nonsense").error().why == reason::malformed);
 }
+
+} // namespace starling::test::actors_deny_list_test

@@ -4,6 +4,8 @@
 
 #include "actors/auth/gatekeeper.hpp"
 
+namespace starling::test::actors_gatekeeper_test {
+
 using namespace starling::actors::auth;
 
 namespace {
@@ -251,3 +253,5 @@ TEST_CASE("the same random source gives the same challenges (simulations replay)
   a.gk.close(2);
   CHECK(a.gk.open_connections() == 2);
 }
+
+} // namespace starling::test::actors_gatekeeper_test

@@ -13,6 +13,8 @@
 #include "actors/dht/signing.hpp"
 #include "tests/support/node_fixtures.hpp"
 
+namespace starling::test::actors_identity_test {
+
 using namespace starling::actors::auth;
 
 namespace {
@@ -172,3 +174,5 @@ TEST_CASE("hex round-trips and rejects odd lengths and non-hex characters") {
   CHECK_FALSE(from_hex("abc").ok());
   CHECK_FALSE(from_hex("zz").ok());
 }
+
+} // namespace starling::test::actors_identity_test

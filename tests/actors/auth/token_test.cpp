@@ -4,6 +4,8 @@
 
 #include "actors/auth/token.hpp"
 
+namespace starling::test::actors_token_test {
+
 using namespace starling::actors::auth;
 
 namespace {
@@ -160,3 +162,5 @@ TEST_CASE("a token file holds the token in one base64url line and tolerates what
   CHECK_FALSE(parse_token_file("starling-token-v2 AAAA\n", "f").ok());
   CHECK_FALSE(parse_token_file(text.substr(0, text.size() - 1), "f").ok());
 }
+
+} // namespace starling::test::actors_token_test

@@ -22,6 +22,8 @@
 #include "runtime/node/node.hpp"
 #include "tests/support/closed_run.hpp"
 
+namespace starling::test::actors_averager_links_test {
+
 using namespace starling;
 using namespace starling::actors::averager;
 using namespace std::chrono_literals;
@@ -268,3 +270,5 @@ TEST_CASE("averagers on three nodes of a closed run with TLS average over sealed
       CHECK((res.tensors[0].tensor - mean).abs().max().item<double>() < 1e-6);
   }
 }
+
+} // namespace starling::test::actors_averager_links_test

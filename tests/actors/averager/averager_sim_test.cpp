@@ -21,6 +21,8 @@
 #include "messages/averager.hpp"
 #include "runtime/sim/world.hpp"
 
+namespace starling::test::actors_averager_sim_test {
+
 using namespace starling;
 using namespace starling::actors::averager;
 using namespace std::chrono_literals;
@@ -425,3 +427,5 @@ TEST_CASE("in place, the result is written into the request's vector, and otherw
   CHECK(torch::equal(x2[0], before[2][0]));
   CHECK(calls[2]->result.tensors[0].tensor.data_ptr() != x2[0].data_ptr());
 }
+
+} // namespace starling::test::actors_averager_sim_test

@@ -7,6 +7,8 @@
 
 #include <torch/torch.h>
 
+namespace starling::test::actors_butterfly_test {
+
 using namespace starling::actors::averager;
 
 namespace {
@@ -311,3 +313,5 @@ TEST_CASE("a part reducer tells a resent chunk from a new one") {
   auto expect = torch::cat({torch::full({4}, 3.0f), torch::full({4}, 4.0f)});
   CHECK(torch::equal(out->values, expect));
 }
+
+} // namespace starling::test::actors_butterfly_test

@@ -5,6 +5,8 @@
 
 #include <cmath>
 
+namespace starling::test::actors_chunk_test {
+
 using namespace starling::actors::averager;
 
 namespace {
@@ -67,3 +69,5 @@ TEST_CASE("chunk meta round trips, truncated, padded and out-of-range metas are 
   wordy.error.assign(chunk_max_error_bytes + 1, 'x');
   CHECK_FALSE(encode_chunk_meta(wordy));
 }
+
+} // namespace starling::test::actors_chunk_test

@@ -9,6 +9,8 @@
 
 #include <torch/torch.h>
 
+namespace starling::test::actors_codec_choice_test {
+
 using namespace starling;
 using namespace starling::actors::averager;
 using kernels::codec_id;
@@ -203,3 +205,5 @@ TEST_CASE("codec choice: same-host links take the uncompressed codec without exp
   c.set_links_local(false);
   CHECK(c.choose(n, 4) == codec_id::blockwise8);
 }
+
+} // namespace starling::test::actors_codec_choice_test

@@ -6,6 +6,8 @@
 #include <numeric>
 #include <random>
 
+namespace starling::test::actors_load_balance_test {
+
 using namespace starling::actors::averager;
 
 namespace {
@@ -151,3 +153,5 @@ TEST_CASE("fuzz: sizes are non-negative, sum to the vector, respect the minimum,
   CHECK(errors < 10); // most trials have a server; the error branch is still exercised below
   CHECK_FALSE(balance_parts(std::vector<double>(256, 0.0), 100, 1).ok());
 }
+
+} // namespace starling::test::actors_load_balance_test

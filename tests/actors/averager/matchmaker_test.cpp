@@ -12,6 +12,8 @@
 #include <queue>
 #include <random>
 
+namespace starling::test::actors_matchmaker_test {
+
 using namespace starling;
 using namespace starling::actors::averager;
 using namespace std::chrono_literals;
@@ -522,3 +524,5 @@ TEST_CASE("announcements round trip, malformed ones are refused") {
   CHECK_FALSE(decode_announcement(text("v1 1 0"), bw, aux, numel));
   CHECK_FALSE(decode_announcement(std::vector<char>(200, '1'), bw, aux, numel));
 }
+
+} // namespace starling::test::actors_matchmaker_test

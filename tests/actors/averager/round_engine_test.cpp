@@ -19,6 +19,8 @@
 
 #include "kernels/compress/codec.hpp"
 
+namespace starling::test::actors_round_engine_test {
+
 using namespace starling;
 using namespace starling::actors::averager;
 
@@ -798,3 +800,5 @@ TEST_CASE("round engine BTARD hooks: part digests agree between sender and recei
         CHECK(net[i].digests.sent[j] != net[j].digests.sent[i]);
     }
 }
+
+} // namespace starling::test::actors_round_engine_test

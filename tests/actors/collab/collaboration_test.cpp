@@ -13,6 +13,8 @@
 #include "kernels/flat.hpp"
 #include "kernels/models/mlp.hpp"
 
+namespace starling::test::actors_collaboration_test {
+
 using namespace starling::actors::collab;
 using namespace starling::kernels;
 
@@ -284,3 +286,5 @@ TEST_CASE("a collaboration of peers with different speeds, a newcomer and a leav
     CHECK(diff <= 1e-6);
   }
 }
+
+} // namespace starling::test::actors_collaboration_test

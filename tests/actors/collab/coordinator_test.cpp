@@ -4,6 +4,8 @@
 
 #include <random>
 
+namespace starling::test::actors_coordinator_test {
+
 using namespace starling::actors::collab;
 
 namespace {
@@ -1009,3 +1011,5 @@ TEST_CASE("after a round without own samples fails, no new round at that step re
     CHECK(started);
   }
 }
+
+} // namespace starling::test::actors_coordinator_test

@@ -8,6 +8,8 @@
 #include "kernels/flat.hpp"
 #include "kernels/models/stage_module.hpp"
 
+namespace starling::test::actors_diloco_test {
+
 using namespace starling::actors::collab;
 using namespace starling::kernels;
 
@@ -255,3 +257,5 @@ TEST_CASE("a malformed wire tensor is refused, never a crash") {
   CHECK(torch::equal(flatten_parameters(params), before));
   CHECK(peer.outer_steps() == 0);
 }
+
+} // namespace starling::test::actors_diloco_test

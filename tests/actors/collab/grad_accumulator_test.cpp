@@ -9,6 +9,8 @@
 #include "kernels/flat.hpp"
 #include "kernels/models/mlp.hpp"
 
+namespace starling::test::actors_grad_accumulator_test {
+
 using namespace starling::actors::collab;
 using namespace starling::kernels;
 
@@ -280,3 +282,5 @@ TEST_CASE("averaging two peers' state vectors gives the mean parameters and mome
   CHECK(a.export_state()->optimizer.steps == std::vector<uint64_t>(a.params().size(), 1));
   CHECK_FALSE(a.load_state_vector(torch::zeros({7})).ok());
 }
+
+} // namespace starling::test::actors_grad_accumulator_test

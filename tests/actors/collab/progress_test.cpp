@@ -6,6 +6,8 @@
 #include <limits>
 #include <random>
 
+namespace starling::test::actors_progress_test {
+
 using namespace starling::actors::collab;
 
 namespace {
@@ -363,3 +365,5 @@ TEST_CASE("a presumption carried over steps lives as long as the newer record th
   CHECK(t.estimate(1, 0, 0, 30.5).peers == 2);
   CHECK(t.estimate(1, 0, 0, 30.95).peers == 1);
 }
+
+} // namespace starling::test::actors_progress_test

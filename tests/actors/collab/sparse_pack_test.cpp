@@ -5,6 +5,8 @@
 #include <cstring>
 #include <random>
 
+namespace starling::test::actors_sparse_pack_test {
+
 using namespace starling::actors::collab;
 using namespace starling::kernels;
 
@@ -139,3 +141,5 @@ TEST_CASE("malformed packed top-k is refused, never a crash") {
   std::memcpy(unordered.data() + 4, &second, 4);
   CHECK_FALSE(pack_payload(h, unordered.data(), unordered.size()).ok());
 }
+
+} // namespace starling::test::actors_sparse_pack_test

@@ -9,6 +9,8 @@
 #include "actors/dht/routing_table.hpp"
 #include "actors/dht/signing.hpp"
 
+namespace starling::test::actors_core_test {
+
 using namespace starling::actors::dht;
 using starling::messages::dht_record;
 
@@ -253,3 +255,5 @@ TEST_CASE("the lookup keeps alpha requests in flight and converges on the k clos
   CHECK(l.hops() >= 2);
   CHECK(l.next().empty());
 }
+
+} // namespace starling::test::actors_core_test

@@ -7,6 +7,8 @@
 
 #include "support/subprocess.hpp"
 
+namespace starling::test::actors_dht_process_test {
+
 using starling::testing::subprocess;
 using namespace std::chrono_literals;
 
@@ -55,3 +57,5 @@ TEST_CASE("8 dht processes on loopback: a value stored through one is read throu
     CHECK(n->wait_exit(30s) == 0);
   }
 }
+
+} // namespace starling::test::actors_dht_process_test

@@ -12,6 +12,8 @@
 #include "messages/envelope.capnp.h"
 #include "runtime/sim/world.hpp"
 
+namespace starling::test::actors_dht_sim_test {
+
 using namespace starling;
 using namespace starling::actors::dht;
 using namespace std::chrono_literals;
@@ -418,3 +420,5 @@ TEST_CASE("a typed value (a Cap'n Proto struct) is stored, found and decoded, ga
   CHECK_FALSE(bad.ok());
   CHECK(!bad.what().empty());
 }
+
+} // namespace starling::test::actors_dht_sim_test

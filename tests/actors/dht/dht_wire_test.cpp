@@ -14,6 +14,8 @@
 #include "runtime/node/node.hpp"
 #include "tests/support/node_fixtures.hpp"
 
+namespace starling::test::actors_dht_wire_test {
+
 using namespace starling;
 using namespace starling::runtime;
 using namespace std::chrono_literals;
@@ -71,3 +73,5 @@ TEST_CASE("a node of another experiment is refused before its dht put, with the 
   CHECK_FALSE(found("intruder"));
   CHECK_FALSE(found(""));
 }
+
+} // namespace starling::test::actors_dht_wire_test

@@ -29,6 +29,8 @@
 #include "runtime/run/kinds.hpp"
 #include "runtime/sim/world.hpp"
 
+namespace starling::test::actors_dp_peer_test {
+
 using namespace starling;
 using namespace starling::runtime;
 using namespace std::chrono_literals;
@@ -972,3 +974,5 @@ TEST_CASE("after a lone step the peers average their state and end together agai
   REQUIRE(pairs_fast >= 1);
   CHECK(d_fast < bound);
 }
+
+} // namespace starling::test::actors_dp_peer_test

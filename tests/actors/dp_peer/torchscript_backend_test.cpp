@@ -10,6 +10,8 @@
 #include "kernels/models/torchscript.hpp"
 #include "support/python_fixtures.hpp"
 
+namespace starling::test::actors_torchscript_backend_test {
+
 namespace dp = starling::actors::dp_peer;
 namespace kernels = starling::kernels;
 
@@ -144,3 +146,5 @@ TEST_CASE("a data-parallel peer trains a scripted CNN on images given as flat ro
   REQUIRE_FALSE(refused.ok());
   CHECK(refused.error().what.find("cnn.pt") != std::string::npos);
 }
+
+} // namespace starling::test::actors_torchscript_backend_test

@@ -11,6 +11,8 @@
 #include "actors/stage/state_parts.hpp"
 #include "support/node_fixtures.hpp"
 
+namespace starling::test::actors_checkpoint_test {
+
 using namespace starling;
 using namespace starling::actors::stage;
 
@@ -139,3 +141,5 @@ TEST_CASE("a peer keeps only its own newest checkpoints") {
     }
   CHECK(mine == 2);
 }
+
+} // namespace starling::test::actors_checkpoint_test

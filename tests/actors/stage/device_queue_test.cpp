@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+namespace starling::test::actors_device_queue_test {
+
 using starling::actors::stage::device_queue;
 using namespace std::chrono_literals;
 
@@ -108,3 +110,5 @@ TEST_CASE("real compute on a virtual clock costs only the emulated slowdown, in 
   f.push(1, t0, t0 + 500ms, 0.25, 0.5);
   CHECK(start(f) == doctest::Approx(0.5));
 }
+
+} // namespace starling::test::actors_device_queue_test

@@ -17,6 +17,8 @@
 #include "runtime/sim/world.hpp"
 #include "support/swarm_fixtures.hpp"
 
+namespace starling::test::actors_dht_board_rebalance_test {
+
 using namespace starling;
 using namespace std::chrono_literals;
 using actors::stage::stage_load;
@@ -196,3 +198,5 @@ TEST_CASE("DHT boards grant one migration out of a stage per period, also to cla
   CHECK(claim_at_once(t, {0}, 7, period) == std::vector<bool>{false});
   CHECK(claim_at_once(t, {0}, 2, caf::timespan{0}) == std::vector<bool>{false});
 }
+
+} // namespace starling::test::actors_dht_board_rebalance_test

@@ -18,6 +18,8 @@
 #include "support/node_fixtures.hpp"
 #include "support/swarm_fixtures.hpp"
 
+namespace starling::test::actors_replica_keeper_test {
+
 using namespace starling;
 using namespace std::chrono_literals;
 using actors::stage::replica_keepers_of;
@@ -170,3 +172,5 @@ TEST_CASE("a stage whose only peer and its disk are lost resumes from the replic
   (void)s0;
   (void)s1;
 }
+
+} // namespace starling::test::actors_replica_keeper_test

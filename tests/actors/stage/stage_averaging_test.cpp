@@ -20,6 +20,8 @@
 #include "runtime/sim/world.hpp"
 #include "support/swarm_fixtures.hpp"
 
+namespace starling::test::actors_stage_averaging_test {
+
 using namespace starling;
 using namespace std::chrono_literals;
 
@@ -418,3 +420,5 @@ TEST_CASE("three stage peers follow the collaborative optimizer's core: signed p
   }
   CHECK(records == 3);
 }
+
+} // namespace starling::test::actors_stage_averaging_test

@@ -24,6 +24,8 @@
 #include "runtime/sim/world.hpp"
 #include "support/swarm_fixtures.hpp"
 
+namespace starling::test::actors_stage_backend_test {
+
 using namespace starling;
 using namespace std::chrono_literals;
 
@@ -377,3 +379,5 @@ TEST_CASE("gossip views only the partner it draws: one handle per exchange, neve
   // Proxies only for partners drawn: at most one per (peer, other peer) pair.
   CHECK(w.proxies_made() <= 3 * 2);
 }
+
+} // namespace starling::test::actors_stage_backend_test

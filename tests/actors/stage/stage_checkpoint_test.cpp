@@ -19,6 +19,8 @@
 #include "support/node_fixtures.hpp"
 #include "support/swarm_fixtures.hpp"
 
+namespace starling::test::actors_stage_checkpoint_test {
+
 using namespace starling;
 using namespace std::chrono_literals;
 
@@ -289,3 +291,5 @@ TEST_CASE("a stage peer stopped on purpose saves the gradient it had accumulated
   auto c = accumulating_peer(bw, "s1p0g2", dir, true);
   CHECK(checkpoint_status(bw.w, bw.n, c).counters[6] == 0);
 }
+
+} // namespace starling::test::actors_stage_checkpoint_test

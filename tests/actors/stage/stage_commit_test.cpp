@@ -14,6 +14,8 @@
 #include "runtime/sim/world.hpp"
 #include "support/swarm_fixtures.hpp"
 
+namespace starling::test::actors_stage_commit_test {
+
 using namespace starling;
 using namespace std::chrono_literals;
 
@@ -182,3 +184,5 @@ TEST_CASE("a stage peer leaving its stage serves its queue, refuses new work, an
   CHECK(*replies == 3);
   CHECK(**down == caf::make_error(caf::exit_reason::user_shutdown));
 }
+
+} // namespace starling::test::actors_stage_commit_test

@@ -5,6 +5,8 @@
 
 #include "actors/stage/state_parts.hpp"
 
+namespace starling::test::actors_state_parts_test {
+
 using namespace starling;
 using actors::stage::assemble_state;
 using actors::stage::cut_state_part;
@@ -175,3 +177,5 @@ TEST_CASE("parts of different states, missing, repeated or tampered parts are re
     CHECK(!assemble_state({}).ok());
   }
 }
+
+} // namespace starling::test::actors_state_parts_test

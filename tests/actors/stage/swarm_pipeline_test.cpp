@@ -16,6 +16,8 @@
 #include "runtime/sim/world.hpp"
 #include "support/swarm_fixtures.hpp"
 
+namespace starling::test::actors_swarm_pipeline_test {
+
 using namespace starling;
 using namespace std::chrono_literals;
 
@@ -402,3 +404,5 @@ TEST_CASE("admission of later forwards: with forward_backlog_s a forward to stag
   CHECK(held.largest < 0.8 * open.largest);
   CHECK(held.half_done_s < open.half_done_s);
 }
+
+} // namespace starling::test::actors_swarm_pipeline_test

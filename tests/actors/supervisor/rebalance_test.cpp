@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <random>
 
+namespace starling::test::actors_rebalance_test {
+
 using namespace starling::actors::supervisor;
 
 namespace {
@@ -234,3 +236,5 @@ TEST_CASE("a large imbalance lets several peers leave a stage in one period, nev
   CHECK(moves_allowed(s, 0, 0) == 1);
   CHECK(moves_allowed(s, 0, 7) == 1);
 }
+
+} // namespace starling::test::actors_rebalance_test

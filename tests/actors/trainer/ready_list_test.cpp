@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+namespace starling::test::actors_ready_list_test {
+
 using namespace starling::actors::trainer;
 
 namespace {
@@ -105,3 +107,5 @@ TEST_CASE("the ready list follows a set of (load, name) pairs through random cha
     REQUIRE(keys(r) == std::vector<std::pair<double, std::string>>(want.begin(), want.end()));
   }
 }
+
+} // namespace starling::test::actors_ready_list_test

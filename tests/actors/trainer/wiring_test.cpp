@@ -6,6 +6,8 @@
 #include <map>
 #include <random>
 
+namespace starling::test::actors_wiring_test {
+
 using namespace starling::actors::trainer;
 
 TEST_CASE("the bias-corrected average equals the first sample and tracks later ones") {
@@ -189,3 +191,5 @@ TEST_CASE("sample gives distinct candidates: the due peer first, others by throu
   wiring_policy empty(1);
   CHECK(empty.sample(0, 0.0, 2).empty());
 }
+
+} // namespace starling::test::actors_wiring_test

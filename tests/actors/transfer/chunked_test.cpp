@@ -13,6 +13,8 @@
 #include "messages/registry.hpp"
 #include "messages/tensor_msg.hpp"
 
+namespace starling::test::actors_chunked_test {
+
 using namespace starling;
 using namespace starling::actors::transfer;
 using starling::messages::tensor_msg;
@@ -106,3 +108,5 @@ TEST_CASE("a receiver refuses a transfer above its limit and the sender reports 
   CHECK(caf::to_string(out.reply.error()).find("refused") != std::string::npos);
   CHECK_FALSE(out.delivered);
 }
+
+} // namespace starling::test::actors_chunked_test

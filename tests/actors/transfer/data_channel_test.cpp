@@ -27,6 +27,8 @@
 #include "messages/tensor_msg.hpp"
 #include "support/raw_socket.hpp"
 
+namespace starling::test::actors_data_channel_test {
+
 using namespace starling;
 using namespace starling::actors::transfer;
 using kernels::codec_id;
@@ -487,3 +489,5 @@ TEST_CASE("without a data endpoint the sender falls back to BASP chunks and says
     caf::anon_send_exit(gone, caf::exit_reason::user_shutdown);
   }
 }
+
+} // namespace starling::test::actors_data_channel_test

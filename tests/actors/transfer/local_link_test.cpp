@@ -26,6 +26,8 @@
 #include "support/channel_collector.hpp"
 #include "support/raw_socket.hpp"
 
+namespace starling::test::actors_local_link_test {
+
 using namespace starling;
 using namespace starling::actors::transfer;
 using namespace std::chrono_literals;
@@ -428,3 +430,5 @@ TEST_CASE("local link: ring positions: the writer waits for room while payloads 
   (*ring)->tail().store(cap * 5);
   CHECK_FALSE(wr.reserve(64, 1s, 1s));
 }
+
+} // namespace starling::test::actors_local_link_test

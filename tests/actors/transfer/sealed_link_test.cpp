@@ -28,6 +28,8 @@
 #include "support/channel_collector.hpp"
 #include "support/raw_socket.hpp"
 
+namespace starling::test::actors_sealed_link_test {
+
 using namespace starling;
 using namespace starling::actors::transfer;
 using namespace std::chrono_literals;
@@ -528,3 +530,5 @@ TEST_CASE("sealed link: a tampered, replayed or malformed record closes the link
   CHECK(b.t->delivered() == 2);
   CHECK(b.t->last_error().find("record") != std::string::npos);
 }
+
+} // namespace starling::test::actors_sealed_link_test

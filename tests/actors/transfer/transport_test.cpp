@@ -21,6 +21,8 @@
 #include "support/channel_collector.hpp"
 #include "support/raw_socket.hpp"
 
+namespace starling::test::actors_transport_test {
+
 using namespace starling;
 using namespace starling::actors::transfer;
 using namespace std::chrono_literals;
@@ -434,3 +436,5 @@ TEST_CASE("transport: TCP links take the congestion control asked for, a name th
   }
   (*dflt)->stop();
 }
+
+} // namespace starling::test::actors_transport_test

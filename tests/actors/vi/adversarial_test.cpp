@@ -9,6 +9,8 @@
 #include "actors/vi/adversarial.hpp"
 #include "actors/vi/masha.hpp"
 
+namespace starling::test::actors_adversarial_test {
+
 using namespace starling;
 using namespace starling::actors::vi;
 
@@ -176,3 +178,5 @@ TEST_CASE("a short extragradient run improves adversarial accuracy and loss on t
   for (std::size_t i = p->delta_offset(); i < z.size(); ++i)
     CHECK(std::abs(z[i]) <= o.epsilon + 1e-15);
 }
+
+} // namespace starling::test::actors_adversarial_test

@@ -7,6 +7,8 @@
 #include "actors/vi/masha.hpp"
 #include "actors/vi/problem.hpp"
 
+namespace starling::test::actors_masha_test {
+
 using namespace starling::actors::vi;
 using starling::messages::vi_codec;
 using starling::messages::vi_vector;
@@ -264,3 +266,5 @@ TEST_CASE("with shared randomness the server rejects a worker that used another 
   REQUIRE_FALSE(bad.ok());
   CHECK(bad.error().what.find("shared seed") != std::string::npos);
 }
+
+} // namespace starling::test::actors_masha_test

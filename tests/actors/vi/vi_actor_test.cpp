@@ -7,6 +7,8 @@
 #include "messages/registry.hpp"
 #include "messages/vi.hpp"
 
+namespace starling::test::actors_vi_actor_test {
+
 using namespace starling;
 using namespace starling::actors::vi;
 using starling::messages::vi_report;
@@ -191,3 +193,5 @@ TEST_CASE("vi message types round-trip through CAF's binary serialization") {
   CHECK(e.payload.indices == d.payload.indices);
   CHECK(e.payload.values == d.payload.values);
 }
+
+} // namespace starling::test::actors_vi_actor_test

@@ -3,6 +3,8 @@
 
 #include "kernels/aggregate/aggregate.hpp"
 
+namespace starling::test::kernels_aggregate_test {
+
 using namespace starling::kernels;
 
 namespace {
@@ -147,3 +149,5 @@ TEST_CASE("aggregation rejects empty input, mismatched shapes and bad weights") 
   CHECK_FALSE(centered_clip(two, {1, 1}, {0.0, 10, 1e-6}).ok());
   CHECK_FALSE(trimmed_mean(two, 0.5).ok());
 }
+
+} // namespace starling::test::kernels_aggregate_test

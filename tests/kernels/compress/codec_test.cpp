@@ -10,6 +10,8 @@
 
 #include "kernels/compress/codec.hpp"
 
+namespace starling::test::kernels_codec_test {
+
 using namespace starling::kernels;
 
 namespace {
@@ -395,3 +397,5 @@ TEST_CASE("invalid parameters are rejected when resolving") {
   REQUIRE(r.ok());
   CHECK(r->k == 10);
 }
+
+} // namespace starling::test::kernels_codec_test

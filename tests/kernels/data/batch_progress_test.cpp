@@ -6,6 +6,8 @@
 #include <random>
 #include <vector>
 
+namespace starling::test::kernels_batch_progress_test {
+
 using namespace starling::kernels;
 
 TEST_CASE("batches done out of order move the watermark once the gap below them closes") {
@@ -112,3 +114,5 @@ TEST_CASE("progress resized to another total keeps the done batches below it") {
   CHECK(grown.watermark() == 3);
   CHECK(grown.next_undone(0) == 3);
 }
+
+} // namespace starling::test::kernels_batch_progress_test

@@ -1,8 +1,11 @@
 #include "kernels/data/corpus.hpp"
 
 #include <doctest/doctest.h>
+#include <torch/torch.h>
 
 #include <set>
+
+namespace starling::test::kernels_corpus_test {
 
 using namespace starling::kernels;
 
@@ -161,3 +164,5 @@ TEST_CASE("invalid sampler arguments are failures") {
   CHECK_FALSE(text_sampler::make(c, 0, 1, 0, 32).ok());
   CHECK_FALSE(text_sampler::make(c, 0, 1000, 8, 32).ok()); // shards too small for a window
 }
+
+} // namespace starling::test::kernels_corpus_test

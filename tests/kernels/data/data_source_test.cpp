@@ -10,6 +10,8 @@
 #include <unistd.h>
 #include <vector>
 
+namespace starling::test::kernels_data_source_test {
+
 using namespace starling::kernels;
 namespace fs = std::filesystem;
 
@@ -191,3 +193,5 @@ TEST_CASE("a loader's ids through a source give every window once per epoch") {
   for (int64_t i = 0; i < 23; ++i)
     CHECK(starts[i] == 8 * i);
 }
+
+} // namespace starling::test::kernels_data_source_test

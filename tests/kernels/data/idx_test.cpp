@@ -11,6 +11,8 @@
 
 #include <zlib.h>
 
+namespace starling::test::kernels_idx_test {
+
 using namespace starling::kernels;
 namespace fs = std::filesystem;
 
@@ -209,3 +211,5 @@ TEST_CASE("Fashion-MNIST loads when installed (dataset-fashion-mnist)") {
   CHECK(s->cols == 28);
   CHECK(s->labels[0] == 9); // the first test image is an ankle boot
 }
+
+} // namespace starling::test::kernels_idx_test

@@ -6,6 +6,8 @@
 #include <set>
 #include <vector>
 
+namespace starling::test::kernels_loader_test {
+
 using namespace starling::kernels;
 
 namespace {
@@ -213,3 +215,5 @@ TEST_CASE("invalid loader configurations are refused") {
   CHECK_FALSE(sample_loader::make((uint64_t{1} << 62) + 1, {}).ok());
   CHECK(sample_loader::make(1, {}).ok());
 }
+
+} // namespace starling::test::kernels_loader_test

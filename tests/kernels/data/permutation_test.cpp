@@ -4,6 +4,8 @@
 
 #include <vector>
 
+namespace starling::test::kernels_permutation_test {
+
 using namespace starling::kernels;
 
 TEST_CASE("a Feistel permutation is a bijection of 0..n-1 for small and awkward sizes") {
@@ -56,3 +58,5 @@ TEST_CASE("mix64 and derive_key are fixed functions of their inputs") {
   CHECK(derive_key(1, 2) != derive_key(2, 1));
   CHECK(derive_key(1, 2) == derive_key(1, 2));
 }
+
+} // namespace starling::test::kernels_permutation_test

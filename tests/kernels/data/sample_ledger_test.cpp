@@ -7,6 +7,8 @@
 #include <map>
 #include <random>
 
+namespace starling::test::kernels_sample_ledger_test {
+
 using namespace starling::kernels;
 
 namespace {
@@ -221,3 +223,5 @@ TEST_CASE("a run stopped mid-way and resumed from its saved position and ledger 
   CHECK(trained->summary().describe() ==
         "2400 samples trained once, none twice or more, 2600 not trained (of 5000)");
 }
+
+} // namespace starling::test::kernels_sample_ledger_test

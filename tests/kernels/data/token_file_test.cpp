@@ -8,6 +8,8 @@
 #include <unistd.h>
 #include <vector>
 
+namespace starling::test::kernels_token_file_test {
+
 using namespace starling::kernels;
 namespace fs = std::filesystem;
 
@@ -158,3 +160,5 @@ TEST_CASE("a moved token file keeps its mapping") {
   CHECK(moved.at(2) == 5);
   CHECK(f->size() == 0);
 }
+
+} // namespace starling::test::kernels_token_file_test

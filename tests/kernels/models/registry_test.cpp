@@ -2,6 +2,8 @@
 
 #include <doctest/doctest.h>
 
+namespace starling::test::kernels_registry_test {
+
 using namespace starling::kernels;
 
 namespace {
@@ -120,3 +122,5 @@ TEST_CASE("a program registers its own model in a registry of its own") {
   CHECK((*stage)->is_first());
   CHECK(!(*stage)->is_last());
 }
+
+} // namespace starling::test::kernels_registry_test

@@ -6,6 +6,8 @@
 
 #include <map>
 
+namespace starling::test::kernels_stage_module_test {
+
 using namespace starling::kernels;
 
 namespace {
@@ -246,3 +248,5 @@ TEST_CASE("with dropout, a seeded split equals the whole model and backward reco
   whole->eval();
   CHECK(max_abs_diff(must(whole->forward(x, y, seed)), must(no_dropout->forward(x, y))) == 0.0);
 }
+
+} // namespace starling::test::kernels_stage_module_test

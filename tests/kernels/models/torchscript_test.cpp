@@ -16,6 +16,8 @@
 
 #include "support/python_fixtures.hpp"
 
+namespace starling::test::kernels_torchscript_test {
+
 using namespace starling::kernels;
 namespace fs = std::filesystem;
 
@@ -331,3 +333,5 @@ TEST_CASE("a scripted stage starts from its files' values: loading's checks leav
   must(stage->forward(x, batch(2).second));
   CHECK(calls() == 1);
 }
+
+} // namespace starling::test::kernels_torchscript_test

@@ -9,6 +9,8 @@
 
 #include <cmath>
 
+namespace starling::test::kernels_optimizer_test {
+
 using namespace starling::kernels;
 
 namespace {
@@ -311,3 +313,5 @@ TEST_CASE("malformed canonical optimizer moments are a failure and change nothin
   bad({torch::Tensor{}, {1}});                                    // nothing
   CHECK(load_optimizer_moments(*opt, good).ok());
 }
+
+} // namespace starling::test::kernels_optimizer_test

@@ -12,6 +12,8 @@
 #include "support/subprocess.hpp"
 #include "tests/support/node_fixtures.hpp"
 
+namespace starling::test::runtime_auth_cmd_test {
+
 using starling::testing::subprocess;
 
 namespace {
@@ -105,3 +107,5 @@ TEST_CASE("durations take ms, s, m, h and d and refuse anything else") {
   CHECK_FALSE(starling::runtime::parse_duration("0s", ns));
   CHECK_FALSE(starling::runtime::parse_duration("9999999999h", ns));
 }
+
+} // namespace starling::test::runtime_auth_cmd_test

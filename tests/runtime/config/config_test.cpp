@@ -5,6 +5,8 @@
 #include "runtime/config/config.hpp"
 #include "runtime/experiment/yaml.hpp"
 
+namespace starling::test::runtime_config_test {
+
 using namespace starling::runtime;
 using namespace std::chrono_literals;
 
@@ -155,3 +157,5 @@ TEST_CASE("node.congestion_control takes a kernel algorithm's name or system, an
                  "control's name") == 0);
   }
 }
+
+} // namespace starling::test::runtime_config_test

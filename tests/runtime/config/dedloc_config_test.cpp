@@ -14,6 +14,8 @@
 #include "runtime/run/kinds.hpp"
 #include "support/python_fixtures.hpp"
 
+namespace starling::test::runtime_dedloc_config_test {
+
 using namespace starling::runtime;
 
 namespace {
@@ -204,3 +206,5 @@ TEST_CASE("a TorchScript model of images takes 784 features and at least 10 clas
   e = section_error(model("[1, 28, 28]", 10) + "  data: {kind: tokens, path: t.bin}\n");
   CHECK(has(e, "data kind tokens needs a TorchScript model of tokens"));
 }
+
+} // namespace starling::test::runtime_dedloc_config_test

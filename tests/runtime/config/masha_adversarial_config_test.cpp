@@ -5,6 +5,8 @@
 #include "runtime/config/reader.hpp"
 #include "runtime/experiment/yaml.hpp"
 
+namespace starling::test::runtime_masha_adversarial_config_test {
+
 using namespace starling::runtime;
 
 namespace {
@@ -48,3 +50,5 @@ TEST_CASE("configs/masha-adversarial.yaml is valid, bad masha-adversarial option
   CHECK(has(section_error("  budget_eg_iterations: 0\n"), "budget_eg_iterations"));
   CHECK(has(section_error("  bogus: 1\n"), "bogus: unknown key"));
 }
+
+} // namespace starling::test::runtime_masha_adversarial_config_test

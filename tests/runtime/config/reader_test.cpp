@@ -4,6 +4,8 @@
 
 #include "runtime/config/reader.hpp"
 
+namespace starling::test::runtime_reader_test {
+
 using namespace starling::runtime;
 
 namespace {
@@ -175,3 +177,5 @@ TEST_CASE("--set with bad syntax or a path that is not there fails with one clea
   CHECK(root.child("swarm").child("trainers").as_int() == 2);
   CHECK_FALSE(root.child("swarm").has("model"));
 }
+
+} // namespace starling::test::runtime_reader_test

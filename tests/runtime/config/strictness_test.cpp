@@ -8,6 +8,8 @@
 #include "runtime/config/reader.hpp"
 #include "runtime/experiment/yaml.hpp"
 
+namespace starling::test::runtime_strictness_test {
+
 using namespace starling::runtime;
 
 namespace {
@@ -103,3 +105,5 @@ TEST_CASE("each kind's validate rejects a bad value in its own section") {
   CHECK(validate_error(swarm_head + "  stages: [{peers: [1.0]}]\n  trainers: 0\n")
         == "x.yaml:5: swarm.trainers: expected an integer in [1, 1024], got \"0\"");
 }
+
+} // namespace starling::test::runtime_strictness_test

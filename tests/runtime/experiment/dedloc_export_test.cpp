@@ -19,6 +19,8 @@
 #include "support/python_fixtures.hpp"
 #include "support/subprocess.hpp"
 
+namespace starling::test::runtime_dedloc_export_test {
+
 using starling::testing::subprocess;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
@@ -215,3 +217,5 @@ TEST_CASE("a simulated dedloc run of the built-in MLP exports a state dict with 
   CHECK(loss == doctest::Approx(ex["held_out_loss"].get<double>()).epsilon(1e-5));
   CHECK(loss < ex["held_out_loss_before"].get<double>());
 }
+
+} // namespace starling::test::runtime_dedloc_export_test

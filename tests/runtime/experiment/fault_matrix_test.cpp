@@ -19,6 +19,8 @@
 #include "runtime/experiment/yaml.hpp"
 #include "support/subprocess.hpp"
 
+namespace starling::test::runtime_fault_matrix_test {
+
 using namespace starling;
 using namespace starling::runtime;
 using starling::testing::subprocess;
@@ -270,3 +272,5 @@ TEST_CASE("the simulation of the fault matrix replays exactly for a seed") {
   CHECK(a != 0);
   CHECK(a == digest());
 }
+
+} // namespace starling::test::runtime_fault_matrix_test

@@ -19,6 +19,8 @@
 #include "tests/support/closed_run.hpp"
 #include "tests/support/node_fixtures.hpp"
 
+namespace starling::test::runtime_metric_sink_test {
+
 using namespace starling;
 using namespace starling::runtime;
 using namespace std::chrono_literals;
@@ -141,3 +143,5 @@ TEST_CASE("a metric whose envelope was refused becomes the receiving node's note
   CHECK(note.t == 3.0);
   CHECK(a->wire()->refused(messages::wire_reason::unauthorized) == 1);
 }
+
+} // namespace starling::test::runtime_metric_sink_test

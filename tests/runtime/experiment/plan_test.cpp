@@ -9,6 +9,8 @@
 #include "runtime/experiment/plan.hpp"
 #include "runtime/experiment/role.hpp"
 
+namespace starling::test::runtime_plan_test {
+
 using namespace starling;
 using namespace starling::runtime;
 using namespace std::chrono_literals;
@@ -241,3 +243,5 @@ TEST_CASE("placements that cannot be met and faults a mode cannot carry out are 
     CHECK(g.error().what.find("expected the options of role type 'dummy'") != std::string::npos);
   }
 }
+
+} // namespace starling::test::runtime_plan_test

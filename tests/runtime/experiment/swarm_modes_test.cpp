@@ -16,6 +16,8 @@
 #include "support/cluster_checks.hpp"
 #include "support/subprocess.hpp"
 
+namespace starling::test::runtime_swarm_modes_test {
+
 using starling::testing::subprocess;
 using namespace std::chrono_literals;
 
@@ -211,3 +213,5 @@ TEST_CASE("swarm-tiny as a 4-process cluster from the same plan") {
   starling::testing::check_nodes_exit(nodes);
   std::filesystem::remove_all(dir);
 }
+
+} // namespace starling::test::runtime_swarm_modes_test

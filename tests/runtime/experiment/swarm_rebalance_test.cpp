@@ -9,6 +9,8 @@
 #include "support/node_fixtures.hpp"
 #include "support/subprocess.hpp"
 
+namespace starling::test::runtime_swarm_rebalance_test {
+
 using starling::testing::subprocess;
 using namespace std::chrono_literals;
 
@@ -77,3 +79,5 @@ TEST_CASE("a slow stage of a 4-process cluster gains a peer by migration and the
   REQUIRE(held_out);
   starling::testing::check_nodes_exit(nodes);
 }
+
+} // namespace starling::test::runtime_swarm_rebalance_test

@@ -9,6 +9,8 @@
 #include "runtime/experiment/yaml.hpp"
 #include "runtime/run/swarm.hpp"
 
+namespace starling::test::runtime_swarm_sim_test {
+
 using namespace starling;
 using namespace starling::runtime;
 using namespace std::chrono_literals;
@@ -151,3 +153,5 @@ TEST_CASE("simulated swarm: lognormal speeds are seeded, positive and at most 1"
   CHECK(*std::min_element(a.begin(), a.end()) > 0.0);
   CHECK(lognormal_speeds(100, 0.5, 2) != a);
 }
+
+} // namespace starling::test::runtime_swarm_sim_test

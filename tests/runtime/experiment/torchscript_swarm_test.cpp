@@ -15,6 +15,8 @@
 #include "support/node_fixtures.hpp"
 #include "support/subprocess.hpp"
 
+namespace starling::test::runtime_torchscript_swarm_test {
+
 using starling::testing::subprocess;
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
@@ -126,3 +128,5 @@ TEST_CASE("a bad TorchScript model or token file is one error line and a non-zer
   CHECK(oov.find("300") != std::string::npos);
   fs::remove_all(out);
 }
+
+} // namespace starling::test::runtime_torchscript_swarm_test

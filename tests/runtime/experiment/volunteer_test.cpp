@@ -10,6 +10,8 @@
 
 #include "support/subprocess.hpp"
 
+namespace starling::test::runtime_volunteer_test {
+
 using starling::testing::subprocess;
 using namespace std::chrono_literals;
 
@@ -58,3 +60,5 @@ placement:
   CHECK(replies > 5);
   std::filesystem::remove_all(dir);
 }
+
+} // namespace starling::test::runtime_volunteer_test

@@ -5,6 +5,8 @@
 #include "runtime/config/config.hpp"
 #include "runtime/graph/swarm_graph.hpp"
 
+namespace starling::test::runtime_swarm_graph_test {
+
 using namespace starling;
 using namespace starling::runtime;
 using namespace starling::runtime::graph;
@@ -233,3 +235,5 @@ TEST_CASE("swarm.averaging takes persistent_rounds, average_state_every and resy
   CHECK(read_error(base + "  averaging: {persistent_round: true}\n", d).find("unknown key") !=
         std::string::npos);
 }
+
+} // namespace starling::test::runtime_swarm_graph_test

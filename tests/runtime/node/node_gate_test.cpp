@@ -33,6 +33,8 @@
 #include "tests/support/node_fixtures.hpp"
 #include "tests/support/raw_socket.hpp"
 
+namespace starling::test::runtime_node_gate_test {
+
 using namespace starling;
 using namespace starling::runtime;
 using namespace std::chrono_literals;
@@ -774,3 +776,5 @@ TEST_CASE("connections that leave a TLS node before their TLS handshake leave it
   }
   p.check_one_connection();
 }
+
+} // namespace starling::test::runtime_node_gate_test

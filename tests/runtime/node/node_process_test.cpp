@@ -13,6 +13,8 @@
 
 #include "support/subprocess.hpp"
 
+namespace starling::test::runtime_node_process_test {
+
 using starling::testing::subprocess;
 using namespace std::chrono_literals;
 
@@ -267,3 +269,5 @@ TEST_CASE("starling node validates --config and --set before it starts or create
   CHECK(r.output == "starling: error: --set needs --config EXPERIMENT.yaml\n");
   CHECK(dir.holds_only({"x.yaml", "good.yaml"}));
 }
+
+} // namespace starling::test::runtime_node_process_test

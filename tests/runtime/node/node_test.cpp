@@ -11,6 +11,8 @@
 #include "messages/types.hpp"
 #include "runtime/node/node.hpp"
 
+namespace starling::test::runtime_node_test {
+
 using namespace starling;
 using namespace starling::runtime;
 using namespace std::chrono_literals;
@@ -138,3 +140,5 @@ TEST_CASE("a node listening beyond loopback opens no data endpoint") {
   REQUIRE(n.ok());
   CHECK((*n)->data_endpoint() == nullptr);
 }
+
+} // namespace starling::test::runtime_node_test

@@ -23,6 +23,8 @@
 #include "tests/support/node_fixtures.hpp"
 #include "tests/support/subprocess.hpp"
 
+namespace starling::test::runtime_node_wire_test {
+
 using namespace starling;
 using namespace starling::runtime;
 using namespace std::chrono_literals;
@@ -190,3 +192,5 @@ TEST_CASE("a cluster node's DHT speaks with the node's key: its DHT id is the no
   CHECK(actors::auth::to_hex(actors::dht::node_id::of_key(key).to_bytes()) == m[2].str());
   n->shutdown();
 }
+
+} // namespace starling::test::runtime_node_wire_test

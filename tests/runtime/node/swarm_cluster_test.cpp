@@ -12,6 +12,8 @@
 
 #include "support/subprocess.hpp"
 
+namespace starling::test::runtime_swarm_cluster_test {
+
 using starling::testing::subprocess;
 using namespace std::chrono_literals;
 
@@ -112,3 +114,5 @@ TEST_CASE("swarm across 4 starling node processes: SIGKILL of a stage process mi
   }
   std::filesystem::remove_all(dir);
 }
+
+} // namespace starling::test::runtime_swarm_cluster_test

@@ -2,6 +2,8 @@
 
 #include "runtime/plot/svg.hpp"
 
+namespace starling::test::runtime_svg_test {
+
 using namespace starling::runtime::plot;
 
 TEST_CASE("the SVG writer draws every series with a legend and skips points a log axis cannot show") {
@@ -30,3 +32,5 @@ TEST_CASE("the SVG writer draws every series with a legend and skips points a lo
   empty.lines = {{"none", {{1, 0.0}}}};
   CHECK_FALSE(render_svg(empty).ok());
 }
+
+} // namespace starling::test::runtime_svg_test

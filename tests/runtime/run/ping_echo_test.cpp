@@ -15,6 +15,8 @@
 #include "tests/support/closed_run.hpp"
 #include "tests/support/node_fixtures.hpp"
 
+namespace starling::test::runtime_ping_echo_test {
+
 using namespace starling;
 using namespace starling::runtime;
 using namespace std::chrono_literals;
@@ -74,3 +76,5 @@ TEST_CASE(
   CHECK(refused.find("envelope refused (unauthorized): refused (revoked)") != std::string::npos);
   CHECK(a->wire()->refused(messages::wire_reason::unauthorized) == 1);
 }
+
+} // namespace starling::test::runtime_ping_echo_test

@@ -7,6 +7,8 @@
 #include "messages/types.hpp"
 #include "runtime/sim/world.hpp"
 
+namespace starling::test::runtime_world_test {
+
 using namespace starling;
 using namespace starling::runtime;
 using namespace std::chrono_literals;
@@ -328,3 +330,5 @@ TEST_CASE("simulated nodes admit each other by the hello before their first mess
     }
   }
 }
+
+} // namespace starling::test::runtime_world_test

@@ -1,6 +1,7 @@
-// Precompiled header: the heavy third-party includes every starling target uses.
+// Precompiled header of the "tensor" group (cmake/starling.cmake): translation units whose
+// includes reach <ATen/core/Tensor.h> and no heavier LibTorch header, plus CAF and fmt.
 #pragma once
-#include <torch/torch.h>
+#include <ATen/core/Tensor.h>
 #include <caf/all.hpp>
 #include <caf/io/all.hpp>
 #include <fmt/format.h>
