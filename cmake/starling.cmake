@@ -98,8 +98,9 @@ function(starling_pch_targets)
   foreach(group torch tensor core)
     add_library(starling_pch_${group} OBJECT ${CMAKE_SOURCE_DIR}/cmake/pch.cpp)
     starling_target_defaults(starling_pch_${group})
-    target_precompile_headers(starling_pch_${group} PRIVATE
-                              ${CMAKE_SOURCE_DIR}/cmake/pch_${group}.hpp)
+    # Named as <cmake/pch_GROUP.hpp> (found through the source root on the include path), so the
+    # generated cmake_pch.hxx holds no absolute path and ccache can hit in another clone.
+    target_precompile_headers(starling_pch_${group} PRIVATE "<cmake/pch_${group}.hpp>")
   endforeach()
 endfunction()
 
