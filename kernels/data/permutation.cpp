@@ -14,7 +14,7 @@ feistel_permutation::feistel_permutation(uint64_t n, uint64_t key) noexcept : n_
 }
 
 uint64_t feistel_permutation::round_function(int round, uint64_t half) const noexcept {
-  return mix64(half ^ round_keys_[round]) & half_mask_;
+  return splitmix64_mix(half ^ round_keys_[round]) & half_mask_;
 }
 
 uint64_t feistel_permutation::encrypt(uint64_t x) const noexcept {

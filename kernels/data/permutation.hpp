@@ -9,16 +9,10 @@
 
 namespace starling::kernels {
 
-/// Mixes a 64-bit value into a well-spread one (`splitmix64_mix`): equal inputs, equal outputs
-/// on every platform, unlike `std::hash`. Inline: the permutation's round function.
-inline uint64_t mix64(uint64_t x) noexcept {
-  return splitmix64_mix(x);
-}
-
-/// A key derived from `a` and `b` (order matters): chains `mix64` so that e.g. (seed, shard) and
+/// A key derived from `a` and `b` (order matters): chains `splitmix64_mix` so that e.g. (seed, shard) and
 /// (shard, seed) give unrelated keys.
 inline uint64_t derive_key(uint64_t a, uint64_t b) noexcept {
-  return mix64(mix64(a) ^ (b * 0xd6e8feb86659fd93ULL + 0x632be59bd9b4e019ULL));
+  return splitmix64_mix(splitmix64_mix(a) ^ (b * 0xd6e8feb86659fd93ULL + 0x632be59bd9b4e019ULL));
 }
 
 /// A bijection of [0, n) chosen by `key`.
