@@ -238,6 +238,8 @@ private:
   void fail_job(const std::string& why, messages::round_outcome outcome);
   average_result unchanged_result(messages::round_outcome outcome, const std::string& why);
   void cancel();
+  /// Cancels the request for `key` (running or queued); others go on.
+  void cancel(const std::string& key);
   messages::member_info me() const { return {opts_.address, opts_.bandwidth, opts_.auxiliary}; }
 
   // -- matchmaking effects ---------------------------------------------------------------------
@@ -476,6 +478,19 @@ void shell::cancel() {
   cur_.reset();
   early_.clear();
   start_next();
+}
+
+void shell::cancel(const std::string& key) {
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if (it->group_key == key) {
+      it->rp.deliver(caf::make_error(caf::sec::request_timeout, "averaging cancelled"));
+      it = queue_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (cur_ && cur_->group_key == key)
+    cancel();
 }
 
 // -- matchmaking effects -------------------------------------------------------------------------
@@ -1049,6 +1064,7 @@ caf::behavior shell::make_behavior() {
         return rp;
       },
       [me](average_atom, stop_atom) { me->cancel(); },
+      [me](average_atom, stop_atom, const std::string& key) { me->cancel(key); },
       [me](avg_timer_atom, uint64_t epoch, uint8_t kind) {
         if (kind == t_reduce || kind == t_round_end) {
           if (!me->round_ || epoch != me->round_epoch_)

@@ -4,8 +4,11 @@
 // finds partners through the DHT, runs one load-balanced butterfly all-reduce with them and
 // answers with the averaged tensors (same shapes and dtypes) and a report of which parts were
 // averaged with whom. A single contiguous fp32 CPU tensor is averaged without a copy: the caller
-// must not modify it in place until the reply. `(average_atom, stop_atom)` cancels the current
-// request (it is answered with an error; the group treats this peer as gone). Requests are served
+// must not modify it in place until the reply (nor read it as its own values after cancelling:
+// a part's result may still be written into it; actors/collab/settle.hpp hands over a copy).
+// `(average_atom, stop_atom, group_key)` cancels the request for `group_key`, running or queued
+// (answered with an error; a running round's group treats this peer as gone), and nothing else;
+// `(average_atom, stop_atom)` cancels whatever request runs now. Requests are served
 // one at a time, in order. Input holding NaN or infinity is answered with an error outcome: it is
 // checked while the request's join travels to its leader, and a group that formed meanwhile is
 // told that this peer leaves.

@@ -124,6 +124,8 @@ std::vector<effect> coordinator::progress_read(const std::vector<progress_entry>
   has_view_ = true;
   seen_others_ = seen_others_ || !tracker_.records().empty();
   auto e = estimate(now);
+  if (e.peers > 1)
+    deserted_ = false;
   // "The ETA has passed" is judged against the ETA of the last read, as DeDLOC does: between
   // reads the peer trusts the prediction instead of the records it no longer refreshes.
   eta_at_ = e.eta_at;
@@ -160,6 +162,22 @@ std::vector<effect> coordinator::round_done(uint64_t id, seconds now, size_t gro
   return out;
 }
 
+std::vector<effect> coordinator::round_partial(uint64_t id, seconds now, size_t group) {
+  effects out;
+  if (phase_ != coordinator_phase::averaging || id != op_id_) {
+    stats_.stale_answers++;
+    return out;
+  }
+  stats_.rounds_partial++;
+  round_group_ = group;
+  round_partial_ = true;
+  finish_round(round_end::averaged, now, out);
+  round_partial_ = false;
+  round_group_ = 0;
+  advance(now, out);
+  return out;
+}
+
 std::vector<effect> coordinator::round_failed(uint64_t id, seconds now) {
   effects out;
   if (phase_ != coordinator_phase::averaging || id != op_id_) {
@@ -167,6 +185,8 @@ std::vector<effect> coordinator::round_failed(uint64_t id, seconds now) {
     return out;
   }
   stats_.rounds_failed++;
+  if (opts_.lone_steps_when_deserted && contributes() && has_view_ && estimate(now).peers <= 1)
+    deserted_ = true;
   bool own = opts_.step_on_failure && round_samples_ > 0 && contributes();
   if (round_samples_ == 0 && contributes()) {
     await_samples_ = true;
@@ -354,10 +374,11 @@ void coordinator::decide(seconds now, effects& out) {
   // The ETA stands in for the others' samples, which the peer cannot see between reads; a peer
   // that counts nobody but itself knows its own count exactly and waits for the target.
   bool alone = e.peers <= 1 && contributes();
-  if (alone && !seen_others_) {
+  if (alone && (!seen_others_ || deserted_)) {
     // Nobody else ever showed up: a round would wait its whole matchmaking window for nobody
     // and step on the own gradient anyway. (A peer that saw others before and now sees none
-    // is cut off or deserted: it tries the round, and resyncs after a lone step.)
+    // is cut off or deserted: it tries one round; once that found nobody it steps alone like
+    // this until a read shows another peer, and resyncs when it averages with them again.)
     if (e.reached)
       step_solo(now, out);
     return;
@@ -382,6 +403,10 @@ void coordinator::step_solo(seconds now, effects& out) {
   stats_.solo_steps++;
   stats_.samples_alone += samples;
   out.emplace_back(step_alone{++next_id_, step_, samples});
+  // A peer that had partners steps away from them: it asks for a state round once it averages
+  // with them again.
+  if (seen_others_ && contributes() && opts_.resync_after_lone_step)
+    resync_due_ = true;
   step_++;
   // The new step is news for a peer that joins; the next read comes at its usual time.
   dirty_ = true;
@@ -430,7 +455,7 @@ void coordinator::finish_round(round_end how, seconds now, effects& out) {
   round_samples_ = 0;
   phase_ = coordinator_phase::accumulating;
   resume(now, out);
-  if (how == round_end::averaged && has_view_ && whole_step_averaged(now)) {
+  if (how == round_end::averaged && !round_partial_ && has_view_ && whole_step_averaged(now)) {
     // The peers of the last read at that step averaged with this one and stepped with it: their
     // progress towards the new step is predicted from now on at their rates, so the next round
     // starts on time even though the read asked below still returns their old records (steps
@@ -452,7 +477,8 @@ void coordinator::finish_round(round_end how, seconds now, effects& out) {
     start_state_round_now(true, now, out);
   } else if (periodic) {
     start_state_round_now(false, now, out);
-  } else if (how == round_end::own && contributes() && opts_.resync_after_lone_step) {
+  } else if ((how == round_end::own || round_partial_) && contributes()
+             && opts_.resync_after_lone_step) {
     // Not right away: the failure that sent the peer stepping alone may not be over, and the
     // others learn from the flagged record to join after the next update.
     resync_due_ = true;

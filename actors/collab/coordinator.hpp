@@ -90,6 +90,11 @@ struct coordinator_options {
   /// After a lone step (`step_own`), average parameters and optimizer statistics after the next
   /// update, and join such a resync when a peer at the same step asks for it in its record.
   bool resync_after_lone_step = true;
+  /// After a round that found nobody while the last read showed nobody else, step alone without
+  /// rounds until a read shows another peer (`deserted_`). The SWARM stage peer turns it on: its
+  /// partners die with their nodes and come back through a state download. The data-parallel
+  /// peer keeps trying rounds (its partitioned peers come back through a state round).
+  bool lone_steps_when_deserted = false;
   /// With it: a resync is a download from the peers at the step that took the averaged update,
   /// when they are the most (see the file comment); else always a state round.
   bool resync_by_download = true;
@@ -295,6 +300,8 @@ struct coordinator_stats {
   uint64_t samples_stale = 0;
   /// Gradient rounds started / whose average was applied / failed / abandoned at the deadline.
   uint64_t rounds = 0, rounds_averaged = 0, rounds_failed = 0, rounds_timed_out = 0;
+  /// Of `rounds_averaged`, those that were partial averages.
+  uint64_t rounds_partial = 0;
   /// Own-gradient steps (after failed rounds, and `step_alone`) and skipped steps.
   uint64_t own_steps = 0, skipped_steps = 0;
   /// Of the own-gradient steps, those taken without a round by a peer that saw nobody else.
@@ -338,6 +345,12 @@ public:
   /// than the peers of the last read at that step means the others did not take this step:
   /// they are not presumed at the next one.
   std::vector<effect> round_done(uint64_t id, seconds now, size_t group = 0);
+
+  /// Round `id` produced a partial average (some parts averaged, the others the own values:
+  /// `settle`'s rule): stepped on as an average, but the peer's parameters now differ from its
+  /// partners' as after a lone step, so with `resync_after_lone_step` a state round follows
+  /// after the next update.
+  std::vector<effect> round_partial(uint64_t id, seconds now, size_t group = 0);
 
   /// Round `id` failed (no partner, an error, the averager's own timeout).
   std::vector<effect> round_failed(uint64_t id, seconds now);
@@ -434,6 +447,11 @@ private:
   // Some read showed another peer's record (at any step): the peer is not alone, and a view
   // showing nobody means it is cut off (or the others left), not a collaboration of one.
   bool seen_others_ = false;
+  /// A round failed while the last read showed nobody else (the others left or are cut off):
+  /// until a read shows another peer again, steps are lone ones without a round, which would
+  /// only wait out its matchmaking window for nobody each time (in a simulated run a peer
+  /// whose partner died took 3 steps in 2.8 s where its stage took 9).
+  bool deserted_ = false;
   bool read_in_flight_ = false;
   seconds read_deadline_ = 0;
   seconds next_refresh_ = 0;
@@ -444,6 +462,8 @@ private:
   uint64_t round_step_ = 0;
   /// The group size of the round that just ended (0: unknown).
   size_t round_group_ = 0;
+  /// The round being finished was a partial average.
+  bool round_partial_ = false;
   uint64_t round_samples_ = 0;
   // A round of this peer's with no samples of its own failed at `step_` (its group put none in,
   // or nobody came): the rates that predicted the step were stale, so no new round at this step

@@ -1,21 +1,8 @@
 #include "actors/collab/shell.hpp"
 
 #include "actors/dht/signing.hpp"
-#include "messages/averager.hpp"
 
 namespace starling::actors::collab {
-
-bool usable_average(const messages::average_result& res, int64_t numel, size_t min_members) {
-  auto& r = res.report;
-  if (r.averaged == 0 || r.members.size() < min_members
-      || (r.outcome != messages::round_outcome::complete
-          && r.outcome != messages::round_outcome::partial))
-    return false;
-  if (res.tensors.size() != 1 || !res.tensors[0].ok())
-    return false;
-  auto& t = res.tensors[0].tensor;
-  return t.defined() && (numel < 0 || t.numel() == numel);
-}
 
 std::string record_id(const std::string& address, const std::string& node_key) {
   if (node_key.empty())

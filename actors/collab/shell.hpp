@@ -18,10 +18,6 @@
 #include "actors/dht/client.hpp"
 #include "messages/dht.hpp"
 
-namespace starling::messages {
-struct average_result;
-}
-
 namespace starling::actors::collab {
 
 /// `(collab_reread_atom)`: read the progress records again (the last read showed nobody else).
@@ -53,15 +49,6 @@ inline caf::timespan wake_delay(seconds at, seconds now) {
 inline int64_t ns_of(seconds s) {
   return static_cast<int64_t>(std::llround(s * 1e9));
 }
-
-/// True when an averager's answer to a one-tensor request is an average to step on: the round
-/// completed or partly completed with at least one part averaged, among `min_members` members
-/// or more, and its one tensor is decoded and defined, with `numel` elements (any when
-/// negative). A round in which no part was averaged (every reducer failed, or the group put no
-/// sample in: the weights sum to 0) answers with the own values, which are no average: a peer
-/// that stepped on them moved its parameters (Adam's moments) once per empty round.
-bool usable_average(const messages::average_result& res, int64_t numel = -1,
-                    size_t min_members = 1);
 
 /// The sub-key of a peer's progress records: `address`, and with `node_key` the owner marker of
 /// that key (`address|[owner:...]`), so that the DHT takes only records signed by the node.

@@ -9,6 +9,7 @@
 #include <caf/all.hpp>
 #include <fmt/format.h>
 
+#include "actors/collab/settle.hpp"
 #include "actors/collab/shell.hpp"
 #include "actors/dht/client.hpp"
 #include "actors/dp_peer/backend.hpp"
@@ -94,6 +95,8 @@ struct taken_round {
   caf::actor_clock::time_point started;
   /// The core gave up on it: a late answer is dropped.
   bool abandoned = false;
+  /// The round's group key (a cancel names it).
+  std::string key;
   /// What the averager said (group size, parts' smallest contributor count).
   double group = 1;
   double contributors = 1;
@@ -314,9 +317,12 @@ void start_dedloc_round(peer_actor* self, const collab::start_round& r) {
   auto& t = s.taken[r.id];
   auto weight = static_cast<double>(t.g.samples);
   auto key = fmt::format("{}/grad/{}", s.opts.key_prefix, r.step);
+  t.key = key;
   auto timeout = span_of(r.deadline - now_s(self) + 1.0);
+  // The averager writes into a copy; the own gradient stays the peer's (collab/settle.hpp).
   messages::tensor_list tl;
-  tl.tensors.push_back(messages::tensor_msg{t.g.mean, kernels::codec_id::none, {}, {}});
+  tl.tensors.push_back(messages::tensor_msg{collab::averaging_input{t.g.mean}.for_averager(),
+                                            kernels::codec_id::none, {}, {}});
   auto id = r.id;
   self->request(s.svc.averager, timeout, average_atom::value, key, std::move(tl), weight)
     .then(
@@ -340,9 +346,13 @@ void start_dedloc_round(peer_actor* self, const collab::start_round& r) {
                 || rep.outcome == messages::round_outcome::partial)) {
           // An auxiliary peer reduced for the others and applies nothing: its step is done.
           carry(self, st.core->round_done(id, now_s(self), rep.members.size()));
-        } else if (collab::usable_average(res, -1, 2)) {
-          st.averaged[id] = res.tensors[0].tensor.reshape({-1});
-          carry(self, st.core->round_done(id, now_s(self), rep.members.size()));
+        } else if (auto settled = collab::settle(res, collab::averaging_input{it->second.g.mean}, 2);
+                   settled.kind != collab::settled_kind::own) {
+          st.averaged[id] = settled.values;
+          auto n = rep.members.size();
+          carry(self, settled.kind == collab::settled_kind::partial
+                        ? st.core->round_partial(id, now_s(self), n)
+                        : st.core->round_done(id, now_s(self), n));
         } else {
           carry(self, st.core->round_failed(id, now_s(self)));
         }
@@ -738,10 +748,11 @@ void carry(peer_actor* self, std::vector<collab::effect> es) {
       take_out(self, sa->id, sa->samples);
       apply_update(self, sa->id, sa->step, false);
     } else if (auto* a = std::get_if<collab::abandon_round>(&e)) {
-      if (auto it = s.taken.find(a->id); it != s.taken.end())
+      if (auto it = s.taken.find(a->id); it != s.taken.end()) {
         it->second.abandoned = true;
-      if (s.opts.algo == algorithm::dedloc)
-        self->send(s.svc.averager, average_atom::value, stop_atom::value);
+        if (s.opts.algo == algorithm::dedloc)
+          self->send(s.svc.averager, average_atom::value, stop_atom::value, it->second.key);
+      }
     } else if (auto* ap = std::get_if<collab::apply_averaged>(&e)) {
       apply_update(self, ap->id, ap->step, true);
     } else if (auto* own = std::get_if<collab::step_own>(&e)) {
@@ -766,8 +777,10 @@ void carry(peer_actor* self, std::vector<collab::effect> es) {
         carry(self, s.core->state_round_failed(id, now_s(self)));
         continue;
       }
+      collab::averaging_input in{*v};
       messages::tensor_list tl;
-      tl.tensors.push_back(messages::tensor_msg{*v, kernels::codec_id::none, {}, {}});
+      tl.tensors.push_back(
+        messages::tensor_msg{in.for_averager(), kernels::codec_id::none, {}, {}});
       auto key = fmt::format("{}/state/{}", s.opts.key_prefix, sr->step);
       self->request(s.svc.averager, span_of(sr->deadline - now_s(self) + 1.0),
                     average_atom::value, key, std::move(tl), 1.0)
@@ -777,8 +790,8 @@ void carry(peer_actor* self, std::vector<collab::effect> es) {
             if (!st.core || st.abandoned.count(id) > 0)
               return;
             count_round_bytes(self, res.report);
-            if (collab::usable_average(res)) {
-              st.state_results[id] = res.tensors[0].tensor.reshape({-1});
+            if (auto settled = collab::settle(res, in); settled.kind != collab::settled_kind::own) {
+              st.state_results[id] = settled.values;
               carry(self, st.core->state_round_done(id, now_s(self)));
             } else {
               report_state_round(self, id, false);
@@ -800,8 +813,10 @@ void carry(peer_actor* self, std::vector<collab::effect> es) {
       }
     } else if (auto* as = std::get_if<collab::abandon_state_round>(&e)) {
       s.abandoned.insert(as->id);
+      if (auto r = s.state_rounds.find(as->id); r != s.state_rounds.end())
+        self->send(s.svc.averager, average_atom::value, stop_atom::value,
+                   fmt::format("{}/state/{}", s.opts.key_prefix, r->second.first));
       report_state_round(self, as->id, false);
-      self->send(s.svc.averager, average_atom::value, stop_atom::value);
     } else if (auto* d = std::get_if<collab::download_state>(&e)) {
       download(self, *d);
     } else if (auto* ad = std::get_if<collab::abandon_download>(&e)) {

@@ -16,6 +16,7 @@
 
 #include "actors/collab/coordinator.hpp"
 #include "actors/collab/grad_accumulator.hpp"
+#include "actors/collab/settle.hpp"
 #include "actors/collab/shell.hpp"
 #include "actors/dht/client.hpp"
 #include "actors/stage/checkpoint.hpp"
@@ -119,6 +120,7 @@ collab::coordinator_options core_options(const stage_options& o) {
   c.keep_gradients_on_download = true;
   c.average_state_every = a.average_state_every;
   c.resync_after_lone_step = a.resync_after_lone_step;
+  c.lone_steps_when_deserted = true;
   return c;
 }
 
@@ -157,6 +159,8 @@ result<std::unique_ptr<backend>> make_backend(const stage_options& opts) {
   t.begin = opts.begin;
   t.end = opts.end;
   t.timer = opts.timer;
+  t.modeled_forward_s = opts.modeled_forward_s;
+  t.modeled_backward_factor = opts.modeled_backward_factor;
   return make_torch_backend(std::move(t));
 }
 
@@ -327,14 +331,21 @@ private:
   collab::blind_reads blind_;
   /// A step's mean gradient taken out for a round, until the round's update (or skip).
   struct taken_step {
+    /// The step's own mean gradient: never handed to the averager (collab/settle.hpp).
     torch::Tensor mean;
     /// The core gave up on the round: a late answer is dropped.
     bool abandoned = false;
+    /// The round's group key (a cancel names it).
+    std::string key;
+    /// The round's answer was a partial average (settle).
+    bool partial = false;
   };
   std::map<uint64_t, taken_step> taken_;
   /// Averaged gradients and states by round id, until the core says to apply or load them.
   std::map<uint64_t, torch::Tensor> averaged_;
   std::map<uint64_t, torch::Tensor> state_results_;
+  /// State rounds' group keys by id (a cancel names it).
+  std::map<uint64_t, std::string> state_keys_;
   /// State rounds and downloads the core gave up on.
   std::set<uint64_t> abandoned_;
   /// Gradient rounds whose averager found nobody (`round_failed` to the core).
@@ -408,6 +419,8 @@ caf::error stage_peer::init(stage_options opts, caf::actor board) {
       }
       dl_.downloads++;
       dl_.donors += donors;
+      report("downloaded", {{"step", static_cast<double>(steps_)},
+                            {"donors", static_cast<double>(donors)}});
       take_pending();
       return true;
     },
@@ -630,6 +643,7 @@ void stage_peer::apply(const uncommitted_grad& g) {
   for (auto& p : params_)
     if (p.grad().defined())
       p.grad().div_(micro);
+  kernels::set_learning_rate(*optim_, kernels::scheduled_lr(opts_.optimizer, steps_));
   kernels::clipped_step(*optim_, params_, opts_.optimizer);
   optim_->zero_grad();
   pending_samples_ = 0;
@@ -807,10 +821,13 @@ void stage_peer::save_checkpoint(bool now) {
     ckpt_.bytes += bytes;
     prune_checkpoints(opts_.checkpoint.dir, {opts_.stage, opts_.begin, opts_.end}, opts_.name,
                       opts_.checkpoint.keep);
-    report("checkpoint", {{"bytes", static_cast<double>(bytes)},
-                          {"seconds", seconds},
-                          {"actor_seconds", in_actor_s},
-                          {"steps", static_cast<double>(steps)}});
+    std::map<std::string, double> values{{"bytes", static_cast<double>(bytes)},
+                                         {"steps", static_cast<double>(steps)}};
+    if (opts_.checkpoint.wall_times) {
+      values["seconds"] = seconds;
+      values["actor_seconds"] = in_actor_s;
+    }
+    report("checkpoint", std::move(values));
   };
   if (now || !opts_.checkpoint.background) {
     auto w = write_checkpoint(opts_.checkpoint.dir, {opts_.stage, opts_.begin, opts_.end},
@@ -1037,9 +1054,10 @@ void stage_peer::carry(std::vector<collab::effect> es) {
       take_gradient(sa->id);
       take_step(sa->id, sa->step, false);
     } else if (auto* ab = std::get_if<collab::abandon_round>(&e)) {
-      if (auto i = taken_.find(ab->id); i != taken_.end())
+      if (auto i = taken_.find(ab->id); i != taken_.end()) {
         i->second.abandoned = true;
-      self_->send(a.averager, average_atom::value, stop_atom::value);
+        self_->send(a.averager, average_atom::value, stop_atom::value, i->second.key);
+      }
     } else if (auto* ap = std::get_if<collab::apply_averaged>(&e)) {
       take_step(ap->id, ap->step, true);
     } else if (auto* own = std::get_if<collab::step_own>(&e)) {
@@ -1059,13 +1077,19 @@ void stage_peer::carry(std::vector<collab::effect> es) {
       if (auto i = state_results_.find(ls->id); i != state_results_.end()) {
         if (auto st = collab::load_state_vector(params_, *optim_, i->second); !st)
           aout(self_) << opts_.name << ": averaged state not loaded: " << st.what() << "\n";
-        else
+        else {
           changed();
+          report("state_loaded", {{"step", static_cast<double>(steps_)}});
+        }
         state_results_.erase(i);
       }
+      state_keys_.erase(ls->id);
     } else if (auto* as = std::get_if<collab::abandon_state_round>(&e)) {
       abandoned_.insert(as->id);
-      self_->send(a.averager, average_atom::value, stop_atom::value);
+      if (auto k = state_keys_.find(as->id); k != state_keys_.end()) {
+        self_->send(a.averager, average_atom::value, stop_atom::value, k->second);
+        state_keys_.erase(k);
+      }
     } else if (auto* d = std::get_if<collab::download_state>(&e)) {
       download(*d);
     } else if (auto* ad = std::get_if<collab::abandon_download>(&e)) {
@@ -1118,24 +1142,31 @@ void stage_peer::start_round(const collab::start_round& r) {
   auto& a = opts_.averaging;
   auto grad = take_gradient(r.id);
   auto id = r.id;
-  auto numel = grad.numel();
+  auto key = step_key(a.prefix, opts_.stage, r.step);
+  taken_[id].key = key;
+  // The averager writes into a copy; the own gradient stays the peer's (collab/settle.hpp).
   messages::tensor_list tl;
-  tl.tensors.push_back(tensor_msg{grad, kernels::codec_id::none, {}, {}});
+  tl.tensors.push_back(
+    tensor_msg{collab::averaging_input{grad}.for_averager(), kernels::codec_id::none, {}, {}});
   self_
     ->request(a.averager, collab::span_of(r.deadline - now() + 1.0), average_atom::value,
-              step_key(a.prefix, opts_.stage, r.step), std::move(tl),
-              static_cast<double>(r.samples))
+              std::move(key), std::move(tl), static_cast<double>(r.samples))
     .then(
-      [this, id, numel](messages::average_result& res) {
+      [this, id](messages::average_result& res) {
         using messages::round_outcome;
         auto t = taken_.find(id);
         if (!core_ || t == taken_.end() || t->second.abandoned)
           return;
         // Anything else is no average: the core steps alone on the own samples or, with none,
         // takes no step.
-        if (collab::usable_average(res, numel)) {
-          averaged_[id] = res.tensors[0].tensor.to(torch::kFloat).reshape({-1});
-          carry(core_->round_done(id, now()));
+        auto settled = collab::settle(res, collab::averaging_input{t->second.mean});
+        if (settled.kind != collab::settled_kind::own) {
+          averaged_[id] = settled.values;
+          t->second.partial = settled.kind == collab::settled_kind::partial;
+          if (t->second.partial)
+            carry(core_->round_partial(id, now()));
+          else
+            carry(core_->round_done(id, now()));
           return;
         }
         if (res.report.outcome == round_outcome::no_partner)
@@ -1160,8 +1191,16 @@ void stage_peer::take_step(uint64_t id, uint64_t step, bool averaged) {
       grad = i->second;
   }
   // Clipped; the gradient accumulated meanwhile (backwards served during the round) stays.
-  if (auto r = collab::step_on(params_, *optim_, opts_.optimizer.max_grad_norm, grad); !r)
+  kernels::set_learning_rate(*optim_, kernels::scheduled_lr(opts_.optimizer, step));
+  auto r = collab::step_on(params_, *optim_, opts_.optimizer.max_grad_norm, grad);
+  if (!r)
     aout(self_) << opts_.name << ": step " << step << " not taken: " << r.error().what << "\n";
+  // One line per step: what it stepped on (the run's record of every update, next to the
+  // losses it is compared with).
+  report("step", {{"step", static_cast<double>(step)},
+                  {"averaged", averaged ? 1.0 : 0.0},
+                  {"partial", averaged && t->second.partial ? 1.0 : 0.0},
+                  {"grad_norm", r ? *r : -1.0}});
   steps_ = step + 1; // the core moved on either way
   changed();
   taken_.erase(t);
@@ -1176,24 +1215,29 @@ void stage_peer::start_state_round(const collab::start_state_round& r) {
     carry(core_->state_round_failed(id, now()));
     return;
   }
+  collab::averaging_input in{*v};
   messages::tensor_list tl;
-  tl.tensors.push_back(tensor_msg{*v, kernels::codec_id::none, {}, {}});
+  tl.tensors.push_back(tensor_msg{in.for_averager(), kernels::codec_id::none, {}, {}});
   auto key = fmt::format("{}/stage{}/state{}", a.prefix, opts_.stage, r.step);
+  state_keys_[id] = key;
   self_
     ->request(a.averager, collab::span_of(r.deadline - now() + 1.0), average_atom::value, key,
               std::move(tl), 1.0)
     .then(
-      [this, id](messages::average_result& res) {
+      [this, id, in](messages::average_result& res) {
+        state_keys_.erase(id); // answered: nothing left to cancel
         if (!core_ || abandoned_.count(id) > 0)
           return;
-        if (collab::usable_average(res)) {
-          state_results_[id] = res.tensors[0].tensor.to(torch::kFloat).reshape({-1});
+        auto settled = collab::settle(res, in);
+        if (settled.kind != collab::settled_kind::own) {
+          state_results_[id] = settled.values;
           carry(core_->state_round_done(id, now()));
         } else {
           carry(core_->state_round_failed(id, now()));
         }
       },
       [this, id](caf::error&) {
+        state_keys_.erase(id);
         if (core_ && abandoned_.count(id) == 0)
           carry(core_->state_round_failed(id, now()));
       });
@@ -1214,6 +1258,8 @@ void stage_peer::download(const collab::download_state& d) {
       }
       dl_.downloads++;
       dl_.donors += donors;
+      report("downloaded", {{"step", static_cast<double>(steps_)},
+                            {"donors", static_cast<double>(donors)}});
       carry(core_->download_done(id, donor.steps, now()));
     },
     [this, id](bool) {

@@ -97,6 +97,9 @@ struct checkpoint_options {
   /// snapshot and keeps serving); the last one, on a stop on purpose, is always written at once.
   /// Real clocks only: a simulation writes at once, so that its runs stay deterministic.
   bool background = false;
+  /// Report the writes' wall-clock seconds in the `checkpoint` metric; a simulation leaves them
+  /// out (they differ from run to run and its trace, metrics included, must not).
+  bool wall_times = true;
 };
 
 /// What a stage peer computes with.
@@ -127,6 +130,10 @@ struct stage_options {
   /// The LibTorch backend's measure of a call's device seconds; empty: its wall time. Tests
   /// pass a fixed cost.
   device_timer timer;
+  /// > 0: the LibTorch backend's device time is modeled (torch_backend_options): simulation
+  /// with real compute.
+  double modeled_forward_s = 0;
+  double modeled_backward_factor = 2.0;
   /// Optimizer and gradient clipping.
   kernels::optimizer_options optimizer;
   /// Samples accumulated before each optimizer step.

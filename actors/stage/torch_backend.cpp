@@ -11,8 +11,10 @@ namespace {
 
 class torch_backend final : public backend {
 public:
-  torch_backend(std::shared_ptr<kernels::stage_module> module, device_timer timer)
-      : module_(std::move(module)), timer_(std::move(timer)) {
+  torch_backend(std::shared_ptr<kernels::stage_module> module, device_timer timer,
+                double modeled_forward_s, double modeled_backward_factor)
+      : module_(std::move(module)), timer_(std::move(timer)), modeled_s_(modeled_forward_s),
+        backward_factor_(modeled_backward_factor) {
   }
 
   bool is_first() const override { return module_->is_first(); }
@@ -24,13 +26,13 @@ public:
   result<compute_result> forward(const at::Tensor& input, const at::Tensor& targets,
                                  uint64_t seed) override {
     std::optional<result<torch::Tensor>> out;
-    auto dt = timer_([&] { out.emplace(module_->forward(input, targets, seed)); });
+    auto dt = time([&] { out.emplace(module_->forward(input, targets, seed)); }, input, 1.0);
     if (!*out)
       return out->error();
     compute_result r;
     r.output = **out;
     r.device_s = dt;
-    r.ran_s = dt;
+    r.ran_s = modeled_s_ > 0 ? 0.0 : dt;
     r.samples = 0; // counted with the backward
     return r;
   }
@@ -38,7 +40,8 @@ public:
   result<compute_result> backward(const at::Tensor& input, const at::Tensor& grad_output,
                                   const at::Tensor& targets, uint64_t seed) override {
     std::optional<result<kernels::stage_gradients>> g;
-    auto dt = timer_([&] { g.emplace(module_->backward(input, grad_output, targets, seed)); });
+    auto dt = time([&] { g.emplace(module_->backward(input, grad_output, targets, seed)); },
+                   input, backward_factor_);
     if (!*g)
       return g->error();
     compute_result r;
@@ -46,14 +49,25 @@ public:
     if (module_->is_last())
       r.loss = (*g)->output.item<double>();
     r.device_s = dt;
-    r.ran_s = dt;
+    r.ran_s = modeled_s_ > 0 ? 0.0 : dt;
     r.samples = static_cast<double>(input.size(0));
     return r;
   }
 
 private:
+  /// Device seconds of `work` on `input`: measured, or modeled (`factor` x the forward's).
+  double time(const std::function<void()>& work, const at::Tensor& input, double factor) {
+    if (modeled_s_ <= 0)
+      return timer_(work);
+    work();
+    auto batch = input.defined() && input.dim() > 0 ? std::max<int64_t>(1, input.size(0)) : 1;
+    return modeled_s_ * factor * static_cast<double>(batch);
+  }
+
   std::shared_ptr<kernels::stage_module> module_;
   device_timer timer_;
+  double modeled_s_ = 0;
+  double backward_factor_ = 2.0;
 };
 
 } // namespace
@@ -70,7 +84,8 @@ result<std::unique_ptr<backend>> make_torch_backend(torch_backend_options opts) 
   if (!module)
     return module.error();
   auto timer = opts.timer ? std::move(opts.timer) : device_timer{measure_wall_time};
-  return std::unique_ptr<backend>{std::make_unique<torch_backend>(*module, std::move(timer))};
+  return std::unique_ptr<backend>{std::make_unique<torch_backend>(
+    *module, std::move(timer), opts.modeled_forward_s, opts.modeled_backward_factor)};
 }
 
 } // namespace starling::actors::stage

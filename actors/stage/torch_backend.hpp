@@ -21,6 +21,12 @@ struct torch_backend_options {
   /// device's own time, read from the steady clock here and nowhere in the stage). Tests pass a
   /// fixed cost to make the emulated speed deterministic.
   device_timer timer;
+  /// > 0: the device time is modeled, not measured (simulation with real compute): a forward
+  /// costs `modeled_forward_s` per sample, a backward `modeled_backward_factor` times that,
+  /// and none of it counts as time the clock saw pass (`ran_s` = 0), so on CAF's virtual clock
+  /// the run is as fast as the model says and the same for every run of a seed.
+  double modeled_forward_s = 0;
+  double modeled_backward_factor = 2.0;
 };
 
 /// The device seconds of `work` by the steady clock.

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -66,6 +67,18 @@ double clip_by_global_norm(const std::vector<torch::Tensor>& params, double max_
     if (p.grad().defined())
       p.mutable_grad().mul_(scale);
   return norm;
+}
+
+double scheduled_lr(const optimizer_options& opts, uint64_t step) {
+  if (opts.warmup_steps <= 0)
+    return opts.lr;
+  auto w = static_cast<double>(opts.warmup_steps);
+  return opts.lr * std::min(1.0, (static_cast<double>(step) + 1.0) / w);
+}
+
+void set_learning_rate(torch::optim::Optimizer& opt, double lr) {
+  for (auto& g : opt.param_groups())
+    g.options().set_lr(lr);
 }
 
 double clipped_step(torch::optim::Optimizer& opt, const std::vector<torch::Tensor>& params,

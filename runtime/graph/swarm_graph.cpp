@@ -376,6 +376,10 @@ void read_swarm_graph(config_node& n, swarm_graph& out) {
     read_real(o, "lr", out.optimizer.lr, 0.0, 10.0);
     read_real(o, "weight_decay", out.optimizer.weight_decay, 0.0, 1.0);
     read_real(o, "max_grad_norm", out.optimizer.max_grad_norm, 0.0, 1e9);
+    read_int(o, "warmup_steps", out.optimizer.warmup_steps, 0, 1000000);
+    read_real(o, "beta1", out.optimizer.beta1, 0.0, 0.999999);
+    read_real(o, "beta2", out.optimizer.beta2, 0.0, 0.999999);
+    read_real(o, "eps", out.optimizer.eps, 0.0, 1.0);
     o.finish();
   }
   if (n.has("compression")) {

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <random>
 
+#include <ATen/Parallel.h>
 #include <caf/all.hpp>
 #include <fmt/format.h>
 
@@ -197,6 +198,11 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
   auto slot = ctx.index;
   if (stage >= s.ranges.size() || slot >= s.slots.size())
     return {};
+  // LibTorch's threads per process (`swarm.torch_threads`): every stage peer of the process
+  // computes on the actor threads already; more intra-op threads only oversubscribe the cores,
+  // and in simulation one thread keeps the arithmetic the same in every run.
+  if (at::get_num_threads() != static_cast<int>(g.torch_threads))
+    at::set_num_threads(static_cast<int>(g.torch_threads));
   actors::stage::stage_options so;
   so.stage = stage;
   so.name = fmt::format("s{}p{}g{}", stage, slot, ctx.generation);
@@ -209,17 +215,24 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
   so.backward_first = g.backward_first;
   so.download_state = ctx.download_state();
   so.seed = ctx.seed;
-  so.codec = s.modeled ? kernels::codec_id::none : g.compression;
+  auto cost_model = s.modeled && !s.sim.real_compute;
+  so.codec = cost_model ? kernels::codec_id::none : g.compression;
   if (s.modeled) {
     auto work = s.sim.stage_work.empty() ? 1.0 : s.sim.stage_work[stage];
-    so.backend = actors::stage::compute_backend::cost_model;
-    so.cost_model.forward_s = s.sim.forward_s * work;
-    so.cost_model.backward_factor = s.sim.backward_factor;
-    so.cost_model.noise = s.sim.noise;
-    so.cost_model.payload = s.sim.payload;
-    // A state transfer weighs what `state_transfer` moves over a default link.
-    so.cost_model.state_bytes = static_cast<uint64_t>(
-      std::chrono::duration<double>(s.sim.state_transfer).count() * s.bandwidth);
+    if (s.sim.real_compute) {
+      // The model itself, its device time modeled (virtual time, deterministic).
+      so.modeled_forward_s = s.sim.forward_s * work;
+      so.modeled_backward_factor = s.sim.backward_factor;
+    } else {
+      so.backend = actors::stage::compute_backend::cost_model;
+      so.cost_model.forward_s = s.sim.forward_s * work;
+      so.cost_model.backward_factor = s.sim.backward_factor;
+      so.cost_model.noise = s.sim.noise;
+      so.cost_model.payload = s.sim.payload;
+      // A state transfer weighs what `state_transfer` moves over a default link.
+      so.cost_model.state_bytes = static_cast<uint64_t>(
+        std::chrono::duration<double>(s.sim.state_transfer).count() * s.bandwidth);
+    }
     so.timeout = caf::timespan{std::chrono::seconds(30)};
     so.retry_every = caf::timespan{std::chrono::seconds(2)};
     so.download_patience = caf::timespan{std::chrono::seconds(30)};
@@ -230,14 +243,15 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
   auto& h = ctx.node;
   so.metrics = h.metrics();
   // Checkpoints go to the node's run directory, where a peer respawned on this node finds them
-  // when its whole stage is gone; a modeled peer holds no learned state and writes none.
-  if (!s.modeled && !h.run_dir().empty()) {
+  // when its whole stage is gone; a cost-model peer holds no learned state and writes none.
+  if (!cost_model && !h.run_dir().empty()) {
     so.checkpoint.dir = h.run_dir() + "/checkpoints";
     so.checkpoint.every = span(g.checkpoint.every);
     so.checkpoint.keep = static_cast<uint32_t>(g.checkpoint.keep);
     // The slot's accumulated gradient outlives a stop on purpose (`--resume` takes it up).
     so.checkpoint.slot = fmt::format("s{}p{}", stage, slot);
     so.checkpoint.background = h.mode() != run_mode::sim;
+    so.checkpoint.wall_times = h.mode() != run_mode::sim;
     if (replicating(h, s)) {
       keep_replicas(h, s);
       so.checkpoint.replicas = replica_board(h, s);
@@ -359,7 +373,7 @@ caf::actor spawn_trainer(role_context& ctx, const swarm_role_options& o,
                          const std::shared_ptr<swarm_data_cache>& cache) {
   auto& s = *o.setup;
   auto& g = s.graph;
-  auto data = data_for(*cache, g, s.modeled);
+  auto data = data_for(*cache, g, s.modeled && !s.sim.real_compute);
   if (!data) {
     log(log_level::error, "swarm", "{}: no training data: {}", ctx.name, cache->error);
     return {};
@@ -382,7 +396,8 @@ caf::actor spawn_trainer(role_context& ctx, const swarm_role_options& o,
   to.seed = g.seed * 7919 + static_cast<uint64_t>(i);
   if (s.modeled) {
     auto& sim = s.sim;
-    to.codec = kernels::codec_id::none;
+    if (!sim.real_compute)
+      to.codec = kernels::codec_id::none;
     to.refresh_every = span(sim.refresh_every);
     to.exclude_for = span(sim.refresh_every);
     to.probe = sim.probe && sim.routing == swarm_routing::stochastic;
@@ -457,6 +472,9 @@ result<std::string> inspect_swarm_run(const swarm_setup& s, const std::string& d
 
 /// Reads the optional `sim` section.
 void read_sim_options(config_node& n, swarm_sim_options& s) {
+  std::string compute = s.real_compute ? "torch" : "model";
+  read_choice(n, "compute", compute, {"model", "torch"});
+  s.real_compute = compute == "torch";
   nanoseconds fwd{static_cast<int64_t>(s.forward_s * 1e9)};
   read_duration(n, "forward_per_sample", fwd);
   if (fwd.count() <= 0)
@@ -576,7 +594,8 @@ void add_swarm_roles(experiment_graph& eg, const std::shared_ptr<const swarm_set
   eg.roles.insert(eg.roles.begin(), peers);
   eg.roles.insert(eg.roles.begin(), trainer);
   eg.reporters.clear();
-  if (setup->modeled)
+  // With real compute a simulated run reports as a real one (loss, bursts, held-out loss).
+  if (setup->modeled && !setup->sim.real_compute)
     eg.reporters.push_back([setup, outcome] { return make_swarm_sim_reporter(setup, outcome); });
   else
     eg.reporters.push_back([setup] { return make_swarm_reporter(setup); });
@@ -688,7 +707,9 @@ void add_swarm(role_registry& reg) {
   auto describe = [](const swarm_role_options& o) {
     auto& g = o.setup->graph;
     return fmt::format("{}, {} stages, {} backend", g.describe_model(), g.stages.size(),
-                       o.setup->modeled ? "cost-model" : "LibTorch");
+                       !o.setup->modeled          ? "LibTorch"
+                       : o.setup->sim.real_compute ? "LibTorch (modeled device time)"
+                                                   : "cost-model");
   };
   auto check = [](const swarm_role_options& o) -> status {
     if (!o.setup)

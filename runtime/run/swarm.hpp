@@ -26,6 +26,11 @@ enum class swarm_routing { stochastic, uniform, fixed };
 
 /// The `swarm.sim:` section: cost model, routing and rebalancing of simulated runs.
 struct swarm_sim_options {
+  /// `compute: torch`: the stage peers run the model itself (real activations, gradients,
+  /// steps, averaging of real tensors, checkpoints) with the device time modeled as below, on
+  /// the real data: a real loss curve in virtual time, the same for every run of a seed
+  /// (LibTorch single-threaded). `compute: model` (default): the cost model, no learning.
+  bool real_compute = false;
   /// Forward seconds per sample at speed 1, times the stage's `stage_work` (empty = all 1).
   double forward_s = 0.01;
   std::vector<double> stage_work;

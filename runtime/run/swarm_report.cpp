@@ -27,6 +27,7 @@
 #include "messages/atoms.hpp"
 #include "messages/rebalance_atoms.hpp"
 #include "messages/swarm.hpp"
+#include "runtime/metrics/loss_bursts.hpp"
 #include "runtime/metrics/metrics.hpp"
 #include "runtime/plot/svg.hpp"
 
@@ -219,6 +220,7 @@ public:
       samples_ += static_cast<int64_t>(m.value("samples"));
       retries_ += static_cast<int64_t>(m.value("retries"));
       auto loss = m.value("loss");
+      bursts_.add(m.t, loss);
       ema_ = has_loss_ ? 0.95 * ema_ + 0.05 * loss : loss;
       has_loss_ = true;
       loss_curve_.emplace_back(m.t, ema_);
@@ -375,6 +377,7 @@ public:
       print_migrations(ctx, board);
     fmt::print("  {:<34} {:.4f} -> {:.4f}\n", "training loss (EMA, first -> last)",
                loss_curve_.empty() ? 0.0 : loss_curve_.front().second, ema_);
+    print_bursts();
     std::string steps;
     stage_report sum;
     for (auto& r : reports) {
@@ -443,12 +446,63 @@ public:
     fmt::print("  {:<34} {:.0f} MiB\n", "peak resident memory", static_cast<double>(rss) / 1048576);
     if (g.export_model)
       export_model(final_model, loss1);
+    write_summary(ctx, loss1);
     write_plots();
     std::fflush(stdout);
     return loss1 >= 0 && loss1 < loss0_ ? 0 : 1;
   }
 
 private:
+  /// The loss-burst line: how many microbatches exceeded the recent median by the margin, and
+  /// when (runtime/metrics/loss_bursts.hpp).
+  void print_bursts() const {
+    auto& o = bursts_.settings();
+    auto& bs = bursts_.bursts();
+    if (bs.empty()) {
+      fmt::print("  {:<34} none (no microbatch above the median of the last {} by > {:.2f}; "
+                 "largest excess {:+.2f})\n",
+                 "loss bursts", o.window, o.margin, bursts_.largest_excess());
+      return;
+    }
+    std::string when;
+    for (size_t i = 0; i < bs.size() && i < 5; ++i)
+      when += fmt::format("{}{:.1f}-{:.1f} s ({} batches, peak {:.2f} = +{:.2f})",
+                          i ? ", " : "", bs[i].start_t, bs[i].end_t, bs[i].batches,
+                          bs[i].peak_loss, bs[i].peak_excess);
+    if (bs.size() > 5)
+      when += fmt::format(", and {} more", bs.size() - 5);
+    fmt::print("  {:<34} {} microbatches in {} bursts above the median of the last {} by > "
+               "{:.2f}: {}\n",
+               "loss bursts", bursts_.flagged(), bs.size(), o.window, o.margin, when);
+  }
+
+  /// `<out>/summary.json`: the numbers of the summary a script compares (scripts/compare-runs).
+  void write_summary(const finish_context& ctx, double loss1) const {
+    if (info_.out_dir.empty())
+      return;
+    nlohmann::json j;
+    j["microbatches"] = microbatches_;
+    j["samples"] = samples_;
+    j["run_s"] = ctx.run_s;
+    j["preemptions"] = preemptions_;
+    j["hop_retries"] = retries_;
+    j["ema_loss"] = ema_;
+    j["held_out_before"] = loss0_;
+    if (loss1 >= 0)
+      j["held_out_after"] = loss1;
+    j["burst_margin"] = bursts_.settings().margin;
+    j["burst_batches"] = bursts_.flagged();
+    j["largest_excess"] = bursts_.largest_excess();
+    auto list = nlohmann::json::array();
+    for (auto& b : bursts_.bursts())
+      list.push_back({{"start_t", b.start_t}, {"end_t", b.end_t}, {"batches", b.batches},
+                      {"peak_loss", b.peak_loss}, {"peak_excess", b.peak_excess},
+                      {"reference", b.reference}});
+    j["bursts"] = list;
+    std::ofstream f(info_.out_dir + "/summary.json");
+    f << j.dump(2) << "\n";
+  }
+
   /// Writes the final model into `<out>/export`: per stage its TorchScript files (scripted
   /// models) and state dicts, and `export.json` with the held-out losses.
   void export_model(const std::vector<std::shared_ptr<kernels::stage_module>>& model,
@@ -702,6 +756,7 @@ private:
   int64_t repeated_ = 0;
   double ema_ = 0;
   bool has_loss_ = false;
+  burst_detector bursts_;
   std::vector<std::pair<double, double>> loss_curve_;
   std::vector<std::pair<double, int64_t>> marks_;
   std::vector<std::pair<double, std::string>> markers_;

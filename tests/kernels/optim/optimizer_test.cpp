@@ -314,4 +314,24 @@ TEST_CASE("malformed canonical optimizer moments are a failure and change nothin
   CHECK(load_optimizer_moments(*opt, good).ok());
 }
 
+TEST_CASE("warmup: the learning rate rises linearly to lr over warmup_steps, then stays") {
+  kernels::optimizer_options o;
+  o.lr = 1e-3;
+  CHECK(kernels::scheduled_lr(o, 0) == doctest::Approx(1e-3)); // no warmup
+  o.warmup_steps = 5;
+  CHECK(kernels::scheduled_lr(o, 0) == doctest::Approx(2e-4));
+  CHECK(kernels::scheduled_lr(o, 3) == doctest::Approx(8e-4));
+  CHECK(kernels::scheduled_lr(o, 4) == doctest::Approx(1e-3));
+  CHECK(kernels::scheduled_lr(o, 1000) == doctest::Approx(1e-3));
+  // The optimizer takes it: an Adam step's size follows the rate set before it.
+  auto p = torch::zeros({3}, torch::requires_grad());
+  auto opt = kernels::make_optimizer(o, {p});
+  REQUIRE(opt);
+  kernels::set_learning_rate(**opt, kernels::scheduled_lr(o, 0));
+  p.mutable_grad() = torch::ones({3});
+  (*opt)->step();
+  // Adam's first step moves each coordinate by lr (bias-corrected m/sqrt(v) = 1).
+  CHECK(p.detach()[0].item<double>() == doctest::Approx(-2e-4).epsilon(1e-3));
+}
+
 } // namespace starling::test::kernels_optimizer_test
