@@ -22,14 +22,7 @@ const std::string run = "run-41";
 
 btard::statement make(const key_pair& k, btard::statement_kind kind, uint64_t step,
                       std::string slot, std::string payload) {
-  btard::statement s;
-  s.kind = kind;
-  s.run_id = run;
-  s.step = step;
-  s.signer = k.public_key();
-  s.slot = std::move(slot);
-  s.payload = std::move(payload);
-  return s;
+  return {kind, run, step, k.public_key(), std::move(slot), std::move(payload)};
 }
 
 btard::signed_statement signed_by(const key_pair& k, btard::statement s) {

@@ -20,13 +20,7 @@ const std::string run = "run-v";
 
 btard::signed_statement signed_by(const key_pair& k, btard::statement_kind kind, uint64_t step,
                                   std::string slot, std::string payload) {
-  btard::statement s;
-  s.kind = kind;
-  s.run_id = run;
-  s.step = step;
-  s.signer = k.public_key();
-  s.slot = std::move(slot);
-  s.payload = std::move(payload);
+  btard::statement s{kind, run, step, k.public_key(), std::move(slot), std::move(payload)};
   auto out = btard::sign_statement(std::move(s), k);
   REQUIRE(out);
   return *out;
