@@ -1,6 +1,7 @@
 #include "actors/stage/stage.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -197,20 +198,33 @@ private:
   caf::result<tensor_msg> forward(const stage_forward& req);
   caf::result<stage_backward_reply> backward(const stage_backward& req);
 
-  /// Queues the computed request on the device (a backward before waiting forwards with
-  /// `backward_first`): the reply leaves when its compute is done (at once when the device is
-  /// free and that is now), or fails at once when the peer dies first.
+  /// What a request's compute produced: its cost on the device and the reply.
   template <class T>
-  caf::result<T> respond(time_point arrived, const compute_result& r, T value, bool backward);
+  using computed_reply = result<std::pair<compute_result, T>>;
 
-  /// Gives the free device to the next waiting request (replies of requests that complete at
-  /// once leave now; the next one that takes time is timed by its ticket).
+  /// Queues a request on the device (a backward before waiting forwards with `backward_first`):
+  /// `compute` runs when the request gets the device, on the parameters of that moment, and the
+  /// reply leaves when its device time is over (at once when the device was free and that is
+  /// now), or fails at once when the peer dies first. `batch`: its samples (for the estimate
+  /// probes see while it waits).
+  template <class T>
+  caf::result<T> enqueue(time_point arrived, bool backward, int64_t batch,
+                         std::function<computed_reply<T>()> compute);
+
+  /// Gives the free device to the next waiting requests: computes each and answers those that
+  /// complete at once; the next one that takes time is timed by its ticket.
   void serve_next();
 
   /// Keeps `deliver` under `ticket` until a `(tick_atom, ticket)` or `serve_next` runs it; `fail`
   /// answers the caller if the peer dies first.
   void park(uint64_t ticket, std::function<void()> deliver,
             std::function<void(const caf::error&)> fail);
+
+  /// Device seconds (at the peer's speed) a request of `batch` samples is expected to need: the
+  /// last measured forward or backward per sample.
+  double estimate(bool backward, int64_t batch) const {
+    return per_sample_s_[backward ? 1 : 0] * static_cast<double>(batch);
+  }
 
   // -- state ------------------------------------------------------------------------------------
 
@@ -306,8 +320,19 @@ private:
   /// The device: one request at a time, backwards first (`backward_first`); queue ids are the
   /// tickets of the held replies.
   device_queue queue_;
-  /// Replies waiting for their compute to finish, by ticket.
+  /// A request waiting for the device: `run` computes it (answering its device seconds, its
+  /// real compute seconds and samples, or none after it answered an error) and `deliver` sends
+  /// the computed reply.
+  struct device_job {
+    std::function<std::optional<std::array<double, 3>>()> run;
+    std::function<void()> deliver;
+  };
+  /// Requests waiting for the device, by ticket.
+  std::map<uint64_t, device_job> jobs_;
+  /// Computed replies waiting for their device time to pass, by ticket.
   std::map<uint64_t, std::function<void()>> held_;
+  /// Last measured device seconds per sample of a forward and of a backward.
+  std::array<double, 2> per_sample_s_{0.0, 0.0};
   uint64_t next_ticket_ = 0;
   /// How to fail each held reply when the peer dies (a preempted machine's connections break,
   /// so its callers learn at once instead of at their timeout).
@@ -551,12 +576,15 @@ caf::result<tensor_msg> stage_peer::forward(const stage_forward& req) {
   if (!req.input.ok())
     return caf::make_error(caf::sec::invalid_argument, "bad input: " + req.input.error);
   auto arrived = self_->clock().now();
-  auto r = dev_->forward(req.input.tensor, req.targets.tensor, req.seed);
-  if (!r)
-    return to_error(r.error());
-  // The loss travels exactly; activations with the peer's codec.
-  tensor_msg reply{r->output, dev_->is_last() ? kernels::codec_id::none : opts_.codec, {}, {}};
-  return respond(arrived, *r, std::move(reply), false);
+  return enqueue<tensor_msg>(
+    arrived, false, batch_of(req.input.tensor), [this, req]() -> computed_reply<tensor_msg> {
+      auto r = dev_->forward(req.input.tensor, req.targets.tensor, req.seed);
+      if (!r)
+        return r.error();
+      // The loss travels exactly; activations with the peer's codec.
+      tensor_msg reply{r->output, dev_->is_last() ? kernels::codec_id::none : opts_.codec, {}, {}};
+      return std::make_pair(*r, std::move(reply));
+    });
 }
 
 caf::result<stage_backward_reply> stage_peer::backward(const stage_backward& req) {
@@ -565,38 +593,43 @@ caf::result<stage_backward_reply> stage_peer::backward(const stage_backward& req
   if (!req.input.ok() || !req.grad_output.ok())
     return caf::make_error(caf::sec::invalid_argument, "bad input or gradient");
   auto arrived = self_->clock().now();
-  // The microbatch's gradient is computed apart from the accumulated (confirmed) ones and held
-  // until the trainer confirms this attempt: a retried backward enters the optimizer once.
-  auto confirmed = kernels::flatten_gradients(params_);
-  zero_gradients();
-  auto r = dev_->backward(req.input.tensor, req.grad_output.tensor, req.targets.tensor, req.seed);
-  uncommitted_grad held;
-  held.grad = kernels::flatten_gradients(params_);
-  (void)kernels::unflatten_gradients(confirmed, params_); // fits: taken from them
-  if (!r)
-    return to_error(r.error());
-  auto batch = batch_of(req.input.tensor);
-  samples_ += static_cast<uint64_t>(batch);
-  held.batch = batch;
-  stage_backward_reply reply;
-  if (r->output.defined())
-    reply.grad_input = tensor_msg{r->output, opts_.codec, {}, {}};
-  if (dev_->is_last())
-    reply.loss = r->loss;
-  auto out = respond(arrived, *r, std::move(reply), true);
-  // Overdue once the reply left (behind the queue) and a commit timeout passed.
-  auto now = self_->clock().now();
-  held.deadline = now
-                  + std::chrono::duration_cast<caf::timespan>(
-                    std::chrono::duration<double>(queue_.backlog(now)))
-                  + opts_.commit_timeout;
-  // A second delivery of the same attempt replaces the first: it is one gradient either way.
-  uncommitted_[{req.microbatch_id, req.attempt}] = std::move(held);
-  if (!expiring_) {
-    expiring_ = true;
-    self_->delayed_send(self_, opts_.commit_timeout, messages::commit_atom::value);
-  }
-  return out;
+  return enqueue<stage_backward_reply>(
+    arrived, true, batch_of(req.input.tensor),
+    [this, req]() -> computed_reply<stage_backward_reply> {
+      // The microbatch's gradient is computed apart from the accumulated (confirmed) ones and
+      // held until the trainer confirms this attempt: a retried backward enters the optimizer
+      // once.
+      auto confirmed = kernels::flatten_gradients(params_);
+      zero_gradients();
+      auto r =
+        dev_->backward(req.input.tensor, req.grad_output.tensor, req.targets.tensor, req.seed);
+      uncommitted_grad held;
+      held.grad = kernels::flatten_gradients(params_);
+      (void)kernels::unflatten_gradients(confirmed, params_); // fits: taken from them
+      if (!r)
+        return r.error();
+      auto batch = batch_of(req.input.tensor);
+      samples_ += static_cast<uint64_t>(batch);
+      held.batch = batch;
+      stage_backward_reply reply;
+      if (r->output.defined())
+        reply.grad_input = tensor_msg{r->output, opts_.codec, {}, {}};
+      if (dev_->is_last())
+        reply.loss = r->loss;
+      // Overdue once the reply left (after this request's device time) and a commit timeout
+      // passed.
+      held.deadline = self_->clock().now()
+                      + std::chrono::duration_cast<caf::timespan>(
+                        std::chrono::duration<double>(r->device_s / opts_.speed))
+                      + opts_.commit_timeout;
+      // A second delivery of the same attempt replaces the first: one gradient either way.
+      uncommitted_[{req.microbatch_id, req.attempt}] = std::move(held);
+      if (!expiring_) {
+        expiring_ = true;
+        self_->delayed_send(self_, opts_.commit_timeout, messages::commit_atom::value);
+      }
+      return std::make_pair(*r, std::move(reply));
+    });
 }
 
 // -- exactly-once gradients -----------------------------------------------------------------------
@@ -668,49 +701,102 @@ void stage_peer::expire_uncommitted() {
 }
 
 template <class T>
-caf::result<T> stage_peer::respond(time_point arrived, const compute_result& r, T value,
-                                   bool backward) {
-  auto now = self_->clock().now();
-  auto device_s = r.device_s / opts_.speed;
-  auto samples = r.samples;
+caf::result<T> stage_peer::enqueue(time_point arrived, bool backward, int64_t batch,
+                                   std::function<computed_reply<T>()> compute) {
   auto ticket = next_ticket_++;
-  queue_.push(ticket, arrived, now, device_s, r.ran_s, backward && opts_.backward_first);
-  // The device was free (then nothing else waits): this request holds it now.
-  auto got = queue_.start();
-  if (got && got->done <= now) {
-    queue_.finish();
-    meter_.add(device_s, samples);
-    return value;
-  }
-  auto rp = self_->make_response_promise<T>();
-  park(
-    ticket,
-    [this, rp, device_s, samples, v = std::move(value)]() mutable {
+  queue_.push(ticket, arrived, estimate(backward, batch), backward && opts_.backward_first);
+  // Computes the request that got the device: its cost, and the reply kept in `out`.
+  auto run = [this, backward, batch, compute = std::move(compute)](
+               std::optional<T>& out) -> result<std::array<double, 3>> {
+    auto r = compute();
+    if (!r)
+      return r.error();
+    auto device_s = r->first.device_s / opts_.speed;
+    per_sample_s_[backward ? 1 : 0] = device_s / static_cast<double>(std::max<int64_t>(1, batch));
+    out.emplace(std::move(r->second));
+    return std::array<double, 3>{device_s, r->first.ran_s, r->first.samples};
+  };
+  if (!queue_.running() && queue_.queued() == 1) {
+    // The device is free and nothing waits: compute now; answer now if that is all it takes.
+    auto got = queue_.start();
+    auto began = self_->clock().now();
+    std::optional<T> out;
+    auto cost = run(out);
+    if (!cost) {
+      queue_.computed(began, began, 0, 0);
       queue_.finish();
-      meter_.add(device_s, samples);
-      rp.deliver(std::move(v));
-    },
-    [rp](const caf::error& e) mutable { rp.deliver(e); });
-  if (got)
-    self_->delayed_send(self_, got->done - now, tick_atom::value, ticket);
+      return to_error(cost.error());
+    }
+    auto now = self_->clock().now();
+    auto done = queue_.computed(began, now, (*cost)[0], (*cost)[1]);
+    if (done <= now) {
+      queue_.finish();
+      meter_.add((*cost)[0], (*cost)[2]);
+      return std::move(*out);
+    }
+    auto rp = self_->make_response_promise<T>();
+    park(
+      ticket,
+      [this, rp, c = *cost, v = std::move(*out)]() mutable {
+        queue_.finish();
+        meter_.add(c[0], c[2]);
+        rp.deliver(std::move(v));
+      },
+      [rp](const caf::error& e) mutable { rp.deliver(e); });
+    self_->delayed_send(self_, done - now, tick_atom::value, got->id);
+    return rp;
+  }
+  // The device is busy: the request waits for it and is computed when it gets it.
+  auto rp = self_->make_response_promise<T>();
+  auto out = std::make_shared<std::optional<T>>();
+  device_job job;
+  job.run = [rp, out, run = std::move(run)]() mutable -> std::optional<std::array<double, 3>> {
+    auto cost = run(*out);
+    if (!cost) {
+      rp.deliver(to_error(cost.error()));
+      return std::nullopt;
+    }
+    return *cost;
+  };
+  job.deliver = [rp, out]() mutable { rp.deliver(std::move(**out)); };
+  jobs_.emplace(ticket, std::move(job));
+  on_death_->emplace(ticket, [rp](const caf::error& e) mutable { rp.deliver(e); });
   return rp;
 }
 
 void stage_peer::serve_next() {
-  auto now = self_->clock().now();
   while (auto got = queue_.start()) {
-    if (got->done > now) {
-      self_->delayed_send(self_, got->done - now, tick_atom::value, got->id);
-      return;
-    }
-    auto i = held_.find(got->id);
-    if (i == held_.end()) {
-      queue_.finish(); // cannot happen: every queued request is parked
+    auto j = jobs_.find(got->id);
+    if (j == jobs_.end()) {
+      queue_.finish(); // cannot happen: every waiting request has its job
       continue;
     }
-    auto deliver = std::move(i->second);
-    held_.erase(i);
-    deliver();
+    auto job = std::move(j->second);
+    jobs_.erase(j);
+    auto began = self_->clock().now();
+    auto cost = job.run();
+    if (!cost) { // it answered its error
+      on_death_->erase(got->id);
+      queue_.computed(began, began, 0, 0);
+      queue_.finish();
+      continue;
+    }
+    auto now = self_->clock().now();
+    auto done = queue_.computed(began, now, (*cost)[0], (*cost)[1]);
+    auto deliver = [this, deaths = on_death_, id = got->id, c = *cost,
+                    d = std::move(job.deliver)]() mutable {
+      deaths->erase(id);
+      queue_.finish();
+      meter_.add(c[0], c[2]);
+      d();
+    };
+    if (done <= now) {
+      deliver();
+      continue;
+    }
+    held_.emplace(got->id, std::move(deliver));
+    self_->delayed_send(self_, done - now, tick_atom::value, got->id);
+    return;
   }
 }
 
@@ -795,7 +881,7 @@ void stage_peer::leave() {
 }
 
 void stage_peer::leave_when_drained() {
-  if (draining_ && held_.empty() && uncommitted_.empty())
+  if (draining_ && held_.empty() && jobs_.empty() && uncommitted_.empty())
     leave();
 }
 

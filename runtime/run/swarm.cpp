@@ -505,6 +505,12 @@ void read_sim_options(config_node& n, swarm_sim_options& s) {
     s.rebalance_period = nanoseconds{0};
   read_real(n, "rebalance_threshold", s.rebalance_threshold, 0.0, 10.0);
   read(n, "place_new_peers", s.place_new_peers);
+  // With the model itself the window is the graph's `max_inflight`, as in a local run, unless
+  // the file asks otherwise: the adaptive window (6 per peer) keeps a thousand modeled peers
+  // busy, but with a real model it puts tens of microbatches in flight per trainer, each
+  // gradient seconds (steps) older than the parameters it is applied to, and the run diverges.
+  if (s.real_compute && !n.has("inflight_per_peer"))
+    s.inflight_per_peer = 0;
   read_real(n, "inflight_per_peer", s.inflight_per_peer, 0.0, 1000.0);
   read_int(n, "inflight_cap", s.inflight_cap, 1, 1 << 20);
   read(n, "probe", s.probe);

@@ -43,7 +43,7 @@ struct swarm_sim_options {
   std::chrono::nanoseconds state_transfer = std::chrono::seconds(2);
   swarm_routing routing = swarm_routing::stochastic;
   /// Microbatches in flight per live stage peer, shared by the trainers, at most `inflight_cap`
-  /// per trainer; 0 = the graph's fixed `max_inflight`.
+  /// per trainer; 0 = the graph's fixed `max_inflight` (the default with `compute: torch`).
   double inflight_per_peer = 6.0;
   int64_t inflight_cap = 1024;
   /// Stochastic routing probes two candidates per hop (power of two choices).

@@ -38,7 +38,7 @@ swarm:
   max_inflight: 2
   target_batch: 32
   averaging: {progress_period: 250ms, matchmaking_window: 750ms, round_timeout: 10s}
-  optimizer: {kind: adam, lr: 3e-3, warmup_steps: 3, max_grad_norm: 1.0}
+  optimizer: {kind: adam, lr: 1e-3, warmup_steps: 3, max_grad_norm: 1.0}
   compression: blockwise8
   hop_timeout: 10s
   preempt_every: 0s
@@ -155,13 +155,17 @@ TEST_CASE("simulated swarm with real compute: a stage peer killed during trainin
     MESSAGE("kill at " << at << ": largest per-batch loss increase " << worst
                        << ", mean difference after the fault " << mean);
     // The bounds. After the fault the two runs group samples into steps differently, and two
-    // such trajectories of this model differ batch by batch in both directions (measured:
-    // -0.28 to +0.50, the faulty run ending 0.13-0.15 lower on held-out data); the fault's cost
-    // is what exceeds that. Before the deserted-peer rule (actors/collab/coordinator.hpp), the
-    // survivor of a kill at 5.7 s waited out a matchmaking window for every step and lost 6 of
-    // 9 steps: +0.93 at worst, +0.30 on average, 18 batches above 0.5.
-    CHECK(worst < 0.75);
-    CHECK(mean < 0.15);
+    // such trajectories differ batch by batch (measured at lr 1e-3: at most +0.016 per batch,
+    // the faulty run 0.07-0.09 lower on average, where its survivors took more, smaller
+    // steps); the fault's cost is what exceeds that. Before the deserted-peer rule
+    // (actors/collab/coordinator.hpp) the survivor of a kill at 5.7 s waited out a matchmaking
+    // window for every step and lost 6 of 9 steps: +0.93 at worst, +0.30 on average; with
+    // gradients computed when a request arrived rather than when the device ran it, and a
+    // window of 12 microbatches per trainer, the kill at 5.3 s set off a divergence of +3.6
+    // (issue 38). lr 1e-3 as in make run: at 3e-3 this model diverges late in some seeds
+    // without any fault, and a fault that shifts the trajectory would be blamed for it.
+    CHECK(worst < 0.25);
+    CHECK(mean < 0.05);
     CHECK(faulty.result.exit_code == 0);
   }
 }
