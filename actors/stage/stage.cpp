@@ -17,6 +17,7 @@
 
 #include "actors/collab/coordinator.hpp"
 #include "actors/collab/grad_accumulator.hpp"
+#include "actors/collab/peer.hpp"
 #include "actors/collab/settle.hpp"
 #include "actors/collab/shell.hpp"
 #include "actors/dht/client.hpp"
@@ -180,7 +181,7 @@ caf::behavior checkpoint_writer(caf::event_based_actor*) {
 }
 
 /// A stage peer: the protocol around one backend and its device queue.
-class stage_peer {
+class stage_peer : public collab::peer_model {
 public:
   explicit stage_peer(caf::event_based_actor* self) : self_(self) {
     // nop
@@ -287,25 +288,25 @@ private:
         p.grad().zero_();
   }
 
-  // -- collaborative stepping: the coordinator's effects (actors/collab/COLLAB.md) --------------
+  // -- collaborative stepping: the model the shell drives (actors/collab/peer.hpp) ------------
 
   /// Asks the DHT for the node's key (its progress records are owned and signed), then starts
   /// the core; without an answer the records are plain (sub-key = the peer's name).
   void join_collaboration();
   void start_core(std::string id, bool sign);
-  /// Carries out the core's effects, in order.
-  void carry(std::vector<collab::effect> es);
-  /// Stores the peer's progress record (or its tombstone).
-  void put_record(std::vector<char> value, collab::seconds expires_at);
-  void read_records();
-  /// Takes the step's mean gradient out (kept under `id`).
-  torch::Tensor take_gradient(uint64_t id);
-  /// Takes the step's mean gradient out and averages it (weight: its samples).
-  void start_round(const collab::start_round& r);
-  /// Steps the optimizer on round `id`'s averaged gradient or on the peer's own.
-  void take_step(uint64_t id, uint64_t step, bool averaged);
-  void start_state_round(const collab::start_state_round& r);
-  void download(const collab::download_state& d);
+  collab::taken_gradient_ref take_gradient(uint64_t id, uint64_t samples) override;
+  void step(uint64_t id, uint64_t step, const torch::Tensor& grad,
+            collab::step_basis basis) override;
+  result<torch::Tensor> state_vector() override;
+  status load_state_vector(const torch::Tensor& v) override;
+  void state_round_ended(uint64_t id, uint64_t step, bool resync, bool loaded) override;
+  void discard_gradients() override;
+  /// Downloads the state (parameters, optimizer, step) of a stage peer at the core's step or
+  /// later from the stage's live peers (not the core's donor ids: the board knows them).
+  void download(const collab::download_state& d) override;
+  void wake_in(caf::timespan delay) override {
+    self_->delayed_send(self_, delay, tick_atom::value);
+  }
   /// The `(status_atom)` counters.
   std::vector<uint64_t> counters() const;
   /// Now on the core's clock.
@@ -348,33 +349,9 @@ private:
   /// Collaborative stepping: microbatches in `pending_samples_` (the accumulated gradient is a
   /// sum of microbatch means).
   int64_t pending_micro_ = 0;
-  /// The decision core (from when the peer serves; collaborative stepping only).
-  std::unique_ptr<collab::coordinator> core_;
-  /// The sub-key of its progress records, and whether they are signed.
-  std::string record_id_;
-  bool sign_records_ = false;
-  collab::blind_reads blind_;
-  /// A step's mean gradient taken out for a round, until the round's update (or skip).
-  struct taken_step {
-    /// The step's own mean gradient: never handed to the averager (collab/settle.hpp).
-    torch::Tensor mean;
-    /// The core gave up on the round: a late answer is dropped.
-    bool abandoned = false;
-    /// The round's group key (a cancel names it).
-    std::string key;
-    /// The round's answer was a partial average (settle).
-    bool partial = false;
-  };
-  std::map<uint64_t, taken_step> taken_;
-  /// Averaged gradients and states by round id, until the core says to apply or load them.
-  std::map<uint64_t, torch::Tensor> averaged_;
-  std::map<uint64_t, torch::Tensor> state_results_;
-  /// State rounds' group keys by id (a cancel names it).
-  std::map<uint64_t, std::string> state_keys_;
-  /// State rounds and downloads the core gave up on.
-  std::set<uint64_t> abandoned_;
-  /// Gradient rounds whose averager found nobody (`round_failed` to the core).
-  uint64_t no_partner_ = 0;
+  /// The collaborative optimizer's shell (collaborative stepping only; its core runs from when
+  /// the peer serves).
+  std::unique_ptr<collab::peer_shell> shell_;
   download_stats dl_;
   /// State changes so far, and the count at the last checkpoint written or restored.
   uint64_t version_ = 0;
@@ -429,6 +406,17 @@ caf::error stage_peer::init(stage_options opts, caf::actor board) {
       why = "collaborative stepping: " + st.what();
     if (!why.empty())
       return caf::make_error(caf::sec::invalid_argument, why);
+    collab::peer_shell_options so;
+    so.dht = a.dht;
+    so.averager = a.averager;
+    so.progress_key = progress_key(a.prefix, opts_.stage);
+    so.gradient_key = [prefix = a.prefix, stage = opts_.stage](uint64_t step) {
+      return step_key(prefix, stage, step);
+    };
+    so.state_key = [prefix = a.prefix, stage = opts_.stage](uint64_t step) {
+      return fmt::format("{}/stage{}/state{}", prefix, stage, step);
+    };
+    shell_ = std::make_unique<collab::peer_shell>(self_, this, std::move(so));
   }
   // Download the stage's state from a live peer before serving (from every live peer at once;
   // the first complete state wins). A peer of the initial generation whose stage has nobody yet
@@ -510,13 +498,13 @@ caf::behavior stage_peer::make_behavior() {
     [this](load_atom) { report_load(); },
     // The core's timer (`wake_at`; a bare tick: held replies carry a ticket).
     [this](tick_atom) {
-      if (core_)
-        carry(core_->timer(now()));
+      if (shell_)
+        shell_->timer();
     },
     // A progress read that showed nobody else, asked again.
     [this](collab::collab_reread_atom) {
-      if (core_)
-        read_records();
+      if (shell_)
+        shell_->reread();
     },
     [this](tick_atom, uint64_t ticket) {
       auto i = held_.find(ticket);
@@ -665,8 +653,8 @@ void stage_peer::apply(const uncommitted_grad& g) {
   if (collaborative(opts_)) {
     // Confirmed: now the samples count for the core (`start_round` takes them out).
     pending_micro_++;
-    if (core_)
-      carry(core_->samples_done(static_cast<uint64_t>(g.batch), now()));
+    if (shell_)
+      shell_->samples_done(static_cast<uint64_t>(g.batch));
     return;
   }
   if (pending_samples_ < opts_.local_batch)
@@ -868,8 +856,8 @@ void stage_peer::report(const std::string& kind, std::map<std::string, double> v
 
 void stage_peer::leave() {
   // It stops counting for its stage at once (a tombstone over its progress record).
-  if (core_)
-    carry(core_->leave(now()));
+  if (shell_)
+    shell_->leave();
   // A peer stopped on purpose (the run's end or a signal, leaving, migrating) writes its state
   // first, so that a resumed run or a later peer continues from it; a preempted one (killed)
   // cannot.
@@ -1113,104 +1101,14 @@ void stage_peer::join_collaboration() {
 }
 
 void stage_peer::start_core(std::string id, bool sign) {
-  record_id_ = std::move(id);
-  sign_records_ = sign;
   // It joins at the step of the state it serves (downloaded, restored or its own).
-  core_ = std::make_unique<collab::coordinator>(record_id_, core_options(opts_), steps_);
-  carry(core_->start(now()));
+  shell_->start(std::move(id), sign, core_options(opts_), steps_);
   // Confirmed before the core ran (or a slot's pending gradient taken up): they count too.
   if (pending_samples_ > 0)
-    carry(core_->samples_done(static_cast<uint64_t>(pending_samples_), now()));
+    shell_->samples_done(static_cast<uint64_t>(pending_samples_));
 }
 
-void stage_peer::carry(std::vector<collab::effect> es) {
-  auto& a = opts_.averaging;
-  for (auto& e : es) {
-    if (auto* p = std::get_if<collab::publish_progress>(&e)) {
-      put_record(std::move(p->value), p->expires_at);
-    } else if (auto* w = std::get_if<collab::withdraw_progress>(&e)) {
-      put_record(std::move(w->value), w->expires_at);
-    } else if (std::holds_alternative<collab::read_progress>(e)) {
-      read_records();
-    } else if (auto* wk = std::get_if<collab::wake_at>(&e)) {
-      self_->delayed_send(self_, collab::wake_delay(wk->at, now()), tick_atom::value);
-    } else if (auto* r = std::get_if<collab::start_round>(&e)) {
-      start_round(*r);
-    } else if (auto* sa = std::get_if<collab::step_alone>(&e)) {
-      take_gradient(sa->id);
-      take_step(sa->id, sa->step, false);
-    } else if (auto* ab = std::get_if<collab::abandon_round>(&e)) {
-      if (auto i = taken_.find(ab->id); i != taken_.end()) {
-        i->second.abandoned = true;
-        self_->send(a.averager, average_atom::value, stop_atom::value, i->second.key);
-      }
-    } else if (auto* ap = std::get_if<collab::apply_averaged>(&e)) {
-      take_step(ap->id, ap->step, true);
-    } else if (auto* own = std::get_if<collab::step_own>(&e)) {
-      take_step(own->id, own->step, false);
-    } else if (auto* sk = std::get_if<collab::skip_step>(&e)) {
-      taken_.erase(sk->id);
-      averaged_.erase(sk->id);
-    } else if (std::holds_alternative<collab::pause_compute>(e)
-               || std::holds_alternative<collab::resume_compute>(e)) {
-      // Ignored: a stage peer is a server; its work comes from trainers, which would only retry
-      // a refused request elsewhere. With delayed updates the core pauses only for a catch-up
-      // download, and the backwards confirmed meanwhile accumulate towards the next step (the
-      // gradients are kept across the download), as they do while a round runs.
-    } else if (auto* sr = std::get_if<collab::start_state_round>(&e)) {
-      start_state_round(*sr);
-    } else if (auto* ls = std::get_if<collab::load_averaged_state>(&e)) {
-      if (auto i = state_results_.find(ls->id); i != state_results_.end()) {
-        if (auto st = collab::load_state_vector(params_, *optim_, i->second); !st)
-          aout(self_) << opts_.name << ": averaged state not loaded: " << st.what() << "\n";
-        else {
-          changed();
-          report("state_loaded", {{"step", static_cast<double>(steps_)}});
-        }
-        state_results_.erase(i);
-      }
-      state_keys_.erase(ls->id);
-    } else if (auto* as = std::get_if<collab::abandon_state_round>(&e)) {
-      abandoned_.insert(as->id);
-      if (auto k = state_keys_.find(as->id); k != state_keys_.end()) {
-        self_->send(a.averager, average_atom::value, stop_atom::value, k->second);
-        state_keys_.erase(k);
-      }
-    } else if (auto* d = std::get_if<collab::download_state>(&e)) {
-      download(*d);
-    } else if (auto* ad = std::get_if<collab::abandon_download>(&e)) {
-      abandoned_.insert(ad->id);
-    } else if (std::holds_alternative<collab::discard_gradients>(e)) {
-      zero_gradients();
-      pending_samples_ = 0;
-      pending_micro_ = 0;
-    }
-  }
-}
-
-void stage_peer::put_record(std::vector<char> value, collab::seconds expires_at) {
-  auto& a = opts_.averaging;
-  collab::put_progress_record(self_, a.dht, progress_key(a.prefix, opts_.stage), record_id_,
-                              std::move(value), expires_at, sign_records_,
-                              collab::span_of(core_->options().read_timeout));
-}
-
-void stage_peer::read_records() {
-  auto& a = opts_.averaging;
-  collab::read_progress_records(
-    self_, a.dht, progress_key(a.prefix, opts_.stage), record_id_,
-    collab::span_of(core_->options().read_timeout), &blind_,
-    [this](const std::vector<collab::progress_entry>& entries) {
-      if (core_)
-        carry(core_->progress_read(entries, now()));
-    },
-    [this] {
-      if (core_)
-        carry(core_->progress_read_failed(now()));
-    });
-}
-
-torch::Tensor stage_peer::take_gradient(uint64_t id) {
+collab::taken_gradient_ref stage_peer::take_gradient(uint64_t, uint64_t samples) {
   // The step's gradient is taken out (a mean over its microbatches); backwards confirmed while
   // a round runs accumulate towards the next step. The core counted the same samples:
   // `pending_samples_`.
@@ -1220,62 +1118,11 @@ torch::Tensor stage_peer::take_gradient(uint64_t id) {
   zero_gradients();
   pending_samples_ = 0;
   pending_micro_ = 0;
-  taken_[id] = taken_step{grad, false};
-  return grad;
+  return {grad, static_cast<double>(samples)};
 }
 
-void stage_peer::start_round(const collab::start_round& r) {
-  auto& a = opts_.averaging;
-  auto grad = take_gradient(r.id);
-  auto id = r.id;
-  auto key = step_key(a.prefix, opts_.stage, r.step);
-  taken_[id].key = key;
-  // The averager writes into a copy; the own gradient stays the peer's (collab/settle.hpp).
-  messages::tensor_list tl;
-  tl.tensors.push_back(
-    tensor_msg{collab::averaging_input{grad}.for_averager(), kernels::codec_id::none, {}, {}});
-  self_
-    ->request(a.averager, collab::span_of(r.deadline - now() + 1.0), average_atom::value,
-              std::move(key), std::move(tl), static_cast<double>(r.samples))
-    .then(
-      [this, id](messages::average_result& res) {
-        using messages::round_outcome;
-        auto t = taken_.find(id);
-        if (!core_ || t == taken_.end() || t->second.abandoned)
-          return;
-        // Anything else is no average: the core steps alone on the own samples or, with none,
-        // takes no step.
-        auto settled = collab::settle(res, collab::averaging_input{t->second.mean});
-        if (settled.kind != collab::settled_kind::own) {
-          averaged_[id] = settled.values;
-          t->second.partial = settled.kind == collab::settled_kind::partial;
-          if (t->second.partial)
-            carry(core_->round_partial(id, now()));
-          else
-            carry(core_->round_done(id, now()));
-          return;
-        }
-        if (res.report.outcome == round_outcome::no_partner)
-          no_partner_++;
-        carry(core_->round_failed(id, now()));
-      },
-      [this, id](caf::error&) {
-        auto t = taken_.find(id);
-        if (core_ && t != taken_.end() && !t->second.abandoned)
-          carry(core_->round_failed(id, now()));
-      });
-}
-
-void stage_peer::take_step(uint64_t id, uint64_t step, bool averaged) {
-  auto t = taken_.find(id);
-  if (t == taken_.end())
-    return;
-  auto grad = t->second.mean;
-  if (averaged) {
-    auto i = averaged_.find(id);
-    if (i != averaged_.end())
-      grad = i->second;
-  }
+void stage_peer::step(uint64_t, uint64_t step, const torch::Tensor& grad,
+                      collab::step_basis basis) {
   // Clipped; the gradient accumulated meanwhile (backwards served during the round) stays.
   kernels::set_learning_rate(*optim_, kernels::scheduled_lr(opts_.optimizer, step));
   auto r = collab::step_on(params_, *optim_, opts_.optimizer.max_grad_norm, grad);
@@ -1284,49 +1131,35 @@ void stage_peer::take_step(uint64_t id, uint64_t step, bool averaged) {
   // One line per step: what it stepped on (the run's record of every update, next to the
   // losses it is compared with).
   report("step", {{"step", static_cast<double>(step)},
-                  {"averaged", averaged ? 1.0 : 0.0},
-                  {"partial", averaged && t->second.partial ? 1.0 : 0.0},
+                  {"averaged", basis != collab::step_basis::own ? 1.0 : 0.0},
+                  {"partial", basis == collab::step_basis::partial ? 1.0 : 0.0},
                   {"grad_norm", r ? *r : -1.0}});
   steps_ = step + 1; // the core moved on either way
   changed();
-  taken_.erase(t);
-  averaged_.erase(id);
 }
 
-void stage_peer::start_state_round(const collab::start_state_round& r) {
-  auto& a = opts_.averaging;
-  auto id = r.id;
-  auto v = collab::state_vector(params_, *optim_);
-  if (!v) {
-    carry(core_->state_round_failed(id, now()));
-    return;
-  }
-  collab::averaging_input in{*v};
-  messages::tensor_list tl;
-  tl.tensors.push_back(tensor_msg{in.for_averager(), kernels::codec_id::none, {}, {}});
-  auto key = fmt::format("{}/stage{}/state{}", a.prefix, opts_.stage, r.step);
-  state_keys_[id] = key;
-  self_
-    ->request(a.averager, collab::span_of(r.deadline - now() + 1.0), average_atom::value, key,
-              std::move(tl), 1.0)
-    .then(
-      [this, id, in](messages::average_result& res) {
-        state_keys_.erase(id); // answered: nothing left to cancel
-        if (!core_ || abandoned_.count(id) > 0)
-          return;
-        auto settled = collab::settle(res, in);
-        if (settled.kind != collab::settled_kind::own) {
-          state_results_[id] = settled.values;
-          carry(core_->state_round_done(id, now()));
-        } else {
-          carry(core_->state_round_failed(id, now()));
-        }
-      },
-      [this, id](caf::error&) {
-        state_keys_.erase(id);
-        if (core_ && abandoned_.count(id) == 0)
-          carry(core_->state_round_failed(id, now()));
-      });
+result<torch::Tensor> stage_peer::state_vector() {
+  return collab::state_vector(params_, *optim_);
+}
+
+status stage_peer::load_state_vector(const torch::Tensor& v) {
+  auto st = collab::load_state_vector(params_, *optim_, v);
+  if (!st)
+    aout(self_) << opts_.name << ": averaged state not loaded: " << st.what() << "\n";
+  else
+    changed();
+  return st;
+}
+
+void stage_peer::state_round_ended(uint64_t, uint64_t, bool, bool loaded) {
+  if (loaded)
+    report("state_loaded", {{"step", static_cast<double>(steps_)}});
+}
+
+void stage_peer::discard_gradients() {
+  zero_gradients();
+  pending_samples_ = 0;
+  pending_micro_ = 0;
 }
 
 /// Downloads the state (parameters, optimizer, step) of a stage peer at the core's step or later
@@ -1336,21 +1169,21 @@ void stage_peer::download(const collab::download_state& d) {
   fetch_stage_state(
     self_, board_, opts_.stage, opts_.timeout, d.step,
     [this, id](const stage_state& donor, size_t donors) {
-      if (!core_ || abandoned_.count(id) > 0)
+      if (!shell_->running() || shell_->abandoned(id))
         return;
       if (!load(donor).ok()) {
-        carry(core_->download_failed(id, now()));
+        shell_->download_failed(id);
         return;
       }
       dl_.downloads++;
       dl_.donors += donors;
       report("downloaded", {{"step", static_cast<double>(steps_)},
                             {"donors", static_cast<double>(donors)}});
-      carry(core_->download_done(id, donor.steps, now()));
+      shell_->download_done(id, donor.steps);
     },
     [this, id](bool) {
-      if (core_ && abandoned_.count(id) == 0)
-        carry(core_->download_failed(id, now()));
+      if (shell_->running() && !shell_->abandoned(id))
+        shell_->download_failed(id);
     });
 }
 
@@ -1361,18 +1194,18 @@ std::vector<uint64_t> stage_peer::counters() const {
   v[st_downloads] = dl_.downloads;
   v[st_donors] = dl_.donors;
   v[st_queued] = static_cast<uint64_t>(queue_.queued());
-  if (core_) {
-    auto& c = core_->stats();
+  if (auto* core = shell_ ? shell_->core() : nullptr) {
+    auto& c = core->stats();
     v[st_rounds] = c.rounds;
     v[st_averaged] = c.rounds_averaged;
-    v[st_no_partner] = no_partner_;
-    v[st_failed] = c.rounds_failed + c.rounds_timed_out - no_partner_;
+    v[st_no_partner] = shell_->no_partner();
+    v[st_failed] = c.rounds_failed + c.rounds_timed_out - shell_->no_partner();
     v[st_skipped] = c.skipped_steps;
     v[st_caught_up] = c.downloads_done;
     v[st_samples_averaged] = c.samples_averaged;
     v[st_samples_alone] = c.samples_alone;
     v[st_samples_dropped] = c.samples_dropped;
-    v[st_pending] = core_->pending_samples();
+    v[st_pending] = core->pending_samples();
     v[st_state_rounds] = c.state_rounds;
     v[st_state_rounds_loaded] = c.state_rounds_loaded;
   }
