@@ -9,7 +9,7 @@
 #include <caf/all.hpp>
 #include <fmt/format.h>
 
-#include "actors/collab/settle.hpp"
+#include "actors/collab/peer.hpp"
 #include "actors/collab/shell.hpp"
 #include "actors/dht/client.hpp"
 #include "actors/dp_peer/backend.hpp"
@@ -93,10 +93,6 @@ struct taken_round {
   uint64_t microbatches = 0;
   double loss = 0;
   caf::actor_clock::time_point started;
-  /// The core gave up on it: a late answer is dropped.
-  bool abandoned = false;
-  /// The round's group key (a cancel names it).
-  std::string key;
   /// What the averager said (group size, parts' smallest contributor count).
   double group = 1;
   double contributors = 1;
@@ -130,7 +126,9 @@ struct peer_state {
   dp_peer_options opts;
   /// The sub-key of its records: its address, and its node key's owner marker when signing.
   std::string id;
-  std::unique_ptr<collab::coordinator> core;
+  /// The collaborative optimizer's shell, and this peer as the model it drives (dp_model).
+  std::unique_ptr<collab::peer_shell> shell;
+  std::unique_ptr<collab::peer_model> as_model;
   bool paused = false;
   bool ticking = false;
   bool left = false;
@@ -138,12 +136,8 @@ struct peer_state {
   uint64_t pending_first = 0;
   double loss_sum = 0;
   uint64_t loss_count = 0;
+  /// The model's side of each gradient taken out for a round (the shell keeps the tensor).
   std::map<uint64_t, taken_round> taken;
-  std::map<uint64_t, torch::Tensor> averaged;
-  std::map<uint64_t, torch::Tensor> state_results;
-  /// State rounds in flight: id -> (step, a resync after a lone step).
-  std::map<uint64_t, std::pair<uint64_t, bool>> state_rounds;
-  std::set<uint64_t> abandoned;
   /// Downloads of a peer that stepped alone, from peers at its step (`download_state::resync`).
   std::set<uint64_t> resync_downloads;
   std::map<std::string, caf::actor> handles;
@@ -175,7 +169,22 @@ void metric(peer_actor* self, std::string kind, std::map<std::string, double> va
                                                    std::move(values), std::move(labels)});
 }
 
-void carry(peer_actor* self, std::vector<collab::effect> es);
+/// The coordinator (null before the peer started).
+collab::coordinator* core_of(peer_actor* self) {
+  auto& s = self->state;
+  return s.shell ? s.shell->core() : nullptr;
+}
+
+/// Carries out the core's effects (the shell does).
+void carry(peer_actor* self, std::vector<collab::effect> es) {
+  self->state.shell->carry(std::move(es));
+}
+
+/// Whether the core still waits for gradient round `id`.
+bool round_live(peer_actor* self, uint64_t id) {
+  auto& s = self->state;
+  return s.shell && s.shell->round_live(id) && s.taken.count(id) > 0;
+}
 void schedule_tick(peer_actor* self, bool fresh);
 
 /// The handle of `address`, resolved once.
@@ -205,7 +214,7 @@ void forget_handle(peer_actor* self, const std::string& address) {
 
 void maybe_evaluate(peer_actor* self) {
   auto& s = self->state;
-  auto step = s.core->step();
+  auto step = core_of(self)->step();
   if (s.opts.eval_every == 0 || step == 0 || step % s.opts.eval_every != 0)
     return;
   auto e = s.model->evaluate();
@@ -238,17 +247,12 @@ void report_step(peer_actor* self, uint64_t step, const taken_round& t, bool ave
           {"round_s", round_s}});
 }
 
-/// State round `id` ended (loaded or not): one dp_state_round metric.
-void report_state_round(peer_actor* self, uint64_t id, bool loaded) {
-  auto& s = self->state;
-  auto it = s.state_rounds.find(id);
-  if (it == s.state_rounds.end())
-    return;
+/// A state round ended (loaded or not): one dp_state_round metric.
+void report_state_round(peer_actor* self, uint64_t step, bool resync, bool loaded) {
   metric(self, "dp_state_round",
-         {{"step", static_cast<double>(it->second.first)},
-          {"resync", it->second.second ? 1.0 : 0.0},
+         {{"step", static_cast<double>(step)},
+          {"resync", resync ? 1.0 : 0.0},
           {"loaded", loaded ? 1.0 : 0.0}});
-  s.state_rounds.erase(it);
 }
 
 void report_dropped(peer_actor* self, uint64_t first, uint64_t microbatches, uint64_t samples) {
@@ -258,28 +262,6 @@ void report_dropped(peer_actor* self, uint64_t first, uint64_t microbatches, uin
          {{"first", static_cast<double>(first)},
           {"last", static_cast<double>(first + microbatches - 1)},
           {"samples", static_cast<double>(samples)}});
-}
-
-// -- progress records ----------------------------------------------------------------------------
-
-void put_record(peer_actor* self, std::vector<char> value, seconds expires_at) {
-  auto& s = self->state;
-  collab::put_progress_record(self, s.svc.dht, progress_key(s.opts), s.id, std::move(value),
-                              expires_at, s.opts.sign_records, span_of(s.opts.rpc_timeout));
-}
-
-void read_records(peer_actor* self) {
-  auto& s = self->state;
-  collab::read_progress_records(
-    self, s.svc.dht, progress_key(s.opts), s.id, span_of(s.opts.rpc_timeout), &s.blind,
-    [self](const std::vector<collab::progress_entry>& entries) {
-      if (self->state.core)
-        carry(self, self->state.core->progress_read(entries, now_s(self)));
-    },
-    [self] {
-      if (self->state.core)
-        carry(self, self->state.core->progress_read_failed(now_s(self)));
-    });
 }
 
 // -- DeDLOC rounds -------------------------------------------------------------------------------
@@ -312,60 +294,6 @@ void count_round_bytes(peer_actor* self, const messages::round_report& r) {
   s.bytes_received += static_cast<uint64_t>(received);
 }
 
-void start_dedloc_round(peer_actor* self, const collab::start_round& r) {
-  auto& s = self->state;
-  auto& t = s.taken[r.id];
-  auto weight = static_cast<double>(t.g.samples);
-  auto key = fmt::format("{}/grad/{}", s.opts.key_prefix, r.step);
-  t.key = key;
-  auto timeout = span_of(r.deadline - now_s(self) + 1.0);
-  // The averager writes into a copy; the own gradient stays the peer's (collab/settle.hpp).
-  messages::tensor_list tl;
-  tl.tensors.push_back(messages::tensor_msg{collab::averaging_input{t.g.mean}.for_averager(),
-                                            kernels::codec_id::none, {}, {}});
-  auto id = r.id;
-  self->request(s.svc.averager, timeout, average_atom::value, key, std::move(tl), weight)
-    .then(
-      [=](messages::average_result& res) {
-        auto& st = self->state;
-        auto it = st.taken.find(id);
-        if (!st.core || it == st.taken.end() || it->second.abandoned)
-          return;
-        auto& rep = res.report;
-        count_round_bytes(self, rep);
-        it->second.group = static_cast<double>(rep.members.size());
-        size_t least = rep.members.size();
-        for (auto& p : rep.parts)
-          if (p.size > 0)
-            least = std::min(least, p.status == messages::part_status::averaged
-                                      ? p.contributors.size()
-                                      : size_t{1});
-        it->second.contributors = static_cast<double>(least);
-        if (st.opts.collab.mode == collab::peer_mode::auxiliary && rep.members.size() > 1
-            && (rep.outcome == messages::round_outcome::complete
-                || rep.outcome == messages::round_outcome::partial)) {
-          // An auxiliary peer reduced for the others and applies nothing: its step is done.
-          carry(self, st.core->round_done(id, now_s(self), rep.members.size()));
-        } else if (auto settled = collab::settle(res, collab::averaging_input{it->second.g.mean}, 2);
-                   settled.kind != collab::settled_kind::own) {
-          st.averaged[id] = settled.values;
-          auto n = rep.members.size();
-          carry(self, settled.kind == collab::settled_kind::partial
-                        ? st.core->round_partial(id, now_s(self), n)
-                        : st.core->round_done(id, now_s(self), n));
-        } else {
-          carry(self, st.core->round_failed(id, now_s(self)));
-        }
-      },
-      [=](caf::error&) {
-        auto& st = self->state;
-        auto it = st.taken.find(id);
-        if (!st.core || it == st.taken.end() || it->second.abandoned)
-          return;
-        carry(self, st.core->round_failed(id, now_s(self)));
-      });
-}
-
 // -- DiLoCo rounds -------------------------------------------------------------------------------
 
 std::string diloco_key(const dp_peer_options& o, uint64_t step) {
@@ -385,16 +313,16 @@ void finish_reduction(peer_actor* self, const std::string& round) {
   if (red.contributions() == 0) {
     for (auto& rp : rr.waiting)
       rp.deliver(caf::make_error(caf::sec::runtime_error, "no contribution reached the reducer"));
-    if (s.core && own)
-      carry(self, s.core->round_failed(rr.round_id, now_s(self)));
+    if (core_of(self) && own)
+      carry(self, core_of(self)->round_failed(rr.round_id, now_s(self)));
     return;
   }
   auto w = red.finish(std::max<size_t>(recipients, 1));
   if (!w) {
     for (auto& rp : rr.waiting)
       rp.deliver(caf::make_error(caf::sec::runtime_error, w.error().what));
-    if (s.core)
-      carry(self, s.core->round_failed(rr.round_id, now_s(self)));
+    if (core_of(self))
+      carry(self, core_of(self)->round_failed(rr.round_id, now_s(self)));
     return;
   }
   auto msg = to_msg(*w);
@@ -404,12 +332,12 @@ void finish_reduction(peer_actor* self, const std::string& round) {
   }
   rr.waiting.clear();
   auto t = s.taken.find(rr.round_id);
-  if (!s.core || t == s.taken.end() || t->second.abandoned)
+  if (!core_of(self) || t == s.taken.end() || !round_live(self, rr.round_id))
     return;
   t->second.wire = *w;
   t->second.group = static_cast<double>(rr.expected);
   t->second.contributors = static_cast<double>(rr.added);
-  carry(self, s.core->round_done(rr.round_id, now_s(self), rr.expected));
+  carry(self, core_of(self)->round_done(rr.round_id, now_s(self), rr.expected));
 }
 
 void add_contribution(peer_actor* self, const std::string& round,
@@ -437,7 +365,7 @@ void diloco_gathered(peer_actor* self, uint64_t id, uint64_t step,
                      const std::vector<messages::dht_record>& records) {
   auto& s = self->state;
   auto t = s.taken.find(id);
-  if (!s.core || t == s.taken.end() || t->second.abandoned)
+  if (!core_of(self) || t == s.taken.end() || !round_live(self, id))
     return;
   auto round = diloco_key(s.opts, step);
   std::string reducer;
@@ -460,7 +388,7 @@ void diloco_gathered(peer_actor* self, uint64_t id, uint64_t step,
   bool contributes = s.opts.collab.mode != collab::peer_mode::auxiliary;
   if (reducer.empty() || contributors < 2) {
     // Alone (or nobody may reduce): no exchange.
-    carry(self, s.core->round_failed(id, now_s(self)));
+    carry(self, core_of(self)->round_failed(id, now_s(self)));
     return;
   }
   if (reducer == s.opts.address) {
@@ -490,7 +418,7 @@ void diloco_gathered(peer_actor* self, uint64_t id, uint64_t step,
     e.rp.deliver(caf::make_error(caf::sec::runtime_error, "not this round's reducer"));
   s.early.erase(round);
   if (!contributes || t->second.g.samples == 0) {
-    carry(self, s.core->round_failed(id, now_s(self)));
+    carry(self, core_of(self)->round_failed(id, now_s(self)));
     return;
   }
   messages::diloco_contribution c;
@@ -509,28 +437,28 @@ void diloco_gathered(peer_actor* self, uint64_t id, uint64_t step,
           [=](messages::wire_tensor_msg& m) {
             auto& st = self->state;
             auto it = st.taken.find(id);
-            if (!st.core || it == st.taken.end() || it->second.abandoned)
+            if (!core_of(self) || it == st.taken.end() || !round_live(self, id))
               return;
             auto w = from_msg(m);
             st.bytes_received += w.size();
             it->second.wire = std::move(w);
             it->second.group = static_cast<double>(contributors);
             it->second.contributors = static_cast<double>(contributors);
-            carry(self, st.core->round_done(id, now_s(self), contributors));
+            carry(self, core_of(self)->round_done(id, now_s(self), contributors));
           },
           [=](caf::error&) {
             forget_handle(self, reducer);
             auto& st = self->state;
             auto it = st.taken.find(id);
-            if (st.core && it != st.taken.end() && !it->second.abandoned)
-              carry(self, st.core->round_failed(id, now_s(self)));
+            if (core_of(self) && it != st.taken.end() && round_live(self, id))
+              carry(self, core_of(self)->round_failed(id, now_s(self)));
           });
     },
     [=](std::string) {
       auto& st = self->state;
       auto it = st.taken.find(id);
-      if (st.core && it != st.taken.end() && !it->second.abandoned)
-        carry(self, st.core->round_failed(id, now_s(self)));
+      if (core_of(self) && it != st.taken.end() && round_live(self, id))
+        carry(self, core_of(self)->round_failed(id, now_s(self)));
     });
 }
 
@@ -540,7 +468,7 @@ void start_diloco_round(peer_actor* self, const collab::start_round& r) {
   if (s.opts.collab.mode != collab::peer_mode::auxiliary) {
     auto out = s.diloco->outgoing();
     if (!out) {
-      carry(self, s.core->round_failed(r.id, now_s(self)));
+      carry(self, core_of(self)->round_failed(r.id, now_s(self)));
       return;
     }
     t.wire = std::move(*out);
@@ -577,12 +505,12 @@ void report_download(peer_actor* self, uint64_t id, uint64_t step, size_t donors
 void finish_download(peer_actor* self, uint64_t id, const messages::stage_state& st,
                      size_t donors) {
   auto& s = self->state;
-  if (!s.core || s.abandoned.count(id) > 0)
+  if (!core_of(self) || s.shell->abandoned(id))
     return;
   auto ok = s.model->import_state(st);
   report_download(self, id, st.steps, donors, ok.ok());
   if (!ok) {
-    carry(self, s.core->download_failed(id, now_s(self)));
+    carry(self, core_of(self)->download_failed(id, now_s(self)));
     return;
   }
   if (s.opts.algo == algorithm::diloco) {
@@ -591,18 +519,18 @@ void finish_download(peer_actor* self, uint64_t id, const messages::stage_state&
     if (d)
       s.diloco.emplace(std::move(*d));
   }
-  carry(self, s.core->download_done(id, st.steps, now_s(self)));
+  carry(self, core_of(self)->download_done(id, st.steps, now_s(self)));
 }
 
 void download_whole(peer_actor* self, uint64_t id, uint64_t min_step,
                     std::shared_ptr<std::vector<std::string>> donors, size_t next,
                     size_t parts_donors) {
   auto& s = self->state;
-  if (!s.core || s.abandoned.count(id) > 0)
+  if (!core_of(self) || s.shell->abandoned(id))
     return;
   if (next >= donors->size()) {
     report_download(self, id, 0, parts_donors, false);
-    carry(self, s.core->download_failed(id, now_s(self)));
+    carry(self, core_of(self)->download_failed(id, now_s(self)));
     return;
   }
   auto address = collab::address_of_id((*donors)[next]);
@@ -681,7 +609,8 @@ void download(peer_actor* self, const collab::download_state& d) {
 
 // -- effects -------------------------------------------------------------------------------------
 
-void apply_update(peer_actor* self, uint64_t id, uint64_t step, bool averaged) {
+void apply_update(peer_actor* self, uint64_t id, uint64_t step, const torch::Tensor& grad,
+                  bool averaged) {
   auto& s = self->state;
   auto it = s.taken.find(id);
   if (it == s.taken.end())
@@ -693,16 +622,14 @@ void apply_update(peer_actor* self, uint64_t id, uint64_t step, bool averaged) {
       st = s.diloco->outer_step(*t.wire);
     else
       st = s.diloco->outer_step(s.diloco->pseudo_gradient());
-  } else if (averaged) {
-    auto a = s.averaged.find(id);
-    st = a == s.averaged.end() ? status{fail("no averaged gradient kept")} : s.model->apply(a->second);
+  } else if (!grad.defined()) {
+    st = fail("no averaged gradient kept");
   } else {
-    st = s.model->apply(t.g.mean);
+    st = s.model->apply(grad);
   }
   if (!st)
     metric(self, "dp_error", {{"step", static_cast<double>(step)}}, {{"what", st.what()}});
   report_step(self, step, t, averaged && st.ok());
-  s.averaged.erase(id);
   s.taken.erase(it);
   maybe_evaluate(self);
 }
@@ -727,111 +654,92 @@ void take_out(peer_actor* self, uint64_t id, uint64_t samples) {
   s.loss_count = 0;
 }
 
-void carry(peer_actor* self, std::vector<collab::effect> es) {
-  auto& s = self->state;
-  for (auto& e : es) {
-    if (auto* p = std::get_if<collab::publish_progress>(&e)) {
-      put_record(self, std::move(p->value), p->expires_at);
-    } else if (auto* w = std::get_if<collab::withdraw_progress>(&e)) {
-      put_record(self, std::move(w->value), w->expires_at);
-    } else if (std::holds_alternative<collab::read_progress>(e)) {
-      read_records(self);
-    } else if (auto* wk = std::get_if<collab::wake_at>(&e)) {
-      self->delayed_send(self, collab::wake_delay(wk->at, now_s(self)), dp_wake_atom::value);
-    } else if (auto* r = std::get_if<collab::start_round>(&e)) {
-      take_out(self, r->id, r->samples);
-      if (s.opts.algo == algorithm::diloco)
-        start_diloco_round(self, *r);
-      else
-        start_dedloc_round(self, *r);
-    } else if (auto* sa = std::get_if<collab::step_alone>(&e)) {
-      take_out(self, sa->id, sa->samples);
-      apply_update(self, sa->id, sa->step, false);
-    } else if (auto* a = std::get_if<collab::abandon_round>(&e)) {
-      if (auto it = s.taken.find(a->id); it != s.taken.end()) {
-        it->second.abandoned = true;
-        if (s.opts.algo == algorithm::dedloc)
-          self->send(s.svc.averager, average_atom::value, stop_atom::value, it->second.key);
-      }
-    } else if (auto* ap = std::get_if<collab::apply_averaged>(&e)) {
-      apply_update(self, ap->id, ap->step, true);
-    } else if (auto* own = std::get_if<collab::step_own>(&e)) {
-      apply_update(self, own->id, own->step, false);
-    } else if (auto* sk = std::get_if<collab::skip_step>(&e)) {
-      if (auto it = s.taken.find(sk->id); it != s.taken.end()) {
-        report_dropped(self, it->second.first, it->second.microbatches, it->second.g.samples);
-        s.taken.erase(it);
-      }
-      s.averaged.erase(sk->id);
-    } else if (std::holds_alternative<collab::pause_compute>(e)) {
-      s.paused = true;
-    } else if (std::holds_alternative<collab::resume_compute>(e)) {
-      s.paused = false;
-      schedule_tick(self, true);
-    } else if (auto* sr = std::get_if<collab::start_state_round>(&e)) {
-      auto v = s.model->state_vector();
-      auto id = sr->id;
-      s.state_rounds[id] = {sr->step, sr->resync};
-      if (!v) {
-        report_state_round(self, id, false);
-        carry(self, s.core->state_round_failed(id, now_s(self)));
-        continue;
-      }
-      collab::averaging_input in{*v};
-      messages::tensor_list tl;
-      tl.tensors.push_back(
-        messages::tensor_msg{in.for_averager(), kernels::codec_id::none, {}, {}});
-      auto key = fmt::format("{}/state/{}", s.opts.key_prefix, sr->step);
-      self->request(s.svc.averager, span_of(sr->deadline - now_s(self) + 1.0),
-                    average_atom::value, key, std::move(tl), 1.0)
-        .then(
-          [=](messages::average_result& res) {
-            auto& st = self->state;
-            if (!st.core || st.abandoned.count(id) > 0)
-              return;
-            count_round_bytes(self, res.report);
-            if (auto settled = collab::settle(res, in); settled.kind != collab::settled_kind::own) {
-              st.state_results[id] = settled.values;
-              carry(self, st.core->state_round_done(id, now_s(self)));
-            } else {
-              report_state_round(self, id, false);
-              carry(self, st.core->state_round_failed(id, now_s(self)));
-            }
-          },
-          [=](caf::error&) {
-            auto& st = self->state;
-            if (st.core && st.abandoned.count(id) == 0) {
-              report_state_round(self, id, false);
-              carry(self, st.core->state_round_failed(id, now_s(self)));
-            }
-          });
-    } else if (auto* ls = std::get_if<collab::load_averaged_state>(&e)) {
-      if (auto it = s.state_results.find(ls->id); it != s.state_results.end()) {
-        auto loaded = s.model->load_state_vector(it->second);
-        s.state_results.erase(it);
-        report_state_round(self, ls->id, loaded.ok());
-      }
-    } else if (auto* as = std::get_if<collab::abandon_state_round>(&e)) {
-      s.abandoned.insert(as->id);
-      if (auto r = s.state_rounds.find(as->id); r != s.state_rounds.end())
-        self->send(s.svc.averager, average_atom::value, stop_atom::value,
-                   fmt::format("{}/state/{}", s.opts.key_prefix, r->second.first));
-      report_state_round(self, as->id, false);
-    } else if (auto* d = std::get_if<collab::download_state>(&e)) {
-      download(self, *d);
-    } else if (auto* ad = std::get_if<collab::abandon_download>(&e)) {
-      s.abandoned.insert(ad->id);
-      s.resync_downloads.erase(ad->id);
-    } else if (std::holds_alternative<collab::discard_gradients>(e)) {
-      auto samples = s.model->accumulated();
-      report_dropped(self, s.pending_first, s.next_micro - s.pending_first, samples);
-      s.model->discard();
-      s.pending_first = s.next_micro;
-      s.loss_sum = 0;
-      s.loss_count = 0;
+/// The data-parallel peer as the model the collaborative shell drives (actors/collab/peer.hpp).
+class dp_model final : public collab::peer_model {
+public:
+  explicit dp_model(peer_actor* self) : self_(self) {}
+
+  collab::taken_gradient_ref take_gradient(uint64_t id, uint64_t samples) override {
+    take_out(self_, id, samples);
+    auto& g = self_->state.taken[id].g;
+    return {g.mean, static_cast<double>(g.samples)};
+  }
+
+  void step(uint64_t id, uint64_t step, const torch::Tensor& grad,
+            collab::step_basis basis) override {
+    apply_update(self_, id, step, grad, basis != collab::step_basis::own);
+  }
+
+  void skipped(uint64_t id) override {
+    auto& s = self_->state;
+    if (auto it = s.taken.find(id); it != s.taken.end()) {
+      report_dropped(self_, it->second.first, it->second.microbatches, it->second.g.samples);
+      s.taken.erase(it);
     }
   }
-}
+
+  result<torch::Tensor> state_vector() override { return self_->state.model->state_vector(); }
+
+  status load_state_vector(const torch::Tensor& v) override {
+    return self_->state.model->load_state_vector(v);
+  }
+
+  void state_round_ended(uint64_t, uint64_t step, bool resync, bool loaded) override {
+    report_state_round(self_, step, resync, loaded);
+  }
+
+  void discard_gradients() override {
+    auto& s = self_->state;
+    auto samples = s.model->accumulated();
+    report_dropped(self_, s.pending_first, s.next_micro - s.pending_first, samples);
+    s.model->discard();
+    s.pending_first = s.next_micro;
+    s.loss_sum = 0;
+    s.loss_count = 0;
+  }
+
+  void pause() override { self_->state.paused = true; }
+
+  void resume() override {
+    self_->state.paused = false;
+    schedule_tick(self_, true);
+  }
+
+  void download(const collab::download_state& d) override { dp_peer::download(self_, d); }
+
+  void download_abandoned(uint64_t id) override { self_->state.resync_downloads.erase(id); }
+
+  void wake_in(caf::timespan delay) override {
+    self_->delayed_send(self_, delay, dp_wake_atom::value);
+  }
+
+  void answered(uint64_t id, const messages::average_result& res) override {
+    count_round_bytes(self_, res.report);
+    auto& s = self_->state;
+    auto it = s.taken.find(id);
+    if (it == s.taken.end())
+      return; // a state round
+    auto& rep = res.report;
+    it->second.group = static_cast<double>(rep.members.size());
+    size_t least = rep.members.size();
+    for (auto& p : rep.parts)
+      if (p.size > 0)
+        least = std::min(least, p.status == messages::part_status::averaged
+                                  ? p.contributors.size()
+                                  : size_t{1});
+    it->second.contributors = static_cast<double>(least);
+  }
+
+  bool run_round(const collab::start_round& r) override {
+    if (self_->state.opts.algo != algorithm::diloco)
+      return false;
+    start_diloco_round(self_, r);
+    return true;
+  }
+
+private:
+  peer_actor* self_;
+};
 
 // -- compute -------------------------------------------------------------------------------------
 
@@ -855,7 +763,7 @@ void schedule_tick(peer_actor* self, bool fresh) {
 void on_tick(peer_actor* self) {
   auto& s = self->state;
   s.ticking = false;
-  if (s.paused || s.left || !s.core)
+  if (s.paused || s.left || !core_of(self))
     return;
   auto t0 = self->clock().now();
   auto index = s.next_micro;
@@ -873,7 +781,7 @@ void on_tick(peer_actor* self) {
     }
     if (s.opts.algo == algorithm::diloco && s.model->accumulated() >= s.opts.inner_batch)
       (void)s.model->inner_step();
-    carry(self, s.core->samples_done(r->samples, now_s(self)));
+    s.shell->samples_done(r->samples);
   }
   if (s.paused || s.left || s.ticking)
     return;
@@ -883,7 +791,6 @@ void on_tick(peer_actor* self) {
 
 void start_core(peer_actor* self) {
   auto& s = self->state;
-  s.core = std::make_unique<collab::coordinator>(s.id, s.opts.collab);
   if (s.opts.algo == algorithm::diloco) {
     auto d = collab::diloco_peer::make(s.model->parameters(), s.opts.diloco);
     if (!d) {
@@ -899,22 +806,22 @@ void start_core(peer_actor* self) {
          {{"generation", static_cast<double>(s.opts.generation)},
           {"numel", static_cast<double>(s.model->numel())}},
          {{"mode", mode_name(s.opts.collab.mode)}, {"algorithm", to_string(s.opts.algo)}});
-  carry(self, s.core->start(now_s(self)));
+  s.shell->start(s.id, s.opts.sign_records, s.opts.collab);
   schedule_tick(self, true);
 }
 
 std::vector<uint64_t> counters(peer_actor* self) {
   auto& s = self->state;
   std::vector<uint64_t> v(st_count, 0);
-  if (s.core) {
-    auto& c = s.core->stats();
-    v[st_step] = s.core->step();
+  if (auto* core = core_of(self)) {
+    auto& c = core->stats();
+    v[st_step] = core_of(self)->step();
     v[st_samples_reported] = c.samples_reported;
     v[st_samples_averaged] = c.samples_averaged;
     v[st_samples_alone] = c.samples_alone;
     v[st_samples_dropped] = c.samples_dropped;
-    v[st_pending] = s.core->pending_samples();
-    v[st_in_flight] = s.core->round_samples();
+    v[st_pending] = core_of(self)->pending_samples();
+    v[st_in_flight] = core_of(self)->round_samples();
     v[st_rounds] = c.rounds;
     v[st_rounds_averaged] = c.rounds_averaged;
     v[st_downloads_done] = c.downloads_done;
@@ -927,7 +834,7 @@ std::vector<uint64_t> counters(peer_actor* self) {
 
 result<messages::stage_state> own_state(peer_actor* self) {
   auto& s = self->state;
-  auto step = s.core ? s.core->step() : 0;
+  auto step = core_of(self) ? core_of(self)->step() : 0;
   auto st = s.model->export_state(step);
   if (st && s.opts.algo == algorithm::diloco && s.diloco)
     st->params.tensor = s.diloco->start().clone(); // the outer start, common to the peers
@@ -940,12 +847,28 @@ caf::behavior dp_peer_actor(peer_actor* self, dp_peer_services svc, std::shared_
   s.svc = std::move(svc);
   s.model = std::move(model);
   s.opts = std::move(opts);
+  s.as_model = std::make_unique<dp_model>(self);
+  collab::peer_shell_options so;
+  so.dht = s.svc.dht;
+  so.averager = s.svc.averager;
+  so.progress_key = progress_key(s.opts);
+  so.gradient_key = [prefix = s.opts.key_prefix](uint64_t step) {
+    return fmt::format("{}/grad/{}", prefix, step);
+  };
+  so.state_key = [prefix = s.opts.key_prefix](uint64_t step) {
+    return fmt::format("{}/state/{}", prefix, step);
+  };
+  so.min_members = 2; // a group of one is no average for a data-parallel peer
+  so.report_group = true;
+  so.auxiliary = s.opts.collab.mode == collab::peer_mode::auxiliary;
+  so.rpc_timeout = span_of(s.opts.rpc_timeout);
+  s.shell = std::make_unique<collab::peer_shell>(self, s.as_model.get(), std::move(so));
   self->set_exit_handler([=](const caf::exit_msg& m) {
     auto& st = self->state;
-    if (m.reason == caf::exit_reason::user_shutdown && st.core && !st.left) {
+    if (m.reason == caf::exit_reason::user_shutdown && core_of(self) && !st.left) {
       st.left = true;
-      carry(self, st.core->leave(now_s(self)));
-      metric(self, "dp_leave", {{"step", static_cast<double>(st.core->step())}});
+      st.shell->leave();
+      metric(self, "dp_leave", {{"step", static_cast<double>(core_of(self)->step())}});
       report_dropped(self, st.pending_first, st.next_micro - st.pending_first,
                      st.model->accumulated());
     }
@@ -973,18 +896,18 @@ caf::behavior dp_peer_actor(peer_actor* self, dp_peer_services svc, std::shared_
     },
     [=](dp_tick_atom) { on_tick(self); },
     [=](collab::collab_reread_atom) {
-      if (self->state.core && !self->state.left)
-        read_records(self);
+      if (core_of(self) && !self->state.left)
+        self->state.shell->reread();
     },
     [=](dp_wake_atom) {
       auto& st = self->state;
-      if (st.core && !st.left)
-        carry(self, st.core->timer(now_s(self)));
+      if (core_of(self) && !st.left)
+        st.shell->timer();
     },
     [=](dp_gather_atom, uint64_t id, uint64_t step) {
       auto& st = self->state;
       auto t = st.taken.find(id);
-      if (!st.core || t == st.taken.end() || t->second.abandoned)
+      if (!core_of(self) || t == st.taken.end() || !round_live(self, id))
         return;
       dht::dht_get(
         self, st.svc.dht, diloco_key(st.opts, step), span_of(st.opts.rpc_timeout),
