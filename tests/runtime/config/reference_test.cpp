@@ -8,8 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
-#include <sstream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -137,8 +137,8 @@ TEST_CASE("the reference documents every key the readers ask for") {
       ++n_missing;
     }
   INFO(asked.size(), " key paths asked for, ", documented.size(), " in the reference");
-  CHECK_MESSAGE(missing.empty(), n_missing, " key paths asked for but missing from "
-                                            "configs/reference.yaml:", missing);
+  CHECK_MESSAGE(missing.empty(), n_missing,
+                " key paths asked for but missing from configs/reference.yaml:", missing);
   if (missing.empty())
     MESSAGE(asked.size(), " key paths asked for, all in configs/reference.yaml");
 }
