@@ -9,6 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "runtime/config/asked_keys.hpp"
+
 namespace starling::runtime {
 
 namespace {
@@ -110,13 +112,18 @@ config_node config_node::child(const std::string& key) {
     expected(fmt::format("a map with key '{}'", key));
   known_->insert(key);
   const YAML::Node& self = node_; // const access: a lookup must not insert the key
-  return sub(self[key], key_path(path_, key));
+  auto out = sub(self[key], key_path(path_, key));
+  if (asked_keys::recording())
+    asked_keys::record(out.path_);
+  return out;
 }
 
 bool config_node::has(const std::string& key) {
   if (!node_.IsMap())
     return false;
   known_->insert(key);
+  if (asked_keys::recording())
+    asked_keys::record(key_path(path_, key));
   const YAML::Node& self = node_;
   auto n = self[key];
   return n.IsDefined() && !n.IsNull();
@@ -135,6 +142,8 @@ std::vector<config_node> config_node::items() const {
 std::vector<std::string> config_node::keys() {
   if (!node_.IsMap())
     expected("a map");
+  if (asked_keys::recording())
+    asked_keys::record_free_form(path_);
   std::vector<std::string> out;
   for (auto it = node_.begin(); it != node_.end(); ++it) {
     out.push_back(it->first.Scalar());
@@ -146,6 +155,9 @@ std::vector<std::string> config_node::keys() {
 void config_node::allow(const std::vector<std::string>& keys) {
   if (!node_.IsMap())
     return;
+  if (asked_keys::recording())
+    for (auto& k : keys)
+      asked_keys::record(key_path(path_, k));
   known_->insert(keys.begin(), keys.end());
   finish();
 }

@@ -36,7 +36,8 @@ const std::string swarm_head = "experiment: {name: x, kind: swarm}\n"
 TEST_CASE("every file under configs/ validates, its kind's section included") {
   int files = 0;
   for (auto& entry : std::filesystem::directory_iterator{STARLING_SOURCE_DIR "/configs"}) {
-    if (entry.path().extension() != ".yaml")
+    // The reference holds every kind's section at once: reference_test.cpp reads it per kind.
+    if (entry.path().extension() != ".yaml" || entry.path().filename() == "reference.yaml")
       continue;
     ++files;
     auto path = entry.path().string();
