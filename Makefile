@@ -5,7 +5,7 @@ CONFIG ?= configs/swarm-tiny.yaml
 CMAKE_FLAGS ?=
 GENERATOR := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 
-.PHONY: all deps configure build run test bench fuzz format lint clean
+.PHONY: all deps configure build run test bench fuzz tsan format lint clean
 
 all: build
 
@@ -37,6 +37,18 @@ bench: configure
 
 fuzz: deps
 	@bash scripts/fuzz $(or $(SECONDS),300)
+
+# The stage and averager tests under ThreadSanitizer, in a separate build ($(BUILD)-tsan;
+# TSAN_TESTS=REGEX picks other ctest names, e.g. 'averager_links|swarm_modes' for the tests with
+# real threads). Read scripts/tsan.supp first: with Debian's uninstrumented CAF, TSan cannot see
+# the synchronization of CAF's mailboxes, and the threaded tests report every message that
+# crosses threads.
+TSAN_TESTS ?= actors/stage/|actors/averager/(averager_sim|butterfly|chunk|codec|load|matchmaker|round)
+tsan: deps
+	@cmake -S . -B $(BUILD)-tsan $(GENERATOR) -DSTARLING_TSAN=ON $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD)-tsan -j $(JOBS) --target starling starling_test_actors starling_test_runtime
+	@cd $(BUILD)-tsan && TSAN_OPTIONS="suppressions=$(CURDIR)/scripts/tsan.supp second_deadlock_stack=1 history_size=4 $(TSAN_OPTIONS)" \
+	  ctest --output-on-failure -j $(JOBS) --timeout 3600 -R '$(TSAN_TESTS)'
 
 format:
 	@git ls-files '*.hpp' '*.cpp' | xargs clang-format -i

@@ -8,8 +8,10 @@
 #endif
 
 // GCC's -O2 cost model ("very cheap") skips loops that need an epilogue; these loops are the hot
-// path, so they get the dynamic cost model and an AVX2 clone picked at load time.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+// path, so they get the dynamic cost model and an AVX2 clone picked at load time. Not under
+// ThreadSanitizer: the clones' resolver runs while the dynamic loader relocates, before TSan's
+// runtime is up, and its instrumented prologue crashes every program (`make tsan`).
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && !defined(__SANITIZE_THREAD__)
 #define STARLING_VECTORIZE                                                                         \
   __attribute__((target_clones("avx2", "default"), optimize("vect-cost-model=dynamic")))
 #else
