@@ -242,7 +242,7 @@ int cmd_node(const std::string& listen, const std::vector<std::string>& join,
 
 int cli_main(int argc, char** argv) {
   CLI::App app{"starling: decentralized training on unreliable, heterogeneous peers "
-               "(SWARM, BTARD, MASHA, DeDLOC) on CAF actors"};
+               "(SWARM, DeDLOC, DiLoCo, MASHA) on CAF actors"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
 
