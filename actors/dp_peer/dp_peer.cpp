@@ -11,6 +11,7 @@
 
 #include "actors/collab/peer.hpp"
 #include "actors/collab/shell.hpp"
+#include "actors/collab/state_download.hpp"
 #include "actors/dht/client.hpp"
 #include "actors/dp_peer/backend.hpp"
 #include "actors/stage/state_parts.hpp"
@@ -489,10 +490,6 @@ void start_diloco_round(peer_actor* self, const collab::start_round& r) {
 
 // -- state download ------------------------------------------------------------------------------
 
-void download_whole(peer_actor* self, uint64_t id, uint64_t min_step,
-                    std::shared_ptr<std::vector<std::string>> donors, size_t next,
-                    size_t parts_donors);
-
 /// The `dp_download` metric of download `id`, which ends here.
 void report_download(peer_actor* self, uint64_t id, uint64_t step, size_t donors, bool ok) {
   metric(self, "dp_download",
@@ -522,89 +519,34 @@ void finish_download(peer_actor* self, uint64_t id, const messages::stage_state&
   carry(self, core_of(self)->download_done(id, st.steps, now_s(self)));
 }
 
-void download_whole(peer_actor* self, uint64_t id, uint64_t min_step,
-                    std::shared_ptr<std::vector<std::string>> donors, size_t next,
-                    size_t parts_donors) {
-  auto& s = self->state;
-  if (!core_of(self) || s.shell->abandoned(id))
-    return;
-  if (next >= donors->size()) {
-    report_download(self, id, 0, parts_donors, false);
-    carry(self, core_of(self)->download_failed(id, now_s(self)));
-    return;
-  }
-  auto address = collab::address_of_id((*donors)[next]);
-  auto retry = [=] { download_whole(self, id, min_step, donors, next + 1, parts_donors); };
-  with_handle(
-    self, address,
-    [=](caf::actor a) {
-      self->request(a, span_of(self->state.opts.rpc_timeout * 4), get_atom::value,
-                    state_atom::value)
-        .then(
-          [=](messages::stage_state& st) {
-            if (st.steps < min_step) {
-              retry();
-              return;
-            }
-            finish_download(self, id, st, 1);
-          },
-          [=](caf::error&) {
-            forget_handle(self, address);
-            retry();
-          });
-    },
-    [=](std::string) { retry(); });
-}
-
+/// Downloads a state as the core says (`collab::fetch_state`: part i of n from donor i; when
+/// any part fails, whole states from one donor after another).
 void download(peer_actor* self, const collab::download_state& d) {
   if (d.resync)
     self->state.resync_downloads.insert(d.id);
-  auto timeout = span_of(self->state.opts.rpc_timeout * 4);
-  auto donors = std::make_shared<std::vector<std::string>>(d.donors);
-  auto n = std::min<size_t>(donors->size(), stage::max_state_parts);
   auto id = d.id;
-  auto min_step = d.step;
-  if (n <= 1) {
-    download_whole(self, id, min_step, donors, 0, n);
-    return;
-  }
-  // Part i of n from donor i, at once; put together only when every part is of one state.
-  auto parts = std::make_shared<std::vector<messages::stage_state_part>>(n);
-  auto left = std::make_shared<size_t>(n);
-  auto failed = std::make_shared<bool>(false);
-  auto done_one = [=](bool ok) {
-    if (!ok)
-      *failed = true;
-    if (--*left > 0)
-      return;
-    if (!*failed) {
-      auto whole = stage::assemble_state(*parts);
-      if (whole && whole->steps >= min_step) {
-        finish_download(self, id, *whole, n);
-        return;
-      }
-    }
-    download_whole(self, id, min_step, donors, 0, n);
+  auto parts_donors = std::min<size_t>(d.donors.size(), stage::max_state_parts);
+  auto donors = std::make_shared<const std::vector<std::string>>(d.donors);
+  collab::donor_source src;
+  src.count = donors->size();
+  src.resolve = [=](size_t i, std::function<void(caf::actor)> ok,
+                    std::function<void(std::string)> failed) {
+    with_handle(self, collab::address_of_id((*donors)[i]), std::move(ok), std::move(failed));
   };
-  for (size_t i = 0; i < n; ++i) {
-    auto address = collab::address_of_id((*donors)[i]);
-    with_handle(
-      self, address,
-      [=](caf::actor a) {
-        self->request(a, timeout, get_atom::value, state_atom::value, static_cast<uint64_t>(i),
-                      static_cast<uint64_t>(n))
-          .then(
-            [=](messages::stage_state_part& p) {
-              (*parts)[i] = std::move(p);
-              done_one(true);
-            },
-            [=](caf::error&) {
-              forget_handle(self, address);
-              done_one(false);
-            });
-      },
-      [=](std::string) { done_one(false); });
-  }
+  src.forget = [=](size_t i) { forget_handle(self, collab::address_of_id((*donors)[i])); };
+  collab::download_options o;
+  o.timeout = span_of(self->state.opts.rpc_timeout * 4);
+  o.min_steps = d.step;
+  o.parts_fail_fast = false;
+  o.whole = collab::whole_policy::in_turn;
+  o.cancelled = [=] { return !core_of(self) || self->state.shell->abandoned(id); };
+  collab::fetch_state(
+    self, std::move(src), o,
+    [=](collab::downloaded_state got) { finish_download(self, id, got.state, got.donors); },
+    [=](const std::string&) {
+      report_download(self, id, 0, parts_donors, false);
+      carry(self, core_of(self)->download_failed(id, now_s(self)));
+    });
 }
 
 // -- effects -------------------------------------------------------------------------------------

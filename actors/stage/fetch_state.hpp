@@ -12,15 +12,10 @@
 
 namespace starling::actors::stage {
 
-/// Asks `board` for the live peers of `stage` and downloads the state from them.
-/// - One donor: its whole state (`(get_atom, state_atom)`).
-/// - Several: part i of n from donor i, all at once (`(get_atom, state_atom, i, n)`, n = the
-///   number of donors, at most `max_state_parts`), assembled only when every part belongs to one
-///   state (same step, sizes and digest, verified over the assembled bytes). When a donor fails
-///   or the donors were at different states (one stepped meanwhile, or their replicas diverged),
-///   it falls back to asking every donor for its whole state at once and taking the first.
-/// With `newest` (replicas, which may lag each other), the whole-state race waits for every
-/// donor and takes the state with the most steps.
+/// Asks `board` for the live peers of `stage` and downloads the state from them
+/// (`collab::fetch_state`: parts from several donors at once, whole states raced when a donor
+/// fails or the donors were at different states). With `newest` (replicas, which may lag each
+/// other), the whole-state race waits for every donor and takes the state with the most steps.
 /// `got` runs with a state of at least `min_steps` steps and the number of donors it came from;
 /// otherwise `none` runs once, with true when the stage had no other peer (or the board did not
 /// answer) and false when every donor failed or was behind.

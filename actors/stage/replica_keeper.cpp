@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "actors/collab/state_download.hpp"
 #include "actors/stage/checkpoint.hpp"
 #include "actors/stage/state_parts.hpp"
 #include "kernels/stable_hash.hpp"
@@ -89,40 +90,44 @@ void pull(caf::event_based_actor* self, const keeper_ptr& d, uint64_t stage, caf
           done();
           return;
         }
-        self->request(peer, d->opts.timeout, get_atom::value, state_atom::value)
-          .then(
-            [=](const messages::stage_state& s) {
-              done();
-              auto h = d->steps.find(stage);
-              if (h != d->steps.end() && s.steps <= h->second)
-                return;
-              auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           self->clock().now().time_since_epoch())
-                           .count();
-              auto key = key_of(*d, stage);
-              auto w = write_checkpoint(d->opts.dir, key, "replica", static_cast<uint64_t>(now), s);
-              if (!w) {
-                caf::aout(self) << "replica of stage " << stage << " not kept: "
-                                << w.error().what << "\n";
-                return;
-              }
-              prune_checkpoints(d->opts.dir, key, "replica", 1);
-              d->written++;
-              d->bytes += w->bytes;
-              if (d->opts.metrics)
-                self->send(d->opts.metrics,
-                           messages::metric_event{replica_keeper_name,
-                                                  "replica",
-                                                  {{"stage", static_cast<double>(stage)},
-                                                   {"steps", static_cast<double>(s.steps)},
-                                                   {"bytes", static_cast<double>(w->bytes)},
-                                                   {"seconds", w->seconds}},
-                                                  {},
-                                                  -1,
-                                                  {}});
-              serve(self, d, stage, s);
-            },
-            [=](caf::error&) { done(); });
+        collab::download_options o;
+        o.timeout = d->opts.timeout;
+        o.min_steps = held == d->steps.end() ? 0 : held->second + 1;
+        collab::fetch_state(
+          self, collab::donor_source::of({peer}), o,
+          [=](collab::downloaded_state got) {
+            auto& s = got.state;
+            done();
+            auto h = d->steps.find(stage);
+            if (h != d->steps.end() && s.steps <= h->second)
+              return;
+            auto now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         self->clock().now().time_since_epoch())
+                         .count();
+            auto key = key_of(*d, stage);
+            auto w = write_checkpoint(d->opts.dir, key, "replica", static_cast<uint64_t>(now), s);
+            if (!w) {
+              caf::aout(self) << "replica of stage " << stage << " not kept: "
+                              << w.error().what << "\n";
+              return;
+            }
+            prune_checkpoints(d->opts.dir, key, "replica", 1);
+            d->written++;
+            d->bytes += w->bytes;
+            if (d->opts.metrics)
+              self->send(d->opts.metrics,
+                         messages::metric_event{replica_keeper_name,
+                                                "replica",
+                                                {{"stage", static_cast<double>(stage)},
+                                                 {"steps", static_cast<double>(s.steps)},
+                                                 {"bytes", static_cast<double>(w->bytes)},
+                                                 {"seconds", w->seconds}},
+                                                {},
+                                                -1,
+                                                {}});
+            serve(self, d, stage, s);
+          },
+          [=](const std::string&) { done(); });
       },
       [=](caf::error&) { done(); });
 }

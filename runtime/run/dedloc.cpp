@@ -18,13 +18,13 @@
 #include "actors/averager/averager.hpp"
 #include "actors/dp_peer/backend.hpp"
 #include "actors/dp_peer/dp_peer.hpp"
-#include "actors/stage/state_parts.hpp"
 #include "kernels/compress/format.hpp"
 #include "kernels/data/idx_source.hpp"
 #include "kernels/data/token_source.hpp"
 #include "kernels/models/torchscript.hpp"
 #include "messages/atoms.hpp"
 #include "messages/swarm.hpp"
+#include "runtime/experiment/download.hpp"
 #include "runtime/experiment/plan.hpp"
 #include "runtime/graph/model_config.hpp"
 #include "runtime/plot/svg.hpp"
@@ -371,23 +371,22 @@ private:
     final_model out;
     for (auto& [step, a] : peers)
       out.steps_of_peers += fmt::format("{}{}", out.steps_of_peers.empty() ? "" : " ", step);
-    std::string why = "the live peers refused (client mode) or did not answer";
-    for (auto& [step, a] : peers) {
-      auto part = ask<messages::stage_state_part>(ctx, a, 60s, get_atom::value, state_atom::value,
-                                                  uint64_t{0}, uint64_t{1});
-      if (!part)
-        continue;
-      auto whole = actors::stage::assemble_state({std::get<0>(*part)});
-      if (!whole) {
-        why = whole.error().what;
-        continue;
-      }
-      out.state = std::move(*whole);
-      return out;
-    }
-    return fail(fmt::format("no live full-mode peer served its state ({}; steps of the live "
-                            "peers: {})",
-                            why, out.steps_of_peers));
+    std::vector<caf::actor> donors;
+    for (auto& [step, a] : peers)
+      donors.push_back(a);
+    actors::collab::download_options o;
+    o.timeout = 60s;
+    o.parts = false;
+    o.whole = actors::collab::whole_policy::in_turn;
+    o.whole_as_part = true; // verified, and served by full-mode peers only
+    auto got = download_state(ctx, actors::collab::donor_source::of(std::move(donors)), o,
+                              o.timeout * static_cast<int64_t>(peers.size()) + 1s);
+    if (!got)
+      return fail(fmt::format("no live full-mode peer served its state ({}; steps of the live "
+                              "peers: {})",
+                              got.error().what, out.steps_of_peers));
+    out.state = std::move(got->state);
+    return out;
   }
 
   /// Writes the final model into `<out>/export` with `export.json`, and one summary line.

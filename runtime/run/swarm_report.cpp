@@ -27,6 +27,7 @@
 #include "messages/atoms.hpp"
 #include "messages/rebalance_atoms.hpp"
 #include "messages/swarm.hpp"
+#include "runtime/experiment/download.hpp"
 #include "runtime/metrics/loss_bursts.hpp"
 #include "runtime/metrics/metrics.hpp"
 #include "runtime/plot/svg.hpp"
@@ -615,6 +616,18 @@ private:
   double loss0_ = 0;
   int64_t microbatches_ = 0, samples_ = 0, retries_ = 0, done_ = 0;
   int64_t preemptions_ = 0, restarts_ = 0;
+  /// `peer`'s whole state (the download client, one donor), or nothing.
+  static std::optional<messages::stage_state> state_of(finish_context& ctx,
+                                                       const caf::actor& peer) {
+    actors::collab::download_options o;
+    o.timeout = std::chrono::seconds(10);
+    auto got = download_state(ctx, actors::collab::donor_source::of({peer}), o,
+                              o.timeout + std::chrono::seconds(1));
+    if (!got)
+      return std::nullopt;
+    return std::move(got->state);
+  }
+
   /// The live peers of stage `k` (the board's list, each asked for its counters): their counters
   /// summed into `r`, and the parameters of the one with the most optimizer steps into `final`
   /// (left undefined when none answered).
@@ -662,22 +675,20 @@ private:
       }
     }
     if (most_trained) {
-      auto state = ask<messages::stage_state>(ctx, most_trained, std::chrono::seconds(10),
-                                              get_atom::value, state_atom::value);
+      auto state = state_of(ctx, most_trained);
       if (state)
-        final = std::get<0>(*state).params.tensor;
+        final = state->params.tensor;
     }
     // How far the stage's replicas drifted apart: each live peer's distance to the chosen one.
     if (final.defined()) {
       auto norm = final.norm().item<double>();
       std::string spread;
       for (size_t j = 0; j < peers.size(); ++j) {
-        auto other = ask<messages::stage_state>(ctx, peers[j], std::chrono::seconds(10),
-                                                get_atom::value, state_atom::value);
-        if (!other || !std::get<0>(*other).params.tensor.defined()
-            || std::get<0>(*other).params.tensor.numel() != final.numel())
+        auto other = state_of(ctx, peers[j]);
+        if (!other || !other->params.tensor.defined()
+            || other->params.tensor.numel() != final.numel())
           continue;
-        auto d = (std::get<0>(*other).params.tensor - final).norm().item<double>();
+        auto d = (other->params.tensor - final).norm().item<double>();
         spread += fmt::format("{}{:.2g}", spread.empty() ? "" : " ", d / std::max(norm, 1e-12));
       }
       r.steps_of_peers += "; replicas' relative distance to it: " + spread;
