@@ -242,9 +242,10 @@ struct final_model {
 
 class dedloc_reporter : public reporter {
 public:
+  /// `stop_at`: the run ends once the collaboration took that many global steps (0: never).
   dedloc_reporter(std::optional<dedloc_export_options> export_model,
-                  std::shared_ptr<data_cache> cache)
-      : export_(std::move(export_model)), cache_(std::move(cache)) {
+                  std::shared_ptr<data_cache> cache, uint64_t stop_at = 0)
+      : export_(std::move(export_model)), cache_(std::move(cache)), stop_at_(stop_at) {
     // Data for the export's evaluation come from the peers' cache when they share the process.
   }
 
@@ -306,7 +307,7 @@ public:
                  steps_, samples_, joins_, leaves_,
                  acc ? fmt::format(", test accuracy {:.2f}%", 100 * acc->second) : "");
     }
-    return false;
+    return stop_at_ > 0 && steps_ >= stop_at_;
   }
 
   int finish(finish_context& ctx) override {
@@ -544,6 +545,7 @@ private:
   std::map<std::string, double> sent_, received_;
   std::set<std::string> peers_, clients_;
   double samples_ = 0, dropped_ = 0, round_s_ = 0, last_t_ = 0;
+  uint64_t stop_at_ = 0;
   uint64_t steps_ = 0, rounds_ = 0, averaged_ = 0;
   uint64_t joins_ = 0, leaves_ = 0, downloads_ = 0, failed_downloads_ = 0, faults_ = 0;
   uint64_t resync_downloads_ = 0;
@@ -776,10 +778,11 @@ void add_dedloc(role_registry& reg) {
   k.name = "dedloc";
   k.summary = "data-parallel peers training together (DeDLOC or DiLoCo), joining and leaving";
   k.expand = [cache](config_node& n, experiment_graph& g, const expand_context& ctx) {
-    int64_t peers = 8, auxiliary = 0;
+    int64_t peers = 8, auxiliary = 0, steps = 0;
     double churn = 0;
     bool export_model = false;
     read_int(n, "peers", peers, 1, 100000);
+    read_int(n, "steps", steps, 0, int64_t{1} << 40);
     read_int(n, "auxiliary", auxiliary, 0, 100000);
     read_real(n, "churn", churn, 0, 60);
     read(n, "export", export_model);
@@ -818,8 +821,8 @@ void add_dedloc(role_registry& reg) {
     std::optional<dedloc_export_options> ex;
     if (export_model)
       ex = dedloc_export_options{"peers", o};
-    g.reporters.push_back([ex, cache]() -> std::unique_ptr<reporter> {
-      return std::make_unique<dedloc_reporter>(ex, cache);
+    g.reporters.push_back([ex, cache, steps]() -> std::unique_ptr<reporter> {
+      return std::make_unique<dedloc_reporter>(ex, cache, static_cast<uint64_t>(steps));
     });
   };
   reg.add_kind(std::move(k));

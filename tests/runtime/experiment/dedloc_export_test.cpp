@@ -80,7 +80,8 @@ TEST_CASE("a TorchScript GPT trained by a local dedloc run exports TorchScript a
   starling::testing::temp_dir scratch{"starling-dpexport"};
   auto out = scratch.path + "/run";
   auto text = run_to_end({example + "/dedloc.yaml", "--out", out},
-                         {{"experiment.duration", "3s"},
+                         {{"experiment.duration", "50s"},
+                          {"dedloc.steps", "3"}, // ends the run: a loaded machine takes longer
                           {"dedloc.peers", "2"},
                           {"dedloc.churn", "0"},
                           {"dedloc.model.files[0]", dir + "/whole.pt"},
@@ -121,7 +122,8 @@ TEST_CASE("a scripted CNN trained on Fashion-MNIST by a local dedloc run exports
   starling::testing::temp_dir scratch{"starling-cnnexport"};
   auto out = scratch.path + "/run";
   auto text = run_to_end({example + "/dedloc-cnn.yaml", "--out", out},
-                         {{"experiment.duration", "3s"},
+                         {{"experiment.duration", "50s"},
+                          {"dedloc.steps", "3"}, // ends the run: a loaded machine takes longer
                           {"dedloc.peers", "2"},
                           {"dedloc.churn", "0"},
                           {"dedloc.model.files[0]", dir + "/cnn.pt"},
