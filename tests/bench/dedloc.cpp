@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/experiment/allocator.hpp"
 #include "runtime/experiment/graph.hpp"
 #include "runtime/experiment/reporter.hpp"
 #include "runtime/experiment/runner.hpp"
@@ -314,6 +315,7 @@ void throughput(const std::vector<size_t>& peers, const std::vector<size_t>& col
 } // namespace
 
 int main(int argc, char** argv) {
+  starling::runtime::fix_mmap_threshold(); // as the `starling` command does
   std::set<std::string> what;
   uint64_t steps = 60, outer_batch = 0;
   double budget = 3;

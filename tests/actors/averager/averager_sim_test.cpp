@@ -367,8 +367,8 @@ TEST_CASE("memory: 200 consecutive rounds do not grow resident memory beyond the
   // glibc's dynamic mmap threshold moves 1 MiB tensors from mmap to the heap after the first
   // free, and the heap then fragments: measured here, RSS grew ~0.5 MiB per round for 1 MiB
   // vectors with default settings and 0.003 MiB per round (the harness's dead client actors) with
-  // a fixed threshold, i.e. nothing is retained by the averager. Fix the threshold, as a node
-  // would at start, so that the test measures retention, not the allocator.
+  // a fixed threshold, i.e. nothing is retained by the averager. Fix the threshold, as the
+  // `starling` command does at start (runtime/experiment/allocator.hpp), so that the test measures retention, not the allocator.
   mallopt(M_MMAP_THRESHOLD, 128 * 1024);
   avg_swarm s(9, 2, [](size_t, averager_options& o) {
     o.matchmaking_window = 500ms;
