@@ -185,6 +185,10 @@ run_result run_sim(const experiment_graph& g, const role_registry& registry, con
   wo.seed = p.seed;
   wo.network = g.network;
   wo.trace_messages = s.trace_messages && g.trace_messages;
+  // The trace goes to its file as it is recorded; only its digest and count stay in memory.
+  wo.keep_trace = false;
+  if (s.write_trace && !s.out_dir.empty())
+    wo.trace_path = s.out_dir + "/trace.jsonl";
   wo.configure = [&registry](caf::actor_system_config& cfg) { registry.configure(cfg); };
   // A run with bans is a closed run: its world's authority signs them.
   wo.closed = std::any_of(p.faults.begin(), p.faults.end(), [](const planned_fault& f) {
@@ -302,10 +306,10 @@ run_result run_sim(const experiment_graph& g, const role_registry& registry, con
   fin.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   res.exit_code = hub.finish(fin);
   res.trace_digest = w.trace_digest();
-  res.trace_events = w.trace().size();
+  res.trace_events = w.trace_events();
   res.proxies_made = w.proxies_made();
-  if (s.write_trace && !s.out_dir.empty())
-    w.write_trace_jsonl(s.out_dir + "/trace.jsonl");
+  if (!w.trace_error().empty())
+    fmt::print(stderr, "starling: the trace is incomplete: {}\n", w.trace_error());
   for (auto& [name, a] : shared)
     caf::anon_send_exit(a, caf::exit_reason::kill);
   world_ptr.reset();

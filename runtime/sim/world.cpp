@@ -268,6 +268,13 @@ world::world(world_options opts)
     net_(opts_.network.defaults, opts_.seed ^ 0x9e3779b97f4a7c15ULL),
     rng_(opts_.seed),
     gate_rng_(opts_.seed ^ 0x6a7e6a7e6a7e6a7eULL) {
+  if (!opts_.trace_path.empty()) {
+    trace_out_ = std::make_unique<std::ofstream>(opts_.trace_path, std::ios::trunc);
+    if (!*trace_out_) {
+      trace_error_ = "cannot write " + opts_.trace_path;
+      trace_out_.reset();
+    }
+  }
   cfg_ = std::make_unique<caf::actor_system_config>();
   caf_options caf_opts;
   configure_system(*cfg_, caf_opts, false);
@@ -720,41 +727,53 @@ caf::expected<caf::actor> world::resolve(int from, const std::string& address) {
   return caf::make_error(caf::sec::cannot_connect_to_node, "no node at " + addr->endpoint());
 }
 
+namespace {
+
+std::string trace_line(const trace_event& e) {
+  nlohmann::json j{{"t_ns", e.t_ns}, {"kind", e.kind},   {"from", e.from},
+                   {"to", e.to},     {"bytes", e.bytes}, {"detail", e.detail}};
+  return j.dump();
+}
+
+} // namespace
+
 void world::record(std::string kind, std::string from, std::string to, uint64_t bytes,
                    std::string detail) {
-  trace_.push_back(trace_event{now_ns(), std::move(kind), std::move(from), std::move(to), bytes,
-                               std::move(detail)});
+  trace_event e{now_ns(), std::move(kind), std::move(from), std::move(to), bytes,
+                std::move(detail)};
+  // FNV-1a over every field: cheap, order-sensitive, enough to tell two runs apart.
+  auto mix = [this](const std::string& s) {
+    for (unsigned char c : s) {
+      digest_ ^= c;
+      digest_ *= 1099511628211ULL;
+    }
+    digest_ ^= 0xff;
+    digest_ *= 1099511628211ULL;
+  };
+  mix(std::to_string(e.t_ns));
+  mix(e.kind);
+  mix(e.from);
+  mix(e.to);
+  mix(std::to_string(e.bytes));
+  mix(e.detail);
+  ++events_;
+  if (trace_out_) {
+    *trace_out_ << trace_line(e) << '\n';
+    if (!*trace_out_ && trace_error_.empty()) {
+      trace_error_ = "writing " + opts_.trace_path + " failed (disk full?)";
+      trace_out_.reset();
+    }
+  }
+  if (opts_.keep_trace)
+    trace_.push_back(std::move(e));
 }
 
 void world::write_trace_jsonl(const std::string& path) const {
   std::ofstream out{path};
-  for (auto& e : trace_) {
-    nlohmann::json j{{"t_ns", e.t_ns}, {"kind", e.kind},   {"from", e.from},
-                     {"to", e.to},     {"bytes", e.bytes}, {"detail", e.detail}};
-    out << j.dump() << '\n';
-  }
+  for (auto& e : trace_)
+    out << trace_line(e) << '\n';
 }
 
-uint64_t world::trace_digest() const {
-  // FNV-1a over every field: cheap, order-sensitive, enough to tell two runs apart.
-  uint64_t h = 1469598103934665603ULL;
-  auto mix = [&](const std::string& s) {
-    for (unsigned char c : s) {
-      h ^= c;
-      h *= 1099511628211ULL;
-    }
-    h ^= 0xff;
-    h *= 1099511628211ULL;
-  };
-  for (auto& e : trace_) {
-    mix(std::to_string(e.t_ns));
-    mix(e.kind);
-    mix(e.from);
-    mix(e.to);
-    mix(std::to_string(e.bytes));
-    mix(e.detail);
-  }
-  return h;
-}
+uint64_t world::trace_digest() const { return digest_; }
 
 } // namespace starling::runtime::sim
