@@ -35,6 +35,8 @@ struct StageState {
   samples @4 :UInt64;
   modeledBytes @5 :UInt64;      # the state a cost-model peer stands for; at most 2^50 (the
                                 # zero bytes themselves follow the envelope, see swarm.hpp)
+  buffers @6 :Tensor;           # float buffers (running statistics), flat fp32; protocol 4
+  intBuffers @7 :Tensor;        # integer buffers (num_batches_tracked), flat int64; protocol 4
 }
 
 struct StageStatePart {
@@ -50,6 +52,8 @@ struct StageStatePart {
   params @9 :Tensor;
   moments @10 :Tensor;
   modeledBytes @11 :UInt64;     # this part's share of the modeled state; at most 2^50
+  buffers @12 :Tensor;          # the whole state's float buffers (small: in every part)
+  intBuffers @13 :Tensor;       # the whole state's integer buffers (in every part)
 }
 
 struct StageMessage {

@@ -44,7 +44,9 @@ status check_stage(wire::StageMessage::Reader m, bool tensors) {
       STARLING_TRY(codec::at_most("optimizer steps", s.getOptimizerSteps().size(), max_steps_list));
       STARLING_TRY(codec::within("modeled bytes", s.getModeledBytes(), max_modeled_bytes));
       STARLING_TRY(check_tensor(tensors, s.hasParams(), s.getParams()));
-      return check_tensor(tensors, s.hasMoments(), s.getMoments());
+      STARLING_TRY(check_tensor(tensors, s.hasMoments(), s.getMoments()));
+      STARLING_TRY(check_tensor(tensors, s.hasBuffers(), s.getBuffers()));
+      return check_tensor(tensors, s.hasIntBuffers(), s.getIntBuffers());
     }
     case M::STATE_PART: {
       auto p = m.getStatePart();
@@ -61,7 +63,9 @@ status check_stage(wire::StageMessage::Reader m, bool tensors) {
       if (digest != 0 && digest != 32)
         return fail("a state digest has 32 bytes, got " + std::to_string(digest));
       STARLING_TRY(check_tensor(tensors, p.hasParams(), p.getParams()));
-      return check_tensor(tensors, p.hasMoments(), p.getMoments());
+      STARLING_TRY(check_tensor(tensors, p.hasMoments(), p.getMoments()));
+      STARLING_TRY(check_tensor(tensors, p.hasBuffers(), p.getBuffers()));
+      return check_tensor(tensors, p.hasIntBuffers(), p.getIntBuffers());
     }
   }
   return fail("unknown stage payload " + std::to_string(static_cast<int>(m.which())));

@@ -135,6 +135,8 @@ status wire_codec<stage_state>::write(payload_writer& w, const stage_state& x) {
   b.setSteps(x.steps);
   b.setSamples(x.samples);
   b.setModeledBytes(x.modeled.size);
+  STARLING_TRY(put(x.buffers, [&] { return b.initBuffers(); }));
+  STARLING_TRY(put(x.int_buffers, [&] { return b.initIntBuffers(); }));
   return {};
 }
 
@@ -149,7 +151,8 @@ status wire_codec<stage_state>::read(const payload_reader& r, stage_state& x) {
   x.steps = s.getSteps();
   x.samples = s.getSamples();
   x.modeled.size = s.getModeledBytes();
-  return {};
+  STARLING_TRY(take(s.hasBuffers(), s.getBuffers(), x.buffers));
+  return take(s.hasIntBuffers(), s.getIntBuffers(), x.int_buffers);
 }
 
 bool wire_codec<stage_state_part>::matches(const payload_reader& r) {
@@ -171,7 +174,8 @@ status wire_codec<stage_state_part>::write(payload_writer& w, const stage_state_
   STARLING_TRY(put(x.params, [&] { return b.initParams(); }));
   STARLING_TRY(put(x.moments, [&] { return b.initMoments(); }));
   b.setModeledBytes(x.modeled.size);
-  return {};
+  STARLING_TRY(put(x.buffers, [&] { return b.initBuffers(); }));
+  return put(x.int_buffers, [&] { return b.initIntBuffers(); });
 }
 
 status wire_codec<stage_state_part>::read(const payload_reader& r, stage_state_part& x) {
@@ -191,7 +195,9 @@ status wire_codec<stage_state_part>::read(const payload_reader& r, stage_state_p
   auto d = p.getDigest();
   x.digest.assign(reinterpret_cast<const char*>(d.begin()), d.size());
   STARLING_TRY(take(p.hasParams(), p.getParams(), x.params));
-  return take(p.hasMoments(), p.getMoments(), x.moments);
+  STARLING_TRY(take(p.hasMoments(), p.getMoments(), x.moments));
+  STARLING_TRY(take(p.hasBuffers(), p.getBuffers(), x.buffers));
+  return take(p.hasIntBuffers(), p.getIntBuffers(), x.int_buffers);
 }
 
 } // namespace starling::messages

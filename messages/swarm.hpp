@@ -181,6 +181,12 @@ struct stage_state {
   uint64_t samples = 0;
   /// The state a cost-model peer stands for (0 for a real model's peer).
   modeled_bytes modeled;
+  /// The model's floating-point buffers (batch norm's running statistics), flat fp32 in module
+  /// order: averaged in state rounds like the parameters. Unset for a model without them.
+  tensor_msg buffers;
+  /// The model's integer buffers (`num_batches_tracked`), flat int64: the donor's, never
+  /// averaged. Unset for a model without them.
+  tensor_msg int_buffers;
   /// Set on arrival when the envelope was refused (then every other field is empty).
   std::string wire_error;
 };
@@ -198,7 +204,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_state& x) {
   return inspect_with_modeled(f, x, "stage_state", [&] {
     return f(caf::meta::type_name("stage_state"), x.params, x.moments, x.optimizer_steps, x.steps,
-             x.samples, x.modeled);
+             x.samples, x.modeled, x.buffers, x.int_buffers);
   });
 }
 
@@ -225,6 +231,9 @@ struct stage_state_part {
   tensor_msg moments;
   /// This part's share of the modeled state (see `modeled_bytes`).
   modeled_bytes modeled;
+  /// The whole state's buffers (small: every part carries them; see `stage_state`).
+  tensor_msg buffers;
+  tensor_msg int_buffers;
   /// Set on arrival when the envelope was refused (then every other field is empty).
   std::string wire_error;
 };
@@ -243,7 +252,7 @@ typename Inspector::result_type inspect(Inspector& f, stage_state_part& x) {
   return inspect_with_modeled(f, x, "stage_state_part", [&] {
     return f(caf::meta::type_name("stage_state_part"), x.steps, x.samples, x.part, x.parts,
              x.params_numel, x.params_dtype, x.moments_numel, x.optimizer_steps, x.digest, x.params,
-             x.moments, x.modeled);
+             x.moments, x.modeled, x.buffers, x.int_buffers);
   });
 }
 
@@ -265,12 +274,12 @@ inline void mark_refused(stage_backward_reply& x, const std::string& why) {
 
 /// See `mark_refused(stage_forward&, ...)`.
 inline void mark_refused(stage_state& x, const std::string& why) {
-  x.wire_error = x.params.error = x.moments.error = why;
+  x.wire_error = x.params.error = x.moments.error = x.buffers.error = x.int_buffers.error = why;
 }
 
 /// See `mark_refused(stage_forward&, ...)`.
 inline void mark_refused(stage_state_part& x, const std::string& why) {
-  x.wire_error = x.params.error = x.moments.error = why;
+  x.wire_error = x.params.error = x.moments.error = x.buffers.error = x.int_buffers.error = why;
 }
 
 } // namespace starling::messages

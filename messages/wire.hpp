@@ -20,8 +20,9 @@ namespace starling::messages {
 /// The wire protocol version this build speaks (Envelope.protocolVersion); messages/README.md
 /// says which changes bump it. 2: every cross-process message is an envelope, with sequence
 /// numbers and send times. 3: an envelope may carry its sender's signature after it (closed runs
-/// sign every envelope).
-inline constexpr uint16_t protocol_version = 3;
+/// sign every envelope). 4: a state (and each part of one) carries the model's buffers (batch
+/// norm's running statistics, averaged in state rounds, and integer counters).
+inline constexpr uint16_t protocol_version = 4;
 
 /// Largest flat array accepted from the network (BASP carries at most ~2 GB per message anyway).
 inline constexpr size_t max_message_bytes = size_t{1} << 31;

@@ -95,10 +95,15 @@ result<double> step_on(const std::vector<torch::Tensor>& params, torch::optim::O
 }
 
 result<model_state> export_state(const std::vector<torch::Tensor>& params,
-                                 const torch::optim::Optimizer& optimizer) {
+                                 const torch::optim::Optimizer& optimizer,
+                                 const kernels::module_buffers& buffers) {
   try {
     model_state s;
     s.params = kernels::flatten_parameters(params);
+    if (!buffers.empty()) {
+      s.buffers = kernels::flatten_parameters(buffers.floats);
+      s.int_buffers = kernels::flatten_integers(buffers.integers);
+    }
     auto m = kernels::save_optimizer_moments(optimizer);
     if (!m)
       return m.error();
@@ -110,7 +115,7 @@ result<model_state> export_state(const std::vector<torch::Tensor>& params,
 }
 
 status import_state(const std::vector<torch::Tensor>& params, torch::optim::Optimizer& optimizer,
-                    const model_state& s) {
+                    const model_state& s, const kernels::module_buffers& buffers) {
   auto numel = kernels::total_numel(params);
   try {
     torch::NoGradGuard guard;
@@ -119,10 +124,21 @@ status import_state(const std::vector<torch::Tensor>& params, torch::optim::Opti
     if (!torch::isfinite(s.params).all().item<bool>())
       return fail("state parameters are not finite");
     auto before = kernels::flatten_parameters(params);
-    if (auto r = kernels::unflatten_parameters(s.params, params); !r)
+    auto floats_before = kernels::flatten_parameters(buffers.floats);
+    auto integers_before = kernels::flatten_integers(buffers.integers);
+    // Buffers first: `load_buffers` checks everything before it writes.
+    if (auto r = kernels::load_buffers(buffers, s.buffers, s.int_buffers); !r)
       return r;
+    auto undo = [&] { // fits: taken from them
+      (void)kernels::unflatten_parameters(before, params);
+      (void)kernels::load_buffers(buffers, floats_before, integers_before);
+    };
+    if (auto r = kernels::unflatten_parameters(s.params, params); !r) {
+      undo();
+      return r;
+    }
     if (auto r = kernels::load_optimizer_moments(optimizer, s.optimizer); !r) {
-      (void)kernels::unflatten_parameters(before, params); // fits: taken from them
+      undo();
       return r;
     }
     return {};
@@ -132,22 +148,28 @@ status import_state(const std::vector<torch::Tensor>& params, torch::optim::Opti
 }
 
 result<torch::Tensor> state_vector(const std::vector<torch::Tensor>& params,
-                                   const torch::optim::Optimizer& optimizer) {
-  auto s = export_state(params, optimizer);
+                                   const torch::optim::Optimizer& optimizer,
+                                   const kernels::module_buffers& buffers) {
+  auto s = export_state(params, optimizer, buffers);
   if (!s)
     return s.error();
-  return torch::cat({s->params, s->optimizer.moments});
+  if (buffers.floats.empty())
+    return torch::cat({s->params, s->optimizer.moments});
+  return torch::cat({s->params, s->optimizer.moments, s->buffers});
 }
 
 status load_state_vector(const std::vector<torch::Tensor>& params,
-                         torch::optim::Optimizer& optimizer, const torch::Tensor& v) {
+                         torch::optim::Optimizer& optimizer, const torch::Tensor& v,
+                         const kernels::module_buffers& buffers) {
   auto numel = kernels::total_numel(params);
   auto own = kernels::save_optimizer_moments(optimizer);
   if (!own)
     return fail(own.error().what);
   auto moments = own->moments.numel();
-  if (!v.defined() || v.dim() != 1 || v.numel() != numel + moments)
-    return fail(fmt::format("a state vector of {} elements was expected, got {}", numel + moments,
+  auto floats = kernels::total_numel(buffers.floats);
+  auto total = numel + moments + floats;
+  if (!v.defined() || v.dim() != 1 || v.numel() != total)
+    return fail(fmt::format("a state vector of {} elements was expected, got {}", total,
                             v.defined() ? v.numel() : 0));
   try {
     auto f = v.to(torch::kFloat);
@@ -155,7 +177,10 @@ status load_state_vector(const std::vector<torch::Tensor>& params,
     s.params = f.slice(0, 0, numel).contiguous();
     s.optimizer.moments = f.slice(0, numel, numel + moments).contiguous();
     s.optimizer.steps = own->steps;
-    return import_state(params, optimizer, s);
+    // Integer buffers are not averaged: the peer keeps its own.
+    s.buffers = f.slice(0, numel + moments, total).contiguous();
+    s.int_buffers = kernels::flatten_integers(buffers.integers);
+    return import_state(params, optimizer, s, buffers);
   } catch (const std::exception& e) {
     return fail_from("cannot load the state vector", e);
   }
@@ -169,19 +194,19 @@ result<double> grad_accumulator::apply(const torch::Tensor& mean_gradient) {
 }
 
 result<model_state> grad_accumulator::export_state() const {
-  return collab::export_state(params_, *optimizer_);
+  return collab::export_state(params_, *optimizer_, buffers_);
 }
 
 status grad_accumulator::import_state(const model_state& s) {
-  return collab::import_state(params_, *optimizer_, s);
+  return collab::import_state(params_, *optimizer_, s, buffers_);
 }
 
 result<torch::Tensor> grad_accumulator::state_vector() const {
-  return collab::state_vector(params_, *optimizer_);
+  return collab::state_vector(params_, *optimizer_, buffers_);
 }
 
 status grad_accumulator::load_state_vector(const torch::Tensor& v) {
-  return collab::load_state_vector(params_, *optimizer_, v);
+  return collab::load_state_vector(params_, *optimizer_, v, buffers_);
 }
 
 } // namespace starling::actors::collab

@@ -13,6 +13,7 @@
 
 #include <torch/torch.h>
 
+#include "kernels/flat.hpp"
 #include "kernels/optim/optimizer.hpp"
 #include "kernels/result.hpp"
 
@@ -33,6 +34,12 @@ struct model_state {
   torch::Tensor params;
   /// The optimizer's canonical state.
   kernels::optimizer_moments optimizer;
+  /// The model's floating-point buffers (running statistics), flat fp32 in order; undefined or
+  /// empty for a model without them.
+  torch::Tensor buffers;
+  /// The model's integer buffers (`num_batches_tracked`), flat int64 in order; taken from the
+  /// donor, never averaged.
+  torch::Tensor int_buffers;
 };
 
 /// Steps `optimizer` (built over `params`) on the flat `mean_gradient` (an averaged or own mean
@@ -44,23 +51,28 @@ struct model_state {
 result<double> step_on(const std::vector<torch::Tensor>& params, torch::optim::Optimizer& optimizer,
                        double max_grad_norm, const torch::Tensor& mean_gradient);
 
-/// Parameters and optimizer state of `params` and `optimizer`.
+/// Parameters, optimizer state and `buffers` of `params` and `optimizer`.
 result<model_state> export_state(const std::vector<torch::Tensor>& params,
-                                 const torch::optim::Optimizer& optimizer);
+                                 const torch::optim::Optimizer& optimizer,
+                                 const kernels::module_buffers& buffers = {});
 
-/// Loads a (downloaded, untrusted) state into `params` and `optimizer`, all or nothing.
+/// Loads a (downloaded, untrusted) state into `params`, `optimizer` and `buffers`, all or
+/// nothing (the state must carry exactly the model's buffers).
 status import_state(const std::vector<torch::Tensor>& params, torch::optim::Optimizer& optimizer,
-                    const model_state& s);
+                    const model_state& s, const kernels::module_buffers& buffers = {});
 
-/// Parameters then optimizer moments in one flat fp32 vector: the unit a state round averages
-/// (elementwise means of Adam's or LAMB's moments stay valid moments).
+/// Parameters, optimizer moments, then the float `buffers` in one flat fp32 vector: the unit a
+/// state round averages (elementwise means of Adam's or LAMB's moments stay valid moments, and
+/// means of running statistics are running statistics). Integer buffers are not in it.
 result<torch::Tensor> state_vector(const std::vector<torch::Tensor>& params,
-                                   const torch::optim::Optimizer& optimizer);
+                                   const torch::optim::Optimizer& optimizer,
+                                   const kernels::module_buffers& buffers = {});
 
-/// Loads an averaged `state_vector` into `params` and `optimizer`, keeping the optimizer's own
-/// step counts; all or nothing.
+/// Loads an averaged `state_vector` into `params`, `optimizer` and the float `buffers`, keeping
+/// the optimizer's own step counts and the integer buffers; all or nothing.
 status load_state_vector(const std::vector<torch::Tensor>& params,
-                         torch::optim::Optimizer& optimizer, const torch::Tensor& v);
+                         torch::optim::Optimizer& optimizer, const torch::Tensor& v,
+                         const kernels::module_buffers& buffers = {});
 
 /// Accumulates and steps one peer's gradients. Not thread-safe: one owner (the actor).
 class grad_accumulator {
@@ -73,6 +85,9 @@ public:
   /// Builds the optimizer `opts` names over `params`; fails where `make_optimizer` fails.
   static result<grad_accumulator> make(std::vector<torch::Tensor> params,
                                        const kernels::optimizer_options& opts);
+
+  /// The model's buffers, which the state (export, import, state vector) carries from now on.
+  void set_buffers(kernels::module_buffers b) { buffers_ = std::move(b); }
 
   /// Adds the gradients now in the parameters' `.grad`, the gradient of a mean loss over
   /// `samples` samples, weighted by `samples`, and zeroes `.grad`. Fails, adding nothing, on a
@@ -95,14 +110,15 @@ public:
   /// non-finite gradient (from the network).
   result<double> apply(const torch::Tensor& mean_gradient);
 
-  /// Parameters and optimizer state, for a state round or a donor.
+  /// Parameters, optimizer state and buffers, for a state round or a donor.
   result<model_state> export_state() const;
 
-  /// Loads a (downloaded, untrusted) state: parameters and optimizer state, all or nothing.
+  /// Loads a (downloaded, untrusted) state: parameters, optimizer state and buffers, all or
+  /// nothing.
   status import_state(const model_state& s);
 
-  /// Parameters then optimizer moments in one flat fp32 vector: the unit a state round averages
-  /// (elementwise means of Adam's or LAMB's moments stay valid moments).
+  /// Parameters, optimizer moments, then float buffers in one flat fp32 vector: the unit a
+  /// state round averages (elementwise means of Adam's or LAMB's moments stay valid moments).
   result<torch::Tensor> state_vector() const;
 
   /// Loads an averaged `state_vector`, keeping the peer's own optimizer step counts; all or
@@ -120,6 +136,7 @@ public:
 
 private:
   std::vector<torch::Tensor> params_;
+  kernels::module_buffers buffers_;
   std::unique_ptr<torch::optim::Optimizer> optimizer_;
   double max_grad_norm_;
   int64_t numel_;

@@ -20,6 +20,10 @@ messages::stage_state to_message(const collab::model_state& s, uint64_t step) {
   out.moments.tensor = s.optimizer.moments;
   out.optimizer_steps = s.optimizer.steps;
   out.steps = step;
+  if (s.buffers.defined() && s.buffers.numel() > 0)
+    out.buffers.tensor = s.buffers;
+  if (s.int_buffers.defined() && s.int_buffers.numel() > 0)
+    out.int_buffers.tensor = s.int_buffers;
   return out;
 }
 
@@ -56,8 +60,13 @@ public:
     if (!batch)
       return batch.error();
     try {
+      // Training mode, as PyTorch trains: dropout on, batch norm on batch statistics (updating
+      // its running ones once: nothing is recomputed). The dropout seed is a function of public
+      // values, so a validator can recompute this microbatch.
       model_->train();
-      auto loss = model_->compute(batch->inputs, batch->targets);
+      auto seed = kernels::splitmix64_combine(
+        kernels::splitmix64_combine(opts_.stream.seed, opts_.stream.stream), index);
+      auto loss = model_->compute(batch->inputs, batch->targets, seed);
       loss.backward();
       if (auto st = acc_.accumulate(ids->size()); !st)
         return fail(st.what());
@@ -100,6 +109,13 @@ public:
     m.params = s.params.tensor.to(torch::kFloat).reshape({-1});
     m.optimizer.moments = s.moments.tensor.to(torch::kFloat).reshape({-1});
     m.optimizer.steps = s.optimizer_steps;
+    for (const auto* b : {&s.buffers, &s.int_buffers})
+      if (!b->ok())
+        return fail(fmt::format("the downloaded state's buffers arrived broken: {}", b->error));
+    if (s.buffers.tensor.defined())
+      m.buffers = s.buffers.tensor.reshape({-1});
+    if (s.int_buffers.tensor.defined())
+      m.int_buffers = s.int_buffers.tensor.reshape({-1});
     return acc_.import_state(m);
   }
 
@@ -284,6 +300,8 @@ result<std::unique_ptr<backend>> make_torch_backend(
   auto acc = collab::grad_accumulator::make((*model)->ordered_parameters(), opts.optimizer);
   if (!acc)
     return acc.error();
+  // Running statistics travel with the state and are averaged in state rounds.
+  acc->set_buffers(kernels::split_buffers((*model)->buffers(true)));
   return std::unique_ptr<backend>(new torch_backend(opts, *model, std::move(*acc),
                                                     std::move(train), std::move(eval)));
 }

@@ -77,13 +77,15 @@ public:
   /// Loads a downloaded (untrusted) state, all or nothing.
   virtual status import_state(const messages::stage_state& s) = 0;
 
-  /// Parameters then optimizer moments, flat: what a state-averaging round averages.
+  /// Parameters, optimizer moments, then float buffers (running statistics), flat: what a
+  /// state-averaging round averages.
   virtual result<torch::Tensor> state_vector() const = 0;
 
   /// Loads an averaged state vector, all or nothing.
   virtual status load_state_vector(const torch::Tensor& v) = 0;
 
-  /// Held-out loss and accuracy of the current parameters; none when the backend has no model.
+  /// Held-out loss and accuracy of the current parameters, in evaluation mode (dropout off,
+  /// batch norm on its running statistics); none when the backend has no model.
   virtual std::optional<evaluation> evaluate() = 0;
 
   /// The parameters an optimizer steps (DiLoCo's inner and outer steps); empty without a model.

@@ -48,6 +48,10 @@ public:
   /// The parameters in a stable order (the optimizer's, and the order of flat states).
   virtual std::vector<at::Tensor> parameters() = 0;
 
+  /// The buffers (batch norm's running statistics and counters) in a stable order: they travel
+  /// with the state. None by default (a cost model has none).
+  virtual std::vector<at::Tensor> buffers() { return {}; }
+
   /// A forward pass without autograd; `seed` is the microbatch's dropout seed.
   virtual result<compute_result> forward(const at::Tensor& input, const at::Tensor& targets,
                                          uint64_t seed) = 0;

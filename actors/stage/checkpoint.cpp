@@ -27,8 +27,9 @@ namespace fs = std::filesystem;
 constexpr char magic[] = "starling-ckpt-\n\0";
 constexpr size_t magic_bytes = 16;
 static_assert(sizeof(magic) == magic_bytes + 1);
-/// Format version (bumped on any change of the header or payload).
-constexpr uint64_t format_version = 1;
+/// Format version (bumped on any change of the header or payload). 2: the state carries the
+/// model's buffers (protocol version 4's `stage.state`).
+constexpr uint64_t format_version = 2;
 /// magic, version, stage, begin, end, steps, time, payload bytes, digest.
 constexpr size_t header_bytes = magic_bytes + 7 * 8 + 32;
 
@@ -202,7 +203,9 @@ result<checkpoint_loaded> read_checkpoint(const std::string& path, const checkpo
   const char* p = head.data() + magic_bytes;
   auto version = get_u64(p);
   if (version != format_version)
-    return fail(fmt::format("format version {}, this build reads {}", version, format_version));
+    return fail(fmt::format("checkpoint format version {} (another starling build), this build "
+                            "reads format version {}",
+                            version, format_version));
   checkpoint_loaded out;
   auto stage = get_u64(p + 8);
   auto begin = static_cast<int64_t>(get_u64(p + 16));

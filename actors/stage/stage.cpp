@@ -318,6 +318,8 @@ private:
   std::unique_ptr<backend> dev_;
   std::unique_ptr<torch::optim::Optimizer> optim_;
   std::vector<torch::Tensor> params_;
+  /// The model's buffers (running statistics): in the state and its averaging rounds.
+  kernels::module_buffers buffers_;
   /// The device: one request at a time, backwards first (`backward_first`); queue ids are the
   /// tickets of the held replies.
   device_queue queue_;
@@ -387,6 +389,7 @@ caf::error stage_peer::init(stage_options opts, caf::actor board) {
     return to_error(dev.error());
   dev_ = std::move(*dev);
   params_ = dev_->parameters();
+  buffers_ = kernels::split_buffers(dev_->buffers());
   auto optim = kernels::make_optimizer(opts_.optimizer, params_);
   if (!optim)
     return to_error(optim.error());
@@ -812,6 +815,14 @@ stage_state stage_peer::snapshot() const {
   s.steps = steps_;
   s.samples = samples_;
   s.modeled.size = dev_->modeled_state_bytes();
+  if (!buffers_.floats.empty()) {
+    s.buffers.tensor = kernels::flatten_parameters(buffers_.floats);
+    s.buffers.codec = kernels::codec_id::none;
+  }
+  if (!buffers_.integers.empty()) {
+    s.int_buffers.tensor = kernels::flatten_integers(buffers_.integers);
+    s.int_buffers.codec = kernels::codec_id::none;
+  }
   return s;
 }
 
@@ -821,14 +832,31 @@ status stage_peer::load(const stage_state& s) {
     return fail(fmt::format("the state's parameters did not arrive: {}", s.params.error));
   if (!s.moments.ok())
     return fail(fmt::format("the state's optimizer moments did not arrive: {}", s.moments.error));
+  if (!s.buffers.ok() || !s.int_buffers.ok())
+    return fail(fmt::format("the state's buffers did not arrive: {}",
+                            s.buffers.ok() ? s.int_buffers.error : s.buffers.error));
   torch::NoGradGuard guard;
   auto before = kernels::flatten_parameters(params_);
-  if (auto r = kernels::unflatten_parameters(s.params.tensor, params_); !r.ok())
+  auto floats_before = kernels::flatten_parameters(buffers_.floats);
+  auto integers_before = kernels::flatten_integers(buffers_.integers);
+  auto buffers = [](const messages::tensor_msg& m) {
+    return m.tensor.defined() ? m.tensor.reshape({-1}) : torch::Tensor{};
+  };
+  // Buffers first: `load_buffers` checks everything before it writes.
+  if (auto r = kernels::load_buffers(buffers_, buffers(s.buffers), buffers(s.int_buffers)); !r)
     return r;
+  auto undo = [&] { // fits: taken from them
+    (void)kernels::unflatten_parameters(before, params_);
+    (void)kernels::load_buffers(buffers_, floats_before, integers_before);
+  };
+  if (auto r = kernels::unflatten_parameters(s.params.tensor, params_); !r.ok()) {
+    undo();
+    return r;
+  }
   if (s.moments.tensor.defined()) {
     auto r = kernels::load_optimizer_moments(*optim_, {s.moments.tensor, s.optimizer_steps});
     if (!r.ok()) {
-      (void)kernels::unflatten_parameters(before, params_); // fits: it was taken from them
+      undo();
       return r;
     }
   }
@@ -1139,11 +1167,11 @@ void stage_peer::step(uint64_t, uint64_t step, const torch::Tensor& grad,
 }
 
 result<torch::Tensor> stage_peer::state_vector() {
-  return collab::state_vector(params_, *optim_);
+  return collab::state_vector(params_, *optim_, buffers_);
 }
 
 status stage_peer::load_state_vector(const torch::Tensor& v) {
-  auto st = collab::load_state_vector(params_, *optim_, v);
+  auto st = collab::load_state_vector(params_, *optim_, v, buffers_);
   if (!st)
     aout(self_) << opts_.name << ": averaged state not loaded: " << st.what() << "\n";
   else

@@ -94,6 +94,14 @@ std::string state_digest(const messages::stage_state& s) {
   uint64_t count = s.optimizer_steps.size();
   feed(&count, sizeof count);
   feed(s.optimizer_steps.data(), count * sizeof(uint64_t));
+  // Buffers only when the state has some, so that a model without them (and every cost-model
+  // peer) keeps the digest it had before buffers travelled.
+  bool buffers = (s.buffers.tensor.defined() && s.buffers.tensor.numel() > 0)
+                 || (s.int_buffers.tensor.defined() && s.int_buffers.tensor.numel() > 0);
+  if (buffers) {
+    feed_tensor(s.buffers.tensor);
+    feed_tensor(s.int_buffers.tensor);
+  }
   std::string out(crypto_generichash_BYTES, '\0');
   crypto_generichash_final(&h, reinterpret_cast<unsigned char*>(out.data()), out.size());
   return out;
@@ -122,6 +130,9 @@ result<messages::stage_state_part> cut_state_part(const messages::stage_state& w
   out.moments_numel = numel_of(m);
   out.moments = slice_of(m, part, parts);
   out.optimizer_steps = whole.optimizer_steps;
+  out.buffers = whole.buffers;
+  out.int_buffers = whole.int_buffers;
+  out.buffers.codec = out.int_buffers.codec = kernels::codec_id::none;
   auto [mb, me] = part_range(whole.modeled.size, part, parts);
   out.modeled.size = me - mb;
   return out;
@@ -172,6 +183,12 @@ result<messages::stage_state> assemble_state(
   out.params.codec = kernels::codec_id::none;
   out.moments.tensor = *moments;
   out.moments.codec = kernels::codec_id::none;
+  // Every part carries the whole buffers; the digest below says whether they are the donors'.
+  for (const auto* m : {&first.buffers, &first.int_buffers})
+    if (!m->ok())
+      return fail(fmt::format("the buffers did not decode: {}", m->error));
+  out.buffers = first.buffers;
+  out.int_buffers = first.int_buffers;
   for (const auto& p : parts)
     out.modeled.size += p.modeled.size;
   if (state_digest(out) != first.digest)

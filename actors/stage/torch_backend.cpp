@@ -23,6 +23,8 @@ public:
 
   std::vector<at::Tensor> parameters() override { return module_->ordered_parameters(); }
 
+  std::vector<at::Tensor> buffers() override { return module_->buffers(true); }
+
   result<compute_result> forward(const at::Tensor& input, const at::Tensor& targets,
                                  uint64_t seed) override {
     std::optional<result<torch::Tensor>> out;

@@ -151,6 +151,21 @@ result<stage_gradients> stage_module::backward_checked(const torch::Tensor& inpu
     leaf = input.detach().clone();
     leaf.set_requires_grad(true);
   }
+  // The recomputation must not count twice in the buffers the forward already updated (batch
+  // norm's running statistics): it puts back what it found, after the backward pass (autograd
+  // saved the buffers it read and refuses them changed in place).
+  struct restore_buffers {
+    std::vector<torch::Tensor> own;
+    std::vector<torch::Tensor> found;
+    ~restore_buffers() {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < found.size(); ++i)
+        own[i].copy_(found[i]);
+    }
+  } restore{buffers(true), {}};
+  if (is_training())
+    for (const auto& b : restore.own)
+      restore.found.push_back(b.detach().clone());
   auto out = compute(leaf, targets, dropout_seed);
   if (is_last()) {
     if (grad_output.defined() && grad_output.numel() != 1)

@@ -92,6 +92,8 @@ public:
   /// Recomputes the forward with autograd on and back-propagates `grad_output` (for the last stage:
   /// a scalar scale of the loss, undefined meaning 1). Parameter gradients accumulate into
   /// `.grad()`; returns the gradient with respect to `input` (undefined for the first stage).
+  /// The buffers (running statistics) are left as the recomputation found them: the forward
+  /// already counted the microbatch.
   result<stage_gradients> backward(const torch::Tensor& input, const torch::Tensor& grad_output,
                                    const torch::Tensor& targets = {}, uint64_t dropout_seed = 0);
 

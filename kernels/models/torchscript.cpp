@@ -3,8 +3,10 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <mutex>
 #include <optional>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <torch/script.h>
 #include <torch/serialize.h>
@@ -98,24 +100,74 @@ result<script> load_script(const std::string& path, bool is_loss) {
   return s;
 }
 
-/// Calls a layer's forward; throws a c10::Error when it returns anything but one tensor.
+/// The lock every scripted forward of the process runs under. TorchScript's dropout (and any
+/// `torch.rand*` in a scripted forward) draws from LibTorch's default CPU generator, one per
+/// process, and `torch.Generator` cannot be scripted: so a forward seeds that generator from
+/// public values and runs alone, and its recomputation, seeded alike, draws the same masks.
+/// The price: scripted forwards in one process are serialized.
+std::mutex& scripted_forward_lock() {
+  static std::mutex m;
+  return m;
+}
+
+/// Calls a layer's forward with LibTorch's default CPU generator seeded with `seed` (and `seed`
+/// as the second argument when forward takes one), under `scripted_forward_lock`; the
+/// generator's state is put back afterwards, so no other user of it notices. Throws a c10::Error
+/// when forward returns anything but one tensor.
 torch::Tensor call(script& s, const torch::Tensor& x, int64_t seed) {
+  std::lock_guard<std::mutex> lock{scripted_forward_lock()};
+  auto gen = at::detail::getDefaultCPUGenerator();
+  torch::Tensor saved;
+  {
+    std::lock_guard<std::mutex> g{gen.mutex()};
+    saved = gen.get_state();
+    gen.set_current_seed(static_cast<uint64_t>(seed));
+  }
+  struct restore {
+    at::Generator& gen;
+    const torch::Tensor& state;
+    ~restore() {
+      std::lock_guard<std::mutex> g{gen.mutex()};
+      gen.set_state(state);
+    }
+  } restore_on_exit{gen, saved};
   auto out = s.takes_seed ? s.module.forward({x, seed}) : s.module.forward({x});
   TORCH_CHECK(out.isTensor(), "forward returned ", out.tagKind(), ", not one tensor");
   return out.toTensor();
 }
 
-/// Runs `s` twice on `x` in training mode without autograd and compares: a stage recomputes its
-/// forward in backward, so both passes must agree.
+/// Copies of a scripted module's buffers, to put back what a training-mode forward changed
+/// (batch norm's running statistics).
+std::vector<torch::Tensor> save_buffers(const torch::jit::Module& m) {
+  std::vector<torch::Tensor> out;
+  for (const auto& b : m.buffers(true))
+    out.push_back(b.clone());
+  return out;
+}
+
+void restore_buffers(const torch::jit::Module& m, const std::vector<torch::Tensor>& saved) {
+  torch::NoGradGuard no_grad;
+  size_t i = 0;
+  for (const auto& b : m.buffers(true))
+    b.copy_(saved.at(i++));
+}
+
+/// Runs `s` twice on `x` in training mode without autograd, as a stage runs a forward and then
+/// recomputes it (both seeded alike, the second seeing the buffers the first left), compares,
+/// and puts back the buffers it found. Dropout passes; a forward that depends on anything else
+/// that changes between calls does not.
 result<torch::Tensor> deterministic_forward(script& s, const torch::Tensor& x,
                                             const std::string& input_note) {
   torch::NoGradGuard no_grad;
   s.module.train(true);
+  auto found = save_buffers(s.module);
   torch::Tensor a, b;
   try {
     a = call(s, x, probe_seed);
     b = call(s, x, probe_seed);
+    restore_buffers(s.module, found);
   } catch (const std::exception& e) {
+    restore_buffers(s.module, found);
     return fail(fmt::format("{}: does not accept {} ({}): {}", s.file, input_note, describe(x),
                             short_error(e)));
   }
@@ -125,8 +177,9 @@ result<torch::Tensor> deterministic_forward(script& s, const torch::Tensor& x,
   auto scale = std::max(1.0, a.to(torch::kDouble).abs().max().item<double>());
   if (!(diff <= 1e-6 * scale))
     return fail(fmt::format("{}: not deterministic: two forward passes on the same input differ "
-                            "by up to {:.3g} (a stage recomputes its forward in backward: remove "
-                            "dropout, or take the seed as forward's second argument)",
+                            "by up to {:.3g} although both were seeded alike (a stage recomputes "
+                            "its forward in backward; dropout and torch.rand* are seeded, but the "
+                            "output must not depend on state a forward changes)",
                             s.file, diff));
   return a;
 }
@@ -218,14 +271,17 @@ status check_loss_script(script& loss, const torchscript_config& cfg, const torc
 /// A holder of mirrored parameters, so that a stage's parameter names are the scripted module's.
 class param_node : public torch::nn::Module {};
 
-/// One scripted file as a stage layer. Its parameters are the scripted module's own tensors
-/// (registered again here under the same dotted path), so gradients, optimizer steps, state
-/// downloads and averaging reach the module through the stage's parameter list.
+/// One scripted file as a stage layer. Its parameters and buffers are the scripted module's own
+/// tensors (registered again here under the same dotted path), so gradients, optimizer steps,
+/// state downloads and averaging reach the module through the stage's parameter and buffer
+/// lists (a training-mode forward updates running statistics in place: the mirrors see it).
 class scripted_layer : public stage_layer {
 public:
   scripted_layer(script s, tensor_shape input) : s_(std::move(s)), input_(std::move(input)) {
     for (const auto& p : s_.module.named_parameters(true))
-      mirror(p.name, p.value);
+      mirror(p.name, p.value, false);
+    for (const auto& b : s_.module.named_buffers(true))
+      mirror(b.name, b.value, true);
   }
 
   torch::Tensor forward(const torch::Tensor& x) override {
@@ -260,7 +316,7 @@ public:
   const std::string& file() const { return s_.file; }
 
 private:
-  void mirror(const std::string& name, const torch::Tensor& t) {
+  void mirror(const std::string& name, const torch::Tensor& t, bool buffer) {
     torch::nn::Module* node = this;
     std::string rest = name;
     for (auto dot = rest.find('.'); dot != std::string::npos; dot = rest.find('.')) {
@@ -269,7 +325,10 @@ private:
       auto* child = node->named_children().find(part);
       node = child ? child->get() : node->register_module(part, std::make_shared<param_node>()).get();
     }
-    node->register_parameter(rest, t, t.requires_grad());
+    if (buffer)
+      node->register_buffer(rest, t);
+    else
+      node->register_parameter(rest, t, t.requires_grad());
   }
 
   script s_;
@@ -402,6 +461,12 @@ result<torchscript_layout> inspect(const torchscript_config& cfg, loaded* keep) 
     auto s = load_script(cfg.files[i], false);
     if (!s)
       return s.error();
+    for (const auto& b : s->module.named_buffers(true))
+      if (b.value.is_floating_point() && !torch::isfinite(b.value).all().item<bool>())
+        return fail(fmt::format("{}: buffer '{}' holds non-finite values; float buffers travel "
+                                "with the state and are averaged (compute constants like masks "
+                                "in forward instead)",
+                                cfg.files[i], b.name));
     for (const auto& p : s->module.parameters(true))
       out.parameters += p.numel();
     out.inputs.push_back(shape_of(x));
@@ -594,6 +659,14 @@ result<exported_files> export_stage(stage_module& stage, int64_t index, const st
   if (ec)
     return fail(fmt::format("{}: cannot create the export directory: {}", dir, ec.message()));
   exported_files out;
+  // Saved in evaluation mode (dropout off, running statistics used), as PyTorch users load a
+  // model to use it; the stage goes back to the mode it was in.
+  struct mode_guard {
+    stage_module& stage;
+    bool was = stage.is_training();
+    ~mode_guard() { stage.train(was); }
+  } mode{stage};
+  stage.eval();
   bool scripted = false;
   for (const auto& child : stage.modules(false)) {
     auto* layer = dynamic_cast<scripted_layer*>(child.get());

@@ -1,9 +1,18 @@
 // Models written in PyTorch and scripted (`torch.jit.script(m).save(f)`): a pipeline of TorchScript
 // files, one per block, trained by starling like the built-in models. Registered as
 // "torchscript" (options `torchscript_config`). Loading checks what a stage relies on: every file
-// loads, maps one tensor to one tensor, is deterministic (stages recompute their forward in
-// backward), accepts the previous file's output, takes every token id of the vocabulary, and the
-// last file's output fits the loss. Every error names the file and the mismatch.
+// loads, maps one tensor to one tensor, is deterministic once seeded (stages recompute their
+// forward in backward), accepts the previous file's output, takes every token id of the
+// vocabulary, and the last file's output fits the loss. Every error names the file and the
+// mismatch.
+//
+// Dropout: TorchScript's dropout draws from LibTorch's default CPU generator (one per process;
+// `torch.Generator` cannot be scripted). Every scripted forward therefore runs under one
+// process-wide lock, with that generator seeded from the layer's seed (public values: the
+// microbatch's seed and the layer's place) and its state put back afterwards, so a recomputed
+// forward draws the masks of the original one. Scripted forwards in one process are serialized.
+// Buffers (batch norm's running statistics) are the stage's buffers (`named_buffers`), the
+// scripted module's own tensors.
 // LibTorch's JIT headers stay in torchscript.cpp.
 #pragma once
 

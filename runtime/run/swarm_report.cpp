@@ -52,9 +52,11 @@ long peer_slot(const std::string& name) {
 }
 
 /// The model's stages with one flat parameter vector per stage (undefined: the seeded or
-/// scripted initialization), in evaluation mode.
+/// scripted initialization) and, when given, each stage's downloaded state's buffers, in
+/// evaluation mode.
 result<std::vector<std::shared_ptr<kernels::stage_module>>>
-build_model(const swarm_setup& s, const std::vector<torch::Tensor>& flat) {
+build_model(const swarm_setup& s, const std::vector<torch::Tensor>& flat,
+            const std::vector<messages::stage_state>& states = {}) {
   auto models = kernels::model_registry::builtins();
   auto spec = s.graph.model_spec();
   std::vector<std::shared_ptr<kernels::stage_module>> stages;
@@ -67,6 +69,15 @@ build_model(const swarm_setup& s, const std::vector<torch::Tensor>& flat) {
       auto params = (*m)->ordered_parameters();
       if (auto st = kernels::unflatten_parameters(flat[k], params); !st)
         return fail(st.what());
+    }
+    if (k < states.size()) {
+      auto& st = states[k];
+      auto flat_of = [](const messages::tensor_msg& m) {
+        return m.tensor.defined() ? m.tensor.reshape({-1}) : torch::Tensor{};
+      };
+      auto b = kernels::split_buffers((*m)->buffers(true));
+      if (auto r = kernels::load_buffers(b, flat_of(st.buffers), flat_of(st.int_buffers)); !r)
+        return fail(fmt::format("stage {}: {}", k, r.what()));
     }
     (*m)->eval();
     stages.push_back(*m);
@@ -295,7 +306,7 @@ public:
     // The final model: per stage the live peer with the most optimizer steps (a stage's trained
     // peers agree closely; one just restarted may still hold its initialization), and every live
     // peer's counters.
-    std::vector<torch::Tensor> finals(stages);
+    std::vector<messages::stage_state> finals(stages);
     std::vector<stage_report> reports(stages);
     auto board = swarm_board(ctx.node(), *s_);
     // A stage whose peers were all preempted as the run ended stands in the final model with its
@@ -307,10 +318,10 @@ public:
       for (bool waited = false;; waited = true) {
         r = stage_report{};
         survey_stage(ctx, board, k, finals[k], r);
-        if (finals[k].defined())
+        if (finals[k].params.tensor.defined())
           break;
         if (auto c = newest_checkpoint_of(k)) {
-          finals[k] = c->state.params.tensor;
+          finals[k] = c->state;
           auto rel = std::filesystem::path(c->file.path).lexically_relative(info_.out_dir);
           r.chosen = "checkpoint " + rel.string();
           r.steps_of_peers = fmt::format("no live peer; checkpoint of step {}, digest {}",
@@ -331,11 +342,14 @@ public:
     double loss1 = -1;
     std::string eval_note;
     bool complete = true;
-    for (auto& f : finals)
-      complete = complete && f.defined();
+    std::vector<torch::Tensor> final_params;
+    for (auto& f : finals) {
+      complete = complete && f.params.tensor.defined();
+      final_params.push_back(f.params.tensor);
+    }
     std::vector<std::shared_ptr<kernels::stage_module>> final_model;
     if (complete) {
-      if (auto m = build_model(*s_, finals))
+      if (auto m = build_model(*s_, final_params, finals))
         final_model = std::move(*m);
       else
         eval_note = m.error().what;
@@ -629,10 +643,10 @@ private:
   }
 
   /// The live peers of stage `k` (the board's list, each asked for its counters): their counters
-  /// summed into `r`, and the parameters of the one with the most optimizer steps into `final`
-  /// (left undefined when none answered).
+  /// summed into `r`, and the state of the one with the most optimizer steps into `chosen`
+  /// (its parameters left undefined when none answered).
   void survey_stage(finish_context& ctx, const caf::actor& board, uint64_t k,
-                    torch::Tensor& final, stage_report& r) {
+                    messages::stage_state& chosen, stage_report& r) {
     auto listed = ask<std::vector<std::string>, std::vector<caf::actor>>(
       ctx, board, std::chrono::seconds(5), get_atom::value, k);
     if (!listed)
@@ -677,9 +691,10 @@ private:
     if (most_trained) {
       auto state = state_of(ctx, most_trained);
       if (state)
-        final = state->params.tensor;
+        chosen = std::move(*state);
     }
     // How far the stage's replicas drifted apart: each live peer's distance to the chosen one.
+    const auto& final = chosen.params.tensor;
     if (final.defined()) {
       auto norm = final.norm().item<double>();
       std::string spread;

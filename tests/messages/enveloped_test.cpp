@@ -187,6 +187,13 @@ TEST_CASE("every stage and averager message type round-trips with its tensors") 
   CHECK(st2.optimizer_steps == std::vector<uint64_t>{1, 2});
   CHECK(st2.steps == 3);
   CHECK(st2.samples == 4);
+  CHECK_FALSE(st2.buffers.tensor.defined()); // a model without buffers sends none
+  // A model's buffers: float running statistics and integer counters.
+  st.buffers.tensor = torch::tensor({0.25f, 4.0f});
+  st.int_buffers.tensor = torch::tensor({int64_t{9}, int64_t{11}});
+  auto bn = s.carry(st);
+  same(st.buffers, bn.buffers);
+  CHECK(bn.int_buffers.tensor.equal(st.int_buffers.tensor));
 
   stage_state_part p;
   p.steps = 1;
@@ -201,7 +208,11 @@ TEST_CASE("every stage and averager message type round-trips with its tensors") 
   p.params = tensor({10});
   p.moments = tensor({20});
   p.modeled.size = 777;
+  p.buffers.tensor = torch::tensor({1.0f, 2.0f, 3.0f});
+  p.int_buffers.tensor = torch::tensor({int64_t{4}});
   auto p2 = s.carry(p);
+  same(p.buffers, p2.buffers);
+  CHECK(p2.int_buffers.tensor.equal(p.int_buffers.tensor));
   CHECK(p2.modeled.size == 777);
   CHECK(caf::deep_to_string(p2) == caf::deep_to_string(p));
   same(p.params, p2.params);

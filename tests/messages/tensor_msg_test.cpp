@@ -12,6 +12,7 @@
 #include "messages/registry.hpp"
 #include "messages/tensor_msg.hpp"
 #include "messages/envelope.hpp"
+#include "messages/swarm.hpp"
 #include "messages/wire.hpp"
 
 namespace starling::test::messages_tensor_msg_test {
@@ -377,6 +378,26 @@ TEST_CASE("an envelope carries a tensor or a ping and checks its version") {
                              [](const payload_reader&) { return status{}; });
   REQUIRE(old);
   CHECK(old->why == wire_reason::version);
+}
+
+TEST_CASE("a state from a peer of the previous build (protocol 3, no buffers) is refused in one "
+          "line naming both versions") {
+  static_assert(protocol_version == 4, "version 4: a state carries the model's buffers");
+  capnp::MallocMessageBuilder msg;
+  auto env = msg.initRoot<wire::Envelope>();
+  env.setProtocolVersion(3);
+  env.setExperimentId("exp-1");
+  env.getPayload().initStage().initState().setSteps(5);
+  std::vector<char> bytes;
+  write_flat(msg, bytes);
+  stage_state got;
+  auto refused = decode_envelope(
+    bytes.data(), bytes.size(), nullptr, "stage.state",
+    [](const payload_reader& p) { return wire_codec<stage_state>::matches(p); },
+    [&](const payload_reader& p) { return wire_codec<stage_state>::read(p, got); });
+  REQUIRE(refused);
+  CHECK(refused->why == wire_reason::version);
+  CHECK(refused->line() == "envelope refused (version): protocol version 3, this node speaks 4");
 }
 
 } // namespace starling::test::messages_tensor_msg_test

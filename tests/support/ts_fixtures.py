@@ -6,7 +6,11 @@ vocab 32, width 16, 2 heads, seq_len 8, 4 layers:
   gpt_s0.pt, gpt_s1.pt   stages of blocks [0, 2) and [2, 4)
   gpt_whole.pt           the whole model as one file
 and modules that loading must refuse or accept:
-  dropout.pt             stage 0 with dropout (nondeterministic)
+  dropout.pt             stage 0 with a plain nn.Dropout (starling seeds it: accepted)
+  bn_dropout.pt          a layer after gpt_s1.pt with BatchNorm1d over the 8 positions and
+                         nn.Dropout, as users' models have them
+  drifting.pt            a layer after gpt_s1.pt whose output depends on a buffer its forward
+                         changes (nondeterministic for another reason than dropout: refused)
   wide.pt                blocks of width 24 (do not fit after gpt_s0.pt's width 16)
   small_vocab.pt         stage 0 with an embedding of 16 tokens (vocab 32 does not fit)
   ce_loss.pt             a scripted mean cross-entropy (the same as the built-in loss)
@@ -37,6 +41,28 @@ class WithDropout(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop(self.stage(x))
+
+
+class BnDropout(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.BatchNorm1d(T)
+        self.drop = nn.Dropout(0.3)
+        self.scale = nn.Parameter(torch.ones(V))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.norm(x)) * self.scale
+
+
+class Drifting(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(V))
+        self.register_buffer("calls", torch.zeros(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.add_(1)
+        return x * self.scale + self.calls
 
 
 class CrossEntropy(nn.Module):
@@ -84,6 +110,8 @@ def main() -> None:
     save(model.Stage(16, D, H, T, L, 0, 2), "small_vocab.pt")
     save(CrossEntropy(), "ce_loss.pt")
     save(Counting(), "counting.pt")
+    save(BnDropout(), "bn_dropout.pt")
+    save(Drifting(), "drifting.pt")
 
 
 if __name__ == "__main__":

@@ -147,4 +147,125 @@ TEST_CASE("a data-parallel peer trains a scripted CNN on images given as flat ro
   CHECK(refused.error().what.find("cnn.pt") != std::string::npos);
 }
 
+namespace {
+
+/// The float buffers (running statistics) of a backend's model, flat.
+torch::Tensor float_buffers(dp::backend& b) {
+  return kernels::flatten_parameters(kernels::split_buffers(b.module()->buffers(true)).floats);
+}
+
+} // namespace
+
+TEST_CASE("data-parallel peers train a CNN with batch norm and dropout; a state round leaves "
+          "equal parameters and running statistics") {
+  auto dir = starling::testing::python_fixtures(
+    STARLING_SOURCE_DIR "/examples/torchscript/image_model.py",
+    {"--channels", "4", "--seed", "1", "--norm"},
+    {STARLING_SOURCE_DIR "/examples/torchscript/image_model.py"});
+  kernels::torchscript_config ts;
+  ts.files = {dir + "/cnn_bn.pt"};
+  ts.vocab = 10;
+  ts.input_shape = {1, 28, 28};
+  kernels::idx_source_options io;
+  io.dir = dir + "/no-such-folder";
+  io.synthetic_when_absent = true;
+  io.max_items = 2000;
+  auto train = kernels::idx_source::load(io);
+  REQUIRE(train.ok());
+  io.train = false;
+  io.max_items = 300;
+  auto eval = kernels::idx_source::load(io);
+  REQUIRE(eval.ok());
+  auto make = [&](uint64_t stream) {
+    dp::torch_backend_options o;
+    o.spec = kernels::torchscript_model(ts);
+    o.optimizer.kind = "adam";
+    o.optimizer.lr = 3e-3;
+    o.stream.seed = 2;
+    o.stream.stream = stream;
+    o.stream.microbatch = 32;
+    o.eval_samples = 300;
+    auto b = dp::make_torch_backend(o, *train, *eval);
+    REQUIRE_MESSAGE(b.ok(), (b.ok() ? "" : b.error().what));
+    return std::move(*b);
+  };
+  auto a = make(0);
+  auto b = make(1);
+  // Two BatchNorm2d layers of 4 and 8 channels: running mean and variance of each (24 floats)
+  // and two counters.
+  CHECK(float_buffers(*a).numel() == 24);
+  auto before = a->evaluate();
+  REQUIRE(before);
+  // Evaluation is in evaluation mode: deterministic (no dropout), running statistics untouched,
+  // and training mode is back afterwards.
+  auto stats = float_buffers(*a);
+  auto again = a->evaluate();
+  REQUIRE(again);
+  CHECK(again->loss == before->loss);
+  CHECK(float_buffers(*a).equal(stats));
+  CHECK(a->module()->is_training());
+
+  for (uint64_t step = 0; step < 20; ++step) {
+    REQUIRE(a->compute(step).ok());
+    REQUIRE(b->compute(step).ok());
+    auto ga = a->take();
+    auto gb = b->take();
+    auto mean = (ga.mean + gb.mean) / 2;
+    REQUIRE(a->apply(mean));
+    REQUIRE(b->apply(mean));
+  }
+  CHECK(kernels::flatten_parameters(a->parameters())
+          .equal(kernels::flatten_parameters(b->parameters())));
+  // Each peer's running statistics followed its own microbatches.
+  auto own_a = float_buffers(*a);
+  auto own_b = float_buffers(*b);
+  CHECK_FALSE(own_a.equal(own_b));
+  auto after = a->evaluate();
+  REQUIRE(after);
+  INFO("held-out loss " << before->loss << " -> " << after->loss << ", accuracy "
+                        << after->accuracy);
+  CHECK(after->loss < before->loss - 0.3);
+
+  // A state round averages the whole state vector, running statistics included.
+  auto va = a->state_vector();
+  auto vb = b->state_vector();
+  REQUIRE((va.ok() && vb.ok()));
+  CHECK(va->numel() == 3 * a->numel() + 24);
+  auto avg = (*va + *vb) / 2;
+  REQUIRE(a->load_state_vector(avg));
+  REQUIRE(b->load_state_vector(avg));
+  CHECK(kernels::flatten_parameters(a->parameters())
+          .equal(kernels::flatten_parameters(b->parameters())));
+  CHECK(float_buffers(*a).equal(float_buffers(*b)));
+  CHECK(torch::allclose(float_buffers(*a), (own_a + own_b) / 2));
+
+  // A newcomer downloads parameters, moments and buffers (the counters from the donor).
+  auto c = make(2);
+  auto state = a->export_state(20);
+  REQUIRE(state.ok());
+  REQUIRE(state->int_buffers.tensor.defined());
+  CHECK(state->int_buffers.tensor.equal(torch::full({2}, 20, torch::kLong)));
+  REQUIRE(c->import_state(*state));
+  CHECK(float_buffers(*c).equal(float_buffers(*a)));
+  auto counters = [](dp::backend& p) {
+    return kernels::flatten_integers(kernels::split_buffers(p.module()->buffers(true)).integers);
+  };
+  CHECK(counters(*c).equal(counters(*a)));
+  auto ec = c->evaluate();
+  REQUIRE(ec);
+  CHECK(ec->loss == a->evaluate()->loss);
+  // A state without the buffers (a peer of an older layout) is refused, changing nothing.
+  auto stripped = *state;
+  stripped.buffers = {};
+  stripped.int_buffers = {};
+  auto d = make(3);
+  auto initial = kernels::flatten_parameters(d->parameters());
+  auto refused = d->import_state(stripped);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.what().find("the state carries 0 float and 0 integer buffer elements, the model "
+                            "has 24 and 2")
+        != std::string::npos);
+  CHECK(kernels::flatten_parameters(d->parameters()).equal(initial));
+}
+
 } // namespace starling::test::actors_torchscript_backend_test

@@ -123,6 +123,39 @@ TEST_CASE("the newest checkpoint that verifies is found: a truncated one and a c
   CHECK(junk.rejected.front().find("bad magic") != std::string::npos);
 }
 
+TEST_CASE("a checkpoint holds the model's buffers, and one of the previous format is refused in one "
+          "line naming both versions") {
+  testing::temp_dir dir{"starling-ckpt"};
+  checkpoint_key key{0, 0, 1};
+  auto s = make_state(4, 100);
+  s.buffers.tensor = torch::rand({6});
+  s.int_buffers.tensor = torch::tensor({int64_t{4}, int64_t{4}});
+  auto w = write_checkpoint(dir.path, key, "p0", 10, s);
+  REQUIRE(w.ok());
+  auto r = read_checkpoint(w->path, key);
+  REQUIRE(r.ok());
+  CHECK(torch::equal(r->state.buffers.tensor, s.buffers.tensor));
+  CHECK(torch::equal(r->state.int_buffers.tensor, s.int_buffers.tensor));
+  // The digest covers the buffers.
+  auto no_buffers = s;
+  no_buffers.buffers = {};
+  no_buffers.int_buffers = {};
+  CHECK(state_digest(no_buffers) != w->digest);
+  // The same file as the previous build wrote it: format version 1 in the header, after the
+  // 16-byte magic (little-endian).
+  {
+    std::fstream f(w->path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(16);
+    f.put(1);
+  }
+  auto old = read_checkpoint(w->path, key);
+  REQUIRE_FALSE(old.ok());
+  CHECK(old.error().what.find("checkpoint format version 1 (another starling build), this build "
+                              "reads format version 2")
+        != std::string::npos);
+  CHECK(old.error().what.find('\n') == std::string::npos);
+}
+
 TEST_CASE("a peer keeps only its own newest checkpoints") {
   testing::temp_dir dir{"starling-ckpt"};
   checkpoint_key key{0, 0, 1};

@@ -178,4 +178,24 @@ TEST_CASE("parts of different states, missing, repeated or tampered parts are re
   }
 }
 
+TEST_CASE("a state's buffers travel whole in every part and are covered by the digest") {
+  auto s = make_state(1000, 2000, 5, 3);
+  auto plain = state_digest(s);
+  s.buffers.tensor = torch::rand({12});
+  s.int_buffers.tensor = torch::tensor({int64_t{5}, int64_t{5}});
+  CHECK(state_digest(s) != plain);
+  auto parts = cut_all(s, 3);
+  for (auto& p : parts)
+    CHECK(p.buffers.tensor.equal(s.buffers.tensor));
+  auto whole = assemble_state(parts);
+  REQUIRE(whole.ok());
+  CHECK(whole->buffers.tensor.equal(s.buffers.tensor));
+  CHECK(whole->int_buffers.tensor.equal(s.int_buffers.tensor));
+  // A donor whose running statistics differ sent a part of another state.
+  parts[0].buffers.tensor = parts[0].buffers.tensor + 1;
+  auto mixed = assemble_state(parts);
+  REQUIRE_FALSE(mixed.ok());
+  CHECK(mixed.error().what.find("does not match the donors' digest") != std::string::npos);
+}
+
 } // namespace starling::test::actors_state_parts_test

@@ -11,6 +11,9 @@
 #include <fstream>
 #include <map>
 #include <regex>
+#include <thread>
+
+#include <torch/script.h>
 
 #include <unistd.h>
 
@@ -224,8 +227,8 @@ TEST_CASE("loading a scripted model reports each mismatch naming the file") {
   CHECK(boundary.find("wide.pt: does not accept the output of") != std::string::npos);
   CHECK(boundary.find("gpt_s0.pt (Float [2, 8, 16])") != std::string::npos);
 
-  auto random = error_of(config({"dropout.pt", "gpt_s1.pt"}));
-  CHECK(random.find("dropout.pt: not deterministic") != std::string::npos);
+  // A plain nn.Dropout is accepted: its masks come from the seeded default generator.
+  CHECK(inspect_torchscript(config({"dropout.pt", "gpt_s1.pt"})).ok());
 
   auto vocab = error_of(config({"small_vocab.pt", "gpt_s1.pt"}));
   CHECK(vocab.find("small_vocab.pt: does not accept the model's input, tokens with ids up to 31")
@@ -332,6 +335,96 @@ TEST_CASE("a scripted stage starts from its files' values: loading's checks leav
   auto x = torch::randn({2, 8, 32}, seeded_generator(5));
   must(stage->forward(x, batch(2).second));
   CHECK(calls() == 1);
+}
+
+TEST_CASE("a stage with a plain nn.Dropout recomputes the same activations: the default "
+          "generator is seeded from the microbatch's seed under one lock") {
+  auto cfg = config({"dropout.pt", "gpt_s1.pt"});
+  auto s0 = must(make_torchscript_stage(cfg, 0, 1));
+  auto x = batch(2).first;
+  auto out = must(s0->forward(x, {}, 5));
+  // Dropout is on in training mode: p = 0.5 zeroes about half of the activations.
+  auto zeros = out.eq(0).to(torch::kDouble).mean().item<double>();
+  CHECK(zeros > 0.3);
+  CHECK(zeros < 0.7);
+  CHECK_FALSE(must(s0->forward(x, {}, 6)).equal(out)); // another microbatch, other masks
+  // The recomputation in backward draws the same masks.
+  auto g = must(s0->backward(x, torch::ones_like(out), {}, 5));
+  CHECK((g.output - out).abs().max().item<double>() < 1e-6);
+  CHECK(g.output.eq(0).equal(out.eq(0)));
+  // The default generator is left as it was found: code drawing from it sees no difference.
+  torch::manual_seed(3);
+  auto a = torch::rand({4});
+  torch::manual_seed(3);
+  must(s0->forward(x, {}, 5));
+  CHECK(torch::rand({4}).equal(a));
+  // Forwards from several threads (actors) are serialized: each gets its own seed's masks.
+  auto s1 = must(make_torchscript_stage(cfg, 0, 1));
+  auto other = must(s1->forward(x, {}, 6));
+  std::vector<int> wrong(2, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 20; ++i) {
+        auto r = t == 0 ? s0->forward(x, {}, 5) : s1->forward(x, {}, 6);
+        if (!r.ok() || !r.value().equal(t == 0 ? out : other))
+          ++wrong[t];
+      }
+    });
+  for (auto& t : threads)
+    t.join();
+  CHECK(wrong == std::vector<int>{0, 0});
+  // Evaluation mode: no dropout, whatever the seed.
+  s0->eval();
+  auto e5 = must(s0->forward(x, {}, 5));
+  CHECK(e5.equal(must(s0->forward(x, {}, 6))));
+  CHECK(e5.eq(0).sum().item<int64_t>() == 0);
+}
+
+TEST_CASE("batch norm in a stage: the forward updates the running statistics once, the "
+          "recomputation puts back what it found, export saves evaluation mode") {
+  auto cfg = config({"gpt_s0.pt", "gpt_s1.pt", "bn_dropout.pt"});
+  auto stage = must(make_torchscript_stage(cfg, 2, 3));
+  auto buffers = stage->named_buffers(true);
+  REQUIRE(buffers.find("block2.norm.running_mean") != nullptr);
+  REQUIRE(buffers.find("block2.norm.num_batches_tracked") != nullptr);
+  auto mean = *buffers.find("block2.norm.running_mean");
+  auto count = *buffers.find("block2.norm.num_batches_tracked");
+  // Loading's probes left the file's values.
+  CHECK(mean.abs().sum().item<double>() == 0);
+  CHECK(count.item<int64_t>() == 0);
+  auto x = torch::randn({2, 8, 32}, seeded_generator(5)) * 3 + 1;
+  auto y = batch(2).second;
+  auto loss = must(stage->forward(x, y, 9)).item<double>();
+  auto after_forward = mean.clone();
+  CHECK(after_forward.abs().sum().item<double>() > 0);
+  CHECK(count.item<int64_t>() == 1);
+  auto g = must(stage->backward(x, {}, y, 9));
+  CHECK(g.output.item<double>() == doctest::Approx(loss).epsilon(1e-7)); // same masks
+  CHECK(mean.equal(after_forward));
+  CHECK(count.item<int64_t>() == 1);
+  CHECK(stage->ordered_parameters().back().grad().abs().sum().item<double>() > 0);
+  // Export: evaluation mode in the file (dropout off, running statistics used); the stage
+  // itself goes on training.
+  auto files = must(export_stage(*stage, 2, scratch() + "/bn"));
+  auto saved = torch::jit::load(files.torchscript.at(0));
+  CHECK_FALSE(saved.is_training());
+  CHECK(stage->is_training());
+  auto sd = must(load_state_dict(files.state_dicts.at(0)));
+  bool has_mean = false;
+  for (auto& [name, t] : sd)
+    if (name == "norm.running_mean") {
+      has_mean = true;
+      CHECK(t.equal(after_forward));
+    }
+  CHECK(has_mean);
+}
+
+TEST_CASE("a module nondeterministic for another reason than dropout is still refused") {
+  // drifting.pt adds a counter its forward increments to its output: a recomputation would see
+  // another value than the forward did.
+  auto drifting = error_of(config({"gpt_s0.pt", "gpt_s1.pt", "drifting.pt"}));
+  CHECK(drifting.find("drifting.pt: not deterministic") != std::string::npos);
 }
 
 } // namespace starling::test::kernels_torchscript_test
