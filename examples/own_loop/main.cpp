@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
   size_t peers = 2;
   uint64_t steps = 5, target = 256, batch_size = 32, seed = 1, data_seed = 0;
   double max_seconds = 60;
+  bool fresh_groups = false;
   app.add_option("--name", name, "this peer's name (and its data stream)");
   app.add_option("--listen", listen, "HOST:PORT to listen on (port 0: any)");
   app.add_option("--join", join, "HOST:PORT of a peer already in the run");
@@ -54,6 +55,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", seed, "model seed (equal on every peer)");
   app.add_option("--data-seed", data_seed, "data seed (0: from the name)");
   app.add_option("--max-seconds", max_seconds, "give up after this long");
+  app.add_flag("--fresh-groups", fresh_groups, "match every step's group anew (newcomers get in "
+               "at once; each step waits the matchmaking window)");
   CLI11_PARSE(app, argc, argv);
   torch::set_num_threads(1);
 
@@ -72,6 +75,7 @@ int main(int argc, char** argv) {
   o.listen = listen;
   o.bootstrap = join;
   o.target_batch_size = target;
+  o.persistent_groups = !fresh_groups;
   auto joined = own::collaborative_optimizer::join(adam, o);
   if (!joined) {
     fmt::print(stderr, "own_loop[{}]: error: {}\n", name, joined.error().what);

@@ -656,7 +656,8 @@ collaborative_optimizer::join(torch::optim::Optimizer& opt, const options& o) {
     ao.poll_interval = span_s(o.matchmaking_s / 8);
     ao.round_timeout = span_s(o.averaging_timeout_s);
     ao.rpc_timeout = span_s(std::min(2.0, o.rpc_timeout_s));
-    ao.family_groups = true;
+    ao.family_groups = o.persistent_groups;
+    ao.persistent_groups = o.persistent_groups;
     if (auto data = nd.data_endpoint()) {
       ao.transport = data->link_layer();
     } else {

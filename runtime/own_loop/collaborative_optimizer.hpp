@@ -59,6 +59,11 @@ struct options {
   std::vector<std::string> bootstrap;
   /// How long averagers gather under a step's key before its group closes (seconds).
   double matchmaking_s = 0.5;
+  /// Re-form the last round's group at once for the next step while its members stay (no
+  /// matchmaking window per step); a newcomer then gets in only once the group changes, stepping
+  /// alone and downloading the run's state meanwhile. Off: every step's group is matched anew
+  /// (each step waits `matchmaking_s`).
+  bool persistent_groups = true;
   /// Deadline of one all-reduce once its group formed (seconds).
   double averaging_timeout_s = 10;
   /// A global step's round not finished this long after it started is abandoned and the peer

@@ -3,6 +3,7 @@
 // the same parameters.
 #include <doctest/doctest.h>
 
+#include <memory>
 #include <regex>
 
 #include "support/subprocess.hpp"
@@ -67,12 +68,37 @@ TEST_CASE("two processes of the own-loop example end with identical parameters")
   CHECK(fa.digest == fb.digest);
 }
 
-TEST_CASE("the own-loop example refuses a bootstrap address without a port") {
-  subprocess p{{binary, "--name", "c", "--join", "127.0.0.1"}};
-  auto line = p.wait_for("error", 30s);
-  REQUIRE(line);
-  CHECK(line->find("bootstrap") != std::string::npos);
-  CHECK(p.wait_exit(30s) == 2);
+TEST_CASE("a peer joining the own-loop example late downloads the state and steps with the others") {
+  // Groups matched anew every step (--fresh-groups): the newcomer gets into the next round.
+  const std::string steps = "10";
+  auto run = [&](const std::string& name, std::vector<std::string> extra) {
+    std::vector<std::string> argv{binary, "--name", name, "--steps", steps, "--fresh-groups",
+                                  "--max-seconds", "40"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return std::make_unique<subprocess>(argv);
+  };
+  auto a = run("a", {});
+  auto listening = a->wait_for("listening on", 30s);
+  REQUIRE_MESSAGE(listening, a->output());
+  auto endpoint = listening->substr(listening->rfind(' ') + 1);
+  auto b = run("b", {"--join", endpoint});
+  REQUIRE_MESSAGE(a->wait_for("global step 2 ", 30s), a->output());
+  auto c = run("c", {"--join", endpoint, "--peers", "3"});
+  auto fa = final_of(*a);
+  auto fb = final_of(*b);
+  auto fc = final_of(*c);
+  INFO(a->output());
+  INFO(b->output());
+  INFO(c->output());
+  CHECK(a->wait_exit(30s) == 0);
+  CHECK(b->wait_exit(30s) == 0);
+  CHECK(c->wait_exit(30s) == 0);
+  CHECK(c->output().find("(state downloaded)") != std::string::npos);
+  CHECK(fc.together >= 1);
+  CHECK(fa.step == fc.step);
+  CHECK(fb.step == fc.step);
+  CHECK(fa.digest == fc.digest);
+  CHECK(fb.digest == fc.digest);
 }
 
 } // namespace starling::test::examples_own_loop_test
