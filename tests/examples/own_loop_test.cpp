@@ -95,10 +95,13 @@ TEST_CASE("a peer joining the own-loop example late downloads the state and step
   CHECK(c->wait_exit(30s) == 0);
   CHECK(c->output().find("(state downloaded)") != std::string::npos);
   CHECK(fc.together >= 1);
-  CHECK(fa.step == fc.step);
-  CHECK(fb.step == fc.step);
-  CHECK(fa.digest == fc.digest);
-  CHECK(fb.digest == fc.digest);
+  // The newcomer ends with the parameters of a peer that ended at its step. (Not all three:
+  // with groups matched anew each step, a peer whose request reaches the leader after the
+  // matchmaking window steps alone, and at the last step nothing brings it back; seen once in
+  // a loaded suite run: a at 11 after a lone step, b and c at 10 together.)
+  bool same_as_one = (fa.step == fc.step && fa.digest == fc.digest)
+                     || (fb.step == fc.step && fb.digest == fc.digest);
+  CHECK(same_as_one);
 }
 
 } // namespace starling::test::examples_own_loop_test
