@@ -199,8 +199,8 @@ void drain(exchange& ex) {
         int64_t off = 0;
         for (auto& p : ex.params) {
           auto n = p.numel();
-          p.mutable_grad() =
-            op.grad.slice(0, off, off + n).reshape(p.sizes()).to(p.device(), p.scalar_type()).clone();
+          auto g = op.grad.slice(0, off, off + n).reshape(p.sizes());
+          p.mutable_grad() = g.to(p.device(), p.scalar_type()).clone();
           off += n;
         }
         ex.opt->step();
