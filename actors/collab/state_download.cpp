@@ -41,6 +41,10 @@ struct download {
 
   bool cancelled() const { return opts.cancelled && opts.cancelled(); }
 
+  std::string refused(const messages::stage_state& s) const {
+    return opts.refuse ? opts.refuse(s) : std::string{};
+  }
+
   void finish(messages::stage_state s, size_t n) {
     done = true;
     if (!cancelled())
@@ -114,6 +118,11 @@ void whole_in_turn(const download_ptr& d, size_t next) {
         whole_in_turn(d, next + 1);
         return;
       }
+      if (auto no = d->refused(s); !no.empty()) {
+        d->why = fmt::format("donor {}: {}", next, no);
+        whole_in_turn(d, next + 1);
+        return;
+      }
       d->finish(std::move(s), 1);
     },
     [=](std::string why) {
@@ -141,15 +150,17 @@ void whole_race(const download_ptr& d) {
         --*remaining;
         if (d->done)
           return;
-        if (s.steps < d->opts.min_steps)
-          d->why = behind(i, s.steps, d->opts.min_steps);
+        auto no = s.steps < d->opts.min_steps ? behind(i, s.steps, d->opts.min_steps)
+                                               : d->refused(s);
+        if (!no.empty())
+          d->why = s.steps < d->opts.min_steps ? no : fmt::format("donor {}: {}", i, no);
         if (d->opts.newest) {
-          if (s.steps >= d->opts.min_steps && (!best->has_value() || s.steps > (*best)->steps))
+          if (no.empty() && (!best->has_value() || s.steps > (*best)->steps))
             *best = std::move(s);
           settle();
           return;
         }
-        if (s.steps >= d->opts.min_steps)
+        if (no.empty())
           d->finish(std::move(s), 1);
         else if (*remaining == 0)
           d->fail();
@@ -205,14 +216,18 @@ void in_parts(const download_ptr& d, size_t n) {
       for (auto& p : *parts)
         got.push_back(std::move(*p));
       auto assembled = stage::assemble_state(got);
-      if (assembled && assembled->steps >= d->opts.min_steps) {
+      std::string no;
+      if (assembled && assembled->steps >= d->opts.min_steps)
+        no = d->refused(*assembled);
+      if (assembled && assembled->steps >= d->opts.min_steps && no.empty()) {
         *over = true;
         parts->clear();
         d->finish(std::move(*assembled), n);
         return;
       }
-      d->why = assembled ? behind(0, assembled->steps, d->opts.min_steps)
-                         : "the parts do not make one state: " + assembled.error().what;
+      d->why = !assembled ? "the parts do not make one state: " + assembled.error().what
+               : !no.empty() ? "the parts' state: " + no
+                             : behind(0, assembled->steps, d->opts.min_steps);
     }
     give_up();
   };

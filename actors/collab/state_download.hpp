@@ -71,6 +71,10 @@ struct download_options {
   /// Ask a whole state as its one part (`(get_atom, state_atom, 0, 1)`): verified against the
   /// digest the donor sends, and served only by donors that serve parts (full-mode peers).
   bool whole_as_part = false;
+  /// Why a state is of no use to the caller although it has the steps (another model's sizes,
+  /// say), or empty when it is; may be empty. A whole state it refuses counts as that donor's
+  /// failure; refused parts as parts that failed.
+  std::function<std::string(const messages::stage_state&)> refuse;
   /// True once the caller no longer wants the state: nothing more is asked, and neither `got`
   /// nor `none` runs. May be empty.
   std::function<bool()> cancelled;

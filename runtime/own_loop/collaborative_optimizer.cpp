@@ -14,6 +14,7 @@
 #include "actors/averager/averager.hpp"
 #include "actors/collab/peer.hpp"
 #include "actors/collab/shell.hpp"
+#include "actors/collab/state_download.hpp"
 #include "actors/dht/dht.hpp"
 #include "actors/stage/state_parts.hpp"
 #include "messages/atoms.hpp"
@@ -256,49 +257,54 @@ bool fits(const exchange& ex, const messages::stage_state& st) {
          && st.params.tensor.scalar_type() == torch::kFloat;
 }
 
-void download_from(peer_actor* self, collab::download_state d, size_t next) {
-  auto& s = self->state;
-  if (!s.shell->running() || s.shell->abandoned(d.id))
-    return;
-  if (next >= d.donors.size()) {
-    s.shell->download_failed(d.id);
-    return;
-  }
-  auto retry = [=] { download_from(self, d, next + 1); };
-  auto address = collab::address_of_id(d.donors[next]);
-  self->request(s.resolver, s.rpc, resolve_atom::value, address)
-    .then(
-      [=](const caf::actor& donor) {
-        if (!donor) {
-          retry();
-          return;
-        }
-        self->request(donor, self->state.rpc * 4, get_atom::value, state_atom::value)
-          .then(
-            [=](messages::stage_state& st) {
-              auto& x = self->state;
-              if (!x.shell->running() || x.shell->abandoned(d.id))
-                return;
-              if (st.steps < d.step || !fits(*x.ex, st)) {
-                retry();
-                return;
-              }
-              auto loaded = st.steps;
-              {
-                std::lock_guard<std::mutex> lk{x.ex->m};
-                pending_op op;
-                op.kind = pending_op::load_state;
-                op.state = std::move(st);
-                x.ex->ops.push_back(std::move(op));
-                if (x.ex->lent)
-                  drain(*x.ex);
-              }
-              x.ex->cv.notify_all();
-              x.shell->download_done(d.id, loaded);
-            },
-            [=](caf::error&) { retry(); });
-      },
-      [=](caf::error&) { retry(); });
+/// Downloads a state as the core says (`collab::fetch_state`: parts from several donors, whole
+/// states in turn when a part fails); a state of another model counts as a donor's failure.
+void download(peer_actor* self, const collab::download_state& d) {
+  auto id = d.id;
+  auto donors = std::make_shared<const std::vector<std::string>>(d.donors);
+  collab::donor_source src;
+  src.count = donors->size();
+  src.resolve = [=](size_t i, std::function<void(caf::actor)> ok,
+                    std::function<void(std::string)> failed) {
+    self->request(self->state.resolver, self->state.rpc, resolve_atom::value,
+                  collab::address_of_id((*donors)[i]))
+      .then(
+        [=](const caf::actor& a) {
+          if (a)
+            ok(a);
+          else
+            failed("resolved to nothing");
+        },
+        [=](caf::error& e) { failed(caf::to_string(e)); });
+  };
+  collab::download_options o;
+  o.timeout = self->state.rpc * 4;
+  o.min_steps = d.step;
+  o.parts_fail_fast = false;
+  o.whole = collab::whole_policy::in_turn;
+  auto ex = self->state.ex;
+  o.refuse = [ex](const messages::stage_state& st) {
+    return fits(*ex, st) ? std::string{} : std::string{"a state of another model"};
+  };
+  o.cancelled = [=] { return !self->state.shell->running() || self->state.shell->abandoned(id); };
+  collab::fetch_state(
+    self, std::move(src), o,
+    [=](collab::downloaded_state got) {
+      auto& x = self->state;
+      auto loaded = got.state.steps;
+      {
+        std::lock_guard<std::mutex> lk{x.ex->m};
+        pending_op op;
+        op.kind = pending_op::load_state;
+        op.state = std::move(got.state);
+        x.ex->ops.push_back(std::move(op));
+        if (x.ex->lent)
+          drain(*x.ex);
+      }
+      x.ex->cv.notify_all();
+      x.shell->download_done(id, loaded);
+    },
+    [=](const std::string&) { self->state.shell->download_failed(id); });
 }
 
 /// The user's loop as the model the collaborative shell drives (actors/collab/peer.hpp).
@@ -378,7 +384,7 @@ public:
   void pause() override { set_paused(true); }
   void resume() override { set_paused(false); }
 
-  void download(const collab::download_state& d) override { download_from(self_, d, 0); }
+  void download(const collab::download_state& d) override { own_loop::download(self_, d); }
 
   void wake_in(caf::timespan delay) override {
     self_->delayed_send(self_, delay, ol_wake_atom::value);

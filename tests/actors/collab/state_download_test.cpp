@@ -256,6 +256,34 @@ TEST_CASE("a whole state asked as one part is checked against its digest") {
   CHECK(r.why.find("digest") != std::string::npos);
 }
 
+TEST_CASE("a state the caller refuses counts as a donor's failure") {
+  fixture f;
+  auto small = make_state(4, 1);
+  small.params.tensor = torch::randn({10}); // another model
+  f.add(small);
+  f.add(make_state(4, 2));
+  auto o = with_timeout();
+  o.refuse = [](const stage_state& s) {
+    return s.params.tensor.numel() == 1000 ? std::string{} : std::string{"another model"};
+  };
+  o.whole = whole_policy::in_turn;
+  o.parts = false;
+  auto r = f.run(o);
+  REQUIRE_MESSAGE(r.got, r.why);
+  CHECK(r.params_sum == doctest::Approx(make_state(4, 2).params.tensor.sum().item<double>()));
+  o.refuse = [](const stage_state&) { return std::string{"another model"}; };
+  r = f.run(o);
+  CHECK_FALSE(r.got);
+  CHECK(r.why == "donor 1: another model");
+  o.parts = true; // the parts of one state put together, then refused: whole states, refused too
+  fixture g;
+  g.add(make_state(4, 1));
+  g.add(make_state(4, 1));
+  r = g.run(o);
+  CHECK_FALSE(r.got);
+  CHECK(r.why.find("another model") != std::string::npos);
+}
+
 TEST_CASE("no donor, and a cancelled download that asks nobody") {
   fixture f;
   auto r = f.run(with_timeout());
