@@ -94,6 +94,29 @@ TEST_CASE("a data-parallel peer trains a TorchScript model on a token file and h
   CHECK(kernels::flatten_parameters(b->parameters()).equal(kernels::flatten_parameters(a->parameters())));
 }
 
+namespace {
+
+/// The generated stand-in of Fashion-MNIST (the folder does not exist): 2000 training images and
+/// `eval_items` held-out ones, as flat rows [B, 784].
+using image_sources = std::pair<std::shared_ptr<const kernels::idx_source>,
+                                std::shared_ptr<const kernels::idx_source>>;
+
+image_sources stand_in_images(const std::string& dir, uint64_t eval_items) {
+  kernels::idx_source_options io;
+  io.dir = dir + "/no-such-folder";
+  io.synthetic_when_absent = true;
+  io.max_items = 2000;
+  auto train = kernels::idx_source::load(io);
+  REQUIRE(train.ok());
+  io.train = false;
+  io.max_items = eval_items;
+  auto eval = kernels::idx_source::load(io);
+  REQUIRE(eval.ok());
+  return {*train, *eval};
+}
+
+} // namespace
+
 TEST_CASE("a data-parallel peer trains a scripted CNN on images given as flat rows") {
   auto dir = starling::testing::python_fixtures(
     STARLING_SOURCE_DIR "/examples/torchscript/image_model.py", {"--channels", "4", "--seed", "1"},
@@ -102,17 +125,9 @@ TEST_CASE("a data-parallel peer trains a scripted CNN on images given as flat ro
   ts.files = {dir + "/cnn.pt"};
   ts.vocab = 10;
   ts.input_shape = {1, 28, 28};
-  // The generated stand-in of Fashion-MNIST (the folder does not exist): flat rows [B, 784].
-  kernels::idx_source_options io;
-  io.dir = dir + "/no-such-folder";
-  io.synthetic_when_absent = true;
-  io.max_items = 2000;
-  auto train = kernels::idx_source::load(io);
-  REQUIRE(train.ok());
-  io.train = false;
-  io.max_items = 500;
-  auto eval = kernels::idx_source::load(io);
-  REQUIRE(eval.ok());
+  auto images = stand_in_images(dir, 500);
+  auto& train = images.first;
+  auto& eval = images.second;
   dp::torch_backend_options o;
   o.spec = kernels::torchscript_model(ts);
   o.optimizer.kind = "adam";
@@ -120,7 +135,7 @@ TEST_CASE("a data-parallel peer trains a scripted CNN on images given as flat ro
   o.stream.seed = 2;
   o.stream.microbatch = 32;
   o.eval_samples = 500;
-  auto b = dp::make_torch_backend(o, *train, *eval);
+  auto b = dp::make_torch_backend(o, train, eval);
   REQUIRE_MESSAGE(b.ok(), (b.ok() ? "" : b.error().what));
   auto& peer = **b;
   auto before = peer.evaluate();
@@ -142,7 +157,7 @@ TEST_CASE("a data-parallel peer trains a scripted CNN on images given as flat ro
   ts.input_shape = {784};
   dp::torch_backend_options bad = o;
   bad.spec = kernels::torchscript_model(ts);
-  auto refused = dp::make_torch_backend(bad, *train, *eval);
+  auto refused = dp::make_torch_backend(bad, train, eval);
   REQUIRE_FALSE(refused.ok());
   CHECK(refused.error().what.find("cnn.pt") != std::string::npos);
 }
@@ -166,16 +181,9 @@ TEST_CASE("data-parallel peers train a CNN with batch norm and dropout; a state 
   ts.files = {dir + "/cnn_bn.pt"};
   ts.vocab = 10;
   ts.input_shape = {1, 28, 28};
-  kernels::idx_source_options io;
-  io.dir = dir + "/no-such-folder";
-  io.synthetic_when_absent = true;
-  io.max_items = 2000;
-  auto train = kernels::idx_source::load(io);
-  REQUIRE(train.ok());
-  io.train = false;
-  io.max_items = 300;
-  auto eval = kernels::idx_source::load(io);
-  REQUIRE(eval.ok());
+  auto images = stand_in_images(dir, 300);
+  auto& train = images.first;
+  auto& eval = images.second;
   auto make = [&](uint64_t stream) {
     dp::torch_backend_options o;
     o.spec = kernels::torchscript_model(ts);
@@ -185,7 +193,7 @@ TEST_CASE("data-parallel peers train a CNN with batch norm and dropout; a state 
     o.stream.stream = stream;
     o.stream.microbatch = 32;
     o.eval_samples = 300;
-    auto b = dp::make_torch_backend(o, *train, *eval);
+    auto b = dp::make_torch_backend(o, train, eval);
     REQUIRE_MESSAGE(b.ok(), (b.ok() ? "" : b.error().what));
     return std::move(*b);
   };

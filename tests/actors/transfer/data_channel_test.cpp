@@ -347,20 +347,31 @@ TEST_CASE("an oversize or mismatching declared length is refused and nothing is 
   CHECK(f.endpoint->delivered() == 0);
 }
 
-TEST_CASE("a sender that disconnects mid-stream loses its link and nothing arrives") {
-  fixture f;
+namespace {
+
+// Announces a 256 KiB transfer with `token` and sends half of it on a raw link (the caller then
+// closes its side or stalls); returns the link.
+std::unique_ptr<raw_client> half_sent(fixture& f, const std::vector<char>& token) {
   tensor_msg m;
   m.tensor = torch::randn({1 << 16});
   std::vector<char> bytes;
   REQUIRE(messages::save_tensor(m, bytes).ok());
-  auto ep = f.announce(make_token(8), bytes.size(), m);
+  auto ep = f.announce(token, bytes.size(), m);
   REQUIRE(ep);
-  raw_client c{ep->port};
-  c.open(make_token(8));
-  c.header(make_token(8), bytes.size());
-  c.write(bytes.data(), bytes.size() / 2);
-  ::shutdown(c.fd, SHUT_WR);
-  CHECK(c.status() == "<no status>");
+  auto c = std::make_unique<raw_client>(ep->port);
+  c->open(token);
+  c->header(token, bytes.size());
+  c->write(bytes.data(), bytes.size() / 2);
+  return c;
+}
+
+} // namespace
+
+TEST_CASE("a sender that disconnects mid-stream loses its link and nothing arrives") {
+  fixture f;
+  auto c = half_sent(f, make_token(8));
+  ::shutdown(c->fd, SHUT_WR);
+  CHECK(c->status() == "<no status>");
   CHECK_MESSAGE(contains(f.endpoint->last_error(), "closed the connection after"),
                 f.endpoint->last_error());
   CHECK_FALSE(f.delivered());
@@ -369,17 +380,8 @@ TEST_CASE("a sender that disconnects mid-stream loses its link and nothing arriv
 
 TEST_CASE("a sender that stalls mid-stream loses its link at the io timeout, nothing arrives") {
   fixture f{true, {}, 2s}; // the test waits this long once
-  tensor_msg m;
-  m.tensor = torch::randn({1 << 16});
-  std::vector<char> bytes;
-  REQUIRE(messages::save_tensor(m, bytes).ok());
-  auto ep = f.announce(make_token(9), bytes.size(), m);
-  REQUIRE(ep);
-  raw_client c{ep->port};
-  c.open(make_token(9));
-  c.header(make_token(9), bytes.size());
-  c.write(bytes.data(), bytes.size() / 2);
-  CHECK(c.status() == "<no status>");
+  auto c = half_sent(f, make_token(9));
+  CHECK(c->status() == "<no status>");
   CHECK_MESSAGE(contains(f.endpoint->last_error(), "timed out"), f.endpoint->last_error());
   CHECK_FALSE(f.delivered());
   CHECK(f.endpoint->delivered() == 0);
