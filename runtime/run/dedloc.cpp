@@ -24,7 +24,7 @@
 #include "kernels/models/torchscript.hpp"
 #include "messages/atoms.hpp"
 #include "messages/swarm.hpp"
-#include "runtime/experiment/download.hpp"
+#include "runtime/experiment/final_model.hpp"
 #include "runtime/experiment/plan.hpp"
 #include "runtime/graph/model_config.hpp"
 #include "runtime/plot/svg.hpp"
@@ -359,29 +359,21 @@ private:
   /// (a request only full-mode peers serve) until one answers.
   result<final_model> take_final_model(finish_context& ctx) {
     using namespace std::chrono_literals;
-    std::vector<std::pair<uint64_t, caf::actor>> peers;
-    for (auto& a : ctx.live(export_->role)) {
-      auto c = ask<std::vector<uint64_t>>(ctx, a, 10s, status_atom::value);
-      if (c && std::get<0>(*c).size() > dp::st_step)
-        peers.emplace_back(std::get<0>(*c)[dp::st_step], a);
-    }
+    final_model_options fo;
+    fo.steps_at = dp::st_step;
+    fo.ask_timeout = 10s;
+    fo.donors = SIZE_MAX; // every live peer in turn, the most trained first
+    fo.download.timeout = 60s;
+    fo.download.parts = false;
+    fo.download.whole = actors::collab::whole_policy::in_turn;
+    fo.download.whole_as_part = true; // verified, and served by full-mode peers only
+    auto peers = survey_peers(ctx, ctx.live(export_->role), {}, fo);
     if (peers.empty())
       return fail(fmt::format("no live instance of '{}' answered at the end", export_->role));
-    std::stable_sort(peers.begin(), peers.end(),
-                     [](const auto& a, const auto& b) { return a.first > b.first; });
     final_model out;
-    for (auto& [step, a] : peers)
-      out.steps_of_peers += fmt::format("{}{}", out.steps_of_peers.empty() ? "" : " ", step);
-    std::vector<caf::actor> donors;
-    for (auto& [step, a] : peers)
-      donors.push_back(a);
-    actors::collab::download_options o;
-    o.timeout = 60s;
-    o.parts = false;
-    o.whole = actors::collab::whole_policy::in_turn;
-    o.whole_as_part = true; // verified, and served by full-mode peers only
-    auto got = download_state(ctx, actors::collab::donor_source::of(std::move(donors)), o,
-                              o.timeout * static_cast<int64_t>(peers.size()) + 1s);
+    for (auto& p : rank_candidates(peers))
+      out.steps_of_peers += fmt::format("{}{}", out.steps_of_peers.empty() ? "" : " ", p.steps);
+    auto got = download_most_trained(ctx, peers, fo);
     if (!got)
       return fail(fmt::format("no live full-mode peer served its state ({}; steps of the live "
                               "peers: {})",
@@ -422,19 +414,10 @@ private:
     auto after = b.evaluate();
     auto dir = info_.out_dir + "/export";
     b.module()->eval(); // saved in evaluation mode, as SWARM's export saves its stages
-    auto written = kernels::export_stage(*b.module(), 0, dir);
-    if (!written)
-      return failed(written.error().what);
-    nlohmann::json files = nlohmann::json::array();
-    for (auto& f : written->torchscript)
-      files.push_back(f);
-    for (auto& f : written->state_dicts)
-      files.push_back(f);
     auto loss_or_null = [](const std::optional<dp::evaluation>& e) {
       return e ? nlohmann::json(e->loss) : nlohmann::json(nullptr);
     };
     nlohmann::json j;
-    j["files"] = files;
     j["step"] = chosen->state.steps;
     j["steps_of_live_peers"] = chosen->steps_of_peers;
     j["held_out_loss_before"] = loss_or_null(before);
@@ -451,12 +434,10 @@ private:
     else if (o.torchscript)
       j["input_shape"] = o.torchscript->input_shape; // images: the first held_out_samples
                                                      // test images, pixels / 255
-    std::ofstream out{dir + "/export.json"};
-    out << j.dump(2) << "\n";
-    out.close();
-    if (!out)
-      return failed(fmt::format("{}/export.json: cannot write", dir));
-    auto n = files.size();
+    auto files = export_final_model({b.module().get()}, dir, j);
+    if (!files)
+      return failed(files.error().what);
+    auto n = files->size();
     // Wall time of the whole export: the state's download, the evaluations, the files.
     auto ms = 1e3 * dedloc_secs(std::chrono::steady_clock::now() - began);
     auto written_files = fmt::format("{} file{} in {}", n, n == 1 ? "" : "s", dir);

@@ -25,11 +25,6 @@ struct ping_options {
   std::string targets = "echo";
 };
 
-/// The behaviour of a `ping.echo` instance: answers `blob_msg{tag, bytes}` with
-/// `blob_msg{"pong", bytes}`, and a blob whose envelope was refused with an error naming the
-/// reason (never with an empty pong).
-caf::behavior ping_echo(caf::event_based_actor* self);
-
 /// Registers `ping.echo`, `ping.pinger` and the `ping` kind.
 void add_ping(role_registry& reg);
 

@@ -1,15 +1,15 @@
 // The `masha` and `masha-adversarial` kinds: extragradient, MASHA1 and MASHA2 as a graph of
-// `vi.worker` instances and one `vi.server` (which resolves the workers, runs the method's
-// server over them and reports each segment of iterations as a metric), compared in a study
-// that runs the graph once per method. `masha` checks the actors against the pure cores'
+// `vi.worker` instances and one `vi.server` (actors/vi/driver.hpp: resolves the workers, runs
+// the method's server over them and reports each segment of iterations as a metric), compared
+// in a study that runs the graph once per method. `masha` checks the actors against the pure cores'
 // replay (same bits, same point) on a bilinear saddle point; `masha-adversarial` gives every
 // method the same budget of bits on adversarial Fashion-MNIST training and measures accuracy.
 #include <algorithm>
 #include <cmath>
 
-#include <caf/all.hpp>
 #include <fmt/format.h>
 
+#include "actors/vi/driver.hpp"
 #include "actors/vi/vi.hpp"
 #include "messages/atoms.hpp"
 #include "messages/metrics.hpp"
@@ -25,12 +25,9 @@ namespace starling::runtime {
 
 namespace {
 
+using actors::vi::segment_policy;
 using actors::vi::worker_loss_policy;
 using messages::vi_report;
-
-/// Decides the next segment of iterations from the report so far (0: the run is over) and adds
-/// what it measured to the report's metric.
-using segment_policy = std::function<uint64_t(const vi_report* r, messages::metric_event& m)>;
 
 /// Options of both vi role types: the problem, the method, and the server's schedule.
 struct vi_role_options {
@@ -40,69 +37,6 @@ struct vi_role_options {
   /// Makes the schedule of one run (fresh per spawn: it keeps the run's counters).
   std::function<segment_policy()> schedule;
 };
-
-struct vi_driver_state {
-  caf::actor server;
-  segment_policy next;
-};
-
-/// Resolves the workers, runs the method's server over them segment by segment, reports each.
-caf::behavior vi_driver(caf::stateful_actor<vi_driver_state>* self, role_context ctx,
-                        vi_role_options o) {
-  self->state.next = o.schedule();
-  auto workers = std::make_shared<std::vector<caf::actor>>();
-  auto targets = ctx.addresses_of("worker");
-  auto sink = ctx.node.metrics();
-  auto name = ctx.name;
-  auto run = std::make_shared<std::function<void(uint64_t)>>();
-  *run = [=](uint64_t n) {
-    self->request(self->state.server, caf::infinite, vi_run_atom::value, n)
-      .then(
-        [=](vi_report& r) {
-          if (!r.wire_error.empty()) {
-            // A report whose envelope was refused carries no numbers: the run fails with why.
-            self->send(sink, messages::metric_event{
-                               name, "failed", {}, {{"reason", "report refused: " + r.wire_error}}});
-            return;
-          }
-          messages::metric_event m{name, "segment", {}, {}};
-          m.values["iterations"] = static_cast<double>(r.iterations);
-          m.values["bits_up"] = static_cast<double>(r.bits_up);
-          m.values["bits_down"] = static_cast<double>(r.bits_down);
-          m.values["live_workers"] = r.live_workers;
-          auto more = self->state.next(&r, m);
-          self->send(sink, std::move(m));
-          if (more > 0)
-            (*run)(more);
-          else
-            self->send(sink, messages::metric_event{name, "done", {}, {}});
-        },
-        [=](caf::error& e) {
-          self->send(sink, messages::metric_event{
-                             name, "failed", {}, {{"reason", self->system().render(e)}}});
-        });
-  };
-  auto resolver = ctx.node.resolver();
-  for (auto& t : targets)
-    self->request(resolver, std::chrono::seconds(10), resolve_atom::value, t)
-      .then(
-        [=](const caf::actor& w) {
-          workers->push_back(w);
-          if (workers->size() < targets.size())
-            return;
-          self->state.server = actors::vi::spawn_server(self->system(), o.problem->dim(),
-                                                        *workers, o.server);
-          self->link_to(self->state.server);
-          messages::metric_event m{name, "start", {}, {}};
-          if (auto n = self->state.next(nullptr, m); n > 0)
-            (*run)(n);
-        },
-        [=](caf::error& e) {
-          self->send(sink, messages::metric_event{
-                             name, "failed", {}, {{"reason", "worker " + t + ": " + self->system().render(e)}}});
-        });
-  return {[](stop_atom) {}};
-}
 
 /// Collects the segments of one method's run.
 struct vi_outcome {
@@ -498,7 +432,15 @@ void add_masha(role_registry& reg) {
   reg.add<vi_role_options>("vi.server",
                            "the server of extragradient / MASHA1 / MASHA2 over the `worker` role",
                            [](role_context& ctx, const vi_role_options& o) {
-                             return ctx.node.system().spawn(vi_driver, ctx, o);
+                             actors::vi::driver_options d;
+                             d.name = ctx.name;
+                             d.workers = ctx.addresses_of("worker");
+                             d.resolver = ctx.node.resolver();
+                             d.sink = ctx.node.metrics();
+                             d.dim = o.problem->dim();
+                             d.server = o.server;
+                             d.next = o.schedule();
+                             return actors::vi::spawn_driver(ctx.node.system(), std::move(d));
                            });
   reg.add_kind({"masha", "extragradient, MASHA1 and MASHA2 on a bilinear saddle point, as actors",
                 expand_masha});

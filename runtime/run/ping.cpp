@@ -1,89 +1,20 @@
-// The `ping` kind: every node runs an echo and a pinger; each pinger pings a random other echo
-// every `interval` with `payload` bytes and reports the round trip (or the loss) as a metric. A
-// network check, and the small role the fault matrix test runs every (fault kind, mode) pair on.
+// The `ping` kind: every node runs an echo and a pinger (actors/ping); each pinger pings a random
+// other echo every `interval` with `payload` bytes and reports the round trip (or the loss) as a
+// metric. A network check, and the small role the fault matrix test runs every (fault kind,
+// mode) pair on.
 #include "runtime/run/kinds.hpp"
 
 #include <algorithm>
-#include <random>
 
-#include <caf/all.hpp>
+#include <caf/actor_system.hpp>
 #include <fmt/format.h>
 
-#include "messages/atoms.hpp"
-#include "messages/metrics.hpp"
-#include "messages/types.hpp"
+#include "actors/ping/ping.hpp"
 #include "runtime/experiment/reporter.hpp"
 
 namespace starling::runtime {
 
 namespace {
-
-using messages::blob_msg;
-
-struct pinger_state {
-  std::mt19937_64 rng;
-  std::map<std::string, caf::actor> peers;
-  uint64_t seq = 0;
-};
-
-caf::behavior pinger_actor(caf::stateful_actor<pinger_state>* self, caf::actor resolver,
-                           caf::actor sink, std::string name, std::vector<std::string> targets,
-                           ping_options opts, uint64_t seed) {
-  self->state.rng.seed(seed);
-  auto interval = caf::timespan{opts.interval};
-  auto timeout = caf::timespan{opts.timeout};
-  auto report = [=](const std::string& target, double rtt_ms, bool lost,
-                    const std::string& reason = {}) {
-    messages::metric_event e;
-    e.source = name;
-    e.kind = lost ? "lost" : "ping";
-    e.labels["target"] = target;
-    if (!reason.empty())
-      e.labels["reason"] = reason;
-    if (!lost)
-      e.values["rtt_ms"] = rtt_ms;
-    self->send(sink, std::move(e));
-  };
-  auto ping = [=](const caf::actor& peer, const std::string& target) {
-    auto t0 = self->clock().now();
-    self->request(peer, timeout, blob_msg{"ping", std::vector<char>(opts.payload, 'p')})
-      .then(
-        [=](const blob_msg& reply) {
-          if (!reply.wire_error.empty()) {
-            // The pong's envelope was refused here: counted by the wire context, and a loss.
-            report(target, 0, true, reply.wire_error);
-            return;
-          }
-          auto rtt = std::chrono::duration<double, std::milli>(self->clock().now() - t0);
-          report(target, rtt.count(), false);
-        },
-        [=](caf::error& e) {
-          self->state.peers.erase(target);
-          report(target, 0, true, self->system().render(e));
-        });
-  };
-  self->delayed_send(self, interval, tick_atom::value);
-  return {
-    [=](tick_atom) {
-      self->delayed_send(self, interval, tick_atom::value);
-      if (targets.empty())
-        return;
-      std::uniform_int_distribution<size_t> pick{0, targets.size() - 1};
-      auto target = targets[pick(self->state.rng)];
-      if (auto i = self->state.peers.find(target); i != self->state.peers.end()) {
-        ping(i->second, target);
-        return;
-      }
-      self->request(resolver, timeout, resolve_atom::value, target)
-        .then(
-          [=](const caf::actor& peer) {
-            self->state.peers[target] = peer;
-            ping(peer, target);
-          },
-          [=](caf::error&) { report(target, 0, true); });
-    },
-  };
-}
 
 /// The round trips of every pinger: a table at the end.
 class ping_reporter : public reporter {
@@ -161,29 +92,27 @@ status check_pinger(const ping_options& o) {
 
 } // namespace
 
-caf::behavior ping_echo(caf::event_based_actor*) {
-  return {[](const blob_msg& m) -> caf::result<blob_msg> {
-    // A ping whose envelope was refused (counted by the wire context) is answered with the
-    // reason: an empty pong would pass for a successful round trip.
-    if (!m.wire_error.empty())
-      return caf::make_error(caf::sec::invalid_argument, "ping refused: " + m.wire_error);
-    return blob_msg{"pong", m.bytes};
-  }};
-}
-
 void add_ping(role_registry& reg) {
   reg.add<ping_options>(
     "ping.echo", "answers every ping with its payload",
-    [](role_context& ctx, const ping_options&) { return ctx.node.system().spawn(ping_echo); });
+    [](role_context& ctx, const ping_options&) {
+      return actors::ping::spawn_echo(ctx.node.system());
+    });
   reg.add<ping_options>(
     "ping.pinger", "pings a random instance of the `targets` role every `interval`",
     [](role_context& ctx, const ping_options& o) {
-      std::vector<std::string> targets;
+      actors::ping::pinger_options po;
+      po.name = ctx.name;
       for (auto& a : ctx.addresses_of(o.targets))
         if (a.rfind(fmt::format("@{}/", ctx.node.index()), 0) != 0) // not its own node's
-          targets.push_back(a);
-      return ctx.node.system().spawn(pinger_actor, ctx.node.resolver(), ctx.node.metrics(),
-                                     ctx.name, targets, o, ctx.seed);
+          po.targets.push_back(a);
+      po.payload = o.payload;
+      po.interval = caf::timespan{o.interval};
+      po.timeout = caf::timespan{o.timeout};
+      po.seed = ctx.seed;
+      po.resolver = ctx.node.resolver();
+      po.sink = ctx.node.metrics();
+      return actors::ping::spawn_pinger(ctx.node.system(), std::move(po));
     },
     read_pinger, check_pinger,
     [](const ping_options& o) {

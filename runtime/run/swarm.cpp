@@ -2,7 +2,6 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
@@ -11,14 +10,16 @@
 #include <caf/all.hpp>
 #include <fmt/format.h>
 
-#include "actors/auth/authority.hpp"
 #include "actors/averager/averager.hpp"
 #include "actors/stage/board.hpp"
+#include "actors/stage/board_view.hpp"
 #include "actors/stage/checkpoint.hpp"
 #include "actors/stage/dht_board.hpp"
 #include "actors/stage/replica_keeper.hpp"
 #include "actors/stage/stage.hpp"
 #include "actors/supervisor/supervisor.hpp"
+#include "actors/trainer/metrics_relay.hpp"
+#include "actors/trainer/progress_store.hpp"
 #include "actors/trainer/trainer.hpp"
 #include "actors/trainer/wiring.hpp"
 #include "kernels/data/batch_progress.hpp"
@@ -82,34 +83,6 @@ std::shared_ptr<const kernels::data_source> data_for(swarm_data_cache& cache,
   return cache.source;
 }
 
-/// The simulation's shared board as seen from one node: announcements and reports go to it;
-/// peer lists come back with handles as seen from this node (link proxies), or, when `raw`, as
-/// they are, for a user that views only the handles it messages (stage gossip).
-caf::behavior board_view(caf::event_based_actor* self, host* h, caf::actor board, bool raw) {
-  return {
-    [=](put_atom, uint64_t stage, const std::string& name, const caf::actor& peer) {
-      self->send(board, put_atom::value, stage, name, peer);
-    },
-    [=](load_atom, uint64_t stage, const std::string& name, double throughput, double queue) {
-      self->send(board, load_atom::value, stage, name, throughput, queue);
-    },
-    [=](get_atom, uint64_t stage)
-      -> caf::result<std::vector<std::string>, std::vector<caf::actor>> {
-      auto rp = self->make_response_promise<std::vector<std::string>, std::vector<caf::actor>>();
-      self->request(board, caf::infinite, get_atom::value, stage)
-        .then(
-          [=](std::vector<std::string>& names, std::vector<caf::actor>& handles) mutable {
-            if (!raw)
-              for (auto& x : handles)
-                x = h->view(x);
-            rp.deliver(std::move(names), std::move(handles));
-          },
-          [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
-      return rp;
-    },
-  };
-}
-
 /// The simulation's one board, shared by every node.
 caf::actor shared_board(host& h, const swarm_setup& s) {
   auto stages = s.graph.stages.size();
@@ -119,28 +92,9 @@ caf::actor shared_board(host& h, const swarm_setup& s) {
 
 caf::actor raw_board_view(host& h, const swarm_setup& s) {
   auto shared = shared_board(h, s);
-  return h.service("swarm.board_raw_view",
-                   [shared](host& x) { return x.system().spawn(board_view, &x, shared, true); });
-}
-
-/// Turns a trainer's reports into metrics for its node's sink.
-caf::behavior trainer_reports(caf::event_based_actor*, caf::actor sink, std::string name) {
-  return {
-    [=](report_atom, const std::string&, double loss, int64_t samples, int64_t retries,
-        double seconds, uint64_t batch) {
-      caf::anon_send(sink, messages::metric_event{name,
-                                                  "microbatch",
-                                                  {{"loss", loss},
-                                                   {"samples", static_cast<double>(samples)},
-                                                   {"retries", static_cast<double>(retries)},
-                                                   {"latency_s", seconds},
-                                                   {"batch", static_cast<double>(batch)}},
-                                                  {}});
-    },
-    [=](stop_atom, const std::string&) {
-      caf::anon_send(sink, messages::metric_event{name, "done", {}, {}});
-    },
-  };
+  return h.service("swarm.board_raw_view", [shared](host& x) {
+    return actors::stage::spawn_board_view(x.system(), {shared, {}});
+  });
 }
 
 /// Whether this node keeps and uses checkpoint replicas: cluster runs with an output folder and
@@ -312,63 +266,6 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
   return peer;
 }
 
-/// Whether `name` can be a file name as it is (letters, digits, '_', '-', '.'; no leading '.').
-bool plain_name(const std::string& name) {
-  if (name.empty() || name[0] == '.')
-    return false;
-  for (char c : name)
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.')
-      return false;
-  return true;
-}
-
-/// Which batches each trainer of this node completed (`kernels::batch_progress` by trainer name),
-/// so that a trainer restarted on the node redoes exactly the batches that were not done. With a
-/// folder, every change is also written there (`<name>.progress`, replaced atomically) and the
-/// folder's files are read at the start: a stopped run continued with `--resume`, or a cluster
-/// node restarted in the same folder, takes its trainers' progress up from them.
-caf::behavior progress_store(caf::event_based_actor* self, std::string dir) {
-  namespace fs = std::filesystem;
-  auto done = std::make_shared<std::map<std::string, kernels::batch_progress>>();
-  std::error_code ec;
-  if (!dir.empty()) {
-    auto saved = read_progress_dir(dir);
-    if (!saved) {
-      // Never silently dropped: the trainers would redo (and so train twice) their done batches.
-      log(log_level::error, "swarm", "{}", saved.error().what);
-      self->quit(caf::make_error(caf::sec::invalid_argument, saved.error().what));
-      return {};
-    }
-    *done = std::move(*saved);
-  }
-  if (!dir.empty())
-    fs::create_directories(dir, ec);
-  auto warned = std::make_shared<bool>(false);
-  return {
-    [done](get_atom, const std::string& name) -> std::string {
-      auto i = done->find(name);
-      return i == done->end() ? std::string{} : i->second.serialize();
-    },
-    [done, dir, warned](put_atom, const std::string& name, uint64_t total, uint64_t batch) {
-      auto i = done->find(name);
-      if (i == done->end())
-        i = done->emplace(name, kernels::batch_progress{total}).first;
-      else if (i->second.total() != total)
-        i->second = i->second.resized(total);
-      auto fresh = i->second.mark_done(batch); // a batch beyond the total is not progress
-      if (dir.empty() || !fresh || !*fresh || !plain_name(name))
-        return;
-      auto st = actors::auth::write_file_atomically(dir + "/" + name + ".progress",
-                                                    i->second.serialize(), 0644);
-      if (!st && !*warned) {
-        *warned = true;
-        log(log_level::warning, "swarm", "progress not saved (a resumed run would redo batches): {}",
-            st.what());
-      }
-    },
-  };
-}
-
 caf::actor spawn_trainer(role_context& ctx, const swarm_role_options& o,
                          const std::shared_ptr<swarm_data_cache>& cache) {
   auto& s = *o.setup;
@@ -424,10 +321,14 @@ caf::actor spawn_trainer(role_context& ctx, const swarm_role_options& o,
     }
   }
   auto& h = ctx.node;
-  auto reports = h.system().spawn(trainer_reports, h.metrics(), ctx.name);
+  auto reports = actors::trainer::spawn_metrics_relay(h.system(), {ctx.name, h.metrics()});
   auto progress_dir = s.modeled || h.run_dir().empty() ? std::string{} : h.run_dir() + "/progress";
   to.progress = h.service("swarm.progress", [progress_dir](host& x) {
-    return x.system().spawn(progress_store, progress_dir);
+    actors::trainer::progress_store_options po;
+    po.dir = progress_dir;
+    po.on_error = [](const std::string& why) { log(log_level::error, "swarm", "{}", why); };
+    po.on_warning = [](const std::string& why) { log(log_level::warning, "swarm", "{}", why); };
+    return actors::trainer::spawn_progress_store(x.system(), std::move(po));
   });
   auto t = actors::trainer::spawn_trainer(h.system(), to, data, swarm_board(h, s), reports);
   t->attach_functor([reports](const caf::error&) {
@@ -695,7 +596,10 @@ caf::actor swarm_board(host& h, const swarm_setup& s) {
   if (h.mode() == run_mode::sim) {
     auto shared = shared_board(h, s);
     return h.service("swarm.board_view", [shared](host& x) {
-      return x.system().spawn(board_view, &x, shared, false);
+      actors::stage::board_view_options o;
+      o.board = shared;
+      o.view = [hp = &x](const caf::actor& a) { return hp->view(a); };
+      return actors::stage::spawn_board_view(x.system(), std::move(o));
     });
   }
   auto prefix = s.prefix;
@@ -815,25 +719,6 @@ void add_swarm(role_registry& reg) {
   reg.add_kind(std::move(k));
 }
 
-result<std::map<std::string, kernels::batch_progress>> read_progress_dir(const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::map<std::string, kernels::batch_progress> out;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec))
-    return out;
-  for (auto& e : fs::directory_iterator(dir, ec)) {
-    if (e.path().extension() != ".progress")
-      continue;
-    std::ifstream in{e.path(), std::ios::binary};
-    std::string bytes{std::istreambuf_iterator<char>{in}, {}};
-    auto p = kernels::batch_progress::parse(bytes);
-    if (!p)
-      return fail(fmt::format("progress file {}: {}", e.path().string(), p.error().what));
-    out.emplace(e.path().stem().string(), std::move(*p));
-  }
-  return out;
-}
-
 result<std::map<std::string, kernels::batch_progress>>
 read_run_progress(const std::string& run_dir) {
   namespace fs = std::filesystem;
@@ -842,7 +727,7 @@ read_run_progress(const std::string& run_dir) {
   if (!fs::is_directory(run_dir, ec))
     return out;
   for (auto& n : fs::directory_iterator(run_dir, ec)) {
-    auto node = read_progress_dir((n.path() / "progress").string());
+    auto node = actors::trainer::read_progress_dir((n.path() / "progress").string());
     if (!node)
       return node.error();
     for (auto& [name, p] : *node)

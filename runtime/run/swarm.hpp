@@ -98,11 +98,8 @@ struct swarm_role_options {
 /// board.
 caf::actor swarm_board(host& h, const swarm_setup& s);
 
-/// The trainers' progress files (`<name>.progress`) in `dir`, by trainer name; none when `dir`
-/// does not exist; fails naming the first file that does not parse.
-result<std::map<std::string, kernels::batch_progress>> read_progress_dir(const std::string& dir);
-
-/// The progress files of every node folder of the run in `run_dir` (`<node>/progress/`).
+/// The progress files of every node folder of the run in `run_dir` (`<node>/progress/`, each
+/// read by actors::trainer::read_progress_dir).
 result<std::map<std::string, kernels::batch_progress>>
 read_run_progress(const std::string& run_dir);
 

@@ -7,7 +7,6 @@
 #include <fstream>
 #include <map>
 #include <set>
-#include <thread>
 
 #include <caf/all.hpp>
 #include <fmt/format.h>
@@ -27,7 +26,7 @@
 #include "messages/atoms.hpp"
 #include "messages/rebalance_atoms.hpp"
 #include "messages/swarm.hpp"
-#include "runtime/experiment/download.hpp"
+#include "runtime/experiment/final_model.hpp"
 #include "runtime/metrics/loss_bursts.hpp"
 #include "runtime/metrics/metrics.hpp"
 #include "runtime/plot/svg.hpp"
@@ -302,66 +301,10 @@ public:
     if (info_.tty)
       fmt::print(stderr, "\n");
     auto& g = s_->graph;
-    auto stages = g.stages.size();
-    // The final model: per stage the live peer with the most optimizer steps (a stage's trained
-    // peers agree closely; one just restarted may still hold its initialization), and every live
-    // peer's counters.
-    std::vector<messages::stage_state> finals(stages);
-    std::vector<stage_report> reports(stages);
     auto board = swarm_board(ctx.node(), *s_);
-    // A stage whose peers were all preempted as the run ended stands in the final model with its
-    // newest checkpoint in the run's folders; when there is none here (a cluster node sees its
-    // own folder only), its restarted peers get a while to resume from theirs and announce.
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-    for (uint64_t k = 0; k < stages; ++k) {
-      auto& r = reports[k];
-      for (bool waited = false;; waited = true) {
-        r = stage_report{};
-        survey_stage(ctx, board, k, finals[k], r);
-        if (finals[k].params.tensor.defined())
-          break;
-        if (auto c = newest_checkpoint_of(k)) {
-          finals[k] = c->state;
-          auto rel = std::filesystem::path(c->file.path).lexically_relative(info_.out_dir);
-          r.chosen = "checkpoint " + rel.string();
-          r.steps_of_peers = fmt::format("no live peer; checkpoint of step {}, digest {}",
-                                         c->state.steps,
-                                         actors::stage::digest_hex(c->digest).substr(0, 16));
-          break;
-        }
-        if (std::chrono::steady_clock::now() >= deadline)
-          break;
-        if (!waited)
-          fmt::print(stderr, "starling: stage {} has no live peer; waiting up to {:.0f} s for its "
-                             "restarted peers\n",
-                     k, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now())
-                          .count());
-        std::this_thread::sleep_for(std::chrono::milliseconds(500));
-      }
-    }
-    double loss1 = -1;
-    std::string eval_note;
-    bool complete = true;
-    std::vector<torch::Tensor> final_params;
-    for (auto& f : finals) {
-      complete = complete && f.params.tensor.defined();
-      final_params.push_back(f.params.tensor);
-    }
-    std::vector<std::shared_ptr<kernels::stage_module>> final_model;
-    if (complete) {
-      if (auto m = build_model(*s_, final_params, finals))
-        final_model = std::move(*m);
-      else
-        eval_note = m.error().what;
-    }
-    if (!held_out_.empty() && !final_model.empty()) {
-      if (auto l = evaluate(final_model, held_out_))
-        loss1 = *l;
-      else
-        eval_note = l.error().what;
-    } else if (eval_note.empty()) {
-      eval_note = held_out_.empty() ? "no held-out data" : no_stage_state;
-    }
+    auto taken = take_final_model(ctx, board);
+    auto& reports = taken.reports;
+    auto loss1 = taken.loss;
     auto requested = s_->trainers * g.microbatches_per_trainer * g.microbatch;
     auto rss = peak_rss_bytes();
     fmt::print("\nswarm summary{}\n", ctx.timed_out  ? " (stopped at experiment.duration)"
@@ -457,10 +400,10 @@ public:
     if (loss1 >= 0)
       fmt::print("  {:<34} {:.4f} -> {:.4f}\n", "held-out loss (before -> after)", loss0_, loss1);
     else
-      fmt::print("  {:<34} unavailable: {}\n", "held-out loss", eval_note);
+      fmt::print("  {:<34} unavailable: {}\n", "held-out loss", taken.note);
     fmt::print("  {:<34} {:.0f} MiB\n", "peak resident memory", static_cast<double>(rss) / 1048576);
     if (g.export_model)
-      export_model(final_model, loss1);
+      export_model(taken.model, loss1);
     write_summary(ctx, loss1);
     write_plots();
     std::fflush(stdout);
@@ -528,29 +471,22 @@ private:
       return;
     }
     auto dir = info_.out_dir + "/export";
-    nlohmann::json files = nlohmann::json::array();
-    for (size_t k = 0; k < model.size(); ++k) {
-      auto written = kernels::export_stage(*model[k], static_cast<int64_t>(k), dir);
-      if (!written) {
-        fmt::print("  {:<34} failed: {}\n", "export", written.error().what);
-        return;
-      }
-      for (auto& f : written->torchscript)
-        files.push_back(f);
-      for (auto& f : written->state_dicts)
-        files.push_back(f);
-    }
+    std::vector<kernels::stage_module*> modules;
+    for (auto& m : model)
+      modules.push_back(m.get());
     nlohmann::json j;
-    j["files"] = files;
     j["held_out_loss_before"] = loss0_;
     j["held_out_loss"] = loss1;
     j["held_out_batches"] = held_out_.size();
     j["microbatch"] = s_->graph.microbatch;
     j["seq_len"] = s_->graph.model.seq_len;
-    std::ofstream out{dir + "/export.json"};
-    out << j.dump(2) << "\n";
+    auto files = export_final_model(modules, dir, j);
+    if (!files) {
+      fmt::print("  {:<34} failed: {}\n", "export", files.error().what);
+      return;
+    }
     fmt::print("  {:<34} {} files in {} (export.json: held-out loss {:.6f})\n", "export",
-               files.size(), dir, loss1);
+               files->size(), dir, loss1);
   }
 
   /// The stage migrations of the run, and the pipeline's throughput before the first one and
@@ -630,16 +566,79 @@ private:
   double loss0_ = 0;
   int64_t microbatches_ = 0, samples_ = 0, retries_ = 0, done_ = 0;
   int64_t preemptions_ = 0, restarts_ = 0;
-  /// `peer`'s whole state (the download client, one donor), or nothing.
-  static std::optional<messages::stage_state> state_of(finish_context& ctx,
-                                                       const caf::actor& peer) {
-    actors::collab::download_options o;
-    o.timeout = std::chrono::seconds(10);
-    auto got = download_state(ctx, actors::collab::donor_source::of({peer}), o,
-                              o.timeout + std::chrono::seconds(1));
-    if (!got)
-      return std::nullopt;
-    return std::move(got->state);
+  /// The final model as the summary reports it.
+  struct final_stages {
+    /// Per stage: where its state came from, and its live peers' counters.
+    std::vector<stage_report> reports;
+    /// The stages loaded with their final states (empty when a stage had none).
+    std::vector<std::shared_ptr<kernels::stage_module>> model;
+    /// Its held-out loss (-1: not evaluated, `note` says why).
+    double loss = -1;
+    std::string note;
+  };
+
+  /// The final model: per stage the state of the live peer with the most optimizer steps (a
+  /// stage's trained peers agree closely; one just restarted may still hold its
+  /// initialization), and every live peer's counters; evaluated on the held-out batches.
+  final_stages take_final_model(finish_context& ctx, const caf::actor& board) {
+    auto stages = s_->graph.stages.size();
+    final_stages out;
+    out.reports.resize(stages);
+    std::vector<messages::stage_state> finals(stages);
+    // A stage whose peers were all preempted as the run ended stands in the final model with its
+    // newest checkpoint in the run's folders; when there is none here (a cluster node sees its
+    // own folder only), its restarted peers get a while to resume from theirs and announce
+    // (waited for on the run's clock: in simulation the run goes on meanwhile).
+    const nanoseconds patience = std::chrono::seconds(15);
+    const nanoseconds again = std::chrono::milliseconds(500);
+    nanoseconds waited{0};
+    for (uint64_t k = 0; k < stages; ++k) {
+      auto& r = out.reports[k];
+      for (bool first = true;; first = false) {
+        r = stage_report{};
+        survey_stage(ctx, board, k, finals[k], r);
+        if (finals[k].params.tensor.defined())
+          break;
+        if (auto c = newest_checkpoint_of(k)) {
+          finals[k] = c->state;
+          auto rel = std::filesystem::path(c->file.path).lexically_relative(info_.out_dir);
+          r.chosen = "checkpoint " + rel.string();
+          r.steps_of_peers = fmt::format("no live peer; checkpoint of step {}, digest {}",
+                                         c->state.steps,
+                                         actors::stage::digest_hex(c->digest).substr(0, 16));
+          break;
+        }
+        if (waited >= patience)
+          break;
+        if (first)
+          fmt::print(stderr, "starling: stage {} has no live peer; waiting up to {:.0f} s for its "
+                             "restarted peers\n",
+                     k, secs(patience - waited));
+        pass_time(ctx, again);
+        waited += again;
+      }
+    }
+    bool complete = true;
+    std::vector<torch::Tensor> final_params;
+    for (auto& f : finals) {
+      complete = complete && f.params.tensor.defined();
+      final_params.push_back(f.params.tensor);
+    }
+    if (complete) {
+      if (auto m = build_model(*s_, final_params, finals))
+        out.model = std::move(*m);
+      else
+        out.note = m.error().what;
+    }
+    if (!held_out_.empty() && !out.model.empty()) {
+      if (auto l = evaluate(out.model, held_out_))
+        out.loss = *l;
+      else
+        out.note = l.error().what;
+    } else if (out.note.empty()) {
+      out.note = held_out_.empty() ? "no held-out data" : no_stage_state;
+    }
+    return out;
   }
 
   /// The live peers of stage `k` (the board's list, each asked for its counters): their counters
@@ -647,24 +646,22 @@ private:
   /// (its parameters left undefined when none answered).
   void survey_stage(finish_context& ctx, const caf::actor& board, uint64_t k,
                     messages::stage_state& chosen, stage_report& r) {
+    using namespace actors::stage;
     auto listed = ask<std::vector<std::string>, std::vector<caf::actor>>(
       ctx, board, std::chrono::seconds(5), get_atom::value, k);
     if (!listed)
       return;
-    caf::actor most_trained;
-    uint64_t most_steps = 0;
     auto& names = std::get<0>(*listed);
     auto& peers = std::get<1>(*listed);
-    for (size_t j = 0; j < peers.size(); ++j) {
-      auto& peer = peers[j];
-      auto st = ask<std::vector<uint64_t>>(ctx, peer, std::chrono::seconds(5), status_atom::value);
-      using namespace actors::stage;
-      if (!st || std::get<0>(*st).size() < st_count)
-        continue;
-      auto& v = std::get<0>(*st);
-      auto name = j < names.size() ? names[j] : fmt::format("#{}", j);
+    final_model_options fo;
+    fo.steps_at = st_steps;
+    fo.min_counters = st_count;
+    fo.ask_timeout = std::chrono::seconds(5);
+    fo.download.timeout = std::chrono::seconds(10);
+    auto answered = survey_peers(ctx, peers, names, fo, [&](const final_candidate& c) {
+      auto& v = c.counters;
       r.steps_of_peers += fmt::format("{}{} at step {}", r.steps_of_peers.empty() ? "live: " : ", ",
-                                      name, v[st_steps]);
+                                      c.name, v[st_steps]);
       r.peers++;
       r.max_steps = std::max(r.max_steps, v[st_steps]);
       r.rounds += v[st_rounds];
@@ -676,34 +673,29 @@ private:
       r.donors += v[st_donors];
       r.state_rounds += v[st_state_rounds];
       r.state_loaded += v[st_state_rounds_loaded];
-      auto c = ask<std::vector<uint64_t>>(ctx, peer, std::chrono::seconds(5), status_atom::value,
-                                          messages::commit_atom::value);
-      if (c && std::get<0>(*c).size() >= 2) {
-        r.applied += std::get<0>(*c)[0];
-        r.lost += std::get<0>(*c)[1];
+      auto commits = ask<std::vector<uint64_t>>(ctx, c.peer, std::chrono::seconds(5),
+                                                status_atom::value, messages::commit_atom::value);
+      if (commits && std::get<0>(*commits).size() >= 2) {
+        r.applied += std::get<0>(*commits)[0];
+        r.lost += std::get<0>(*commits)[1];
       }
-      if (!most_trained || v[0] > most_steps) {
-        most_trained = peer;
-        most_steps = v[0];
-        r.chosen = name;
-      }
-    }
-    if (most_trained) {
-      auto state = state_of(ctx, most_trained);
-      if (state)
-        chosen = std::move(*state);
+    });
+    if (!answered.empty()) {
+      r.chosen = rank_candidates(answered).front().name;
+      if (auto got = download_most_trained(ctx, answered, fo))
+        chosen = std::move(got->state);
     }
     // How far the stage's replicas drifted apart: each live peer's distance to the chosen one.
     const auto& final = chosen.params.tensor;
     if (final.defined()) {
       auto norm = final.norm().item<double>();
       std::string spread;
-      for (size_t j = 0; j < peers.size(); ++j) {
-        auto other = state_of(ctx, peers[j]);
-        if (!other || !other->params.tensor.defined()
-            || other->params.tensor.numel() != final.numel())
+      for (auto& peer : peers) {
+        auto other = download_from(ctx, peer, fo.download.timeout);
+        if (!other || !other->state.params.tensor.defined()
+            || other->state.params.tensor.numel() != final.numel())
           continue;
-        auto d = (other->params.tensor - final).norm().item<double>();
+        auto d = (other->state.params.tensor - final).norm().item<double>();
         spread += fmt::format("{}{:.2g}", spread.empty() ? "" : " ", d / std::max(norm, 1e-12));
       }
       r.steps_of_peers += "; replicas' relative distance to it: " + spread;

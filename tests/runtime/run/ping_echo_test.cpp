@@ -10,7 +10,7 @@
 #include "messages/types.hpp"
 #include "messages/wire_context.hpp"
 #include "runtime/node/node.hpp"
-#include "runtime/run/kinds.hpp"
+#include "actors/ping/ping.hpp"
 #include "runtime/node/gate.hpp"
 #include "tests/support/closed_run.hpp"
 #include "tests/support/node_fixtures.hpp"
@@ -59,7 +59,7 @@ TEST_CASE(
   auto a = run.start("a", false);
   auto same = run.start("b", false);
   auto other = run.start("c", false);
-  a->register_actor("echo", a->system().spawn(ping_echo));
+  a->register_actor("echo", actors::ping::spawn_echo(a->system()));
   auto address = fmt::format("127.0.0.1:{}/echo", a->port());
   auto [bytes, why] = ping(*same, resolve_echo(*same, address));
   CHECK(why.empty());
