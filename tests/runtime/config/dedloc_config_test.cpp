@@ -65,7 +65,7 @@ TEST_CASE("configs/dedloc-fmnist.yaml and diloco-fmnist.yaml are 8 peers with 2 
       auto& o = std::any_cast<const dedloc_role_options&>(g.find("peers")->options);
       CHECK(o.cycle == 8);
       CHECK(o.clients == 2);
-      CHECK(o.target_batch >= 1024);
+      CHECK(o.peer.collab.progress.target_batch >= 1024);
       CHECK(o.speeds.front() == 1.0);
       CHECK(o.speeds.back() == 0.25);
       // About 20% of 8 peers per minute over 3 minutes: a handful of leaves, each replaced.
@@ -150,24 +150,69 @@ TEST_CASE("bad dedloc options are rejected with the key named") {
 }
 
 TEST_CASE("dedloc.resync_after_lone_step is true by default, false on request, and strict") {
-  CHECK(role("").resync_after_lone_step);
-  CHECK(role("  resync_after_lone_step: true\n").resync_after_lone_step);
-  CHECK_FALSE(role("  resync_after_lone_step: false\n").resync_after_lone_step);
+  CHECK(role("").peer.collab.resync_after_lone_step);
+  CHECK(role("  resync_after_lone_step: true\n").peer.collab.resync_after_lone_step);
+  CHECK_FALSE(role("  resync_after_lone_step: false\n").peer.collab.resync_after_lone_step);
   auto bad = section_error("  resync_after_lone_step: sometimes\n");
   CHECK(has(bad, "resync_after_lone_step"));
   CHECK(has(bad, "true or false"));
   CHECK(has(section_error("  resync_after_lone_steps: true\n"), "unknown key"));
-  CHECK(role("").persistent_rounds); // the default
-  CHECK_FALSE(role("  persistent_rounds: false\n").persistent_rounds);
-  CHECK(role("  persistent_rounds: true\n").persistent_rounds);
+  CHECK(role("").averager.family_groups); // the default
+  CHECK_FALSE(role("  persistent_rounds: false\n").averager.family_groups);
+  CHECK(role("  persistent_rounds: true\n").averager.family_groups);
   CHECK(has(section_error("  persistent_rounds: 2\n"), "persistent_rounds"));
-  CHECK(role("").resync_by_download); // the default
-  CHECK_FALSE(role("  resync_by_download: false\n").resync_by_download);
+  CHECK(role("").peer.collab.resync_by_download); // the default
+  CHECK_FALSE(role("  resync_by_download: false\n").peer.collab.resync_by_download);
+}
+
+TEST_CASE("dedloc's keys land in the options of the components they configure, --set too") {
+  auto o = role("  window: 3s\n  averager_timeout: 7s\n  codec: fp16\n  group_size: 5\n"
+                "  round_timeout: 12s\n  record_lifetime: 40s\n  mode: client\n"
+                "  algorithm: diloco\n  outer_codec: blockwise8\n  outer_ratio: 0.01\n"
+                "  outer_lr: 0.5\n  inner_batch: 64\n  lr: 0.01\n  optimizer: sgd\n"
+                "  microbatch: 16\n  width: 48\n  modeled_params: 999\n  eval_every: 3\n");
+  CHECK(o.averager.matchmaking_window == std::chrono::seconds(3));
+  CHECK(o.averager.round_timeout == std::chrono::seconds(7));
+  CHECK(o.averager.codec == kernels::codec_id::fp16);
+  CHECK(o.averager.target_group_size == 5);
+  CHECK(o.peer.collab.round_timeout == 12.0);
+  CHECK(o.peer.collab.progress.record_lifetime == 40.0);
+  CHECK(o.peer.collab.mode == actors::collab::peer_mode::client);
+  CHECK(o.peer.algo == actors::dp_peer::algorithm::diloco);
+  CHECK(o.peer.diloco.codec == kernels::codec_id::blockwise8);
+  CHECK(o.peer.diloco.codec_params.ratio == 0.01);
+  CHECK(o.peer.diloco.outer.lr == 0.5);
+  CHECK(o.peer.inner_batch == 64);
+  CHECK(o.peer.eval_every == 3);
+  CHECK(o.torch.optimizer.lr == 0.01);
+  CHECK(o.torch.optimizer.kind == "sgd");
+  CHECK(o.torch.stream.microbatch == 16);
+  CHECK(o.torch.model.width == 48);
+  CHECK(o.modeled.numel == 999);
+  // The kind's defaults where they differ from the components' own.
+  auto d = role("");
+  CHECK(d.averager.target_group_size == 64);
+  CHECK(d.averager.round_timeout == std::chrono::seconds(15));
+  CHECK(d.peer.collab.progress.target_batch == 1024);
+  CHECK(d.peer.inner_batch == 128);
+  CHECK(d.torch.model.width == 128);
+  CHECK(d.data.kind == "idx");
+  // The same keys through `--set`.
+  graph_load_options lo;
+  lo.overrides = {"dedloc.window=4s", "dedloc.outer_codec=none", "dedloc.record_lifetime=50s"};
+  auto cfg = read_experiment(
+      load_yaml_string("experiment: {name: x, kind: dedloc}\ndedloc:\n  peers: 2\n", "x.yaml"),
+      builtin_registry(), lo);
+  auto& s = std::any_cast<const dedloc_role_options&>(cfg.graph.find("peers")->options);
+  CHECK(s.averager.matchmaking_window == std::chrono::seconds(4));
+  CHECK(s.peer.diloco.codec == kernels::codec_id::none);
+  CHECK(s.peer.collab.progress.record_lifetime == 50.0);
+  CHECK(has(section_error("  codec: topk\n"), "one of none | fp16 | blockwise8 | quantile8"));
 }
 
 TEST_CASE("dedloc.delay_updates is off by default and belongs to algorithm dedloc") {
-  CHECK_FALSE(role("").delay_updates);
-  CHECK(role("  delay_updates: true\n").delay_updates);
+  CHECK_FALSE(role("").peer.collab.delay_updates);
+  CHECK(role("  delay_updates: true\n").peer.collab.delay_updates);
   CHECK(has(section_error("  delay_updates: later\n"), "delay_updates"));
   auto diloco = section_error("  algorithm: diloco\n  delay_updates: true\n");
   CHECK(has(diloco, "delay_updates belongs to algorithm dedloc"));
