@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "support/subprocess.hpp"
+#include "support/paths.hpp"
 
 namespace starling::test::examples_gossip_test {
 

@@ -7,6 +7,7 @@
 #include <regex>
 
 #include "support/subprocess.hpp"
+#include "support/paths.hpp"
 
 namespace starling::test::examples_own_loop_test {
 

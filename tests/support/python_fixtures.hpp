@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <unistd.h>
+#include "support/paths.hpp"
 
 namespace starling::testing {
 

@@ -204,6 +204,36 @@ TEST_CASE("an owned key accepts only records signed by its owner") {
   CHECK_FALSE(verify(bad));
 }
 
+TEST_CASE("a signature verified once vouches for exactly that record, never for a variant") {
+  auto alice = identity::from_seed(11);
+  auto mallory = identity::from_seed(12);
+  auto key = "progress" + owner_marker(alice.public_key);
+  auto good = plain(key, "step 7", 500);
+  sign(good, alice);
+  // Verified twice: the second answer comes from the process's cache of good signatures.
+  CHECK(verify(good));
+  CHECK(verify(good));
+  // Every field of the record, and the signature itself, still decides.
+  auto v = good;
+  v.value.back() = '8';
+  CHECK_FALSE(verify(v));
+  v = good;
+  v.expiration_ns += 1;
+  CHECK_FALSE(verify(v));
+  v = good;
+  v.key = "progress" + owner_marker(mallory.public_key);
+  CHECK_FALSE(verify(v));
+  v = good;
+  v.signature[0] = static_cast<char>(v.signature[0] ^ 1);
+  CHECK_FALSE(verify(v));
+  // The same contents signed by someone else under alice's key: still refused after alice's
+  // signature of them was cached.
+  v = good;
+  sign(v, mallory);
+  CHECK_FALSE(verify(v));
+  CHECK(verify(good));
+}
+
 TEST_CASE("the lookup keeps alpha requests in flight and converges on the k closest") {
   std::mt19937_64 rng{3};
   // A static network of 300 peers where everyone knows everyone: a response names the k

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "support/subprocess.hpp"
+#include "support/paths.hpp"
 
 namespace starling::test::actors_dht_process_test {
 

@@ -9,6 +9,7 @@
 #include "kernels/flat.hpp"
 #include "kernels/models/torchscript.hpp"
 #include "support/python_fixtures.hpp"
+#include "support/paths.hpp"
 
 namespace starling::test::actors_torchscript_backend_test {
 
@@ -17,11 +18,11 @@ namespace kernels = starling::kernels;
 
 TEST_CASE("a data-parallel peer trains a TorchScript model on a token file and hands its state on") {
   auto dir = starling::testing::python_fixtures(
-    STARLING_SOURCE_DIR "/examples/torchscript/prepare.py",
+    STARLING_SOURCE_DIR + "/examples/torchscript/prepare.py",
     {"--layers", "2", "--width", "16", "--heads", "2", "--seq-len", "16", "--train-bytes", "20000",
      "--val-bytes", "4000"},
-    {STARLING_SOURCE_DIR "/examples/torchscript/prepare.py",
-     STARLING_SOURCE_DIR "/examples/torchscript/model.py"});
+    {STARLING_SOURCE_DIR + "/examples/torchscript/prepare.py",
+     STARLING_SOURCE_DIR + "/examples/torchscript/model.py"});
   kernels::torchscript_config ts;
   ts.files = {dir + "/whole.pt"};
   ts.vocab = 256;
@@ -119,8 +120,8 @@ image_sources stand_in_images(const std::string& dir, uint64_t eval_items) {
 
 TEST_CASE("a data-parallel peer trains a scripted CNN on images given as flat rows") {
   auto dir = starling::testing::python_fixtures(
-    STARLING_SOURCE_DIR "/examples/torchscript/image_model.py", {"--channels", "4", "--seed", "1"},
-    {STARLING_SOURCE_DIR "/examples/torchscript/image_model.py"});
+    STARLING_SOURCE_DIR + "/examples/torchscript/image_model.py", {"--channels", "4", "--seed", "1"},
+    {STARLING_SOURCE_DIR + "/examples/torchscript/image_model.py"});
   kernels::torchscript_config ts;
   ts.files = {dir + "/cnn.pt"};
   ts.vocab = 10;
@@ -174,9 +175,9 @@ torch::Tensor float_buffers(dp::backend& b) {
 TEST_CASE("data-parallel peers train a CNN with batch norm and dropout; a state round leaves "
           "equal parameters and running statistics") {
   auto dir = starling::testing::python_fixtures(
-    STARLING_SOURCE_DIR "/examples/torchscript/image_model.py",
+    STARLING_SOURCE_DIR + "/examples/torchscript/image_model.py",
     {"--channels", "4", "--seed", "1", "--norm"},
-    {STARLING_SOURCE_DIR "/examples/torchscript/image_model.py"});
+    {STARLING_SOURCE_DIR + "/examples/torchscript/image_model.py"});
   kernels::torchscript_config ts;
   ts.files = {dir + "/cnn_bn.pt"};
   ts.vocab = 10;

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <set>
+#include "support/paths.hpp"
 
 namespace starling::test::kernels_corpus_test {
 
@@ -14,7 +15,7 @@ namespace {
 corpus_options fallback_only() {
   corpus_options o;
   o.bible_command = "/nonexistent/bible -f \"Gen1:1-Rev22:21\" 2>/dev/null";
-  o.fallback_dir = STARLING_SOURCE_DIR "/examples/data";
+  o.fallback_dir = STARLING_SOURCE_DIR + "/examples/data";
   return o;
 }
 

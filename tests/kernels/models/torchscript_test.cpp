@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "support/python_fixtures.hpp"
+#include "support/paths.hpp"
 
 namespace starling::test::kernels_torchscript_test {
 
@@ -44,9 +45,9 @@ struct owned_dir {
 /// The fixtures of tests/support/ts_fixtures.py, written once per build.
 const std::string& fixtures() {
   static const std::string dir = starling::testing::python_fixtures(
-    STARLING_SOURCE_DIR "/tests/support/ts_fixtures.py", {},
-    {STARLING_SOURCE_DIR "/tests/support/ts_fixtures.py",
-     STARLING_SOURCE_DIR "/examples/torchscript/model.py"});
+    STARLING_SOURCE_DIR + "/tests/support/ts_fixtures.py", {},
+    {STARLING_SOURCE_DIR + "/tests/support/ts_fixtures.py",
+     STARLING_SOURCE_DIR + "/examples/torchscript/model.py"});
   return dir;
 }
 

@@ -11,6 +11,7 @@
 #include "runtime/cli/auth_cmd.hpp"
 #include "support/subprocess.hpp"
 #include "tests/support/node_fixtures.hpp"
+#include "support/paths.hpp"
 
 namespace starling::test::runtime_auth_cmd_test {
 

@@ -13,6 +13,7 @@
 #include "runtime/run/dedloc.hpp"
 #include "runtime/run/kinds.hpp"
 #include "support/python_fixtures.hpp"
+#include "support/paths.hpp"
 
 namespace starling::test::runtime_dedloc_config_test {
 
@@ -56,7 +57,7 @@ TEST_CASE("configs/dedloc-fmnist.yaml and diloco-fmnist.yaml are 8 peers with 2 
     for (auto mode : {run_mode::sim, run_mode::local}) {
       graph_load_options lo;
       lo.mode = mode;
-      auto cfg = load_experiment_file(std::string(STARLING_SOURCE_DIR "/configs/") + name + ".yaml",
+      auto cfg = load_experiment_file(std::string(STARLING_SOURCE_DIR + "/configs/") + name + ".yaml",
                                       builtin_registry(), lo);
       REQUIRE_MESSAGE(cfg.ok(), (cfg.ok() ? "" : cfg.error().what));
       auto& g = cfg->graph;
@@ -230,8 +231,8 @@ TEST_CASE("dedloc.export is true or false and needs the torch backend") {
 
 TEST_CASE("a TorchScript model of images takes 784 features and at least 10 classes") {
   auto dir = starling::testing::python_fixtures(
-    STARLING_SOURCE_DIR "/examples/torchscript/image_model.py", {"--channels", "4", "--seed", "1"},
-    {STARLING_SOURCE_DIR "/examples/torchscript/image_model.py"});
+    STARLING_SOURCE_DIR + "/examples/torchscript/image_model.py", {"--channels", "4", "--seed", "1"},
+    {STARLING_SOURCE_DIR + "/examples/torchscript/image_model.py"});
   auto model = [&](const std::string& shape, int vocab) {
     return fmt::format("  model: {{kind: torchscript, files: [{}/cnn.pt], input_shape: {}, "
                        "vocab: {}}}\n",

@@ -4,6 +4,7 @@
 
 #include "runtime/config/reader.hpp"
 #include "runtime/experiment/yaml.hpp"
+#include "support/paths.hpp"
 
 namespace starling::test::runtime_masha_adversarial_config_test {
 
@@ -31,7 +32,7 @@ bool has(const std::string& s, const std::string& part) {
 } // namespace
 
 TEST_CASE("configs/masha-adversarial.yaml is valid, bad masha-adversarial options are rejected") {
-  auto cfg = load_experiment_file(STARLING_SOURCE_DIR "/configs/masha-adversarial.yaml",
+  auto cfg = load_experiment_file(STARLING_SOURCE_DIR + "/configs/masha-adversarial.yaml",
                                   builtin_registry(), {});
   REQUIRE_MESSAGE(cfg.ok(), (cfg.ok() ? "" : cfg.error().what));
   CHECK(cfg->graph.kind == "masha-adversarial");

@@ -18,6 +18,7 @@
 #include "runtime/config/asked_keys.hpp"
 #include "runtime/config/reader.hpp"
 #include "runtime/experiment/yaml.hpp"
+#include "support/paths.hpp"
 
 namespace starling::test::runtime_reference_test {
 
@@ -25,12 +26,12 @@ using namespace starling::runtime;
 
 namespace {
 
-const std::string reference_path = STARLING_SOURCE_DIR "/configs/reference.yaml";
+const std::string reference_path = STARLING_SOURCE_DIR + "/configs/reference.yaml";
 
 /// Every `.yaml` file of `folder` (under the source tree) but the reference, sorted.
 std::vector<std::string> yaml_files(const std::string& folder) {
   std::vector<std::string> out;
-  for (auto& entry : std::filesystem::directory_iterator{STARLING_SOURCE_DIR "/" + folder})
+  for (auto& entry : std::filesystem::directory_iterator{STARLING_SOURCE_DIR + "/" + folder})
     if (entry.path().extension() == ".yaml" && entry.path().string() != reference_path)
       out.push_back(entry.path().string());
   std::sort(out.begin(), out.end());

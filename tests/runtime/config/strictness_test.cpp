@@ -7,6 +7,7 @@
 
 #include "runtime/config/reader.hpp"
 #include "runtime/experiment/yaml.hpp"
+#include "support/paths.hpp"
 
 namespace starling::test::runtime_strictness_test {
 
@@ -35,7 +36,7 @@ const std::string swarm_head = "experiment: {name: x, kind: swarm}\n"
 
 TEST_CASE("every file under configs/ validates, its kind's section included") {
   int files = 0;
-  for (auto& entry : std::filesystem::directory_iterator{STARLING_SOURCE_DIR "/configs"}) {
+  for (auto& entry : std::filesystem::directory_iterator{STARLING_SOURCE_DIR + "/configs"}) {
     // The reference holds every kind's section at once: reference_test.cpp reads it per kind.
     if (entry.path().extension() != ".yaml" || entry.path().filename() == "reference.yaml")
       continue;

@@ -18,6 +18,7 @@
 #include "support/node_fixtures.hpp"
 #include "support/python_fixtures.hpp"
 #include "support/subprocess.hpp"
+#include "support/paths.hpp"
 
 namespace starling::test::runtime_dedloc_export_test {
 
@@ -27,7 +28,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string example = STARLING_SOURCE_DIR "/examples/torchscript";
+const std::string example = STARLING_SOURCE_DIR + "/examples/torchscript";
 
 template <class T>
 T must(starling::result<T> r) {
@@ -154,7 +155,7 @@ TEST_CASE("a simulated dedloc run of the built-in MLP exports a state dict with 
   starling::testing::temp_dir scratch{"starling-dpexport"};
   auto out = scratch.path + "/run";
   // Three peers, the last two in client mode: the export takes the full-mode peer's state.
-  auto text = run_to_end({"--sim", STARLING_SOURCE_DIR "/configs/dedloc-fmnist.yaml", "--out", out},
+  auto text = run_to_end({"--sim", STARLING_SOURCE_DIR + "/configs/dedloc-fmnist.yaml", "--out", out},
                          {{"experiment.duration", "20s"},
                           {"experiment.nodes", "3"},
                           {"dedloc.peers", "3"},

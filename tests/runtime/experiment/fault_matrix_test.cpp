@@ -18,6 +18,7 @@
 #include "runtime/experiment/runner.hpp"
 #include "runtime/experiment/yaml.hpp"
 #include "support/subprocess.hpp"
+#include "support/paths.hpp"
 
 namespace starling::test::runtime_fault_matrix_test {
 

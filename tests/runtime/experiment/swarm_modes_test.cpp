@@ -15,6 +15,7 @@
 
 #include "support/cluster_checks.hpp"
 #include "support/subprocess.hpp"
+#include "support/paths.hpp"
 
 namespace starling::test::runtime_swarm_modes_test {
 
@@ -23,7 +24,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-const std::string config = STARLING_SOURCE_DIR "/configs/swarm-tiny.yaml";
+const std::string config = STARLING_SOURCE_DIR + "/configs/swarm-tiny.yaml";
 
 /// Shortens the tiny swarm: fewer microbatches, a smaller model, faster preemptions, and a
 /// smaller learning rate. With make run's 3e-3, Adam moves the embeddings (initialized at

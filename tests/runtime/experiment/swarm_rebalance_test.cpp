@@ -8,6 +8,7 @@
 #include "support/cluster_checks.hpp"
 #include "support/node_fixtures.hpp"
 #include "support/subprocess.hpp"
+#include "support/paths.hpp"
 
 namespace starling::test::runtime_swarm_rebalance_test {
 
@@ -16,7 +17,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-const std::string config = STARLING_SOURCE_DIR "/configs/swarm-rebalance.yaml";
+const std::string config = STARLING_SOURCE_DIR + "/configs/swarm-rebalance.yaml";
 
 } // namespace
 

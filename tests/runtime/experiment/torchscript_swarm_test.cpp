@@ -14,6 +14,7 @@
 #include "support/python_fixtures.hpp"
 #include "support/node_fixtures.hpp"
 #include "support/subprocess.hpp"
+#include "support/paths.hpp"
 
 namespace starling::test::runtime_torchscript_swarm_test {
 
@@ -23,7 +24,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::string example = STARLING_SOURCE_DIR "/examples/torchscript";
+const std::string example = STARLING_SOURCE_DIR + "/examples/torchscript";
 
 /// A fresh run folder (the shared fixture's, removed when the test ends).
 struct run_dir : starling::testing::temp_dir {

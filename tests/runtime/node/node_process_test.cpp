@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "support/subprocess.hpp"
+#include "support/paths.hpp"
 
 namespace starling::test::runtime_node_process_test {
 

@@ -22,6 +22,7 @@
 #include "runtime/node/node.hpp"
 #include "tests/support/node_fixtures.hpp"
 #include "tests/support/subprocess.hpp"
+#include "support/paths.hpp"
 
 namespace starling::test::runtime_node_wire_test {
 
@@ -170,7 +171,7 @@ TEST_CASE("a process that skips the hello finds no actor of a node but its gate"
 TEST_CASE("a cluster node's DHT speaks with the node's key: its DHT id is the node's peer id") {
   temp_dir dir;
   starling::testing::subprocess p{{STARLING_BINARY, "node", "--config",
-                                   STARLING_SOURCE_DIR "/configs/ping-sim.yaml", "--index", "0",
+                                   STARLING_SOURCE_DIR + "/configs/ping-sim.yaml", "--index", "0",
                                    "--nodes", "8", "--listen", "127.0.0.1:0", "--out",
                                    dir.path + "/n0"}};
   auto line = p.wait_for("listening on", 30s);

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "support/subprocess.hpp"
+#include "support/paths.hpp"
 
 namespace starling::test::runtime_swarm_cluster_test {
 
