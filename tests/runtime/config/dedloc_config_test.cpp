@@ -199,11 +199,11 @@ TEST_CASE("dedloc's keys land in the options of the components they configure, -
   CHECK(d.torch.model.width == 128);
   CHECK(d.data.kind == "idx");
   // The same keys through `--set`.
-  graph_load_options lo;
-  lo.overrides = {"dedloc.window=4s", "dedloc.outer_codec=none", "dedloc.record_lifetime=50s"};
-  auto cfg = read_experiment(
-      load_yaml_string("experiment: {name: x, kind: dedloc}\ndedloc:\n  peers: 2\n", "x.yaml"),
-      builtin_registry(), lo);
+  auto root =
+      load_yaml_string("experiment: {name: x, kind: dedloc}\ndedloc:\n  peers: 2\n", "x.yaml");
+  for (auto set : {"dedloc.window=4s", "dedloc.outer_codec=none", "dedloc.record_lifetime=50s"})
+    REQUIRE(apply_override(root, set).ok());
+  auto cfg = read_experiment(root, builtin_registry(), {});
   auto& s = std::any_cast<const dedloc_role_options&>(cfg.graph.find("peers")->options);
   CHECK(s.averager.matchmaking_window == std::chrono::seconds(4));
   CHECK(s.peer.diloco.codec == kernels::codec_id::none);
