@@ -7,11 +7,11 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <random>
 #include <set>
 
 #include <caf/all.hpp>
-#include <c10/util/accumulate.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -41,48 +41,25 @@ double dedloc_secs(nanoseconds d) {
   return std::chrono::duration<double>(d).count();
 }
 
-/// Fashion-MNIST (or its synthetic stand-in), loaded once per process and shared by its peers.
+/// The peers' data through the source registry, made once per process for each data set and
+/// shared by its peers (and the reporter's export).
 class data_cache {
 public:
   using sources = std::pair<std::shared_ptr<const kernels::data_source>,
                             std::shared_ptr<const kernels::data_source>>;
 
   result<sources> get(const dedloc_role_options& o) {
+    auto opts = o.data;
+    if (o.torchscript)
+      kernels::fit_to_model(opts, o.torchscript->seq_len, o.torchscript->vocab);
+    auto key = kernels::cache_key(opts);
     std::lock_guard<std::mutex> guard{mtx_};
-    auto& d = o.data;
-    auto key = fmt::format("{}|{}|{}|{}|{}|{}", d.kind, d.idx.dir, d.idx.synthetic_when_absent,
-                           d.idx.max_items, d.tokens.file.path, o.eval_path);
     if (auto i = cache_.find(key); i != cache_.end())
       return i->second;
-    if (d.kind == "tokens") {
-      auto to = d.tokens;
-      to.file.vocab_size = static_cast<uint64_t>(o.torchscript ? o.torchscript->vocab : 0);
-      to.seq_len = o.torchscript ? o.torchscript->seq_len : 0;
-      auto train = kernels::token_source::make(to);
-      if (!train)
-        return train.error();
-      sources s{*train, nullptr};
-      if (!o.eval_path.empty()) {
-        to.file.path = o.eval_path;
-        auto eval = kernels::token_source::make(to);
-        if (!eval)
-          return eval.error();
-        s.second = *eval;
-      }
-      cache_[key] = s;
-      return s;
-    }
-    auto io = d.idx;
-    io.train = true;
-    auto train = kernels::idx_source::load(io);
-    if (!train)
-      return train.error();
-    io.train = false;
-    io.max_items = 0;
-    auto test = kernels::idx_source::load(io);
-    if (!test)
-      return test.error();
-    sources s{*train, *test};
+    auto made = kernels::make_data_split(opts);
+    if (!made)
+      return made.error();
+    sources s{made->train, made->eval};
     cache_[key] = s;
     return s;
   }
@@ -109,8 +86,6 @@ double wire_bytes(kernels::codec_id c) {
 dp::torch_backend_options torch_options(const dedloc_role_options& o, uint64_t seed,
                                         uint64_t stream) {
   auto to = o.torch;
-  to.model.inputs = 784;
-  to.model.classes = 10;
   to.model.seed = seed;
   if (o.torchscript)
     to.spec = kernels::torchscript_model(*o.torchscript);
@@ -568,6 +543,8 @@ dedloc_role_options::dedloc_role_options() {
   averager.target_group_size = 64;
   averager.round_timeout = std::chrono::seconds(15);
   averager.family_groups = true;
+  torch.model.inputs = 0; // the data's
+  torch.model.classes = 0;
   torch.model.width = 128;
   torch.model.layers = 1;
   torch.eval_samples = 2000;
@@ -638,22 +615,7 @@ void read_dedloc_role(config_node& n, dedloc_role_options& o) {
   }
   if (n.has("data")) {
     auto d = n.child("data");
-    d.allow({"kind", "path", "eval_path", "dtype"});
-    read_choice(d, "kind", o.data.kind, {"idx", "tokens"});
-    if (o.data.kind == "tokens") {
-      if (!d.has("path"))
-        d.fail("missing required key 'path' (a raw uint16 or uint32 token file)");
-      o.data.tokens.file.path = d.child("path").as_string();
-      read(d, "eval_path", o.eval_path);
-      if (d.has("dtype")) {
-        auto t = kernels::parse_token_dtype(d.child("dtype").as_string());
-        if (!t)
-          d.child("dtype").expected("uint16 | uint32");
-        o.data.tokens.file.dtype = *t;
-      }
-    } else if (d.has("path") || d.has("eval_path") || d.has("dtype")) {
-      d.fail("'path', 'eval_path' and 'dtype' belong to kind: tokens (kind idx reads data_dir)");
-    }
+    graph::read_data_section(d, o.data, {"idx", "tokens"});
     d.finish();
   }
 }
@@ -692,18 +654,26 @@ status check_dedloc_role(const dedloc_role_options& o) {
   if (o.data.kind == "tokens" && !token_model)
     return fail("data kind tokens needs a TorchScript model of tokens (model: {kind: "
                 "torchscript, files: [...]}); the MLP reads images");
-  if (o.torchscript && !token_model) {
-    // A scripted model of images reads the idx images: 28x28 pixels, 10 classes.
-    if (c10::multiply_integers(o.torchscript->input_shape) != 784)
-      return fail(fmt::format("a TorchScript model of images reads 28x28 images (Fashion-MNIST): "
-                              "model.input_shape must hold 784 features ([1, 28, 28], [28, 28] "
-                              "or [784]), got [{}]",
-                              fmt::join(o.torchscript->input_shape, ", ")));
-    if (o.torchscript->vocab < 10)
-      return fail(fmt::format("model.vocab is the class count of a TorchScript model of images "
-                              "(its output's features): at least Fashion-MNIST's 10, got {}",
-                              o.torchscript->vocab));
-  }
+  return {};
+}
+
+status check_dedloc_data(const dedloc_role_options& o, const kernels::sample_shape& data) {
+  if (!o.torchscript || o.torchscript->input_shape.empty())
+    return {}; // the MLP takes its sizes from the data; a token model's vocabulary is the data's
+  auto& ts = *o.torchscript;
+  auto features = [](const std::vector<int64_t>& shape) {
+    return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+  };
+  if (features(ts.input_shape) != features(data.input))
+    return fail(fmt::format("a TorchScript model of images reads the data's samples: "
+                            "model.input_shape must hold their {} features (samples of [{}]; "
+                            "any shape of as many), got [{}]",
+                            features(data.input), fmt::join(data.input, ", "),
+                            fmt::join(ts.input_shape, ", ")));
+  if (ts.vocab < data.classes)
+    return fail(fmt::format("model.vocab is the class count of a TorchScript model of images "
+                            "(its output's features): at least the data's {} classes, got {}",
+                            data.classes, ts.vocab));
   return {};
 }
 
@@ -810,6 +780,18 @@ void add_dedloc(role_registry& reg) {
     if (export_model)
       if (auto st = check_dedloc_export(o); !st)
         n.child("export").fail(st.what());
+    if (o.backend == "torch" && o.torchscript && !o.torchscript->input_shape.empty()) {
+      // A scripted model of images is checked against the data it will read, so that a mismatch
+      // is a config error: the shape of a source made of its first sample (the peers load it
+      // whole when they start).
+      auto probe = o.data;
+      probe.idx.max_items = 1;
+      auto data = kernels::make_data_source(probe);
+      if (!data)
+        n.fail(data.error().what);
+      if (auto st = check_dedloc_data(o, (*data)->shape()); !st)
+        n.child("model").fail(st.what());
+    }
     role_spec r;
     r.name = "peers";
     r.type = "dedloc.peer";

@@ -58,10 +58,9 @@ struct dedloc_role_options {
   /// The cost model's parameter vector.
   actors::dp_peer::modeled_backend_options modeled;
   /// What the peers read, from the data-source registry: `idx` (Fashion-MNIST from `idx.dir`,
-  /// or its synthetic stand-in) or `tokens` (a token file; windows of the model's seq_len).
+  /// or its synthetic stand-in; held out: its test split) or `tokens` (a token file, windows of
+  /// the model's seq_len; held out: `eval_path`).
   kernels::data_source_options data;
-  /// Kind tokens: the held-out token file (same dtype) the peers evaluate on; empty: none.
-  std::string eval_path;
 };
 
 /// Reads a `dedloc.peer` options map (strictly) into `o`: each key into its component's field.
@@ -71,6 +70,11 @@ void read_dedloc_role(config_node& n, dedloc_role_options& o);
 /// of at least one microbatch, options that belong together (clients and cycle, delayed updates
 /// and DeDLOC, a model and its data).
 status check_dedloc_role(const dedloc_role_options& o);
+
+/// Checks a model against the data it reads (`data`: the training source's shape): a
+/// TorchScript model of images takes as many features as a sample holds and has at least the
+/// data's classes. (The MLP takes its input and class counts from the data.)
+status check_dedloc_data(const dedloc_role_options& o, const kernels::sample_shape& data);
 
 /// A seeded churn schedule for `role` (initially `replicas` instances): on average `per_minute`
 /// of the live instances leave per minute (a Poisson process), each replaced by a newcomer

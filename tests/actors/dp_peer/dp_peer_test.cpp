@@ -977,4 +977,32 @@ TEST_CASE("after a lone step the peers average their state and end together agai
   CHECK(d_fast < bound);
 }
 
+TEST_CASE("the torch backend's MLP takes its input and class counts from the data") {
+  // Images of another shape than Fashion-MNIST's: 14x14 pixels, 5 classes.
+  auto images = kernels::idx_source::make(
+      std::make_shared<const kernels::image_set>(kernels::make_synthetic_images(64, 14, 5, 1)),
+      true);
+  REQUIRE(images.ok());
+  dp::torch_backend_options to;
+  to.model.width = 8;
+  to.model.layers = 1;
+  to.stream.microbatch = 4;
+  to.eval_samples = 16;
+  auto sized = [&](int64_t inputs, int64_t classes) {
+    auto o = to;
+    o.model.inputs = inputs;
+    o.model.classes = classes;
+    auto b = dp::make_torch_backend(o, *images, *images);
+    REQUIRE_MESSAGE(b.ok(), (b.ok() ? "" : b.error().what));
+    return std::move(*b);
+  };
+  auto from_data = sized(0, 0);
+  CHECK(from_data->numel() == sized(196, 5)->numel());
+  CHECK(from_data->numel() != sized(784, 10)->numel());
+  REQUIRE(from_data->compute(0).ok());
+  auto e = from_data->evaluate();
+  REQUIRE(e);
+  CHECK(e->samples == 16);
+}
+
 } // namespace starling::test::actors_dp_peer_test

@@ -211,6 +211,14 @@ TEST_CASE("dedloc's keys land in the options of the components they configure, -
   CHECK(has(section_error("  codec: topk\n"), "one of none | fp16 | blockwise8 | quantile8"));
 }
 
+TEST_CASE("dedloc.data is read by swarm.data's reader, with the kinds dedloc trains on") {
+  CHECK(has(section_error("  data: {kind: text}\n"), "one of idx | tokens"));
+  CHECK(has(section_error("  data: {kind: idx, path: a.bin}\n"), "belong to kind: tokens"));
+  CHECK(has(section_error("  data: {kind: idx, stride: 4}\n"), "belongs to kind: text or tokens"));
+  CHECK(has(section_error("  data: {kind: tokens}\n"), "missing required key 'path'"));
+  CHECK(has(section_error("  data: {kind: idx, bogus: 1}\n"), "bogus"));
+}
+
 TEST_CASE("dedloc.delay_updates is off by default and belongs to algorithm dedloc") {
   CHECK_FALSE(role("").peer.collab.delay_updates);
   CHECK(role("  delay_updates: true\n").peer.collab.delay_updates);
