@@ -49,7 +49,10 @@ int main(int argc, char** argv) {
     net.defaults.bandwidth = 100e6 / 8; // 100 Mbit/s
     b.network(net);
     b.role("peers", "dedloc.peer", o).replicas(8);
-    add_churn(b.graph(), "peers", 8, 0.2, 42);
+    churn_spec churn;
+    churn.role = "peers";
+    churn.per_minute = 0.2;
+    b.churn(churn);
     b.reporter([] { return make_dedloc_reporter(); });
     return b.build(reg, mode);
   });

@@ -1,5 +1,5 @@
-// The `dedloc` kind: role type, YAML reader, expansion (peers, auxiliary peers, a seeded churn
-// schedule), and the reporter. See dedloc.hpp.
+// The `dedloc` kind: role type, YAML reader, expansion (peers, auxiliary peers, churn for the
+// plan to draw), and the reporter. See dedloc.hpp.
 #include "runtime/run/dedloc.hpp"
 
 #include <algorithm>
@@ -8,7 +8,6 @@
 #include <map>
 #include <mutex>
 #include <numeric>
-#include <random>
 #include <set>
 
 #include <caf/all.hpp>
@@ -677,58 +676,6 @@ status check_dedloc_data(const dedloc_role_options& o, const kernels::sample_sha
   return {};
 }
 
-void add_churn(experiment_graph& g, const std::string& role, size_t replicas, double per_minute,
-               uint64_t seed, nanoseconds rejoin_after, size_t keep,
-               const std::function<bool(size_t)>& serves) {
-  if (!(per_minute > 0))
-    return;
-  std::mt19937_64 rng{seed ^ 0xC4A7C4A7ull};
-  std::vector<size_t> live;
-  for (size_t i = 0; i < replicas; ++i)
-    live.push_back(i);
-  size_t next_index = replicas;
-  // Joins scheduled but not yet arrived, by time: they arrive in time order, so indices follow.
-  std::vector<std::pair<double, size_t>> arriving;
-  double t = 0;
-  auto end = dedloc_secs(g.duration);
-  while (true) {
-    auto rate = per_minute * static_cast<double>(std::max<size_t>(live.size(), 1)) / 60.0;
-    t += std::exponential_distribution<double>{rate}(rng);
-    if (t >= end)
-      break;
-    // Newcomers that arrived by now are live.
-    while (!arriving.empty() && arriving.front().first <= t) {
-      live.push_back(arriving.front().second);
-      arriving.erase(arriving.begin());
-    }
-    if (live.size() <= keep)
-      continue;
-    auto pick = std::uniform_int_distribution<size_t>{0, live.size() - 1}(rng);
-    auto victim = live[pick];
-    if (serves && serves(victim) &&
-        std::count_if(live.begin(), live.end(), [&](size_t i) { return serves(i); }) <= 1)
-      continue; // the last peer that can hand the state to newcomers stays
-    live.erase(live.begin() + static_cast<std::ptrdiff_t>(pick));
-    auto at = std::chrono::duration_cast<nanoseconds>(std::chrono::duration<double>(t));
-    event_spec leave;
-    leave.what = event_spec::kind::leave;
-    leave.role = role;
-    leave.instance = victim;
-    leave.at = at;
-    g.events.push_back(leave);
-    auto join_at = at + rejoin_after;
-    if (join_at < g.duration) {
-      event_spec join;
-      join.what = event_spec::kind::join;
-      join.role = role;
-      join.at = join_at;
-      join.count = 1;
-      g.events.push_back(join);
-      arriving.emplace_back(dedloc_secs(join_at), next_index++);
-    }
-  }
-}
-
 status check_dedloc_export(const dedloc_role_options& o) {
   if (o.backend != "torch")
     return fail(fmt::format("export needs the torch backend (the {} backend has no parameters "
@@ -811,9 +758,16 @@ void add_dedloc(role_registry& reg) {
       g.roles.push_back(aux);
     }
     (void)ctx;
-    // Client-mode peers serve no state: with only clients left, newcomers would start anew.
-    add_churn(g, "peers", static_cast<size_t>(peers), churn, g.seed, std::chrono::seconds(5), 2,
-              [o](size_t i) { return mode_of(o, i) == actors::collab::peer_mode::full; });
+    if (churn > 0) {
+      churn_spec c;
+      c.role = "peers";
+      c.per_minute = churn;
+      c.rejoin_after = std::chrono::seconds(5);
+      c.keep = 2;
+      // Client-mode peers serve no state: with only clients left, newcomers would start anew.
+      c.serves = [o](size_t i) { return mode_of(o, i) == actors::collab::peer_mode::full; };
+      g.churn.push_back(std::move(c));
+    }
     std::optional<dedloc_export_options> ex;
     if (export_model)
       ex = dedloc_export_options{"peers", o};

@@ -1,13 +1,13 @@
 // The `dedloc` kind: data-parallel peers (actors/dp_peer) training one model together — DeDLOC's
 // collaborative optimizer or DiLoCo — with peers of different speeds, some in client mode, some
-// auxiliary, joining and leaving on a seeded schedule. Its role type `dedloc.peer`, the
-// schedule, and the reporter (accuracy and loss against samples and against bytes sent, as SVG,
-// and a summary table) are public so that C++ graphs (examples/dedloc) use the same pieces.
+// auxiliary, joining and leaving on a seeded schedule (`churn:`, the plan's churn_spec). Its role
+// type `dedloc.peer` and the reporter (accuracy and loss against samples and against bytes sent,
+// as SVG, and a summary table) are public so that C++ graphs (examples/dedloc) use the same
+// pieces.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -75,16 +75,6 @@ status check_dedloc_role(const dedloc_role_options& o);
 /// TorchScript model of images takes as many features as a sample holds and has at least the
 /// data's classes. (The MLP takes its input and class counts from the data.)
 status check_dedloc_data(const dedloc_role_options& o, const kernels::sample_shape& data);
-
-/// A seeded churn schedule for `role` (initially `replicas` instances): on average `per_minute`
-/// of the live instances leave per minute (a Poisson process), each replaced by a newcomer
-/// `rejoin_after` later; at least `keep` stay, and, when `serves` is given, at least one live
-/// instance `i` with `serves(i)` (a full-mode peer: newcomers download the state from it;
-/// without one they start the model anew). Appends join and leave events to `g` (which must
-/// hold the role) for the run's duration.
-void add_churn(experiment_graph& g, const std::string& role, size_t replicas, double per_minute,
-               uint64_t seed, std::chrono::nanoseconds rejoin_after = std::chrono::seconds(5),
-               size_t keep = 2, const std::function<bool(size_t)>& serves = {});
 
 /// What a collaboration's reporter exports at the end (`dedloc.export: true`).
 struct dedloc_export_options {

@@ -830,7 +830,10 @@ TEST_CASE(
     auto out = std::make_shared<captured>();
     auto b = collaboration("dp-16", seed, 30s, 16, o, out);
     b.graph().nodes = 4;
-    add_churn(b.graph(), "peers", 16, 0.2, seed);
+    churn_spec churn;
+    churn.role = "peers";
+    churn.per_minute = 0.2;
+    b.churn(churn);
     auto reg = builtin_registry();
     auto g = b.build(reg, run_mode::sim);
     REQUIRE(g.ok());

@@ -69,31 +69,62 @@ TEST_CASE("configs/dedloc-fmnist.yaml and diloco-fmnist.yaml are 8 peers with 2 
       CHECK(o.peer.collab.progress.target_batch >= 1024);
       CHECK(o.speeds.front() == 1.0);
       CHECK(o.speeds.back() == 0.25);
+      auto p = make_plan(g, mode, 0, g.seed);
+      REQUIRE_MESSAGE(p.ok(), (p.ok() ? "" : p.error().what));
       // About 20% of 8 peers per minute over 3 minutes: a handful of leaves, each replaced.
       size_t joins = 0, leaves = 0;
-      for (auto& e : g.events)
-        (e.what == event_spec::kind::join ? joins : leaves)++;
+      for (auto& x : p->instances) {
+        joins += x.start > std::chrono::nanoseconds{0} ? 1 : 0;
+        leaves += x.leave ? 1 : 0;
+      }
       CHECK(leaves >= 2);
       CHECK(leaves <= 12);
       CHECK(joins + 1 >= leaves);
-      auto p = make_plan(g, mode, 0, g.seed);
-      REQUIRE_MESSAGE(p.ok(), (p.ok() ? "" : p.error().what));
     }
   }
 }
 
+namespace {
+
+/// The plan's joins and leaves of a graph with churn, in time order: (time, +index or -index).
+std::vector<std::pair<int64_t, std::string>> churn_events(const experiment_graph& g,
+                                                          uint64_t seed) {
+  auto p = make_plan(g, run_mode::sim, 0, seed);
+  REQUIRE_MESSAGE(p.ok(), (p.ok() ? "" : p.error().what));
+  std::vector<std::pair<int64_t, std::string>> out;
+  for (auto& x : p->instances) {
+    if (x.start > std::chrono::nanoseconds{0})
+      out.emplace_back(x.start.count(), fmt::format("+{}", x.index));
+    if (x.leave)
+      out.emplace_back(x.leave->count(), fmt::format("-{}", x.index));
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
+/// A graph of `replicas` peers over `duration` with `churn` on them.
+experiment_graph churned(size_t replicas, std::chrono::nanoseconds duration, churn_spec churn) {
+  experiment_graph g;
+  g.duration = duration;
+  role_spec r;
+  r.name = "peers";
+  r.replicas = replicas;
+  g.roles.push_back(r);
+  churn.role = "peers";
+  g.churn.push_back(std::move(churn));
+  return g;
+}
+
+} // namespace
+
 TEST_CASE("the churn schedule is a function of the seed") {
   auto events = [](uint64_t seed) {
-    experiment_graph g;
-    g.duration = std::chrono::minutes(5);
-    role_spec r;
-    r.name = "peers";
-    g.roles.push_back(r);
-    add_churn(g, "peers", 8, 0.2, seed);
+    churn_spec c;
+    c.per_minute = 0.2;
     std::string out;
-    for (auto& e : g.events)
-      out += fmt::format("{}{}@{};", e.what == event_spec::kind::join ? "+" : "-", e.instance,
-                         e.at.count());
+    for (auto& [at, what] : churn_events(churned(8, std::chrono::minutes(5), c), seed))
+      out += fmt::format("{}@{};", what, at);
     return out;
   };
   CHECK(events(1) == events(1));
@@ -108,23 +139,18 @@ TEST_CASE("churn never takes the last peer that can hand the state to newcomers"
   auto full = [](size_t i) { return i % 4 < 2; };
   // Replays the schedule; true when a full-mode instance was live throughout.
   auto keeps_full = [&](uint64_t seed, bool guarded) {
-    experiment_graph g;
-    g.duration = std::chrono::minutes(10);
-    role_spec r;
-    r.name = "peers";
-    g.roles.push_back(r);
-    add_churn(g, "peers", 4, 6.0, seed, std::chrono::seconds(5), 2,
-              guarded ? std::function<bool(size_t)>(full) : std::function<bool(size_t)>{});
-    auto events = g.events;
-    std::stable_sort(events.begin(), events.end(),
-                     [](const event_spec& a, const event_spec& b) { return a.at < b.at; });
+    churn_spec c;
+    c.per_minute = 6.0;
+    if (guarded)
+      c.serves = full;
+    auto events = churn_events(churned(4, std::chrono::minutes(10), c), seed);
     std::set<size_t> live = {0, 1, 2, 3};
-    size_t next = 4;
-    for (auto& e : events) {
-      if (e.what == event_spec::kind::join)
-        live.insert(next++);
+    for (auto& [at, what] : events) {
+      auto index = static_cast<size_t>(std::stoul(what.substr(1)));
+      if (what[0] == '+')
+        live.insert(index);
       else
-        live.erase(e.instance);
+        live.erase(index);
       if (std::none_of(live.begin(), live.end(), full))
         return false;
     }
