@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <exception>
+#include <functional>
+#include <numeric>
 
 #include <fmt/format.h>
 
@@ -293,7 +295,15 @@ result<std::unique_ptr<backend>> make_torch_backend(
       return depth.error();
     model = models->make_stage(*opts.spec, 0, *depth);
   } else {
-    model = kernels::make_mlp(opts.model);
+    // Sizes left at 0 come from the data: the input layer takes one sample, the head its classes.
+    auto cfg = opts.model;
+    auto shape = train->shape();
+    if (cfg.inputs == 0)
+      cfg.inputs =
+          std::accumulate(shape.input.begin(), shape.input.end(), int64_t{1}, std::multiplies<>());
+    if (cfg.classes == 0)
+      cfg.classes = shape.classes;
+    model = kernels::make_mlp(cfg);
   }
   if (!model)
     return model.error();

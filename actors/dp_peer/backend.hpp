@@ -117,7 +117,8 @@ result<std::vector<uint64_t>> microbatch_ids(uint64_t samples, const stream_opti
 
 /// Settings of the LibTorch backend.
 struct torch_backend_options {
-  /// The model (an MLP classifier; `seed` is the collaboration's: every peer starts equal).
+  /// The model (an MLP classifier; `seed` is the collaboration's: every peer starts equal;
+  /// `inputs` and `classes` 0: the training source's sample size and class count).
   kernels::mlp_config model;
   /// A registered model trained whole instead of the MLP (e.g. a TorchScript model, whose files
   /// give every peer the same initial parameters); empty: the MLP.

@@ -32,15 +32,15 @@ int main(int argc, char** argv) {
     o.speeds = {1.0, 0.9, 0.8, 0.7, 0.55, 0.45, 0.35, 0.25};
     o.cycle = 8;
     o.clients = 2;
-    o.lr = 0.002;
-    o.compute_time = 40ms;
+    o.torch.optimizer.lr = 0.002;
+    o.peer.compute_time = 40ms;
     if (diloco) {
-      o.algorithm = "diloco";
-      o.inner_batch = 128;
-      o.target_batch = 8192;
-      o.outer_momentum = 0;
-      o.outer_nesterov = false;
-      o.eval_every = 1;
+      o.peer.algo = starling::actors::dp_peer::algorithm::diloco;
+      o.peer.inner_batch = 128;
+      o.peer.collab.progress.target_batch = 8192;
+      o.peer.diloco.outer.momentum = 0;
+      o.peer.diloco.outer.nesterov = false;
+      o.peer.eval_every = 1;
     }
     experiment_builder b{diloco ? "diloco-fmnist" : "dedloc-fmnist"};
     b.seed(42).duration(3min).nodes(8);
@@ -49,7 +49,10 @@ int main(int argc, char** argv) {
     net.defaults.bandwidth = 100e6 / 8; // 100 Mbit/s
     b.network(net);
     b.role("peers", "dedloc.peer", o).replicas(8);
-    add_churn(b.graph(), "peers", 8, 0.2, 42);
+    churn_spec churn;
+    churn.role = "peers";
+    churn.per_minute = 0.2;
+    b.churn(churn);
     b.reporter([] { return make_dedloc_reporter(); });
     return b.build(reg, mode);
   });

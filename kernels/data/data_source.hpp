@@ -22,6 +22,14 @@ struct sample_batch {
   at::Tensor targets;
 };
 
+/// What one sample is to a model: the sizes its input layer and its output layer need.
+struct sample_shape {
+  /// Sizes of one input: {P} pixels or {1, H, W} for images, {T} token ids for windows.
+  std::vector<int64_t> input;
+  /// Targets lie in [0, classes): the class count of labeled images, the vocabulary of tokens.
+  int64_t classes = 0;
+};
+
 /// A data set addressed by sample id: ids [0, size()) map to tensors. Immutable once made, so
 /// one source serves every trainer of a process.
 class data_source {
@@ -33,6 +41,9 @@ public:
 
   /// What it reads, for logs.
   virtual std::string describe() const = 0;
+
+  /// The shape of every sample: a model's input size and class count come from here.
+  virtual sample_shape shape() const = 0;
 
   /// The samples `ids` in order, stacked; fails on an id not below `size()` (naming it) or on
   /// data that fails validation as it is read.

@@ -41,6 +41,15 @@ std::string idx_source::describe() const {
                      images_->rows, images_->cols, images_->classes);
 }
 
+sample_shape idx_source::shape() const {
+  auto rows = static_cast<int64_t>(images_->rows);
+  auto cols = static_cast<int64_t>(images_->cols);
+  auto classes = static_cast<int64_t>(images_->classes);
+  if (flatten_)
+    return {{rows * cols}, classes};
+  return {{1, rows, cols}, classes};
+}
+
 result<sample_batch> idx_source::batch(const std::vector<uint64_t>& ids) const {
   const auto b = static_cast<int64_t>(ids.size());
   const auto p = images_->pixels_per_image();

@@ -43,6 +43,9 @@ public:
   /// "images <source> (N of RxC, K classes)".
   std::string describe() const override;
 
+  /// {rows·cols} (flattened) or {1, rows, cols} pixels; the set's classes.
+  sample_shape shape() const override;
+
   /// The images and labels `ids`.
   result<sample_batch> batch(const std::vector<uint64_t>& ids) const override;
 

@@ -37,6 +37,10 @@ std::string text_source::describe() const {
                      opts_.stride);
 }
 
+sample_shape text_source::shape() const {
+  return {{opts_.seq_len}, 256};
+}
+
 result<sample_batch> text_source::batch(const std::vector<uint64_t>& ids) const {
   const auto* bytes = reinterpret_cast<const unsigned char*>(text_->text().data());
   return internal::stack_windows(ids, windows_, opts_.seq_len, opts_.stride,

@@ -33,6 +33,9 @@ public:
   /// "text <source> (N bytes for training, windows of T+1 bytes every S)".
   std::string describe() const override;
 
+  /// {seq_len} bytes; 256 classes (every byte value).
+  sample_shape shape() const override;
+
   /// The windows `ids`.
   result<sample_batch> batch(const std::vector<uint64_t>& ids) const override;
 

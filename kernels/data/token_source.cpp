@@ -34,6 +34,10 @@ std::string token_source::describe() const {
                      opts_.file.vocab_size, windows_, opts_.seq_len + 1, opts_.stride);
 }
 
+sample_shape token_source::shape() const {
+  return {{opts_.seq_len}, static_cast<int64_t>(opts_.file.vocab_size)};
+}
+
 result<sample_batch> token_source::batch(const std::vector<uint64_t>& ids) const {
   return internal::stack_windows(
       ids, windows_, opts_.seq_len, opts_.stride, "token file " + opts_.file.path,

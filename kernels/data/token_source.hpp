@@ -33,6 +33,9 @@ public:
   /// "tokens <path> (uint16, N tokens, vocabulary V, windows of T+1 tokens every S)".
   std::string describe() const override;
 
+  /// {seq_len} token ids; the vocabulary's classes.
+  sample_shape shape() const override;
+
   /// The windows `ids`; fails on an out-of-vocabulary id when the file was not validated at
   /// open.
   result<sample_batch> batch(const std::vector<uint64_t>& ids) const override;

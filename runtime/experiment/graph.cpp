@@ -1,6 +1,7 @@
 #include "runtime/experiment/graph.hpp"
 
 #include <cctype>
+#include <cmath>
 #include <map>
 #include <set>
 
@@ -160,6 +161,24 @@ status validate(const experiment_graph& g, const role_registry& registry, run_mo
     if (e.what == event_spec::kind::leave && e.instance >= r->replicas + joins[e.role])
       return fail(fmt::format("{}: role '{}' has no instance {} (it has {})", what, e.role,
                               e.instance, r->replicas + joins[e.role]));
+  }
+  std::set<std::string> churned;
+  for (size_t i = 0; i < g.churn.size(); ++i) {
+    auto& c = g.churn[i];
+    auto what = fmt::format("churn[{}]", i);
+    if (!g.find(c.role))
+      return fail(fmt::format("{}: no role named '{}'", what, c.role));
+    if (!(c.per_minute >= 0) || !std::isfinite(c.per_minute))
+      return fail(fmt::format("{}: expected leaves per minute >= 0, got {}", what, c.per_minute));
+    if (c.rejoin_after < std::chrono::nanoseconds{0})
+      return fail(fmt::format("{}: rejoin_after must not be negative", what));
+    if (!churned.insert(c.role).second)
+      return fail(fmt::format("{}: role '{}' has churn already", what, c.role));
+    for (auto& e : g.events)
+      if (e.role == c.role)
+        return fail(fmt::format("{}: role '{}' also has join or leave events (churn draws its "
+                                "instances' comings and goings alone)",
+                                what, c.role));
   }
   for (size_t i = 0; i < g.faults.size(); ++i) {
     auto& f = g.faults[i];
@@ -386,6 +405,11 @@ experiment_builder& experiment_builder::join(std::string role, std::chrono::nano
   e.at = at;
   e.count = count;
   g_.events.push_back(std::move(e));
+  return *this;
+}
+
+experiment_builder& experiment_builder::churn(churn_spec c) {
+  g_.churn.push_back(std::move(c));
   return *this;
 }
 

@@ -142,6 +142,22 @@ struct event_spec {
   size_t instance = 0;
 };
 
+/// Churn of a role: its instances leave on purpose at random times, each replaced by a newcomer
+/// (a new instance). The plan draws the leaves with its Poisson generator (plan.hpp): on average
+/// `per_minute` of the live instances leave per minute, the victim drawn among them.
+struct churn_spec {
+  std::string role;
+  /// Leaves per live instance and minute (0: none).
+  double per_minute = 0;
+  /// A newcomer arrives this long after each leave (none past the run's end).
+  std::chrono::nanoseconds rejoin_after = std::chrono::seconds(5);
+  /// At least this many instances stay.
+  size_t keep = 2;
+  /// When set, at least one live instance `i` with `serves(i)` stays (one that can hand the
+  /// state to newcomers, say).
+  std::function<bool(size_t)> serves;
+};
+
 /// Makes the reporter of a run (a kind's summary, tables and plots).
 using reporter_factory = std::function<std::unique_ptr<reporter>()>;
 
@@ -165,6 +181,9 @@ struct experiment_graph {
   std::vector<role_spec> roles;
   std::vector<fault_spec> faults;
   std::vector<event_spec> events;
+  /// Planned churn, drawn by the plan into leaves and joins (at most one per role, whose
+  /// instances come and go by no event of `events`).
+  std::vector<churn_spec> churn;
   /// Simulation: record every message between nodes in the trace (faults, restarts and
   /// metrics always are); large simulations turn it off.
   bool trace_messages = true;
@@ -274,6 +293,8 @@ public:
   experiment_builder& join(std::string role, std::chrono::nanoseconds at, size_t count = 1);
   /// Instance `instance` of `role` leaves on purpose at `at`.
   experiment_builder& leave(std::string role, size_t instance, std::chrono::nanoseconds at);
+  /// Adds churn to a role (`churn_spec`).
+  experiment_builder& churn(churn_spec c);
   experiment_builder& reporter(reporter_factory f);
   /// The graph as built so far (not validated).
   experiment_graph& graph() { return g_; }

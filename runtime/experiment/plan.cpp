@@ -25,6 +25,68 @@ double seconds(nanoseconds d) {
   return std::chrono::duration<double>(d).count();
 }
 
+/// The plan's one Poisson generator: the time of the next event after `t` of a process of `rate`
+/// events per second (an exponential gap). Preemptions and churn draw from it.
+double next_poisson(std::mt19937_64& rng, double t, double rate) {
+  return t + std::exponential_distribution<double>{rate}(rng);
+}
+
+/// Draws churn `c` (the `j`-th of the graph) into leave and join events of its role, which has
+/// `replicas` instances at the start: while the run lasts, leaves come at `per_minute` times the
+/// live instances per minute, each of a live instance drawn at random unless only `keep` (or
+/// the last that `serves`) would stay; each leave brings a newcomer `rejoin_after` later.
+void draw_churn(const churn_spec& c, size_t replicas, nanoseconds duration, uint64_t seed, size_t j,
+                std::vector<event_spec>& out) {
+  if (!(c.per_minute > 0))
+    return;
+  // Its own stream (the first churn's is the one the dedloc kind drew its schedule from).
+  std::mt19937_64 rng{seed ^ (0xC4A7C4A7ull + j)};
+  std::vector<size_t> live;
+  for (size_t i = 0; i < replicas; ++i)
+    live.push_back(i);
+  size_t next_index = replicas;
+  // Newcomers scheduled but not yet arrived, by time: they arrive in time order, so their
+  // indices follow (the plan numbers a role's joins in time order).
+  std::vector<std::pair<double, size_t>> arriving;
+  double t = 0;
+  auto end = seconds(duration);
+  while (true) {
+    t = next_poisson(rng, t,
+                     c.per_minute * static_cast<double>(std::max<size_t>(live.size(), 1)) / 60.0);
+    if (t >= end)
+      break;
+    while (!arriving.empty() && arriving.front().first <= t) {
+      live.push_back(arriving.front().second);
+      arriving.erase(arriving.begin());
+    }
+    if (live.size() <= c.keep)
+      continue;
+    auto pick = std::uniform_int_distribution<size_t>{0, live.size() - 1}(rng);
+    auto victim = live[pick];
+    if (c.serves && c.serves(victim) &&
+        std::count_if(live.begin(), live.end(), [&](size_t i) { return c.serves(i); }) <= 1)
+      continue; // the last instance that can hand the state to newcomers stays
+    live.erase(live.begin() + static_cast<std::ptrdiff_t>(pick));
+    auto at = std::chrono::duration_cast<nanoseconds>(std::chrono::duration<double>(t));
+    event_spec leave;
+    leave.what = event_spec::kind::leave;
+    leave.role = c.role;
+    leave.instance = victim;
+    leave.at = at;
+    out.push_back(leave);
+    auto join_at = at + c.rejoin_after;
+    if (join_at < duration) {
+      event_spec join;
+      join.what = event_spec::kind::join;
+      join.role = c.role;
+      join.at = join_at;
+      join.count = 1;
+      out.push_back(join);
+      arriving.emplace_back(seconds(join_at), next_index++);
+    }
+  }
+}
+
 /// Placement state while the plan is built.
 struct placer {
   size_t nodes;
@@ -157,13 +219,21 @@ result<plan> make_plan(const experiment_graph& g, run_mode mode, size_t nodes, u
     for (size_t i = 0; i < g.roles[r].replicas; ++i)
       todo.push_back({r, next_index[r]++, nanoseconds{0}});
   }
-  std::vector<size_t> order(g.events.size());
+  // The graph's events, then the churn's leaves and joins.
+  auto events = g.events;
+  for (size_t j = 0; j < g.churn.size(); ++j) {
+    auto r = role_of.find(g.churn[j].role);
+    if (r == role_of.end())
+      return fail(fmt::format("churn[{}]: no role named '{}'", j, g.churn[j].role));
+    draw_churn(g.churn[j], g.roles[r->second].replicas, g.duration, seed, j, events);
+  }
+  std::vector<size_t> order(events.size());
   for (size_t i = 0; i < order.size(); ++i)
     order[i] = i;
   std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return g.events[a].at < g.events[b].at; });
+                   [&](size_t a, size_t b) { return events[a].at < events[b].at; });
   for (auto e : order) {
-    auto& ev = g.events[e];
+    auto& ev = events[e];
     if (ev.what != event_spec::kind::join)
       continue;
     auto r = role_of.at(ev.role);
@@ -290,7 +360,7 @@ result<plan> make_plan(const experiment_graph& g, run_mode mode, size_t nodes, u
   for (auto i : perm)
     sorted.push_back(std::move(p.instances[i]));
   p.instances = std::move(sorted);
-  for (auto& ev : g.events)
+  for (auto& ev : events)
     if (ev.what == event_spec::kind::leave) {
       for (auto& x : p.instances)
         if (x.role == role_of.at(ev.role) && x.index == ev.instance)
@@ -345,8 +415,9 @@ result<plan> make_plan(const experiment_graph& g, run_mode mode, size_t nodes, u
           }
           break;
         }
-        std::exponential_distribution<double> gap{1.0 / seconds(f.every)};
-        for (double t = seconds(f.at) + gap(rng); t < seconds(end); t += gap(rng)) {
+        auto rate = 1.0 / seconds(f.every);
+        for (double t = next_poisson(rng, seconds(f.at), rate); t < seconds(end);
+             t = next_poisson(rng, t, rate)) {
           auto when = nanoseconds{static_cast<int64_t>(t * 1e9)};
           if (auto v = victim(when)) {
             a.at = when;

@@ -47,4 +47,37 @@ kernels::torchscript_config read_torchscript_model(config_node& m) {
   return c;
 }
 
+void read_data_section(config_node& d, kernels::data_source_options& out,
+                       const std::vector<std::string>& kinds,
+                       const std::vector<std::string>& extra) {
+  std::vector<std::string> keys = {"kind", "path", "eval_path", "dtype", "stride"};
+  keys.insert(keys.end(), extra.begin(), extra.end());
+  d.allow(keys);
+  read_choice(d, "kind", out.kind, kinds);
+  if (out.kind == "tokens") {
+    if (!d.has("path"))
+      d.fail("missing required key 'path' (a raw uint16 or uint32 token file)");
+    out.tokens.file.path = d.child("path").as_string();
+    read(d, "eval_path", out.eval_path);
+    if (d.has("dtype")) {
+      auto t = kernels::parse_token_dtype(d.child("dtype").as_string());
+      if (!t)
+        d.child("dtype").expected("uint16 | uint32");
+      out.tokens.file.dtype = *t;
+    }
+  } else if (d.has("path") || d.has("eval_path") || d.has("dtype")) {
+    d.fail(fmt::format("'path', 'eval_path' and 'dtype' belong to kind: tokens (kind {} reads {})",
+                       out.kind,
+                       out.kind == "idx" ? "Fashion-MNIST from data_dir" : "the KJV corpus"));
+  }
+  if (d.has("stride")) {
+    if (out.kind == "idx")
+      d.child("stride").fail("belongs to kind: text or tokens (windows; kind idx reads images)");
+    int64_t stride = 0;
+    read_int(d, "stride", stride, 0, INT64_MAX);
+    out.text.stride = stride;
+    out.tokens.stride = stride;
+  }
+}
+
 } // namespace starling::runtime::graph

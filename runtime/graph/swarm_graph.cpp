@@ -265,26 +265,7 @@ void read_swarm_graph(config_node& n, swarm_graph& out) {
   }
   if (n.has("data")) {
     auto d = n.child("data");
-    d.allow({"kind", "path", "eval_path", "dtype", "stride", "layout"});
-    read_choice(d, "kind", out.data.kind, {"text", "tokens"});
-    int64_t stride = 0;
-    read_int(d, "stride", stride, 0, INT64_MAX);
-    out.data.text.stride = stride;
-    out.data.tokens.stride = stride;
-    if (out.data.kind == "tokens") {
-      if (!d.has("path"))
-        d.fail("missing required key 'path' (a raw uint16 or uint32 token file)");
-      out.data.tokens.file.path = d.child("path").as_string();
-      read(d, "eval_path", out.eval_tokens);
-      if (d.has("dtype")) {
-        auto t = kernels::parse_token_dtype(d.child("dtype").as_string());
-        if (!t)
-          d.child("dtype").expected("uint16 | uint32");
-        out.data.tokens.file.dtype = *t;
-      }
-    } else if (d.has("path") || d.has("dtype") || d.has("eval_path")) {
-      d.fail("'path', 'eval_path' and 'dtype' belong to kind: tokens (kind text reads the KJV corpus)");
-    }
+    read_data_section(d, out.data, {"text", "tokens"}, {"layout"});
     std::string layout = kernels::to_string(out.layout);
     read_choice(d, "layout", layout, {"scattered", "contiguous"});
     out.layout = layout == "contiguous" ? kernels::shard_layout::contiguous

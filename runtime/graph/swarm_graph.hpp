@@ -106,11 +106,9 @@ struct swarm_graph {
   std::optional<kernels::torchscript_config> torchscript;
   /// What the trainers read, from the data-source registry: the byte-level text corpus (KJV) by
   /// default, or a token file. Its windows are the model's `seq_len`; its vocabulary the
-  /// model's.
+  /// model's. Kind tokens: the held-out token file (`data.eval_path`, same dtype) whose first
+  /// windows the report evaluates; empty: the first windows of the training file.
   kernels::data_source_options data;
-  /// Kind tokens: the held-out token file (`data.eval_path`, same dtype) whose first windows the
-  /// report evaluates; empty: the first windows of the training file.
-  std::string eval_tokens;
   /// How the samples are dealt to the trainers' shards.
   kernels::shard_layout layout = kernels::shard_layout::scattered;
   std::vector<stage_spec> stages;

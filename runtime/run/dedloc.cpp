@@ -1,5 +1,5 @@
-// The `dedloc` kind: role type, YAML reader, expansion (peers, auxiliary peers, a seeded churn
-// schedule), and the reporter. See dedloc.hpp.
+// The `dedloc` kind: role type, YAML reader, expansion (peers, auxiliary peers, churn for the
+// plan to draw), and the reporter. See dedloc.hpp.
 #include "runtime/run/dedloc.hpp"
 
 #include <algorithm>
@@ -7,11 +7,10 @@
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <random>
+#include <numeric>
 #include <set>
 
 #include <caf/all.hpp>
-#include <c10/util/accumulate.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -41,52 +40,25 @@ double dedloc_secs(nanoseconds d) {
   return std::chrono::duration<double>(d).count();
 }
 
-/// Fashion-MNIST (or its synthetic stand-in), loaded once per process and shared by its peers.
+/// The peers' data through the source registry, made once per process for each data set and
+/// shared by its peers (and the reporter's export).
 class data_cache {
 public:
   using sources = std::pair<std::shared_ptr<const kernels::data_source>,
                             std::shared_ptr<const kernels::data_source>>;
 
   result<sources> get(const dedloc_role_options& o) {
+    auto opts = o.data;
+    if (o.torchscript)
+      kernels::fit_to_model(opts, o.torchscript->seq_len, o.torchscript->vocab);
+    auto key = kernels::cache_key(opts);
     std::lock_guard<std::mutex> guard{mtx_};
-    auto key = fmt::format("{}|{}|{}|{}|{}", o.data_dir, o.synthetic, o.train_samples,
-                           o.tokens_path, o.tokens_eval_path);
     if (auto i = cache_.find(key); i != cache_.end())
       return i->second;
-    if (o.data_kind == "tokens") {
-      kernels::token_source_options to;
-      to.file.path = o.tokens_path;
-      to.file.dtype = o.tokens_dtype;
-      to.file.vocab_size = static_cast<uint64_t>(o.torchscript ? o.torchscript->vocab : 0);
-      to.seq_len = o.torchscript ? o.torchscript->seq_len : 0;
-      auto train = kernels::token_source::make(to);
-      if (!train)
-        return train.error();
-      sources s{*train, nullptr};
-      if (!o.tokens_eval_path.empty()) {
-        to.file.path = o.tokens_eval_path;
-        auto eval = kernels::token_source::make(to);
-        if (!eval)
-          return eval.error();
-        s.second = *eval;
-      }
-      cache_[key] = s;
-      return s;
-    }
-    kernels::idx_source_options io;
-    io.dir = o.data_dir;
-    io.train = true;
-    io.max_items = o.train_samples;
-    io.synthetic_when_absent = o.synthetic;
-    auto train = kernels::idx_source::load(io);
-    if (!train)
-      return train.error();
-    io.train = false;
-    io.max_items = 0;
-    auto test = kernels::idx_source::load(io);
-    if (!test)
-      return test.error();
-    sources s{*train, *test};
+    auto made = kernels::make_data_split(opts);
+    if (!made)
+      return made.error();
+    sources s{made->train, made->eval};
     cache_[key] = s;
     return s;
   }
@@ -99,16 +71,7 @@ private:
 actors::collab::peer_mode mode_of(const dedloc_role_options& o, size_t index) {
   if (o.cycle > 0 && o.clients > 0 && index % o.cycle >= o.cycle - std::min(o.clients, o.cycle))
     return actors::collab::peer_mode::client;
-  if (o.mode == "client")
-    return actors::collab::peer_mode::client;
-  if (o.mode == "auxiliary")
-    return actors::collab::peer_mode::auxiliary;
-  return actors::collab::peer_mode::full;
-}
-
-kernels::codec_id codec_of(const std::string& name) {
-  auto c = kernels::parse_codec(name);
-  return c ? *c : kernels::codec_id::none;
+  return o.peer.collab.mode;
 }
 
 /// Bytes per element a codec puts on the wire for large vectors (payload only).
@@ -121,22 +84,12 @@ double wire_bytes(kernels::codec_id c) {
 /// from the same parameters: the seeded MLP or the TorchScript files).
 dp::torch_backend_options torch_options(const dedloc_role_options& o, uint64_t seed,
                                         uint64_t stream) {
-  dp::torch_backend_options to;
-  to.model.inputs = 784;
-  to.model.width = o.width;
-  to.model.layers = o.layers;
-  to.model.classes = 10;
+  auto to = o.torch;
   to.model.seed = seed;
   if (o.torchscript)
     to.spec = kernels::torchscript_model(*o.torchscript);
-  to.optimizer.kind = o.optimizer;
-  to.optimizer.lr = o.lr;
-  to.optimizer.momentum = o.momentum;
-  to.optimizer.max_grad_norm = o.max_grad_norm;
   to.stream.seed = seed;
   to.stream.stream = stream;
-  to.stream.microbatch = o.microbatch;
-  to.eval_samples = o.eval_samples;
   return to;
 }
 
@@ -147,9 +100,8 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
   auto speed = o.speeds.empty() ? 1.0 : o.speeds[ctx.index % o.speeds.size()];
   std::shared_ptr<dp::backend> model;
   if (o.backend == "modeled") {
-    dp::modeled_backend_options mo;
-    mo.numel = o.modeled_params;
-    mo.microbatch = o.microbatch;
+    auto mo = o.modeled;
+    mo.microbatch = o.torch.stream.microbatch;
     auto b = dp::make_modeled_backend(mo);
     if (!b)
       return {};
@@ -172,49 +124,27 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
     }
     model = std::move(*b);
   }
-  dp::dp_peer_options po;
+  auto po = o.peer;
   po.address = ctx.address_of(ctx.role.name, ctx.index);
   po.name = ctx.name;
   po.key_prefix = ctx.key_prefix() + "/dp/" + ctx.role.name;
   po.generation = ctx.generation;
-  po.algo = o.algorithm == "diloco" ? dp::algorithm::diloco : dp::algorithm::dedloc;
   po.speed = speed;
-  po.compute_time = o.compute_time;
-  po.eval_every = o.eval_every;
-  auto& c = po.collab;
-  c.mode = mode;
-  c.progress.target_batch = o.target_batch;
-  c.progress.record_lifetime = dedloc_secs(o.record_lifetime);
-  c.progress.max_refresh = std::min(30.0, dedloc_secs(o.record_lifetime) / 2);
-  c.round_timeout = dedloc_secs(o.round_timeout);
-  c.average_state_every = o.average_state_every;
-  c.resync_after_lone_step = o.resync_after_lone_step;
-  c.resync_by_download = o.resync_by_download;
-  c.delay_updates = o.delay_updates;
-  po.inner_batch = o.inner_batch;
-  po.diloco.outer.kind = "sgd";
-  po.diloco.outer.lr = o.outer_lr;
-  po.diloco.outer.momentum = o.outer_momentum;
-  po.diloco.outer.nesterov = o.outer_nesterov && o.outer_momentum > 0;
-  po.diloco.outer.max_grad_norm = 0;
-  po.diloco.codec = codec_of(o.outer_codec);
-  po.diloco.codec_params.ratio = o.outer_ratio;
-  po.diloco.error_feedback = o.error_feedback && po.diloco.codec != kernels::codec_id::randk &&
+  po.collab.mode = mode;
+  // Reads come at most every half record lifetime: a record is refreshed before it expires.
+  po.collab.progress.max_refresh = std::min(30.0, po.collab.progress.record_lifetime / 2);
+  po.diloco.outer.nesterov = po.diloco.outer.nesterov && po.diloco.outer.momentum > 0;
+  po.diloco.error_feedback = po.diloco.error_feedback &&
+                             po.diloco.codec != kernels::codec_id::randk &&
                              po.diloco.codec != kernels::codec_id::none;
-  auto codec = codec_of(o.codec);
-  po.wire_bytes_per_element = wire_bytes(codec);
+  po.wire_bytes_per_element = wire_bytes(o.averager.codec);
   caf::actor averager;
   if (po.algo == dp::algorithm::dedloc) {
-    actors::averager::averager_options ao;
+    auto ao = o.averager;
     ao.key_prefix = ctx.key_prefix() + "/avg/";
     ao.bandwidth = mode == actors::collab::peer_mode::client ? 0.0 : 1.0;
     ao.auxiliary = mode == actors::collab::peer_mode::auxiliary;
-    ao.target_group_size = static_cast<uint32_t>(o.group_size);
-    ao.family_groups = o.persistent_rounds;
-    ao.matchmaking_window = std::chrono::duration_cast<caf::timespan>(o.window);
-    ao.poll_interval = std::chrono::duration_cast<caf::timespan>(o.window / 8);
-    ao.round_timeout = std::chrono::duration_cast<caf::timespan>(o.averager_timeout);
-    ao.codec = codec;
+    ao.poll_interval = ao.matchmaking_window / 8;
     // The peer hands over fresh vectors (its step's mean gradient, its state flattened) that
     // nothing else reads while the round runs: the result is written into them, one vector
     // less resident. (After a failed round it steps on its gradient as it then stands: its own
@@ -550,48 +480,109 @@ void read_reals(config_node& n, const std::string& key, std::vector<double>& out
     c.expected("at least one speed");
 }
 
+/// Reads a duration into the collaborative optimizer's seconds.
+void read_seconds(config_node& n, const std::string& key, actors::collab::seconds& out) {
+  auto d = std::chrono::duration_cast<nanoseconds>(std::chrono::duration<double>(out));
+  read_duration(n, key, d);
+  out = dedloc_secs(d);
+}
+
+/// Reads one of `choices`' names into its value.
+template <class Enum>
+void read_enum(config_node& n, const std::string& key, Enum& out,
+               const std::vector<std::pair<std::string, Enum>>& choices) {
+  std::string name;
+  std::vector<std::string> names;
+  for (auto& [k, v] : choices) {
+    names.push_back(k);
+    if (v == out)
+      name = k;
+  }
+  read_choice(n, key, name, names);
+  for (auto& [k, v] : choices)
+    if (k == name)
+      out = v;
+}
+
+/// Reads a codec that must be one of `choices`.
+void read_codec(config_node& n, const std::string& key, kernels::codec_id& out,
+                const std::vector<std::string>& choices) {
+  std::string name{kernels::to_string(out)};
+  read_choice(n, key, name, choices);
+  out = *kernels::parse_codec(name);
+}
+
 } // namespace
 
+dedloc_role_options::dedloc_role_options() {
+  peer.compute_time = std::chrono::milliseconds(50);
+  peer.eval_every = 5;
+  peer.inner_batch = 128;
+  peer.collab.progress.target_batch = 1024;
+  peer.collab.progress.record_lifetime = 30;
+  averager.target_group_size = 64;
+  averager.round_timeout = std::chrono::seconds(15);
+  averager.family_groups = true;
+  torch.model.inputs = 0; // the data's
+  torch.model.classes = 0;
+  torch.model.width = 128;
+  torch.model.layers = 1;
+  torch.eval_samples = 2000;
+  data.kind = "idx";
+}
+
 void read_dedloc_role(config_node& n, dedloc_role_options& o) {
-  read_choice(n, "algorithm", o.algorithm, {"dedloc", "diloco"});
+  auto& p = o.peer;
+  auto& c = p.collab;
+  auto& a = o.averager;
+  auto& t = o.torch;
   read_choice(n, "backend", o.backend, {"torch", "modeled"});
-  read_choice(n, "mode", o.mode, {"full", "client", "auxiliary"});
   read_non_negative(n, "clients", o.clients);
   read_non_negative(n, "cycle", o.cycle);
   read_reals(n, "speeds", o.speeds);
-  read_duration(n, "compute_time", o.compute_time);
-  read_positive(n, "microbatch", o.microbatch);
-  read_positive(n, "target_batch", o.target_batch);
-  read_positive(n, "width", o.width);
-  read_positive(n, "layers", o.layers);
-  read_choice(n, "optimizer", o.optimizer, {"adam", "lamb", "sgd"});
-  read_real(n, "lr", o.lr, 0, 10);
-  read_real(n, "momentum", o.momentum, 0, 0.999);
-  read_real(n, "max_grad_norm", o.max_grad_norm, 0, 1e9);
-  read_non_negative(n, "eval_every", o.eval_every);
-  read_non_negative(n, "eval_samples", o.eval_samples);
-  read(n, "data_dir", o.data_dir);
-  read(n, "synthetic", o.synthetic);
-  read_non_negative(n, "train_samples", o.train_samples);
-  read_positive(n, "modeled_params", o.modeled_params);
-  read_duration(n, "window", o.window);
-  read_duration(n, "averager_timeout", o.averager_timeout);
-  read_choice(n, "codec", o.codec, {"none", "fp16", "blockwise8", "quantile8"});
-  read_positive(n, "group_size", o.group_size);
-  read_duration(n, "round_timeout", o.round_timeout);
-  read_non_negative(n, "average_state_every", o.average_state_every);
-  read(n, "resync_after_lone_step", o.resync_after_lone_step);
-  read(n, "resync_by_download", o.resync_by_download);
-  read(n, "persistent_rounds", o.persistent_rounds);
-  read(n, "delay_updates", o.delay_updates);
-  read_duration(n, "record_lifetime", o.record_lifetime);
-  read_positive(n, "inner_batch", o.inner_batch);
-  read_real(n, "outer_lr", o.outer_lr, 0, 10);
-  read_real(n, "outer_momentum", o.outer_momentum, 0, 0.999);
-  read(n, "outer_nesterov", o.outer_nesterov);
-  read_choice(n, "outer_codec", o.outer_codec, {"none", "fp16", "blockwise8", "quantile8", "topk"});
-  read_real(n, "outer_ratio", o.outer_ratio, 1e-6, 1);
-  read(n, "error_feedback", o.error_feedback);
+  // The peer and its collaborative optimizer.
+  read_enum(n, "algorithm", p.algo,
+            {{"dedloc", dp::algorithm::dedloc}, {"diloco", dp::algorithm::diloco}});
+  read_enum(n, "mode", c.mode,
+            {{"full", actors::collab::peer_mode::full},
+             {"client", actors::collab::peer_mode::client},
+             {"auxiliary", actors::collab::peer_mode::auxiliary}});
+  read_duration(n, "compute_time", p.compute_time);
+  read_non_negative(n, "eval_every", p.eval_every);
+  read_positive(n, "target_batch", c.progress.target_batch);
+  read_seconds(n, "record_lifetime", c.progress.record_lifetime);
+  read_seconds(n, "round_timeout", c.round_timeout);
+  read_non_negative(n, "average_state_every", c.average_state_every);
+  read(n, "resync_after_lone_step", c.resync_after_lone_step);
+  read(n, "resync_by_download", c.resync_by_download);
+  read(n, "delay_updates", c.delay_updates);
+  // DiLoCo: the inner batch, the outer SGD step and the pseudo-gradients' codec.
+  read_positive(n, "inner_batch", p.inner_batch);
+  read_real(n, "outer_lr", p.diloco.outer.lr, 0, 10);
+  read_real(n, "outer_momentum", p.diloco.outer.momentum, 0, 0.999);
+  read(n, "outer_nesterov", p.diloco.outer.nesterov);
+  read_codec(n, "outer_codec", p.diloco.codec, {"none", "fp16", "blockwise8", "quantile8", "topk"});
+  read_real(n, "outer_ratio", p.diloco.codec_params.ratio, 1e-6, 1);
+  read(n, "error_feedback", p.diloco.error_feedback);
+  // DeDLOC's averager.
+  read_duration(n, "window", a.matchmaking_window);
+  read_duration(n, "averager_timeout", a.round_timeout);
+  read_codec(n, "codec", a.codec, {"none", "fp16", "blockwise8", "quantile8"});
+  read_positive(n, "group_size", a.target_group_size);
+  read(n, "persistent_rounds", a.family_groups);
+  // The backends.
+  read_positive(n, "microbatch", t.stream.microbatch);
+  read_positive(n, "width", t.model.width);
+  read_positive(n, "layers", t.model.layers);
+  read_choice(n, "optimizer", t.optimizer.kind, {"adam", "lamb", "sgd"});
+  read_real(n, "lr", t.optimizer.lr, 0, 10);
+  read_real(n, "momentum", t.optimizer.momentum, 0, 0.999);
+  read_real(n, "max_grad_norm", t.optimizer.max_grad_norm, 0, 1e9);
+  read_non_negative(n, "eval_samples", t.eval_samples);
+  read_positive(n, "modeled_params", o.modeled.numel);
+  read(n, "data_dir", o.data.idx.dir);
+  read(n, "synthetic", o.data.idx.synthetic_when_absent);
+  read_non_negative(n, "train_samples", o.data.idx.max_items);
   if (n.has("model")) {
     auto m = n.child("model");
     std::string kind = "mlp";
@@ -604,127 +595,66 @@ void read_dedloc_role(config_node& n, dedloc_role_options& o) {
   }
   if (n.has("data")) {
     auto d = n.child("data");
-    d.allow({"kind", "path", "eval_path", "dtype"});
-    read_choice(d, "kind", o.data_kind, {"idx", "tokens"});
-    if (o.data_kind == "tokens") {
-      if (!d.has("path"))
-        d.fail("missing required key 'path' (a raw uint16 or uint32 token file)");
-      o.tokens_path = d.child("path").as_string();
-      read(d, "eval_path", o.tokens_eval_path);
-      if (d.has("dtype")) {
-        auto t = kernels::parse_token_dtype(d.child("dtype").as_string());
-        if (!t)
-          d.child("dtype").expected("uint16 | uint32");
-        o.tokens_dtype = *t;
-      }
-    } else if (d.has("path") || d.has("eval_path") || d.has("dtype")) {
-      d.fail("'path', 'eval_path' and 'dtype' belong to kind: tokens (kind idx reads data_dir)");
-    }
+    graph::read_data_section(d, o.data, {"idx", "tokens"});
     d.finish();
   }
 }
 
 status check_dedloc_role(const dedloc_role_options& o) {
-  if (o.algorithm != "dedloc" && o.algorithm != "diloco")
-    return fail(fmt::format("algorithm must be dedloc or diloco, got '{}'", o.algorithm));
+  auto& p = o.peer;
+  auto& c = p.collab;
+  auto& a = o.averager;
   if (o.backend != "torch" && o.backend != "modeled")
     return fail(fmt::format("backend must be torch or modeled, got '{}'", o.backend));
-  if (o.mode != "full" && o.mode != "client" && o.mode != "auxiliary")
-    return fail(fmt::format("mode must be full, client or auxiliary, got '{}'", o.mode));
   if (o.speeds.empty())
     return fail("speeds needs at least one value");
   for (auto v : o.speeds)
     if (!(v > 0) || !std::isfinite(v))
       return fail(fmt::format("speeds must be positive, got {}", v));
-  if (o.compute_time <= nanoseconds{0})
+  if (p.compute_time <= nanoseconds{0})
     return fail("compute_time must be positive (it paces the peers in every mode)");
-  if (o.microbatch == 0 || o.target_batch == 0 || o.width < 1 || o.layers < 1)
+  auto microbatch = o.torch.stream.microbatch;
+  if (microbatch == 0 || c.progress.target_batch == 0 || o.torch.model.width < 1 ||
+      o.torch.model.layers < 1)
     return fail("microbatch, target_batch, width and layers must be positive");
-  if (o.target_batch < o.microbatch)
-    return fail(
-        fmt::format("target_batch {} is below one microbatch ({})", o.target_batch, o.microbatch));
-  for (auto* c : {&o.codec, &o.outer_codec})
-    if (!kernels::parse_codec(*c))
-      return fail(fmt::format("unknown codec '{}'", *c));
-  if (o.window <= nanoseconds{0} || o.averager_timeout <= nanoseconds{0} ||
-      o.round_timeout <= nanoseconds{0} || o.record_lifetime <= nanoseconds{0})
+  if (c.progress.target_batch < microbatch)
+    return fail(fmt::format("target_batch {} is below one microbatch ({})", c.progress.target_batch,
+                            microbatch));
+  if (a.matchmaking_window <= nanoseconds{0} || a.round_timeout <= nanoseconds{0} ||
+      !(c.round_timeout > 0) || !(c.progress.record_lifetime > 0))
     return fail("window, averager_timeout, round_timeout and record_lifetime must be positive");
   if (o.clients > 0 && o.cycle == 0)
     return fail("clients needs cycle (the instances it counts in)");
-  if (o.delay_updates && o.algorithm == "diloco")
+  if (c.delay_updates && p.algo == dp::algorithm::diloco)
     return fail("delay_updates belongs to algorithm dedloc (DiLoCo's outer step replaces the "
                 "parameters the inner steps would have moved meanwhile)");
   bool token_model = o.torchscript && o.torchscript->input_shape.empty();
-  if (token_model && o.data_kind != "tokens")
+  if (token_model && o.data.kind != "tokens")
     return fail("a TorchScript model of tokens needs data: {kind: tokens, path: F}");
-  if (o.data_kind == "tokens" && !token_model)
+  if (o.data.kind == "tokens" && !token_model)
     return fail("data kind tokens needs a TorchScript model of tokens (model: {kind: "
                 "torchscript, files: [...]}); the MLP reads images");
-  if (o.torchscript && !token_model) {
-    // A scripted model of images reads the idx images: 28x28 pixels, 10 classes.
-    if (c10::multiply_integers(o.torchscript->input_shape) != 784)
-      return fail(fmt::format("a TorchScript model of images reads 28x28 images (Fashion-MNIST): "
-                              "model.input_shape must hold 784 features ([1, 28, 28], [28, 28] "
-                              "or [784]), got [{}]",
-                              fmt::join(o.torchscript->input_shape, ", ")));
-    if (o.torchscript->vocab < 10)
-      return fail(fmt::format("model.vocab is the class count of a TorchScript model of images "
-                              "(its output's features): at least Fashion-MNIST's 10, got {}",
-                              o.torchscript->vocab));
-  }
   return {};
 }
 
-void add_churn(experiment_graph& g, const std::string& role, size_t replicas, double per_minute,
-               uint64_t seed, nanoseconds rejoin_after, size_t keep,
-               const std::function<bool(size_t)>& serves) {
-  if (!(per_minute > 0))
-    return;
-  std::mt19937_64 rng{seed ^ 0xC4A7C4A7ull};
-  std::vector<size_t> live;
-  for (size_t i = 0; i < replicas; ++i)
-    live.push_back(i);
-  size_t next_index = replicas;
-  // Joins scheduled but not yet arrived, by time: they arrive in time order, so indices follow.
-  std::vector<std::pair<double, size_t>> arriving;
-  double t = 0;
-  auto end = dedloc_secs(g.duration);
-  while (true) {
-    auto rate = per_minute * static_cast<double>(std::max<size_t>(live.size(), 1)) / 60.0;
-    t += std::exponential_distribution<double>{rate}(rng);
-    if (t >= end)
-      break;
-    // Newcomers that arrived by now are live.
-    while (!arriving.empty() && arriving.front().first <= t) {
-      live.push_back(arriving.front().second);
-      arriving.erase(arriving.begin());
-    }
-    if (live.size() <= keep)
-      continue;
-    auto pick = std::uniform_int_distribution<size_t>{0, live.size() - 1}(rng);
-    auto victim = live[pick];
-    if (serves && serves(victim) &&
-        std::count_if(live.begin(), live.end(), [&](size_t i) { return serves(i); }) <= 1)
-      continue; // the last peer that can hand the state to newcomers stays
-    live.erase(live.begin() + static_cast<std::ptrdiff_t>(pick));
-    auto at = std::chrono::duration_cast<nanoseconds>(std::chrono::duration<double>(t));
-    event_spec leave;
-    leave.what = event_spec::kind::leave;
-    leave.role = role;
-    leave.instance = victim;
-    leave.at = at;
-    g.events.push_back(leave);
-    auto join_at = at + rejoin_after;
-    if (join_at < g.duration) {
-      event_spec join;
-      join.what = event_spec::kind::join;
-      join.role = role;
-      join.at = join_at;
-      join.count = 1;
-      g.events.push_back(join);
-      arriving.emplace_back(dedloc_secs(join_at), next_index++);
-    }
-  }
+status check_dedloc_data(const dedloc_role_options& o, const kernels::sample_shape& data) {
+  if (!o.torchscript || o.torchscript->input_shape.empty())
+    return {}; // the MLP takes its sizes from the data; a token model's vocabulary is the data's
+  auto& ts = *o.torchscript;
+  auto features = [](const std::vector<int64_t>& shape) {
+    return std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
+  };
+  if (features(ts.input_shape) != features(data.input))
+    return fail(fmt::format("a TorchScript model of images reads the data's samples: "
+                            "model.input_shape must hold their {} features (samples of [{}]; "
+                            "any shape of as many), got [{}]",
+                            features(data.input), fmt::join(data.input, ", "),
+                            fmt::join(ts.input_shape, ", ")));
+  if (ts.vocab < data.classes)
+    return fail(fmt::format("model.vocab is the class count of a TorchScript model of images "
+                            "(its output's features): at least the data's {} classes, got {}",
+                            data.classes, ts.vocab));
+  return {};
 }
 
 status check_dedloc_export(const dedloc_role_options& o) {
@@ -752,8 +682,9 @@ void add_dedloc(role_registry& reg) {
       [](const dedloc_role_options& o) {
         return fmt::format("{} {} backend, target batch {}, microbatch {}, {} speeds, {} clients "
                            "per {}",
-                           o.algorithm, o.backend, o.target_batch, o.microbatch, o.speeds.size(),
-                           o.clients, o.cycle);
+                           dp::to_string(o.peer.algo), o.backend,
+                           o.peer.collab.progress.target_batch, o.torch.stream.microbatch,
+                           o.speeds.size(), o.clients, o.cycle);
       });
   kind_type k;
   k.name = "dedloc";
@@ -772,11 +703,23 @@ void add_dedloc(role_registry& reg) {
     read_dedloc_role(n, o);
     if (auto st = check_dedloc_role(o); !st)
       n.fail(st.what());
-    if (o.mode == "auxiliary")
+    if (o.peer.collab.mode == actors::collab::peer_mode::auxiliary)
       n.fail("mode: the peers of the kind compute; add auxiliary peers with `auxiliary: N`");
     if (export_model)
       if (auto st = check_dedloc_export(o); !st)
         n.child("export").fail(st.what());
+    if (o.backend == "torch" && o.torchscript && !o.torchscript->input_shape.empty()) {
+      // A scripted model of images is checked against the data it will read, so that a mismatch
+      // is a config error: the shape of a source made of its first sample (the peers load it
+      // whole when they start).
+      auto probe = o.data;
+      probe.idx.max_items = 1;
+      auto data = kernels::make_data_source(probe);
+      if (!data)
+        n.fail(data.error().what);
+      if (auto st = check_dedloc_data(o, (*data)->shape()); !st)
+        n.child("model").fail(st.what());
+    }
     role_spec r;
     r.name = "peers";
     r.type = "dedloc.peer";
@@ -786,7 +729,7 @@ void add_dedloc(role_registry& reg) {
     g.roles.push_back(r);
     if (auxiliary > 0) {
       auto a = o;
-      a.mode = "auxiliary";
+      a.peer.collab.mode = actors::collab::peer_mode::auxiliary;
       a.clients = 0;
       role_spec aux;
       aux.name = "aux";
@@ -796,9 +739,16 @@ void add_dedloc(role_registry& reg) {
       g.roles.push_back(aux);
     }
     (void)ctx;
-    // Client-mode peers serve no state: with only clients left, newcomers would start anew.
-    add_churn(g, "peers", static_cast<size_t>(peers), churn, g.seed, std::chrono::seconds(5), 2,
-              [o](size_t i) { return mode_of(o, i) == actors::collab::peer_mode::full; });
+    if (churn > 0) {
+      churn_spec c;
+      c.role = "peers";
+      c.per_minute = churn;
+      c.rejoin_after = std::chrono::seconds(5);
+      c.keep = 2;
+      // Client-mode peers serve no state: with only clients left, newcomers would start anew.
+      c.serves = [o](size_t i) { return mode_of(o, i) == actors::collab::peer_mode::full; };
+      g.churn.push_back(std::move(c));
+    }
     std::optional<dedloc_export_options> ex;
     if (export_model)
       ex = dedloc_export_options{"peers", o};

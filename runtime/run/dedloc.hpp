@@ -1,126 +1,80 @@
 // The `dedloc` kind: data-parallel peers (actors/dp_peer) training one model together — DeDLOC's
 // collaborative optimizer or DiLoCo — with peers of different speeds, some in client mode, some
-// auxiliary, joining and leaving on a seeded schedule. Its role type `dedloc.peer`, the
-// schedule, and the reporter (accuracy and loss against samples and against bytes sent, as SVG,
-// and a summary table) are public so that C++ graphs (examples/dedloc) use the same pieces.
+// auxiliary, joining and leaving on a seeded schedule (`churn:`, the plan's churn_spec). Its role
+// type `dedloc.peer` and the reporter (accuracy and loss against samples and against bytes sent,
+// as SVG, and a summary table) are public so that C++ graphs (examples/dedloc) use the same
+// pieces.
 #pragma once
 
 #include <chrono>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
-#include "kernels/data/token_source.hpp"
+#include "actors/averager/averager.hpp"
+#include "actors/dp_peer/backend.hpp"
+#include "actors/dp_peer/dp_peer.hpp"
+#include "kernels/data/source_registry.hpp"
 #include "kernels/models/torchscript.hpp"
 #include "runtime/experiment/reporter.hpp"
 #include "runtime/experiment/role.hpp"
 
 namespace starling::runtime {
 
-/// Options of a `dedloc.peer` role (the `dedloc:` section's keys besides `peers`, `auxiliary`
-/// and `churn`).
+/// Options of a `dedloc.peer` role: the options structs of the components an instance is made
+/// of, which the `dedloc:` section's keys (besides `peers`, `auxiliary`, `churn`, `steps` and
+/// `export`) are read into directly (configs/reference.yaml documents each key), plus
+/// the few that pick a component or vary by instance. What only an instance knows (its address,
+/// name, stream, its averager's bandwidth) is set when it is spawned.
 struct dedloc_role_options {
-  /// `dedloc` (average gradients every global step) or `diloco` (inner steps, outer steps on
-  /// averaged compressed pseudo-gradients).
-  std::string algorithm = "dedloc";
-  /// `torch` (an MLP on Fashion-MNIST) or `modeled` (the cost model: no tensors but a vector of
-  /// `modeled_params` that averaging moves).
+  /// The kind's defaults where they differ from the components' own.
+  dedloc_role_options();
+
+  /// `torch` (a LibTorch model on the data) or `modeled` (the cost model: no tensors but a
+  /// vector of `modeled.numel` elements that averaging moves).
   std::string backend = "torch";
-  /// `full`, `client` or `auxiliary`: the mode of every instance, except that the last
-  /// `clients` of every `cycle` instances are clients.
-  std::string mode = "full";
-  /// Instance i is in client mode when `i mod cycle >= cycle - clients` (cycle 0: no clients).
+  /// Instance i is in client mode when `i mod cycle >= cycle - clients` (cycle 0: no clients);
+  /// the others are in `peer.collab.mode`.
   uint64_t clients = 0;
   uint64_t cycle = 0;
-  /// Relative speeds; instance i computes at `speeds[i mod size]`.
+  /// Relative speeds; instance i computes at `speeds[i mod size]` (`peer.speed`).
   std::vector<double> speeds = {1.0};
-  /// Seconds per microbatch at speed 1 (on CAF's clock: virtual in simulation).
-  std::chrono::nanoseconds compute_time = std::chrono::milliseconds(50);
-  /// Samples per microbatch.
-  uint64_t microbatch = 32;
-  /// Samples per global step, summed over the collaboration.
-  uint64_t target_batch = 1024;
-  /// MLP hidden width and hidden blocks (inputs 784, 10 classes).
-  int64_t width = 128;
-  int64_t layers = 1;
+  /// The peer: the algorithm (`algo`), the collaborative optimizer's decisions (`collab`:
+  /// mode, target batch, record lifetime, round timeout, resyncs, delayed updates), DiLoCo's
+  /// inner batch and outer step (`diloco`), `compute_time` and `eval_every`.
+  actors::dp_peer::dp_peer_options peer;
+  /// DeDLOC's averager: largest group, matchmaking window, round deadline, chunk codec,
+  /// persistent rounds (`family_groups`).
+  actors::averager::averager_options averager;
+  /// The LibTorch backend: the MLP's width and hidden blocks (its input and class counts come
+  /// from the data), the optimizer, the microbatch (`stream.microbatch`, both backends') and the
+  /// held-out samples of an evaluation.
+  actors::dp_peer::torch_backend_options torch;
   /// A TorchScript model trained whole instead of the MLP (`model: {kind: torchscript, files:
   /// [...], ...}`; every peer loads the same files, so all start equal).
   std::optional<kernels::torchscript_config> torchscript;
-  /// What the peers read: `idx` (Fashion-MNIST from `data_dir`) or `tokens` (a token file, with
-  /// a held-out token file for the evaluation; windows of the model's seq_len).
-  std::string data_kind = "idx";
-  std::string tokens_path;
-  std::string tokens_eval_path;
-  kernels::token_dtype tokens_dtype = kernels::token_dtype::uint16;
-  /// The collaboration's optimizer (DiLoCo: the inner one): `adam`, `lamb` or `sgd`, its
-  /// learning rate, SGD momentum and the global-norm clip of each step.
-  std::string optimizer = "adam";
-  double lr = 1e-3;
-  double momentum = 0.0;
-  double max_grad_norm = 1.0;
-  /// Held-out evaluation every this many global steps (0: never) on this many test images.
-  uint64_t eval_every = 5;
-  uint64_t eval_samples = 2000;
-  /// Fashion-MNIST folder; `synthetic`: a generated stand-in when the files are absent.
-  std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  bool synthetic = false;
-  /// Training images used (0: all 60000).
-  uint64_t train_samples = 0;
-  /// Cost model: elements of the modeled parameter vector.
-  int64_t modeled_params = 100'000;
-  /// Averaging: matchmaking window, the averager's round deadline, chunk codec, largest group.
-  std::chrono::nanoseconds window = std::chrono::seconds(2);
-  std::chrono::nanoseconds averager_timeout = std::chrono::seconds(15);
-  std::string codec = "none";
-  uint64_t group_size = 64;
-  /// Collaborative optimizer: a round not finished this long after it started is given up;
-  /// parameters and optimizer state are averaged every this many steps (0: never).
-  std::chrono::nanoseconds round_timeout = std::chrono::seconds(30);
-  uint64_t average_state_every = 0;
-  /// After a peer stepped on its own gradient (a failed round), average parameters and optimizer
-  /// state with the peers after its next update (the coordinator's `resync_after_lone_step`).
-  bool resync_after_lone_step = true;
-  /// That resync downloads the state of the peers at its step that took the averaged update
-  /// when they are the most (else it is a state round, as it always is without this).
-  bool resync_by_download = true;
-  /// Gradient rounds re-form the last step's group at once while its members stay (the
-  /// averager's `family_groups`): no matchmaking window per step. Off: every step's group is
-  /// formed anew in a matchmaking window.
-  bool persistent_rounds = true;
-  /// Delayed parameter updates (DeDLOC only): peers keep computing while a step's gradient is
-  /// averaged and apply the averaged gradient when it arrives, so step t + 1's first gradients
-  /// come from parameters one step old. Off: a peer pauses for every round.
-  bool delay_updates = false;
-  /// Progress records expire this long after they were made (a silent leaver stops counting).
-  std::chrono::nanoseconds record_lifetime = std::chrono::seconds(30);
-  /// DiLoCo: samples per inner step, the outer optimizer (SGD), pseudo-gradient codec.
-  uint64_t inner_batch = 128;
-  double outer_lr = 0.7;
-  double outer_momentum = 0.9;
-  bool outer_nesterov = true;
-  std::string outer_codec = "topk";
-  double outer_ratio = 0.005;
-  bool error_feedback = true;
+  /// The cost model's parameter vector.
+  actors::dp_peer::modeled_backend_options modeled;
+  /// What the peers read, from the data-source registry: `idx` (Fashion-MNIST from `idx.dir`,
+  /// or its synthetic stand-in; held out: its test split) or `tokens` (a token file, windows of
+  /// the model's seq_len; held out: `eval_path`).
+  kernels::data_source_options data;
 };
 
-/// Reads a `dedloc.peer` options map (strictly) into `o`.
+/// Reads a `dedloc.peer` options map (strictly) into `o`: each key into its component's field.
 void read_dedloc_role(config_node& n, dedloc_role_options& o);
 
-/// Checks the options (known algorithm, backend, mode and codecs; positive sizes).
+/// Checks what the reader cannot check key by key: positive sizes and durations, a target batch
+/// of at least one microbatch, options that belong together (clients and cycle, delayed updates
+/// and DeDLOC, a model and its data).
 status check_dedloc_role(const dedloc_role_options& o);
 
-/// A seeded churn schedule for `role` (initially `replicas` instances): on average `per_minute`
-/// of the live instances leave per minute (a Poisson process), each replaced by a newcomer
-/// `rejoin_after` later; at least `keep` stay, and, when `serves` is given, at least one live
-/// instance `i` with `serves(i)` (a full-mode peer: newcomers download the state from it;
-/// without one they start the model anew). Appends join and leave events to `g` (which must
-/// hold the role) for the run's duration.
-void add_churn(experiment_graph& g, const std::string& role, size_t replicas, double per_minute,
-               uint64_t seed, std::chrono::nanoseconds rejoin_after = std::chrono::seconds(5),
-               size_t keep = 2, const std::function<bool(size_t)>& serves = {});
+/// Checks a model against the data it reads (`data`: the training source's shape): a
+/// TorchScript model of images takes as many features as a sample holds and has at least the
+/// data's classes. (The MLP takes its input and class counts from the data.)
+status check_dedloc_data(const dedloc_role_options& o, const kernels::sample_shape& data);
 
 /// What a collaboration's reporter exports at the end (`dedloc.export: true`).
 struct dedloc_export_options {

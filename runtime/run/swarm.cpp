@@ -59,9 +59,7 @@ std::shared_ptr<const kernels::data_source> data_for(swarm_data_cache& cache,
   if (cache.source || !cache.error.empty())
     return cache.source;
   auto opts = g.data;
-  opts.text.seq_len = g.model.seq_len;
-  opts.tokens.seq_len = g.model.seq_len;
-  opts.tokens.file.vocab_size = static_cast<uint64_t>(g.model.vocab);
+  kernels::fit_to_model(opts, g.model.seq_len, g.model.vocab);
   result<std::shared_ptr<const kernels::data_source>> made = fail("unset");
   if (modeled) {
     std::string text;

@@ -117,8 +117,8 @@ result<std::vector<kernels::text_batch>> held_out_tokens(const graph::swarm_grap
   kernels::token_source_options o = g.data.tokens;
   o.seq_len = g.model.seq_len;
   o.file.vocab_size = static_cast<uint64_t>(g.model.vocab);
-  if (!g.eval_tokens.empty())
-    o.file.path = g.eval_tokens;
+  if (!g.data.eval_path.empty())
+    o.file.path = g.data.eval_path;
   auto src = kernels::token_source::make(o);
   if (!src)
     return src.error();
@@ -185,7 +185,7 @@ public:
         held_out_ = std::move(*batches);
         fmt::print("data: tokens {} (held out: the first {} windows of {})\n",
                    g.data.tokens.file.path, held_out_.size() * static_cast<size_t>(g.microbatch),
-                   g.eval_tokens.empty() ? g.data.tokens.file.path : g.eval_tokens);
+                   g.data.eval_path.empty() ? g.data.tokens.file.path : g.data.eval_path);
       }
     } else {
       kernels::corpus_options co;

@@ -140,15 +140,15 @@ std::shared_ptr<outcome> run(const std::string& name, const dedloc_role_options&
 dedloc_role_options fmnist() {
   dedloc_role_options o;
   o.backend = "torch";
-  o.synthetic = true; // only when the Fashion-MNIST files are absent
-  o.width = 128;
-  o.layers = 1;
-  o.lr = 0.002;
-  o.microbatch = 32;
-  o.target_batch = 1024;
-  o.compute_time = 40ms;
-  o.eval_every = 5;
-  o.eval_samples = 10000;
+  o.data.idx.synthetic_when_absent = true; // only when the Fashion-MNIST files are absent
+  o.torch.model.width = 128;
+  o.torch.model.layers = 1;
+  o.torch.optimizer.lr = 0.002;
+  o.torch.stream.microbatch = 32;
+  o.peer.collab.progress.target_batch = 1024;
+  o.peer.compute_time = 40ms;
+  o.peer.eval_every = 5;
+  o.torch.eval_samples = 10000;
   return o;
 }
 
@@ -161,19 +161,19 @@ void accuracy(uint64_t steps) {
   // Evaluated after every step, so that the comparison at equal samples reads the accuracy of
   // the step it names (not of the last multiple of 5 before it).
   auto single = fmnist();
-  single.eval_every = 1;
+  single.peer.eval_every = 1;
   auto collab = single;
   collab.speeds = {1.0, 0.9, 0.8, 0.7, 0.55, 0.45, 0.35, 0.25};
   collab.cycle = 8;
   collab.clients = 2;
   auto a = run("single", single, 1, steps, 30min, mbit100);
-  collab.persistent_rounds = false;
+  collab.averager.family_groups = false;
   auto b = run("dedloc", collab, 8, steps, 30min, mbit100);
   auto fast = collab;
-  fast.persistent_rounds = true; // the default
+  fast.averager.family_groups = true; // the default
   auto c = run("dedloc-persistent", fast, 8, steps, 30min, mbit100);
   auto delayed = fast;
-  delayed.delay_updates = true;
+  delayed.peer.collab.delay_updates = true;
   auto d = run("dedloc-delayed", delayed, 8, steps, 30min, mbit100);
   std::printf("  %-44s %8s %12s %10s %12s %10s\n", "run", "steps", "samples", "test acc",
               "virtual s", "wall s");
@@ -233,16 +233,16 @@ void diloco(uint64_t steps, uint64_t outer_batch, double budget) {
   for (auto v : {variant{"fp32", "none", false}, variant{"blockwise8", "blockwise8", false},
                  variant{"top-k 0.5% + EF both sides", "topk", true}}) {
     auto o = base;
-    o.algorithm = "diloco";
-    o.inner_batch = 128;
-    o.target_batch = outer_batch;
-    o.eval_every = 1;
-    o.outer_codec = v.codec;
-    o.outer_ratio = 0.005;
-    o.error_feedback = v.ef;
-    o.outer_lr = 0.7;
-    o.outer_momentum = v.ef ? 0.0 : 0.9;
-    o.outer_nesterov = !v.ef;
+    o.peer.algo = starling::actors::dp_peer::algorithm::diloco;
+    o.peer.inner_batch = 128;
+    o.peer.collab.progress.target_batch = outer_batch;
+    o.peer.eval_every = 1;
+    o.peer.diloco.codec = *starling::kernels::parse_codec(v.codec);
+    o.peer.diloco.codec_params.ratio = 0.005;
+    o.peer.diloco.error_feedback = v.ef;
+    o.peer.diloco.outer.lr = 0.7;
+    o.peer.diloco.outer.momentum = v.ef ? 0.0 : 0.9;
+    o.peer.diloco.outer.nesterov = !v.ef;
     // DeDLOC's samples times `budget` (DiLoCo trades compute for bytes).
     auto outer_steps = static_cast<uint64_t>(
         std::ceil(budget * samples / static_cast<double>(outer_batch)));
@@ -292,16 +292,16 @@ void throughput(const std::vector<size_t>& peers, const std::vector<size_t>& col
       continue;
     dedloc_role_options o;
     o.backend = "modeled";
-    o.modeled_params = 1'000'000;
-    o.microbatch = 32;
-    o.compute_time = 100ms;
-    o.target_batch = 4096;
-    o.eval_every = 0;
+    o.modeled.numel = 1'000'000;
+    o.torch.stream.microbatch = 32;
+    o.peer.compute_time = 100ms;
+    o.peer.collab.progress.target_batch = 4096;
+    o.peer.eval_every = 0;
     auto bound = static_cast<double>(n) * 32 / 0.1;
     for (size_t k : columns) {
       const auto& v = variants[k];
-      o.persistent_rounds = v.persistent;
-      o.delay_updates = v.delayed;
+      o.averager.family_groups = v.persistent;
+      o.peer.collab.delay_updates = v.delayed;
       auto r = run("throughput", o, n, 0, 120s, mbit100, std::min<size_t>(n, 16));
       auto rate = r->samples / r->run_s;
       std::printf("  %6zu %-22s %14.0f %14.0f %7.1f%% %10llu %8.1f\n", n, v.name, rate, bound,

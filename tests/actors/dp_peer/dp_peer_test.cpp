@@ -42,20 +42,20 @@ namespace {
 dedloc_role_options small_options() {
   dedloc_role_options o;
   o.backend = "torch";
-  o.data_dir = "/nonexistent/fashion-mnist"; // the synthetic stand-in, on every machine
-  o.synthetic = true;
-  o.train_samples = 2048;
-  o.width = 32;
-  o.layers = 1;
-  o.microbatch = 16;
-  o.target_batch = 64;
-  o.compute_time = 100ms;
-  o.eval_every = 0;
-  o.lr = 1e-2;
-  o.window = 1s;
-  o.averager_timeout = 5s;
-  o.round_timeout = 10s;
-  o.record_lifetime = 20s;
+  o.data.idx.dir = "/nonexistent/fashion-mnist"; // the synthetic stand-in, on every machine
+  o.data.idx.synthetic_when_absent = true;
+  o.data.idx.max_items = 2048;
+  o.torch.model.width = 32;
+  o.torch.model.layers = 1;
+  o.torch.stream.microbatch = 16;
+  o.peer.collab.progress.target_batch = 64;
+  o.peer.compute_time = 100ms;
+  o.peer.eval_every = 0;
+  o.torch.optimizer.lr = 1e-2;
+  o.averager.matchmaking_window = 1s;
+  o.averager.round_timeout = 5s;
+  o.peer.collab.round_timeout = 10;
+  o.peer.collab.progress.record_lifetime = 20;
   return o;
 }
 
@@ -168,9 +168,9 @@ run_result run_sim(const experiment_builder& b) {
 /// The training data the role uses for `o` (the same synthetic stand-in).
 std::shared_ptr<const kernels::data_source> train_source(const dedloc_role_options& o) {
   kernels::idx_source_options io;
-  io.dir = o.data_dir;
-  io.max_items = o.train_samples;
-  io.synthetic_when_absent = o.synthetic;
+  io.dir = o.data.idx.dir;
+  io.max_items = o.data.idx.max_items;
+  io.synthetic_when_absent = o.data.idx.synthetic_when_absent;
   auto s = kernels::idx_source::load(io);
   REQUIRE(s.ok());
   return *s;
@@ -181,17 +181,17 @@ std::unique_ptr<dp::backend> peer_backend(const dedloc_role_options& o, uint64_t
                                           size_t index) {
   dp::torch_backend_options to;
   to.model.inputs = 784;
-  to.model.width = o.width;
-  to.model.layers = o.layers;
+  to.model.width = o.torch.model.width;
+  to.model.layers = o.torch.model.layers;
   to.model.classes = 10;
   to.model.seed = seed;
-  to.optimizer.kind = o.optimizer;
-  to.optimizer.lr = o.lr;
-  to.optimizer.momentum = o.momentum;
-  to.optimizer.max_grad_norm = o.max_grad_norm;
+  to.optimizer.kind = o.torch.optimizer.kind;
+  to.optimizer.lr = o.torch.optimizer.lr;
+  to.optimizer.momentum = o.torch.optimizer.momentum;
+  to.optimizer.max_grad_norm = o.torch.optimizer.max_grad_norm;
   to.stream.seed = seed;
   to.stream.stream = static_cast<uint64_t>(index) * 1024;
-  to.stream.microbatch = o.microbatch;
+  to.stream.microbatch = o.torch.stream.microbatch;
   to.eval_samples = 0;
   auto b = dp::make_torch_backend(to, train_source(o), nullptr);
   REQUIRE(b.ok());
@@ -254,7 +254,7 @@ TEST_CASE("one peer without churn equals a single process stepping on the same g
   REQUIRE(steps.size() >= 4);
   for (auto& r : steps) {
     CHECK_FALSE(r.averaged); // alone: it steps on its own gradient
-    CHECK(r.samples >= o.target_batch);
+    CHECK(r.samples >= o.peer.collab.progress.target_batch);
   }
   REQUIRE(out->states.count("peers.0") == 1);
   auto& st = out->states["peers.0"];
@@ -273,7 +273,7 @@ TEST_CASE("with persistent rounds a step's group re-forms at once and every step
   auto run = [](bool persistent) {
     auto o = small_options();
     o.speeds = {1.0, 0.8, 0.6, 0.5};
-    o.persistent_rounds = persistent;
+    o.averager.family_groups = persistent;
     auto out = std::make_shared<captured>();
     auto res =
         run_sim(collaboration(persistent ? "dp-persist-on" : "dp-persist-off", 12, 20s, 4, o, out));
@@ -316,7 +316,7 @@ TEST_CASE("with delayed updates peers compute through the rounds and still end a
   auto run = [](bool delayed) {
     auto o = small_options();
     o.speeds = {1.0, 0.8, 0.6, 0.5};
-    o.delay_updates = delayed;
+    o.peer.collab.delay_updates = delayed;
     auto out = std::make_shared<captured>();
     auto b = collaboration(delayed ? "dp-delay-on" : "dp-delay-off", 15, 20s, 4, o, out);
     network_options net;
@@ -379,8 +379,8 @@ TEST_CASE("with delayed updates peers compute through the rounds and still end a
 TEST_CASE("four peers average every step and match a single process within the codec's error") {
   auto o = small_options();
   // SGD: Adam's first steps turn fp32 rounding of near-zero averages into whole steps of +-lr.
-  o.optimizer = "sgd";
-  o.lr = 0.1;
+  o.torch.optimizer.kind = "sgd";
+  o.torch.optimizer.lr = 0.1;
   o.speeds = {1.0, 0.8, 0.6, 0.5};
   auto out = std::make_shared<captured>();
   auto res = run_sim(collaboration("dp-four", 12, 40s, 4, o, out));
@@ -428,8 +428,8 @@ TEST_CASE("under churn a peer that stepped alone takes the collaboration's state
   // averaged update, so at the end every live peer at one step holds one model.
   auto o = small_options();
   o.speeds = {1.0, 0.8, 0.6, 0.45, 0.3};
-  o.target_batch = 256;
-  o.compute_time = 40ms;
+  o.peer.collab.progress.target_batch = 256;
+  o.peer.compute_time = 40ms;
   auto out = std::make_shared<captured>();
   auto b = collaboration("dp-churn", 16, 40s, 6, o, out);
   network_options net;
@@ -480,7 +480,7 @@ TEST_CASE("a newcomer downloads the state mid-run and contributes to the next st
     persistent = false;
   }
   CAPTURE(persistent);
-  o.persistent_rounds = persistent;
+  o.averager.family_groups = persistent;
   auto out = std::make_shared<captured>();
   auto b = collaboration("dp-newcomer", 13, 45s, 3, o, out);
   b.join("peers", 15s);
@@ -543,7 +543,8 @@ TEST_CASE("a peer killed mid-round does not block the others past the deadline a
   b.leave("peers", 2, 35s);
   run_sim(b);
   // The survivors keep stepping: none waits longer than the round deadline plus a window.
-  auto deadline = std::chrono::duration<double>(o.round_timeout + o.window).count() + 2;
+  auto deadline = o.peer.collab.round_timeout +
+                  std::chrono::duration<double>(o.averager.matchmaking_window).count() + 2;
   for (auto who : {"peers.0", "peers.1"}) {
     CAPTURE(who);
     auto s = out->steps(who);
@@ -596,7 +597,7 @@ TEST_CASE("the survivors of a matchmaking leader that leaves average together an
     persistent = false;
   }
   CAPTURE(persistent);
-  o.persistent_rounds = persistent;
+  o.averager.family_groups = persistent;
   // A dry run finds when peers.0 matches for its third round (same seed and plan until then).
   auto dry = std::make_shared<captured>();
   run_sim(collaboration("dp-leader-leaves", 15, 12s, 3, o, dry));
@@ -605,7 +606,8 @@ TEST_CASE("the survivors of a matchmaking leader that leaves average together an
   auto& r = rounds[2];
   auto step = static_cast<uint64_t>(r.value("step"));
   // Inside its matchmaking window: late enough that the others joined it, before it closes.
-  auto at = r.t - r.value("round_s") + 0.6 * std::chrono::duration<double>(o.window).count();
+  auto at = r.t - r.value("round_s") +
+            0.6 * std::chrono::duration<double>(o.averager.matchmaking_window).count();
   CAPTURE(at);
   auto out = std::make_shared<captured>();
   auto ns = [](double s) {
@@ -628,7 +630,7 @@ TEST_CASE("the survivors of a matchmaking leader that leaves average together an
     if (!persistent)
       CHECK(it->step == step);
     CHECK(it->averaged);
-    CHECK(it->t - at <= std::chrono::duration<double>(o.window).count() + 0.5);
+    CHECK(it->t - at <= std::chrono::duration<double>(o.averager.matchmaking_window).count() + 0.5);
     // No step of its own from then on: the two stay one model.
     size_t later = 0;
     for (; it != s.end(); ++it, ++later)
@@ -679,8 +681,8 @@ caf::behavior metric_sink(caf::event_based_actor*, sim::world* w, std::shared_pt
 TEST_CASE("client-mode contributions are in the average, auxiliary ones are not, and nobody "
           "connects to a client") {
   auto o = small_options();
-  o.optimizer = "sgd";
-  o.lr = 0.1;
+  o.torch.optimizer.kind = "sgd";
+  o.torch.optimizer.lr = 0.1;
   const uint64_t seed = 15;
   sim::world_options wo;
   wo.seed = seed;
@@ -719,16 +721,16 @@ TEST_CASE("client-mode contributions are in the average, auxiliary ones are not,
     ao.key_prefix = "t/avg/";
     ao.bandwidth = i == client ? 0.0 : 1.0;
     ao.auxiliary = i == aux;
-    ao.matchmaking_window = std::chrono::duration_cast<caf::timespan>(o.window);
-    ao.poll_interval = std::chrono::duration_cast<caf::timespan>(o.window / 8);
-    ao.round_timeout = std::chrono::duration_cast<caf::timespan>(o.averager_timeout);
+    ao.matchmaking_window = o.averager.matchmaking_window;
+    ao.poll_interval = o.averager.matchmaking_window / 8;
+    ao.round_timeout = o.averager.round_timeout;
     auto avg = n.spawn("avg", actors::averager::averager_actor, dht, resolver, ao);
     dp::dp_peer_options po;
     po.address = n.endpoint() + "/peer";
     po.name = fmt::format("peers.{}", i);
     po.key_prefix = "t/dp";
-    po.compute_time = o.compute_time;
-    po.collab.progress.target_batch = o.target_batch;
+    po.compute_time = o.peer.compute_time;
+    po.collab.progress.target_batch = o.peer.collab.progress.target_batch;
     po.collab.progress.record_lifetime = 20;
     po.collab.progress.max_refresh = 10;
     po.collab.round_timeout = 10;
@@ -816,19 +818,22 @@ TEST_CASE(
     "a 16-peer modeled collaboration with churn in virtual time is deterministic for a seed") {
   dedloc_role_options o;
   o.backend = "modeled";
-  o.modeled_params = 20'000;
-  o.microbatch = 32;
-  o.target_batch = 512;
-  o.compute_time = 200ms;
+  o.modeled.numel = 20'000;
+  o.torch.stream.microbatch = 32;
+  o.peer.collab.progress.target_batch = 512;
+  o.peer.compute_time = 200ms;
   o.speeds = {1.0, 0.75, 0.5, 0.25};
   o.cycle = 16;
   o.clients = 2;
-  o.eval_every = 0;
+  o.peer.eval_every = 0;
   auto run = [&](uint64_t seed) {
     auto out = std::make_shared<captured>();
     auto b = collaboration("dp-16", seed, 30s, 16, o, out);
     b.graph().nodes = 4;
-    add_churn(b.graph(), "peers", 16, 0.2, seed);
+    churn_spec churn;
+    churn.role = "peers";
+    churn.per_minute = 0.2;
+    b.churn(churn);
     auto reg = builtin_registry();
     auto g = b.build(reg, run_mode::sim);
     REQUIRE(g.ok());
@@ -857,14 +862,14 @@ TEST_CASE(
 TEST_CASE("DiLoCo peers exchange Top-k pseudo-gradients through one reducer and share the outer "
           "state, at over 100 times fewer bytes than fp32") {
   auto o = small_options();
-  o.algorithm = "diloco";
-  o.target_batch = 256;
-  o.inner_batch = 32;
-  o.outer_codec = "topk";
-  o.outer_ratio = 0.005;
-  o.error_feedback = true;
-  o.outer_momentum = 0;
-  o.outer_nesterov = false;
+  o.peer.algo = dp::algorithm::diloco;
+  o.peer.collab.progress.target_batch = 256;
+  o.peer.inner_batch = 32;
+  o.peer.diloco.codec = kernels::codec_id::topk;
+  o.peer.diloco.codec_params.ratio = 0.005;
+  o.peer.diloco.error_feedback = true;
+  o.peer.diloco.outer.momentum = 0;
+  o.peer.diloco.outer.nesterov = false;
   o.cycle = 3;
   o.clients = 1; // peers.2 is a client: it never reduces
   auto out = std::make_shared<captured>();
@@ -928,11 +933,11 @@ TEST_CASE("after a lone step the peers average their state and end together agai
   // (With a matchmaking window per step, where the contrast shows; with persistent rounds, the
   // default, the last run below.)
   auto o = small_options();
-  o.persistent_rounds = false;
+  o.averager.family_groups = false;
   auto run = [&](bool resync, bool persistent = false) {
     auto x = o;
-    x.resync_after_lone_step = resync;
-    x.persistent_rounds = persistent;
+    x.peer.collab.resync_after_lone_step = resync;
+    x.averager.family_groups = persistent;
     auto out = std::make_shared<captured>();
     auto b = collaboration(resync ? "dp-resync-on" : "dp-resync-off", 16, 24s, 3, x, out);
     b.partition({{0}, {1}, {2}}, 5s, 9s);
@@ -973,6 +978,34 @@ TEST_CASE("after a lone step the peers average their state and end together agai
   CAPTURE(d_fast);
   REQUIRE(pairs_fast >= 1);
   CHECK(d_fast < bound);
+}
+
+TEST_CASE("the torch backend's MLP takes its input and class counts from the data") {
+  // Images of another shape than Fashion-MNIST's: 14x14 pixels, 5 classes.
+  auto images = kernels::idx_source::make(
+      std::make_shared<const kernels::image_set>(kernels::make_synthetic_images(64, 14, 5, 1)),
+      true);
+  REQUIRE(images.ok());
+  dp::torch_backend_options to;
+  to.model.width = 8;
+  to.model.layers = 1;
+  to.stream.microbatch = 4;
+  to.eval_samples = 16;
+  auto sized = [&](int64_t inputs, int64_t classes) {
+    auto o = to;
+    o.model.inputs = inputs;
+    o.model.classes = classes;
+    auto b = dp::make_torch_backend(o, *images, *images);
+    REQUIRE_MESSAGE(b.ok(), (b.ok() ? "" : b.error().what));
+    return std::move(*b);
+  };
+  auto from_data = sized(0, 0);
+  CHECK(from_data->numel() == sized(196, 5)->numel());
+  CHECK(from_data->numel() != sized(784, 10)->numel());
+  REQUIRE(from_data->compute(0).ok());
+  auto e = from_data->evaluate();
+  REQUIRE(e);
+  CHECK(e->samples == 16);
 }
 
 } // namespace starling::test::actors_dp_peer_test

@@ -178,6 +178,54 @@ TEST_CASE("the registry makes each kind by name and names the known kinds otherw
   CHECK((*tokens)->size() == 9); // windows of 8 every 7: starts 0, 7, ..., 56
 }
 
+TEST_CASE("every source says what its samples are to a model, and a split holds its held-out "
+          "part") {
+  auto set = std::make_shared<const image_set>(make_synthetic_images(20, 6, 5, 3));
+  auto flat = (*idx_source::make(set, true))->shape();
+  CHECK(flat.input == std::vector<int64_t>{36});
+  CHECK(flat.classes == 5);
+  CHECK((*idx_source::make(set, false))->shape().input == std::vector<int64_t>{1, 6, 6});
+  auto text = (*text_source::make(counting_corpus(), text_source_options{8, 0}))->shape();
+  CHECK(text.input == std::vector<int64_t>{8});
+  CHECK(text.classes == 256);
+
+  data_source_options o;
+  o.kind = "idx";
+  o.idx.dir = "/nonexistent";
+  o.idx.synthetic_when_absent = true;
+  o.idx.max_items = 50;
+  auto images = make_data_split(o);
+  REQUIRE_MESSAGE(images.ok(), (images.ok() ? "" : images.error().what));
+  CHECK(images->train->size() == 50);
+  REQUIRE(images->eval);
+  CHECK(images->eval->size() == 10000); // the test split, every image
+  CHECK(images->eval->shape().input == std::vector<int64_t>{784});
+  CHECK(images->eval->shape().classes == 10);
+
+  scratch_dir dir;
+  REQUIRE(
+      write_token_file(dir.file("t.bin"), std::vector<uint32_t>(64, 7), token_dtype::uint16).ok());
+  REQUIRE(
+      write_token_file(dir.file("v.bin"), std::vector<uint32_t>(15, 3), token_dtype::uint16).ok());
+  o.kind = "tokens";
+  o.tokens.file.path = dir.file("t.bin");
+  fit_to_model(o, 7, 8);
+  auto tokens = make_data_split(o);
+  REQUIRE(tokens.ok());
+  CHECK(tokens->train->shape().input == std::vector<int64_t>{7});
+  CHECK(tokens->train->shape().classes == 8);
+  CHECK_FALSE(tokens->eval); // no eval_path: no held-out source
+  auto before = cache_key(o);
+  o.eval_path = dir.file("v.bin");
+  CHECK(cache_key(o) != before);
+  tokens = make_data_split(o);
+  REQUIRE(tokens.ok());
+  REQUIRE(tokens->eval);
+  CHECK(tokens->eval->size() == 2); // windows of 8 every 7 in 15 tokens
+  o.eval_path = dir.file("absent.bin");
+  CHECK_FALSE(make_data_split(o).ok());
+}
+
 TEST_CASE("a loader's ids through a source give every window once per epoch") {
   auto s = text_source::make(counting_corpus(), text_source_options{8, 0});
   REQUIRE(s.ok());

@@ -66,34 +66,65 @@ TEST_CASE("configs/dedloc-fmnist.yaml and diloco-fmnist.yaml are 8 peers with 2 
       auto& o = std::any_cast<const dedloc_role_options&>(g.find("peers")->options);
       CHECK(o.cycle == 8);
       CHECK(o.clients == 2);
-      CHECK(o.target_batch >= 1024);
+      CHECK(o.peer.collab.progress.target_batch >= 1024);
       CHECK(o.speeds.front() == 1.0);
       CHECK(o.speeds.back() == 0.25);
+      auto p = make_plan(g, mode, 0, g.seed);
+      REQUIRE_MESSAGE(p.ok(), (p.ok() ? "" : p.error().what));
       // About 20% of 8 peers per minute over 3 minutes: a handful of leaves, each replaced.
       size_t joins = 0, leaves = 0;
-      for (auto& e : g.events)
-        (e.what == event_spec::kind::join ? joins : leaves)++;
+      for (auto& x : p->instances) {
+        joins += x.start > std::chrono::nanoseconds{0} ? 1 : 0;
+        leaves += x.leave ? 1 : 0;
+      }
       CHECK(leaves >= 2);
       CHECK(leaves <= 12);
       CHECK(joins + 1 >= leaves);
-      auto p = make_plan(g, mode, 0, g.seed);
-      REQUIRE_MESSAGE(p.ok(), (p.ok() ? "" : p.error().what));
     }
   }
 }
 
+namespace {
+
+/// The plan's joins and leaves of a graph with churn, in time order: (time, +index or -index).
+std::vector<std::pair<int64_t, std::string>> churn_events(const experiment_graph& g,
+                                                          uint64_t seed) {
+  auto p = make_plan(g, run_mode::sim, 0, seed);
+  REQUIRE_MESSAGE(p.ok(), (p.ok() ? "" : p.error().what));
+  std::vector<std::pair<int64_t, std::string>> out;
+  for (auto& x : p->instances) {
+    if (x.start > std::chrono::nanoseconds{0})
+      out.emplace_back(x.start.count(), fmt::format("+{}", x.index));
+    if (x.leave)
+      out.emplace_back(x.leave->count(), fmt::format("-{}", x.index));
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  return out;
+}
+
+/// A graph of `replicas` peers over `duration` with `churn` on them.
+experiment_graph churned(size_t replicas, std::chrono::nanoseconds duration, churn_spec churn) {
+  experiment_graph g;
+  g.duration = duration;
+  role_spec r;
+  r.name = "peers";
+  r.replicas = replicas;
+  g.roles.push_back(r);
+  churn.role = "peers";
+  g.churn.push_back(std::move(churn));
+  return g;
+}
+
+} // namespace
+
 TEST_CASE("the churn schedule is a function of the seed") {
   auto events = [](uint64_t seed) {
-    experiment_graph g;
-    g.duration = std::chrono::minutes(5);
-    role_spec r;
-    r.name = "peers";
-    g.roles.push_back(r);
-    add_churn(g, "peers", 8, 0.2, seed);
+    churn_spec c;
+    c.per_minute = 0.2;
     std::string out;
-    for (auto& e : g.events)
-      out += fmt::format("{}{}@{};", e.what == event_spec::kind::join ? "+" : "-", e.instance,
-                         e.at.count());
+    for (auto& [at, what] : churn_events(churned(8, std::chrono::minutes(5), c), seed))
+      out += fmt::format("{}@{};", what, at);
     return out;
   };
   CHECK(events(1) == events(1));
@@ -108,23 +139,18 @@ TEST_CASE("churn never takes the last peer that can hand the state to newcomers"
   auto full = [](size_t i) { return i % 4 < 2; };
   // Replays the schedule; true when a full-mode instance was live throughout.
   auto keeps_full = [&](uint64_t seed, bool guarded) {
-    experiment_graph g;
-    g.duration = std::chrono::minutes(10);
-    role_spec r;
-    r.name = "peers";
-    g.roles.push_back(r);
-    add_churn(g, "peers", 4, 6.0, seed, std::chrono::seconds(5), 2,
-              guarded ? std::function<bool(size_t)>(full) : std::function<bool(size_t)>{});
-    auto events = g.events;
-    std::stable_sort(events.begin(), events.end(),
-                     [](const event_spec& a, const event_spec& b) { return a.at < b.at; });
+    churn_spec c;
+    c.per_minute = 6.0;
+    if (guarded)
+      c.serves = full;
+    auto events = churn_events(churned(4, std::chrono::minutes(10), c), seed);
     std::set<size_t> live = {0, 1, 2, 3};
-    size_t next = 4;
-    for (auto& e : events) {
-      if (e.what == event_spec::kind::join)
-        live.insert(next++);
+    for (auto& [at, what] : events) {
+      auto index = static_cast<size_t>(std::stoul(what.substr(1)));
+      if (what[0] == '+')
+        live.insert(index);
       else
-        live.erase(e.instance);
+        live.erase(index);
       if (std::none_of(live.begin(), live.end(), full))
         return false;
     }
@@ -151,24 +177,77 @@ TEST_CASE("bad dedloc options are rejected with the key named") {
 }
 
 TEST_CASE("dedloc.resync_after_lone_step is true by default, false on request, and strict") {
-  CHECK(role("").resync_after_lone_step);
-  CHECK(role("  resync_after_lone_step: true\n").resync_after_lone_step);
-  CHECK_FALSE(role("  resync_after_lone_step: false\n").resync_after_lone_step);
+  CHECK(role("").peer.collab.resync_after_lone_step);
+  CHECK(role("  resync_after_lone_step: true\n").peer.collab.resync_after_lone_step);
+  CHECK_FALSE(role("  resync_after_lone_step: false\n").peer.collab.resync_after_lone_step);
   auto bad = section_error("  resync_after_lone_step: sometimes\n");
   CHECK(has(bad, "resync_after_lone_step"));
   CHECK(has(bad, "true or false"));
   CHECK(has(section_error("  resync_after_lone_steps: true\n"), "unknown key"));
-  CHECK(role("").persistent_rounds); // the default
-  CHECK_FALSE(role("  persistent_rounds: false\n").persistent_rounds);
-  CHECK(role("  persistent_rounds: true\n").persistent_rounds);
+  CHECK(role("").averager.family_groups); // the default
+  CHECK_FALSE(role("  persistent_rounds: false\n").averager.family_groups);
+  CHECK(role("  persistent_rounds: true\n").averager.family_groups);
   CHECK(has(section_error("  persistent_rounds: 2\n"), "persistent_rounds"));
-  CHECK(role("").resync_by_download); // the default
-  CHECK_FALSE(role("  resync_by_download: false\n").resync_by_download);
+  CHECK(role("").peer.collab.resync_by_download); // the default
+  CHECK_FALSE(role("  resync_by_download: false\n").peer.collab.resync_by_download);
+}
+
+TEST_CASE("dedloc's keys land in the options of the components they configure, --set too") {
+  auto o = role("  window: 3s\n  averager_timeout: 7s\n  codec: fp16\n  group_size: 5\n"
+                "  round_timeout: 12s\n  record_lifetime: 40s\n  mode: client\n"
+                "  algorithm: diloco\n  outer_codec: blockwise8\n  outer_ratio: 0.01\n"
+                "  outer_lr: 0.5\n  inner_batch: 64\n  lr: 0.01\n  optimizer: sgd\n"
+                "  microbatch: 16\n  width: 48\n  modeled_params: 999\n  eval_every: 3\n");
+  CHECK(o.averager.matchmaking_window == std::chrono::seconds(3));
+  CHECK(o.averager.round_timeout == std::chrono::seconds(7));
+  CHECK(o.averager.codec == kernels::codec_id::fp16);
+  CHECK(o.averager.target_group_size == 5);
+  CHECK(o.peer.collab.round_timeout == 12.0);
+  CHECK(o.peer.collab.progress.record_lifetime == 40.0);
+  CHECK(o.peer.collab.mode == actors::collab::peer_mode::client);
+  CHECK(o.peer.algo == actors::dp_peer::algorithm::diloco);
+  CHECK(o.peer.diloco.codec == kernels::codec_id::blockwise8);
+  CHECK(o.peer.diloco.codec_params.ratio == 0.01);
+  CHECK(o.peer.diloco.outer.lr == 0.5);
+  CHECK(o.peer.inner_batch == 64);
+  CHECK(o.peer.eval_every == 3);
+  CHECK(o.torch.optimizer.lr == 0.01);
+  CHECK(o.torch.optimizer.kind == "sgd");
+  CHECK(o.torch.stream.microbatch == 16);
+  CHECK(o.torch.model.width == 48);
+  CHECK(o.modeled.numel == 999);
+  // The kind's defaults where they differ from the components' own.
+  auto d = role("");
+  CHECK(d.averager.target_group_size == 64);
+  CHECK(d.averager.round_timeout == std::chrono::seconds(15));
+  CHECK(d.peer.collab.progress.target_batch == 1024);
+  CHECK(d.peer.inner_batch == 128);
+  CHECK(d.torch.model.width == 128);
+  CHECK(d.data.kind == "idx");
+  // The same keys through `--set`.
+  auto root =
+      load_yaml_string("experiment: {name: x, kind: dedloc}\ndedloc:\n  peers: 2\n", "x.yaml");
+  for (auto set : {"dedloc.window=4s", "dedloc.outer_codec=none", "dedloc.record_lifetime=50s"})
+    REQUIRE(apply_override(root, set).ok());
+  auto cfg = read_experiment(root, builtin_registry(), {});
+  auto& s = std::any_cast<const dedloc_role_options&>(cfg.graph.find("peers")->options);
+  CHECK(s.averager.matchmaking_window == std::chrono::seconds(4));
+  CHECK(s.peer.diloco.codec == kernels::codec_id::none);
+  CHECK(s.peer.collab.progress.record_lifetime == 50.0);
+  CHECK(has(section_error("  codec: topk\n"), "one of none | fp16 | blockwise8 | quantile8"));
+}
+
+TEST_CASE("dedloc.data is read by swarm.data's reader, with the kinds dedloc trains on") {
+  CHECK(has(section_error("  data: {kind: text}\n"), "one of idx | tokens"));
+  CHECK(has(section_error("  data: {kind: idx, path: a.bin}\n"), "belong to kind: tokens"));
+  CHECK(has(section_error("  data: {kind: idx, stride: 4}\n"), "belongs to kind: text or tokens"));
+  CHECK(has(section_error("  data: {kind: tokens}\n"), "missing required key 'path'"));
+  CHECK(has(section_error("  data: {kind: idx, bogus: 1}\n"), "bogus"));
 }
 
 TEST_CASE("dedloc.delay_updates is off by default and belongs to algorithm dedloc") {
-  CHECK_FALSE(role("").delay_updates);
-  CHECK(role("  delay_updates: true\n").delay_updates);
+  CHECK_FALSE(role("").peer.collab.delay_updates);
+  CHECK(role("  delay_updates: true\n").peer.collab.delay_updates);
   CHECK(has(section_error("  delay_updates: later\n"), "delay_updates"));
   auto diloco = section_error("  algorithm: diloco\n  delay_updates: true\n");
   CHECK(has(diloco, "delay_updates belongs to algorithm dedloc"));
