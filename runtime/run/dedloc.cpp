@@ -204,7 +204,8 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
   auto codec = codec_of(o.codec);
   po.wire_bytes_per_element = wire_bytes(codec);
   caf::actor averager;
-  if (po.algo == dp::algorithm::dedloc) {
+  {
+    // DiLoCo's rounds are the averager's Top-k rounds (the peer asks for them; no chunk codec).
     actors::averager::averager_options ao;
     ao.key_prefix = ctx.key_prefix() + "/avg/";
     ao.bandwidth = mode == actors::collab::peer_mode::client ? 0.0 : 1.0;
@@ -214,7 +215,7 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
     ao.matchmaking_window = std::chrono::duration_cast<caf::timespan>(o.window);
     ao.poll_interval = std::chrono::duration_cast<caf::timespan>(o.window / 8);
     ao.round_timeout = std::chrono::duration_cast<caf::timespan>(o.averager_timeout);
-    ao.codec = codec;
+    ao.codec = po.algo == dp::algorithm::diloco ? kernels::codec_id::none : codec;
     // The peer hands over fresh vectors (its step's mean gradient, its state flattened) that
     // nothing else reads while the round runs: the result is written into them, one vector
     // less resident. (After a failed round it steps on its gradient as it then stands: its own
