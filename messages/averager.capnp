@@ -47,6 +47,8 @@ struct RoundReport {
   elapsedNs @10 :Int64;
   roundNs @11 :Int64;
   planeLinks @12 :UInt32;
+  topkBytesSent @13 :UInt64;
+  topkBytesReceived @14 :UInt64;
 }
 
 struct TensorList {

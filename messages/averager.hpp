@@ -135,13 +135,18 @@ struct round_report {
   int64_t round_ns = 0;
   /// Other members this peer sent to over the averagers' data plane (the rest: BASP).
   uint32_t plane_links = 0;
+  /// A Top-k round (actors/averager/sparse_parts.hpp): bytes of chunk values this member sent
+  /// and received up to the reply (packed nonzeros over BASP, 4 per element over a direct link;
+  /// the chunk metas not counted). 0 in dense rounds.
+  uint64_t topk_bytes_sent = 0;
+  uint64_t topk_bytes_received = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, round_report& x) {
   return f(caf::meta::type_name("round_report"), x.group_key, x.group_id, x.members, x.self,
            x.parts, x.outcome, x.averaged, x.kept, x.failed, x.detail, x.elapsed_ns,
-           x.round_ns, x.plane_links);
+           x.round_ns, x.plane_links, x.topk_bytes_sent, x.topk_bytes_received);
 }
 
 // -- request and result ------------------------------------------------------------------------

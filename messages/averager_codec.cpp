@@ -94,6 +94,8 @@ void write_report(wire::RoundReport::Builder b, const round_report& x) {
   b.setElapsedNs(x.elapsed_ns);
   b.setRoundNs(x.round_ns);
   b.setPlaneLinks(x.plane_links);
+  b.setTopkBytesSent(x.topk_bytes_sent);
+  b.setTopkBytesReceived(x.topk_bytes_received);
 }
 
 round_report read_report(wire::RoundReport::Reader r) {
@@ -122,6 +124,8 @@ round_report read_report(wire::RoundReport::Reader r) {
   x.elapsed_ns = r.getElapsedNs();
   x.round_ns = r.getRoundNs();
   x.plane_links = r.getPlaneLinks();
+  x.topk_bytes_sent = r.getTopkBytesSent();
+  x.topk_bytes_received = r.getTopkBytesReceived();
   return x;
 }
 

@@ -6,7 +6,6 @@
 #include <caf/actor_system_config.hpp>
 
 #include "messages/averager.hpp"
-#include "messages/collab.hpp"
 #include "messages/swarm.hpp"
 #include "messages/dht.hpp"
 #include "messages/chunked.hpp"
@@ -56,8 +55,6 @@ void register_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<avg_chunk>("starling.avg_chunk");
   cfg.add_message_type<avg_ack>("starling.avg_ack");
   cfg.add_message_type<metric_event>("starling.metric_event");
-  cfg.add_message_type<wire_tensor_msg>("starling.wire_tensor");
-  cfg.add_message_type<diloco_contribution>("starling.diloco_contribution");
   // Counter lists: a stage peer's `(status_atom)` reply, a board's peers per stage.
   cfg.add_message_type<std::vector<uint64_t>>("starling.u64_list");
 }

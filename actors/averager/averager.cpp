@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include "actors/averager/codec_choice.hpp"
+#include "actors/averager/sparse_parts.hpp"
 #include "actors/averager/matchmaker.hpp"
 #include "actors/averager/round_engine.hpp"
 #include "actors/transfer/transport.hpp"
@@ -145,6 +146,10 @@ struct job {
   std::string group_key;
   std::vector<tensor_msg> inputs;
   double weight = 1;
+  /// A Top-k round (sparse_parts.hpp) keeping this fraction of each part; 0: a dense round.
+  double topk_ratio = 0;
+  /// Top-k round: the reducer's error feedback on its re-sparsified parts.
+  bool topk_error_feedback = false;
   caf::response_promise rp;
   at::Tensor flat;
   caf::actor_clock::time_point started;
@@ -182,6 +187,11 @@ struct round_state {
   /// What the choice saw (codec_chooser::describe), for the report, and the vector's elements.
   std::string choice;
   int64_t elements = 0;
+  /// A Top-k round: chunks travel as `sparse_chunk` bytes over BASP; the bytes of chunk values
+  /// sent and received (round_report::topk_bytes_*).
+  bool sparse = false;
+  uint64_t sparse_sent = 0;
+  uint64_t sparse_received = 0;
 };
 
 class shell : public std::enable_shared_from_this<shell> {
@@ -305,6 +315,8 @@ private:
   uint64_t round_epoch_ = 0;
   /// `adaptive_codec`: the choice, fed with codec profiles and link throughput.
   std::optional<codec_chooser> chooser_;
+  /// Top-k rounds: the reducer's error feedback over the whole vector (sparse_parts.hpp).
+  std::optional<sparse_part_finisher> finisher_;
   /// `codec: auto`: the chooser's round count when the codecs were last profiled.
   uint64_t profiled_at_ = 0;
   static constexpr uint64_t profile_every = 16;
@@ -649,6 +661,24 @@ void shell::start_round(uint64_t id, std::vector<messages::member_info> members)
   eo.reducer = opts_.reducer;
   eo.hash_parts = opts_.hash_parts;
   eo.input_finite = true; // start_next checked the flat vector
+  if (cur_->topk_ratio > 0) {
+    // Top-k parts: the members' vectors are sparse already and travel as their nonzeros; this
+    // reducer re-sparsifies its part with its own residual over the whole vector. A chunk
+    // carries about `chunk_bytes` of nonzeros, not of elements.
+    r.sparse = true;
+    r.codec = kernels::codec_id::none;
+    if (!finisher_ || finisher_->ratio() != cur_->topk_ratio
+        || finisher_->error_feedback() != cur_->topk_error_feedback)
+      finisher_.emplace(cur_->topk_ratio, cur_->topk_error_feedback);
+    auto numel = cur_->flat.numel();
+    r.elements = numel;
+    eo.finish_part = [this, numel](int64_t offset, at::Tensor& values) {
+      return finisher_->finish(numel, offset, values);
+    };
+    auto scaled = static_cast<double>(eo.chunk_elems) / cur_->topk_ratio;
+    eo.chunk_elems = scaled >= 4.0e18 ? std::numeric_limits<int64_t>::max()
+                                      : static_cast<int64_t>(scaled);
+  }
   auto own = plan->sizes[self];
   r.engine = std::make_unique<round_engine>(
       id, std::move(*plan), self, cur_->flat, cur_->weight, std::move(eo), *r.sink,
@@ -790,7 +820,11 @@ void shell::use_link(uint32_t i) {
 
 void shell::send_chunk(uint32_t to, const out_chunk_ptr& c) {
   auto& r = *round_;
-  if (r.links[to] == link_mode::plane) {
+  // Top-k rounds send their small chunks packed over BASP; a direct link (dense, lossless too)
+  // only where BASP has no handle to the member.
+  if (r.links[to] == link_mode::plane && !(r.sparse && r.handles[to])) {
+    if (r.sparse && c->values.defined())
+      r.sparse_sent += static_cast<uint64_t>(c->values.numel()) * 4;
     auto& info = remotes_[r.members[to].address];
     std::shared_ptr<transfer::outgoing_payload> payload;
     if (c->values.defined()) {
@@ -824,7 +858,14 @@ void shell::send_chunk(uint32_t to, const out_chunk_ptr& c) {
   m.offset = c->meta.offset;
   m.contributors = c->meta.contributors;
   m.error = c->meta.error;
-  if (c->values.defined()) {
+  if (c->values.defined() && r.sparse) {
+    if (auto packed = encode_sparse_chunk(c->values); packed) {
+      m.encoded.assign(packed->begin(), packed->end());
+      r.sparse_sent += m.encoded.size();
+    } else { // not expected (the values are finite): the receiver refuses it as malformed
+      m.encoded.clear();
+    }
+  } else if (c->values.defined()) {
     tensor_msg tm{c->values, r.codec, opts_.codec_params, {}};
     if (r.codec == kernels::codec_id::none) {
       m.values = std::move(tm);
@@ -883,7 +924,18 @@ void shell::on_plane_chunk(avg_chunk& c, const std::string& peer) {
 
 void shell::deliver(const avg_chunk& c) {
   at::Tensor values;
-  if (c.error.empty()) {
+  auto& r = *round_;
+  if (c.error.empty() && r.sparse) {
+    if (!c.encoded.empty()) {
+      r.sparse_received += c.encoded.size();
+      auto bytes = reinterpret_cast<const uint8_t*>(c.encoded.data());
+      if (auto t = decode_sparse_chunk(bytes, c.encoded.size(), r.elements); t)
+        values = std::move(*t);
+    } else if (c.values.ok() && c.values.tensor.defined()) { // over a direct link
+      values = c.values.tensor;
+      r.sparse_received += static_cast<uint64_t>(values.numel()) * 4;
+    }
+  } else if (c.error.empty()) {
     if (!c.encoded.empty()) {
       tensor_msg tm;
       if (auto st = messages::load_tensor(c.encoded, tm); st)
@@ -963,6 +1015,8 @@ void shell::reply_round() {
                          + std::string{kernels::to_string(r.codec)} + " (" + r.choice + ")";
   for (auto m : r.links)
     res.report.plane_links += m == link_mode::plane ? 1 : 0;
+  res.report.topk_bytes_sent = r.sparse_sent;
+  res.report.topk_bytes_received = r.sparse_received;
   res.report.round_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(self_->clock().now() - r.started)
           .count();
@@ -1056,6 +1110,25 @@ caf::behavior shell::make_behavior() {
         j.group_key = std::move(key);
         j.inputs = std::move(tl.tensors);
         j.weight = weight;
+        auto rp = me->self_->make_response_promise();
+        j.rp = rp;
+        me->queue_.push_back(std::move(j));
+        if (!me->cur_)
+          me->start_next();
+        return rp;
+      },
+      [me](average_atom, std::string key, tensor_list tl, double weight, double topk_ratio,
+           bool error_feedback) -> caf::result<average_result> {
+        if (!(topk_ratio > 0 && topk_ratio <= 1))
+          return caf::make_error(caf::sec::invalid_argument,
+                                 fmt::format("a Top-k round keeps a fraction in (0, 1] of each "
+                                             "part, got {}", topk_ratio));
+        job j;
+        j.group_key = std::move(key);
+        j.inputs = std::move(tl.tensors);
+        j.weight = weight;
+        j.topk_ratio = topk_ratio;
+        j.topk_error_feedback = error_feedback;
         auto rp = me->self_->make_response_promise();
         j.rp = rp;
         me->queue_.push_back(std::move(j));

@@ -6,6 +6,11 @@
 // averaged with whom. A single contiguous fp32 CPU tensor is averaged without a copy: the caller
 // must not modify it in place until the reply (nor read it as its own values after cancelling:
 // a part's result may still be written into it; actors/collab/settle.hpp hands over a copy).
+// `(average_atom, group_key, tensor_list, weight, double topk_ratio, bool error_feedback)` asks for
+// a Top-k round (sparse_parts.hpp: DiLoCo's pseudo-gradients): the input is sparse already, its
+// chunks travel as their nonzeros, and each reducer re-sparsifies its part's mean keeping
+// `topk_ratio` of it, with error feedback over its own whole-vector residual when asked. Every
+// member of the group must ask for the same kind of round.
 // `(average_atom, stop_atom, group_key)` cancels the request for `group_key`, running or queued
 // (answered with an error; a running round's group treats this peer as gone), and nothing else;
 // `(average_atom, stop_atom)` cancels whatever request runs now. Requests are served

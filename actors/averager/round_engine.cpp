@@ -255,6 +255,9 @@ void round_engine::maybe_reduce(bool deadline) {
   for (auto p : plan_.senders())
     reducer_->exclude(p); // incomplete ones are cut
   auto out = reducer_->reduce();
+  if (out && opts_.finish_part)
+    if (auto st = opts_.finish_part(plan_.offsets[self_], out->values); !st)
+      out = fail(st.what());
   auto size = plan_.sizes[self_];
   std::vector<uint32_t> common;
   if (out) {
@@ -294,7 +297,7 @@ void round_engine::maybe_reduce(bool deadline) {
 }
 
 void round_engine::stream_results() {
-  if (reduced_ || !reducer_ || opts_.reducer)
+  if (reduced_ || !reducer_ || opts_.reducer || opts_.finish_part)
     return;
   auto size = plan_.sizes[self_];
   auto from = streamed_end_;

@@ -29,6 +29,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -91,6 +92,11 @@ struct round_engine_options {
   /// The member's own vector is known to be finite (its shell checked it): its own part is not
   /// read once more for that.
   bool input_finite = false;
+  /// Applied to the own part's reduced values (1-D fp32, changed in place; the argument before
+  /// them is the part's offset in the vector) before they go out, e.g. Top-k with the reducer's
+  /// error feedback (sparse_parts.hpp); a failure fails the part's reduction. Set, the results
+  /// go out only after the reduction (no streaming of finished ranges before it).
+  std::function<status(int64_t offset, at::Tensor& values)> finish_part;
 };
 
 /// What a round produced for its member.

@@ -6,9 +6,10 @@
 // SparseLoCo and DeMo do) they move more than 100× fewer bytes than fp32, counted in both
 // directions. Top-k and error feedback are kernels/compress's; the wire form is `sparse_pack`.
 //
-// Averaging is the owner's: with one reducer (`diloco_reducer`) per part of the vector, every
-// peer sends its `outgoing()` wire tensor to the part's reducer and applies what comes back with
-// `outer_step`. Every peer applies the same bytes, so peers that start equal stay equal.
+// Averaging is the owner's: the dp peer hands `outgoing()`, decoded, to the averager's Top-k
+// rounds (actors/averager/sparse_parts.hpp: each part's reducer re-sparsifies with its own EF)
+// and applies the average with `outer_step`; `diloco_reducer` is that reduction for one reducer
+// of the whole vector. Every peer applies the same bytes, so peers that start equal stay equal.
 #pragma once
 
 #include <cstdint>

@@ -100,8 +100,6 @@ void peer_shell::take(uint64_t id, uint64_t samples) {
 
 void peer_shell::start_round(const collab::start_round& r) {
   take(r.id, r.samples);
-  if (model_->run_round(r))
-    return;
   auto id = r.id;
   auto key = opts_.gradient_key(r.step);
   auto& t = taken_[id];
@@ -110,10 +108,14 @@ void peer_shell::start_round(const collab::start_round& r) {
   messages::tensor_list tl;
   tl.tensors.push_back(messages::tensor_msg{averaging_input{t.mean}.for_averager(),
                                             kernels::codec_id::none, {}, {}});
-  self_
-    ->request(opts_.averager, span_of(r.deadline - now() + 1.0), average_atom::value,
-              std::move(key), std::move(tl), t.weight)
-    .then(
+  auto timeout = span_of(r.deadline - now() + 1.0);
+  auto request = opts_.topk_ratio > 0
+                   ? self_->request(opts_.averager, timeout, average_atom::value, std::move(key),
+                                    std::move(tl), t.weight, opts_.topk_ratio,
+                                    opts_.topk_error_feedback)
+                   : self_->request(opts_.averager, timeout, average_atom::value, std::move(key),
+                                    std::move(tl), t.weight);
+  request.then(
       [this, id](messages::average_result& res) {
         using messages::round_outcome;
         auto t = taken_.find(id);

@@ -103,10 +103,6 @@ public:
 
   /// State round `id` for `step` ended, its average loaded or not.
   virtual void state_round_ended(uint64_t id, uint64_t step, bool resync, bool loaded) {}
-
-  /// A round the model runs itself rather than through the averager (DiLoCo): true when it took
-  /// round `r` (it then answers the core itself). Its gradient is taken out already.
-  virtual bool run_round(const start_round& r) { return false; }
 };
 
 /// Where the shell's messages go and how it names things.
@@ -128,6 +124,12 @@ struct peer_shell_options {
   bool auxiliary = false;
   /// Timeout of DHT puts and reads (0: the core's `read_timeout`).
   caf::timespan rpc_timeout{0};
+  /// Gradient rounds as Top-k rounds of the averager (averager.hpp; DiLoCo's pseudo-gradients,
+  /// which the model hands over sparse already): the fraction each reducer keeps of its part,
+  /// 0 for dense rounds.
+  double topk_ratio = 0;
+  /// Top-k rounds: the reducers' error feedback on their re-sparsified parts.
+  bool topk_error_feedback = false;
 };
 
 /// The shell (see the file comment). A member of the model's actor state.

@@ -17,7 +17,6 @@
 #include "actors/stage/state_parts.hpp"
 #include "messages/atoms.hpp"
 #include "messages/averager.hpp"
-#include "messages/collab.hpp"
 #include "messages/metrics.hpp"
 #include "messages/swarm.hpp"
 
@@ -31,15 +30,11 @@ using collab::seconds;
 using collab::span_of;
 using dp_tick_atom = caf::atom_constant<caf::atom("dp_tick")>;
 using dp_wake_atom = caf::atom_constant<caf::atom("dp_wake")>;
-using dp_gather_atom = caf::atom_constant<caf::atom("dp_gather")>;
 using dp_start_atom = caf::atom_constant<caf::atom("dp_start")>;
 
 caf::timespan span_of(std::chrono::nanoseconds d) {
   return std::chrono::duration_cast<caf::timespan>(d);
 }
-
-/// How long DiLoCo members gather under a round's key before they pick its reducer.
-constexpr seconds diloco_window = 2.0;
 
 const char* mode_name(collab::peer_mode m) {
   switch (m) {
@@ -53,39 +48,6 @@ const char* mode_name(collab::peer_mode m) {
   return "?";
 }
 
-messages::wire_tensor_msg to_msg(const collab::wire_tensor& w) {
-  messages::wire_tensor_msg m;
-  m.dtype = static_cast<uint8_t>(w.header.dtype);
-  m.shape = w.header.shape;
-  m.codec = static_cast<uint8_t>(w.header.codec);
-  m.ratio = w.header.params.ratio;
-  m.k = w.header.params.k;
-  m.seed = w.header.params.seed;
-  m.block_size = w.header.params.block_size;
-  m.sample_size = w.header.params.sample_size;
-  m.index_bits = w.header.params.index_bits;
-  m.chunk_bytes = w.header.params.chunk_bytes;
-  m.bytes.assign(w.bytes.begin(), w.bytes.end());
-  return m;
-}
-
-collab::wire_tensor from_msg(const messages::wire_tensor_msg& m) {
-  // Out-of-range enums are caught by `decode_wire`'s header validation.
-  collab::wire_tensor w;
-  w.header.dtype = static_cast<kernels::wire_dtype>(m.dtype);
-  w.header.shape = m.shape;
-  w.header.codec = static_cast<kernels::codec_id>(m.codec);
-  w.header.params.ratio = m.ratio;
-  w.header.params.k = m.k;
-  w.header.params.seed = m.seed;
-  w.header.params.block_size = m.block_size;
-  w.header.params.sample_size = m.sample_size;
-  w.header.params.index_bits = m.index_bits;
-  w.header.params.chunk_bytes = m.chunk_bytes;
-  w.bytes.assign(m.bytes.begin(), m.bytes.end());
-  return w;
-}
-
 /// A gradient taken out for a round, with the microbatches in it.
 struct taken_round {
   collab::taken_gradient g;
@@ -97,26 +59,6 @@ struct taken_round {
   /// What the averager said (group size, parts' smallest contributor count).
   double group = 1;
   double contributors = 1;
-  /// DiLoCo: the round's compressed average.
-  std::optional<collab::wire_tensor> wire;
-};
-
-/// A DiLoCo round this peer reduces.
-struct reducer_round {
-  uint64_t round_id = 0;
-  uint64_t step = 0;
-  /// Members expected to contribute (this peer included when it contributes).
-  size_t expected = 0;
-  size_t added = 0;
-  /// Contributors waiting for the result.
-  std::vector<caf::response_promise> waiting;
-  bool finished = false;
-};
-
-/// Contributions that came before this peer decided on a round.
-struct early_contribution {
-  messages::diloco_contribution c;
-  caf::response_promise rp;
 };
 
 struct peer_state {
@@ -145,12 +87,8 @@ struct peer_state {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   uint64_t microbatches = 0;
-  // DiLoCo
+  /// DiLoCo: the outer step and the EF stream of this peer's pseudo-gradients.
   std::optional<collab::diloco_peer> diloco;
-  std::optional<collab::diloco_reducer> reducer;
-  std::map<std::string, reducer_round> reducing;
-  std::map<std::string, std::vector<early_contribution>> early;
-  std::set<std::string> not_reducing;
 
   static inline const char* name = "dp_peer";
 };
@@ -181,11 +119,6 @@ void carry(peer_actor* self, std::vector<collab::effect> es) {
   self->state.shell->carry(std::move(es));
 }
 
-/// Whether the core still waits for gradient round `id`.
-bool round_live(peer_actor* self, uint64_t id) {
-  auto& s = self->state;
-  return s.shell && s.shell->round_live(id) && s.taken.count(id) > 0;
-}
 void schedule_tick(peer_actor* self, bool fresh);
 
 /// The handle of `address`, resolved once.
@@ -267,6 +200,11 @@ void report_dropped(peer_actor* self, uint64_t first, uint64_t microbatches, uin
 
 // -- DeDLOC rounds -------------------------------------------------------------------------------
 
+/// DiLoCo with Top-k pseudo-gradients: gradient rounds are the averager's Top-k rounds.
+bool topk_rounds(const dp_peer_options& o) {
+  return o.algo == algorithm::diloco && o.diloco.codec == kernels::codec_id::topk;
+}
+
 /// Bytes that one averaging round moved for this member: its contribution to every other
 /// reducer and the results back, plus what its own part received and sent as a reducer.
 void count_round_bytes(peer_actor* self, const messages::round_report& r) {
@@ -293,199 +231,6 @@ void count_round_bytes(peer_actor* self, const messages::round_report& r) {
                     + (aux ? 0.0 : static_cast<double>(others) * b);
   s.bytes_sent += static_cast<uint64_t>(sent);
   s.bytes_received += static_cast<uint64_t>(received);
-}
-
-// -- DiLoCo rounds -------------------------------------------------------------------------------
-
-std::string diloco_key(const dp_peer_options& o, uint64_t step) {
-  return fmt::format("{}/diloco/{}", o.key_prefix, step);
-}
-
-void finish_reduction(peer_actor* self, const std::string& round) {
-  auto& s = self->state;
-  auto it = s.reducing.find(round);
-  if (it == s.reducing.end() || it->second.finished)
-    return;
-  auto& rr = it->second;
-  rr.finished = true;
-  auto& red = *s.reducer;
-  bool own = s.opts.collab.mode != collab::peer_mode::auxiliary;
-  auto recipients = rr.waiting.size();
-  if (red.contributions() == 0) {
-    for (auto& rp : rr.waiting)
-      rp.deliver(caf::make_error(caf::sec::runtime_error, "no contribution reached the reducer"));
-    if (core_of(self) && own)
-      carry(self, core_of(self)->round_failed(rr.round_id, now_s(self)));
-    return;
-  }
-  auto w = red.finish(std::max<size_t>(recipients, 1));
-  if (!w) {
-    for (auto& rp : rr.waiting)
-      rp.deliver(caf::make_error(caf::sec::runtime_error, w.error().what));
-    if (core_of(self))
-      carry(self, core_of(self)->round_failed(rr.round_id, now_s(self)));
-    return;
-  }
-  auto msg = to_msg(*w);
-  for (auto& rp : rr.waiting) {
-    s.bytes_sent += w->size();
-    rp.deliver(msg);
-  }
-  rr.waiting.clear();
-  auto t = s.taken.find(rr.round_id);
-  if (!core_of(self) || t == s.taken.end() || !round_live(self, rr.round_id))
-    return;
-  t->second.wire = *w;
-  t->second.group = static_cast<double>(rr.expected);
-  t->second.contributors = static_cast<double>(rr.added);
-  carry(self, core_of(self)->round_done(rr.round_id, now_s(self), rr.expected));
-}
-
-void add_contribution(peer_actor* self, const std::string& round,
-                      const messages::diloco_contribution& c, caf::response_promise rp) {
-  auto& s = self->state;
-  auto& rr = s.reducing[round];
-  if (rr.finished) {
-    rp.deliver(caf::make_error(caf::sec::runtime_error, "the round was already reduced"));
-    return;
-  }
-  auto w = from_msg(c.delta);
-  if (auto st = s.reducer->add(w, c.weight); !st) {
-    rp.deliver(caf::make_error(caf::sec::invalid_argument, st.what()));
-    return;
-  }
-  s.bytes_received += w.size();
-  rr.added++;
-  rr.waiting.push_back(std::move(rp));
-  if (rr.added >= rr.expected)
-    finish_reduction(self, round);
-}
-
-/// The round's members have gathered under its key: pick the reducer and send to it (or reduce).
-void diloco_gathered(peer_actor* self, uint64_t id, uint64_t step,
-                     const std::vector<messages::dht_record>& records) {
-  auto& s = self->state;
-  auto t = s.taken.find(id);
-  if (!core_of(self) || t == s.taken.end() || !round_live(self, id))
-    return;
-  auto round = diloco_key(s.opts, step);
-  std::string reducer;
-  size_t contributors = 0;
-  std::set<std::string> seen;
-  auto consider = [&](const std::string& address, char mode) {
-    if (!seen.insert(address).second)
-      return;
-    if (mode != 'a')
-      contributors++;
-    if (mode != 'c' && (reducer.empty() || address < reducer))
-      reducer = address;
-  };
-  consider(s.opts.address, s.opts.collab.mode == collab::peer_mode::client      ? 'c'
-                           : s.opts.collab.mode == collab::peer_mode::auxiliary ? 'a'
-                                                                                : 'f');
-  for (auto& r : records)
-    if (r.has_subkey && r.value.size() == 1)
-      consider(r.subkey, r.value[0]);
-  bool contributes = s.opts.collab.mode != collab::peer_mode::auxiliary;
-  if (reducer.empty() || contributors < 2) {
-    // Alone (or nobody may reduce): no exchange.
-    carry(self, core_of(self)->round_failed(id, now_s(self)));
-    return;
-  }
-  if (reducer == s.opts.address) {
-    auto& rr = s.reducing[round];
-    rr.round_id = id;
-    rr.step = step;
-    rr.expected = contributors;
-    if (contributes && t->second.g.samples > 0
-        && s.reducer->add(*t->second.wire, static_cast<double>(t->second.g.samples)).ok())
-      rr.added++;
-    else if (contributes)
-      rr.expected--; // nothing of its own to add
-    auto early = std::move(s.early[round]);
-    s.early.erase(round);
-    for (auto& e : early)
-      add_contribution(self, round, e.c, std::move(e.rp));
-    if (rr.added >= rr.expected)
-      finish_reduction(self, round);
-    else
-      self->delayed_send(self, span_of(s.opts.collab.round_timeout / 2), dp_gather_atom::value,
-                         round);
-    return;
-  }
-  // Someone else reduces: contributions sent here early go back with an error.
-  s.not_reducing.insert(round);
-  for (auto& e : s.early[round])
-    e.rp.deliver(caf::make_error(caf::sec::runtime_error, "not this round's reducer"));
-  s.early.erase(round);
-  if (!contributes || t->second.g.samples == 0) {
-    carry(self, core_of(self)->round_failed(id, now_s(self)));
-    return;
-  }
-  messages::diloco_contribution c;
-  c.round = round;
-  c.sender = s.opts.address;
-  c.weight = static_cast<double>(t->second.g.samples);
-  c.delta = to_msg(*t->second.wire);
-  auto sent = t->second.wire->size();
-  auto timeout = span_of(s.opts.collab.round_timeout);
-  with_handle(
-    self, reducer,
-    [=](caf::actor a) {
-      self->state.bytes_sent += sent;
-      self->request(a, timeout, c)
-        .then(
-          [=](messages::wire_tensor_msg& m) {
-            auto& st = self->state;
-            auto it = st.taken.find(id);
-            if (!core_of(self) || it == st.taken.end() || !round_live(self, id))
-              return;
-            auto w = from_msg(m);
-            st.bytes_received += w.size();
-            it->second.wire = std::move(w);
-            it->second.group = static_cast<double>(contributors);
-            it->second.contributors = static_cast<double>(contributors);
-            carry(self, core_of(self)->round_done(id, now_s(self), contributors));
-          },
-          [=](caf::error&) {
-            forget_handle(self, reducer);
-            auto& st = self->state;
-            auto it = st.taken.find(id);
-            if (core_of(self) && it != st.taken.end() && round_live(self, id))
-              carry(self, core_of(self)->round_failed(id, now_s(self)));
-          });
-    },
-    [=](std::string) {
-      auto& st = self->state;
-      auto it = st.taken.find(id);
-      if (core_of(self) && it != st.taken.end() && round_live(self, id))
-        carry(self, core_of(self)->round_failed(id, now_s(self)));
-    });
-}
-
-void start_diloco_round(peer_actor* self, const collab::start_round& r) {
-  auto& s = self->state;
-  auto& t = s.taken[r.id];
-  if (s.opts.collab.mode != collab::peer_mode::auxiliary) {
-    auto out = s.diloco->outgoing();
-    if (!out) {
-      carry(self, core_of(self)->round_failed(r.id, now_s(self)));
-      return;
-    }
-    t.wire = std::move(*out);
-  }
-  auto round = diloco_key(s.opts, r.step);
-  char mode = s.opts.collab.mode == collab::peer_mode::client      ? 'c'
-              : s.opts.collab.mode == collab::peer_mode::auxiliary ? 'a'
-                                                                   : 'f';
-  auto put = dht::make_subkey_put(round, s.opts.address, std::vector<char>{mode},
-                                  ns_of(now_s(self) + 4 * diloco_window + 60));
-  dht::dht_store(
-    self, s.svc.dht, std::move(put), span_of(s.opts.rpc_timeout),
-    [](const messages::dht_put_result&) {}, [](caf::error&) {});
-  auto id = r.id;
-  auto step = r.step;
-  self->delayed_send(self, span_of(diloco_window), dp_gather_atom::value, id, step);
 }
 
 // -- state download ------------------------------------------------------------------------------
@@ -560,8 +305,10 @@ void apply_update(peer_actor* self, uint64_t id, uint64_t step, const torch::Ten
   auto& t = it->second;
   status st;
   if (s.opts.algo == algorithm::diloco) {
-    if (averaged && t.wire)
-      st = s.diloco->outer_step(*t.wire);
+    // Averaged: the same Top-k average on every member of the round (or a partial one, own
+    // contribution where a part was lost); alone: the own dense pseudo-gradient.
+    if (averaged && grad.defined())
+      st = s.diloco->outer_step(grad);
     else
       st = s.diloco->outer_step(s.diloco->pseudo_gradient());
   } else if (!grad.defined()) {
@@ -576,6 +323,20 @@ void apply_update(peer_actor* self, uint64_t id, uint64_t step, const torch::Ten
   maybe_evaluate(self);
 }
 
+/// What this DiLoCo peer hands the averager: its pseudo-gradient compressed with the codec and
+/// its error feedback (Top-k: sparse, carried as Top-k parts), decoded to a flat fp32 vector.
+torch::Tensor diloco_contribution(peer_actor* self, uint64_t step_samples) {
+  auto& s = self->state;
+  auto w = s.diloco->outgoing();
+  auto dense = w ? collab::decode_wire(*w, s.diloco->start().numel())
+                 : result<torch::Tensor>{fail(w.error().what)};
+  if (dense)
+    return std::move(*dense);
+  metric(self, "dp_error", {{"samples", static_cast<double>(step_samples)}},
+         {{"what", "DiLoCo contribution: " + dense.error().what}});
+  return s.diloco->pseudo_gradient(); // uncompressed: no worse than the lone step it replaces
+}
+
 /// Takes the step's accumulated gradient (and its microbatch range and loss) out under `id`;
 /// later microbatches accumulate towards the next step.
 void take_out(peer_actor* self, uint64_t id, uint64_t samples) {
@@ -584,8 +345,11 @@ void take_out(peer_actor* self, uint64_t id, uint64_t samples) {
   if (s.opts.algo == algorithm::diloco && s.opts.collab.mode != collab::peer_mode::auxiliary)
     (void)s.model->inner_step(); // the remainder since the last inner step
   t.g = s.model->take();
-  if (s.opts.algo == algorithm::diloco)
+  if (s.opts.algo == algorithm::diloco) {
     t.g.samples = samples; // the weight: every sample since the last outer step
+    if (s.opts.collab.mode != collab::peer_mode::auxiliary)
+      t.g.mean = diloco_contribution(self, samples);
+  }
   t.first = s.pending_first;
   t.microbatches = s.next_micro - s.pending_first;
   t.last = t.microbatches > 0 ? s.next_micro - 1 : s.pending_first;
@@ -656,9 +420,15 @@ public:
   }
 
   void answered(uint64_t id, const messages::average_result& res) override {
-    count_round_bytes(self_, res.report);
     auto& s = self_->state;
     auto it = s.taken.find(id);
+    if (it != s.taken.end() && topk_rounds(s.opts)) {
+      // Top-k rounds count what the averager moved (packed nonzeros).
+      s.bytes_sent += res.report.topk_bytes_sent;
+      s.bytes_received += res.report.topk_bytes_received;
+    } else {
+      count_round_bytes(self_, res.report);
+    }
     if (it == s.taken.end())
       return; // a state round
     auto& rep = res.report;
@@ -670,13 +440,6 @@ public:
                                   ? p.contributors.size()
                                   : size_t{1});
     it->second.contributors = static_cast<double>(least);
-  }
-
-  bool run_round(const collab::start_round& r) override {
-    if (self_->state.opts.algo != algorithm::diloco)
-      return false;
-    start_diloco_round(self_, r);
-    return true;
   }
 
 private:
@@ -741,8 +504,6 @@ void start_core(peer_actor* self) {
       return;
     }
     s.diloco.emplace(std::move(*d));
-    s.reducer.emplace(s.model->numel(), s.opts.diloco.codec, s.opts.diloco.codec_params,
-                      s.opts.diloco.error_feedback);
   }
   metric(self, "dp_join",
          {{"generation", static_cast<double>(s.opts.generation)},
@@ -804,6 +565,10 @@ caf::behavior dp_peer_actor(peer_actor* self, dp_peer_services svc, std::shared_
   so.report_group = true;
   so.auxiliary = s.opts.collab.mode == collab::peer_mode::auxiliary;
   so.rpc_timeout = span_of(s.opts.rpc_timeout);
+  if (topk_rounds(s.opts)) {
+    so.topk_ratio = s.opts.diloco.codec_params.ratio;
+    so.topk_error_feedback = s.opts.diloco.error_feedback;
+  }
   s.shell = std::make_unique<collab::peer_shell>(self, s.as_model.get(), std::move(so));
   self->set_exit_handler([=](const caf::exit_msg& m) {
     auto& st = self->state;
@@ -845,33 +610,6 @@ caf::behavior dp_peer_actor(peer_actor* self, dp_peer_services svc, std::shared_
       auto& st = self->state;
       if (core_of(self) && !st.left)
         st.shell->timer();
-    },
-    [=](dp_gather_atom, uint64_t id, uint64_t step) {
-      auto& st = self->state;
-      auto t = st.taken.find(id);
-      if (!core_of(self) || t == st.taken.end() || !round_live(self, id))
-        return;
-      dht::dht_get(
-        self, st.svc.dht, diloco_key(st.opts, step), span_of(st.opts.rpc_timeout),
-        [=](const messages::dht_get_result& r) { diloco_gathered(self, id, step, r.records); },
-        [=](caf::error&) { diloco_gathered(self, id, step, {}); });
-    },
-    [=](dp_gather_atom, const std::string& round) { finish_reduction(self, round); },
-    [=](messages::diloco_contribution& c) -> caf::result<messages::wire_tensor_msg> {
-      auto& st = self->state;
-      auto rp = self->make_response_promise<messages::wire_tensor_msg>();
-      if (st.opts.algo != algorithm::diloco || !st.reducer
-          || st.opts.collab.mode == collab::peer_mode::client || st.not_reducing.count(c.round)) {
-        rp.deliver(caf::make_error(caf::sec::runtime_error, "not this round's reducer"));
-        return rp;
-      }
-      if (st.reducing.count(c.round) > 0) {
-        add_contribution(self, c.round, c, rp);
-        return rp;
-      }
-      // Not decided on this round yet: keep it until this peer gathers (or gives up).
-      st.early[c.round].push_back({c, rp});
-      return rp;
     },
     [=](get_atom, state_atom) -> caf::result<messages::stage_state> {
       auto& st = self->state;

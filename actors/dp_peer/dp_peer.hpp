@@ -26,10 +26,13 @@
 //
 // DiLoCo (`algorithm::diloco`): between global steps the peer takes an inner step with its own
 // optimizer every `inner_batch` samples; at the global step (the coordinator's round, with the
-// target batch counting every peer's samples) the peers exchange compressed pseudo-gradients
-// through one reducer per round — the full-mode peer with the smallest id among the round's
-// members — that re-sparsifies the weighted mean with its own error feedback
-// (collab::diloco_reducer), and every member takes the outer step on the same bytes.
+// target batch counting every peer's samples) the peers average their compressed
+// pseudo-gradients (collab::diloco_peer::outgoing: the codec with the peer's error feedback)
+// through the averager like DeDLOC's gradients. With Top-k, the rounds are the averager's Top-k
+// rounds: the sparse vectors travel as their nonzeros, each part's reducer re-sparsifies the
+// part's weighted mean with its own error feedback (actors/averager/sparse_parts.hpp), and every
+// member takes the outer step on the same bytes; the bytes counted are the ones the averager
+// reports. Other codecs travel dense once decoded (counted at `wire_bytes_per_element`).
 //
 // Metrics (to the sink, `messages::metric_event`, source = the peer's name):
 //   `dp_join`      {generation, mode}               the peer started

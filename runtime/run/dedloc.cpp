@@ -139,12 +139,15 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
                              po.diloco.codec != kernels::codec_id::none;
   po.wire_bytes_per_element = wire_bytes(o.averager.codec);
   caf::actor averager;
-  if (po.algo == dp::algorithm::dedloc) {
+  {
+    // DiLoCo's rounds are the averager's Top-k rounds (the peer asks for them; no chunk codec).
     auto ao = o.averager;
     ao.key_prefix = ctx.key_prefix() + "/avg/";
     ao.bandwidth = mode == actors::collab::peer_mode::client ? 0.0 : 1.0;
     ao.auxiliary = mode == actors::collab::peer_mode::auxiliary;
     ao.poll_interval = ao.matchmaking_window / 8;
+    if (po.algo == dp::algorithm::diloco)
+      ao.codec = kernels::codec_id::none;
     // The peer hands over fresh vectors (its step's mean gradient, its state flattened) that
     // nothing else reads while the round runs: the result is written into them, one vector
     // less resident. (After a failed round it steps on its gradient as it then stands: its own

@@ -890,20 +890,26 @@ TEST_CASE("DiLoCo peers exchange Top-k pseudo-gradients through one reducer and 
       CHECK(max_diff(st.params.tensor, a.params.tensor) == 0);
   // Bytes per peer and outer step, both directions, against fp32's 4 bytes per parameter.
   auto numel = static_cast<double>(a.params.tensor.numel());
+  double sent = 0, fp32_all = 0;
   for (auto& [name, c] : out->counters) {
     CAPTURE(name);
     auto rounds = static_cast<double>(out->steps(name).size());
     REQUIRE(rounds > 0);
     auto fp32 = 4 * numel * rounds;
+    sent += static_cast<double>(c[dp::st_bytes_sent]);
+    fp32_all += fp32;
     CHECK(c[dp::st_bytes_received] > 0);
-    if (name != "peers.0") { // peers.0 (smallest address) reduces: it sends to both others
-      CHECK(c[dp::st_bytes_sent] > 0);
+    CHECK(c[dp::st_bytes_sent] > 0);
+    // The averager's Top-k rounds: the full peers each reduce a part and send its result to
+    // both others; peers.2, a client, reduces nothing and only sends its own contribution.
+    if (name == "peers.2")
       CHECK(static_cast<double>(c[dp::st_bytes_sent]) * 100 < fp32);
-    }
     CHECK(static_cast<double>(c[dp::st_bytes_received]) * 100 < 2 * fp32);
     MESSAGE(name, ": ", c[dp::st_bytes_sent], " B sent, ", c[dp::st_bytes_received],
             " B received over ", rounds, " outer steps (fp32: ", fp32, " B each way)");
   }
+  // All peers together send over 100 times fewer bytes than fp32 contributions would.
+  CHECK(sent * 100 < fp32_all);
 }
 
 namespace {
