@@ -25,6 +25,7 @@
 #include "runtime/cli/commands.hpp"
 #include "runtime/experiment/yaml.hpp"
 
+#include "runtime/btard/audit.hpp"
 #include "runtime/cli/version.hpp"
 
 namespace starling::runtime {
@@ -78,6 +79,26 @@ int cmd_run(std::string file, bool sim, std::optional<uint64_t> seed, std::strin
   set_log_level(parse_log_level(ex->log_level));
   return command_run(ex->graph, registry, ex->mode, nodes, out, ex->source_text,
                      !resume.empty());
+}
+
+int cmd_audit(const std::string& file) {
+  auto report = btard::check_audit(file);
+  if (!report)
+    return cli_die(report.error().what);
+  auto& r = *report;
+  if (!r.problems.empty()) {
+    fmt::print("audit: {} does NOT check ({} problem{}):\n", file, r.problems.size(),
+               r.problems.size() == 1 ? "" : "s");
+    for (size_t i = 0; i < r.problems.size() && i < 20; ++i)
+      fmt::print("  {}\n", r.problems[i]);
+    if (r.problems.size() > 20)
+      fmt::print("  ... and {} more\n", r.problems.size() - 20);
+    return 1;
+  }
+  fmt::print("audit: {} checks: {} steps, {} aggregations, {} signed statements verified, {} MPRNG "
+             "draws, {} aggregate checks recomputed, {} verdicts re-derived, {} bans\n",
+             file, r.steps, r.attempts, r.statements, r.draws, r.checks, r.verdicts, r.bans);
+  return 0;
 }
 
 int cmd_plan(const std::string& file, const std::string& mode_text, size_t nodes,
@@ -327,6 +348,12 @@ int cli_main(int argc, char** argv) {
   dht_store->add_option("--subkey", dht_subkey, "Store as this sub-key of a dictionary record");
   dht_store->add_option("--ttl", dht_ttl, "Time to live (60s, 5m, 500ms)");
 
+  auto* auditc = app.add_subcommand(
+    "audit", "Check a BTARD audit log (btard-audit.jsonl): its chain, signatures, MPRNG draws, "
+             "validators, aggregate checks and verdicts");
+  std::string audit_file;
+  auditc->add_option("file", audit_file, "The audit log")->required();
+
   app.add_subcommand("version", "Print the version");
   auth_commands auth{app};
 
@@ -347,6 +374,8 @@ int cli_main(int argc, char** argv) {
     std::vector<std::string> args(argv, argv + argc);
     return cmd_node(listen, join, node_opts, args);
   }
+  if (auditc->parsed())
+    return cmd_audit(audit_file);
   if (dhtc->parsed()) {
     if (dht_get->parsed())
       return cmd_dht_get(dht_node, dht_key);

@@ -89,7 +89,8 @@ std::string where(const fault_spec& f, size_t i) {
 status validate(const experiment_graph& g, const role_registry& registry, run_mode mode) {
   if (g.duration <= std::chrono::nanoseconds{0})
     return fail("experiment.duration: expected a positive duration");
-  if (g.roles.empty())
+  // A study without roles (the `btard` kind) runs its own in-process computation.
+  if (g.roles.empty() && !g.study)
     return fail("roles: an experiment needs at least one role");
   std::set<std::string> names;
   std::map<std::string, size_t> joins;

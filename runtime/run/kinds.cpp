@@ -8,6 +8,7 @@ role_registry builtin_registry() {
   add_swarm(reg);
   add_masha(reg);
   add_dedloc(reg);
+  add_btard(reg);
   return reg;
 }
 

@@ -1,6 +1,6 @@
 // The role types and kind shorthands starling ships, each kind in a file of its own:
 // ping.cpp (`ping`), swarm.cpp (`swarm`), masha.cpp (`masha`, `masha-adversarial`), dedloc.cpp
-// (`dedloc`).
+// (`dedloc`), btard.cpp (`btard`).
 #pragma once
 
 #include <chrono>
@@ -36,5 +36,8 @@ void add_masha(role_registry& reg);
 
 /// Registers `dedloc.peer` and the `dedloc` kind (runtime/run/dedloc.hpp).
 void add_dedloc(role_registry& reg);
+
+/// Registers the `btard` kind (runtime/run/btard.cpp; one process, no roles).
+void add_btard(role_registry& reg);
 
 } // namespace starling::runtime

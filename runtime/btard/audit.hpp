@@ -1,0 +1,90 @@
+// BTARD's audit log (`btard-audit.jsonl`) and its checker (`starling audit FILE`).
+//
+// One JSON object per line. The first is the header (run id, seed, model size, the peers' public
+// keys, the protocol's options, r_{-1}); then one line per step: r_prev, every member's batch
+// seed, and per aggregation attempt the group, the signed statements that decide the step (MPRNG
+// commits and reveals, result digests, accusations, equivocation proofs), every member's part
+// digests, every published projection pair, r_t, validators and targets, the aggregate checks,
+// the verdicts with their re-check outcomes, bans and removals; then each peer's parameter
+// digest after the step. Every line carries `prev`, the BLAKE2b-256 of the line before it, so a
+// changed line breaks the chain at the next one.
+//
+// The checker verifies, from the log alone: the chain; every logged statement's signature, run
+// id and step; each MPRNG draw (reveals match commitments; r_t is the hash of the reveals in
+// key order); the seeds chain (step t's seeds from the r of step t−1's applied aggregation);
+// validators drawn from r_t; each aggregate check recomputed from the published pairs; and each
+// verdict's rule re-derived from its signed accusation and logged outcome (an equivocation from
+// its logged proof). Gradient re-checks (recomputing a gradient from a parameter checkpoint) are
+// not yet done by the checker: it re-derives the verdict from the logged outcome.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "kernels/result.hpp"
+
+namespace starling::actors::btard {
+struct step_record;
+} // namespace starling::actors::btard
+
+namespace starling::runtime::btard {
+
+/// What the log's header says about the run.
+struct audit_header {
+  std::string run_id;
+  uint64_t seed = 0;
+  /// Parameters in the model (parts are equal splits of it).
+  uint64_t dim = 0;
+  /// Public keys in peer order.
+  std::vector<std::string> peers;
+  /// The protocol's options (protocol.hpp's group_options).
+  std::string rule = "btard";
+  double tau = 1.0;
+  size_t iterations = 100;
+  double tolerance = 1e-6;
+  size_t validators = 1;
+  double sigmas = 6.0;
+  double validation_rel_tolerance = 0.0;
+  double lr = 0.1;
+  double momentum = 0.9;
+};
+
+/// Writes the log line by line (flushed per step, so a stopped run keeps what it did).
+class audit_writer {
+public:
+  /// Creates (truncates) `path` and writes the header.
+  static result<audit_writer> open(const std::string& path, const audit_header& h);
+  /// Appends a step.
+  status write(const actors::btard::step_record& rec);
+  /// Lines written.
+  size_t lines() const { return lines_; }
+
+private:
+  audit_writer() = default;
+  status line(const std::string& text);
+  std::string path_;
+  std::ofstream out_;
+  std::string prev_;
+  size_t lines_ = 0;
+};
+
+/// What the checker verified.
+struct audit_report {
+  size_t steps = 0;
+  size_t attempts = 0;
+  size_t statements = 0;
+  size_t draws = 0;
+  size_t checks = 0;
+  size_t verdicts = 0;
+  size_t bans = 0;
+  /// Each problem with the line it is on; empty: the log checks.
+  std::vector<std::string> problems;
+};
+
+/// Checks the log at `path`. Fails only when the file cannot be read or has no header line;
+/// everything else found is a problem in the report.
+result<audit_report> check_audit(const std::string& path);
+
+} // namespace starling::runtime::btard

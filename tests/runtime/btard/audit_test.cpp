@@ -1,0 +1,165 @@
+#include "runtime/btard/audit.hpp"
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/auth/identity.hpp"
+#include "actors/btard/protocol.hpp"
+#include "kernels/data/idx.hpp"
+#include "kernels/data/idx_source.hpp"
+
+namespace starling::test::btard_audit {
+
+namespace bt = starling::actors::btard;
+namespace rb = starling::runtime::btard;
+using starling::actors::auth::key_pair;
+
+namespace {
+
+std::string temp_dir() {
+  auto d = std::filesystem::temp_directory_path()
+           / ("starling-audit-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(d);
+  return d.string();
+}
+
+/// Writes the audit log of 8 steps of a 6-peer group with a sign-flip attacker (found by 3
+/// validators) and a projection liar at step 2.
+void write_log(const std::string& path) {
+  auto train = kernels::idx_source::make(
+    std::make_shared<const kernels::image_set>(kernels::make_synthetic_images(256, 8, 10, 4, 0)));
+  REQUIRE(train);
+  bt::mlp_task_options mo;
+  mo.hidden = 8;
+  mo.batch = 8;
+  auto t = bt::make_mlp_task(*train, nullptr, mo);
+  REQUIRE(t);
+  bt::group_options o;
+  o.run_id = "audit-test";
+  o.validators = 3;
+  o.seed = 4;
+  std::vector<bt::peer_spec> specs(6);
+  specs[1].gradient.kind = bt::attack_kind::sign_flip;
+  specs[4].protocol = bt::protocol_attack::lie_projection;
+  specs[4].protocol_step = 2;
+  std::vector<key_pair> keys;
+  for (uint64_t i = 0; i < 6; ++i)
+    keys.push_back(key_pair::from_test_seed(500 + i));
+  rb::audit_header h;
+  h.run_id = o.run_id;
+  h.seed = o.seed;
+  h.dim = (*t)->dim();
+  for (auto& k : keys)
+    h.peers.push_back(k.public_key());
+  h.tau = o.tau;
+  h.tolerance = o.tolerance;
+  h.validators = o.validators;
+  h.sigmas = o.sigmas;
+  auto g = bt::simulated_group::make(o, *t, specs, keys);
+  REQUIRE(g);
+  auto w = rb::audit_writer::open(path, h);
+  REQUIRE(w);
+  for (int s = 0; s < 8; ++s) {
+    auto rec = (*g)->step();
+    REQUIRE(rec);
+    REQUIRE(w->write(*rec));
+  }
+}
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> out;
+  for (std::string l; std::getline(in, l);)
+    out.push_back(l);
+  return out;
+}
+
+void write_lines(const std::string& path, const std::vector<std::string>& lines) {
+  std::ofstream out(path, std::ios::trunc);
+  for (auto& l : lines)
+    out << l << '\n';
+}
+
+} // namespace
+
+TEST_CASE("an audit log checks, the same seed writes the same log, and tampering is found") {
+  auto dir = temp_dir();
+  auto a = dir + "/a.jsonl", b = dir + "/b.jsonl";
+  write_log(a);
+  write_log(b);
+  auto la = lines_of(a);
+  CHECK(la == lines_of(b));
+  REQUIRE(la.size() == 9);
+  auto report = rb::check_audit(a);
+  REQUIRE(report);
+  for (auto& p : report->problems)
+    MESSAGE(p);
+  CHECK(report->problems.empty());
+  CHECK(report->steps == 8);
+  CHECK(report->verdicts >= 2); // the projection liar and the sign flipper
+  CHECK(report->bans >= 2);
+  CHECK(report->draws >= 8);
+
+  // One verdict's action changed: its rule gives another, and the chain breaks at the next line.
+  size_t with_verdict = 0;
+  for (size_t i = 1; i < la.size() && !with_verdict; ++i) {
+    auto j = nlohmann::json::parse(la[i]);
+    for (auto& at : j["attempts"])
+      if (!at["verdicts"].empty()) {
+        auto& v = at["verdicts"][0];
+        v["action"] = v["action"] == "ban_accused" ? "ban_accuser" : "ban_accused";
+        la[i] = j.dump();
+        with_verdict = i;
+        break;
+      }
+  }
+  REQUIRE(with_verdict > 0);
+  auto c = dir + "/c.jsonl";
+  write_lines(c, la);
+  auto bad = rb::check_audit(c);
+  REQUIRE(bad);
+  REQUIRE(bad->problems.size() >= 1);
+  CHECK(bad->problems[0].find("line " + std::to_string(with_verdict + 1) + ": a ")
+        != std::string::npos);
+  CHECK(bad->problems[0].find("verdict") != std::string::npos);
+  if (with_verdict + 1 < la.size()) {
+    REQUIRE(bad->problems.size() >= 2);
+    CHECK(bad->problems[1].find("chain breaks") != std::string::npos);
+  }
+
+  // A seed changed: the seed chain says so; a line dropped: the chain says where.
+  auto ls = lines_of(a);
+  auto j = nlohmann::json::parse(ls[3]);
+  auto& seeds = j["seeds"];
+  seeds[seeds.begin().key()] = seeds.begin()->get<uint64_t>() + 1;
+  ls[3] = j.dump();
+  write_lines(c, ls);
+  auto bad_seed = rb::check_audit(c);
+  REQUIRE(bad_seed);
+  REQUIRE_FALSE(bad_seed->problems.empty());
+  CHECK(bad_seed->problems[0].find("batch seed") != std::string::npos);
+  ls = lines_of(a);
+  ls.erase(ls.begin() + 5);
+  write_lines(c, ls);
+  auto dropped = rb::check_audit(c);
+  REQUIRE(dropped);
+  REQUIRE_FALSE(dropped->problems.empty());
+  CHECK(dropped->problems[0].find("line 6: the chain breaks") != std::string::npos);
+
+  // Not a log at all.
+  write_lines(c, {"{}"});
+  auto empty = rb::check_audit(c);
+  REQUIRE(empty);
+  CHECK_FALSE(empty->problems.empty());
+  CHECK_FALSE(rb::check_audit(dir + "/missing.jsonl"));
+  std::filesystem::remove_all(dir);
+}
+
+} // namespace starling::test::btard_audit
