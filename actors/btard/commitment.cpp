@@ -1,5 +1,6 @@
 #include "actors/btard/commitment.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -16,7 +17,7 @@ constexpr size_t sig_bytes = 64;
 
 bool known_kind(uint64_t k) {
   return k >= static_cast<uint64_t>(statement_kind::part_digest) &&
-         k <= static_cast<uint64_t>(statement_kind::accusation);
+         k <= static_cast<uint64_t>(statement_kind::projections);
 }
 
 bool known_accusation(uint64_t k) {
@@ -37,6 +38,18 @@ status validate_payload(const statement& s) {
     return {};
   case statement_kind::projection: {
     auto p = parse_projection_payload(s.payload);
+    if (!p)
+      return fail(fmt::format("{} statement: {}", name, p.error().what));
+    return {};
+  }
+  case statement_kind::part_digests: {
+    auto d = parse_digests_payload(s.payload);
+    if (!d)
+      return fail(fmt::format("{} statement: {}", name, d.error().what));
+    return {};
+  }
+  case statement_kind::projections: {
+    auto p = parse_projections_payload(s.payload);
     if (!p)
       return fail(fmt::format("{} statement: {}", name, p.error().what));
     return {};
@@ -70,6 +83,10 @@ const char* kind_name(statement_kind k) {
     return "mprng_reveal";
   case statement_kind::projection:
     return "projection";
+  case statement_kind::part_digests:
+    return "part_digests";
+  case statement_kind::projections:
+    return "projections";
   case statement_kind::accusation:
     return "accusation";
   }
@@ -244,6 +261,47 @@ result<std::pair<double, double>> parse_projection_payload(std::string_view payl
     return fail(
         fmt::format("a projection needs finite s and finite n >= 0, got s = {}, n = {}", s, n));
   return std::pair<double, double>{s, n};
+}
+
+std::string digests_payload(const std::vector<digest>& digests) {
+  std::string out;
+  out.reserve(digests.size() * digest_bytes);
+  for (auto& d : digests)
+    out.append(reinterpret_cast<const char*>(d.data()), d.size());
+  return out;
+}
+
+result<std::vector<digest>> parse_digests_payload(std::string_view payload) {
+  if (payload.empty() || payload.size() % digest_bytes != 0)
+    return fail(fmt::format("a digests payload is a non-empty multiple of {} bytes, got {}",
+                            digest_bytes, payload.size()));
+  std::vector<digest> out(payload.size() / digest_bytes);
+  for (size_t i = 0; i < out.size(); ++i)
+    std::copy(payload.begin() + static_cast<std::ptrdiff_t>(i * digest_bytes),
+              payload.begin() + static_cast<std::ptrdiff_t>((i + 1) * digest_bytes),
+              out[i].begin());
+  return out;
+}
+
+std::string projections_payload(const std::vector<std::pair<double, double>>& pairs) {
+  std::string out;
+  for (auto& [s, n] : pairs)
+    out += projection_payload(s, n);
+  return out;
+}
+
+result<std::vector<std::pair<double, double>>> parse_projections_payload(std::string_view payload) {
+  if (payload.empty() || payload.size() % 16 != 0)
+    return fail(fmt::format("a projections payload is a non-empty multiple of 16 bytes, got {}",
+                            payload.size()));
+  std::vector<std::pair<double, double>> out;
+  for (size_t i = 0; i < payload.size(); i += 16) {
+    auto p = parse_projection_payload(payload.substr(i, 16));
+    if (!p)
+      return fail(fmt::format("part {}: {}", i / 16, p.error().what));
+    out.push_back(*p);
+  }
+  return out;
 }
 
 std::string accusation_payload(const accusation& a) {

@@ -56,6 +56,12 @@ enum class statement_kind : uint8_t {
   projection = 5,
   /// An accusation (slot: `accusation_slot` of the payload).
   accusation = 6,
+  /// The digests of all the signer's parts in part order, one statement per aggregation (slot:
+  /// `index_slot(attempt, 0)`): one signature instead of one per part, so a peer verifies O(n)
+  /// signatures per step, not O(n²).
+  part_digests = 7,
+  /// The signer's (s, n) of every part in part order (slot: `index_slot(attempt, 0)`).
+  projections = 8,
 };
 
 /// The kind's name, for errors and logs.
@@ -85,7 +91,8 @@ inline constexpr size_t max_run_id_bytes = 64;
 /// Longest slot.
 inline constexpr size_t max_slot_bytes = 64;
 /// Longest payload.
-inline constexpr size_t max_payload_bytes = 1024;
+/// Room for the digests of 256 parts (a group of up to 256 peers) or the projections of 512.
+inline constexpr size_t max_payload_bytes = 8192;
 /// Most evidence digests in one accusation.
 inline constexpr size_t max_evidence = 8;
 /// Longest encoded signed statement.
@@ -157,6 +164,16 @@ std::string projection_payload(double s, double n);
 
 /// (s, n) of a projection payload; fails unless 16 bytes of finite values with n >= 0.
 result<std::pair<double, double>> parse_projection_payload(std::string_view payload);
+
+/// The payload of a `part_digests` statement: the digests back to back (at least one).
+std::string digests_payload(const std::vector<digest>& digests);
+/// Parses it; fails unless it is a non-empty whole number of digests.
+result<std::vector<digest>> parse_digests_payload(std::string_view payload);
+
+/// The payload of a `projections` statement: (s, n) per part, back to back (at least one).
+std::string projections_payload(const std::vector<std::pair<double, double>>& pairs);
+/// Parses it; fails unless it is a non-empty whole number of pairs, each finite with n >= 0.
+result<std::vector<std::pair<double, double>>> parse_projections_payload(std::string_view payload);
 
 /// An accusation's payload (the accuser is the statement's signer, the step its step).
 struct accusation {

@@ -10,7 +10,6 @@
 #include <torch/torch.h>
 
 #include "actors/auth/identity.hpp"
-#include "kernels/aggregate/aggregate.hpp"
 
 namespace starling::actors::btard {
 
@@ -56,24 +55,64 @@ struct clip_result {
 
 result<clip_result> clip_fp64(const std::vector<const std::vector<float>*>& inputs, double tau,
                               size_t max_iterations, double tolerance) {
-  std::vector<at::Tensor> xs;
+  // kernels::centered_clip's iteration (median start; x += mean of the clipped differences; stop
+  // after a step of norm <= tolerance), on raw doubles: parts are small and many, and the tensor
+  // version's allocations per iteration cost more than its arithmetic there.
+  if (inputs.empty())
+    return fail("centered clip of no inputs");
+  if (!(tau > 0) || !std::isfinite(tau))
+    return fail(fmt::format("centered clip: tau is {}", tau));
+  const size_t n = inputs.size(), dim = inputs.front()->size();
   for (auto* v : inputs)
-    xs.push_back(as_tensor(*v).to(at::kDouble));
-  kernels::centered_clip_options co;
-  co.tau = tau;
-  co.max_iterations = max_iterations;
-  co.tolerance = tolerance;
-  auto out = kernels::centered_clip(xs, std::vector<double>(xs.size(), 1.0), co);
-  if (!out)
-    return fail(out.error().what);
+    if (v->size() != dim)
+      return fail("centered clip of inputs of different sizes");
+  std::vector<double> x(dim), step(dim), col(n);
+  for (size_t k = 0; k < dim; ++k) {
+    for (size_t j = 0; j < n; ++j)
+      col[j] = (*inputs[j])[k];
+    std::sort(col.begin(), col.end());
+    x[k] = n % 2 == 1 ? col[n / 2] : (col[n / 2 - 1] + col[n / 2]) / 2.0;
+  }
   clip_result r;
-  r.value = as_vector(out->value);
-  r.iterations = out->iterations;
-  r.converged = out->converged;
-  auto x = as_tensor(r.value).to(at::kDouble);
-  for (auto& g : xs)
-    if ((g - x).norm().item<double>() > tau)
+  r.converged = false;
+  for (size_t it = 0; it < max_iterations; ++it) {
+    std::fill(step.begin(), step.end(), 0.0);
+    for (auto* v : inputs) {
+      const float* g = v->data();
+      double d2 = 0;
+      for (size_t k = 0; k < dim; ++k) {
+        double d = g[k] - x[k];
+        d2 += d * d;
+      }
+      double dist = std::sqrt(d2);
+      double w = dist > tau ? tau / dist : 1.0;
+      for (size_t k = 0; k < dim; ++k)
+        step[k] += w * (g[k] - x[k]);
+    }
+    double s2 = 0;
+    for (size_t k = 0; k < dim; ++k) {
+      step[k] /= static_cast<double>(n);
+      x[k] += step[k];
+      s2 += step[k] * step[k];
+    }
+    r.iterations = it + 1;
+    if (std::sqrt(s2) <= tolerance) {
+      r.converged = true;
+      break;
+    }
+  }
+  r.value.resize(dim);
+  for (size_t k = 0; k < dim; ++k)
+    r.value[k] = static_cast<float>(x[k]);
+  for (auto* v : inputs) {
+    double d2 = 0;
+    for (size_t k = 0; k < dim; ++k) {
+      double d = double((*v)[k]) - double(r.value[k]);
+      d2 += d * d;
+    }
+    if (std::sqrt(d2) > tau)
       ++r.clipped;
+  }
   return r;
 }
 
@@ -592,29 +631,28 @@ result<bool> simulated_group::impl::run_attempt(step_state& s, step_group& g, at
     return std::nullopt;
   };
   std::map<std::string, std::vector<digest>> committed; // key -> digest per part
-  std::map<std::string, std::vector<digest>> cite;      // key -> its part statements' digests
+  std::map<std::string, digest> cite;                   // key -> its part_digests statement
 
-  // 1. Commitments: every member's part digests, before any data moves.
+  // 1. Commitments: every member's part digests (one signed statement), before any data moves.
   for (auto& k : members) {
     if (!online(k))
       continue;
     auto* p = by_key.at(k);
     auto& v = s.sent.at(k);
-    for (size_t i = 0; i < n; ++i) {
-      auto d = part_digest(step, i, v.data() + g.parts[i].begin, g.parts[i].size());
-      committed[k].push_back(d);
-      auto st = publish(rec, *p, statement_kind::part_digest, slot(i), digest_payload(d));
-      if (!st)
-        return fail(st.error().what);
-      cite[k].push_back(statement_digest(*st));
-    }
+    for (size_t i = 0; i < n; ++i)
+      committed[k].push_back(part_digest(step, i, v.data() + g.parts[i].begin, g.parts[i].size()));
+    auto st = publish(rec, *p, statement_kind::part_digests, slot(0),
+                      digests_payload(committed[k]));
+    if (!st)
+      return fail(st.error().what);
+    cite[k] = statement_digest(*st);
     if (attacking(*p, protocol_attack::equivocate_digest, a)) {
-      auto d = committed[k][0];
-      d[0] ^= 1;
+      auto other = committed[k];
+      other[0][0] ^= 1;
       // A second replica gets another digest for part 0; honest readers re-store both.
-      auto st = publish(rec, *p, statement_kind::part_digest, slot(0), digest_payload(d));
-      if (!st)
-        return fail(st.error().what);
+      auto second = publish(rec, *p, statement_kind::part_digests, slot(0), digests_payload(other));
+      if (!second)
+        return fail(second.error().what);
     }
   }
   std::vector<std::string> condemned;
@@ -669,7 +707,7 @@ result<bool> simulated_group::impl::run_attempt(step_state& s, step_group& g, at
                 && part_digest(step, i, it->second) == committed.at(k)[i];
       if (ok)
         continue;
-      auto st = accuse(rec, *agg, k, accusation_kind::missing_part, slot(i), {cite.at(k)[i]});
+      auto st = accuse(rec, *agg, k, accusation_kind::missing_part, slot(i), {cite.at(k)});
       if (!st)
         return fail(st.error().what);
       cases.push_back({*st, recheck::undecidable, std::nullopt});
@@ -804,23 +842,25 @@ result<bool> simulated_group::impl::run_attempt(step_state& s, step_group& g, at
   for (auto& k : members) {
     auto* p = by_key.at(k);
     auto target = honest_target(k);
+    std::vector<std::pair<double, double>> mine_all;
     for (size_t i = 0; i < n; ++i) {
       auto mine = slice(s.sent.at(k), g.parts[i]);
       auto pr = project(z[i].data(), mine.data(), received[i].at(k).data(), mine.size());
       if (target && i == *target && attacking(*p, protocol_attack::lie_projection, a))
         pr.s = pr.s * 1.01 + 1e-3 * pr.n;
       pairs[i][k] = pr;
-      auto st = publish(rec, *p, statement_kind::projection, slot(i), projection_payload(pr.s, pr.n));
-      if (!st)
-        return fail(st.error().what);
+      mine_all.emplace_back(pr.s, pr.n);
     }
+    auto st = publish(rec, *p, statement_kind::projections, slot(0), projections_payload(mine_all));
+    if (!st)
+      return fail(st.error().what);
   }
   aggregate_check_options co;
   co.tau = o.tau;
   co.tolerance = o.tolerance;
   co.sigmas = o.sigmas;
-  auto proj_cite = [&](const std::string& k, size_t i) {
-    return statement_digest(*board.find(statement_kind::projection, step, k, slot(i)));
+  auto proj_cite = [&](const std::string& k) {
+    return statement_digest(*board.find(statement_kind::projections, step, k, slot(0)));
   };
   // Re-checks are pure functions of public values: computed once, the outcome shared.
   auto pair_true = [&](const std::string& k, size_t i) {
@@ -844,7 +884,7 @@ result<bool> simulated_group::impl::run_attempt(step_state& s, step_group& g, at
         if (projection_matches(pairs[i][k], pair_true(k, i), znorm, co.projection_rel_tolerance))
           continue;
         auto st = accuse(rec, *agg, k, accusation_kind::wrong_projection, slot(i),
-                         {proj_cite(k, i), cite.at(k)[i]});
+                         {proj_cite(k), cite.at(k)});
         if (!st)
           return fail(st.error().what);
         cases.push_back({*st, recheck::confirmed, std::nullopt});
@@ -879,7 +919,7 @@ result<bool> simulated_group::impl::run_attempt(step_state& s, step_group& g, at
       if (projection_matches(pairs[i][k], pair_true(k, i), znorm, co.projection_rel_tolerance))
         continue;
       auto st = accuse(rec, *filer, k, accusation_kind::wrong_projection, slot(i),
-                       {proj_cite(k, i), cite.at(k)[i]});
+                       {proj_cite(k), cite.at(k)});
       if (!st)
         return fail(st.error().what);
       cases.push_back({*st, recheck::confirmed, std::nullopt});
@@ -918,7 +958,7 @@ result<bool> simulated_group::impl::run_attempt(step_state& s, step_group& g, at
     }
     return true;
   };
-  auto gradient_cite = [&](const std::string& k) { return cite.at(k); };
+  auto gradient_cite = [&](const std::string& k) { return std::vector<digest>{cite.at(k)}; };
   for (auto& v : *vals) {
     auto* p = by_key.at(v.validator);
     if (!p->honest())

@@ -40,10 +40,6 @@ json statement_json(const bt::signed_statement& s) {
   return to_hex(bt::encode(s));
 }
 
-bool logged_kind(bt::statement_kind k) {
-  return k != bt::statement_kind::part_digest && k != bt::statement_kind::projection;
-}
-
 } // namespace
 
 result<audit_writer> audit_writer::open(const std::string& path, const audit_header& h) {
@@ -106,27 +102,10 @@ status audit_writer::write(const bt::step_record& rec) {
     for (auto& k : a.members)
       members.push_back(to_hex(k));
     x["members"] = members;
-    json statements = json::array(), parts = json::object(), pairs = json::object();
-    for (auto& s : a.statements) {
-      if (logged_kind(s.body.kind)) {
-        statements.push_back(statement_json(s));
-        continue;
-      }
-      auto idx = bt::parse_index_slot(s.body.slot);
-      if (!idx)
-        continue;
-      auto key = to_hex(s.body.signer);
-      if (s.body.kind == bt::statement_kind::part_digest) {
-        parts[key].push_back(to_hex(s.body.payload));
-      } else {
-        auto p = bt::parse_projection_payload(s.body.payload);
-        if (p)
-          pairs[std::to_string(idx->second)][key] = {p->first, p->second};
-      }
-    }
+    json statements = json::array();
+    for (auto& s : a.statements)
+      statements.push_back(statement_json(s));
     x["statements"] = statements;
-    x["part_digests"] = parts;
-    x["projections"] = pairs;
     json proofs = json::array();
     for (auto& p : a.proofs)
       proofs.push_back({statement_json(p.first), statement_json(p.second)});
@@ -302,11 +281,16 @@ struct checker {
     if (!std::is_sorted(members.begin(), members.end()))
       problem("the group is not in key order");
     std::map<std::string, bt::digest> commits, reveals;
+    std::map<std::string, std::vector<std::pair<double, double>>> projections;
     auto mprng_slot = bt::index_slot(a.at("mprng_attempt").get<uint32_t>(), 0);
+    auto own_slot = bt::index_slot(a.at("attempt").get<uint32_t>(), 0);
     for (auto& sv : a.at("statements")) {
       auto s = statement_of(sv, t);
       if (!s)
         continue;
+      if (s->body.kind == bt::statement_kind::projections && s->body.slot == own_slot)
+        if (auto p = bt::parse_projections_payload(s->body.payload))
+          projections[s->body.signer] = *p;
       if (s->body.kind == bt::statement_kind::mprng_commit && s->body.slot == mprng_slot)
         if (auto d = bt::digest_of_string(s->body.payload))
           commits[s->body.signer] = *d;
@@ -351,14 +335,15 @@ struct checker {
         if (logged != want)
           problem("the validators are not the ones r draws");
       }
-      check_aggregates(a, members, r);
+      check_aggregates(a, members, r, projections);
     }
     verdicts(t, a);
     return r;
   }
 
   void check_aggregates(const json& a, const std::vector<std::string>& members,
-                        const std::optional<bt::digest>& r) {
+                        const std::optional<bt::digest>& r,
+                        const std::map<std::string, std::vector<std::pair<double, double>>>& signed_pairs) {
     auto parts = bt::equal_parts(h.dim, members.size());
     if (!parts || !r) {
       problem("the group cannot split the model");
@@ -376,11 +361,9 @@ struct checker {
         continue;
       }
       std::map<std::string, bt::projection> pairs;
-      auto& logged = a.at("projections");
-      if (logged.contains(std::to_string(i)))
-        for (auto& [kh, sn] : logged.at(std::to_string(i)).items())
-          if (auto k = from_hex(kh))
-            pairs[*k] = {sn.at(0).get<double>(), sn.at(1).get<double>()};
+      for (auto& [k, list] : signed_pairs)
+        if (i < list.size())
+          pairs[k] = {list[i].first, list[i].second};
       if (pairs.size() != members.size()) {
         problem(fmt::format("part {} has {} projection pairs for {} members", i, pairs.size(),
                             members.size()));

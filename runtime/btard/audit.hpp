@@ -2,9 +2,9 @@
 //
 // One JSON object per line. The first is the header (run id, seed, model size, the peers' public
 // keys, the protocol's options, r_{-1}); then one line per step: r_prev, every member's batch
-// seed, and per aggregation attempt the group, the signed statements that decide the step (MPRNG
-// commits and reveals, result digests, accusations, equivocation proofs), every member's part
-// digests, every published projection pair, r_t, validators and targets, the aggregate checks,
+// seed, and per aggregation attempt the group, every signed statement published (part digests,
+// result digests, MPRNG commits and reveals, projections, accusations; equivocation proofs),
+// r_t, validators and targets, the aggregate checks,
 // the verdicts with their re-check outcomes, bans and removals; then each peer's parameter
 // digest after the step. Every line carries `prev`, the BLAKE2b-256 of the line before it, so a
 // changed line breaks the chain at the next one.
@@ -12,7 +12,7 @@
 // The checker verifies, from the log alone: the chain; every logged statement's signature, run
 // id and step; each MPRNG draw (reveals match commitments; r_t is the hash of the reveals in
 // key order); the seeds chain (step t's seeds from the r of step t−1's applied aggregation);
-// validators drawn from r_t; each aggregate check recomputed from the published pairs; and each
+// validators drawn from r_t; each aggregate check recomputed from the signed projections; and each
 // verdict's rule re-derived from its signed accusation and logged outcome (an equivocation from
 // its logged proof). Gradient re-checks (recomputing a gradient from a parameter checkpoint) are
 // not yet done by the checker: it re-derives the verdict from the logged outcome.

@@ -343,3 +343,50 @@ TEST_CASE("check_equivocation refuses pairs that prove nothing") {
 }
 
 } // namespace starling::test::btard_commitment
+
+namespace starling::test::btard_commitment_batched {
+
+namespace btard = starling::actors::btard;
+
+TEST_CASE("part_digests and projections statements carry every part in one signature") {
+  auto k = starling::actors::auth::key_pair::from_test_seed(77);
+  std::vector<btard::digest> ds{btard::hash_bytes("a"), btard::hash_bytes("b"),
+                                btard::hash_bytes("c")};
+  auto payload = btard::digests_payload(ds);
+  CHECK(payload.size() == 3 * btard::digest_bytes);
+  auto back = btard::parse_digests_payload(payload);
+  REQUIRE(back);
+  CHECK((*back == ds));
+  CHECK_FALSE(btard::parse_digests_payload(""));
+  CHECK_FALSE(btard::parse_digests_payload(payload.substr(1)));
+  std::vector<std::pair<double, double>> pairs{{1.5, 2.0}, {-0.25, 0.0}};
+  auto pp = btard::projections_payload(pairs);
+  auto pb = btard::parse_projections_payload(pp);
+  REQUIRE(pb);
+  CHECK((*pb == pairs));
+  CHECK_FALSE(btard::parse_projections_payload(pp.substr(0, 24)));
+  CHECK_FALSE(btard::parse_projections_payload(btard::projections_payload({{1.0, -1.0}})));
+  for (auto kind : {btard::statement_kind::part_digests, btard::statement_kind::projections}) {
+    btard::statement st{kind, "run", 3, k.public_key(), btard::index_slot(0, 0),
+                        kind == btard::statement_kind::part_digests ? payload : pp};
+    auto sig = btard::sign_statement(st, k);
+    REQUIRE(sig);
+    auto wire = btard::encode(*sig);
+    CHECK(wire.size() <= btard::max_statement_bytes);
+    auto dec = btard::decode(wire);
+    REQUIRE(dec);
+    CHECK(btard::verify(*dec));
+    st.payload = "xyz";
+    CHECK_FALSE(btard::sign_statement(st, k));
+  }
+  // 256 parts' digests fit one statement; 257 do not.
+  std::vector<btard::digest> many(256, btard::hash_bytes("x"));
+  btard::statement big{btard::statement_kind::part_digests, "run", 3, k.public_key(),
+                       btard::index_slot(0, 0), btard::digests_payload(many)};
+  CHECK(btard::sign_statement(big, k));
+  many.push_back(btard::hash_bytes("y"));
+  big.payload = btard::digests_payload(many);
+  CHECK_FALSE(btard::sign_statement(big, k));
+}
+
+} // namespace starling::test::btard_commitment_batched
