@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
 #include <set>
+#include <stdexcept>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -15,7 +17,9 @@
 #include "actors/btard/membership.hpp"
 #include "actors/btard/protocol.hpp"
 #include "actors/btard/mprng.hpp"
+#include "actors/btard/task.hpp"
 #include "actors/btard/verdict.hpp"
+#include "kernels/data/idx_source.hpp"
 
 namespace starling::runtime::btard {
 
@@ -41,6 +45,12 @@ json statement_json(const bt::signed_statement& s) {
 }
 
 } // namespace
+
+std::string checkpoint_dir(const std::string& audit_path) {
+  auto slash = audit_path.find_last_of('/');
+  return (slash == std::string::npos ? std::string(".") : audit_path.substr(0, slash))
+         + "/btard-checkpoints";
+}
 
 result<audit_writer> audit_writer::open(const std::string& path, const audit_header& h) {
   audit_writer w;
@@ -68,6 +78,13 @@ result<audit_writer> audit_writer::open(const std::string& path, const audit_hea
                   {"validation_rel_tolerance", o.validation_rel_tolerance},
                   {"lr", o.lr},
                   {"momentum", o.momentum}};
+  j["task"] = {{"model", "mlp"},
+               {"hidden", h.hidden},
+               {"batch", h.batch},
+               {"seed", h.model_seed},
+               {"data_dir", h.data_dir},
+               {"synthetic", h.synthetic_when_absent},
+               {"train_samples", h.train_samples}};
   j["r0"] = hex(bt::initial_randomness(h.run_id, h.seed));
   j["prev"] = "";
   if (auto st = w.line(j.dump()); !st)
@@ -172,6 +189,12 @@ struct checker {
   audit_header h;
   bt::digest r_expected{};
   size_t line_no = 0;
+  bool recompute = false;
+  std::string dir;
+  std::shared_ptr<const bt::task> task;
+  /// Parameter digests the log gives after the step before (θ_t of the current step).
+  std::set<bt::digest> theta_digests;
+  std::map<std::string, uint64_t> seeds;
 
   void problem(const std::string& what) {
     report.problems.push_back(fmt::format("line {}: {}", line_no, what));
@@ -248,6 +271,77 @@ struct checker {
     r_expected = bt::initial_randomness(h.run_id, h.seed);
     if (j.value("r0", "") != hex(r_expected))
       problem("r0 is not the run's initial randomness");
+    if (!recompute)
+      return;
+    if (!j.contains("task")) {
+      problem("--recompute: the header names no task");
+      return;
+    }
+    auto& tj = j.at("task");
+    kernels::idx_source_options io;
+    io.dir = tj.at("data_dir").get<std::string>();
+    io.synthetic_when_absent = tj.at("synthetic").get<bool>();
+    io.synthetic_seed = h.seed;
+    io.max_items = tj.at("train_samples").get<uint64_t>();
+    auto train = kernels::idx_source::load(io);
+    if (!train)
+      throw std::runtime_error("--recompute: " + train.error().what);
+    bt::mlp_task_options mo;
+    mo.hidden = tj.at("hidden").get<int64_t>();
+    mo.batch = tj.at("batch").get<uint64_t>();
+    mo.seed = tj.at("seed").get<uint64_t>();
+    auto t = bt::make_mlp_task(*train, nullptr, mo);
+    if (!t)
+      throw std::runtime_error("--recompute: " + t.error().what);
+    task = *t;
+    if (task->dim() != h.dim)
+      throw std::runtime_error(fmt::format("--recompute: the task has {} parameters, the log {}",
+                                           task->dim(), h.dim));
+    theta_digests = {bt::params_digest(task->initial())};
+  }
+
+  /// The re-check of a wrong-gradient accusation, recomputed: confirmed when the accused's
+  /// signed part digests differ from those of its recomputed gradient.
+  std::optional<bt::recheck> recompute_gradient(uint64_t t, uint32_t attempt,
+                                                const std::vector<std::string>& members,
+                                                const std::string& accused,
+                                                const std::map<std::string, std::vector<bt::digest>>& committed) {
+    auto path = fmt::format("{}/step-{}.params", dir, t);
+    std::ifstream in(path, std::ios::binary);
+    if (!in) {
+      problem(fmt::format("--recompute: no parameter checkpoint {}", path));
+      return std::nullopt;
+    }
+    std::vector<float> theta(task->dim());
+    in.read(reinterpret_cast<char*>(theta.data()),
+            static_cast<std::streamsize>(theta.size() * sizeof(float)));
+    if (!in || in.peek() != EOF) {
+      problem(fmt::format("--recompute: {} does not hold {} float32 values", path, theta.size()));
+      return std::nullopt;
+    }
+    if (!theta_digests.count(bt::params_digest(theta))) {
+      problem(fmt::format("--recompute: {} is not the parameters the log gives for step {}", path, t));
+      return std::nullopt;
+    }
+    auto seed = seeds.find(accused);
+    auto mine = committed.find(accused);
+    if (seed == seeds.end() || mine == committed.end()) {
+      problem("--recompute: the accused has no seed or no part digests in its step");
+      return std::nullopt;
+    }
+    auto g = task->gradient(theta, seed->second, false);
+    auto parts = bt::equal_parts(h.dim, members.size());
+    if (!g || !parts || parts->size() != mine->second.size()) {
+      problem("--recompute: the gradient or the parts cannot be recomputed");
+      return std::nullopt;
+    }
+    ++report.recomputed;
+    (void)attempt;
+    for (size_t i = 0; i < parts->size(); ++i)
+      if (bt::part_digest(t, i, g->data() + (*parts)[i].begin, (*parts)[i].size())
+          != mine->second[i])
+        return bt::recheck::confirmed;
+    return bt::recheck::refuted;
   }
 
   void step(const json& j) {
@@ -258,10 +352,12 @@ struct checker {
     auto r_prev = digest_of(j.at("r_prev"));
     if (!r_prev || *r_prev != r_expected)
       problem("r_prev is not the randomness the step before drew");
+    seeds.clear();
     for (auto& [kh, seed] : j.at("seeds").items()) {
       auto k = from_hex(kh);
       if (!k || !r_prev)
         continue;
+      seeds[*k] = seed.get<uint64_t>();
       if (seed.get<uint64_t>() != bt::batch_seed(*r_prev, *k))
         problem(fmt::format("the batch seed of {} is not batch_seed(r_prev, key)", kh.substr(0, 12)));
     }
@@ -271,6 +367,12 @@ struct checker {
       last_r = attempt(t, a);
     }
     r_expected = last_r ? *last_r : bt::skipped_randomness(r_expected);
+    if (recompute && j.contains("params")) {
+      theta_digests.clear();
+      for (auto& [kh, dh] : j.at("params").items())
+        if (auto d = digest_of(dh))
+          theta_digests.insert(*d);
+    }
   }
 
   std::optional<bt::digest> attempt(uint64_t t, const json& a) {
@@ -282,12 +384,16 @@ struct checker {
       problem("the group is not in key order");
     std::map<std::string, bt::digest> commits, reveals;
     std::map<std::string, std::vector<std::pair<double, double>>> projections;
+    std::map<std::string, std::vector<bt::digest>> committed;
     auto mprng_slot = bt::index_slot(a.at("mprng_attempt").get<uint32_t>(), 0);
     auto own_slot = bt::index_slot(a.at("attempt").get<uint32_t>(), 0);
     for (auto& sv : a.at("statements")) {
       auto s = statement_of(sv, t);
       if (!s)
         continue;
+      if (s->body.kind == bt::statement_kind::part_digests && s->body.slot == own_slot)
+        if (auto d = bt::parse_digests_payload(s->body.payload))
+          committed.emplace(s->body.signer, *d);
       if (s->body.kind == bt::statement_kind::projections && s->body.slot == own_slot)
         if (auto p = bt::parse_projections_payload(s->body.payload))
           projections[s->body.signer] = *p;
@@ -337,7 +443,7 @@ struct checker {
       }
       check_aggregates(a, members, r, projections);
     }
-    verdicts(t, a);
+    verdicts(t, a, members, committed);
     return r;
   }
 
@@ -386,7 +492,8 @@ struct checker {
     }
   }
 
-  void verdicts(uint64_t t, const json& a) {
+  void verdicts(uint64_t t, const json& a, const std::vector<std::string>& members,
+                const std::map<std::string, std::vector<bt::digest>>& committed) {
     for (auto& v : a.at("verdicts")) {
       ++report.verdicts;
       auto acc = statement_of(v.at("accusation"), t);
@@ -417,6 +524,14 @@ struct checker {
           problem(fmt::format("unknown re-check outcome '{}'", name));
           continue;
         }
+        if (recompute && parsed->kind == bt::accusation_kind::wrong_gradient) {
+          auto again = recompute_gradient(t, a.at("attempt").get<uint32_t>(), members,
+                                          parsed->accused, committed);
+          if (again && *again != *outcome)
+            problem(fmt::format("a wrong_gradient re-check says '{}'; recomputed from the "
+                                "checkpoint it is '{}'",
+                                name, bt::recheck_name(*again)));
+        }
         d = bt::decide(*acc, *outcome);
       }
       if (!d) {
@@ -441,11 +556,13 @@ struct checker {
 
 } // namespace
 
-result<audit_report> check_audit(const std::string& path) {
+result<audit_report> check_audit(const std::string& path, bool recompute) {
   std::ifstream in(path);
   if (!in)
     return fail(fmt::format("cannot read {}", path));
   checker c;
+  c.recompute = recompute;
+  c.dir = checkpoint_dir(path);
   std::string text, prev;
   bool have_header = false;
   while (std::getline(in, text)) {
@@ -470,8 +587,12 @@ result<audit_report> check_audit(const std::string& path) {
     prev = line_hash(text);
     try {
       if (!have_header) {
-        c.header(j);
         have_header = true;
+        try {
+          c.header(j);
+        } catch (const std::runtime_error& e) {
+          return fail(e.what());
+        }
         continue;
       }
       if (j.value("kind", "") != "step") {

@@ -14,8 +14,10 @@
 // key order); the seeds chain (step t's seeds from the r of step t−1's applied aggregation);
 // validators drawn from r_t; each aggregate check recomputed from the signed projections; and each
 // verdict's rule re-derived from its signed accusation and logged outcome (an equivocation from
-// its logged proof). Gradient re-checks (recomputing a gradient from a parameter checkpoint) are
-// not yet done by the checker: it re-derives the verdict from the logged outcome.
+// its logged proof). With `--recompute` it also recomputes each wrong-gradient re-check from the
+// parameter checkpoint the run kept for that step. Wrong-aggregate and wrong-projection re-checks
+// need the parts themselves, which the log does not keep: those verdicts are re-derived from the
+// logged outcome only.
 #pragma once
 
 #include <cstdint>
@@ -49,7 +51,19 @@ struct audit_header {
   double validation_rel_tolerance = 0.0;
   double lr = 0.1;
   double momentum = 0.9;
+  /// The task, for `--recompute` (an MLP on Fashion-MNIST or its synthetic stand-in): hidden
+  /// width, batch, the model's seed, the data folder, synthetic fallback and training images.
+  int64_t hidden = 64;
+  uint64_t batch = 32;
+  uint64_t model_seed = 0;
+  std::string data_dir;
+  bool synthetic_when_absent = false;
+  uint64_t train_samples = 0;
 };
+
+/// The folder beside an audit log where a run keeps θ_t of each step that had a gradient
+/// accusation (`step-<t>.params`: float32 values, little-endian).
+std::string checkpoint_dir(const std::string& audit_path);
 
 /// Writes the log line by line (flushed per step, so a stopped run keeps what it did).
 class audit_writer {
@@ -79,12 +93,17 @@ struct audit_report {
   size_t checks = 0;
   size_t verdicts = 0;
   size_t bans = 0;
+  /// Wrong-gradient verdicts whose re-check was recomputed (with `recompute`).
+  size_t recomputed = 0;
   /// Each problem with the line it is on; empty: the log checks.
   std::vector<std::string> problems;
 };
 
-/// Checks the log at `path`. Fails only when the file cannot be read or has no header line;
-/// everything else found is a problem in the report.
-result<audit_report> check_audit(const std::string& path);
+/// Checks the log at `path`; with `recompute`, also re-checks every wrong-gradient verdict by
+/// recomputing the accused's gradient from its public seed at the kept parameters θ_t (whose
+/// digest must be the one the log gives for the step before) and comparing it with the accused's
+/// signed part digests. Fails only when the file cannot be read or has no header line (or, with
+/// `recompute`, the task cannot be rebuilt); everything else found is a problem in the report.
+result<audit_report> check_audit(const std::string& path, bool recompute = false);
 
 } // namespace starling::runtime::btard

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <set>
 
@@ -99,6 +101,22 @@ result<double> calibrate_tau(const experiment_options& o, const bt::task& t,
   std::nth_element(dist.begin(), dist.begin() + static_cast<std::ptrdiff_t>(dist.size() / 2),
                    dist.end());
   return o.tau_factor * dist[dist.size() / 2];
+}
+
+status keep_checkpoint(const std::string& audit_path, uint64_t step,
+                       const std::vector<float>& theta) {
+  auto dir = checkpoint_dir(audit_path);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec)
+    return fail(fmt::format("cannot create {}: {}", dir, ec.message()));
+  auto path = fmt::format("{}/step-{}.params", dir, step);
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(theta.data()),
+            static_cast<std::streamsize>(theta.size() * sizeof(float)));
+  if (!out)
+    return fail(fmt::format("writing {} failed", path));
+  return {};
 }
 
 std::string attack_label(const experiment_options& o) {
@@ -204,6 +222,14 @@ result<std::vector<rule_outcome>> run_experiment(const experiment_options& opts,
       h.validation_rel_tolerance = g.validation_rel_tolerance;
       h.lr = g.lr;
       h.momentum = g.momentum;
+      h.hidden = model.hidden;
+      h.batch = model.batch;
+      h.model_seed = model.seed;
+      h.data_dir = o.data_dir;
+      h.synthetic_when_absent = o.synthetic_when_absent;
+      h.train_samples = o.train_samples;
+      std::error_code ec;
+      std::filesystem::remove_all(checkpoint_dir(oc.audit_path), ec);
       auto w = audit_writer::open(oc.audit_path, h);
       if (!w)
         return fail(w.error().what);
@@ -217,12 +243,26 @@ result<std::vector<rule_outcome>> run_experiment(const experiment_options& opts,
     size_t clipped = 0, inputs = 0;
     auto t0 = std::chrono::steady_clock::now();
     for (uint64_t s = 0; s < o.steps; ++s) {
+      std::vector<float> theta;
+      if (audit)
+        theta = (*group)->model();
       auto rec = (*group)->step();
       if (!rec)
         return fail(fmt::format("{} step {}: {}", rule_name(rule), s, rec.error().what));
-      if (audit)
+      if (audit) {
         if (auto st = audit->write(*rec); !st)
           return fail(st.what());
+        // θ_t of a step with a gradient accusation, for `starling audit --recompute`.
+        bool gradient_verdict = false;
+        for (auto& a : rec->attempts)
+          for (auto& v : a.verdicts)
+            if (auto acc = bt::parse_accusation(v.accusation.body.payload);
+                acc && acc->kind == bt::accusation_kind::wrong_gradient)
+              gradient_verdict = true;
+        if (gradient_verdict)
+          if (auto st = keep_checkpoint(oc.audit_path, s, theta); !st)
+            return fail(st.what());
+      }
       if (rec->attempts.size() > 1)
         ++oc.redone_steps;
       oc.ms_split["gradients"] += rec->ms_gradients;
@@ -271,16 +311,16 @@ result<std::vector<rule_outcome>> run_experiment(const experiment_options& opts,
     oc.clipped = inputs ? static_cast<double>(clipped) / static_cast<double>(inputs) : 0.0;
     if (audit) {
       audit.reset();
-      auto report = check_audit(oc.audit_path);
+      auto report = check_audit(oc.audit_path, true);
       if (!report)
         return fail(report.error().what);
       if (!report->problems.empty())
         return fail(fmt::format("the audit log {} does not check: {}", oc.audit_path,
                                 report->problems.front()));
       fmt::print("  audit: {} checks ({} steps, {} signed statements, {} MPRNG draws, {} aggregate "
-                 "checks, {} verdicts re-derived)\n",
+                 "checks, {} verdicts re-derived, {} of them recomputed)\n",
                  oc.audit_path, report->steps, report->statements, report->draws, report->checks,
-                 report->verdicts);
+                 report->verdicts, report->recomputed);
     }
     outcomes.push_back(oc);
   }

@@ -81,8 +81,8 @@ int cmd_run(std::string file, bool sim, std::optional<uint64_t> seed, std::strin
                      !resume.empty());
 }
 
-int cmd_audit(const std::string& file) {
-  auto report = btard::check_audit(file);
+int cmd_audit(const std::string& file, bool recompute) {
+  auto report = btard::check_audit(file, recompute);
   if (!report)
     return cli_die(report.error().what);
   auto& r = *report;
@@ -96,8 +96,10 @@ int cmd_audit(const std::string& file) {
     return 1;
   }
   fmt::print("audit: {} checks: {} steps, {} aggregations, {} signed statements verified, {} MPRNG "
-             "draws, {} aggregate checks recomputed, {} verdicts re-derived, {} bans\n",
-             file, r.steps, r.attempts, r.statements, r.draws, r.checks, r.verdicts, r.bans);
+             "draws, {} aggregate checks recomputed, {} verdicts re-derived ({} recomputed from "
+             "checkpoints), {} bans\n",
+             file, r.steps, r.attempts, r.statements, r.draws, r.checks, r.verdicts, r.recomputed,
+             r.bans);
   return 0;
 }
 
@@ -352,7 +354,11 @@ int cli_main(int argc, char** argv) {
     "audit", "Check a BTARD audit log (btard-audit.jsonl): its chain, signatures, MPRNG draws, "
              "validators, aggregate checks and verdicts");
   std::string audit_file;
+  bool audit_recompute = false;
   auditc->add_option("file", audit_file, "The audit log")->required();
+  auditc->add_flag("--recompute", audit_recompute,
+                   "Also recompute each wrong-gradient re-check from the parameter checkpoints "
+                   "the run kept (btard-checkpoints/ beside the log)");
 
   app.add_subcommand("version", "Print the version");
   auth_commands auth{app};
@@ -375,7 +381,7 @@ int cli_main(int argc, char** argv) {
     return cmd_node(listen, join, node_opts, args);
   }
   if (auditc->parsed())
-    return cmd_audit(audit_file);
+    return cmd_audit(audit_file, audit_recompute);
   if (dhtc->parsed()) {
     if (dht_get->parsed())
       return cmd_dht_get(dht_node, dht_key);

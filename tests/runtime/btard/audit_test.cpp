@@ -12,6 +12,7 @@
 
 #include "actors/auth/identity.hpp"
 #include "actors/btard/protocol.hpp"
+#include "runtime/btard/experiment.hpp"
 #include "kernels/data/idx.hpp"
 #include "kernels/data/idx_source.hpp"
 
@@ -159,6 +160,87 @@ TEST_CASE("an audit log checks, the same seed writes the same log, and tampering
   REQUIRE(empty);
   CHECK_FALSE(empty->problems.empty());
   CHECK_FALSE(rb::check_audit(dir + "/missing.jsonl"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("--recompute re-checks gradient verdicts from the kept parameters") {
+  auto dir = temp_dir() + "-recompute";
+  std::filesystem::create_directories(dir);
+  rb::experiment_options o;
+  o.name = "audit-recompute";
+  o.seed = 3;
+  o.peers = 6;
+  o.byzantine = 2;
+  o.steps = 12;
+  o.rules = {bt::aggregation_rule::btard};
+  o.attack.kind = bt::attack_kind::sign_flip;
+  o.group.validators = 3;
+  o.model.hidden = 8;
+  o.model.batch = 8;
+  o.data_dir = dir + "/no-data-here";
+  o.synthetic_when_absent = true;
+  o.train_samples = 256;
+  o.eval_samples = 64;
+  o.eval_every = 12;
+  auto out = rb::run_experiment(o, dir);
+  REQUIRE_MESSAGE(out, (out ? "" : out.error().what));
+  auto log = dir + "/btard-audit.jsonl";
+  auto report = rb::check_audit(log, true);
+  REQUIRE(report);
+  for (auto& p : report->problems)
+    MESSAGE(p);
+  CHECK(report->problems.empty());
+  REQUIRE(report->recomputed >= 1);
+
+  // A verdict rewritten consistently (outcome, action and ban) passes the rule check; only the
+  // recomputation finds it.
+  auto ls = lines_of(log);
+  size_t changed = 0;
+  for (size_t i = 1; i < ls.size() && !changed; ++i) {
+    auto j = nlohmann::json::parse(ls[i]);
+    for (auto& at : j["attempts"])
+      for (auto& v : at["verdicts"])
+        if (v["outcome"] == "confirmed" && !changed) {
+          auto acc = bt::decode(*starling::actors::auth::from_hex(v["accusation"].get<std::string>()));
+          REQUIRE(acc);
+          auto parsed = bt::parse_accusation(acc->body.payload);
+          REQUIRE(parsed);
+          if (parsed->kind != bt::accusation_kind::wrong_gradient)
+            continue;
+          v["outcome"] = "refuted";
+          v["action"] = "ban_accuser";
+          v["banned"] = nlohmann::json::array({starling::actors::auth::to_hex(acc->body.signer)});
+          changed = i;
+        }
+    if (changed)
+      ls[i] = j.dump();
+  }
+  REQUIRE(changed > 0);
+  auto c = dir + "/btard-audit-changed.jsonl";
+  write_lines(c, ls);
+  auto plain = rb::check_audit(c, false);
+  REQUIRE(plain);
+  // Without recomputation only the chain notices (the line after the changed one).
+  for (auto& p : plain->problems)
+    CHECK(p.find("chain breaks") != std::string::npos);
+  auto deep = rb::check_audit(c, true);
+  REQUIRE(deep);
+  bool found = false;
+  for (auto& p : deep->problems)
+    found = found || p.find("recomputed from the checkpoint it is 'confirmed'") != std::string::npos;
+  CHECK(found);
+
+  // A checkpoint that is not the logged parameters is refused.
+  for (auto& e : std::filesystem::directory_iterator(rb::checkpoint_dir(log))) {
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(0);
+    float x = 12345.0f;
+    f.write(reinterpret_cast<const char*>(&x), sizeof x);
+  }
+  auto bad = rb::check_audit(log, true);
+  REQUIRE(bad);
+  REQUIRE_FALSE(bad->problems.empty());
+  CHECK(bad->problems[0].find("is not the parameters the log gives") != std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
