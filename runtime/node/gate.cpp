@@ -1,5 +1,9 @@
 #include "runtime/node/gate.hpp"
 
+#include <map>
+#include <memory>
+#include <vector>
+
 #include <caf/all.hpp>
 
 #include "actors/auth/identity.hpp"
@@ -270,6 +274,14 @@ caf::actor spawn_gate(caf::actor_system& sys, std::shared_ptr<node_gate> gate) {
         caf::anon_send(their_gate, deny_atom::value, list);
       return std::string{};
     };
+    // Claims being verified, by endpoint: the claimant, and the answers owed to its repeated
+    // hellos (a connector that reconnects while its first claim's probe runs), delivered with
+    // the verdict instead of refused as busy.
+    struct in_flight {
+      caf::node_id claimant;
+      std::vector<caf::typed_response_promise<std::string>> waiting;
+    };
+    auto probing = std::make_shared<std::map<std::string, in_flight>>();
     // A claim not kept: counted by reason, one line in the log.
     auto refuse_claim = [gate](claim_refusal why, const std::string& endpoint,
                                const std::string& detail) {
@@ -321,10 +333,17 @@ caf::actor spawn_gate(caf::actor_system& sys, std::shared_ptr<node_gate> gate) {
           return refused;
         }
         if (!gate->begin_claim(endpoint)) {
+          if (auto it = probing->find(endpoint);
+              it != probing->end() && it->second.claimant == claimant) {
+            auto again = self->make_response_promise<std::string>();
+            it->second.waiting.push_back(again);
+            return again;
+          }
           refuse_claim(claim_refusal::busy, endpoint,
                        "a claim of it is being verified, or too many probes are running");
           return refused;
         }
+        (*probing)[endpoint] = in_flight{claimant, {}};
         // The node listening there must be the claimant: its BASP server handshake names the
         // claimant's node, and under TLS its certificate certifies the key the claimant was
         // admitted with (a node id is only what a CAF process says it is; a key is proven).
@@ -357,6 +376,11 @@ caf::actor spawn_gate(caf::actor_system& sys, std::shared_ptr<node_gate> gate) {
           if (auto r = gate->resolver())
             caf::anon_send(r, hello_atom::value, endpoint);
           rp.deliver(std::string{});
+          if (auto it = probing->find(endpoint); it != probing->end()) {
+            for (auto& w : it->second.waiting)
+              w.deliver(std::string{});
+            probing->erase(it);
+          }
         };
         // The verdict comes within the connector's wait for the answer (the node sets the
         // probe's time to 3/5 of it: this is 4/5) even when a TLS handshake is carried on past
