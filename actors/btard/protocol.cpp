@@ -272,6 +272,10 @@ struct simulated_group::impl {
     std::map<std::string, std::vector<float>> recomputed;
     /// θ_t every honest member holds.
     std::vector<float> theta;
+    /// The honest statistics IPM and ALIE attackers share (computed once per step), and the
+    /// count of gradient attackers among the members.
+    std::optional<honest_statistics> honest_stats;
+    size_t gradient_attackers = 0;
   };
 
   result<std::vector<float>> true_gradient(step_state& s, const std::string& key) {
@@ -451,22 +455,27 @@ result<std::vector<float>> simulated_group::impl::attacked(step_state& s, peer& 
   case attack_kind::alie: {
     // The honest statistics from every honest member's gradient, which attackers can recompute
     // from the public seeds (n − b gradients per step, shared among colluding attackers).
-    std::vector<at::Tensor> honest;
-    size_t byz = 0;
-    for (auto& k : members) {
-      auto* q = by_key.at(k);
-      if (q->spec.gradient.kind != attack_kind::none) {
-        ++byz;
-        continue;
+    if (!s.honest_stats) {
+      std::vector<at::Tensor> honest;
+      s.gradient_attackers = 0;
+      for (auto& k : members) {
+        auto* q = by_key.at(k);
+        if (q->spec.gradient.kind != attack_kind::none) {
+          ++s.gradient_attackers;
+          continue;
+        }
+        auto tg = true_gradient(s, k);
+        if (!tg)
+          return tg;
+        honest.push_back(as_tensor(*tg).clone());
       }
-      auto tg = true_gradient(s, k);
-      if (!tg)
-        return tg;
-      honest.push_back(as_tensor(*tg).clone());
+      auto stats = statistics_of(honest);
+      if (!stats)
+        return fail(stats.error().what);
+      s.honest_stats = std::move(*stats);
     }
-    auto stats = statistics_of(honest);
-    if (!stats)
-      return fail(stats.error().what);
+    const auto& stats = s.honest_stats;
+    const size_t byz = s.gradient_attackers;
     if (a.kind == attack_kind::ipm)
       return as_vector(ipm(*stats, a.epsilon));
     auto z = alie_z(members.size(), byz);

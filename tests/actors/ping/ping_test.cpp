@@ -10,6 +10,7 @@
 #include "messages/metrics.hpp"
 #include "messages/registry.hpp"
 #include "messages/types.hpp"
+#include "tests/support/test_system.hpp"
 
 namespace starling::test::actors_ping_test {
 
@@ -20,31 +21,7 @@ using starling::messages::metric_event;
 namespace {
 
 /// A deterministic actor system (CAF-NOTES, "Deterministic tests with doctest").
-struct test_system {
-  caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  caf::scheduler::test_coordinator* sched = nullptr;
-
-  test_system() {
-    cfg.set("scheduler.policy", caf::atom("testing"));
-    cfg.set("logger.inline-output", true);
-    messages::register_types(cfg);
-    sys = std::make_unique<caf::actor_system>(cfg);
-    sched = &dynamic_cast<caf::scheduler::test_coordinator&>(sys->scheduler());
-  }
-
-  /// Runs every message that is due (no timeout fires).
-  void run() {
-    while (sched->run() > 0) {
-    }
-  }
-
-  /// Advances virtual time by `d` and runs what became due.
-  void advance(caf::timespan d) {
-    sched->clock().advance_time(d);
-    run();
-  }
-};
+using starling::test::test_system;
 
 /// The metrics a pinger sent, and the resolutions its resolver was asked for.
 struct seen {

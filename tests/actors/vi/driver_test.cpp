@@ -9,6 +9,7 @@
 #include "messages/metrics.hpp"
 #include "messages/registry.hpp"
 #include "messages/vi.hpp"
+#include "tests/support/test_system.hpp"
 
 namespace starling::test::actors_vi_driver_test {
 
@@ -19,25 +20,7 @@ using starling::messages::vi_report;
 namespace {
 
 /// A deterministic actor system (CAF-NOTES, "Deterministic tests with doctest").
-struct test_system {
-  caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  caf::scheduler::test_coordinator* sched = nullptr;
-
-  test_system() {
-    cfg.set("scheduler.policy", caf::atom("testing"));
-    cfg.set("logger.inline-output", true);
-    messages::register_types(cfg);
-    sys = std::make_unique<caf::actor_system>(cfg);
-    sched = &dynamic_cast<caf::scheduler::test_coordinator&>(sys->scheduler());
-  }
-
-  /// Runs every message and fires every pending timeout until nothing is left.
-  void run_all() {
-    while (sched->run() > 0 || sched->trigger_timeout()) {
-    }
-  }
-};
+using starling::test::test_system;
 
 /// A driver over a small bilinear problem's workers, its metrics kept in `out`; the resolver
 /// knows the workers as `@0/worker.<i>`, except `missing`.

@@ -6,6 +6,7 @@
 #include "messages/atoms.hpp"
 #include "messages/registry.hpp"
 #include "messages/vi.hpp"
+#include "tests/support/test_system.hpp"
 
 namespace starling::test::actors_vi_actor_test {
 
@@ -16,25 +17,7 @@ using starling::messages::vi_report;
 namespace {
 
 /// A deterministic actor system (CAF-NOTES, "Deterministic tests with doctest").
-struct test_system {
-  caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  caf::scheduler::test_coordinator* sched = nullptr;
-
-  test_system() {
-    cfg.set("scheduler.policy", caf::atom("testing"));
-    cfg.set("logger.inline-output", true);
-    messages::register_types(cfg);
-    sys = std::make_unique<caf::actor_system>(cfg);
-    sched = &dynamic_cast<caf::scheduler::test_coordinator&>(sys->scheduler());
-  }
-
-  /// Runs every message and fires every pending timeout until nothing is left.
-  void run_all() {
-    while (sched->run() > 0 || sched->trigger_timeout()) {
-    }
-  }
-};
+using starling::test::test_system;
 
 std::shared_ptr<const bilinear_problem> small_problem() {
   bilinear_options o;
