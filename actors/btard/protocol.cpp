@@ -577,6 +577,20 @@ result<step_record> simulated_group::impl::run_step() {
     }
     out.attempts.push_back(std::move(rec));
   } else if (grouped) {
+    // Banned peers still online keep trying: each signs its commitment for the step and sends a
+    // part to every member; honest readers ignore a banned signer's statements and aggregators
+    // refuse its parts, counting both.
+    for (auto& p : peers) {
+      if (!ref->view.ban_reason(p->pk) || p->spec.offline_at(step))
+        continue;
+      std::vector<digest> ds(g.members.size(), digest{});
+      auto st = sign_statement({statement_kind::part_digests, o.run_id, step, p->pk,
+                                index_slot(0, 0), digests_payload(ds)},
+                               p->key);
+      if (st && verify(*st))
+        ++out.refused_statements;
+      out.refused_parts += g.members.size();
+    }
     std::set<std::string> removed;
     uint32_t mprng_attempt = 0;
     for (uint32_t a = 0; a < o.max_attempts; ++a) {

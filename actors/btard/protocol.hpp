@@ -211,6 +211,11 @@ struct step_record {
   bool applied = false;
   /// Peers that took part in the applied aggregation.
   size_t contributors = 0;
+  /// What banned peers that are still online tried this step and every honest peer refused:
+  /// their statements (ignored by readers, refused by gates) and their parts (never taken by an
+  /// aggregator). A ban is by key, so a banned peer that restarts stays refused.
+  size_t refused_statements = 0;
+  size_t refused_parts = 0;
   /// Wall time of the members' gradients and of the attacks (ms).
   double ms_gradients = 0.0;
   double ms_attacks = 0.0;

@@ -292,6 +292,27 @@ TEST_CASE("no honest peer is banned over 100 clean steps x 10 seeds") {
   }
 }
 
+TEST_CASE("a banned peer's statements and parts are refused and counted, also after it restarts") {
+  std::vector<btard::peer_spec> specs(5);
+  specs[4].protocol = btard::protocol_attack::lie_projection;
+  specs[4].protocol_step = 0;
+  specs[4].crash_at = 2; // restarts after step 2, with the same key
+  specs[4].crash_steps = 1;
+  auto g = group(options(13), specs, 13);
+  std::vector<size_t> refused;
+  for (int s = 0; s < 5; ++s) {
+    auto rec = g->step();
+    REQUIRE(rec);
+    refused.push_back(rec->refused_statements);
+    if (s >= 1 && s != 2) {
+      CHECK(rec->refused_parts == 4);
+      CHECK(rec->contributors == 4);
+    }
+  }
+  CHECK(banned_indices(*g) == std::set<size_t>{4});
+  CHECK(refused == std::vector<size_t>{0, 1, 0, 1, 1});
+}
+
 TEST_CASE("bad options and inputs are refused with a reason") {
   auto o = options(1);
   o.tau = 0;
