@@ -74,6 +74,9 @@ public:
   status write(const actors::btard::step_record& rec);
   /// Lines written.
   size_t lines() const { return lines_; }
+  /// BLAKE2b-256 of the last line, hex: the digest of the whole log (each line chains the one
+  /// before), the same for runs of the same seed.
+  const std::string& head() const { return prev_; }
 
 private:
   audit_writer() = default;

@@ -310,6 +310,7 @@ result<std::vector<rule_outcome>> run_experiment(const experiment_options& opts,
     oc.loss = ev.loss;
     oc.clipped = inputs ? static_cast<double>(clipped) / static_cast<double>(inputs) : 0.0;
     if (audit) {
+      auto head = audit->head();
       audit.reset();
       auto report = check_audit(oc.audit_path, true);
       if (!report)
@@ -321,6 +322,9 @@ result<std::vector<rule_outcome>> run_experiment(const experiment_options& opts,
                  "checks, {} verdicts re-derived, {} of them recomputed)\n",
                  oc.audit_path, report->steps, report->statements, report->draws, report->checks,
                  report->verdicts, report->recomputed);
+      fmt::print("  audit digest {} (the last line's BLAKE2b-256: the same seed gives the same "
+                 "log)\n",
+                 head.substr(0, 16));
     }
     outcomes.push_back(oc);
   }
