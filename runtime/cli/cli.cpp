@@ -58,11 +58,12 @@ result<loaded_experiment> load(const std::string& file, const role_registry& reg
 }
 
 int cmd_run(std::string file, bool sim, std::optional<uint64_t> seed, std::string out,
-            std::vector<std::string> sets, size_t nodes, const std::string& resume,
+            const std::vector<std::string>& sets, size_t nodes, const std::string& resume,
             const std::string& http) {
-  // `--http HOST:PORT` is `node.http`, checked by the same reader.
+  // `--http HOST:PORT` overrides `node.http` (checked as that key is).
   if (!http.empty())
-    sets.push_back("node.http=" + http);
+    if (auto ep = parse_endpoint(http); !ep)
+      return cli_die("--http: " + ep.error().what);
   if (!resume.empty()) {
     if (!out.empty() && out != resume)
       return cli_die(fmt::format("run: --out {} and --resume {} name two folders; a resumed run "
@@ -81,6 +82,8 @@ int cmd_run(std::string file, bool sim, std::optional<uint64_t> seed, std::strin
   if (!ex)
     return cli_die(ex.error().what);
   set_log_level(parse_log_level(ex->log_level));
+  if (!http.empty())
+    ex->graph.node.http = http;
   return command_run(ex->graph, registry, ex->mode, nodes, out, ex->source_text,
                      !resume.empty());
 }
@@ -137,6 +140,8 @@ struct node_cli {
   std::string authority;
   std::string token;
   std::string key;
+  /// `--http HOST:PORT`: overrides `node.http` (node 0 serves the run's page).
+  std::string http;
 };
 
 /// `starling node` without an experiment: a bare node that answers pings and pings the nodes
@@ -260,6 +265,8 @@ int cmd_node(const std::string& listen, const std::vector<std::string>& join,
   nc.token = cli.token;
   nc.key = cli.key;
   nc.argv = argv;
+  if (!cli.http.empty())
+    ex->graph.node.http = cli.http;
   return command_node(ex->graph, registry, nc);
 }
 
@@ -388,7 +395,9 @@ int cli_main(int argc, char** argv) {
     if (!node_http.empty()) {
       if (node_opts.config_file.empty())
         return cli_die("--http needs --config EXPERIMENT.yaml (the endpoint serves a run)");
-      node_opts.sets.push_back("node.http=" + node_http);
+      if (auto ep = parse_endpoint(node_http); !ep)
+        return cli_die("--http: " + ep.error().what);
+      node_opts.http = node_http;
     }
     return cmd_node(listen, join, node_opts, args);
   }

@@ -99,12 +99,16 @@ void snapshot_builder::add(const event_view& e) {
   cur_.events_total++;
   bump(cur_.events_by_kind, e.kind, opts_.max_kinds);
   auto* m = member(e.source);
-  // An instance outside the plan (a volunteer) joins the list while the list and the set of
-  // roles stay within their bounds; host services (`node2/faults`) are not instances.
+  // An instance outside the plan joins the list when it is named `<role>.<index>` after a
+  // planned role (a volunteer, a respawn), or any role when the plan lists none, within the
+  // bounds. Host services (`node2/faults`) and a role's internal names (a stage peer's
+  // `s1p2g0`) are not instances: their events count, they are not listed.
   if (!m && cur_.members.size() < opts_.max_members && e.source.find('/') == std::string::npos
       && !e.source.empty()) {
     auto role = role_of(e.source);
-    if (cur_.live_by_role.count(role) > 0 || cur_.live_by_role.size() < opts_.max_kinds) {
+    bool planned_role = cur_.live_by_role.count(role) > 0;
+    bool open = cur_.run.members.empty() && cur_.live_by_role.size() < opts_.max_kinds;
+    if (planned_role || open) {
       member_state s;
       s.name = e.source;
       s.role = role;
@@ -147,6 +151,13 @@ void snapshot_builder::add(const event_view& e) {
     if (std::isfinite(step))
       cur_.global_step = std::max(cur_.global_step, step);
     loss_point(value_of(e, "loss", std::nan("")));
+  } else if (e.kind == "step") {
+    // A SWARM stage peer's global step: averaged with its stage's peers or taken on its own.
+    auto basis = value_of(e, "averaged", 0) > 0 ? "averaged" : "alone";
+    cur_.rounds_by_outcome[basis]++;
+    auto step = value_of(e, "step", -1);
+    if (std::isfinite(step))
+      cur_.global_step = std::max(cur_.global_step, step);
   } else if (e.kind == "dp_dropped") {
     auto n = value_of(e, "samples", 0);
     if (std::isfinite(n) && n > 0)

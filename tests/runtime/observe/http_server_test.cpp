@@ -27,6 +27,7 @@
 #include "runtime/observe/exposition.hpp"
 #include "runtime/observe/http_server.hpp"
 #include "runtime/observe/snapshot.hpp"
+#include "support/http_client.hpp"
 
 namespace starling::test::runtime_observe_http_server_test {
 
@@ -34,83 +35,17 @@ using namespace starling::runtime::observe;
 using namespace std::chrono_literals;
 using steady = std::chrono::steady_clock;
 
-/// A non-blocking socket connected (or connecting) to 127.0.0.1:port; -1 on failure.
-int open_to(uint16_t port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0)
-    return -1;
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(port);
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) < 0 && errno != EINPROGRESS) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
+using testing::http_get;
+using testing::http_talk;
+using testing::open_loopback;
+
+std::optional<testing::http_reply> get(uint16_t port, const std::string& path,
+                                       std::chrono::milliseconds limit = 5s) {
+  return http_get(port, path, limit);
 }
 
-struct reply {
-  int status = 0;
-  std::string head;
-  std::string body;
-};
-
-/// Sends `request` (while reading, so a server that answers early is heard) and reads until the
-/// server closes or `limit` passes.
-std::optional<reply> talk(uint16_t port, const std::string& request,
-                              steady::duration limit = 5s) {
-  auto deadline = steady::now() + limit;
-  int fd = open_to(port);
-  if (fd < 0)
-    return std::nullopt;
-  size_t sent = 0;
-  bool sending = true;
-  std::string got;
-  for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady::now());
-    if (left.count() <= 0)
-      break;
-    pollfd p{fd, static_cast<short>(POLLIN | (sending ? POLLOUT : 0)), 0};
-    if (::poll(&p, 1, static_cast<int>(left.count())) <= 0)
-      break;
-    if (p.revents & POLLIN) {
-      char buf[65536];
-      auto n = ::recv(fd, buf, sizeof buf, 0);
-      if (n <= 0)
-        break;
-      got.append(buf, static_cast<size_t>(n));
-      continue;
-    }
-    if (p.revents & (POLLERR | POLLHUP))
-      break;
-    if (sending && (p.revents & POLLOUT)) {
-      auto n = ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
-      if (n < 0 && errno != EAGAIN) {
-        sending = false; // the server stopped reading (it answered, or gave up on us)
-        continue;
-      }
-      if (n > 0)
-        sent += static_cast<size_t>(n);
-      if (sent == request.size())
-        sending = false;
-    }
-  }
-  ::close(fd);
-  if (got.rfind("HTTP/1.", 0) != 0 || got.size() < 12)
-    return std::nullopt;
-  reply r;
-  r.status = std::atoi(got.c_str() + 9);
-  auto end = got.find("\r\n\r\n");
-  r.head = got.substr(0, end);
-  if (end != std::string::npos)
-    r.body = got.substr(end + 4);
-  return r;
-}
-
-std::optional<reply> get(uint16_t port, const std::string& path, steady::duration limit = 5s) {
-  return talk(port, "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
-                  limit);
+std::optional<testing::http_reply> talk(uint16_t port, const std::string& request) {
+  return http_talk(port, request);
 }
 
 std::shared_ptr<snapshot_store> filled_store() {
@@ -248,7 +183,7 @@ private:
       for (auto& c : cs) {
         if (c.next <= now) {
           if (c.fd < 0) {
-            c.fd = open_to(port_);
+            c.fd = open_loopback(port_);
             c.at = 0;
             connections_++;
           }

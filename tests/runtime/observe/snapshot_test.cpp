@@ -86,6 +86,23 @@ TEST_CASE("faults and restarts move instances between live and down") {
   CHECK(s.live_by_role.at("peers") == 0);
 }
 
+TEST_CASE("a SWARM stream: stage steps are rounds, internal peer names are not instances") {
+  snapshot_builder b{two_roles()};
+  feed(b, {1, "s1p2g0", "step", {{"step", 3}, {"averaged", 1}}, {}});
+  feed(b, {2, "s1p3g0", "step", {{"step", 4}, {"averaged", 0}}, {}});
+  feed(b, {3, "peers.7", "restart", {}, {}}); // a planned role's instance the plan did not list
+  feed(b, {4, "volunteer", "microbatch", {{"samples", 2}}, {}});
+  auto s = b.make();
+  CHECK(s.rounds_by_outcome.at("averaged") == 1);
+  CHECK(s.rounds_by_outcome.at("alone") == 1);
+  CHECK(s.global_step == 4);
+  CHECK(s.members.size() == 4);
+  CHECK(s.members.back().name == "peers.7");
+  CHECK(s.live_by_role.size() == 2);
+  CHECK(s.live_by_role.at("peers") == 3);
+  CHECK(s.peer_samples_total.at("volunteer") == 2);
+}
+
 TEST_CASE("per-peer series stay at 20 plus other, and other never decreases") {
   snapshot_builder b{two_roles()};
   std::mt19937_64 rng{3};
