@@ -6,6 +6,7 @@
 
 #include "runtime/config/config.hpp"
 #include "runtime/experiment/plan.hpp"
+#include "runtime/log/log.hpp"
 #include "runtime/observe/http_server.hpp"
 #include "runtime/observe/snapshot.hpp"
 
@@ -68,9 +69,8 @@ result<std::unique_ptr<run_watch>> run_watch::start(const std::string& endpoint,
   run.mode = to_string(mode);
   run.nodes = p.total_nodes();
   run.seed = g.seed;
-  run.start_unix_s = std::chrono::duration<double>(
-                       std::chrono::system_clock::now().time_since_epoch())
-                       .count();
+  run.start_unix_s =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   for (auto& x : p.instances) {
     observe::planned_member m;
     m.name = x.name;
@@ -88,6 +88,12 @@ result<std::unique_ptr<run_watch>> run_watch::start(const std::string& endpoint,
   if (o.host.size() > 2 && o.host.front() == '[' && o.host.back() == ']')
     o.host = o.host.substr(1, o.host.size() - 2);
   o.port = ep->second;
+  // Loopback unless the user chose otherwise; then say what that means.
+  if (o.host != "localhost" && o.host.rfind("127.", 0) != 0 && o.host != "::1")
+    log(log_level::warning, "http",
+        "serving on {}: anyone who reaches this address sees the run's page, /status and "
+        "/metrics (read-only)",
+        o.host);
   auto srv = observe::http_server::start(w->state_->store, o);
   if (!srv)
     return fail("node.http: " + srv.error().what);

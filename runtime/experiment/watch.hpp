@@ -20,9 +20,8 @@ class snapshot_store;
 class run_watch {
 public:
   /// Binds `endpoint` (`HOST:PORT`; port 0: a free one) and serves the run of `g` under `p`.
-  static result<std::unique_ptr<run_watch>> start(const std::string& endpoint,
-                                                  const experiment_graph& g, const plan& p,
-                                                  run_mode mode);
+  static result<std::unique_ptr<run_watch>>
+  start(const std::string& endpoint, const experiment_graph& g, const plan& p, run_mode mode);
   ~run_watch();
 
   /// A reporter that folds every metric into the served snapshot (one per run; put it first,

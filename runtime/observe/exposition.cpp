@@ -84,7 +84,8 @@ bool is_label_name(const std::string& s) {
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 /// A float as Go's ParseFloat reads it in this format: NaN, +Inf, -Inf, or a decimal.
@@ -167,7 +168,8 @@ std::vector<metric_family> families_of(const snapshot& s) {
     out.push_back(counter(name, help));
     out.back().samples.push_back({{}, v});
   };
-  out.push_back(gauge("starling_run_info", "The watched run (value 1): experiment, kind, mode, seed"));
+  out.push_back(
+      gauge("starling_run_info", "The watched run (value 1): experiment, kind, mode, seed"));
   out.back().samples.push_back({{{"experiment", s.run.experiment},
                                  {"kind", s.run.kind},
                                  {"mode", s.run.mode},
@@ -199,8 +201,7 @@ std::vector<metric_family> families_of(const snapshot& s) {
   add_labelled(out.back(), "action", s.faults_by_action);
   c("starling_joins_total", "Peers that joined", static_cast<double>(s.joins_total));
   c("starling_leaves_total", "Peers that left", static_cast<double>(s.leaves_total));
-  c("starling_dropped_samples_total", "Samples computed but not averaged",
-    s.dropped_samples_total);
+  c("starling_dropped_samples_total", "Samples computed but not averaged", s.dropped_samples_total);
   out.push_back(counter("starling_refusals_total",
                         "Refused envelopes by reason (bounded; the rest under reason=\"other\")"));
   add_labelled(out.back(), "reason", s.refusals_by_reason);
@@ -220,8 +221,7 @@ std::vector<metric_family> families_of(const snapshot& s) {
 std::string render_exposition(const std::vector<metric_family>& families) {
   std::string out;
   for (auto& f : families) {
-    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", f.name, escape_help(f.help), f.name,
-                       f.type);
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", f.name, escape_help(f.help), f.name, f.type);
     for (auto& s : f.samples) {
       out += f.name;
       if (!s.labels.empty()) {

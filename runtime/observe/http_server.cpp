@@ -32,22 +32,22 @@ namespace {
 
 const char* reason_of(int status) {
   switch (status) {
-    case 400:
-      return "Bad Request";
-    case 404:
-      return "Not Found";
-    case 405:
-      return "Method Not Allowed";
-    case 413:
-      return "Payload Too Large";
-    case 414:
-      return "URI Too Long";
-    case 431:
-      return "Request Header Fields Too Large";
-    case 500:
-      return "Internal Server Error";
-    default:
-      return status >= 500 ? "Server Error" : "Client Error";
+  case 400:
+    return "Bad Request";
+  case 404:
+    return "Not Found";
+  case 405:
+    return "Method Not Allowed";
+  case 413:
+    return "Payload Too Large";
+  case 414:
+    return "URI Too Long";
+  case 431:
+    return "Request Header Fields Too Large";
+  case 500:
+    return "Internal Server Error";
+  default:
+    return status >= 500 ? "Server Error" : "Client Error";
   }
 }
 
@@ -61,13 +61,13 @@ void no_store(httplib::Response& res) {
 result<std::unique_ptr<http_server>> http_server::start(std::shared_ptr<const snapshot_store> store,
                                                         const http_options& opts) {
   if (!store)
-    return fail("http: no snapshot store to serve");
+    return fail("no snapshot store to serve");
   if (opts.threads < 1 || opts.threads > 2)
-    return fail(fmt::format("http: expected 1 or 2 threads, got {}", opts.threads));
+    return fail(fmt::format("expected 1 or 2 threads, got {}", opts.threads));
   if (opts.host.empty())
-    return fail("http: expected a host to bind, got an empty one");
+    return fail("expected a host to bind, got an empty one");
   if (opts.read_timeout.count() <= 0 || opts.write_timeout.count() <= 0)
-    return fail("http: expected positive read and write timeouts");
+    return fail("expected positive read and write timeouts");
   auto p = std::make_unique<impl>();
   p->store = std::move(store);
   p->host = opts.host;
@@ -108,19 +108,20 @@ result<std::unique_ptr<http_server>> http_server::start(std::shared_ptr<const sn
     res.set_content(fmt::format("{} {}\n", res.status, reason_of(res.status)),
                     "text/plain; charset=utf-8");
   });
-  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-    res.status = 500;
-    res.set_content("500 internal error\n", "text/plain; charset=utf-8");
-  });
+  svr.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
+        res.status = 500;
+        res.set_content("500 internal error\n", "text/plain; charset=utf-8");
+      });
   if (opts.port == 0) {
     auto port = svr.bind_to_any_port(opts.host);
     if (port <= 0)
-      return fail(fmt::format("http: cannot bind {}:0 (is the host an address of this machine?)",
-                              opts.host));
+      return fail(
+          fmt::format("cannot bind {}:0 (is the host an address of this machine?)", opts.host));
     p->port = static_cast<uint16_t>(port);
   } else {
     if (!svr.bind_to_port(opts.host, opts.port))
-      return fail(fmt::format("http: cannot bind {}:{} (in use, or not an address of this "
+      return fail(fmt::format("cannot bind {}:{} (in use, or not an address of this "
                               "machine)",
                               opts.host, opts.port));
     p->port = opts.port;

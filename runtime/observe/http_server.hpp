@@ -42,7 +42,7 @@ public:
   /// Binds and starts serving `store` (checked: threads in [1, 2], a resolvable host, a free
   /// port); fails with the reason.
   static result<std::unique_ptr<http_server>> start(std::shared_ptr<const snapshot_store> store,
-                                                   const http_options& opts);
+                                                    const http_options& opts);
   ~http_server();
   http_server(const http_server&) = delete;
   http_server& operator=(const http_server&) = delete;

@@ -34,8 +34,7 @@ snapshot::snapshot() : loss(std::numeric_limits<double>::quiet_NaN()) {
   // nop
 }
 
-snapshot_builder::snapshot_builder(run_description run, builder_options opts)
-  : opts_(opts) {
+snapshot_builder::snapshot_builder(run_description run, builder_options opts) : opts_(opts) {
   cur_.run = std::move(run);
   for (auto& m : cur_.run.members) {
     if (cur_.members.size() >= opts_.max_members)
@@ -103,8 +102,8 @@ void snapshot_builder::add(const event_view& e) {
   // planned role (a volunteer, a respawn), or any role when the plan lists none, within the
   // bounds. Host services (`node2/faults`) and a role's internal names (a stage peer's
   // `s1p2g0`) are not instances: their events count, they are not listed.
-  if (!m && cur_.members.size() < opts_.max_members && e.source.find('/') == std::string::npos
-      && !e.source.empty()) {
+  if (!m && cur_.members.size() < opts_.max_members && e.source.find('/') == std::string::npos &&
+      !e.source.empty()) {
     auto role = role_of(e.source);
     bool planned_role = cur_.live_by_role.count(role) > 0;
     bool open = cur_.run.members.empty() && cur_.live_by_role.size() < opts_.max_kinds;

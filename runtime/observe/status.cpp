@@ -22,9 +22,12 @@ nlohmann::json number(double v) {
 std::string render_status(const snapshot& s) {
   nlohmann::json j;
   j["version"] = s.version;
-  j["run"] = {{"experiment", s.run.experiment}, {"kind", s.run.kind},
-              {"mode", s.run.mode},             {"nodes", s.run.nodes},
-              {"seed", s.run.seed},             {"start_unix_s", number(s.run.start_unix_s)}};
+  j["run"] = {{"experiment", s.run.experiment},
+              {"kind", s.run.kind},
+              {"mode", s.run.mode},
+              {"nodes", s.run.nodes},
+              {"seed", s.run.seed},
+              {"start_unix_s", number(s.run.start_unix_s)}};
   j["run_time_s"] = number(s.run_time_s);
   j["finished"] = s.finished;
   // Every family of /metrics: an unlabelled one as its value, a labelled one as an object keyed

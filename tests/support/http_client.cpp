@@ -80,9 +80,8 @@ std::optional<http_reply> http_talk(uint16_t port, const std::string& request,
 
 std::optional<http_reply> http_get(uint16_t port, const std::string& path,
                                    std::chrono::milliseconds limit) {
-  return http_talk(port,
-                   "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n",
-                   limit);
+  return http_talk(
+      port, "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n", limit);
 }
 
 } // namespace starling::testing

@@ -3,7 +3,9 @@
 // /status rendered from one snapshot hold the same numbers.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
+#include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -43,29 +45,29 @@ TEST_CASE("the parser accepts the format's escapes, NaN, infinities and timestam
 TEST_CASE("the parser refuses what the format does not allow") {
   const std::string ok = "# HELP g G.\n# TYPE g gauge\n";
   CHECK(parses(ok + "g 1\n"));
-  CHECK_FALSE(parses(ok + "g 1"));                                         // no final newline
-  CHECK_FALSE(parses(""));                                                 // empty
-  CHECK_FALSE(parses("g 1\n"));                                            // no HELP/TYPE
-  CHECK_FALSE(parses("# TYPE g gauge\ng 1\n"));                            // no HELP
-  CHECK_FALSE(parses(ok + "g 1\n# HELP g again\n"));                       // HELP after samples
-  CHECK_FALSE(parses(ok + "# TYPE g gauge\ng 1\n"));                       // TYPE twice
+  CHECK_FALSE(parses(ok + "g 1"));                   // no final newline
+  CHECK_FALSE(parses(""));                           // empty
+  CHECK_FALSE(parses("g 1\n"));                      // no HELP/TYPE
+  CHECK_FALSE(parses("# TYPE g gauge\ng 1\n"));      // no HELP
+  CHECK_FALSE(parses(ok + "g 1\n# HELP g again\n")); // HELP after samples
+  CHECK_FALSE(parses(ok + "# TYPE g gauge\ng 1\n")); // TYPE twice
   CHECK_FALSE(parses(ok + "# HELP h H.\n# TYPE h gauge\ng 1\nh 1\ng{a=\"b\"} 2\n")); // apart
-  CHECK_FALSE(parses(ok + "g 1\ng 2\n"));                                  // series twice
-  CHECK_FALSE(parses(ok + "g{a=\"1\",a=\"2\"} 1\n"));                      // label twice
-  CHECK_FALSE(parses(ok + "g{a=\"\\t\"} 1\n"));                            // bad escape
-  CHECK_FALSE(parses(ok + "g{a=\"x} 1\n"));                                // unterminated
-  CHECK_FALSE(parses(ok + "g{1a=\"x\"} 1\n"));                             // label name
-  CHECK_FALSE(parses(ok + "g{__a=\"x\"} 1\n"));                            // reserved label
-  CHECK_FALSE(parses(ok + "g nan\n"));                                     // NaN spelling
-  CHECK_FALSE(parses(ok + "g inf\n"));                                     // Inf spelling
-  CHECK_FALSE(parses(ok + "g 0x10\n"));                                    // hex
-  CHECK_FALSE(parses(ok + "g 1 2.5\n"));                                   // timestamp
-  CHECK_FALSE(parses(ok + "g\n"));                                         // no value
-  CHECK_FALSE(parses("# HELP 9g G.\n# TYPE 9g gauge\n9g 1\n"));            // name syntax
-  CHECK_FALSE(parses("# HELP c C.\n# TYPE c counter\nc 1\n"));             // counter w/o _total
+  CHECK_FALSE(parses(ok + "g 1\ng 2\n"));                                            // series twice
+  CHECK_FALSE(parses(ok + "g{a=\"1\",a=\"2\"} 1\n"));                                // label twice
+  CHECK_FALSE(parses(ok + "g{a=\"\\t\"} 1\n"));                                      // bad escape
+  CHECK_FALSE(parses(ok + "g{a=\"x} 1\n"));                                          // unterminated
+  CHECK_FALSE(parses(ok + "g{1a=\"x\"} 1\n"));                                       // label name
+  CHECK_FALSE(parses(ok + "g{__a=\"x\"} 1\n"));                 // reserved label
+  CHECK_FALSE(parses(ok + "g nan\n"));                          // NaN spelling
+  CHECK_FALSE(parses(ok + "g inf\n"));                          // Inf spelling
+  CHECK_FALSE(parses(ok + "g 0x10\n"));                         // hex
+  CHECK_FALSE(parses(ok + "g 1 2.5\n"));                        // timestamp
+  CHECK_FALSE(parses(ok + "g\n"));                              // no value
+  CHECK_FALSE(parses("# HELP 9g G.\n# TYPE 9g gauge\n9g 1\n")); // name syntax
+  CHECK_FALSE(parses("# HELP c C.\n# TYPE c counter\nc 1\n"));  // counter w/o _total
   CHECK_FALSE(parses("# HELP c_total C.\n# TYPE c_total counter\nc_total -1\n"));
   CHECK_FALSE(parses("# HELP c_total C.\n# TYPE c_total counter\nc_total NaN\n"));
-  CHECK_FALSE(parses("# HELP g G.\n# TYPE g gauge2\ng 1\n"));              // unknown type
+  CHECK_FALSE(parses("# HELP g G.\n# TYPE g gauge2\ng 1\n")); // unknown type
 }
 
 TEST_CASE("counters that go down or vanish are caught") {
@@ -112,11 +114,11 @@ TEST_CASE("rendered /metrics passes the parser with starling_ names and base uni
   CHECK(find_sample(*r, "starling_retries_total") == 5);
   CHECK(find_sample(*r, "starling_loss") == 3.25);
   CHECK(find_sample(*r, "starling_refusals_total", {{"reason", "bad \"sig\"\\"}}) == 1);
-  CHECK(find_sample(*r, "starling_run_info", {{"experiment", "ex \"quoted\"\nname"},
-                                              {"kind", "swarm"},
-                                              {"mode", "local"},
-                                              {"seed", "18446744073709551615"}})
-        == 1);
+  CHECK(find_sample(*r, "starling_run_info",
+                    {{"experiment", "ex \"quoted\"\nname"},
+                     {"kind", "swarm"},
+                     {"mode", "local"},
+                     {"seed", "18446744073709551615"}}) == 1);
   CHECK(std::isnan(find_sample(*parse_exposition(render_metrics(snapshot{})), "starling_loss")));
 }
 
@@ -147,6 +149,37 @@ TEST_CASE("/metrics and /status rendered from one snapshot agree on every number
   CHECK(compared > 20);
   CHECK(j["members"].size() == 2);
   CHECK(j["loss_curve"].size() == 5);
+}
+
+} // namespace starling::test::runtime_observe_exposition_test
+
+namespace starling::test::runtime_observe_exposition_test {
+
+TEST_CASE("a large snapshot renders in bounded size (the cost of one scrape is printed)") {
+  run_description r;
+  r.experiment = "big";
+  for (int i = 0; i < 1000; ++i)
+    r.members.push_back({"peers." + std::to_string(i), "peers", size_t(i % 50), 0, -1});
+  snapshot_builder b{r};
+  std::string kind = "dp_step";
+  std::map<std::string, std::string> none;
+  for (int i = 0; i < 20000; ++i) {
+    auto src = "peers." + std::to_string(i % 1000);
+    b.add({i * 0.01, 0, src, kind, {{"samples", 16}, {"loss", 3.0}, {"step", i / 100.0}}, none});
+  }
+  auto s = b.make();
+  auto t0 = std::chrono::steady_clock::now();
+  size_t bytes_m = 0, bytes_s = 0;
+  for (int i = 0; i < 20; ++i) {
+    bytes_m = render_metrics(s).size();
+    bytes_s = render_status(s).size();
+  }
+  auto per = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0) / 20;
+  MESSAGE("1000 instances: /metrics " << bytes_m << " B, /status " << bytes_s
+                                      << " B, both rendered in " << per.count() << " ms");
+  CHECK(bytes_m < 10000); // bounded labels: no per-instance series
+  CHECK(s.peer_samples_total.size() == 21);
+  CHECK(s.members.size() == 1000);
 }
 
 } // namespace starling::test::runtime_observe_exposition_test

@@ -115,13 +115,13 @@ TEST_CASE("hostile requests get clean 4xx answers and the server keeps answering
   REQUIRE(garbage);
   CHECK(garbage->status == 400);
   // A 1 MB header: refused at httplib's 8 KB line limit, answered before the rest is read.
-  auto huge = talk(port, "GET /status HTTP/1.1\r\nX-Big: " + std::string(1 << 20, 'a') +
-                               "\r\n\r\n");
+  auto huge =
+      talk(port, "GET /status HTTP/1.1\r\nX-Big: " + std::string(1 << 20, 'a') + "\r\n\r\n");
   REQUIRE(huge);
   CHECK((huge->status >= 400 && huge->status < 500));
   // A body beyond the payload limit.
   auto big_body = talk(port, "POST /status HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n" +
-                                   std::string(100000, 'b'));
+                                 std::string(100000, 'b'));
   REQUIRE(big_body);
   CHECK((big_body->status >= 400 && big_body->status < 500));
   auto after = get(port, "/status");
@@ -255,9 +255,9 @@ TEST_CASE("50 clients sending a byte a second leave /status answering within 1 s
     if (r && r->status == 200)
       answered++;
   }
-  MESSAGE("under 50 slow clients: /status answered " << answered << "/10, worst "
-          << worst * 1000 << " ms, mean " << total * 100 << " ms; the clients made "
-          << attack.connections() << " connections");
+  MESSAGE("under 50 slow clients: /status answered "
+          << answered << "/10, worst " << worst * 1000 << " ms, mean " << total * 100
+          << " ms; the clients made " << attack.connections() << " connections");
   CHECK(answered == 10);
   CHECK(worst < 1.0);
 }

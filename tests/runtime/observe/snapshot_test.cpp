@@ -22,7 +22,8 @@ run_description two_roles() {
   r.mode = "local";
   r.nodes = 2;
   r.seed = 7;
-  r.members = {{"peers.0", "peers", 0, 0, -1}, {"peers.1", "peers", 1, 0, -1},
+  r.members = {{"peers.0", "peers", 0, 0, -1},
+               {"peers.1", "peers", 1, 0, -1},
                {"board.0", "board", 0, 0, -1}};
   return r;
 }
@@ -42,8 +43,16 @@ void feed(snapshot_builder& b, const ev& e) {
 TEST_CASE("a dedloc stream becomes samples, rounds by outcome, loss, step and live peers") {
   snapshot_builder b{two_roles()};
   feed(b, {0.5, "peers.0", "dp_join", {}, {{"mode", "full"}}});
-  feed(b, {1.0, "peers.0", "dp_step", {{"step", 0}, {"samples", 32}, {"averaged", 1}, {"loss", 2.5}}, {}});
-  feed(b, {1.5, "peers.1", "dp_step", {{"step", 1}, {"samples", 16}, {"averaged", 0}, {"loss", 2.0}}, {}});
+  feed(b, {1.0,
+           "peers.0",
+           "dp_step",
+           {{"step", 0}, {"samples", 32}, {"averaged", 1}, {"loss", 2.5}},
+           {}});
+  feed(b, {1.5,
+           "peers.1",
+           "dp_step",
+           {{"step", 1}, {"samples", 16}, {"averaged", 0}, {"loss", 2.0}},
+           {}});
   feed(b, {2.0, "peers.1", "dp_dropped", {{"samples", 8}}, {}});
   auto s = b.make();
   CHECK(s.version == 1);
@@ -112,13 +121,27 @@ TEST_CASE("per-peer series stay at 20 plus other, and other never decreases") {
     for (int k = 0; k < 30; ++k) {
       auto peer = "trainer." + std::to_string(rng() % 200);
       std::uniform_real_distribution<double> loss{1, 3};
-      feed(b, {round + k / 30.0, peer, "microbatch", {{"samples", double(1 + rng() % 64)}, {"loss", loss(rng)}, {"retries", double(rng() % 2)}}, {}});
+      feed(b, {round + k / 30.0,
+               peer,
+               "microbatch",
+               {{"samples", double(1 + rng() % 64)},
+                {"loss", loss(rng)},
+                {"retries", double(rng() % 2)}},
+               {}});
       if (rng() % 10 == 0)
-        feed(b, {round + k / 30.0, "node0/faults", "fault", {}, {{"action", "kill_instance"}, {"instance", peer}}});
+        feed(b, {round + k / 30.0,
+                 "node0/faults",
+                 "fault",
+                 {},
+                 {{"action", "kill_instance"}, {"instance", peer}}});
       if (rng() % 10 == 0)
         feed(b, {round + k / 30.0, peer, "restart", {}, {}});
       if (rng() % 7 == 0)
-        feed(b, {round + k / 30.0, "node0/wire", "refused", {}, {{"reason", "reason " + std::to_string(rng() % 50)}}});
+        feed(b, {round + k / 30.0,
+                 "node0/wire",
+                 "refused",
+                 {},
+                 {{"reason", "reason " + std::to_string(rng() % 50)}}});
     }
     auto s = b.make();
     CHECK(s.peer_samples_total.size() <= 21);
@@ -143,7 +166,8 @@ TEST_CASE("the loss curve stays bounded and spans the whole run") {
   o.max_curve_points = 64;
   snapshot_builder b{two_roles(), o};
   for (int i = 0; i < 10000; ++i)
-    feed(b, {i * 0.01, "trainer.0", "microbatch", {{"samples", 1}, {"loss", 5.0 - i * 0.0001}}, {}});
+    feed(b,
+         {i * 0.01, "trainer.0", "microbatch", {{"samples", 1}, {"loss", 5.0 - i * 0.0001}}, {}});
   auto s = b.make();
   CHECK(s.loss_curve.size() <= 64);
   CHECK(s.loss_curve.size() >= 32);
@@ -155,7 +179,8 @@ TEST_CASE("the loss curve stays bounded and spans the whole run") {
 TEST_CASE("hostile event fields are counted, not trusted") {
   snapshot_builder b{two_roles()};
   feed(b, {NAN, "", "", {{"samples", NAN}, {"loss", INFINITY}}, {}});
-  feed(b, {-5, "x\"y\\z\n", "microbatch", {{"samples", -3}, {"retries", -1e300}, {"loss", NAN}}, {}});
+  feed(b,
+       {-5, "x\"y\\z\n", "microbatch", {{"samples", -3}, {"retries", -1e300}, {"loss", NAN}}, {}});
   for (int i = 0; i < 100; ++i)
     feed(b, {1, "kind-spammer", "kind" + std::to_string(i), {}, {}});
   auto s = b.make();

@@ -26,8 +26,7 @@ namespace obs = starling::runtime::observe;
 /// An empty folder of its own under the temporary directory, removed with everything in it.
 struct scratch {
   explicit scratch(const std::string& name)
-    : path(std::filesystem::temp_directory_path()
-           / (name + "-" + std::to_string(::getpid()))) {
+      : path(std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()))) {
     std::filesystem::remove_all(path);
     std::filesystem::create_directories(path);
   }
@@ -82,14 +81,14 @@ TEST_CASE("a local run serves /metrics and /status while it runs, counters only 
       auto version = obs::find_sample(*parsed, "starling_snapshot_version");
       CHECK(version >= last_version);
       last_version = version;
-      most_faults = std::max(
-        most_faults, obs::find_sample(*parsed, "starling_faults_total", {{"action", "kill_instance"}}));
+      most_faults = std::max(most_faults, obs::find_sample(*parsed, "starling_faults_total",
+                                                           {{"action", "kill_instance"}}));
       most_restarts = std::max(most_restarts, obs::find_sample(*parsed, "starling_restarts_total"));
       auto j = nlohmann::json::parse(st->body);
       if (j["version"].get<double>() == version) {
         agreed = true;
-        CHECK(j["metrics"]["starling_events_total"].get<double>()
-              == obs::find_sample(*parsed, "starling_events_total"));
+        CHECK(j["metrics"]["starling_events_total"].get<double>() ==
+              obs::find_sample(*parsed, "starling_events_total"));
       }
       CHECK(j["run"]["experiment"] == "watch-ping");
       CHECK(j["run"]["mode"] == "local");
