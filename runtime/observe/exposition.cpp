@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <set>
@@ -38,7 +39,54 @@ std::string format_value(double v) {
   return fmt::format("{}", v);
 }
 
-std::string escape_label(const std::string& s) {
+/// The length of the valid UTF-8 sequence at `s[i]`, or 0 when it is not one.
+size_t utf8_length(const std::string& s, size_t i) {
+  auto b = static_cast<unsigned char>(s[i]);
+  size_t n = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xe ? 3 : (b >> 3) == 0x1e ? 4 : 0;
+  if (n == 0 || i + n > s.size())
+    return 0;
+  uint32_t cp = n == 1 ? b : n == 2 ? (b & 0x1f) : n == 3 ? (b & 0x0f) : (b & 0x07);
+  for (size_t k = 1; k < n; ++k) {
+    auto c = static_cast<unsigned char>(s[i + k]);
+    if ((c >> 6) != 0x2)
+      return 0;
+    cp = (cp << 6) | (c & 0x3f);
+  }
+  static const uint32_t least[] = {0, 0, 0x80, 0x800, 0x10000};
+  if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+    return 0;
+  return n;
+}
+
+/// `s` with every byte that is not part of valid UTF-8 replaced by U+FFFD (peers name things).
+std::string valid_utf8(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size();) {
+    auto n = utf8_length(s, i);
+    if (n == 0) {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    } else {
+      out.append(s, i, n);
+      i += n;
+    }
+  }
+  return out;
+}
+
+bool is_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    auto n = utf8_length(s, i);
+    if (n == 0)
+      return false;
+    i += n;
+  }
+  return true;
+}
+
+std::string escape_label(const std::string& raw) {
+  auto s = valid_utf8(raw);
   std::string out;
   out.reserve(s.size());
   for (char c : s) {
@@ -54,7 +102,8 @@ std::string escape_label(const std::string& s) {
   return out;
 }
 
-std::string escape_help(const std::string& s) {
+std::string escape_help(const std::string& raw) {
+  auto s = valid_utf8(raw);
   std::string out;
   for (char c : s) {
     if (c == '\\')
@@ -248,6 +297,8 @@ result<std::vector<metric_family>> parse_exposition(const std::string& text) {
     return fail("empty exposition: expected at least one family");
   if (text.back() != '\n')
     return fail("the exposition does not end with a newline");
+  if (!is_utf8(text))
+    return fail("the exposition is not valid UTF-8");
   std::vector<metric_family> out;
   std::map<std::string, std::string> types;
   std::set<std::string> helped;

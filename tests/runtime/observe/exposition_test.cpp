@@ -57,7 +57,9 @@ TEST_CASE("the parser refuses what the format does not allow") {
   CHECK_FALSE(parses(ok + "g{a=\"\\t\"} 1\n"));                                      // bad escape
   CHECK_FALSE(parses(ok + "g{a=\"x} 1\n"));                                          // unterminated
   CHECK_FALSE(parses(ok + "g{1a=\"x\"} 1\n"));                                       // label name
-  CHECK_FALSE(parses(ok + "g{__a=\"x\"} 1\n"));                 // reserved label
+  CHECK_FALSE(parses(ok + "g{__a=\"x\"} 1\n"));  // reserved label
+  CHECK_FALSE(parses(ok + "g{a=\"\xff\"} 1\n")); // not UTF-8
+  CHECK(parses(ok + "g{a=\"\xc3\xa9t\xc3\xa9\"} 1\n"));
   CHECK_FALSE(parses(ok + "g nan\n"));                          // NaN spelling
   CHECK_FALSE(parses(ok + "g inf\n"));                          // Inf spelling
   CHECK_FALSE(parses(ok + "g 0x10\n"));                         // hex

@@ -181,10 +181,11 @@ TEST_CASE("hostile event fields are counted, not trusted") {
   feed(b, {NAN, "", "", {{"samples", NAN}, {"loss", INFINITY}}, {}});
   feed(b,
        {-5, "x\"y\\z\n", "microbatch", {{"samples", -3}, {"retries", -1e300}, {"loss", NAN}}, {}});
+  feed(b, {1, "node1/wire", "refused", {}, {{"reason", "\xff\xfe bad \xc3\x28 \"utf-8\"\n"}}});
   for (int i = 0; i < 100; ++i)
     feed(b, {1, "kind-spammer", "kind" + std::to_string(i), {}, {}});
   auto s = b.make();
-  CHECK(s.events_total == 102);
+  CHECK(s.events_total == 103);
   CHECK(s.events_by_kind.size() <= 32);
   CHECK(s.samples_total == 0);
   CHECK(std::isnan(s.loss));
