@@ -11,6 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "runtime/config/reader.hpp"
+#include "runtime/experiment/role.hpp"
+#include "runtime/experiment/yaml.hpp"
 #include "runtime/observe/exposition.hpp"
 #include "runtime/observe/http_server.hpp"
 #include "runtime/observe/snapshot.hpp"
@@ -127,6 +130,34 @@ TEST_CASE("a bad or taken --http endpoint fails the run with one clear line") {
   REQUIRE(code);
   CHECK(*code != 0);
   CHECK(run.output().find("cannot bind") != std::string::npos);
+}
+
+} // namespace starling::test::runtime_observe_watch_run_test
+
+namespace starling::test::runtime_observe_watch_run_test {
+
+TEST_CASE("node.http is read and checked with the file") {
+  using namespace starling::runtime;
+  auto ok = read_experiment(
+      load_yaml_string(
+          "experiment: {name: x, kind: ping}\nnode: {http: \"127.0.0.1:0\"}\nping: {}\n", "x.yaml"),
+      builtin_registry(), {});
+  CHECK(ok.graph.node.http == "127.0.0.1:0");
+  auto none =
+      read_experiment(load_yaml_string("experiment: {name: x, kind: ping}\nping: {}\n", "x.yaml"),
+                      builtin_registry(), {});
+  CHECK(none.graph.node.http.empty());
+  std::string error;
+  try {
+    read_experiment(
+        load_yaml_string("experiment: {name: x, kind: ping}\nnode: {http: nonsense}\nping: {}\n",
+                         "x.yaml"),
+        builtin_registry(), {});
+  } catch (const config_error& e) {
+    error = e.what();
+  }
+  CHECK(error.find("node.http") != std::string::npos);
+  CHECK(error.find("HOST:PORT") != std::string::npos);
 }
 
 } // namespace starling::test::runtime_observe_watch_run_test
