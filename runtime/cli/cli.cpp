@@ -58,7 +58,12 @@ result<loaded_experiment> load(const std::string& file, const role_registry& reg
 }
 
 int cmd_run(std::string file, bool sim, std::optional<uint64_t> seed, std::string out,
-            const std::vector<std::string>& sets, size_t nodes, const std::string& resume) {
+            const std::vector<std::string>& sets, size_t nodes, const std::string& resume,
+            const std::string& http) {
+  // `--http HOST:PORT` overrides `node.http` (checked as that key is).
+  if (!http.empty())
+    if (auto ep = parse_endpoint(http); !ep)
+      return cli_die("--http: " + ep.error().what);
   if (!resume.empty()) {
     if (!out.empty() && out != resume)
       return cli_die(fmt::format("run: --out {} and --resume {} name two folders; a resumed run "
@@ -77,6 +82,8 @@ int cmd_run(std::string file, bool sim, std::optional<uint64_t> seed, std::strin
   if (!ex)
     return cli_die(ex.error().what);
   set_log_level(parse_log_level(ex->log_level));
+  if (!http.empty())
+    ex->graph.node.http = http;
   return command_run(ex->graph, registry, ex->mode, nodes, out, ex->source_text,
                      !resume.empty());
 }
@@ -135,6 +142,8 @@ struct node_cli {
   std::string authority;
   std::string token;
   std::string key;
+  /// `--http HOST:PORT`: overrides `node.http` (node 0 serves the run's page).
+  std::string http;
 };
 
 /// `starling node` without an experiment: a bare node that answers pings and pings the nodes
@@ -258,6 +267,8 @@ int cmd_node(const std::string& listen, const std::vector<std::string>& join,
   nc.token = cli.token;
   nc.key = cli.key;
   nc.argv = argv;
+  if (!cli.http.empty())
+    ex->graph.node.http = cli.http;
   return command_node(ex->graph, registry, nc);
 }
 
@@ -286,6 +297,10 @@ int cli_main(int argc, char** argv) {
   run->add_option("--resume", run_resume,
                   "Continue the stopped run in RUN_DIR (its checkpoints and trainers' progress; "
                   "same experiment, seed and mode)");
+  std::string run_http;
+  run->add_option("--http", run_http,
+                  "Serve the run's live page, /status and /metrics at HOST:PORT (local mode; port "
+                  "0: a free port, printed; default: node.http, off)");
   run->add_option("--set", run_sets,
                   "Override one value of the file: KEY.PATH=VALUE, e.g. swarm.trainers=3 or "
                   "swarm.stages[1].peers[0]=0.5 (repeatable)")
@@ -311,6 +326,10 @@ int cli_main(int argc, char** argv) {
   nodec->add_option("--config", node_opts.config_file,
                     "Experiment file (caf/node settings; with --index/--nodes, the experiment)");
   nodec->add_option("--name", node_opts.name, "Node name for logs");
+  std::string node_http;
+  nodec->add_option("--http", node_http,
+                    "Node 0: serve the run's live page, /status and /metrics at HOST:PORT (port "
+                    "0: a free port, printed; default: node.http, off)");
   nodec->add_option("--index", node_opts.index,
                     "Run share INDEX of the experiment in --config (cluster mode)");
   nodec->add_option("--nodes", node_opts.nodes, "Number of nodes the experiment is spread over");
@@ -373,11 +392,19 @@ int cli_main(int argc, char** argv) {
   if (auto rc = auth.run())
     return *rc;
   if (run->parsed())
-    return cmd_run(run_file, run_sim, run_seed, run_out, run_sets, run_nodes, run_resume);
+    return cmd_run(run_file, run_sim, run_seed, run_out, run_sets, run_nodes, run_resume,
+                   run_http);
   if (planc->parsed())
     return cmd_plan(plan_file, plan_mode, plan_nodes, plan_sets);
   if (nodec->parsed()) {
     std::vector<std::string> args(argv, argv + argc);
+    if (!node_http.empty()) {
+      if (node_opts.config_file.empty())
+        return cli_die("--http needs --config EXPERIMENT.yaml (the endpoint serves a run)");
+      if (auto ep = parse_endpoint(node_http); !ep)
+        return cli_die("--http: " + ep.error().what);
+      node_opts.http = node_http;
+    }
     return cmd_node(listen, join, node_opts, args);
   }
   if (auditc->parsed())

@@ -55,6 +55,12 @@ void read_options(config_node& n, node_options& out) {
     out.authority = n.child("authority").as_string();
   if (n.has("token"))
     out.token = n.child("token").as_string();
+  if (n.has("http")) {
+    auto c = n.child("http");
+    out.http = c.as_string();
+    if (!out.http.empty() && !parse_endpoint(out.http))
+      c.expected("HOST:PORT with a port in [0, 65535] (or \"\" for no endpoint)");
+  }
   read(n, "tls", out.tls);
   read(n, "sign_envelopes", out.sign_envelopes);
   if (out.authority.empty() != out.token.empty())

@@ -61,6 +61,9 @@ struct node_options {
   /// member cannot speak for another. Default on (only with `authority`; both sides of a run
   /// must agree: a node that signs refuses unsigned envelopes).
   bool sign_envelopes = true;
+  /// `HOST:PORT` of the node's HTTP endpoint (the live page, `/status`, `/metrics`; port 0: a
+  /// free one, printed at start). Empty: none. Loopback unless the user names another address.
+  std::string http;
 };
 
 /// One simulated link direction.

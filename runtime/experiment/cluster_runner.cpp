@@ -27,6 +27,7 @@
 #include "messages/metrics.hpp"
 #include "runtime/experiment/node_runtime.hpp"
 #include "runtime/experiment/runner.hpp"
+#include "runtime/experiment/watch.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/metrics/metrics.hpp"
 #include "runtime/node/address.hpp"
@@ -529,8 +530,23 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
   bool reporting = s.index == 0 && !s.volunteer;
   std::unique_ptr<metric_hub> hub;
   std::unique_ptr<metric_hub> local_log;
+  // Node 0 reports the run: it serves the run's page when asked to (`node.http`, `--http`).
+  std::unique_ptr<run_watch> watch;
   if (reporting) {
-    hub = std::make_unique<metric_hub>(make_reporters(g), s.out_dir + "/metrics.jsonl");
+    auto reporters = make_reporters(g);
+    if (!g.node.http.empty()) {
+      auto w = run_watch::start(g.node.http, g, *p, run_mode::cluster);
+      if (!w) {
+        fmt::print(stderr, "starling: error: {}\n", w.error().what);
+        h.stop();
+        return 2;
+      }
+      watch = std::move(*w);
+      reporters.insert(reporters.begin(), watch->make_reporter());
+      fmt::print("node{}: watch the run at {} (/status, /metrics)\n", s.index, watch->url());
+      std::fflush(stdout);
+    }
+    hub = std::make_unique<metric_hub>(std::move(reporters), s.out_dir + "/metrics.jsonl");
     run_info info;
     info.graph = &g;
     info.plan = &*p;

@@ -18,6 +18,7 @@
 #include "messages/atoms.hpp"
 #include "runtime/experiment/node_runtime.hpp"
 #include "runtime/experiment/runner.hpp"
+#include "runtime/experiment/watch.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/node/address.hpp"
 #include "runtime/node/node.hpp"
@@ -229,13 +230,28 @@ run_result run_local(const experiment_graph& g, const role_registry& registry, c
                      const run_settings& s) {
   auto wall0 = std::chrono::steady_clock::now();
   run_result res;
+  // The endpoint first: a port in use or a bad address fails the run before anything starts.
+  auto reporters = make_reporters(g);
+  std::unique_ptr<run_watch> watch;
+  if (!g.node.http.empty()) {
+    auto w = run_watch::start(g.node.http, g, p, run_mode::local);
+    if (!w) {
+      fmt::print(stderr, "starling: {}\n", w.error().what);
+      res.exit_code = 1;
+      return res;
+    }
+    watch = std::move(*w);
+    reporters.insert(reporters.begin(), watch->make_reporter());
+    fmt::print("watch the run at {} (/status, /metrics)\n", watch->url());
+    std::fflush(stdout);
+  }
   caf::actor_system_config cfg;
   configure_system(cfg, g.caf, false);
   registry.configure(cfg);
   // The system goes first at the end (it waits for its actors, which use the hub and hosts).
   auto sys_ptr = std::make_unique<caf::actor_system>(cfg);
   auto& sys = *sys_ptr;
-  metric_hub hub{make_reporters(g), s.out_dir.empty() ? "" : s.out_dir + "/metrics.jsonl"};
+  metric_hub hub{std::move(reporters), s.out_dir.empty() ? "" : s.out_dir + "/metrics.jsonl"};
   auto total = p.total_nodes();
   auto dirs = std::make_shared<local_directory>();
   for (size_t n = 0; n < total; ++n)

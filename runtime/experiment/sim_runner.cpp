@@ -181,6 +181,10 @@ run_result run_sim(const experiment_graph& g, const role_registry& registry, con
                    const run_settings& s) {
   auto wall0 = std::chrono::steady_clock::now();
   run_result res;
+  if (!g.node.http.empty())
+    log(log_level::warning, "run",
+        "node.http ({}): a simulated run is not served yet; run in local mode to watch it",
+        g.node.http);
   sim::world_options wo;
   wo.seed = p.seed;
   wo.network = g.network;

@@ -1,0 +1,41 @@
+// Watching a run while it runs (`node.http` / `--http`): the HTTP endpoint of runtime/observe
+// and the reporter that feeds its snapshots from the run's metric stream on the reporting node.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kernels/result.hpp"
+#include "runtime/experiment/graph.hpp"
+#include "runtime/experiment/reporter.hpp"
+
+namespace starling::runtime {
+
+namespace observe {
+class http_server;
+class snapshot_store;
+} // namespace observe
+
+/// The endpoint of one run and the state its reporter shares with it.
+class run_watch {
+public:
+  /// Binds `endpoint` (`HOST:PORT`; port 0: a free one) and serves the run of `g` under `p`.
+  static result<std::unique_ptr<run_watch>>
+  start(const std::string& endpoint, const experiment_graph& g, const plan& p, run_mode mode);
+  ~run_watch();
+
+  /// A reporter that folds every metric into the served snapshot (one per run; put it first,
+  /// so that the page says the run finished while the other reporters summarize).
+  std::unique_ptr<reporter> make_reporter();
+  /// `http://HOST:PORT/`.
+  std::string url() const;
+
+  struct state;
+
+private:
+  run_watch() = default;
+  std::shared_ptr<state> state_;
+  std::unique_ptr<observe::http_server> server_;
+};
+
+} // namespace starling::runtime

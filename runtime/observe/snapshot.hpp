@@ -1,0 +1,182 @@
+// What a watched run looks like at one moment: a versioned, immutable snapshot built from the
+// run's metric stream by a pure builder (no CAF, no I/O), and the store that hands the latest one
+// to the HTTP handlers. `/metrics` and `/status` both render one snapshot, so two answers with
+// the same version hold the same numbers.
+//
+// Rules the builder keeps (tests/runtime/observe/snapshot_test.cpp checks them):
+// - Counters only grow: every `_total` number of a later snapshot is >= the earlier one's.
+// - Label sets are bounded and sticky: the first `max_peers` peers that report work get their own
+//   series, every later one is summed into `peer="other"`; likewise event kinds (`max_kinds`) and
+//   refusal reasons (`max_reasons`). A label once given keeps its series, so the `other` sums
+//   never decrease (ranking by size would move peers in and out of `other`).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace starling::runtime::observe {
+
+/// One planned role instance (from the run's plan).
+struct planned_member {
+  /// `<role>.<index>`.
+  std::string name;
+  std::string role;
+  size_t node = 0;
+  /// Run time at which it starts, and leaves on purpose (negative: never).
+  double start_s = 0;
+  double leave_s = -1;
+};
+
+/// The run being watched.
+struct run_description {
+  std::string experiment;
+  std::string kind;
+  std::string mode;
+  size_t nodes = 0;
+  uint64_t seed = 0;
+  /// Wall-clock start, seconds since the Unix epoch.
+  double start_unix_s = 0;
+  std::vector<planned_member> members;
+};
+
+/// One metric event as the builder reads it (a view: it copies what it keeps).
+struct event_view {
+  /// Run time in seconds.
+  double t = 0;
+  size_t node = 0;
+  const std::string& source;
+  const std::string& kind;
+  const std::map<std::string, double>& values;
+  const std::map<std::string, std::string>& labels;
+};
+
+/// One instance as the page lists it.
+struct member_state {
+  std::string name;
+  std::string role;
+  size_t node = 0;
+  bool live = false;
+  /// Run time of its last event (negative: none yet).
+  double last_seen_s = -1;
+  /// Samples it processed.
+  double samples = 0;
+  /// Restarts of this instance.
+  uint64_t restarts = 0;
+};
+
+/// The run at one moment. Plain data: copy it, render it, compare it.
+struct snapshot {
+  /// Grows by one with every published snapshot (0: nothing published yet).
+  uint64_t version = 0;
+  run_description run;
+  /// Run time of the latest event or tick, seconds.
+  double run_time_s = 0;
+  /// True once the run ended (its reporters are finishing).
+  bool finished = false;
+
+  // -- counters (never decrease) --------------------------------------------------------------
+  uint64_t events_total = 0;
+  /// Events by kind (bounded; the rest under "other").
+  std::map<std::string, uint64_t> events_by_kind;
+  /// Samples processed (microbatches of trainers, steps of data-parallel peers).
+  double samples_total = 0;
+  uint64_t microbatches_total = 0;
+  /// Averaging rounds by outcome: `averaged` (with partners) or `alone`.
+  std::map<std::string, uint64_t> rounds_by_outcome;
+  /// Retries of microbatches.
+  uint64_t retries_total = 0;
+  /// Restarts of instances and of nodes.
+  uint64_t restarts_total = 0;
+  /// Faults by action (`kill_instance` = preemptions, `kill_node`, ...).
+  std::map<std::string, uint64_t> faults_by_action;
+  uint64_t joins_total = 0;
+  uint64_t leaves_total = 0;
+  /// Samples dropped (computed but not averaged).
+  double dropped_samples_total = 0;
+  /// Refused envelopes by reason (bounded; the rest under "other").
+  std::map<std::string, uint64_t> refusals_by_reason;
+  /// Samples per peer (bounded, sticky; the rest under "other").
+  std::map<std::string, double> peer_samples_total;
+
+  // -- gauges ---------------------------------------------------------------------------------
+  /// Samples per second over the last `rate_window_s` of run time.
+  double samples_per_second = 0;
+  /// Latest training loss (NaN before the first).
+  double loss;
+  /// Highest global step seen (-1: none).
+  double global_step = -1;
+  /// Live instances by role (every planned role present, 0 when none lives).
+  std::map<std::string, uint64_t> live_by_role;
+  /// Every instance (planned ones first; bounded).
+  std::vector<member_state> members;
+  /// (run time, loss) points, thinned to at most `max_curve_points`.
+  std::vector<std::pair<double, double>> loss_curve;
+
+  snapshot();
+};
+
+/// Limits of a builder.
+struct builder_options {
+  size_t max_peers = 20;
+  size_t max_kinds = 32;
+  size_t max_reasons = 16;
+  size_t max_members = 1000;
+  size_t max_curve_points = 512;
+  double rate_window_s = 10;
+};
+
+/// Folds metric events into the current state and makes snapshots of it. Not thread-safe: one
+/// caller at a time (the metric hub holds its lock).
+class snapshot_builder {
+public:
+  explicit snapshot_builder(run_description run, builder_options opts = {});
+
+  /// One metric event.
+  void add(const event_view& e);
+  /// Run time passed without events (keeps rates and liveness current).
+  void advance(double t);
+  /// The run ended.
+  void finish();
+  /// A copy of the current state with the next version number.
+  snapshot make();
+
+private:
+  member_state* member(const std::string& name);
+  void set_node_live(const std::string& node, bool live);
+  void add_samples(const std::string& peer, double n, double t);
+  static void bump(std::map<std::string, uint64_t>& m, const std::string& key, size_t cap);
+
+  builder_options opts_;
+  snapshot cur_;
+  /// Instances killed (by a fault or a leave), kept down until a restart or join says otherwise.
+  std::map<std::string, bool> down_;
+  /// Name -> index into `cur_.members`.
+  std::map<std::string, size_t> index_;
+  /// (run time, samples_total) marks for the rate; the oldest dropped past the window.
+  std::vector<std::pair<double, double>> marks_;
+  uint64_t next_version_ = 1;
+  /// Thinning stride of the loss curve (every `stride_`-th point kept).
+  uint64_t curve_stride_ = 1;
+  uint64_t curve_seen_ = 0;
+};
+
+/// The latest snapshot behind a mutex: the metric stream publishes, handlers read.
+class snapshot_store {
+public:
+  snapshot_store();
+  /// Replaces the current snapshot.
+  void publish(snapshot s);
+  /// The current snapshot (never null; version 0 before the first publish).
+  std::shared_ptr<const snapshot> current() const;
+
+private:
+  mutable std::mutex mtx_;
+  std::shared_ptr<const snapshot> cur_;
+};
+
+} // namespace starling::runtime::observe
