@@ -17,10 +17,17 @@ namespace {
 
 constexpr const char* rule_names[] = {"mean", "centered_clip", "btard"};
 
-constexpr const char* protocol_attack_names[] = {
-  "none",           "gross_aggregate",    "other_tau",        "leave_one_out",
-  "part_not_committed", "equivocate_digest", "different_results", "false_accusation",
-  "withhold_reveal", "missing_part",       "lie_projection"};
+constexpr const char* protocol_attack_names[] = {"none",
+                                                 "gross_aggregate",
+                                                 "other_tau",
+                                                 "leave_one_out",
+                                                 "part_not_committed",
+                                                 "equivocate_digest",
+                                                 "different_results",
+                                                 "false_accusation",
+                                                 "withhold_reveal",
+                                                 "missing_part",
+                                                 "lie_projection"};
 
 std::string le64(uint64_t v) {
   std::string s(8, '\0');
@@ -116,6 +123,14 @@ result<clip_result> clip_fp64(const std::vector<const std::vector<float>*>& inpu
       ++r.clipped;
   }
   return r;
+}
+
+/// Adds one CenteredClip's statistics to its attempt's record.
+void note_clip(attempt_record& rec, const clip_result& c, size_t inputs) {
+  rec.clipped += c.clipped;
+  rec.inputs += inputs;
+  rec.iterations = std::max(rec.iterations, c.iterations);
+  rec.converged = rec.converged && c.converged;
 }
 
 std::vector<float> mean_of(const std::vector<const std::vector<float>*>& inputs) {
@@ -239,8 +254,8 @@ struct simulated_group::impl {
 
   group_options o;
   std::shared_ptr<const task> t;
-  std::vector<std::unique_ptr<peer>> peers;   // spec order
-  std::map<std::string, peer*> by_key;        // key order
+  std::vector<std::unique_ptr<peer>> peers; // spec order
+  std::map<std::string, peer*> by_key;      // key order
   uint64_t step = 0;
   digest r_prev{};
   std::unique_ptr<random_direction_attack> direction;
@@ -305,9 +320,11 @@ struct simulated_group::impl {
     return s;
   }
 
-  result<signed_statement> accuse(attempt_record& rec, const peer& accuser,
-                                  const std::string& accused, accusation_kind kind,
-                                  std::string subject, std::vector<digest> evidence) {
+  /// Publishes an accusation and files it in `cases` with the re-check's outcome (a pure
+  /// function of public values: computed once, the same for every honest peer).
+  status accuse(attempt_record& rec, std::vector<accusation_case>& cases, const peer& accuser,
+                const std::string& accused, accusation_kind kind, std::string subject,
+                std::vector<digest> evidence, recheck outcome) {
     accusation a;
     a.accused = accused;
     a.kind = kind;
@@ -315,8 +332,22 @@ struct simulated_group::impl {
     if (evidence.size() > max_evidence)
       evidence.resize(max_evidence);
     a.evidence = std::move(evidence);
-    return publish(rec, accuser, statement_kind::accusation, accusation_slot(a),
-                   accusation_payload(a));
+    auto st = publish(rec, accuser, statement_kind::accusation, accusation_slot(a),
+                      accusation_payload(a));
+    if (!st)
+      return fail(st.error().what);
+    cases.push_back({*st, outcome, std::nullopt});
+    return {};
+  }
+
+  /// Decides the filed cases (every honest view on its own) and removes the banned from the
+  /// step. Returns whether anyone was banned.
+  bool settle(attempt_record& rec, std::vector<accusation_case>& cases,
+              std::set<std::string>& removed) {
+    rec.banned = decide(rec, std::move(cases), {});
+    cases.clear();
+    removed.insert(rec.banned.begin(), rec.banned.end());
+    return !rec.banned.empty();
   }
 
   /// Every honest view applies the decided cases; returns the keys the first honest view banned.
@@ -402,11 +433,9 @@ struct simulated_group::impl {
       auto c = clip_fp64(ptrs, o.tau, o.max_iterations, o.tolerance);
       if (!c)
         return fail(c.error().what);
-      std::copy(c->value.begin(), c->value.end(), out.begin() + static_cast<std::ptrdiff_t>(r.begin));
-      rec.clipped += c->clipped;
-      rec.inputs += ptrs.size();
-      rec.iterations = std::max(rec.iterations, c->iterations);
-      rec.converged = rec.converged && c->converged;
+      std::copy(c->value.begin(), c->value.end(),
+                out.begin() + static_cast<std::ptrdiff_t>(r.begin));
+      note_clip(rec, *c, ptrs.size());
     }
     return out;
   }
@@ -415,7 +444,8 @@ struct simulated_group::impl {
     // SGD with Nesterov momentum: v ← μv + g; θ ← θ − lr·(g + μv).
     for (size_t k = 0; k < g.size(); ++k) {
       p.velocity[k] = static_cast<float>(o.momentum) * p.velocity[k] + g[k];
-      p.params[k] -= static_cast<float>(o.lr) * (g[k] + static_cast<float>(o.momentum) * p.velocity[k]);
+      p.params[k] -=
+          static_cast<float>(o.lr) * (g[k] + static_cast<float>(o.momentum) * p.velocity[k]);
     }
   }
 
@@ -427,9 +457,9 @@ struct simulated_group::impl {
                                       const std::vector<std::string>& members);
 };
 
-result<std::vector<float>> simulated_group::impl::attacked(step_state& s, peer& p,
-                                                           const std::vector<float>& truth,
-                                                           const std::vector<std::string>& members) {
+result<std::vector<float>>
+simulated_group::impl::attacked(step_state& s, peer& p, const std::vector<float>& truth,
+                                const std::vector<std::string>& members) {
   auto& a = p.spec.gradient;
   if (a.kind == attack_kind::delayed && p.delayed)
     p.delayed->record(step, as_tensor(truth).clone());
@@ -558,9 +588,9 @@ result<step_record> simulated_group::impl::run_step() {
     s.sent.emplace(k, std::move(*sent));
   }
 
-  out.ms_attacks = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now()
-                                                             - t_attack)
-                     .count();
+  out.ms_attacks =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_attack)
+          .count();
   std::map<std::string, std::vector<float>> applied;
   if (o.rule != aggregation_rule::btard) {
     attempt_record rec;
@@ -634,10 +664,10 @@ result<step_record> simulated_group::impl::run_step() {
   return out;
 }
 
-result<bool> simulated_group::impl::run_attempt(step_state& s, step_group& g, attempt_record& rec,
-                                                std::set<std::string>& removed,
-                                                uint32_t& mprng_attempt,
-                                                std::map<std::string, std::vector<float>>& applied) {
+result<bool>
+simulated_group::impl::run_attempt(step_state& s, step_group& g, attempt_record& rec,
+                                   std::set<std::string>& removed, uint32_t& mprng_attempt,
+                                   std::map<std::string, std::vector<float>>& applied) {
   const auto& members = g.members;
   const size_t n = members.size();
   rec.members = members;
@@ -666,8 +696,8 @@ result<bool> simulated_group::impl::run_attempt(step_state& s, step_group& g, at
     auto& v = s.sent.at(k);
     for (size_t i = 0; i < n; ++i)
       committed[k].push_back(part_digest(step, i, v.data() + g.parts[i].begin, g.parts[i].size()));
-    auto st = publish(rec, *p, statement_kind::part_digests, slot(0),
-                      digests_payload(committed[k]));
+    auto st =
+        publish(rec, *p, statement_kind::part_digests, slot(0), digests_payload(committed[k]));
     if (!st)
       return fail(st.error().what);
     cite[k] = statement_digest(*st);
@@ -728,19 +758,17 @@ result<bool> simulated_group::impl::run_attempt(step_state& s, step_group& g, at
       continue;
     for (auto& k : members) {
       auto it = inbox[i].find(k);
-      bool ok = it != inbox[i].end()
-                && part_digest(step, i, it->second) == committed.at(k)[i];
+      bool ok = it != inbox[i].end() && part_digest(step, i, it->second) == committed.at(k)[i];
       if (ok)
         continue;
-      auto st = accuse(rec, *agg, k, accusation_kind::missing_part, slot(i), {cite.at(k)});
-      if (!st)
-        return fail(st.error().what);
-      cases.push_back({*st, recheck::undecidable, std::nullopt});
+      if (auto st = accuse(rec, cases, *agg, k, accusation_kind::missing_part, slot(i),
+                           {cite.at(k)}, recheck::undecidable);
+          !st)
+        return fail(st.what());
     }
   }
   if (!cases.empty()) {
-    rec.banned = decide(rec, std::move(cases), {});
-    removed.insert(rec.banned.begin(), rec.banned.end());
+    settle(rec, cases, removed);
     return false;
   }
 
@@ -762,17 +790,14 @@ result<bool> simulated_group::impl::run_attempt(step_state& s, step_group& g, at
     auto c = clip_fp64(in, tau, o.max_iterations, o.tolerance);
     if (!c)
       return fail(c.error().what);
-    rec.clipped += c->clipped;
-    rec.inputs += in.size();
-    rec.iterations = std::max(rec.iterations, c->iterations);
-    rec.converged = rec.converged && c->converged;
+    note_clip(rec, *c, in.size());
     results[i] = std::move(c->value);
     if (attacking(*p, protocol_attack::gross_aggregate, a))
       for (auto& x : results[i])
         x += static_cast<float>(o.tau);
     result_digest[i] = part_digest(step, i, results[i]);
-    auto st = publish(rec, *p, statement_kind::result_digest, slot(i),
-                      digest_payload(result_digest[i]));
+    auto st =
+        publish(rec, *p, statement_kind::result_digest, slot(i), digest_payload(result_digest[i]));
     if (!st)
       return fail(st.error().what);
     auto victim = honest_target(members[i]);
@@ -794,17 +819,16 @@ result<bool> simulated_group::impl::run_attempt(step_state& s, step_group& g, at
     for (size_t i = 0; i < n; ++i) {
       if (part_digest(step, i, received[i].at(k)) == result_digest[i])
         continue;
-      auto st = accuse(rec, *p, members[i], accusation_kind::missing_part, slot(i),
-                       {statement_digest(*board.find(statement_kind::result_digest, step,
-                                                     members[i], slot(i)))});
-      if (!st)
-        return fail(st.error().what);
-      cases.push_back({*st, recheck::undecidable, std::nullopt});
+      if (auto st = accuse(rec, cases, *p, members[i], accusation_kind::missing_part, slot(i),
+                           {statement_digest(*board.find(statement_kind::result_digest, step,
+                                                         members[i], slot(i)))},
+                           recheck::undecidable);
+          !st)
+        return fail(st.what());
     }
   }
   if (!cases.empty()) {
-    rec.banned = decide(rec, std::move(cases), {});
-    removed.insert(rec.banned.begin(), rec.banned.end());
+    settle(rec, cases, removed);
     return false;
   }
 
@@ -818,8 +842,8 @@ result<bool> simulated_group::impl::run_attempt(step_state& s, step_group& g, at
   std::map<std::string, digest> secret;
   for (auto& k : members) {
     auto* p = by_key.at(k);
-    auto r = hash_bytes("starling.btard.mprng-secret.v1" + p->key.seed() + le64(step)
-                        + le64(round->attempt()));
+    auto r = hash_bytes("starling.btard.mprng-secret.v1" + p->key.seed() + le64(step) +
+                        le64(round->attempt()));
     secret[k] = r;
     auto c = mprng_commitment(step, round->attempt(), k, r);
     if (auto st = round->add_commit(k, c); !st)
@@ -908,11 +932,10 @@ result<bool> simulated_group::impl::run_attempt(step_state& s, step_group& g, at
       for (auto& k : members) {
         if (projection_matches(pairs[i][k], pair_true(k, i), znorm, co.projection_rel_tolerance))
           continue;
-        auto st = accuse(rec, *agg, k, accusation_kind::wrong_projection, slot(i),
-                         {proj_cite(k), cite.at(k)});
-        if (!st)
-          return fail(st.error().what);
-        cases.push_back({*st, recheck::confirmed, std::nullopt});
+        if (auto st = accuse(rec, cases, *agg, k, accusation_kind::wrong_projection, slot(i),
+                             {proj_cite(k), cite.at(k)}, recheck::confirmed);
+            !st)
+          return fail(st.what());
         projection_accused.insert({k, i});
       }
     part_facts facts{g.parts[i].size(), norm_of(results[i].data(), results[i].size()), znorm};
@@ -920,7 +943,7 @@ result<bool> simulated_group::impl::run_attempt(step_state& s, step_group& g, at
     if (!checked)
       return fail(checked.error().what);
     rec.checks.push_back(
-      {i, facts.aggregate_norm, checked->residual, checked->bound, checked->accepted});
+        {i, facts.aggregate_norm, checked->residual, checked->bound, checked->accepted});
     if (checked->accepted)
       continue;
     auto* filer = reference();
@@ -930,12 +953,13 @@ result<bool> simulated_group::impl::run_attempt(step_state& s, step_group& g, at
     if (!again)
       return fail(again.error().what);
     if (part_digest(step, i, *again) != result_digest[i]) {
-      auto st = accuse(rec, *filer, members[i], accusation_kind::wrong_aggregate, slot(i),
-                       {statement_digest(*board.find(statement_kind::result_digest, step,
-                                                     members[i], slot(i)))});
-      if (!st)
-        return fail(st.error().what);
-      cases.push_back({*st, recheck::confirmed, std::nullopt});
+      if (auto st =
+              accuse(rec, cases, *filer, members[i], accusation_kind::wrong_aggregate, slot(i),
+                     {statement_digest(
+                         *board.find(statement_kind::result_digest, step, members[i], slot(i)))},
+                     recheck::confirmed);
+          !st)
+        return fail(st.what());
       continue;
     }
     for (auto& k : members) {
@@ -943,11 +967,10 @@ result<bool> simulated_group::impl::run_attempt(step_state& s, step_group& g, at
         continue;
       if (projection_matches(pairs[i][k], pair_true(k, i), znorm, co.projection_rel_tolerance))
         continue;
-      auto st = accuse(rec, *filer, k, accusation_kind::wrong_projection, slot(i),
-                       {proj_cite(k), cite.at(k)});
-      if (!st)
-        return fail(st.error().what);
-      cases.push_back({*st, recheck::confirmed, std::nullopt});
+      if (auto st = accuse(rec, cases, *filer, k, accusation_kind::wrong_projection, slot(i),
+                           {proj_cite(k), cite.at(k)}, recheck::confirmed);
+          !st)
+        return fail(st.what());
       projection_accused.insert({k, i});
     }
   }
@@ -966,8 +989,8 @@ result<bool> simulated_group::impl::run_attempt(step_state& s, step_group& g, at
       return fail(truth.error().what);
     for (size_t i = 0; i < n; ++i) {
       if (o.validation_rel_tolerance == 0.0) {
-        if (part_digest(step, i, truth->data() + g.parts[i].begin, g.parts[i].size())
-            != committed.at(target)[i])
+        if (part_digest(step, i, truth->data() + g.parts[i].begin, g.parts[i].size()) !=
+            committed.at(target)[i])
           return false;
         continue;
       }
@@ -993,11 +1016,10 @@ result<bool> simulated_group::impl::run_attempt(step_state& s, step_group& g, at
       return fail(ok.error().what);
     if (*ok)
       continue;
-    auto st = accuse(rec, *p, v.target, accusation_kind::wrong_gradient, slot(0),
-                     gradient_cite(v.target));
-    if (!st)
-      return fail(st.error().what);
-    cases.push_back({*st, recheck::confirmed, std::nullopt});
+    if (auto st = accuse(rec, cases, *p, v.target, accusation_kind::wrong_gradient, slot(0),
+                         gradient_cite(v.target), recheck::confirmed);
+        !st)
+      return fail(st.what());
   }
   for (auto& k : members) {
     auto* p = by_key.at(k);
@@ -1006,25 +1028,20 @@ result<bool> simulated_group::impl::run_attempt(step_state& s, step_group& g, at
     auto victim = honest_target(k);
     if (!victim)
       continue;
-    auto st = accuse(rec, *p, members[*victim], accusation_kind::wrong_gradient, slot(0),
-                     gradient_cite(members[*victim]));
-    if (!st)
-      return fail(st.error().what);
     auto ok = gradient_ok(members[*victim]);
     if (!ok)
       return fail(ok.error().what);
-    cases.push_back({*st, *ok ? recheck::refuted : recheck::confirmed, std::nullopt});
+    if (auto st =
+            accuse(rec, cases, *p, members[*victim], accusation_kind::wrong_gradient, slot(0),
+                   gradient_cite(members[*victim]), *ok ? recheck::refuted : recheck::confirmed);
+        !st)
+      return fail(st.what());
   }
 
   clock.lap("validate");
   // 7. Verdicts, each honest peer on its own; any ban means a redo without the banned.
-  if (!cases.empty()) {
-    rec.banned = decide(rec, std::move(cases), {});
-    if (!rec.banned.empty()) {
-      removed.insert(rec.banned.begin(), rec.banned.end());
-      return false;
-    }
-  }
+  if (!cases.empty() && settle(rec, cases, removed))
+    return false;
   for (auto& c : rec.checks)
     if (!c.accepted)
       return fail(fmt::format("step {}: part {}'s aggregate failed the check and nobody was found "
@@ -1048,9 +1065,10 @@ result<bool> simulated_group::impl::run_attempt(step_state& s, step_group& g, at
 simulated_group::simulated_group(std::unique_ptr<impl> p) : p_(std::move(p)) {}
 simulated_group::~simulated_group() = default;
 
-result<std::unique_ptr<simulated_group>>
-simulated_group::make(const group_options& o, std::shared_ptr<const task> t,
-                      std::vector<peer_spec> specs, std::vector<auth::key_pair> keys) {
+result<std::unique_ptr<simulated_group>> simulated_group::make(const group_options& o,
+                                                               std::shared_ptr<const task> t,
+                                                               std::vector<peer_spec> specs,
+                                                               std::vector<auth::key_pair> keys) {
   if (auto st = validate(o); !st)
     return fail(st.what());
   if (!t)
@@ -1083,7 +1101,7 @@ simulated_group::make(const group_options& o, std::shared_ptr<const task> t,
   for (auto& s : specs)
     if (s.gradient.kind == attack_kind::random_direction) {
       p->direction = std::make_unique<random_direction_attack>(
-        s.gradient.direction_seed, std::vector<std::vector<int64_t>>{{int64_t(p->t->dim())}});
+          s.gradient.direction_seed, std::vector<std::vector<int64_t>>{{int64_t(p->t->dim())}});
       break;
     }
   return std::unique_ptr<simulated_group>(new simulated_group(std::move(p)));
@@ -1094,24 +1112,38 @@ result<step_record> simulated_group::step() {
   return p_->run_step();
 }
 
-uint64_t simulated_group::next_step() const { return p_->step; }
-size_t simulated_group::size() const { return p_->peers.size(); }
-const std::string& simulated_group::key_of(size_t i) const { return p_->peers.at(i)->pk; }
+uint64_t simulated_group::next_step() const {
+  return p_->step;
+}
+size_t simulated_group::size() const {
+  return p_->peers.size();
+}
+const std::string& simulated_group::key_of(size_t i) const {
+  return p_->peers.at(i)->pk;
+}
 std::optional<size_t> simulated_group::index_of(const std::string& key) const {
   auto it = p_->by_key.find(key);
   if (it == p_->by_key.end())
     return std::nullopt;
   return it->second->index;
 }
-const peer_spec& simulated_group::spec_of(size_t i) const { return p_->peers.at(i)->spec; }
+const peer_spec& simulated_group::spec_of(size_t i) const {
+  return p_->peers.at(i)->spec;
+}
 const std::vector<float>& simulated_group::params_of(size_t i) const {
   return p_->peers.at(i)->params;
 }
 const std::map<std::string, std::string>& simulated_group::bans_of(size_t i) const {
   return p_->peers.at(i)->view.banned();
 }
-const std::vector<float>& simulated_group::model() const { return p_->first_honest()->params; }
-const task& simulated_group::model_task() const { return *p_->t; }
-const group_options& simulated_group::options() const { return p_->o; }
+const std::vector<float>& simulated_group::model() const {
+  return p_->first_honest()->params;
+}
+const task& simulated_group::model_task() const {
+  return *p_->t;
+}
+const group_options& simulated_group::options() const {
+  return p_->o;
+}
 
 } // namespace starling::actors::btard
