@@ -27,6 +27,7 @@ run: configure
 	@$(BUILD)/starling run $(CONFIG)
 
 test: build
+	@bash scripts/install-deps --tests
 	@cd $(BUILD) && ctest --output-on-failure -j $(JOBS) --timeout 600
 
 # Every benchmark, or one with BENCH=name (e.g. `make bench BENCH=codecs`); each one's wall time

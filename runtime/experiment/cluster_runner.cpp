@@ -534,18 +534,13 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
   std::unique_ptr<run_watch> watch;
   if (reporting) {
     auto reporters = make_reporters(g);
-    if (!g.node.http.empty()) {
-      auto w = run_watch::start(g.node.http, g, *p, run_mode::cluster);
-      if (!w) {
-        fmt::print(stderr, "starling: error: {}\n", w.error().what);
-        h.stop();
-        return 2;
-      }
-      watch = std::move(*w);
-      reporters.insert(reporters.begin(), watch->make_reporter());
-      fmt::print("node{}: watch the run at {} (/status, /metrics)\n", s.index, watch->url());
-      std::fflush(stdout);
+    auto w = watch_if_asked(g, *p, run_mode::cluster, reporters, fmt::format("node{}: ", s.index));
+    if (!w) {
+      fmt::print(stderr, "starling: error: {}\n", w.error().what);
+      h.stop();
+      return 2;
     }
+    watch = std::move(*w);
     hub = std::make_unique<metric_hub>(std::move(reporters), s.out_dir + "/metrics.jsonl");
     run_info info;
     info.graph = &g;

@@ -232,18 +232,11 @@ run_result run_local(const experiment_graph& g, const role_registry& registry, c
   run_result res;
   // The endpoint first: a port in use or a bad address fails the run before anything starts.
   auto reporters = make_reporters(g);
-  std::unique_ptr<run_watch> watch;
-  if (!g.node.http.empty()) {
-    auto w = run_watch::start(g.node.http, g, p, run_mode::local);
-    if (!w) {
-      fmt::print(stderr, "starling: {}\n", w.error().what);
-      res.exit_code = 1;
-      return res;
-    }
-    watch = std::move(*w);
-    reporters.insert(reporters.begin(), watch->make_reporter());
-    fmt::print("watch the run at {} (/status, /metrics)\n", watch->url());
-    std::fflush(stdout);
+  auto watch = watch_if_asked(g, p, run_mode::local, reporters);
+  if (!watch) {
+    fmt::print(stderr, "starling: {}\n", watch.error().what);
+    res.exit_code = 1;
+    return res;
   }
   caf::actor_system_config cfg;
   configure_system(cfg, g.caf, false);

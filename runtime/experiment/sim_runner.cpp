@@ -15,7 +15,7 @@
 #include "messages/atoms.hpp"
 #include "runtime/experiment/node_runtime.hpp"
 #include "runtime/experiment/runner.hpp"
-#include "runtime/log/log.hpp"
+#include "runtime/experiment/watch.hpp"
 #include "runtime/sim/world.hpp"
 
 namespace starling::runtime {
@@ -181,10 +181,16 @@ run_result run_sim(const experiment_graph& g, const role_registry& registry, con
                    const run_settings& s) {
   auto wall0 = std::chrono::steady_clock::now();
   run_result res;
-  if (!g.node.http.empty())
-    log(log_level::warning, "run",
-        "node.http ({}): a simulated run is not served yet; run in local mode to watch it",
-        g.node.http);
+  // The endpoint first: a port in use or a bad address fails the run before anything starts.
+  // Its handlers run on the server's threads and read snapshots the simulation publishes as it
+  // goes, so watching never changes the simulated run (its digest stays the same).
+  auto reporters = make_reporters(g);
+  auto watch = watch_if_asked(g, p, run_mode::sim, reporters);
+  if (!watch) {
+    fmt::print(stderr, "starling: {}\n", watch.error().what);
+    res.exit_code = 1;
+    return res;
+  }
   sim::world_options wo;
   wo.seed = p.seed;
   wo.network = g.network;
@@ -201,7 +207,7 @@ run_result run_sim(const experiment_graph& g, const role_registry& registry, con
   // The world goes first at the end: its actors use the hub and the hosts until they die.
   auto world_ptr = std::make_unique<sim::world>(wo);
   auto& w = *world_ptr;
-  metric_hub hub{make_reporters(g), s.out_dir.empty() ? "" : s.out_dir + "/metrics.jsonl"};
+  metric_hub hub{std::move(reporters), s.out_dir.empty() ? "" : s.out_dir + "/metrics.jsonl"};
   // Metrics enter the trace (their digest covers what the roles measured).
   hub.on_deliver([&w](const metric_record& m) {
     std::string detail = m.kind;

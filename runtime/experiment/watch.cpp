@@ -1,6 +1,7 @@
 #include "runtime/experiment/watch.hpp"
 
 #include <chrono>
+#include <cstdio>
 
 #include <fmt/format.h>
 
@@ -27,7 +28,9 @@ struct run_watch::state {
 
 namespace {
 
-/// Publishes a snapshot at most every 200 ms of wall time from the stream, and at every tick.
+/// Publishes a snapshot at most every 200 ms of wall time, from the stream and the ticks (a
+/// simulated run ticks once per virtual second, which can be thousands of times a second of
+/// wall time), and always at the end.
 class watch_reporter : public reporter {
 public:
   explicit watch_reporter(std::shared_ptr<run_watch::state> st) : st_(std::move(st)) {}
@@ -40,7 +43,8 @@ public:
 
   bool tick(double t) override {
     st_->builder.advance(t);
-    st_->publish();
+    if (std::chrono::steady_clock::now() - st_->last_publish >= std::chrono::milliseconds(200))
+      st_->publish();
     return false;
   }
 
@@ -109,6 +113,22 @@ std::unique_ptr<reporter> run_watch::make_reporter() {
 
 std::string run_watch::url() const {
   return server_->url();
+}
+
+result<std::unique_ptr<run_watch>> watch_if_asked(const experiment_graph& g, const plan& p,
+                                                  run_mode mode,
+                                                  std::vector<std::unique_ptr<reporter>>& reporters,
+                                                  const std::string& prefix) {
+  if (g.node.http.empty())
+    return std::unique_ptr<run_watch>{};
+  auto w = run_watch::start(g.node.http, g, p, mode);
+  if (!w)
+    return fail(w.error().what);
+  reporters.insert(reporters.begin(), (*w)->make_reporter());
+  fmt::print("{}watch the run at {} (/status, /metrics){}\n", prefix, (*w)->url(),
+             mode == run_mode::sim ? "; times on the page are the simulation's virtual time" : "");
+  std::fflush(stdout);
+  return w;
 }
 
 } // namespace starling::runtime

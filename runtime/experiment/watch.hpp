@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/result.hpp"
 #include "runtime/experiment/graph.hpp"
@@ -37,5 +38,13 @@ private:
   std::shared_ptr<state> state_;
   std::unique_ptr<observe::http_server> server_;
 };
+
+/// Serves the run when `g.node.http` asks for it: starts the endpoint, puts its reporter first
+/// in `reporters` and prints `prefix` + "watch the run at URL". Null when the run is not
+/// served; an error (say it and fail the run: nothing has started) when the endpoint cannot be.
+result<std::unique_ptr<run_watch>> watch_if_asked(const experiment_graph& g, const plan& p,
+                                                  run_mode mode,
+                                                  std::vector<std::unique_ptr<reporter>>& reporters,
+                                                  const std::string& prefix = "");
 
 } // namespace starling::runtime

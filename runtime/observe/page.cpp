@@ -57,6 +57,8 @@ const std::string& status_page() {
 <script>
 "use strict";
 const $ = (id) => document.getElementById(id);
+// A simulated run's clock is virtual: its times and rates say so.
+let virtualTime = false;
 function fmt(v, digits) {
   if (v === null || v === undefined) return "–";
   if (typeof v !== "number") return String(v);
@@ -94,14 +96,14 @@ function sum(o) { let s = 0; for (const k in (o || {})) s += o[k] || 0; return s
 function tiles(st) {
   const m = st.metrics, t = $("tiles");
   const items = [
-    ["samples / s", fmt(m.starling_samples_per_second, 1)],
+    [virtualTime ? "samples / virtual s" : "samples / s", fmt(m.starling_samples_per_second, 1)],
     ["samples", fmt(m.starling_samples_total, 0)],
     ["loss", fmt(m.starling_loss, 4)],
     ["global step", m.starling_global_step >= 0 ? fmt(m.starling_global_step, 0) : "–"],
     ["live instances", fmt(sum(m.starling_live_instances), 0)],
     ["rounds averaged", fmt((m.starling_averaging_rounds_total || {}).averaged || 0, 0)],
     ["restarts", fmt(m.starling_restarts_total, 0)],
-    ["run time", duration(st.run_time_s)],
+    [virtualTime ? "virtual time" : "run time", duration(st.run_time_s)],
   ];
   t.replaceChildren();
   items.forEach(([k, v]) => {
@@ -140,14 +142,31 @@ function lossCurve(points) {
   }
   for (let i = 0; i <= 4; i++) {
     const x = x0 + (x1 - x0) * i / 4;
-    add("text", { x: px(x), y: H - 8, "text-anchor": "middle" }, x.toFixed(0) + " s");
+    add("text", { x: px(x), y: H - 8, "text-anchor": "middle" }, x.toFixed(0) + " s" + (virtualTime ? " (virtual)" : ""));
   }
-  add("polyline", { points: pts.map((p) => px(p[0]).toFixed(1) + "," + py(p[1]).toFixed(1)).join(" "),
-                    fill: "none", stroke: "#2f6fdb", "stroke-width": 2 });
+  // Every peer reports its own loss: the raw points (faint) scatter around the run's loss, and
+  // their mean over 60 slices of the time axis (bold) shows the trend.
+  const line = (ps) => ps.map((p) => px(p[0]).toFixed(1) + "," + py(p[1]).toFixed(1)).join(" ");
+  add("polyline", { points: line(pts), fill: "none", stroke: "#2f6fdb", "stroke-opacity": 0.25,
+                    "stroke-width": 1 });
+  const slices = new Map();
+  pts.forEach((p) => {
+    const k = Math.min(59, Math.floor((p[0] - x0) / (x1 - x0) * 60));
+    const a = slices.get(k) || [0, 0, 0];
+    a[0] += p[0]; a[1] += p[1]; a[2] += 1;
+    slices.set(k, a);
+  });
+  const mean = [...slices.keys()].sort((a, b) => a - b).map((k) => {
+    const a = slices.get(k);
+    return [a[0] / a[2], a[1] / a[2]];
+  });
+  add("polyline", { points: line(mean), fill: "none", stroke: "#2f6fdb", "stroke-width": 2.5,
+                    id: "loss-mean" });
   box.replaceChildren(svg);
 }
 function render(st) {
   const r = st.run, m = st.metrics;
+  virtualTime = r.mode === "sim";
   $("title").textContent = r.experiment || "starling run";
   document.title = (r.experiment || "starling") + " — starling";
   const start = r.start_unix_s ? new Date(r.start_unix_s * 1000).toLocaleString() : "–";

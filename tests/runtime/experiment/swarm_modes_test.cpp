@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "support/cluster_checks.hpp"
+#include "support/http_client.hpp"
 #include "support/subprocess.hpp"
 #include "support/paths.hpp"
 
@@ -90,12 +91,29 @@ TEST_CASE("swarm-tiny has one placement in every mode") {
   CHECK(sim.find("node0    trainer.0 trainer.1") != std::string::npos);
 }
 
-TEST_CASE("swarm-tiny in simulation completes its samples and gives the same digest twice") {
+TEST_CASE("swarm-tiny in simulation completes its samples and gives the same digest twice, "
+          "watched or not") {
   auto dir = temp_dir();
   std::string digest[2];
   for (int i = 0; i < 2; ++i) {
-    subprocess p{args({STARLING_BINARY, "run", config, "--sim", "--out",
-                       dir + "/r" + std::to_string(i)})};
+    std::vector<std::string> argv{STARLING_BINARY, "run", config, "--sim", "--out",
+                                  dir + "/r" + std::to_string(i)};
+    // The second run serves its page: watching changes nothing the simulation does.
+    if (i == 1)
+      argv.insert(argv.end(), {"--http", "127.0.0.1:0"});
+    subprocess p{args(argv)};
+    if (i == 1) {
+      auto line = p.wait_for("watch the run at", 60s);
+      REQUIRE(line);
+      CHECK(line->find("virtual time") != std::string::npos);
+      std::smatch m;
+      REQUIRE(std::regex_search(*line, m, std::regex{R"(127\.0\.0\.1:([0-9]+)/)"}));
+      // The endpoint is up before the world starts and until the simulation ends.
+      auto st = testing::http_get(static_cast<uint16_t>(std::stoi(m[1])), "/status", 5000ms);
+      REQUIRE(st);
+      CHECK(st->status == 200);
+      CHECK(st->body.find("\"mode\":\"sim\"") != std::string::npos);
+    }
     auto samples = p.wait_for("samples", 120s);
     REQUIRE(samples);
     CHECK(samples->find("768 (") != std::string::npos); // 2 trainers x 24 x 16
