@@ -79,6 +79,7 @@ result<std::unique_ptr<run_watch>> run_watch::start(const std::string& endpoint,
     observe::planned_member m;
     m.name = x.name;
     m.role = x.role < g.roles.size() ? g.roles[x.role].name : "?";
+    m.type = x.role < g.roles.size() ? g.roles[x.role].type : "";
     m.node = x.node ? *x.node : 0;
     m.start_s = std::chrono::duration<double>(x.start).count();
     m.leave_s = x.leave ? std::chrono::duration<double>(*x.leave).count() : -1.0;

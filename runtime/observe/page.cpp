@@ -193,7 +193,7 @@ function render(st) {
       const name = el("span");
       name.appendChild(el("span", undefined, "dot " + (x.live ? "live" : "down")));
       name.appendChild(document.createTextNode(x.name));
-      return [name, x.role, String(x.node), fmt(x.samples, 0), fmt(x.restarts, 0),
+      return [name, x.detail ? x.role + " · " + x.detail : x.role, String(x.node), fmt(x.samples, 0), fmt(x.restarts, 0),
               x.last_seen_s === null || x.last_seen_s < 0 ? "–" : fmt(x.last_seen_s, 1) + " s"];
     }));
 }

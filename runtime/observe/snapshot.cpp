@@ -56,6 +56,32 @@ member_state* snapshot_builder::member(const std::string& name) {
   return i == index_.end() ? nullptr : &cur_.members[i->second];
 }
 
+member_state* snapshot_builder::stage_peer(const std::string& source) {
+  // s<digits>p<digits>g<digits>, nothing else.
+  size_t at = 0;
+  auto digits = [&](char tag, uint64_t& out) {
+    if (at >= source.size() || source[at] != tag)
+      return false;
+    size_t from = ++at;
+    out = 0;
+    while (at < source.size() && at - from < 9 && source[at] >= '0' && source[at] <= '9')
+      out = out * 10 + static_cast<uint64_t>(source[at++] - '0');
+    return at > from;
+  };
+  uint64_t stage = 0, slot = 0, gen = 0;
+  if (!digits('s', stage) || !digits('p', slot) || !digits('g', gen) || at != source.size())
+    return nullptr;
+  for (auto& pm : cur_.run.members) {
+    if (pm.type != "swarm.stage" || pm.name != pm.role + "." + std::to_string(slot))
+      continue;
+    auto* m = member(pm.name);
+    if (m)
+      m->detail = "stage " + std::to_string(stage);
+    return m;
+  }
+  return nullptr;
+}
+
 void snapshot_builder::bump(std::map<std::string, uint64_t>& m, const std::string& key,
                             size_t cap) {
   auto i = m.find(key);
@@ -98,6 +124,8 @@ void snapshot_builder::add(const event_view& e) {
   cur_.events_total++;
   bump(cur_.events_by_kind, e.kind, opts_.max_kinds);
   auto* m = member(e.source);
+  if (!m)
+    m = stage_peer(e.source);
   // An instance outside the plan joins the list when it is named `<role>.<index>` after a
   // planned role (a volunteer, a respawn), or any role when the plan lists none, within the
   // bounds. Host services (`node2/faults`) and a role's internal names (a stage peer's
@@ -164,6 +192,8 @@ void snapshot_builder::add(const event_view& e) {
   } else if (e.kind == "dp_join") {
     cur_.joins_total++;
     down_[e.source] = false;
+    if (auto& mode = label_of(e, "mode"); m && (mode == "client" || mode == "full"))
+      m->detail = mode + " mode";
   } else if (e.kind == "dp_leave") {
     cur_.leaves_total++;
     down_[e.source] = true;

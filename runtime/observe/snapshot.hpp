@@ -30,6 +30,8 @@ struct planned_member {
   /// Run time at which it starts, and leaves on purpose (negative: never).
   double start_s = 0;
   double leave_s = -1;
+  /// The role's registered type (`swarm.stage`, `dedloc.peer`).
+  std::string type;
 };
 
 /// The run being watched.
@@ -59,6 +61,9 @@ struct event_view {
 struct member_state {
   std::string name;
   std::string role;
+  /// What else the page says about it: a SWARM stage peer's stage (`stage 2`), a data-parallel
+  /// peer's mode (`client mode`); empty when nothing.
+  std::string detail;
   size_t node = 0;
   bool live = false;
   /// Run time of its last event (negative: none yet).
@@ -147,6 +152,9 @@ public:
 
 private:
   member_state* member(const std::string& name);
+  /// The planned instance a SWARM stage peer's actor name `s<S>p<P>g<G>` belongs to (instance P
+  /// of the role of type `swarm.stage`), its detail set to `stage S`; null for other names.
+  member_state* stage_peer(const std::string& source);
   void set_node_live(const std::string& node, bool live);
   void add_samples(const std::string& peer, double n, double t);
   static void bump(std::map<std::string, uint64_t>& m, const std::string& key, size_t cap);

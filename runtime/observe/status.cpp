@@ -50,6 +50,7 @@ std::string render_status(const snapshot& s) {
   for (auto& m : s.members)
     members.push_back({{"name", m.name},
                        {"role", m.role},
+                       {"detail", m.detail},
                        {"node", m.node},
                        {"live", m.live},
                        {"last_seen_s", number(m.last_seen_s)},

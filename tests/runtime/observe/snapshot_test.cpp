@@ -112,6 +112,38 @@ TEST_CASE("a SWARM stream: stage steps are rounds, internal peer names are not i
   CHECK(s.peer_samples_total.at("volunteer") == 2);
 }
 
+TEST_CASE("a stage peer's actor name is its planned instance, shown with its stage") {
+  run_description r;
+  r.kind = "swarm";
+  r.members = {{"trainer.0", "trainer", 0, 0, -1, "swarm.trainer"},
+               {"peers.0", "peers", 1, 0, -1, "swarm.stage"},
+               {"peers.2", "peers", 2, 0, -1, "swarm.stage"}};
+  snapshot_builder b{r};
+  feed(b, {1, "s1p2g3", "step", {{"step", 0}, {"averaged", 1}}, {}});
+  feed(b, {2, "s0p0g0", "checkpoint", {}, {}});
+  // Not a stage peer's name, or no such slot: counted, nobody's.
+  for (auto* name : {"s1p9g0", "s1p2", "s1p2g0x", "sp2g0", "s1p0000000000002g0"})
+    feed(b, {3, name, "step", {{"step", 1}, {"averaged", 1}}, {}});
+  auto s = b.make();
+  CHECK(s.members.size() == 3);
+  CHECK(s.members[2].last_seen_s == 1);
+  CHECK(s.members[2].detail == "stage 1");
+  CHECK(s.members[1].last_seen_s == 2);
+  CHECK(s.members[1].detail == "stage 0");
+  CHECK(s.members[0].last_seen_s < 0);
+  CHECK(s.members[0].detail.empty());
+  CHECK(s.rounds_by_outcome.at("averaged") == 6);
+}
+
+TEST_CASE("a data-parallel peer's mode is shown") {
+  snapshot_builder b{two_roles()};
+  feed(b, {1, "peers.1", "dp_join", {}, {{"mode", "client"}}});
+  feed(b, {1, "peers.0", "dp_join", {}, {{"mode", "bogus"}}});
+  auto s = b.make();
+  CHECK(s.members[1].detail == "client mode");
+  CHECK(s.members[0].detail.empty());
+}
+
 TEST_CASE("per-peer series stay at 20 plus other, and other never decreases") {
   snapshot_builder b{two_roles()};
   std::mt19937_64 rng{3};
