@@ -277,6 +277,10 @@ run_result run_local(const experiment_graph& g, const role_registry& registry, c
   hub.start(info);
   for (auto& h : hosts)
     h->start(registry, hub);
+  // The page also reads the peers' ledger summaries, as any node's page does (node 0's DHT).
+  if (watch)
+    if (auto r = watch->read_ledger(sys, hosts.front()->dht(), g.node.ledger_every))
+      hosts.front()->adopt(r);
   // Node kills and restarts happen on this thread at their times (real time).
   std::multimap<nanoseconds, std::pair<size_t, bool>> node_actions; // time -> (node, restart?)
   for (auto& f : p.faults)

@@ -1,0 +1,156 @@
+// The contribution ledger of a real run: a short local dedloc collaboration with churn (peers
+// leave and newcomers join on the plan's seeded schedule), watched over HTTP. At the end
+// `<run>/ledger.csv` credits the peers, from their partners' word, with exactly the samples the
+// run averaged by metrics.jsonl, lists every peer that left once, and `/ledger.csv` answered
+// while the run ran.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "support/http_client.hpp"
+#include "support/paths.hpp"
+#include "support/subprocess.hpp"
+
+namespace starling::test::runtime_observe_ledger_run_test {
+
+using namespace std::chrono_literals;
+
+namespace {
+
+struct scratch {
+  explicit scratch(const std::string& name)
+      : path(std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~scratch() { std::filesystem::remove_all(path); }
+  std::filesystem::path path;
+};
+
+uint16_t port_of(const std::string& line) {
+  auto at = line.find("http://127.0.0.1:");
+  return at == std::string::npos ? 0 : static_cast<uint16_t>(std::atoi(line.c_str() + at + 17));
+}
+
+/// CSV lines split at commas (the ledger's fields here hold no commas or quotes).
+std::vector<std::map<std::string, std::string>> read_csv(const std::string& text) {
+  std::istringstream in{text};
+  std::string line;
+  std::vector<std::string> head;
+  std::vector<std::map<std::string, std::string>> rows;
+  auto split = [](const std::string& l) {
+    std::vector<std::string> out;
+    std::string cell;
+    std::istringstream s{l};
+    while (std::getline(s, cell, ','))
+      out.push_back(cell);
+    if (!l.empty() && l.back() == ',')
+      out.emplace_back();
+    return out;
+  };
+  while (std::getline(in, line)) {
+    if (head.empty()) {
+      head = split(line);
+      continue;
+    }
+    auto cells = split(line);
+    REQUIRE(cells.size() == head.size());
+    std::map<std::string, std::string> row;
+    for (size_t i = 0; i < head.size(); ++i)
+      row[head[i]] = cells[i];
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+} // namespace
+
+TEST_CASE("a local dedloc run with churn credits every averaged sample to its peer, from its "
+          "partners, and keeps every leaver in the ledger") {
+  scratch dir{"starling-ledger-run"};
+  auto yaml = (dir.path / "ledger-churn.yaml").string();
+  std::ofstream{yaml}
+      << "experiment: {name: ledger-churn, kind: dedloc, seed: 11, mode: local, duration: 9s}\n"
+         "caf: {scheduler: {policy: sharing, max_threads: 2}}\n"
+         "node: {ledger_every: 1s}\n"
+         "dedloc: {peers: 4, churn: 8, backend: modeled, modeled_params: 20000, microbatch: 32,\n"
+         "         compute_time: 20ms, target_batch: 384, window: 400ms, averager_timeout: 3s,\n"
+         "         round_timeout: 4s, record_lifetime: 4s, eval_every: 0}\n";
+  auto out = dir.path / "out";
+  testing::subprocess run{{STARLING_BINARY, "run", yaml, "--out", out.string(), "--http",
+                           "127.0.0.1:0"}};
+  auto url = run.wait_for("watch the run at", 60s);
+  REQUIRE(url);
+  auto port = port_of(*url);
+  REQUIRE(port != 0);
+  // The endpoint answers the ledger while the run goes on.
+  auto csv = testing::http_get(port, "/ledger.csv", 5s);
+  REQUIRE(csv);
+  CHECK(csv->status == 200);
+  CHECK(csv->body.rfind("peer,peer_id,samples_computed,samples_accepted", 0) == 0);
+  auto rc = run.wait_exit(90s);
+  INFO(run.output());
+  REQUIRE(rc);
+  REQUIRE(*rc == 0);
+
+  // What metrics.jsonl says: samples of updates averaged with partners, and who left.
+  double averaged = 0;
+  std::set<std::string> left;
+  size_t credits = 0;
+  std::ifstream jl{out / "metrics.jsonl"};
+  REQUIRE(jl);
+  std::string line;
+  while (std::getline(jl, line)) {
+    auto j = nlohmann::json::parse(line);
+    auto ev = j.value("event", "");
+    if (ev == "dp_step" && j.value("averaged", 0.0) > 0)
+      averaged += j.value("samples", 0.0);
+    else if (ev == "dp_leave")
+      left.insert(j.value("source", ""));
+    else if (ev == "dp_credit")
+      credits++;
+  }
+  std::ifstream lf{out / "ledger.csv"};
+  REQUIRE(lf);
+  std::stringstream text;
+  text << lf.rdbuf();
+  auto rows = read_csv(text.str());
+  double accepted = 0;
+  std::map<std::string, int> seen;
+  for (auto& r : rows) {
+    seen[r["peer"]]++;
+    accepted += std::stod(r["samples_accepted"]);
+    // A peer cannot have had more accepted than it computed.
+    CHECK(std::stod(r["samples_accepted"]) <= std::stod(r["samples_computed"]) + 1e-6);
+    if (left.count(r["peer"]))
+      CHECK(r["left"] == "1");
+  }
+  MESSAGE("averaged " << averaged << " samples in metrics.jsonl, ledger accepted " << accepted
+                      << ", " << left.size() << " peer(s) left, " << rows.size()
+                      << " ledger rows, " << credits << " dp_credit events");
+  REQUIRE(averaged > 0);
+  REQUIRE_FALSE(left.empty());
+  CHECK(accepted == doctest::Approx(averaged).epsilon(1e-9));
+  for (auto& peer : left)
+    CHECK_MESSAGE(seen[peer] == 1, peer << " appears " << seen[peer] << " times");
+  for (auto& [peer, n] : seen)
+    CHECK_MESSAGE(n == 1, peer << " appears " << n << " times");
+  // Peers published their summaries: rows carry the owner key of their records.
+  size_t with_id = 0;
+  for (auto& r : rows)
+    with_id += r["peer_id"].size() == 16 ? 1 : 0;
+  CHECK(with_id > 0);
+}
+
+} // namespace starling::test::runtime_observe_ledger_run_test
