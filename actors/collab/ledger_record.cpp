@@ -125,13 +125,13 @@ result<contribution_summary> decode_summary(const std::vector<char>& bytes) {
     return refuse_summary("too short for its header (" + std::to_string(bytes.size()) + " bytes)");
   if (version != summary_version)
     return refuse_summary("version " + std::to_string(version) + ", expected " +
-                  std::to_string(summary_version));
+                          std::to_string(summary_version));
   if ((flags & ~known_summary_flags) != 0)
     return refuse_summary("flags " + std::to_string(flags) + " carry unknown bits");
   contribution_summary s;
   s.left = (flags & flag_left) != 0;
-  double* fields[] = {&s.time,     &s.started,         &s.computed,
-                      &s.dropped,  &s.rounds,          &s.rounds_averaged,
+  double* fields[] = {&s.time,       &s.started,        &s.computed,
+                      &s.dropped,    &s.rounds,         &s.rounds_averaged,
                       &s.bytes_sent, &s.bytes_received, &s.credits_other};
   for (auto* f : fields)
     if (!r.f64(*f))
@@ -145,23 +145,25 @@ result<contribution_summary> decode_summary(const std::vector<char>& bytes) {
     return refuse_summary("claims more dropped samples or averaged rounds than it has in all");
   if (!r.text(s.id, max_ledger_id_bytes))
     return refuse_summary("record id is empty, cut or longer than " +
-                  std::to_string(max_ledger_id_bytes) + " bytes");
+                          std::to_string(max_ledger_id_bytes) + " bytes");
   if (!r.text(s.name, max_ledger_name_bytes))
-    return refuse_summary("name is empty, cut or longer than " + std::to_string(max_ledger_name_bytes) +
-                  " bytes");
+    return refuse_summary("name is empty, cut or longer than " +
+                          std::to_string(max_ledger_name_bytes) + " bytes");
   uint16_t n = 0;
   if (!r.u16(n))
     return refuse_summary("too short for its credit count");
   if (n > max_ledger_credits)
     return refuse_summary("carries " + std::to_string(n) + " credits, at most " +
-                  std::to_string(max_ledger_credits) + " allowed");
+                          std::to_string(max_ledger_credits) + " allowed");
   s.credits.reserve(n);
   for (uint16_t i = 0; i < n; ++i) {
     ledger_credit c;
     if (!r.text(c.peer, max_ledger_name_bytes) || !r.f64(c.samples))
-      return refuse_summary("credit " + std::to_string(i) + " is cut or its name empty or too long");
+      return refuse_summary("credit " + std::to_string(i) +
+                            " is cut or its name empty or too long");
     if (!ledger_count_ok(c.samples))
-      return refuse_summary("credit " + std::to_string(i) + " is negative, not finite or above 2^53");
+      return refuse_summary("credit " + std::to_string(i) +
+                            " is negative, not finite or above 2^53");
     s.credits.push_back(std::move(c));
   }
   if (r.left() != 0)

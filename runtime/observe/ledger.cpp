@@ -298,11 +298,12 @@ std::string render_ledger_csv(const std::vector<ledger_row>& rows) {
                     "ban_reason,left,record\n";
   for (auto& r : rows) {
     out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", ledger_csv_field(r.peer),
-                       ledger_csv_field(r.peer_id), ledger_csv_number(r.computed), ledger_csv_number(r.accepted),
-                       ledger_csv_number(r.dropped), ledger_csv_number(r.rounds),
-                       ledger_csv_number(r.rounds_averaged), ledger_csv_number(r.uptime_s),
-                       ledger_csv_number(r.bytes_sent), ledger_csv_number(r.bytes_received), r.refusals,
-                       r.banned ? 1 : 0, ledger_csv_field(r.ban_reason), r.left ? 1 : 0, r.record);
+                       ledger_csv_field(r.peer_id), ledger_csv_number(r.computed),
+                       ledger_csv_number(r.accepted), ledger_csv_number(r.dropped),
+                       ledger_csv_number(r.rounds), ledger_csv_number(r.rounds_averaged),
+                       ledger_csv_number(r.uptime_s), ledger_csv_number(r.bytes_sent),
+                       ledger_csv_number(r.bytes_received), r.refusals, r.banned ? 1 : 0,
+                       ledger_csv_field(r.ban_reason), r.left ? 1 : 0, r.record);
   }
   return out;
 }

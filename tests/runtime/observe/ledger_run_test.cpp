@@ -1,8 +1,10 @@
 // The contribution ledger of a real run: a short local dedloc collaboration with churn (peers
 // leave and newcomers join on the plan's seeded schedule), watched over HTTP. At the end
-// `<run>/ledger.csv` credits the peers, from their partners' word, with exactly the samples the
-// run averaged by metrics.jsonl, lists every peer that left once, and `/ledger.csv` answered
-// while the run ran.
+// `<run>/ledger.csv` credits each peer, from its partners' word, with the samples metrics.jsonl
+// says it had averaged: all of them for rounds whose every part took every member's
+// contribution (dp_step's `contributors` = `group`), a share for partial rounds (only the parts
+// that took it count), so the sums agree exactly when no round was partial. Every peer that left
+// is listed once, and `/ledger.csv` answered while the run ran.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -88,8 +90,8 @@ TEST_CASE("a local dedloc run with churn credits every averaged sample to its pe
          "         compute_time: 20ms, target_batch: 384, window: 400ms, averager_timeout: 3s,\n"
          "         round_timeout: 4s, record_lifetime: 4s, eval_every: 0}\n";
   auto out = dir.path / "out";
-  testing::subprocess run{{STARLING_BINARY, "run", yaml, "--out", out.string(), "--http",
-                           "127.0.0.1:0"}};
+  testing::subprocess run{
+      {STARLING_BINARY, "run", yaml, "--out", out.string(), "--http", "127.0.0.1:0"}};
   auto url = run.wait_for("watch the run at", 60s);
   REQUIRE(url);
   auto port = port_of(*url);
@@ -104,8 +106,9 @@ TEST_CASE("a local dedloc run with churn credits every averaged sample to its pe
   REQUIRE(rc);
   REQUIRE(*rc == 0);
 
-  // What metrics.jsonl says: samples of updates averaged with partners, and who left.
-  double averaged = 0;
+  // What metrics.jsonl says: samples of updates averaged with partners (all, and in complete
+  // rounds), and who left.
+  std::map<std::string, double> averaged, complete;
   std::set<std::string> left;
   size_t credits = 0;
   std::ifstream jl{out / "metrics.jsonl"};
@@ -114,9 +117,12 @@ TEST_CASE("a local dedloc run with churn credits every averaged sample to its pe
   while (std::getline(jl, line)) {
     auto j = nlohmann::json::parse(line);
     auto ev = j.value("event", "");
-    if (ev == "dp_step" && j.value("averaged", 0.0) > 0)
-      averaged += j.value("samples", 0.0);
-    else if (ev == "dp_leave")
+    auto source = j.value("source", "");
+    if (ev == "dp_step" && j.value("averaged", 0.0) > 0) {
+      averaged[source] += j.value("samples", 0.0);
+      if (j.value("contributors", 0.0) == j.value("group", -1.0))
+        complete[source] += j.value("samples", 0.0);
+    } else if (ev == "dp_leave")
       left.insert(j.value("source", ""));
     else if (ev == "dp_credit")
       credits++;
@@ -126,22 +132,30 @@ TEST_CASE("a local dedloc run with churn credits every averaged sample to its pe
   std::stringstream text;
   text << lf.rdbuf();
   auto rows = read_csv(text.str());
-  double accepted = 0;
+  double accepted = 0, all_averaged = 0, all_complete = 0;
   std::map<std::string, int> seen;
   for (auto& r : rows) {
-    seen[r["peer"]]++;
-    accepted += std::stod(r["samples_accepted"]);
-    // A peer cannot have had more accepted than it computed.
-    CHECK(std::stod(r["samples_accepted"]) <= std::stod(r["samples_computed"]) + 1e-6);
-    if (left.count(r["peer"]))
+    auto& peer = r["peer"];
+    seen[peer]++;
+    auto acc = std::stod(r["samples_accepted"]);
+    accepted += acc;
+    all_averaged += averaged[peer];
+    all_complete += complete[peer];
+    CAPTURE(peer);
+    CHECK(acc <= averaged[peer] * (1 + 1e-9) + 1e-6);
+    CHECK(acc >= complete[peer] * (1 - 1e-9) - 1e-6);
+    CHECK(acc <= std::stod(r["samples_computed"]) + 1e-6);
+    if (left.count(peer))
       CHECK(r["left"] == "1");
   }
-  MESSAGE("averaged " << averaged << " samples in metrics.jsonl, ledger accepted " << accepted
-                      << ", " << left.size() << " peer(s) left, " << rows.size()
-                      << " ledger rows, " << credits << " dp_credit events");
-  REQUIRE(averaged > 0);
+  MESSAGE("averaged " << all_averaged << " samples in metrics.jsonl (" << all_complete
+                      << " in complete rounds), ledger accepted " << accepted << ", " << left.size()
+                      << " peer(s) left, " << rows.size() << " ledger rows, " << credits
+                      << " dp_credit events");
+  REQUIRE(all_complete > 0);
   REQUIRE_FALSE(left.empty());
-  CHECK(accepted == doctest::Approx(averaged).epsilon(1e-9));
+  if (all_complete == all_averaged)
+    CHECK(accepted == doctest::Approx(all_averaged).epsilon(1e-9));
   for (auto& peer : left)
     CHECK_MESSAGE(seen[peer] == 1, peer << " appears " << seen[peer] << " times");
   for (auto& [peer, n] : seen)
