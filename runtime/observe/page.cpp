@@ -70,6 +70,13 @@ function duration(s) {
   const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), r = Math.floor(s % 60);
   return (h ? h + " h " : "") + (h || m ? m + " min " : "") + r + " s";
 }
+function bytes(v) {
+  if (v === null || v === undefined) return "–";
+  const units = ["B", "kB", "MB", "GB", "TB"];
+  let i = 0;
+  while (v >= 1000 && i < units.length - 1) { v /= 1000; i++; }
+  return (i ? v.toFixed(1) : String(Math.round(v))) + " " + units[i];
+}
 function el(tag, text, cls) {
   const e = document.createElement(tag);
   if (text !== undefined) e.textContent = text;
@@ -187,7 +194,7 @@ function render(st) {
       const status = x.banned ? "banned: " + (x.ban_reason || "?") : x.left ? "left"
                    : x.record === "expired" ? "record expired" : x.record === "live" ? "publishing" : "–";
       return [name, fmt(x.accepted, 0), fmt(x.computed, 0), fmt(x.dropped, 0), fmt(x.rounds, 0),
-              duration(x.uptime_s), fmt(x.bytes_sent, 0) + " B", fmt(x.bytes_received, 0) + " B",
+              duration(x.uptime_s), bytes(x.bytes_sent), bytes(x.bytes_received),
               fmt(x.refusals, 0), status];
     }));
 }
