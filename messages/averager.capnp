@@ -49,6 +49,7 @@ struct RoundReport {
   planeLinks @12 :UInt32;
   topkBytesSent @13 :UInt64;
   topkBytesReceived @14 :UInt64;
+  received @15 :List(Float64);  # per member (<= members), -1 or a finite weight >= 0
 }
 
 struct TensorList {

@@ -140,13 +140,16 @@ struct round_report {
   /// the chunk metas not counted). 0 in dense rounds.
   uint64_t topk_bytes_sent = 0;
   uint64_t topk_bytes_received = 0;
+  /// Per member: the weight its contribution brought to every element of the part this member
+  /// reduced (-1 where it did not reach all of it): what the contribution ledger credits.
+  std::vector<double> received;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, round_report& x) {
   return f(caf::meta::type_name("round_report"), x.group_key, x.group_id, x.members, x.self,
            x.parts, x.outcome, x.averaged, x.kept, x.failed, x.detail, x.elapsed_ns,
-           x.round_ns, x.plane_links, x.topk_bytes_sent, x.topk_bytes_received);
+           x.round_ns, x.plane_links, x.topk_bytes_sent, x.topk_bytes_received, x.received);
 }
 
 // -- request and result ------------------------------------------------------------------------

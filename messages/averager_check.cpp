@@ -1,4 +1,6 @@
 // Checks of averager payloads (messages/averager.capnp) on the untrusted reader, torch-free.
+#include <cmath>
+
 #include "messages/codec_util.hpp"
 #include "messages/envelope.hpp"
 #include "messages/wire.hpp"
@@ -56,6 +58,11 @@ status check_report(wire::RoundReport::Reader r) {
     }
   }
   STARLING_TRY(codec::within("report outcome", r.getOutcome(), 3));
+  auto received = r.getReceived();
+  STARLING_TRY(codec::at_most("report received weights", received.size(), r.getMembers().size()));
+  for (auto w : received)
+    if (!(w == -1.0 || (std::isfinite(w) && w >= 0)))
+      return fail("report received weight is neither -1 nor a finite weight >= 0");
   return codec::at_most("report detail", r.getDetail().size(), codec::max_reason_bytes);
 }
 

@@ -96,6 +96,9 @@ void write_report(wire::RoundReport::Builder b, const round_report& x) {
   b.setPlaneLinks(x.plane_links);
   b.setTopkBytesSent(x.topk_bytes_sent);
   b.setTopkBytesReceived(x.topk_bytes_received);
+  auto rec = b.initReceived(static_cast<unsigned>(x.received.size()));
+  for (unsigned i = 0; i < x.received.size(); ++i)
+    rec.set(i, x.received[i]);
 }
 
 round_report read_report(wire::RoundReport::Reader r) {
@@ -126,6 +129,8 @@ round_report read_report(wire::RoundReport::Reader r) {
   x.plane_links = r.getPlaneLinks();
   x.topk_bytes_sent = r.getTopkBytesSent();
   x.topk_bytes_received = r.getTopkBytesReceived();
+  for (auto w : r.getReceived())
+    x.received.push_back(w);
   return x;
 }
 

@@ -1007,6 +1007,7 @@ void shell::reply_round() {
   res.report.members = r.members;
   res.report.self = e.self();
   res.report.parts = std::move(result.parts);
+  res.report.received = std::move(result.received);
   finish_report(res.report);
   if (!transport_error_.empty())
     res.report.detail = "direct transport unavailable, BASP only: " + transport_error_;

@@ -257,6 +257,13 @@ std::vector<size_t> part_reducer::contributors() const {
   return out;
 }
 
+double part_reducer::weight_of(size_t peer) const {
+  auto* s = find(peer);
+  if (!s || s->excluded || s->weight < 0 || s->ranges.size() != size_)
+    return -1;
+  return s->weight;
+}
+
 at::Tensor part_reducer::assemble(const slot& s) const {
   if (s.pieces.size() == 1 && s.pieces.front().second.is_contiguous())
     return s.pieces.front().second;

@@ -138,6 +138,8 @@ public:
   bool complete() const;
   /// Complete contributors so far, ascending.
   std::vector<size_t> contributors() const;
+  /// The weight `peer` sent with a contribution that is complete and not excluded; -1 otherwise.
+  double weight_of(size_t peer) const;
   /// Reduces into the buffer (once). Fails when nothing usable arrived: no contribution, elements
   /// no contribution reached, a total weight of 0 somewhere (the weighted mean), or the kernel
   /// failing. Ranges `finish_early` finished keep their values.

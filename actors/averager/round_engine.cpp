@@ -51,6 +51,7 @@ round_engine::round_engine(uint64_t id, round_plan plan, uint32_t self, at::Tens
   in_place_ = flat_.numel() > 0 && out_.data_ptr() == flat_.data_ptr();
   links_.resize(n);
   gone_.assign(n, false);
+  received_.assign(n, -1.0);
   resolved_.assign(n, false);
   result_ranges_.assign(n, {});
   result_pieces_.assign(n, {});
@@ -264,6 +265,11 @@ void round_engine::maybe_reduce(bool deadline) {
     reduced_part_ = std::move(out->values);
     reduced_segments_ = std::move(out->segments);
     common = common_contributors(reduced_segments_);
+    // Who reached the whole part, with what weight: the partners' word on each other's samples
+    // (the contribution ledger credits a sender from it, never from the sender's own claim).
+    for (auto m : common)
+      if (m < received_.size())
+        received_[m] = reducer_->weight_of(m);
     if (!aux_) {
       out_.narrow(0, plan_.offsets[self_], size).copy_(reduced_part_);
       resolve_part(self_, part_status::averaged, "", common);
@@ -414,7 +420,7 @@ void round_engine::check_done() {
 }
 
 round_result round_engine::result() const {
-  return {out_, parts_};
+  return {out_, parts_, received_};
 }
 
 // -- BTARD hooks -------------------------------------------------------------------------------

@@ -105,6 +105,9 @@ struct round_result {
   at::Tensor values;
   /// One report per part, in member order.
   std::vector<part_report> parts;
+  /// Per member: the weight its contribution brought to every element of this member's part
+  /// (-1 where it reached not all of it, or this member reduced nothing).
+  std::vector<double> received;
 };
 
 /// One member's side of one butterfly round.
@@ -225,6 +228,8 @@ private:
   /// Result chunks of our part by offset, built once and shared by every destination.
   std::map<int64_t, out_chunk_ptr> result_chunks_;
   std::vector<part_report> parts_;
+  /// See `round_result::received`.
+  std::vector<double> received_;
   std::vector<bool> resolved_;
   std::vector<range_set> result_ranges_;
   std::vector<std::vector<part_segment>> result_pieces_;

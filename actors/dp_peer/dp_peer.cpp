@@ -9,6 +9,7 @@
 #include <caf/all.hpp>
 #include <fmt/format.h>
 
+#include "actors/collab/ledger_record.hpp"
 #include "actors/collab/peer.hpp"
 #include "actors/collab/shell.hpp"
 #include "actors/collab/state_download.hpp"
@@ -31,6 +32,7 @@ using collab::span_of;
 using dp_tick_atom = caf::atom_constant<caf::atom("dp_tick")>;
 using dp_wake_atom = caf::atom_constant<caf::atom("dp_wake")>;
 using dp_start_atom = caf::atom_constant<caf::atom("dp_start")>;
+using dp_ledger_atom = caf::atom_constant<caf::atom("dp_ledger")>;
 
 caf::timespan span_of(std::chrono::nanoseconds d) {
   return std::chrono::duration_cast<caf::timespan>(d);
@@ -87,6 +89,12 @@ struct peer_state {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   uint64_t microbatches = 0;
+  /// Samples computed in all (the ledger's claim of this peer).
+  double samples_computed = 0;
+  /// Credits this peer gave its round partners (the ledger's accepted samples of others).
+  collab::credit_book credits;
+  /// When the core started (DHT clock), for the ledger's uptime.
+  double started_s = 0;
   /// DiLoCo: the outer step and the EF stream of this peer's pseudo-gradients.
   std::optional<collab::diloco_peer> diloco;
 
@@ -432,6 +440,7 @@ public:
     if (it == s.taken.end())
       return; // a state round
     auto& rep = res.report;
+    credit_partners(rep);
     it->second.group = static_cast<double>(rep.members.size());
     size_t least = rep.members.size();
     for (auto& p : rep.parts)
@@ -443,8 +452,64 @@ public:
   }
 
 private:
+  /// Credits the members whose whole contribution reached this peer's part (the rule of
+  /// actors/collab/ledger_record.hpp), in its book and as one `dp_credit` metric.
+  void credit_partners(const messages::round_report& rep) {
+    auto n = rep.members.size();
+    if (n < 2 || rep.self >= n || rep.received.size() != n)
+      return;
+    std::vector<int64_t> sizes(n, 0);
+    for (auto& p : rep.parts)
+      if (p.reducer < n)
+        sizes[p.reducer] += p.size;
+    auto credits = collab::round_credits(sizes, rep.received, rep.self);
+    std::map<std::string, double> values;
+    for (size_t m = 0; m < n; ++m) {
+      if (!(credits[m] > 0))
+        continue;
+      auto peer = collab::peer_of_member(rep.members[m].address);
+      self_->state.credits.add(peer, credits[m]);
+      values[peer] += credits[m];
+    }
+    if (!values.empty())
+      metric(self_, "dp_credit", std::move(values));
+  }
+
   peer_actor* self_;
 };
+
+// -- ledger --------------------------------------------------------------------------------------
+
+/// Stores this peer's contribution summary (signed when its records are) under its shard.
+void publish_summary(peer_actor* self, bool left) {
+  auto& s = self->state;
+  auto* core = core_of(self);
+  if (!core || s.opts.ledger_experiment.empty() || s.opts.ledger_every.count() <= 0)
+    return;
+  auto now = now_s(self);
+  auto& c = core->stats();
+  collab::contribution_summary sum;
+  sum.id = s.id;
+  sum.name = s.opts.name;
+  sum.time = now;
+  sum.started = s.started_s;
+  sum.computed = s.samples_computed;
+  sum.dropped = std::min(static_cast<double>(c.samples_dropped), s.samples_computed);
+  sum.rounds = static_cast<double>(c.rounds);
+  sum.rounds_averaged = static_cast<double>(std::min(c.rounds_averaged, c.rounds));
+  sum.bytes_sent = static_cast<double>(s.bytes_sent);
+  sum.bytes_received = static_cast<double>(s.bytes_received);
+  sum.left = left;
+  sum.credits = s.credits.list();
+  sum.credits_other = s.credits.other();
+  auto lifetime = 4 * std::chrono::duration<double>(s.opts.ledger_every).count();
+  auto key = collab::ledger_key(s.opts.ledger_experiment, collab::ledger_shard(s.id));
+  auto put = dht::make_subkey_put(std::move(key), s.id, collab::encode_summary(sum),
+                                  ns_of(now + lifetime), s.opts.sign_records);
+  dht::dht_store(
+    self, s.svc.dht, std::move(put), span_of(s.opts.rpc_timeout),
+    [](const messages::dht_put_result&) {}, [](caf::error&) {});
+}
 
 // -- compute -------------------------------------------------------------------------------------
 
@@ -480,6 +545,7 @@ void on_tick(peer_actor* self) {
   } else {
     s.next_micro++;
     s.microbatches++;
+    s.samples_computed += static_cast<double>(r->samples);
     if (std::isfinite(r->loss)) {
       s.loss_sum += r->loss;
       s.loss_count++;
@@ -510,6 +576,9 @@ void start_core(peer_actor* self) {
           {"numel", static_cast<double>(s.model->numel())}},
          {{"mode", mode_name(s.opts.collab.mode)}, {"algorithm", to_string(s.opts.algo)}});
   s.shell->start(s.id, s.opts.sign_records, s.opts.collab);
+  s.started_s = now_s(self);
+  if (!s.opts.ledger_experiment.empty() && s.opts.ledger_every.count() > 0)
+    self->delayed_send(self, span_of(s.opts.ledger_every), dp_ledger_atom::value);
   schedule_tick(self, true);
 }
 
@@ -578,6 +647,7 @@ caf::behavior dp_peer_actor(peer_actor* self, dp_peer_services svc, std::shared_
       metric(self, "dp_leave", {{"step", static_cast<double>(core_of(self)->step())}});
       report_dropped(self, st.pending_first, st.next_micro - st.pending_first,
                      st.model->accumulated());
+      publish_summary(self, true);
     }
     self->quit(m.reason);
   });
@@ -602,6 +672,13 @@ caf::behavior dp_peer_actor(peer_actor* self, dp_peer_services svc, std::shared_
           });
     },
     [=](dp_tick_atom) { on_tick(self); },
+    [=](dp_ledger_atom) {
+      auto& st = self->state;
+      if (st.left)
+        return;
+      publish_summary(self, false);
+      self->delayed_send(self, span_of(st.opts.ledger_every), dp_ledger_atom::value);
+    },
     [=](collab::collab_reread_atom) {
       if (core_of(self) && !self->state.left)
         self->state.shell->reread();

@@ -45,6 +45,12 @@
 //                                                   stepped alone and took the state of peers
 //                                                   at its step)
 //   `dp_leave`     {step}                           the peer left on purpose
+//   `dp_credit`    {<partner>: samples, ...}        a gradient round's credits this peer gives
+//                                                   its partners (ledger_record.hpp's rule)
+//
+// Ledger (with `ledger_every`): every `ledger_every`, and once more with `left` when it leaves
+// on purpose, the peer stores its signed `contribution_summary` under its record id in
+// `<ledger_experiment>/ledger/<shard>`, expiring after four periods.
 #pragma once
 
 #include <chrono>
@@ -108,6 +114,11 @@ struct dp_peer_options {
   double wire_bytes_per_element = 4.0;
   /// Metrics generation (0 = first start).
   int generation = 0;
+  /// The contribution ledger (actors/collab/ledger_record.hpp): the experiment whose
+  /// `<experiment>/ledger/<shard>` keys the peer's summary goes under, and how often it is
+  /// published (0 or an empty experiment: never).
+  std::string ledger_experiment;
+  std::chrono::nanoseconds ledger_every{0};
 };
 
 /// Checks `o`: valid coordinator (and DiLoCo) options, a positive speed and inner batch, an

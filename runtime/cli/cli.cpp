@@ -328,8 +328,9 @@ int cli_main(int argc, char** argv) {
   nodec->add_option("--name", node_opts.name, "Node name for logs");
   std::string node_http;
   nodec->add_option("--http", node_http,
-                    "Node 0: serve the run's live page, /status and /metrics at HOST:PORT (port "
-                    "0: a free port, printed; default: node.http, off)");
+                    "Serve the run's live page, /status, /metrics and /ledger.csv at HOST:PORT "
+                    "(node 0: the full metric stream; any node: the peers' ledger; port 0: a "
+                    "free port, printed; default: node.http, off)");
   nodec->add_option("--index", node_opts.index,
                     "Run share INDEX of the experiment in --config (cluster mode)");
   nodec->add_option("--nodes", node_opts.nodes, "Number of nodes the experiment is spread over");

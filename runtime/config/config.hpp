@@ -64,6 +64,9 @@ struct node_options {
   /// `HOST:PORT` of the node's HTTP endpoint (the live page, `/status`, `/metrics`; port 0: a
   /// free one, printed at start). Empty: none. Loopback unless the user names another address.
   std::string http;
+  /// How often each peer publishes its contribution summary in the DHT (the ledger any node's
+  /// page reads; 0: never). In simulation only a run that is served (`http`) publishes.
+  std::chrono::milliseconds ledger_every{5000};
 };
 
 /// One simulated link direction.

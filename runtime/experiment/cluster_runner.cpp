@@ -531,16 +531,29 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
   std::unique_ptr<metric_hub> hub;
   std::unique_ptr<metric_hub> local_log;
   // Node 0 reports the run: it serves the run's page when asked to (`node.http`, `--http`).
+  // Any other node asked to serves one too, from the peers' ledger summaries in the DHT (the
+  // metric stream goes to node 0): the run stays visible while node 0 is down. Nodes on one
+  // machine given one fixed port by a shared YAML cannot all bind it: only node 0 fails on that.
   std::unique_ptr<run_watch> watch;
-  if (reporting) {
-    auto reporters = make_reporters(g);
-    auto w = watch_if_asked(g, *p, run_mode::cluster, reporters, fmt::format("node{}: ", s.index));
-    if (!w) {
+  if (!g.node.http.empty()) {
+    auto w = run_watch::start(g.node.http, g, *p, run_mode::cluster);
+    if (w) {
+      watch = std::move(*w);
+      fmt::print("node{}: watch the run at {} (/status, /metrics, /ledger.csv)\n", s.index,
+                 watch->url());
+      std::fflush(stdout);
+    } else if (reporting) {
       fmt::print(stderr, "starling: error: {}\n", w.error().what);
       h.stop();
       return 2;
+    } else {
+      log(log_level::warning, "http", "node{} serves no page: {}", s.index, w.error().what);
     }
-    watch = std::move(*w);
+  }
+  if (reporting) {
+    auto reporters = make_reporters(g);
+    if (watch)
+      reporters.insert(reporters.begin(), watch->make_reporter());
     hub = std::make_unique<metric_hub>(std::move(reporters), s.out_dir + "/metrics.jsonl");
     run_info info;
     info.graph = &g;
@@ -556,6 +569,9 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
   }
   h.register_actor("metrics", h.sink);
   h.adopt(h.sink);
+  if (watch)
+    if (auto r = watch->read_ledger(sys, h.dht(), g.node.ledger_every))
+      h.adopt(r);
   // The node's faults: its instances' kills, and partitions that include it. Its own kill is
   // the parent process's (`starling node` restarts this one).
   std::vector<size_t> mine;

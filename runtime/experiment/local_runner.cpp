@@ -232,12 +232,13 @@ run_result run_local(const experiment_graph& g, const role_registry& registry, c
   run_result res;
   // The endpoint first: a port in use or a bad address fails the run before anything starts.
   auto reporters = make_reporters(g);
-  auto watch = watch_if_asked(g, p, run_mode::local, reporters);
-  if (!watch) {
-    fmt::print(stderr, "starling: {}\n", watch.error().what);
+  auto served = watch_if_asked(g, p, run_mode::local, reporters);
+  if (!served) {
+    fmt::print(stderr, "starling: {}\n", served.error().what);
     res.exit_code = 1;
     return res;
   }
+  auto watch = std::move(*served);
   caf::actor_system_config cfg;
   configure_system(cfg, g.caf, false);
   registry.configure(cfg);
@@ -270,6 +271,10 @@ run_result run_local(const experiment_graph& g, const role_registry& registry, c
   hub.start(info);
   for (auto& h : hosts)
     h->start(registry, hub);
+  // The page also reads the peers' ledger summaries, as any node's page does (node 0's DHT).
+  if (watch)
+    if (auto r = watch->read_ledger(sys, hosts.front()->dht(), g.node.ledger_every))
+      hosts.front()->adopt(r);
   // Node kills and restarts happen on this thread at their times (real time).
   std::multimap<nanoseconds, std::pair<size_t, bool>> node_actions; // time -> (node, restart?)
   for (auto& f : p.faults)

@@ -7,6 +7,7 @@
 
 #include "runtime/experiment/node_runtime.hpp"
 #include "runtime/experiment/plan.hpp"
+#include "runtime/experiment/watch.hpp"
 
 namespace starling::runtime {
 
@@ -53,6 +54,9 @@ std::vector<std::unique_ptr<reporter>> make_reporters(const experiment_graph& g)
       out.push_back(std::move(r));
   if (out.empty())
     out.push_back(make_counting_reporter());
+  // A watched run's reporter writes the ledger (with the DHT's records folded in).
+  if (g.node.http.empty())
+    out.push_back(make_ledger_reporter());
   return out;
 }
 

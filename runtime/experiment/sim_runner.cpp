@@ -3,6 +3,7 @@
 // between nodes goes through the network model, and node-level faults (kill and restart a node,
 // partitions, slow links) are world actions at their virtual times. Instance kills come from
 // each node's fault injector on CAF's (virtual) clock, as in every mode.
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -185,12 +186,13 @@ run_result run_sim(const experiment_graph& g, const role_registry& registry, con
   // Its handlers run on the server's threads and read snapshots the simulation publishes as it
   // goes, so watching never changes the simulated run (its digest stays the same).
   auto reporters = make_reporters(g);
-  auto watch = watch_if_asked(g, p, run_mode::sim, reporters);
-  if (!watch) {
-    fmt::print(stderr, "starling: {}\n", watch.error().what);
+  auto served = watch_if_asked(g, p, run_mode::sim, reporters);
+  if (!served) {
+    fmt::print(stderr, "starling: {}\n", served.error().what);
     res.exit_code = 1;
     return res;
   }
+  auto watch = std::move(*served);
   sim::world_options wo;
   wo.seed = p.seed;
   wo.network = g.network;
@@ -236,8 +238,20 @@ run_result run_sim(const experiment_graph& g, const role_registry& registry, con
   // Start every node (its start hook runs again after each restart of the node).
   for (size_t n = 0; n < total; ++n) {
     auto* h = hosts[n].get();
+    // Only the served node (node 0) reads the peers' ledger summaries, so that 10,000 simulated
+    // peers do not drown in reads; and only where peers publish them (data-parallel peers):
+    // another run's trace stays as it would be unwatched.
+    bool reads = n == 0 && watch
+                 && std::any_of(g.roles.begin(), g.roles.end(),
+                                [](const role_spec& r) { return r.type == "dedloc.peer"; });
+    auto* served_watch = watch.get();
     w.node(static_cast<int>(n)).on_start(
-      [h, &registry, &hub](sim::sim_node&) { h->start(registry, hub); });
+      [h, &registry, &hub, reads, served_watch, &g](sim::sim_node&) {
+        h->start(registry, hub);
+        if (reads)
+          if (auto r = served_watch->read_ledger(h->system(), h->dht(), g.node.ledger_every))
+            h->adopt(r);
+      });
   }
   // Node-level faults are world actions at their virtual times, reported like the others.
   auto node_name = [](size_t n) { return fmt::format("node{}", n); };

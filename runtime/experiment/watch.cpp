@@ -2,9 +2,15 @@
 
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <mutex>
 
+#include <caf/all.hpp>
 #include <fmt/format.h>
 
+#include "actors/collab/ledger_record.hpp"
+#include "actors/dht/client.hpp"
+#include "actors/dht/signing.hpp"
 #include "runtime/config/config.hpp"
 #include "runtime/experiment/plan.hpp"
 #include "runtime/log/log.hpp"
@@ -13,13 +19,17 @@
 
 namespace starling::runtime {
 
-/// The builder (fed under the metric hub's lock) and the store the handlers read.
+/// The builder and the store the handlers read. The builder is fed by the metric stream (under
+/// the hub's lock) and by the ledger reader (an actor): `mtx` orders the two.
 struct run_watch::state {
   explicit state(observe::run_description run) : builder(std::move(run)) {}
+  std::mutex mtx;
   observe::snapshot_builder builder;
   std::shared_ptr<observe::snapshot_store> store = std::make_shared<observe::snapshot_store>();
   std::chrono::steady_clock::time_point last_publish{};
+  std::string experiment;
 
+  /// Call with `mtx` held.
   void publish() {
     last_publish = std::chrono::steady_clock::now();
     store->publish(builder.make());
@@ -28,6 +38,17 @@ struct run_watch::state {
 
 namespace {
 
+/// Writes `<out_dir>/ledger.csv` when the ledger has rows.
+void write_ledger(const std::string& out_dir, const std::vector<observe::ledger_row>& rows) {
+  if (out_dir.empty() || rows.empty())
+    return;
+  auto path = out_dir + "/ledger.csv";
+  std::ofstream out{path};
+  out << observe::render_ledger_csv(rows);
+  if (!out)
+    log(log_level::warning, "ledger", "cannot write {}", path);
+}
+
 /// Publishes a snapshot at most every 200 ms of wall time, from the stream and the ticks (a
 /// simulated run ticks once per virtual second, which can be thousands of times a second of
 /// wall time), and always at the end.
@@ -35,13 +56,17 @@ class watch_reporter : public reporter {
 public:
   explicit watch_reporter(std::shared_ptr<run_watch::state> st) : st_(std::move(st)) {}
 
+  void start(const run_info& info) override { out_dir_ = info.out_dir; }
+
   void on_metric(const metric_record& m) override {
+    std::lock_guard<std::mutex> guard{st_->mtx};
     st_->builder.add({m.t, m.node, m.source, m.kind, m.values, m.labels});
     if (std::chrono::steady_clock::now() - st_->last_publish >= std::chrono::milliseconds(200))
       st_->publish();
   }
 
   bool tick(double t) override {
+    std::lock_guard<std::mutex> guard{st_->mtx};
     st_->builder.advance(t);
     if (std::chrono::steady_clock::now() - st_->last_publish >= std::chrono::milliseconds(200))
       st_->publish();
@@ -49,15 +74,100 @@ public:
   }
 
   int finish(finish_context& ctx) override {
+    std::lock_guard<std::mutex> guard{st_->mtx};
     st_->builder.advance(ctx.run_s);
     st_->builder.finish();
     st_->publish();
+    write_ledger(out_dir_, st_->builder.ledger_rows());
     return 0;
   }
 
 private:
   std::shared_ptr<run_watch::state> st_;
+  std::string out_dir_;
 };
+
+/// The ledger of a run nobody watches: the metric stream only.
+class ledger_reporter : public reporter {
+public:
+  void start(const run_info& info) override { out_dir_ = info.out_dir; }
+  void on_metric(const metric_record& m) override {
+    book_.add({m.t, m.node, m.source, m.kind, m.values, m.labels});
+  }
+  int finish(finish_context&) override {
+    write_ledger(out_dir_, book_.rows());
+    return 0;
+  }
+
+private:
+  observe::ledger_book book_;
+  std::string out_dir_;
+};
+
+/// One sweep of the ledger's shards in flight.
+struct ledger_reader_state {
+  std::vector<observe::ledger_entry> got;
+  size_t pending = 0;
+  /// Records left unread (beyond a reply's bound) or refused by their signature.
+  size_t refused = 0;
+  static inline const char* name = "ledger_reader";
+};
+
+using ledger_reader_atom = caf::atom_constant<caf::atom("ledger_rd")>;
+
+caf::behavior ledger_reader(caf::stateful_actor<ledger_reader_state>* self, caf::actor dht,
+                            std::shared_ptr<run_watch::state> st, caf::timespan every) {
+  namespace collab = starling::actors::collab;
+  auto fold = [=] {
+    auto& s = self->state;
+    auto now = static_cast<double>(actors::dht::dht_now_ns(self)) / 1e9;
+    {
+      std::lock_guard<std::mutex> guard{st->mtx};
+      auto r = st->builder.add_ledger_records(s.got, now);
+      st->publish();
+      if (r.rejected + s.refused > 0)
+        log(log_level::debug, "ledger", "{} ledger record(s) refused in one read",
+            r.rejected + s.refused);
+    }
+    s.got.clear();
+    s.refused = 0;
+    self->delayed_send(self, every, ledger_reader_atom::value);
+  };
+  self->send(self, ledger_reader_atom::value);
+  return {
+    [=](ledger_reader_atom) {
+      auto& s = self->state;
+      if (s.pending > 0)
+        return;
+      s.pending = collab::ledger_shards;
+      for (size_t shard = 0; shard < collab::ledger_shards; ++shard)
+        actors::dht::dht_get(
+          self, dht, collab::ledger_key(st->experiment, shard), every,
+          [=](const messages::dht_get_result& r) {
+            auto& x = self->state;
+            size_t taken = 0;
+            for (auto& rec : r.records) {
+              if (!rec.has_subkey)
+                continue;
+              // One reply decodes a bounded number of records; signatures are checked again
+              // (a replica may be anyone).
+              if (taken >= collab::max_ledger_reply_records || !actors::dht::verify(rec)) {
+                x.refused++;
+                continue;
+              }
+              ++taken;
+              x.got.push_back({rec.subkey, rec.value, static_cast<double>(rec.expiration_ns) / 1e9});
+            }
+            if (--x.pending == 0)
+              fold();
+          },
+          [=](caf::error&) {
+            if (--self->state.pending == 0)
+              fold();
+          });
+    },
+  };
+}
 
 } // namespace
 
@@ -87,7 +197,11 @@ result<std::unique_ptr<run_watch>> run_watch::start(const std::string& endpoint,
   }
   std::unique_ptr<run_watch> w{new run_watch};
   w->state_ = std::make_shared<state>(std::move(run));
-  w->state_->publish();
+  w->state_->experiment = g.name;
+  {
+    std::lock_guard<std::mutex> guard{w->state_->mtx};
+    w->state_->publish();
+  }
   observe::http_options o;
   o.host = ep->first;
   if (o.host.size() > 2 && o.host.front() == '[' && o.host.back() == ']')
@@ -126,10 +240,22 @@ result<std::unique_ptr<run_watch>> watch_if_asked(const experiment_graph& g, con
   if (!w)
     return fail(w.error().what);
   reporters.insert(reporters.begin(), (*w)->make_reporter());
-  fmt::print("{}watch the run at {} (/status, /metrics){}\n", prefix, (*w)->url(),
+  fmt::print("{}watch the run at {} (/status, /metrics, /ledger.csv){}\n", prefix, (*w)->url(),
              mode == run_mode::sim ? "; times on the page are the simulation's virtual time" : "");
   std::fflush(stdout);
   return w;
+}
+
+caf::actor run_watch::read_ledger(caf::actor_system& sys, const caf::actor& dht,
+                                  std::chrono::nanoseconds every) {
+  if (!dht || every.count() <= 0)
+    return {};
+  return sys.spawn(ledger_reader, dht, state_,
+                   std::chrono::duration_cast<caf::timespan>(every));
+}
+
+std::unique_ptr<reporter> make_ledger_reporter() {
+  return std::make_unique<ledger_reporter>();
 }
 
 } // namespace starling::runtime

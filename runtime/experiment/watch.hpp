@@ -1,10 +1,15 @@
-// Watching a run while it runs (`node.http` / `--http`): the HTTP endpoint of runtime/observe
-// and the reporter that feeds its snapshots from the run's metric stream on the reporting node.
+// Watching a run while it runs (`node.http` / `--http`): the HTTP endpoint of runtime/observe,
+// the reporter that feeds its snapshots from the run's metric stream on the reporting node, and
+// the reader of the peers' ledger summaries in the DHT (any serving node: the page shows the
+// whole run while node 0 is down). `<run>/ledger.csv` is written at the end of every run.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <caf/fwd.hpp>
 
 #include "kernels/result.hpp"
 #include "runtime/experiment/graph.hpp"
@@ -31,6 +36,12 @@ public:
   /// `http://HOST:PORT/`.
   std::string url() const;
 
+  /// Spawns (in `sys`) the actor that reads the run's 64 ledger shards through the node's
+  /// `dht` every `every` and folds them into the served snapshot; the caller owns it (a host
+  /// adopts it). Each reply decodes at most `actors::collab::max_ledger_reply_records` records.
+  caf::actor read_ledger(caf::actor_system& sys, const caf::actor& dht,
+                         std::chrono::nanoseconds every);
+
   struct state;
 
 private:
@@ -46,5 +57,10 @@ result<std::unique_ptr<run_watch>> watch_if_asked(const experiment_graph& g, con
                                                   run_mode mode,
                                                   std::vector<std::unique_ptr<reporter>>& reporters,
                                                   const std::string& prefix = "");
+
+/// A reporter that folds the run's metric stream into the contribution ledger and writes
+/// `<run>/ledger.csv` at the end (when any peer appeared). A watched run's reporter writes it
+/// instead, with the DHT's records folded in too.
+std::unique_ptr<reporter> make_ledger_reporter();
 
 } // namespace starling::runtime

@@ -11,6 +11,7 @@
 #include <httplib.h>
 
 #include "runtime/observe/exposition.hpp"
+#include "runtime/observe/ledger.hpp"
 #include "runtime/observe/page.hpp"
 #include "runtime/observe/snapshot.hpp"
 #include "runtime/observe/status.hpp"
@@ -102,6 +103,12 @@ result<std::unique_ptr<http_server>> http_server::start(std::shared_ptr<const sn
     auto snap = st->current();
     no_store(res);
     res.set_content(render_status(*snap), "application/json");
+  });
+  svr.Get("/ledger.csv", [st](const httplib::Request&, httplib::Response& res) {
+    auto snap = st->current();
+    no_store(res);
+    res.set_header("Content-Disposition", "inline; filename=\"ledger.csv\"");
+    res.set_content(render_ledger_csv(snap->ledger), "text/csv; charset=utf-8");
   });
   svr.set_error_handler([](const httplib::Request&, httplib::Response& res) {
     no_store(res);

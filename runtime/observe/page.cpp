@@ -53,6 +53,7 @@ const std::string& status_page() {
   <section class="card"><h2>Live instances by role</h2><table id="roles"></table></section>
   <section class="card"><h2>Averaging rounds, faults, restarts</h2><table id="events"></table></section>
   <section class="card wide"><h2>Instances</h2><table id="members"></table></section>
+  <section class="card wide"><h2>Contribution ledger <a class="muted" href="/ledger.csv">ledger.csv</a></h2><table id="ledger"></table></section>
 </main>
 <script>
 "use strict";
@@ -70,6 +71,13 @@ function duration(s) {
   if (s === null || s === undefined) return "–";
   const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), r = Math.floor(s % 60);
   return (h ? h + " h " : "") + (h || m ? m + " min " : "") + r + " s";
+}
+function bytes(v) {
+  if (v === null || v === undefined) return "–";
+  const units = ["B", "kB", "MB", "GB", "TB"];
+  let i = 0;
+  while (v >= 1000 && i < units.length - 1) { v /= 1000; i++; }
+  return (i ? v.toFixed(1) : String(Math.round(v))) + " " + units[i];
 }
 function el(tag, text, cls) {
   const e = document.createElement(tag);
@@ -195,6 +203,18 @@ function render(st) {
       name.appendChild(document.createTextNode(x.name));
       return [name, x.detail ? x.role + " · " + x.detail : x.role, String(x.node), fmt(x.samples, 0), fmt(x.restarts, 0),
               x.last_seen_s === null || x.last_seen_s < 0 ? "–" : fmt(x.last_seen_s, 1) + " s"];
+    }));
+  // Accepted: what the peer's round partners credit it with; computed and dropped: its own word.
+  rows($("ledger"), ["peer", "accepted", "computed", "dropped", "rounds", "uptime", "sent", "received", "refused", "status"],
+    (st.ledger || []).map((x) => {
+      const name = el("span");
+      name.appendChild(el("span", undefined, "dot " + (x.banned || x.left || x.record === "expired" ? "down" : "live")));
+      name.appendChild(document.createTextNode(x.peer));
+      const status = x.banned ? "banned: " + (x.ban_reason || "?") : x.left ? "left"
+                   : x.record === "expired" ? "record expired" : x.record === "live" ? "publishing" : "–";
+      return [name, fmt(x.accepted, 0), fmt(x.computed, 0), fmt(x.dropped, 0), fmt(x.rounds, 0),
+              duration(x.uptime_s), bytes(x.bytes_sent), bytes(x.bytes_received),
+              fmt(x.refusals, 0), status];
     }));
 }
 async function refresh() {

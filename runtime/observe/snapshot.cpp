@@ -34,7 +34,8 @@ snapshot::snapshot() : loss(std::numeric_limits<double>::quiet_NaN()) {
   // nop
 }
 
-snapshot_builder::snapshot_builder(run_description run, builder_options opts) : opts_(opts) {
+snapshot_builder::snapshot_builder(run_description run, builder_options opts)
+    : opts_(opts), ledger_(ledger_options{opts.max_ledger_rows}) {
   cur_.run = std::move(run);
   for (auto& m : cur_.run.members) {
     if (cur_.members.size() >= opts_.max_members)
@@ -121,6 +122,7 @@ void snapshot_builder::add_samples(const std::string& peer, double n, double t) 
 void snapshot_builder::add(const event_view& e) {
   auto t = std::isfinite(e.t) ? e.t : cur_.run_time_s;
   advance(t);
+  ledger_.add(e);
   cur_.events_total++;
   bump(cur_.events_by_kind, e.kind, opts_.max_kinds);
   auto* m = member(e.source);
@@ -227,6 +229,11 @@ void snapshot_builder::finish() {
   cur_.finished = true;
 }
 
+ledger_read_stats snapshot_builder::add_ledger_records(const std::vector<ledger_entry>& entries,
+                                                       double now) {
+  return ledger_.add_records(entries, now);
+}
+
 snapshot snapshot_builder::make() {
   auto now = cur_.run_time_s;
   // The rate over the window: samples since the newest mark at least a window old.
@@ -256,6 +263,7 @@ snapshot snapshot_builder::make() {
     else
       cur_.live_by_role.emplace(m.role, 0);
   }
+  cur_.ledger = ledger_.rows();
   auto out = cur_;
   out.version = next_version_++;
   return out;

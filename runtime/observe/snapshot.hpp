@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/observe/ledger.hpp"
+
 namespace starling::runtime::observe {
 
 /// One planned role instance (from the run's plan).
@@ -121,6 +123,9 @@ struct snapshot {
   std::vector<member_state> members;
   /// (run time, loss) points, thinned to at most `max_curve_points`.
   std::vector<std::pair<double, double>> loss_curve;
+  /// The contribution ledger (ledger.hpp): every peer seen, from the metric stream and the
+  /// peers' summaries in the DHT.
+  std::vector<ledger_row> ledger;
 
   snapshot();
 };
@@ -133,6 +138,8 @@ struct builder_options {
   size_t max_members = 1000;
   size_t max_curve_points = 512;
   double rate_window_s = 10;
+  /// Rows of the contribution ledger (later peers summed into `other`).
+  size_t max_ledger_rows = 4096;
 };
 
 /// Folds metric events into the current state and makes snapshots of it. Not thread-safe: one
@@ -147,6 +154,10 @@ public:
   void advance(double t);
   /// The run ended.
   void finish();
+  /// One DHT read of ledger records at `now` (the DHT clock, seconds).
+  ledger_read_stats add_ledger_records(const std::vector<ledger_entry>& entries, double now);
+  /// The ledger as it stands (what `make` puts in the snapshot).
+  std::vector<ledger_row> ledger_rows() const { return ledger_.rows(); }
   /// A copy of the current state with the next version number.
   snapshot make();
 
@@ -171,6 +182,7 @@ private:
   /// Thinning stride of the loss curve (every `stride_`-th point kept).
   uint64_t curve_stride_ = 1;
   uint64_t curve_seen_ = 0;
+  ledger_book ledger_;
 };
 
 /// The latest snapshot behind a mutex: the metric stream publishes, handlers read.

@@ -56,6 +56,27 @@ std::string render_status(const snapshot& s) {
                        {"last_seen_s", number(m.last_seen_s)},
                        {"samples", number(m.samples)},
                        {"restarts", m.restarts}});
+  // The ledger's first rows (all of them in /ledger.csv): the page stays light with many peers.
+  auto& ledger = j["ledger"] = nlohmann::json::array();
+  for (size_t i = 0; i < s.ledger.size() && i < max_status_ledger_rows; ++i) {
+    auto& r = s.ledger[i];
+    ledger.push_back({{"peer", r.peer},
+                      {"peer_id", r.peer_id},
+                      {"computed", number(r.computed)},
+                      {"accepted", number(r.accepted)},
+                      {"dropped", number(r.dropped)},
+                      {"rounds", number(r.rounds)},
+                      {"rounds_averaged", number(r.rounds_averaged)},
+                      {"uptime_s", number(r.uptime_s)},
+                      {"bytes_sent", number(r.bytes_sent)},
+                      {"bytes_received", number(r.bytes_received)},
+                      {"refusals", r.refusals},
+                      {"banned", r.banned},
+                      {"ban_reason", r.ban_reason},
+                      {"left", r.left},
+                      {"record", r.record}});
+  }
+  j["ledger_rows"] = s.ledger.size();
   auto& curve = j["loss_curve"] = nlohmann::json::array();
   for (auto& [t, l] : s.loss_curve)
     curve.push_back({number(t), number(l)});

@@ -138,6 +138,14 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
                              po.diloco.codec != kernels::codec_id::randk &&
                              po.diloco.codec != kernels::codec_id::none;
   po.wire_bytes_per_element = wire_bytes(o.averager.codec);
+  // The contribution ledger's summaries. A simulation publishes them only when it is served:
+  // nobody reads them otherwise, and thousands of simulated peers would pay for the puts.
+  po.ledger_experiment = ctx.key_prefix();
+  auto& node = h.graph().node;
+  if (h.mode() != run_mode::sim || !node.http.empty())
+    po.ledger_every = node.ledger_every;
+  // The averager's name ends in `-avg<generation>`: partners credit this peer under its
+  // instance name from it (collab::peer_of_member).
   caf::actor averager;
   {
     // DiLoCo's rounds are the averager's Top-k rounds (the peer asks for them; no chunk codec).

@@ -8,7 +8,9 @@
 //   handshake message of each kind, a sealed preamble, a record header and its record opened
 //   with a fixed key, and an acceptor's handshake run on the input: hello, then finish),
 //   12 shared-memory ring positions of a same-host link (13-byte records: position u64, size
-//   u32, then 0 to claim at a fresh ring's reader or 1 to release an earlier claim).
+//   u32, then 0 to claim at a fresh ring's reader or 1 to release an earlier claim),
+//   13 ledger summary record (a length byte, that many bytes of sub-key, then the value; a
+//   decoded record must encode back to the same bytes).
 // Everything must be refused with a reason or decoded, never crash.
 #include <vector>
 #include <array>
@@ -22,6 +24,7 @@
 #include "actors/auth/identity.hpp"
 #include "actors/auth/token.hpp"
 #include "actors/averager/chunk.hpp"
+#include "actors/collab/ledger_record.hpp"
 #include "actors/transfer/link_crypto.hpp"
 #include "actors/transfer/link_frame.hpp"
 #include "actors/transfer/shm_ring.hpp"
@@ -219,6 +222,21 @@ void ring_claims(const uint8_t* data, size_t size) {
   }
 }
 
+void ledger_summary(const char* bytes, size_t size) {
+  if (size == 0)
+    return;
+  auto n = static_cast<uint8_t>(bytes[0]);
+  if (size < 1u + n)
+    return;
+  std::string subkey(bytes + 1, n);
+  std::vector<char> value(bytes + 1 + n, bytes + size);
+  auto s = actors::collab::decode_summary_record(subkey, value);
+  // What decodes is exactly what an honest peer encodes: nothing is read past its bounds and
+  // nothing is silently dropped.
+  if (s.ok() && actors::collab::encode_summary(*s) != value)
+    std::abort();
+}
+
 } // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -229,7 +247,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   --size;
   const auto* bytes = reinterpret_cast<const char*>(data);
   std::string_view text(bytes, size);
-  switch (kind % 13) {
+  switch (kind % 14) {
     case 0: {
       wire_context ctx{context_options()};
       envelope(bytes, size, &ctx);
@@ -272,6 +290,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 12:
       ring_claims(data, size);
+      break;
+    case 13:
+      ledger_summary(bytes, size);
       break;
   }
   return 0;

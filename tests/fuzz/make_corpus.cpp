@@ -18,6 +18,7 @@
 #include "messages/chunked.hpp"
 #include "messages/dht.hpp"
 #include "messages/direct.hpp"
+#include "actors/collab/ledger_record.hpp"
 #include "messages/envelope.hpp"
 #include "messages/metrics.hpp"
 #include "messages/types.hpp"
@@ -296,6 +297,36 @@ int main(int argc, char** argv) {
     record(0, 0, 1);
     record(2, 0, 1);
     save("ring-claims", 12, rec);
+  }
+  {
+    // Ledger summaries: a peer with credits, and one that left with none. The decoder reads the
+    // sub-key from the first byte's length (the fuzz target's framing).
+    namespace collab = actors::collab;
+    collab::contribution_summary s;
+    s.id = "@0/dedloc.1|[owner:00]";
+    s.name = "dedloc.1";
+    s.time = 12.5;
+    s.started = 1;
+    s.computed = 640;
+    s.dropped = 32;
+    s.rounds = 9;
+    s.rounds_averaged = 8;
+    s.bytes_sent = 1e6;
+    s.bytes_received = 2e6;
+    s.credits = {{"dedloc.0", 300}, {"dedloc.2", 120.5}};
+    s.credits_other = 4;
+    auto framed = [](const collab::contribution_summary& x) {
+      std::vector<char> out;
+      out.push_back(static_cast<char>(x.id.size()));
+      out.insert(out.end(), x.id.begin(), x.id.end());
+      auto v = collab::encode_summary(x);
+      out.insert(out.end(), v.begin(), v.end());
+      return out;
+    };
+    save("ledger-summary", 13, framed(s));
+    s.credits.clear();
+    s.left = true;
+    save("ledger-summary-left", 13, framed(s));
   }
   return 0;
 }

@@ -6,8 +6,10 @@
 #include <sodium.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
+#include "messages/averager.hpp"
 #include "messages/dht.hpp"
 #include "messages/envelope.hpp"
 #include "messages/types.hpp"
@@ -126,7 +128,22 @@ TEST_CASE("a payload of another kind, or a field out of range, is refused by rea
   r = decode(b.get(), encode(a.get(), rec), got);
   REQUIRE(r);
   CHECK(r->why == wire_reason::out_of_range);
-  CHECK(b->refused(wire_reason::out_of_range) == 2);
+  // A round report's received weights: one per member at most, each -1 or a finite weight >= 0
+  // (the contribution ledger credits peers from them).
+  average_result ar;
+  ar.report.members = {member_info{"a", 1, false}, member_info{"b", 1, false}};
+  average_result got_ar;
+  for (auto bad : {std::vector<double>{1, 2, 3}, std::vector<double>{-2, 1},
+                   std::vector<double>{std::nan(""), 1}}) {
+    ar.report.received = bad;
+    r = decode(b.get(), encode(a.get(), ar), got_ar);
+    REQUIRE(r);
+    CHECK(r->why == wire_reason::out_of_range);
+  }
+  ar.report.received = {-1, 4};
+  CHECK_FALSE(decode(b.get(), encode(a.get(), ar), got_ar));
+  CHECK(got_ar.report.received == (std::vector<double>{-1, 4}));
+  CHECK(b->refused(wire_reason::out_of_range) == 5);
   CHECK(b->refused(wire_reason::wrong_payload) == 1);
 }
 

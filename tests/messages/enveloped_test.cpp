@@ -264,8 +264,10 @@ TEST_CASE("every stage and averager message type round-trips with its tensors") 
   ar.report.elapsed_ns = 5;
   ar.report.round_ns = 4;
   ar.report.plane_links = 1;
+  ar.report.received = {-1, 2.5};
   auto ar2 = s.carry(ar);
   CHECK(caf::deep_to_string(ar2.report) == caf::deep_to_string(ar.report));
+  CHECK(ar2.report.received == (std::vector<double>{-1, 2.5}));
   same(ar.tensors[0], ar2.tensors[0]);
 
   auto t = tensor({5, 5}, kernels::codec_id::fp16);

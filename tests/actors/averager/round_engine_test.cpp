@@ -555,6 +555,36 @@ TEST_CASE("round engine: every chunk delivered twice changes nothing") {
   }
 }
 
+TEST_CASE("round engine: each reducer reports the weight every complete contribution brought "
+          "to its part, and none for a sender that failed mid-way") {
+  std::vector<double> ws = {3, 5, 7};
+  auto xs = random_flats(3, 900, 9);
+  net_options o;
+  o.engine.chunk_elems = 32;
+  test_net net(9, members_of(3), xs, ws, o);
+  net.run();
+  for (size_t i = 0; i < 3; ++i) {
+    REQUIRE(net[i].result);
+    CHECK(net[i].result->received == ws);
+  }
+  // Peer 0 crashes after half of its contribution chunks: no reducer that missed part of its
+  // contribution reports a weight for it; the two that live report each other's.
+  test_net cut(9, members_of(3), xs, ws, o, {fault::fail_sending});
+  cut.run();
+  size_t missed = 0;
+  for (size_t i = 1; i < 3; ++i) {
+    REQUIRE(cut[i].result);
+    auto& r = cut[i].result->received;
+    REQUIRE(r.size() == 3);
+    CHECK(r[1] == 5);
+    CHECK(r[2] == 7);
+    // Either all of peer 0's chunks for this part went out before the crash, or none counts.
+    CHECK((r[0] == 3 || r[0] == -1));
+    missed += r[0] == -1 ? 1 : 0;
+  }
+  CHECK(missed >= 1);
+}
+
 TEST_CASE("round engine: compressed chunks stay close to the exact mean (fp16, 8-bit)") {
   struct codec_case {
     kernels::codec_id codec;

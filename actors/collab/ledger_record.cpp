@@ -1,0 +1,253 @@
+#include "actors/collab/ledger_record.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "kernels/seeded_hash.hpp"
+
+namespace starling::actors::collab {
+
+namespace {
+
+constexpr uint8_t summary_version = 1;
+constexpr uint8_t flag_left = 1;
+constexpr uint8_t known_summary_flags = flag_left;
+/// Tag of the shard hash (any constant: it only has to be the same for every peer).
+constexpr uint64_t shard_seed = 0x6c65646765720001ULL;
+
+void ledger_put_u8(std::vector<char>& out, uint8_t v) {
+  out.push_back(static_cast<char>(v));
+}
+
+void ledger_put_u16(std::vector<char>& out, uint16_t v) {
+  out.push_back(static_cast<char>(v & 0xff));
+  out.push_back(static_cast<char>(v >> 8));
+}
+
+void ledger_put_f64(std::vector<char>& out, double v) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, 8);
+  for (int i = 0; i < 8; ++i)
+    out.push_back(static_cast<char>((bits >> (8 * i)) & 0xff));
+}
+
+void ledger_put_text(std::vector<char>& out, const std::string& s, size_t max) {
+  auto n = std::min(s.size(), max);
+  ledger_put_u8(out, static_cast<uint8_t>(n));
+  out.insert(out.end(), s.begin(), s.begin() + static_cast<std::ptrdiff_t>(n));
+}
+
+/// Reads the untrusted bytes front to back; every read checks what is left first.
+class ledger_reader {
+public:
+  explicit ledger_reader(const std::vector<char>& b) : p_(b.data()), left_(b.size()) {}
+
+  bool u8(uint8_t& v) {
+    if (left_ < 1)
+      return false;
+    v = static_cast<uint8_t>(*p_);
+    advance(1);
+    return true;
+  }
+
+  bool u16(uint16_t& v) {
+    if (left_ < 2)
+      return false;
+    v = static_cast<uint16_t>(static_cast<uint8_t>(p_[0]) | (static_cast<uint8_t>(p_[1]) << 8));
+    advance(2);
+    return true;
+  }
+
+  bool f64(double& v) {
+    if (left_ < 8)
+      return false;
+    uint64_t bits = 0;
+    for (int i = 0; i < 8; ++i)
+      bits |= static_cast<uint64_t>(static_cast<uint8_t>(p_[i])) << (8 * i);
+    std::memcpy(&v, &bits, 8);
+    advance(8);
+    return true;
+  }
+
+  bool text(std::string& s, size_t max) {
+    uint8_t n = 0;
+    if (!u8(n) || n == 0 || n > max || left_ < n)
+      return false;
+    s.assign(p_, n);
+    advance(n);
+    return true;
+  }
+
+  size_t left() const { return left_; }
+
+private:
+  void advance(size_t n) {
+    p_ += n;
+    left_ -= n;
+  }
+  const char* p_;
+  size_t left_;
+};
+
+bool ledger_count_ok(double v) {
+  return std::isfinite(v) && v >= 0 && v <= max_ledger_count;
+}
+
+result<contribution_summary> refuse_summary(const std::string& what) {
+  return fail("ledger record: " + what);
+}
+
+} // namespace
+
+std::vector<char> encode_summary(const contribution_summary& s) {
+  std::vector<char> out;
+  out.reserve(128 + s.credits.size() * 24);
+  ledger_put_u8(out, summary_version);
+  ledger_put_u8(out, s.left ? flag_left : 0);
+  for (double v : {s.time, s.started, s.computed, s.dropped, s.rounds, s.rounds_averaged,
+                   s.bytes_sent, s.bytes_received, s.credits_other})
+    ledger_put_f64(out, v);
+  ledger_put_text(out, s.id, max_ledger_id_bytes);
+  ledger_put_text(out, s.name, max_ledger_name_bytes);
+  auto n = std::min(s.credits.size(), max_ledger_credits);
+  ledger_put_u16(out, static_cast<uint16_t>(n));
+  for (size_t i = 0; i < n; ++i) {
+    ledger_put_text(out, s.credits[i].peer, max_ledger_name_bytes);
+    ledger_put_f64(out, s.credits[i].samples);
+  }
+  return out;
+}
+
+result<contribution_summary> decode_summary(const std::vector<char>& bytes) {
+  ledger_reader r{bytes};
+  uint8_t version = 0, flags = 0;
+  if (!r.u8(version) || !r.u8(flags))
+    return refuse_summary("too short for its header (" + std::to_string(bytes.size()) + " bytes)");
+  if (version != summary_version)
+    return refuse_summary("version " + std::to_string(version) + ", expected " +
+                          std::to_string(summary_version));
+  if ((flags & ~known_summary_flags) != 0)
+    return refuse_summary("flags " + std::to_string(flags) + " carry unknown bits");
+  contribution_summary s;
+  s.left = (flags & flag_left) != 0;
+  double* fields[] = {&s.time,       &s.started,        &s.computed,
+                      &s.dropped,    &s.rounds,         &s.rounds_averaged,
+                      &s.bytes_sent, &s.bytes_received, &s.credits_other};
+  for (auto* f : fields)
+    if (!r.f64(*f))
+      return refuse_summary("too short for its counts");
+  if (!std::isfinite(s.time) || !std::isfinite(s.started))
+    return refuse_summary("a time is not finite");
+  for (size_t i = 2; i < sizeof(fields) / sizeof(fields[0]); ++i)
+    if (!ledger_count_ok(*fields[i]))
+      return refuse_summary("a count is negative, not finite or above 2^53");
+  if (s.dropped > s.computed || s.rounds_averaged > s.rounds)
+    return refuse_summary("claims more dropped samples or averaged rounds than it has in all");
+  if (!r.text(s.id, max_ledger_id_bytes))
+    return refuse_summary("record id is empty, cut or longer than " +
+                          std::to_string(max_ledger_id_bytes) + " bytes");
+  if (!r.text(s.name, max_ledger_name_bytes))
+    return refuse_summary("name is empty, cut or longer than " +
+                          std::to_string(max_ledger_name_bytes) + " bytes");
+  uint16_t n = 0;
+  if (!r.u16(n))
+    return refuse_summary("too short for its credit count");
+  if (n > max_ledger_credits)
+    return refuse_summary("carries " + std::to_string(n) + " credits, at most " +
+                          std::to_string(max_ledger_credits) + " allowed");
+  s.credits.reserve(n);
+  for (uint16_t i = 0; i < n; ++i) {
+    ledger_credit c;
+    if (!r.text(c.peer, max_ledger_name_bytes) || !r.f64(c.samples))
+      return refuse_summary("credit " + std::to_string(i) +
+                            " is cut or its name empty or too long");
+    if (!ledger_count_ok(c.samples))
+      return refuse_summary("credit " + std::to_string(i) +
+                            " is negative, not finite or above 2^53");
+    s.credits.push_back(std::move(c));
+  }
+  if (r.left() != 0)
+    return refuse_summary(std::to_string(r.left()) + " trailing bytes");
+  return s;
+}
+
+result<contribution_summary> decode_summary_record(const std::string& subkey,
+                                                   const std::vector<char>& bytes) {
+  auto s = decode_summary(bytes);
+  if (!s)
+    return s;
+  if (s->id != subkey)
+    return refuse_summary("its id is not the sub-key it was stored under");
+  return s;
+}
+
+size_t ledger_shard(const std::string& id) {
+  auto h = shard_seed;
+  for (unsigned char c : id)
+    h = kernels::splitmix64_mix(h ^ c);
+  return static_cast<size_t>(h % ledger_shards);
+}
+
+std::string ledger_key(const std::string& experiment, size_t shard) {
+  return experiment + "/ledger/" + std::to_string(shard);
+}
+
+std::vector<double> round_credits(const std::vector<int64_t>& part_sizes,
+                                  const std::vector<double>& received, uint32_t self) {
+  auto n = part_sizes.size();
+  std::vector<double> out(n, 0.0);
+  if (self >= n)
+    return out;
+  auto size = [&](size_t m) {
+    auto v = static_cast<double>(part_sizes[m]);
+    return v > 0 ? v : 0.0;
+  };
+  double total = 0;
+  for (size_t m = 0; m < n; ++m)
+    total += size(m);
+  for (size_t m = 0; m < n && m < received.size(); ++m) {
+    if (m == self)
+      continue;
+    auto w = received[m];
+    if (!std::isfinite(w) || w <= 0)
+      continue;
+    auto others = total - size(m);
+    if (others > 0)
+      out[m] = w * size(self) / others;
+  }
+  return out;
+}
+
+std::string peer_of_member(const std::string& address) {
+  auto slash = address.rfind('/');
+  auto name = slash == std::string::npos ? address : address.substr(slash + 1);
+  auto dash = name.rfind("-avg");
+  if (dash == std::string::npos || dash == 0 || dash + 4 == name.size())
+    return name;
+  for (auto i = dash + 4; i < name.size(); ++i)
+    if (name[i] < '0' || name[i] > '9')
+      return name;
+  return name.substr(0, dash);
+}
+
+void credit_book::add(const std::string& peer, double samples) {
+  if (!std::isfinite(samples) || samples <= 0)
+    return;
+  if (auto i = named_.find(peer); i != named_.end())
+    i->second += samples;
+  else if (named_.size() < max_ledger_credits && !peer.empty() &&
+           peer.size() <= max_ledger_name_bytes)
+    named_.emplace(peer, samples);
+  else
+    other_ += samples;
+}
+
+std::vector<ledger_credit> credit_book::list() const {
+  std::vector<ledger_credit> out;
+  out.reserve(named_.size());
+  for (auto& [peer, samples] : named_)
+    out.push_back({peer, samples});
+  return out;
+}
+
+} // namespace starling::actors::collab

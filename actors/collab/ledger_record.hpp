@@ -1,0 +1,136 @@
+// The contribution ledger's side of a peer (issue 42, items 5 and 6): the small summary every
+// peer publishes about itself under `<experiment>/ledger/<shard>` in the DHT, how its bytes are
+// encoded and read back, and the rule by which a round's partners credit each other with the
+// samples they received. No CAF, no torch, no fmt (the decoder is fuzzed in the clang layer).
+//
+// Where a peer's numbers come from:
+// - Its own counts (samples computed, dropped, rounds, bytes, uptime) are its claims: shown as
+//   such, never summed into what the run accepted.
+// - Samples accepted come only from its partners. A member k of an averaging round reduces one
+//   part of the vector and receives from every sender i its weight w_i (the samples in i's
+//   gradient) with i's chunks. When i's contribution reached every element of k's part, k credits
+//   i with w_i · size_k / Σ size_r over the reducers r ≠ i: a round whose every partner's part
+//   took i's contribution credits i with exactly w_i, a partial one with the share that was
+//   averaged, and i's own part (its own claim) with nothing. Each peer keeps the credits it gave
+//   (cumulative, per partner) and publishes them in its summary: the ledger sums what partners
+//   say, never what i says of itself.
+//
+// Records are signed sub-key records (the sub-key carries the node key's owner marker, as the
+// progress records of progress.hpp), 64 shards by a hash of the sub-key so that one read returns
+// a bounded share of the run; a reader decodes at most `max_ledger_reply_records` per reply.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kernels/result.hpp"
+
+namespace starling::actors::collab {
+
+/// Shards of a run's ledger records (`<experiment>/ledger/0` ... `/63`).
+inline constexpr size_t ledger_shards = 64;
+
+/// At most this many records of one DHT reply are decoded (the rest are counted, not read).
+inline constexpr size_t max_ledger_reply_records = 1024;
+
+/// At most this many partners are credited by name in one summary; the rest are summed.
+inline constexpr size_t max_ledger_credits = 64;
+
+/// Longest sub-key (the publisher's record id) a summary may carry, in bytes.
+inline constexpr size_t max_ledger_id_bytes = 255;
+
+/// Longest instance or partner name in a summary, in bytes.
+inline constexpr size_t max_ledger_name_bytes = 128;
+
+/// Largest count a summary may carry (2^53: exact as a double).
+inline constexpr double max_ledger_count = 9007199254740992.0;
+
+/// Samples one peer credited one partner with, over the whole run.
+struct ledger_credit {
+  /// The partner's instance name.
+  std::string peer;
+  /// Samples (fractional in partial rounds).
+  double samples = 0;
+};
+
+/// What one peer publishes about itself.
+struct contribution_summary {
+  /// The record id (also the sub-key: a record whose id differs is refused).
+  std::string id;
+  /// The instance name (`dedloc.3`): the ledger's row.
+  std::string name;
+  /// When the peer made the record, and when it started (DHT clock, seconds).
+  double time = 0;
+  double started = 0;
+  /// Samples it computed, and of those dropped without reaching an update (its claims).
+  double computed = 0;
+  double dropped = 0;
+  /// Averaging rounds it finished, and of those averaged with partners.
+  double rounds = 0;
+  double rounds_averaged = 0;
+  /// Bytes it sent and received averaging.
+  double bytes_sent = 0;
+  double bytes_received = 0;
+  /// It left on purpose (its last record).
+  bool left = false;
+  /// Samples it credited each partner with (at most `max_ledger_credits`, in name order), and
+  /// the partners beyond that bound summed.
+  std::vector<ledger_credit> credits;
+  double credits_other = 0;
+};
+
+/// The value bytes (little-endian): version 1, flags (left), eight counts and two times as
+/// doubles, id, name (length-prefixed), credit count (u16) and each credit (name, double), the
+/// rest as a double. Names longer than the bounds are cut.
+std::vector<char> encode_summary(const contribution_summary& s);
+
+/// Decodes value bytes from the network: fails, never throws, on a wrong size or version,
+/// unknown flags, a count that is negative, not finite or above 2^53, a non-finite time, an
+/// empty or oversized id or name, more than `max_ledger_credits` credits, or trailing bytes.
+result<contribution_summary> decode_summary(const std::vector<char>& bytes);
+
+/// Decodes a record read from the DHT under `subkey`: `decode_summary`, and its id must be the
+/// sub-key it was stored under (the DHT checked that the sub-key's owner signed it).
+result<contribution_summary> decode_summary_record(const std::string& subkey,
+                                                   const std::vector<char>& bytes);
+
+/// The shard of record id `id` (a seeded hash of its bytes, mod `ledger_shards`).
+size_t ledger_shard(const std::string& id);
+
+/// `<experiment>/ledger/<shard>`.
+std::string ledger_key(const std::string& experiment, size_t shard);
+
+/// The credit member `self` gives each member of one round: `part_sizes[m]` is the size of the
+/// part member m reduced (0 for a client or when it reduced none), `received[m]` the weight that
+/// reached every element of `self`'s part from m (negative: its contribution did not). Member
+/// m ≠ self gets received[m] · part_sizes[self] / Σ_{r ≠ m} part_sizes[r] (0 when that sum is 0);
+/// `self` gets 0. Sizes and weights that are negative or not finite count as 0.
+std::vector<double> round_credits(const std::vector<int64_t>& part_sizes,
+                                  const std::vector<double>& received, uint32_t self);
+
+/// The instance name of a round member from its averager's address: the part after the last
+/// `/`, without the `-avg<generation>` suffix the data-parallel kinds give their averagers
+/// (`@2/dedloc.3-avg1` -> `dedloc.3`); the address itself when it has no such suffix.
+std::string peer_of_member(const std::string& address);
+
+/// The credits one peer gave, per partner, cumulative and bounded: the first
+/// `max_ledger_credits` partners keep their own entry, later ones are summed into `other`.
+class credit_book {
+public:
+  /// Adds `samples` (finite, > 0; anything else is ignored) for `peer`.
+  void add(const std::string& peer, double samples);
+  /// The named credits.
+  const std::map<std::string, double>& named() const noexcept { return named_; }
+  /// The sum of the partners beyond the bound.
+  double other() const noexcept { return other_; }
+  /// The credits as a summary carries them.
+  std::vector<ledger_credit> list() const;
+
+private:
+  std::map<std::string, double> named_;
+  double other_ = 0;
+};
+
+} // namespace starling::actors::collab

@@ -1,0 +1,147 @@
+// The contribution ledger of a watched run (issue 42, item 6): one row per peer with what it
+// computed, what its partners accepted of it, what it dropped, its uptime, bytes, refusals and
+// ban. A pure fold (no CAF, no I/O) of two sources that each see part of the run:
+// - the run's metric stream (node 0's full log: `dp_step`, `dp_dropped`, `dp_credit`, `dp_join`,
+//   `dp_leave`, trainers' `microbatch`, `refused` and `ban` events that name a `peer`), and
+// - the peers' signed summaries read from the DHT (actors/collab/ledger_record.hpp), which is all
+//   a node other than node 0 has, and which outlive node 0.
+// Every number is a counter that only grows within one incarnation of a peer, so where both
+// sources know it the ledger shows the larger (each is a lower bound of the truth). Incarnations
+// (a peer that restarted counts from 0 again) are told apart by their start time and summed.
+//
+// Samples accepted of a peer are the sum of the credits its partners gave it (the rule of
+// ledger_record.hpp), never its own claim. A peer stays in the ledger once seen: a record that
+// expired keeps its last numbers, marked `expired`. Rows are bounded (`max_rows`; later peers
+// are summed into the row `other`).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace starling::runtime::observe {
+
+struct event_view;
+
+/// One peer's line of the ledger.
+struct ledger_row {
+  /// Instance name (`dedloc.3`), or `other`.
+  std::string peer;
+  /// The owner key of its DHT record id (hex, first 16 digits), when a record was read.
+  std::string peer_id;
+  /// Samples it computed (its claim).
+  double computed = 0;
+  /// Samples its round partners credited it with.
+  double accepted = 0;
+  /// Samples it dropped without an update (its claim).
+  double dropped = 0;
+  /// Averaging rounds it took part in, and of those averaged with partners (its claims).
+  double rounds = 0;
+  double rounds_averaged = 0;
+  /// Seconds it was seen working (over all incarnations).
+  double uptime_s = 0;
+  /// Bytes it sent and received averaging.
+  double bytes_sent = 0;
+  double bytes_received = 0;
+  /// Envelopes of it that were refused.
+  uint64_t refusals = 0;
+  /// Banned, and why.
+  bool banned = false;
+  std::string ban_reason;
+  /// It left on purpose.
+  bool left = false;
+  /// Its summary in the DHT: `live` (fresh at the last read), `expired`, or `none` (only the
+  /// metric stream knows it).
+  std::string record = "none";
+};
+
+/// Limits of a ledger.
+struct ledger_options {
+  /// Peers with a row of their own; later ones are summed into `other`.
+  size_t max_rows = 4096;
+};
+
+/// One sub-key record of a DHT read, still untrusted.
+struct ledger_entry {
+  /// The sub-key it was stored under.
+  std::string subkey;
+  /// Its value bytes.
+  std::vector<char> value;
+  /// Its expiry on the DHT clock, seconds.
+  double expires_at = 0;
+};
+
+/// What one read did.
+struct ledger_read_stats {
+  /// Records taken (new or newer than the one held).
+  size_t accepted = 0;
+  /// Records refused: malformed, or an id that is not their sub-key.
+  size_t rejected = 0;
+};
+
+/// The ledger's state (see the file comment). Not thread-safe.
+class ledger_book {
+public:
+  explicit ledger_book(ledger_options opts = {});
+
+  /// One metric event (other kinds are ignored).
+  void add(const event_view& e);
+
+  /// Records of one DHT read at `now` (the DHT clock, seconds); at most
+  /// `actors::collab::max_ledger_reply_records` of them are decoded, the rest counted rejected.
+  ledger_read_stats add_records(const std::vector<ledger_entry>& entries, double now);
+
+  /// The DHT clock moved to `now` without a read (records expire).
+  void advance(double now);
+
+  /// The rows, by peer name (`other` last).
+  std::vector<ledger_row> rows() const;
+
+private:
+  /// What one source knows of one incarnation.
+  struct counts {
+    double computed = 0, dropped = 0, rounds = 0, rounds_averaged = 0;
+    double bytes_sent = 0, bytes_received = 0;
+    double first_s = -1, last_s = -1;
+    bool left = false;
+    /// Credits given, by partner.
+    std::map<std::string, double> credits;
+  };
+  /// One incarnation's record as last read.
+  struct held {
+    std::string name;
+    std::string peer_id;
+    double time = 0;
+    double expires_at = 0;
+    counts c;
+  };
+  /// What the metric stream says of one peer: earlier incarnations folded, the current one.
+  struct streamed {
+    counts total;
+    /// The current incarnation's cumulative byte counters (dp_step carries them).
+    double bytes_sent_now = 0, bytes_received_now = 0;
+    /// Uptime of the incarnations before the current one.
+    double uptime_before = 0;
+    uint64_t refusals = 0;
+    bool banned = false;
+    std::string ban_reason;
+  };
+
+  /// The row key of `name` under the bound (`other` beyond it).
+  std::string slot(const std::string& name);
+
+  ledger_options opts_;
+  std::map<std::string, streamed> stream_;
+  /// (record id, start time) -> the record.
+  std::map<std::pair<std::string, double>, held> records_;
+  /// Names with a row (bounded).
+  std::map<std::string, bool> names_;
+  double now_ = 0;
+};
+
+/// The rows as CSV (RFC 4180; a header line, then one line per row).
+std::string render_ledger_csv(const std::vector<ledger_row>& rows);
+
+} // namespace starling::runtime::observe

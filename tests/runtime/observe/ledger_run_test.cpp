@@ -1,0 +1,170 @@
+// The contribution ledger of a real run: a short local dedloc collaboration with churn (peers
+// leave and newcomers join on the plan's seeded schedule), watched over HTTP. At the end
+// `<run>/ledger.csv` credits each peer, from its partners' word, with the samples metrics.jsonl
+// says it had averaged: all of them for rounds whose every part took every member's
+// contribution (dp_step's `contributors` = `group`), a share for partial rounds (only the parts
+// that took it count), so the sums agree exactly when no round was partial. The ledger is written
+// when the run's reporters finish, while metrics.jsonl still takes the peers' last events: the
+// lower bound counts the complete rounds of all but the last second (a round's members answer
+// within milliseconds of each other), the upper bound every averaged update in the file. Every
+// peer that left is listed once, and `/ledger.csv` answered while the run ran.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "support/http_client.hpp"
+#include "support/paths.hpp"
+#include "support/subprocess.hpp"
+
+namespace starling::test::runtime_observe_ledger_run_test {
+
+using namespace std::chrono_literals;
+
+namespace {
+
+struct scratch {
+  explicit scratch(const std::string& name)
+      : path(std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(path);
+    std::filesystem::create_directories(path);
+  }
+  ~scratch() { std::filesystem::remove_all(path); }
+  std::filesystem::path path;
+};
+
+uint16_t port_of(const std::string& line) {
+  auto at = line.find("http://127.0.0.1:");
+  return at == std::string::npos ? 0 : static_cast<uint16_t>(std::atoi(line.c_str() + at + 17));
+}
+
+/// CSV lines split at commas (the ledger's fields here hold no commas or quotes).
+std::vector<std::map<std::string, std::string>> read_csv(const std::string& text) {
+  std::istringstream in{text};
+  std::string line;
+  std::vector<std::string> head;
+  std::vector<std::map<std::string, std::string>> rows;
+  auto split = [](const std::string& l) {
+    std::vector<std::string> out;
+    std::string cell;
+    std::istringstream s{l};
+    while (std::getline(s, cell, ','))
+      out.push_back(cell);
+    if (!l.empty() && l.back() == ',')
+      out.emplace_back();
+    return out;
+  };
+  while (std::getline(in, line)) {
+    if (head.empty()) {
+      head = split(line);
+      continue;
+    }
+    auto cells = split(line);
+    REQUIRE(cells.size() == head.size());
+    std::map<std::string, std::string> row;
+    for (size_t i = 0; i < head.size(); ++i)
+      row[head[i]] = cells[i];
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+} // namespace
+
+TEST_CASE("a local dedloc run with churn credits every averaged sample to its peer, from its "
+          "partners, and keeps every leaver in the ledger") {
+  scratch dir{"starling-ledger-run"};
+  auto yaml = (dir.path / "ledger-churn.yaml").string();
+  std::ofstream{yaml}
+      << "experiment: {name: ledger-churn, kind: dedloc, seed: 11, mode: local, duration: 9s}\n"
+         "caf: {scheduler: {policy: sharing, max_threads: 2}}\n"
+         "node: {ledger_every: 1s}\n"
+         "dedloc: {peers: 4, churn: 8, backend: modeled, modeled_params: 20000, microbatch: 32,\n"
+         "         compute_time: 20ms, target_batch: 384, window: 400ms, averager_timeout: 3s,\n"
+         "         round_timeout: 4s, record_lifetime: 4s, eval_every: 0}\n";
+  auto out = dir.path / "out";
+  testing::subprocess run{
+      {STARLING_BINARY, "run", yaml, "--out", out.string(), "--http", "127.0.0.1:0"}};
+  auto url = run.wait_for("watch the run at", 60s);
+  REQUIRE(url);
+  auto port = port_of(*url);
+  REQUIRE(port != 0);
+  // The endpoint answers the ledger while the run goes on.
+  auto csv = testing::http_get(port, "/ledger.csv", 5s);
+  REQUIRE(csv);
+  CHECK(csv->status == 200);
+  CHECK(csv->body.rfind("peer,peer_id,samples_computed,samples_accepted", 0) == 0);
+  auto rc = run.wait_exit(90s);
+  INFO(run.output());
+  REQUIRE(rc);
+  REQUIRE(*rc == 0);
+
+  // What metrics.jsonl says: samples of updates averaged with partners (all, and in complete
+  // rounds before the last second of the run's 9), and who left.
+  std::map<std::string, double> averaged, complete;
+  std::set<std::string> left;
+  size_t credits = 0;
+  std::ifstream jl{out / "metrics.jsonl"};
+  REQUIRE(jl);
+  std::string line;
+  while (std::getline(jl, line)) {
+    auto j = nlohmann::json::parse(line);
+    auto ev = j.value("event", "");
+    auto source = j.value("source", "");
+    if (ev == "dp_step" && j.value("averaged", 0.0) > 0) {
+      averaged[source] += j.value("samples", 0.0);
+      if (j.value("contributors", 0.0) == j.value("group", -1.0) && j.value("t", 99.0) < 8.0)
+        complete[source] += j.value("samples", 0.0);
+    } else if (ev == "dp_leave")
+      left.insert(j.value("source", ""));
+    else if (ev == "dp_credit")
+      credits++;
+  }
+  std::ifstream lf{out / "ledger.csv"};
+  REQUIRE(lf);
+  std::stringstream text;
+  text << lf.rdbuf();
+  auto rows = read_csv(text.str());
+  double accepted = 0, all_averaged = 0, all_complete = 0;
+  std::map<std::string, int> seen;
+  for (auto& r : rows) {
+    auto& peer = r["peer"];
+    seen[peer]++;
+    auto acc = std::stod(r["samples_accepted"]);
+    accepted += acc;
+    all_averaged += averaged[peer];
+    all_complete += complete[peer];
+    CAPTURE(peer);
+    CHECK(acc <= averaged[peer] * (1 + 1e-9) + 1e-6);
+    CHECK(acc >= complete[peer] * (1 - 1e-9) - 1e-6);
+    if (left.count(peer))
+      CHECK(r["left"] == "1");
+  }
+  MESSAGE("averaged " << all_averaged << " samples in metrics.jsonl (" << all_complete
+                      << " in complete rounds before 8 s), ledger accepted " << accepted << ", "
+                      << left.size() << " peer(s) left, " << rows.size() << " ledger rows, "
+                      << credits << " dp_credit events");
+  REQUIRE(all_complete > 0);
+  REQUIRE_FALSE(left.empty());
+  for (auto& peer : left)
+    CHECK_MESSAGE(seen[peer] == 1, peer << " appears " << seen[peer] << " times");
+  for (auto& [peer, n] : seen)
+    CHECK_MESSAGE(n == 1, peer << " appears " << n << " times");
+  // Peers published their summaries: rows carry the owner key of their records.
+  size_t with_id = 0;
+  for (auto& r : rows)
+    with_id += r["peer_id"].size() == 16 ? 1 : 0;
+  CHECK(with_id > 0);
+}
+
+} // namespace starling::test::runtime_observe_ledger_run_test
