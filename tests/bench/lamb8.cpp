@@ -4,6 +4,7 @@
 // child process of its own (this program again, with --kind), so that each peak RSS is its own;
 // one thread each. Prints a table; asserts nothing.
 //   bench_lamb8 [--width W] [--layers L] [--steps S]     (defaults 512, 4, 10)
+#include "kernels/flat.hpp"
 #include "kernels/models/gpt.hpp"
 #include "kernels/optim/lamb.hpp"
 #include "kernels/optim/lamb8.hpp"
