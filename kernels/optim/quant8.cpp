@@ -50,31 +50,77 @@ const std::array<float, 256>& log_table() {
   return t;
 }
 
-/// Midpoints between consecutive entries of the dynamic code: nearest-entry search.
-const std::array<float, 254>& dynamic_midpoints() {
-  static const auto m = [] {
-    std::array<float, 254> out{};
+/// Nearest-entry search over a code's magnitudes c[0] = 0 < c[1] < ... < c[k-1] = 1 in two
+/// steps instead of a binary search (which, with its unpredictable branches, was most of a
+/// step's time): a table indexed by a magnitude's exponent and top 7 mantissa bits gives the
+/// count of boundaries below its bucket, and the few boundaries inside the bucket (every bucket
+/// is narrower than 0.8%, so at most one here) are passed one by one.
+struct magnitude_search {
+  /// Boundaries between consecutive magnitudes: b[i] separates c[i] and c[i+1].
+  std::vector<float> bounds;
+  /// Per bucket (a float's bits >> 16, up to 1.0f's), the boundaries below the bucket's start.
+  std::vector<uint8_t> below;
+
+  /// `geometric`: boundaries at geometric means (nearest in log scale), except that every
+  /// positive magnitude maps to c[1] or above; else arithmetic means (nearest).
+  magnitude_search(const std::vector<float>& c, bool geometric) {
+    for (size_t i = 0; i + 1 < c.size(); ++i)
+      bounds.push_back(geometric ? (i == 0 ? 0.0f
+                                           : static_cast<float>(std::sqrt(
+                                               static_cast<double>(c[i]) * c[i + 1])))
+                                 : 0.5f * (c[i] + c[i + 1]));
+    auto buckets = (bits(1.0f) >> 16) + 1;
+    below.resize(buckets);
+    for (uint32_t b = 0; b < buckets; ++b) {
+      float lo = from_bits(b << 16);
+      below[b] = static_cast<uint8_t>(std::lower_bound(bounds.begin(), bounds.end(), lo)
+                                      - bounds.begin());
+    }
+  }
+
+  static uint32_t bits(float x) noexcept {
+    uint32_t u;
+    std::memcpy(&u, &x, 4);
+    return u;
+  }
+
+  static float from_bits(uint32_t u) noexcept {
+    float x;
+    std::memcpy(&x, &u, 4);
+    return x;
+  }
+
+  /// Index of the nearest magnitude to `a` in [0, 1] (ties to the smaller).
+  uint8_t operator()(float a) const noexcept {
+    uint32_t i = below[bits(a) >> 16];
+    auto last = static_cast<uint32_t>(bounds.size());
+    while (i < last && a > bounds[i])
+      ++i;
+    return static_cast<uint8_t>(i);
+  }
+};
+
+/// The dynamic code's magnitudes: 0, its 126 positive values, 1 (the table is symmetric; the
+/// sorted table's entry 127 is 0 and entry 127 + k is magnitude k, 127 - k its negative).
+const magnitude_search& dynamic_search() {
+  static const magnitude_search m = [] {
     const auto& t = dynamic_table();
-    for (int i = 0; i < 254; ++i)
-      out[i] = 0.5f * (t[i] + t[i + 1]);
-    return out;
+    std::vector<float> c(t.begin() + 127, t.begin() + 255);
+    return magnitude_search(c, false);
   }();
   return m;
 }
 
-uint8_t encode_dynamic(float x) noexcept {
-  const auto& mid = dynamic_midpoints();
-  return static_cast<uint8_t>(std::lower_bound(mid.begin(), mid.end(), x) - mid.begin());
+const magnitude_search& log_search() {
+  static const magnitude_search m = [] {
+    const auto& t = log_table();
+    return magnitude_search(std::vector<float>(t.begin(), t.end()), true);
+  }();
+  return m;
 }
 
-uint8_t encode_log(float x) noexcept {
-  if (!(x > 0.0f))
-    return 0;
-  // Nearest entry in log scale; below the smallest entry, the smallest (never 0: see header).
-  double steps = -std::log10(static_cast<double>(x)) * (254.0 / log_decades);
-  auto back = std::lround(std::min(steps, 254.0));
-  return static_cast<uint8_t>(255 - std::max<long>(back, 0));
-}
+/// The index of 0 in the sorted dynamic table.
+constexpr int dynamic_zero = 127;
 
 void put_u32(std::string& out, uint32_t v) {
   char b[4];
@@ -148,6 +194,8 @@ int code8_size(code8 c) noexcept {
 }
 
 bool quantize8(code8 c, const float* x, int64_t n, uint8_t* codes, float* scales) noexcept {
+  const auto& dyn = dynamic_search();
+  const auto& lg = log_search();
   for (int64_t b = 0; b * quant8_block < n; ++b) {
     auto begin = b * quant8_block;
     auto end = std::min(n, begin + quant8_block);
@@ -160,18 +208,25 @@ bool quantize8(code8 c, const float* x, int64_t n, uint8_t* codes, float* scales
     scales[b] = absmax;
     if (absmax == 0.0f) {
       // All zeros: both codes have 0 at a fixed index.
-      auto zero = c == code8::dynamic_signed ? encode_dynamic(0.0f) : uint8_t{0};
+      auto zero = c == code8::dynamic_signed ? uint8_t{dynamic_zero} : uint8_t{0};
       std::memset(codes + begin, zero, static_cast<size_t>(end - begin));
       continue;
     }
     // In double: 1 / a subnormal absmax overflows a float.
     double inv = 1.0 / absmax;
-    if (c == code8::dynamic_signed)
-      for (auto i = begin; i < end; ++i)
-        codes[i] = encode_dynamic(static_cast<float>(x[i] * inv));
-    else
-      for (auto i = begin; i < end; ++i)
-        codes[i] = encode_log(static_cast<float>(x[i] * inv));
+    if (c == code8::dynamic_signed) {
+      for (auto i = begin; i < end; ++i) {
+        auto y = static_cast<float>(x[i] * inv);
+        auto k = static_cast<int>(dyn(std::min(std::fabs(y), 1.0f)));
+        codes[i] = static_cast<uint8_t>(y < 0 ? dynamic_zero - k : dynamic_zero + k);
+      }
+    } else {
+      // Negative inputs (rounding noise of a sum of squares) count as 0.
+      for (auto i = begin; i < end; ++i) {
+        auto y = static_cast<float>(x[i] * inv);
+        codes[i] = y > 0.0f ? lg(std::min(y, 1.0f)) : uint8_t{0};
+      }
+    }
   }
   return true;
 }
