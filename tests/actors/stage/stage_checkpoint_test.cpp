@@ -39,8 +39,10 @@ actors::stage::stage_options peer_opts(uint64_t stage, const std::string& name,
                                        const std::string& dir, const std::string& optimizer = "") {
   auto o = testing::stage_opts(stage, static_cast<int64_t>(stage), static_cast<int64_t>(stage) + 1,
                                name);
-  if (!optimizer.empty())
+  if (!optimizer.empty()) {
     o.optimizer.kind = optimizer;
+    o.optimizer.lr = 5e-2; // LAMB steps each tensor by lr * ||w||: it wants a larger lr than Adam
+  }
   o.timer = [](const std::function<void()>& work) {
     work();
     return 0.02;
