@@ -33,8 +33,8 @@ void init_quantized(lamb8_param_state& st, const torch::Tensor& p) {
   auto blocks = quant8_blocks(n);
   auto zero_m = code8_values(code8::dynamic_signed);
   auto zero_code = static_cast<uint8_t>(
-    std::find(zero_m.begin(), zero_m.begin() + code8_size(code8::dynamic_signed), 0.0f)
-    - zero_m.begin());
+      std::find(zero_m.begin(), zero_m.begin() + code8_size(code8::dynamic_signed), 0.0f) -
+      zero_m.begin());
   st.m_codes(torch::full({n}, zero_code, torch::kUInt8));
   st.v_codes(torch::zeros({n}, torch::kUInt8));
   st.m_scales(torch::zeros({blocks}, torch::kFloat));
@@ -45,9 +45,9 @@ void init_quantized(lamb8_param_state& st, const torch::Tensor& p) {
 void quantize_into(lamb8_param_state& st, const torch::Tensor& first, const torch::Tensor& second) {
   auto n = first.numel();
   auto ok = quantize8(code8::dynamic_signed, first.data_ptr<float>(), n,
-                      st.m_codes().data_ptr<uint8_t>(), st.m_scales().data_ptr<float>())
-            && quantize8(code8::log_unsigned, second.data_ptr<float>(), n,
-                         st.v_codes().data_ptr<uint8_t>(), st.v_scales().data_ptr<float>());
+                      st.m_codes().data_ptr<uint8_t>(), st.m_scales().data_ptr<float>()) &&
+            quantize8(code8::log_unsigned, second.data_ptr<float>(), n,
+                      st.v_codes().data_ptr<uint8_t>(), st.v_scales().data_ptr<float>());
   TORCH_CHECK(ok, "lamb8: moments to quantize are not finite");
 }
 
@@ -147,8 +147,8 @@ torch::Tensor lamb8::step(LossClosure closure) {
           m[i] = b1 * m[i] + (1 - b1) * gi;
           v[i] = b2 * v[i] + (1 - b2) * gi * gi;
         }
-        TORCH_CHECK(quantize8(code8::dynamic_signed, m.data(), len, mc + a, ms + blk)
-                      && quantize8(code8::log_unsigned, v.data(), len, vc + a, vs + blk),
+        TORCH_CHECK(quantize8(code8::dynamic_signed, m.data(), len, mc + a, ms + blk) &&
+                        quantize8(code8::log_unsigned, v.data(), len, vc + a, vs + blk),
                     "LAMB8: the moments are not finite (a non-finite gradient)");
         dequantize8(code8::dynamic_signed, mc + a, ms + blk, len, m.data());
         dequantize8(code8::log_unsigned, vc + a, vs + blk, len, v.data());
@@ -239,7 +239,10 @@ status lamb8::load_state(const std::string& bytes, const std::vector<uint64_t>* 
       auto n = p.numel();
       if (t.form == lamb8_form::full) {
         auto from = [&](std::vector<float>& x) {
-          return torch::from_blob(x.data(), {n}, torch::kFloat).view(p.sizes()).to(p.dtype()).clone();
+          return torch::from_blob(x.data(), {n}, torch::kFloat)
+              .view(p.sizes())
+              .to(p.dtype())
+              .clone();
         };
         st->exp_avg(from(t.m));
         st->exp_avg_sq(from(t.v));
@@ -271,9 +274,8 @@ uint64_t lamb8::state_bytes() const {
   for (const auto& [key, s] : state_) {
     const auto& st = static_cast<const lamb8_param_state&>(*s);
     total += sizeof(int64_t);
-    for (const auto* t :
-         {&st.exp_avg(), &st.exp_avg_sq(), &st.m_codes(), &st.v_codes(), &st.m_scales(),
-          &st.v_scales()})
+    for (const auto* t : {&st.exp_avg(), &st.exp_avg_sq(), &st.m_codes(), &st.v_codes(),
+                          &st.m_scales(), &st.v_scales()})
       if (t->defined())
         total += t->nbytes();
   }

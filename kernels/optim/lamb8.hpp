@@ -79,8 +79,8 @@ public:
   /// Sets parameter `p`'s state to `first`, `second` (fp32, its element count, already
   /// validated: finite, second >= 0) after `step` steps (0 removes the state), quantizing them
   /// when `p` is large.
-  void set_moments(const torch::Tensor& p, const torch::Tensor& first,
-                   const torch::Tensor& second, int64_t step);
+  void set_moments(const torch::Tensor& p, const torch::Tensor& first, const torch::Tensor& second,
+                   int64_t step);
 
   /// The trust ratio applied to each parameter (in order) at the last step, for diagnostics.
   const std::vector<double>& last_trust_ratios() const noexcept { return trust_ratios_; }

@@ -65,16 +65,16 @@ struct magnitude_search {
   /// positive magnitude maps to c[1] or above; else arithmetic means (nearest).
   magnitude_search(const std::vector<float>& c, bool geometric) {
     for (size_t i = 0; i + 1 < c.size(); ++i)
-      bounds.push_back(geometric ? (i == 0 ? 0.0f
-                                           : static_cast<float>(std::sqrt(
-                                               static_cast<double>(c[i]) * c[i + 1])))
-                                 : 0.5f * (c[i] + c[i + 1]));
+      bounds.push_back(
+          geometric ? (i == 0 ? 0.0f
+                              : static_cast<float>(std::sqrt(static_cast<double>(c[i]) * c[i + 1])))
+                    : 0.5f * (c[i] + c[i + 1]));
     auto buckets = (bits(1.0f) >> 16) + 1;
     below.resize(buckets);
     for (uint32_t b = 0; b < buckets; ++b) {
       float lo = from_bits(b << 16);
-      below[b] = static_cast<uint8_t>(std::lower_bound(bounds.begin(), bounds.end(), lo)
-                                      - bounds.begin());
+      below[b] =
+          static_cast<uint8_t>(std::lower_bound(bounds.begin(), bounds.end(), lo) - bounds.begin());
     }
   }
 
@@ -231,8 +231,7 @@ bool quantize8(code8 c, const float* x, int64_t n, uint8_t* codes, float* scales
   return true;
 }
 
-void dequantize8(code8 c, const uint8_t* codes, const float* scales, int64_t n,
-                 float* y) noexcept {
+void dequantize8(code8 c, const uint8_t* codes, const float* scales, int64_t n, float* y) noexcept {
   const auto& t = code8_values(c);
   for (int64_t b = 0; b * quant8_block < n; ++b) {
     auto begin = b * quant8_block;
@@ -266,8 +265,8 @@ std::string encode_lamb8_state(const std::vector<lamb8_tensor_ref>& tensors) {
   return out;
 }
 
-result<std::vector<lamb8_tensor_state>>
-decode_lamb8_state(const char* data, size_t size, const std::vector<uint64_t>* numels) {
+result<std::vector<lamb8_tensor_state>> decode_lamb8_state(const char* data, size_t size,
+                                                           const std::vector<uint64_t>* numels) {
   reader r{data, size};
   char m[4];
   uint32_t version = 0, block = 0, count = 0;
@@ -276,18 +275,18 @@ decode_lamb8_state(const char* data, size_t size, const std::vector<uint64_t>* n
   if (!r.take(&version, 4) || !r.take(&block, 4) || !r.take(&count, 4))
     return fail("lamb8 state: truncated header (" + std::to_string(size) + " bytes)");
   if (version != lamb8_format_version)
-    return fail("lamb8 state format version " + std::to_string(version)
-                + " (another starling build), this build reads version "
-                + std::to_string(lamb8_format_version));
+    return fail("lamb8 state format version " + std::to_string(version) +
+                " (another starling build), this build reads version " +
+                std::to_string(lamb8_format_version));
   if (block != quant8_block)
-    return fail("lamb8 state in blocks of " + std::to_string(block) + ", this build uses "
-                + std::to_string(quant8_block));
+    return fail("lamb8 state in blocks of " + std::to_string(block) + ", this build uses " +
+                std::to_string(quant8_block));
   if (count > max_tensors)
-    return fail("lamb8 state for " + std::to_string(count) + " tensors, at most "
-                + std::to_string(max_tensors));
+    return fail("lamb8 state for " + std::to_string(count) + " tensors, at most " +
+                std::to_string(max_tensors));
   if (numels && numels->size() != count)
-    return fail("lamb8 state for " + std::to_string(count) + " parameter tensors, the optimizer has "
-                + std::to_string(numels->size()));
+    return fail("lamb8 state for " + std::to_string(count) +
+                " parameter tensors, the optimizer has " + std::to_string(numels->size()));
   std::vector<lamb8_tensor_state> out;
   out.reserve(std::min<size_t>(count, size / 17 + 1));
   for (size_t i = 0; i < count; ++i) {
@@ -296,8 +295,8 @@ decode_lamb8_state(const char* data, size_t size, const std::vector<uint64_t>* n
     if (!r.take(&t.numel, 8) || !r.take(&t.step, 8) || !r.take(&form, 1))
       return fail(at(i) + "truncated");
     if (numels && (*numels)[i] != t.numel)
-      return fail(at(i) + std::to_string(t.numel) + " elements, the parameter has "
-                  + std::to_string((*numels)[i]));
+      return fail(at(i) + std::to_string(t.numel) + " elements, the parameter has " +
+                  std::to_string((*numels)[i]));
     if (t.numel > (uint64_t{1} << 40))
       return fail(at(i) + std::to_string(t.numel) + " elements is out of range");
     if (form > static_cast<uint8_t>(lamb8_form::quantized))
@@ -313,9 +312,10 @@ decode_lamb8_state(const char* data, size_t size, const std::vector<uint64_t>* n
       return fail(at(i) + "step count " + std::to_string(t.step) + " is out of range");
     bool small = t.numel < static_cast<uint64_t>(quant8_min_numel);
     if (small != (t.form == lamb8_form::full))
-      return fail(at(i) + (small ? "8-bit moments for a tensor under "
-                                 : "fp32 moments for a tensor of at least ")
-                  + std::to_string(quant8_min_numel) + " elements");
+      return fail(
+          at(i) +
+          (small ? "8-bit moments for a tensor under " : "fp32 moments for a tensor of at least ") +
+          std::to_string(quant8_min_numel) + " elements");
     if (t.form == lamb8_form::full) {
       if (!r.take_vector(t.m, t.numel) || !r.take_vector(t.v, t.numel))
         return fail(at(i) + "truncated moments");
@@ -323,16 +323,16 @@ decode_lamb8_state(const char* data, size_t size, const std::vector<uint64_t>* n
         return fail(at(i) + "moments are not finite or a second moment is negative");
     } else {
       auto blocks = static_cast<uint64_t>(quant8_blocks(static_cast<int64_t>(t.numel)));
-      if (!r.take_vector(t.m_scales, blocks) || !r.take_vector(t.v_scales, blocks)
-          || !r.take_vector(t.m_codes, t.numel) || !r.take_vector(t.v_codes, t.numel))
+      if (!r.take_vector(t.m_scales, blocks) || !r.take_vector(t.v_scales, blocks) ||
+          !r.take_vector(t.m_codes, t.numel) || !r.take_vector(t.v_codes, t.numel))
         return fail(at(i) + "truncated codes or scales");
       if (!all_finite_nonneg(t.m_scales) || !all_finite_nonneg(t.v_scales))
         return fail(at(i) + "a block scale is negative or not finite");
       auto limit = code8_size(code8::dynamic_signed);
       for (auto c : t.m_codes)
         if (c >= limit)
-          return fail(at(i) + "first-moment code " + std::to_string(c) + " is not in the code (0.."
-                      + std::to_string(limit - 1) + ")");
+          return fail(at(i) + "first-moment code " + std::to_string(c) +
+                      " is not in the code (0.." + std::to_string(limit - 1) + ")");
     }
     out.push_back(std::move(t));
   }

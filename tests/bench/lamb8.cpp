@@ -4,10 +4,10 @@
 // child process of its own (this program again, with --kind), so that each peak RSS is its own;
 // one thread each. Prints a table; asserts nothing.
 //   bench_lamb8 [--width W] [--layers L] [--steps S]     (defaults 512, 4, 10)
+#include "kernels/optim/lamb8.hpp"
 #include "kernels/flat.hpp"
 #include "kernels/models/gpt.hpp"
 #include "kernels/optim/lamb.hpp"
-#include "kernels/optim/lamb8.hpp"
 #include "kernels/optim/optimizer.hpp"
 #include "runtime/metrics/metrics.hpp"
 
@@ -16,8 +16,8 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <unistd.h>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 using namespace starling;
@@ -123,8 +123,8 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "{}: the child printed no result\n", kind);
       return 1;
     }
-    fmt::print("{:<7} {:>11} {:>14} {:>14} {:>10.1f} {:>13.1f} {:>12.1f} {:>14.1f}\n", kind,
-               numel, h, saved, ms, before / 1e6, peak / 1e6, (peak - before) / 1e6);
+    fmt::print("{:<7} {:>11} {:>14} {:>14} {:>10.1f} {:>13.1f} {:>12.1f} {:>14.1f}\n", kind, numel,
+               h, saved, ms, before / 1e6, peak / 1e6, (peak - before) / 1e6);
     held.emplace_back(kind, h);
   }
   fmt::print("lamb8 holds {:.1f}% of lamb's optimizer state\n",

@@ -76,8 +76,8 @@ struct gpt_task {
     }
     torch::NoGradGuard guard;
     auto loss = model->forward(pool.slice(1, 0, cfg.seq_len), pool.slice(1, 1, cfg.seq_len + 1))
-                  .value()
-                  .item<double>();
+                    .value()
+                    .item<double>();
     return {loss, save_optimizer_state(*opt).value().size()};
   }
 };
@@ -96,9 +96,9 @@ struct stepped {
     opt = std::make_unique<lamb8>(params, lamb_options(1e-2));
     for (int i = 0; i < steps; ++i) {
       opt->zero_grad();
-      (params[0].pow(2).sum() * 0.5 + (params[1] * torch::randn({30}, gen)).sum()
-       + (params[0] * torch::randn({80, 100}, gen)).sum())
-        .backward();
+      (params[0].pow(2).sum() * 0.5 + (params[1] * torch::randn({30}, gen)).sum() +
+       (params[0] * torch::randn({80, 100}, gen)).sum())
+          .backward();
       opt->step();
     }
   }
