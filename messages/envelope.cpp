@@ -144,7 +144,7 @@ decode_envelope(const char* bytes, size_t size, wire_context* ctx, const char* e
       h.version = env.getProtocolVersion();
       if (h.version != protocol_version)
         return refuse(wire_reason::version, "protocol version " + std::to_string(h.version)
-                                              + ", this node speaks "
+                                              + " (another starling build), this node speaks "
                                               + std::to_string(protocol_version));
       auto exp = env.getExperimentId();
       if (exp.size() > max_experiment_bytes)

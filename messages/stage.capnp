@@ -37,6 +37,8 @@ struct StageState {
                                 # zero bytes themselves follow the envelope, see swarm.hpp)
   buffers @6 :Tensor;           # float buffers (running statistics), flat fp32; protocol 4
   intBuffers @7 :Tensor;        # integer buffers (num_batches_tracked), flat int64; protocol 4
+  packedMoments @8 :Data;       # the optimizer's compact state instead of `moments` (lamb8's
+                                # codes and scales, kernels/optim/quant8.hpp); protocol 5
 }
 
 struct StageStatePart {
@@ -54,6 +56,8 @@ struct StageStatePart {
   modeledBytes @11 :UInt64;     # this part's share of the modeled state; at most 2^50
   buffers @12 :Tensor;          # the whole state's float buffers (small: in every part)
   intBuffers @13 :Tensor;       # the whole state's integer buffers (in every part)
+  packedBytes @14 :UInt64;      # bytes of the whole compact optimizer state; at most 2^42
+  packedMoments @15 :Data;      # this part's slice of it; protocol 5
 }
 
 struct StageMessage {

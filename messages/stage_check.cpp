@@ -45,6 +45,8 @@ status check_stage(wire::StageMessage::Reader m, bool tensors) {
       STARLING_TRY(codec::within("modeled bytes", s.getModeledBytes(), max_modeled_bytes));
       STARLING_TRY(check_tensor(tensors, s.hasParams(), s.getParams()));
       STARLING_TRY(check_tensor(tensors, s.hasMoments(), s.getMoments()));
+      if (s.hasMoments() && s.getPackedMoments().size() > 0)
+        return fail("a state carries both fp32 and compact optimizer moments");
       STARLING_TRY(check_tensor(tensors, s.hasBuffers(), s.getBuffers()));
       return check_tensor(tensors, s.hasIntBuffers(), s.getIntBuffers());
     }
@@ -64,6 +66,12 @@ status check_stage(wire::StageMessage::Reader m, bool tensors) {
         return fail("a state digest has 32 bytes, got " + std::to_string(digest));
       STARLING_TRY(check_tensor(tensors, p.hasParams(), p.getParams()));
       STARLING_TRY(check_tensor(tensors, p.hasMoments(), p.getMoments()));
+      STARLING_TRY(codec::within("packed bytes", p.getPackedBytes(), uint64_t{1} << 42));
+      if (p.getPackedMoments().size() > p.getPackedBytes())
+        return fail("a state part carries " + std::to_string(p.getPackedMoments().size())
+                    + " bytes of a compact state of " + std::to_string(p.getPackedBytes()));
+      if (p.getPackedBytes() > 0 && p.getMomentsNumel() > 0)
+        return fail("a state carries both fp32 and compact optimizer moments");
       STARLING_TRY(check_tensor(tensors, p.hasBuffers(), p.getBuffers()));
       return check_tensor(tensors, p.hasIntBuffers(), p.getIntBuffers());
     }

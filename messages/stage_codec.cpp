@@ -126,7 +126,22 @@ bool wire_codec<stage_state>::matches(const payload_reader& r) {
   return is_stage(r, stage_msg::STATE);
 }
 
+namespace {
+
+/// Cap'n Proto's limit on one `Data` blob.
+constexpr size_t max_blob = (size_t{1} << 29) - 1;
+
+status check_packed(const std::string& packed) {
+  if (packed.size() > max_blob)
+    return fail("a compact optimizer state of " + std::to_string(packed.size())
+                + " bytes is over one message's 512 MiB: it travels in parts");
+  return {};
+}
+
+} // namespace
+
 status wire_codec<stage_state>::write(payload_writer& w, const stage_state& x) {
+  STARLING_TRY(check_packed(x.packed_moments));
   auto b = w.get().initStage().initState();
   STARLING_TRY(put(x.params, [&] { return b.initParams(); }));
   STARLING_TRY(put(x.moments, [&] { return b.initMoments(); }));
@@ -137,6 +152,7 @@ status wire_codec<stage_state>::write(payload_writer& w, const stage_state& x) {
   b.setModeledBytes(x.modeled.size);
   STARLING_TRY(put(x.buffers, [&] { return b.initBuffers(); }));
   STARLING_TRY(put(x.int_buffers, [&] { return b.initIntBuffers(); }));
+  b.setPackedMoments(codec::data(x.packed_moments));
   return {};
 }
 
@@ -152,6 +168,8 @@ status wire_codec<stage_state>::read(const payload_reader& r, stage_state& x) {
   x.samples = s.getSamples();
   x.modeled.size = s.getModeledBytes();
   STARLING_TRY(take(s.hasBuffers(), s.getBuffers(), x.buffers));
+  auto packed = s.getPackedMoments();
+  x.packed_moments.assign(reinterpret_cast<const char*>(packed.begin()), packed.size());
   return take(s.hasIntBuffers(), s.getIntBuffers(), x.int_buffers);
 }
 
@@ -160,6 +178,7 @@ bool wire_codec<stage_state_part>::matches(const payload_reader& r) {
 }
 
 status wire_codec<stage_state_part>::write(payload_writer& w, const stage_state_part& x) {
+  STARLING_TRY(check_packed(x.packed_moments));
   auto b = w.get().initStage().initStatePart();
   b.setSteps(x.steps);
   b.setSamples(x.samples);
@@ -175,6 +194,8 @@ status wire_codec<stage_state_part>::write(payload_writer& w, const stage_state_
   STARLING_TRY(put(x.moments, [&] { return b.initMoments(); }));
   b.setModeledBytes(x.modeled.size);
   STARLING_TRY(put(x.buffers, [&] { return b.initBuffers(); }));
+  b.setPackedBytes(x.packed_bytes);
+  b.setPackedMoments(codec::data(x.packed_moments));
   return put(x.int_buffers, [&] { return b.initIntBuffers(); });
 }
 
@@ -197,6 +218,9 @@ status wire_codec<stage_state_part>::read(const payload_reader& r, stage_state_p
   STARLING_TRY(take(p.hasParams(), p.getParams(), x.params));
   STARLING_TRY(take(p.hasMoments(), p.getMoments(), x.moments));
   STARLING_TRY(take(p.hasBuffers(), p.getBuffers(), x.buffers));
+  x.packed_bytes = p.getPackedBytes();
+  auto packed = p.getPackedMoments();
+  x.packed_moments.assign(reinterpret_cast<const char*>(packed.begin()), packed.size());
   return take(p.hasIntBuffers(), p.getIntBuffers(), x.int_buffers);
 }
 

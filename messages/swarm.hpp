@@ -187,6 +187,10 @@ struct stage_state {
   /// The model's integer buffers (`num_batches_tracked`), flat int64: the donor's, never
   /// averaged. Unset for a model without them.
   tensor_msg int_buffers;
+  /// The optimizer's compact state in place of `moments` (then unset), for an optimizer that has
+  /// one: lamb8's codes and scales (kernels/optim/quant8.hpp), untrusted bytes that only the
+  /// optimizer's validating decoder reads. Empty otherwise. Protocol 5.
+  std::string packed_moments;
   /// Set on arrival when the envelope was refused (then every other field is empty).
   std::string wire_error;
 };
@@ -204,7 +208,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, stage_state& x) {
   return inspect_with_modeled(f, x, "stage_state", [&] {
     return f(caf::meta::type_name("stage_state"), x.params, x.moments, x.optimizer_steps, x.steps,
-             x.samples, x.modeled, x.buffers, x.int_buffers);
+             x.samples, x.modeled, x.buffers, x.int_buffers, x.packed_moments);
   });
 }
 
@@ -234,6 +238,10 @@ struct stage_state_part {
   /// The whole state's buffers (small: every part carries them; see `stage_state`).
   tensor_msg buffers;
   tensor_msg int_buffers;
+  /// Bytes of the whole compact optimizer state (`stage_state::packed_moments`; 0: none), and
+  /// this part's slice of them.
+  uint64_t packed_bytes = 0;
+  std::string packed_moments;
   /// Set on arrival when the envelope was refused (then every other field is empty).
   std::string wire_error;
 };
@@ -252,7 +260,7 @@ typename Inspector::result_type inspect(Inspector& f, stage_state_part& x) {
   return inspect_with_modeled(f, x, "stage_state_part", [&] {
     return f(caf::meta::type_name("stage_state_part"), x.steps, x.samples, x.part, x.parts,
              x.params_numel, x.params_dtype, x.moments_numel, x.optimizer_steps, x.digest, x.params,
-             x.moments, x.modeled, x.buffers, x.int_buffers);
+             x.moments, x.modeled, x.buffers, x.int_buffers, x.packed_bytes, x.packed_moments);
   });
 }
 

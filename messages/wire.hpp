@@ -21,8 +21,10 @@ namespace starling::messages {
 /// says which changes bump it. 2: every cross-process message is an envelope, with sequence
 /// numbers and send times. 3: an envelope may carry its sender's signature after it (closed runs
 /// sign every envelope). 4: a state (and each part of one) carries the model's buffers (batch
-/// norm's running statistics, averaged in state rounds, and integer counters).
-inline constexpr uint16_t protocol_version = 4;
+/// norm's running statistics, averaged in state rounds, and integer counters). 5: a state may
+/// carry the optimizer's compact form (`packedMoments`: lamb8's 8-bit codes and scales) instead
+/// of fp32 moments.
+inline constexpr uint16_t protocol_version = 5;
 
 /// Largest flat array accepted from the network (BASP carries at most ~2 GB per message anyway).
 inline constexpr size_t max_message_bytes = size_t{1} << 31;

@@ -152,7 +152,7 @@ checked<peer_info> gatekeeper::admit_hello(uint64_t conn, std::string_view bytes
   if (h->version != opts_.protocol_version)
     return refuse_session(s, refuse(reason::version_mismatch,
                                     "protocol version " + std::to_string(h->version)
-                                      + ", this node speaks "
+                                      + " (another starling build), this node speaks "
                                       + std::to_string(opts_.protocol_version)));
   if (h->experiment != opts_.trust.experiment)
     return refuse_session(s, refuse(reason::foreign_experiment,

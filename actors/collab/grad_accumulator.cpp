@@ -96,7 +96,8 @@ result<double> step_on(const std::vector<torch::Tensor>& params, torch::optim::O
 
 result<model_state> export_state(const std::vector<torch::Tensor>& params,
                                  const torch::optim::Optimizer& optimizer,
-                                 const kernels::module_buffers& buffers) {
+                                 const kernels::module_buffers& buffers,
+                                 kernels::moments_form form) {
   try {
     model_state s;
     s.params = kernels::flatten_parameters(params);
@@ -104,7 +105,7 @@ result<model_state> export_state(const std::vector<torch::Tensor>& params,
       s.buffers = kernels::flatten_parameters(buffers.floats);
       s.int_buffers = kernels::flatten_integers(buffers.integers);
     }
-    auto m = kernels::save_optimizer_moments(optimizer);
+    auto m = kernels::save_optimizer_moments(optimizer, form);
     if (!m)
       return m.error();
     s.optimizer = std::move(*m);
@@ -193,8 +194,8 @@ result<double> grad_accumulator::apply(const torch::Tensor& mean_gradient) {
   return norm;
 }
 
-result<model_state> grad_accumulator::export_state() const {
-  return collab::export_state(params_, *optimizer_, buffers_);
+result<model_state> grad_accumulator::export_state(kernels::moments_form form) const {
+  return collab::export_state(params_, *optimizer_, buffers_, form);
 }
 
 status grad_accumulator::import_state(const model_state& s) {

@@ -51,10 +51,12 @@ struct model_state {
 result<double> step_on(const std::vector<torch::Tensor>& params, torch::optim::Optimizer& optimizer,
                        double max_grad_norm, const torch::Tensor& mean_gradient);
 
-/// Parameters, optimizer state and `buffers` of `params` and `optimizer`.
+/// Parameters, optimizer state and `buffers` of `params` and `optimizer`; the optimizer state in
+/// `form` (compact: lamb8's codes and scales, for donors; canonical: fp32, for state rounds).
 result<model_state> export_state(const std::vector<torch::Tensor>& params,
                                  const torch::optim::Optimizer& optimizer,
-                                 const kernels::module_buffers& buffers = {});
+                                 const kernels::module_buffers& buffers = {},
+                                 kernels::moments_form form = kernels::moments_form::canonical);
 
 /// Loads a (downloaded, untrusted) state into `params`, `optimizer` and `buffers`, all or
 /// nothing (the state must carry exactly the model's buffers).
@@ -110,8 +112,9 @@ public:
   /// non-finite gradient (from the network).
   result<double> apply(const torch::Tensor& mean_gradient);
 
-  /// Parameters, optimizer state and buffers, for a state round or a donor.
-  result<model_state> export_state() const;
+  /// Parameters, optimizer state (in `form`) and buffers, for a state round or a donor.
+  result<model_state> export_state(
+    kernels::moments_form form = kernels::moments_form::canonical) const;
 
   /// Loads a (downloaded, untrusted) state: parameters, optimizer state and buffers, all or
   /// nothing.

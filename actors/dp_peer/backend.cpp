@@ -19,7 +19,9 @@ namespace {
 messages::stage_state to_message(const collab::model_state& s, uint64_t step) {
   messages::stage_state out;
   out.params.tensor = s.params;
-  out.moments.tensor = s.optimizer.moments;
+  if (s.optimizer.packed.empty())
+    out.moments.tensor = s.optimizer.moments;
+  out.packed_moments = s.optimizer.packed;
   out.optimizer_steps = s.optimizer.steps;
   out.steps = step;
   if (s.buffers.defined() && s.buffers.numel() > 0)
@@ -95,7 +97,8 @@ public:
   }
 
   result<messages::stage_state> export_state(uint64_t step) const override {
-    auto s = acc_.export_state();
+    // A donor's state: lamb8's in its codes and scales.
+    auto s = acc_.export_state(kernels::moments_form::compact);
     if (!s)
       return s.error();
     return to_message(*s, step);
@@ -105,11 +108,13 @@ public:
     if (!s.params.ok() || !s.moments.ok())
       return fail(fmt::format("the downloaded state arrived broken: {}",
                               s.params.ok() ? s.moments.error : s.params.error));
-    if (!s.params.tensor.defined() || !s.moments.tensor.defined())
+    if (!s.params.tensor.defined() || (!s.moments.tensor.defined() && s.packed_moments.empty()))
       return fail("the downloaded state lacks parameters or moments");
     collab::model_state m;
     m.params = s.params.tensor.to(torch::kFloat).reshape({-1});
-    m.optimizer.moments = s.moments.tensor.to(torch::kFloat).reshape({-1});
+    if (s.moments.tensor.defined())
+      m.optimizer.moments = s.moments.tensor.to(torch::kFloat).reshape({-1});
+    m.optimizer.packed = s.packed_moments;
     m.optimizer.steps = s.optimizer_steps;
     for (const auto* b : {&s.buffers, &s.int_buffers})
       if (!b->ok())

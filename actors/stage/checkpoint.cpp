@@ -28,8 +28,9 @@ constexpr char magic[] = "starling-ckpt-\n\0";
 constexpr size_t magic_bytes = 16;
 static_assert(sizeof(magic) == magic_bytes + 1);
 /// Format version (bumped on any change of the header or payload). 2: the state carries the
-/// model's buffers (protocol version 4's `stage.state`).
-constexpr uint64_t format_version = 2;
+/// model's buffers (protocol version 4's `stage.state`). 3: a lamb8 state carries its 8-bit
+/// codes and scales (protocol version 5's `stage.state`).
+constexpr uint64_t format_version = 3;
 /// magic, version, stage, begin, end, steps, time, payload bytes, digest.
 constexpr size_t header_bytes = magic_bytes + 7 * 8 + 32;
 

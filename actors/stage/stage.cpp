@@ -807,9 +807,13 @@ stage_state stage_peer::snapshot() const {
   stage_state s;
   s.params.tensor = kernels::flatten_parameters(params_);
   s.params.codec = kernels::codec_id::none;
-  if (auto m = kernels::save_optimizer_moments(*optim_); m.ok()) {
-    s.moments.tensor = m->moments;
-    s.moments.codec = kernels::codec_id::none;
+  // Downloads and checkpoints carry lamb8's codes and scales, not its dequantized moments.
+  if (auto m = kernels::save_optimizer_moments(*optim_, kernels::moments_form::compact); m.ok()) {
+    if (m->packed.empty()) {
+      s.moments.tensor = m->moments;
+      s.moments.codec = kernels::codec_id::none;
+    }
+    s.packed_moments = std::move(m->packed);
     s.optimizer_steps = m->steps;
   }
   s.steps = steps_;
@@ -853,8 +857,9 @@ status stage_peer::load(const stage_state& s) {
     undo();
     return r;
   }
-  if (s.moments.tensor.defined()) {
-    auto r = kernels::load_optimizer_moments(*optim_, {s.moments.tensor, s.optimizer_steps});
+  if (s.moments.tensor.defined() || !s.packed_moments.empty()) {
+    auto r = kernels::load_optimizer_moments(
+      *optim_, {s.moments.tensor, s.optimizer_steps, s.packed_moments});
     if (!r.ok()) {
       undo();
       return r;

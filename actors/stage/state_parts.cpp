@@ -102,6 +102,12 @@ std::string state_digest(const messages::stage_state& s) {
     feed_tensor(s.buffers.tensor);
     feed_tensor(s.int_buffers.tensor);
   }
+  // A compact optimizer state (lamb8) likewise only when there is one.
+  if (!s.packed_moments.empty()) {
+    uint64_t packed = s.packed_moments.size();
+    feed(&packed, sizeof packed);
+    feed(s.packed_moments.data(), s.packed_moments.size());
+  }
   std::string out(crypto_generichash_BYTES, '\0');
   crypto_generichash_final(&h, reinterpret_cast<unsigned char*>(out.data()), out.size());
   return out;
@@ -130,6 +136,9 @@ result<messages::stage_state_part> cut_state_part(const messages::stage_state& w
   out.moments_numel = numel_of(m);
   out.moments = slice_of(m, part, parts);
   out.optimizer_steps = whole.optimizer_steps;
+  out.packed_bytes = whole.packed_moments.size();
+  auto [pb, pe] = part_range(out.packed_bytes, part, parts);
+  out.packed_moments = whole.packed_moments.substr(pb, pe - pb);
   out.buffers = whole.buffers;
   out.int_buffers = whole.int_buffers;
   out.buffers.codec = out.int_buffers.codec = kernels::codec_id::none;
@@ -152,7 +161,8 @@ result<messages::stage_state> assemble_state(
   for (const auto& p : parts) {
     if (p.parts != n || p.steps != first.steps || p.params_numel != first.params_numel
         || p.params_dtype != first.params_dtype || p.moments_numel != first.moments_numel
-        || p.optimizer_steps != first.optimizer_steps || p.digest != first.digest)
+        || p.optimizer_steps != first.optimizer_steps || p.digest != first.digest
+        || p.packed_bytes != first.packed_bytes)
       return fail(fmt::format("the donors sent parts of different states (step {} and step {}, "
                               "or different sizes or digests)",
                               first.steps, p.steps));
@@ -183,6 +193,14 @@ result<messages::stage_state> assemble_state(
   out.params.codec = kernels::codec_id::none;
   out.moments.tensor = *moments;
   out.moments.codec = kernels::codec_id::none;
+  for (uint64_t i = 0; i < n; ++i) {
+    auto [b, e] = part_range(first.packed_bytes, i, n);
+    const auto& slice = by_index[i]->packed_moments;
+    if (slice.size() != e - b)
+      return fail(fmt::format("part {} holds {} bytes of the compact optimizer state, {} expected",
+                              i, slice.size(), e - b));
+    out.packed_moments += slice;
+  }
   // Every part carries the whole buffers; the digest below says whether they are the donors'.
   for (const auto* m : {&first.buffers, &first.int_buffers})
     if (!m->ok())

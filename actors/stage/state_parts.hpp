@@ -24,7 +24,7 @@ std::pair<uint64_t, uint64_t> part_range(uint64_t total, uint64_t part, uint64_t
 
 /// BLAKE2b-256 of a state: the flat parameters' bytes (an undefined tensor counts as none; the
 /// tensor must be contiguous on the CPU), the optimizer archive, the step and, when the state
-/// has any, the buffers.
+/// has any, the buffers and the compact optimizer state.
 std::string state_digest(const messages::stage_state& s);
 
 /// Part `part` of `parts` of `whole`, whose digest is `digest` (computed once by the caller for

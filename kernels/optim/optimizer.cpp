@@ -1,12 +1,14 @@
 #include "kernels/optim/optimizer.hpp"
 
 #include "kernels/optim/lamb.hpp"
+#include "kernels/optim/lamb8.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <tuple>
 
 namespace starling::kernels {
 
@@ -25,12 +27,14 @@ make_optimizer(const optimizer_options& opts, const std::vector<torch::Tensor>& 
     return std::unique_ptr<torch::optim::Optimizer>(
         std::make_unique<torch::optim::Adam>(params, o));
   }
-  if (opts.kind == "lamb") {
+  if (opts.kind == "lamb" || opts.kind == "lamb8") {
     auto o = lamb_options(opts.lr)
                  .beta1(opts.beta1)
                  .beta2(opts.beta2)
                  .eps(opts.eps)
                  .weight_decay(opts.weight_decay);
+    if (opts.kind == "lamb8")
+      return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<lamb8>(params, o));
     return std::unique_ptr<torch::optim::Optimizer>(std::make_unique<lamb>(params, o));
   }
   if (opts.kind == "sgd") {
@@ -45,8 +49,8 @@ make_optimizer(const optimizer_options& opts, const std::vector<torch::Tensor>& 
     return std::unique_ptr<torch::optim::Optimizer>(
         std::make_unique<torch::optim::SGD>(params, o));
   }
-  return fail(fmt::format("optimizer kind must be \"adam\", \"lamb\" or \"sgd\", got \"{}\"",
-                          opts.kind));
+  return fail(fmt::format(
+    "optimizer kind must be \"adam\", \"lamb\", \"lamb8\" or \"sgd\", got \"{}\"", opts.kind));
 }
 
 double gradient_norm(const std::vector<torch::Tensor>& params) {
@@ -90,6 +94,8 @@ double clipped_step(torch::optim::Optimizer& opt, const std::vector<torch::Tenso
 
 result<std::string> save_optimizer_state(const torch::optim::Optimizer& opt) {
   try {
+    if (auto* l8 = dynamic_cast<const lamb8*>(&opt))
+      return l8->save_state();
     torch::serialize::OutputArchive archive;
     opt.save(archive);
     std::ostringstream out;
@@ -101,6 +107,8 @@ result<std::string> save_optimizer_state(const torch::optim::Optimizer& opt) {
 }
 
 status load_optimizer_state(torch::optim::Optimizer& opt, const std::string& bytes) {
+  if (auto* l8 = dynamic_cast<lamb8*>(&opt))
+    return l8->load_state(bytes);
   std::vector<torch::Tensor> params;
   for (auto& g : opt.param_groups())
     for (auto& p : g.params())
@@ -146,15 +154,17 @@ std::vector<torch::Tensor> all_params(const torch::optim::Optimizer& opt) {
 }
 
 /// Which optimizer has a canonical moment form: Adam (without amsgrad, whose extra maximum
-/// the form does not carry), LAMB or SGD.
-enum class canonical_kind { adam, lamb, sgd };
+/// the form does not carry), LAMB, lamb8 or SGD.
+enum class canonical_kind { adam, lamb, lamb8, sgd };
 
 result<canonical_kind> check_canonical(const torch::optim::Optimizer& opt) {
   if (dynamic_cast<const torch::optim::SGD*>(&opt) != nullptr)
     return canonical_kind::sgd;
+  if (dynamic_cast<const lamb8*>(&opt) != nullptr)
+    return canonical_kind::lamb8;
   bool adam = dynamic_cast<const torch::optim::Adam*>(&opt) != nullptr;
   if (!adam && dynamic_cast<const lamb*>(&opt) == nullptr)
-    return fail("only Adam, LAMB and SGD states have a canonical form");
+    return fail("only Adam, LAMB, lamb8 and SGD states have a canonical form");
   for (auto& g : opt.param_groups())
     if (auto* o = dynamic_cast<const torch::optim::AdamOptions*>(&g.options()); o && o->amsgrad())
       return fail("Adam with amsgrad has no canonical form here");
@@ -163,18 +173,32 @@ result<canonical_kind> check_canonical(const torch::optim::Optimizer& opt) {
 
 } // namespace
 
-result<optimizer_moments> save_optimizer_moments(const torch::optim::Optimizer& opt) {
-  if (auto kind = check_canonical(opt); !kind)
+result<optimizer_moments> save_optimizer_moments(const torch::optim::Optimizer& opt,
+                                                 moments_form form) {
+  auto kind = check_canonical(opt);
+  if (!kind)
     return kind.error();
   torch::NoGradGuard guard;
   auto params = all_params(opt);
+  const auto* l8 = dynamic_cast<const lamb8*>(&opt);
+  if (l8 && form == moments_form::compact) {
+    optimizer_moments out;
+    out.packed = l8->save_state();
+    for (auto& p : params)
+      out.steps.push_back(static_cast<uint64_t>(l8->step_of(p)));
+    return out;
+  }
   std::vector<torch::Tensor> firsts, seconds;
   optimizer_moments out;
   for (auto& p : params) {
     auto it = opt.state().find(c10::guts::to_string(p.unsafeGetTensorImpl()));
     torch::Tensor m, v;
     uint64_t step = 0;
-    if (it != opt.state().end()) {
+    if (l8) {
+      int64_t s = 0;
+      std::tie(m, v, s) = l8->moments_of(p);
+      step = static_cast<uint64_t>(s);
+    } else if (it != opt.state().end()) {
       if (auto* a = dynamic_cast<const torch::optim::AdamParamState*>(it->second.get())) {
         m = a->exp_avg();
         v = a->exp_avg_sq();
@@ -204,6 +228,15 @@ status load_optimizer_moments(torch::optim::Optimizer& opt, const optimizer_mome
   if (!kind)
     return kind.error();
   auto params = all_params(opt);
+  if (!m.packed.empty()) {
+    auto* l8 = dynamic_cast<lamb8*>(&opt);
+    if (l8 == nullptr)
+      return fail("the optimizer state is lamb8's 8-bit form, this optimizer is not lamb8 "
+                  "(the peers' `optimizer` settings differ)");
+    if (m.moments.defined() && m.moments.numel() > 0)
+      return fail("an optimizer state with both fp32 and 8-bit moments");
+    return l8->load_state(m.packed, &m.steps);
+  }
   if (m.steps.size() != params.size())
     return fail(fmt::format("optimizer state for {} parameter tensors, the optimizer has {}",
                             m.steps.size(), params.size()));
@@ -240,6 +273,8 @@ status load_optimizer_moments(torch::optim::Optimizer& opt, const optimizer_mome
       auto st = std::make_unique<torch::optim::SGDParamState>();
       st->momentum_buffer(first);
       opt.state()[key] = std::move(st);
+    } else if (*kind == canonical_kind::lamb8) {
+      static_cast<lamb8&>(opt).set_moments(p, first, second, step);
     } else if (*kind == canonical_kind::adam) {
       auto st = std::make_unique<torch::optim::AdamParamState>();
       st->step(step);

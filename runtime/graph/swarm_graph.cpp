@@ -353,7 +353,7 @@ void read_swarm_graph(config_node& n, swarm_graph& out) {
   }
   if (n.has("optimizer")) {
     auto o = n.child("optimizer");
-    read_choice(o, "kind", out.optimizer.kind, {"adam", "lamb"});
+    read_choice(o, "kind", out.optimizer.kind, {"adam", "lamb", "lamb8"});
     read_real(o, "lr", out.optimizer.lr, 0.0, 10.0);
     read_real(o, "weight_decay", out.optimizer.weight_decay, 0.0, 1.0);
     read_real(o, "max_grad_norm", out.optimizer.max_grad_norm, 0.0, 1e9);

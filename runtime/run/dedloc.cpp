@@ -585,7 +585,7 @@ void read_dedloc_role(config_node& n, dedloc_role_options& o) {
   read_positive(n, "microbatch", t.stream.microbatch);
   read_positive(n, "width", t.model.width);
   read_positive(n, "layers", t.model.layers);
-  read_choice(n, "optimizer", t.optimizer.kind, {"adam", "lamb", "sgd"});
+  read_choice(n, "optimizer", t.optimizer.kind, {"adam", "lamb", "lamb8", "sgd"});
   read_real(n, "lr", t.optimizer.lr, 0, 10);
   read_real(n, "momentum", t.optimizer.momentum, 0, 0.999);
   read_real(n, "max_grad_norm", t.optimizer.max_grad_norm, 0, 1e9);

@@ -10,10 +10,13 @@
 //   12 shared-memory ring positions of a same-host link (13-byte records: position u64, size
 //   u32, then 0 to claim at a fresh ring's reader or 1 to release an earlier claim),
 //   13 ledger summary record (a length byte, that many bytes of sub-key, then the value; a
-//   decoded record must encode back to the same bytes).
+//   decoded record must encode back to the same bytes), 14 a lamb8 optimizer state (codes and
+//   scales, kernels/optim/quant8.hpp): decoded, it re-encodes to the same bytes and its codes
+//   dequantize to finite values.
 // Everything must be refused with a reason or decoded, never crash.
 #include <vector>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -28,6 +31,7 @@
 #include "actors/transfer/link_crypto.hpp"
 #include "actors/transfer/link_frame.hpp"
 #include "actors/transfer/shm_ring.hpp"
+#include "kernels/optim/quant8.hpp"
 #include "messages/envelope.hpp"
 #include "messages/wire.hpp"
 
@@ -237,6 +241,40 @@ void ledger_summary(const char* bytes, size_t size) {
     std::abort();
 }
 
+void lamb8_state(const char* bytes, size_t size) {
+  using namespace starling::kernels;
+  auto st = decode_lamb8_state(bytes, size);
+  if (!st.ok())
+    return;
+  std::vector<lamb8_tensor_ref> refs;
+  std::vector<uint64_t> numels;
+  std::vector<float> y;
+  for (auto& t : *st) {
+    lamb8_tensor_ref r{t.numel, t.step, t.form, t.m.data(), t.v.data(), t.m_scales.data(),
+                       t.v_scales.data(), t.m_codes.data(), t.v_codes.data()};
+    refs.push_back(r);
+    numels.push_back(t.numel);
+    if (t.form == lamb8_form::quantized) {
+      auto n = static_cast<int64_t>(t.numel);
+      y.resize(t.numel);
+      dequantize8(code8::dynamic_signed, t.m_codes.data(), t.m_scales.data(), n, y.data());
+      for (auto x : y)
+        if (!std::isfinite(x))
+          std::abort();
+      dequantize8(code8::log_unsigned, t.v_codes.data(), t.v_scales.data(), n, y.data());
+      for (auto x : y)
+        if (!std::isfinite(x) || x < 0)
+          std::abort();
+    }
+  }
+  auto again = encode_lamb8_state(refs);
+  if (again.size() != size || std::memcmp(again.data(), bytes, size) != 0)
+    std::abort();
+  // The sizes it carries are the sizes it accepts.
+  if (!decode_lamb8_state(bytes, size, &numels).ok())
+    std::abort();
+}
+
 } // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -247,7 +285,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   --size;
   const auto* bytes = reinterpret_cast<const char*>(data);
   std::string_view text(bytes, size);
-  switch (kind % 14) {
+  switch (kind % 15) {
     case 0: {
       wire_context ctx{context_options()};
       envelope(bytes, size, &ctx);
@@ -293,6 +331,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 13:
       ledger_summary(bytes, size);
+      break;
+    case 14:
+      lamb8_state(bytes, size);
       break;
   }
   return 0;

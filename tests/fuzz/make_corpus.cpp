@@ -15,6 +15,7 @@
 #include "actors/averager/chunk.hpp"
 #include "actors/transfer/link_crypto.hpp"
 #include "actors/transfer/link_frame.hpp"
+#include "kernels/optim/quant8.hpp"
 #include "messages/chunked.hpp"
 #include "messages/dht.hpp"
 #include "messages/direct.hpp"
@@ -327,6 +328,28 @@ int main(int argc, char** argv) {
     s.credits.clear();
     s.left = true;
     save("ledger-summary-left", 13, framed(s));
+  }
+  {
+    // lamb8 states: an 8-bit tensor (two blocks, one partial), an fp32 one and one without state.
+    using namespace starling::kernels;
+    std::vector<float> m(4100), v(4100), small_m{0.5f, -0.25f}, small_v{0.25f, 0.0625f};
+    for (size_t i = 0; i < m.size(); ++i) {
+      m[i] = static_cast<float>(static_cast<int>(i % 13) - 6) * 0.01f;
+      v[i] = m[i] * m[i];
+    }
+    std::vector<uint8_t> mc(m.size()), vc(v.size());
+    std::vector<float> ms(static_cast<size_t>(quant8_blocks(4100))), vs(ms.size());
+    quantize8(code8::dynamic_signed, m.data(), 4100, mc.data(), ms.data());
+    quantize8(code8::log_unsigned, v.data(), 4100, vc.data(), vs.data());
+    std::vector<lamb8_tensor_ref> refs(3);
+    refs[0] = {4100, 3, lamb8_form::quantized, nullptr, nullptr, ms.data(), vs.data(), mc.data(),
+               vc.data()};
+    refs[1] = {2, 3, lamb8_form::full, small_m.data(), small_v.data()};
+    refs[2] = {7, 0, lamb8_form::empty};
+    save("lamb8-state", 14, encode_lamb8_state(refs));
+    refs.resize(2);
+    refs[0] = refs[1];
+    save("lamb8-small", 14, encode_lamb8_state(refs));
   }
   return 0;
 }

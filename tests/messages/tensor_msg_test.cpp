@@ -380,12 +380,12 @@ TEST_CASE("an envelope carries a tensor or a ping and checks its version") {
   CHECK(old->why == wire_reason::version);
 }
 
-TEST_CASE("a state from a peer of the previous build (protocol 3, no buffers) is refused in one "
-          "line naming both versions") {
-  static_assert(protocol_version == 4, "version 4: a state carries the model's buffers");
+TEST_CASE("a state from a peer of the previous build (protocol 4, no lamb8 codes) is refused in "
+          "one line naming both versions") {
+  static_assert(protocol_version == 5, "version 5: a state may carry lamb8's codes and scales");
   capnp::MallocMessageBuilder msg;
   auto env = msg.initRoot<wire::Envelope>();
-  env.setProtocolVersion(3);
+  env.setProtocolVersion(4);
   env.setExperimentId("exp-1");
   env.getPayload().initStage().initState().setSteps(5);
   std::vector<char> bytes;
@@ -397,7 +397,9 @@ TEST_CASE("a state from a peer of the previous build (protocol 3, no buffers) is
     [&](const payload_reader& p) { return wire_codec<stage_state>::read(p, got); });
   REQUIRE(refused);
   CHECK(refused->why == wire_reason::version);
-  CHECK(refused->line() == "envelope refused (version): protocol version 3, this node speaks 4");
+  CHECK(refused->line()
+        == "envelope refused (version): protocol version 4 (another starling build), this node "
+           "speaks 5");
 }
 
 } // namespace starling::test::messages_tensor_msg_test

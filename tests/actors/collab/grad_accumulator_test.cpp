@@ -33,7 +33,7 @@ std::vector<batch> global_batches(const mlp_config& cfg, int steps, int64_t size
 optimizer_options optim(const std::string& kind) {
   optimizer_options o;
   o.kind = kind;
-  o.lr = kind == "lamb" ? 2e-2 : kind == "sgd" ? 5e-2 : 1e-2;
+  o.lr = kind == "lamb" || kind == "lamb8" ? 2e-2 : kind == "sgd" ? 5e-2 : 1e-2;
   o.momentum = kind == "sgd" ? 0.9 : 0.0;
   o.max_grad_norm = 0.5; // small enough to clip now and then
   return o;
@@ -91,7 +91,7 @@ TEST_CASE("with one peer and no churn, the collaborative result equals a single-
   constexpr int steps = 6;
   constexpr int64_t global = 32, micro = 8;
   auto data = global_batches(cfg, steps, global);
-  for (std::string kind : {"sgd", "adam", "lamb"}) {
+  for (std::string kind : {"sgd", "adam", "lamb", "lamb8"}) {
     CAPTURE(kind);
     // Single process: one mean loss over the global batch per step.
     auto single = make_mlp(cfg).value();
@@ -217,7 +217,7 @@ TEST_CASE("a malformed gradient from the network is refused and changes nothing"
 TEST_CASE("a downloaded state continues identically on the newcomer, a bad one changes nothing") {
   mlp_config cfg;
   auto b = global_batches(cfg, 3, 8);
-  for (std::string kind : {"sgd", "adam", "lamb"}) {
+  for (std::string kind : {"sgd", "adam", "lamb", "lamb8"}) {
     CAPTURE(kind);
     auto donor_model = make_mlp(cfg).value();
     auto donor = grad_accumulator::make(donor_model->ordered_parameters(), optim(kind)).value();
@@ -253,6 +253,48 @@ TEST_CASE("a downloaded state continues identically on the newcomer, a bad one c
     step(*new_model, newcomer, b[2]);
     CHECK(torch::equal(flatten_parameters(donor.params()), flatten_parameters(newcomer.params())));
   }
+}
+
+TEST_CASE("a lamb8 donor serves its codes and scales; the newcomer continues identically") {
+  mlp_config cfg;
+  cfg.width = 128; // 128 x 128 hidden weights: 8-bit moments; biases and the head: fp32
+  auto b = global_batches(cfg, 3, 8);
+  auto donor_model = make_mlp(cfg).value();
+  auto donor = grad_accumulator::make(donor_model->ordered_parameters(), optim("lamb8")).value();
+  auto step = [&](stage_module& m, grad_accumulator& a, const batch& x) {
+    m.compute(x.x, x.y).backward();
+    REQUIRE(a.accumulate(8).ok());
+    REQUIRE(a.apply(a.take().mean).ok());
+  };
+  step(*donor_model, donor, b[0]);
+  step(*donor_model, donor, b[1]);
+  cfg.seed = 5;
+  auto new_model = make_mlp(cfg).value();
+  auto newcomer = grad_accumulator::make(new_model->ordered_parameters(), optim("lamb8")).value();
+  auto compact = donor.export_state(moments_form::compact);
+  REQUIRE(compact.ok());
+  CHECK_FALSE(compact->optimizer.moments.defined());
+  auto canonical = donor.export_state();
+  REQUIRE(canonical.ok());
+  // Codes and scales: about a quarter of the fp32 moments' bytes.
+  auto fp32_bytes = static_cast<double>(canonical->optimizer.moments.nbytes());
+  CHECK(static_cast<double>(compact->optimizer.packed.size()) < 0.3 * fp32_bytes);
+  // A corrupt one changes nothing.
+  auto mine = flatten_parameters(newcomer.params());
+  auto bad = *compact;
+  bad.optimizer.packed[20] ^= 0x7f;
+  CHECK_FALSE(newcomer.import_state(bad).ok());
+  CHECK(torch::equal(flatten_parameters(newcomer.params()), mine));
+  REQUIRE(newcomer.import_state(*compact).ok());
+  step(*donor_model, donor, b[2]);
+  step(*new_model, newcomer, b[2]);
+  CHECK(torch::equal(flatten_parameters(donor.params()), flatten_parameters(newcomer.params())));
+  // A state round's vector holds the dequantized moments, and loads back to the same codes.
+  auto v = donor.state_vector();
+  REQUIRE(v.ok());
+  auto before = donor.export_state(moments_form::compact)->optimizer.packed;
+  REQUIRE(donor.load_state_vector(*v).ok());
+  CHECK(donor.export_state(moments_form::compact)->optimizer.packed == before);
 }
 
 TEST_CASE("averaging two peers' state vectors gives the mean parameters and moments") {

@@ -479,7 +479,11 @@ TEST_CASE("a newcomer downloads the state mid-run and contributes to the next st
   SUBCASE("a matchmaking window per step") {
     persistent = false;
   }
+  SUBCASE("lamb8: the state travels as 8-bit codes and scales") {
+    o.torch.optimizer.kind = "lamb8";
+  }
   CAPTURE(persistent);
+  CAPTURE(o.torch.optimizer.kind);
   o.averager.family_groups = persistent;
   auto out = std::make_shared<captured>();
   auto b = collaboration("dp-newcomer", 13, 45s, 3, o, out);
@@ -522,6 +526,10 @@ TEST_CASE("a newcomer downloads the state mid-run and contributes to the next st
   if (out->states["peers.3"].steps == out->states["peers.0"].steps)
     CHECK(max_diff(out->states["peers.3"].params.tensor, out->states["peers.0"].params.tensor) ==
           0);
+  // A lamb8 donor's state holds codes and scales, not fp32 moments.
+  auto& donor = out->states["peers.0"];
+  CHECK(donor.packed_moments.empty() == (o.torch.optimizer.kind != "lamb8"));
+  CHECK(donor.moments.tensor.defined() == (o.torch.optimizer.kind != "lamb8"));
 }
 
 TEST_CASE("a peer killed mid-round does not block the others past the deadline and no sample is "

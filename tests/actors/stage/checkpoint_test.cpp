@@ -9,6 +9,8 @@
 
 #include "actors/stage/checkpoint.hpp"
 #include "actors/stage/state_parts.hpp"
+#include "kernels/optim/lamb8.hpp"
+#include "kernels/optim/optimizer.hpp"
 #include "support/node_fixtures.hpp"
 
 namespace starling::test::actors_checkpoint_test {
@@ -141,19 +143,54 @@ TEST_CASE("a checkpoint holds the model's buffers, and one of the previous forma
   no_buffers.buffers = {};
   no_buffers.int_buffers = {};
   CHECK(state_digest(no_buffers) != w->digest);
-  // The same file as the previous build wrote it: format version 1 in the header, after the
+  // The same file as the previous build wrote it: format version 2 in the header, after the
   // 16-byte magic (little-endian).
   {
     std::fstream f(w->path, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(16);
-    f.put(1);
+    f.put(2);
   }
   auto old = read_checkpoint(w->path, key);
   REQUIRE_FALSE(old.ok());
-  CHECK(old.error().what.find("checkpoint format version 1 (another starling build), this build "
-                              "reads format version 2")
+  CHECK(old.error().what.find("checkpoint format version 2 (another starling build), this build "
+                              "reads format version 3")
         != std::string::npos);
   CHECK(old.error().what.find('\n') == std::string::npos);
+}
+
+TEST_CASE("a lamb8 checkpoint holds its codes and scales, and the state continues from it") {
+  testing::temp_dir dir{"starling-ckpt"};
+  checkpoint_key key{0, 0, 1};
+  torch::manual_seed(3);
+  std::vector<torch::Tensor> params{torch::randn({100, 100}).requires_grad_(true),
+                                    torch::randn({50}).requires_grad_(true)};
+  kernels::lamb8 opt(params);
+  for (int i = 0; i < 2; ++i) {
+    opt.zero_grad();
+    (params[0].pow(3).sum() + params[1].sum()).backward();
+    opt.step();
+  }
+  auto m = kernels::save_optimizer_moments(opt, kernels::moments_form::compact).value();
+  messages::stage_state s;
+  s.params.tensor = torch::cat({params[0].detach().reshape({-1}), params[1].detach()});
+  s.params.codec = kernels::codec_id::none;
+  s.packed_moments = m.packed;
+  s.optimizer_steps = m.steps;
+  s.steps = 2;
+  auto w = write_checkpoint(dir.path, key, "p", 1000, s);
+  REQUIRE(w.ok());
+  // Parameters in fp32, moments in about two bytes per element (not eight).
+  CHECK(w->bytes < 10050 * 4 + 10000 * 2 + 2000);
+  auto r = read_checkpoint(w->path, key);
+  REQUIRE(r.ok());
+  CHECK(r->state.packed_moments == m.packed);
+  CHECK_FALSE(r->state.moments.tensor.defined());
+  std::vector<torch::Tensor> other{torch::zeros({100, 100}), torch::zeros({50})};
+  kernels::lamb8 resumed(other);
+  REQUIRE(kernels::load_optimizer_moments(
+            resumed, {r->state.moments.tensor, r->state.optimizer_steps, r->state.packed_moments})
+            .ok());
+  CHECK(resumed.save_state() == opt.save_state());
 }
 
 TEST_CASE("a peer keeps only its own newest checkpoints") {

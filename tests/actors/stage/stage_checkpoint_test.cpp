@@ -36,9 +36,13 @@ using testing::tally;
 /// (deterministic virtual time) on a device at a quarter of it, checkpointing into `dir` every
 /// 500 ms.
 actors::stage::stage_options peer_opts(uint64_t stage, const std::string& name,
-                                       const std::string& dir) {
+                                       const std::string& dir, const std::string& optimizer = "") {
   auto o = testing::stage_opts(stage, static_cast<int64_t>(stage), static_cast<int64_t>(stage) + 1,
                                name);
+  if (!optimizer.empty()) {
+    o.optimizer.kind = optimizer;
+    o.optimizer.lr = 5e-2; // LAMB steps each tensor by lr * ||w||: it wants a larger lr than Adam
+  }
   o.timer = [](const std::function<void()>& work) {
     work();
     return 0.02;
@@ -113,6 +117,12 @@ std::string newest_digest(const std::string& dir) {
 TEST_CASE("every peer of a stage killed mid-run: the respawned peers resume from their "
           "checkpoints, every microbatch completes once, and the held-out loss is the "
           "checkpoint's") {
+  std::string optimizer;
+  SUBCASE("the fixtures' optimizer") {}
+  SUBCASE("lamb8: checkpoints hold 8-bit codes and scales") {
+    optimizer = "lamb8";
+  }
+  CAPTURE(optimizer);
   testing::temp_dir tmp{"starling-stage-ckpt"};
   const std::string dir_a = tmp.path + "/node-a/checkpoints";
   const std::string dir_b = tmp.path + "/node-b/checkpoints";
@@ -121,11 +131,12 @@ TEST_CASE("every peer of a stage killed mid-run: the respawned peers resume from
   auto& n = bw.n;
   auto& sys = w.system();
   auto& board = bw.board;
-  auto s0 = actors::stage::spawn_stage(sys, peer_opts(0, "s0", tmp.path + "/node-0"), board);
+  auto s0 =
+    actors::stage::spawn_stage(sys, peer_opts(0, "s0", tmp.path + "/node-0", optimizer), board);
   n.adopt("s0", s0);
   // Stage 1: two peers, each checkpointing into its own node's folder.
   auto spawn_s1 = [&](const std::string& name, const std::string& dir, bool rejoin) {
-    auto o = peer_opts(1, name, dir);
+    auto o = peer_opts(1, name, dir, optimizer);
     o.download_state = rejoin;
     auto a = actors::stage::spawn_stage(sys, o, board);
     n.adopt(name, a);
@@ -178,6 +189,9 @@ TEST_CASE("every peer of a stage killed mid-run: the respawned peers resume from
   auto live = ask<messages::stage_state>(w, n, a1, get_atom::value, state_atom::value);
   REQUIRE(live);
   CHECK(actors::stage::state_digest(*live) == last_a);
+  // lamb8's state (served and checkpointed) is its codes and scales.
+  CHECK(live->packed_moments.empty() == optimizer.empty());
+  CHECK(live->moments.tensor.defined() == optimizer.empty());
   auto loss_before = eval_loss(w, n, s0, a1);
   // The whole stage again, between runs this time; then one peer comes back.
   w.kill_actor("n", "s1ag1");

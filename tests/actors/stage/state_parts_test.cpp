@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "actors/stage/state_parts.hpp"
 
 namespace starling::test::actors_state_parts_test {
@@ -196,6 +198,43 @@ TEST_CASE("a state's buffers travel whole in every part and are covered by the d
   auto mixed = assemble_state(parts);
   REQUIRE_FALSE(mixed.ok());
   CHECK(mixed.error().what.find("does not match the donors' digest") != std::string::npos);
+}
+
+TEST_CASE("a lamb8 state's codes and scales are cut into byte slices and covered by the digest") {
+  auto s = make_state(1000, 0, 5, 3);
+  s.moments.tensor = torch::Tensor{};
+  auto plain = state_digest(s);
+  s.packed_moments = std::string(1001, 'c');
+  s.packed_moments[500] = 'x';
+  CHECK(state_digest(s) != plain);
+  for (uint64_t n : {1, 3, 16}) {
+    auto parts = cut_all(s, n);
+    uint64_t sum = 0;
+    for (auto& p : parts) {
+      CHECK(p.packed_bytes == 1001);
+      CHECK(p.moments_numel == 0);
+      sum += p.packed_moments.size();
+    }
+    CHECK(sum == 1001);
+    std::reverse(parts.begin(), parts.end());
+    auto whole = assemble_state(parts);
+    REQUIRE(whole.ok());
+    CHECK(whole->packed_moments == s.packed_moments);
+    CHECK_FALSE(whole->moments.tensor.defined());
+  }
+  // A slice of the wrong length, or other bytes, is refused.
+  auto parts = cut_all(s, 3);
+  parts[1].packed_moments.pop_back();
+  auto short_part = assemble_state(parts);
+  REQUIRE_FALSE(short_part.ok());
+  CHECK(short_part.error().what.find("part 1 holds 333 bytes of the compact optimizer state, 334 "
+                                     "expected")
+        != std::string::npos);
+  parts = cut_all(s, 3);
+  parts[2].packed_moments[0] ^= 1;
+  auto tampered = assemble_state(parts);
+  REQUIRE_FALSE(tampered.ok());
+  CHECK(tampered.error().what.find("does not match the donors' digest") != std::string::npos);
 }
 
 } // namespace starling::test::actors_state_parts_test

@@ -176,6 +176,11 @@ TEST_CASE("bad dedloc options are rejected with the key named") {
   CHECK(has(section_error("  bogus: 1\n"), "bogus: unknown key"));
 }
 
+TEST_CASE("dedloc.optimizer takes lamb8 (LAMB with 8-bit moments) and names the choices") {
+  CHECK(role("  optimizer: lamb8\n").torch.optimizer.kind == "lamb8");
+  CHECK(has(section_error("  optimizer: lamb4\n"), "lamb8"));
+}
+
 TEST_CASE("dedloc.resync_after_lone_step is true by default, false on request, and strict") {
   CHECK(role("").peer.collab.resync_after_lone_step);
   CHECK(role("  resync_after_lone_step: true\n").peer.collab.resync_after_lone_step);

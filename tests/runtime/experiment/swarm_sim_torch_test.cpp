@@ -122,6 +122,23 @@ TEST_CASE("simulated swarm with real compute: it learns, and the same seed is th
   CHECK(a.log->batches == b.log->batches);
 }
 
+TEST_CASE("simulated swarm with real compute and lamb8: it learns, and a killed stage peer "
+          "resumes from a download of 8-bit codes and scales") {
+  auto yaml = tiny("  - {kill: peers, instance: 3, at: 4.5s, restart_after: 3s}\n");
+  const std::string adam = "optimizer: {kind: adam, lr: 1e-3,";
+  auto at = yaml.find(adam);
+  REQUIRE(at != std::string::npos);
+  // LAMB steps each tensor by lr * ||w||: it wants a larger lr than Adam.
+  yaml.replace(at, adam.size(), "optimizer: {kind: lamb8, lr: 2e-2,");
+  auto r = simulate(yaml);
+  REQUIRE(r.log->faults.size() == 1);
+  REQUIRE(r.log->batches.size() == 96);
+  auto [first, last] = first_last(*r.log, 16);
+  MESSAGE("lamb8: loss of the first 16 microbatches " << first << ", of the last 16 " << last);
+  CHECK(last < first - 0.5);
+  CHECK(r.result.exit_code == 0);
+}
+
 TEST_CASE("simulated swarm with real compute: a stage peer killed during training costs no "
           "burst, batch by batch against the run without the fault") {
   auto base = simulate(tiny(""));
