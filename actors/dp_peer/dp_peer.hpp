@@ -45,6 +45,9 @@
 //                                                   stepped alone and took the state of peers
 //                                                   at its step)
 //   `dp_leave`     {step}                           the peer left on purpose
+//   `dp_serve`     {step, part, parts, ok}          a peer asked this one for (part of) its state
+//                                                   (parts 0: the whole state; ok 0: refused, as
+//                                                   a client or auxiliary peer refuses)
 #pragma once
 
 #include <chrono>
