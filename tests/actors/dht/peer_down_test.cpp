@@ -34,16 +34,16 @@ struct silent_state {
 /// every value lookup without answering: a node that froze mid-request.
 caf::behavior freezing_peer(caf::stateful_actor<silent_state>* self, messages::dht_peer me) {
   return {
-    [=](dht_request& req) -> caf::result<dht_response> {
-      if (req.kind == static_cast<uint8_t>(dht_rpc::find_value)) {
-        auto rp = self->make_response_promise<dht_response>();
-        self->state.held.push_back(rp);
-        return rp;
-      }
-      dht_response resp;
-      resp.responder = me;
-      return resp;
-    },
+      [=](dht_request& req) -> caf::result<dht_response> {
+        if (req.kind == static_cast<uint8_t>(dht_rpc::find_value)) {
+          auto rp = self->make_response_promise<dht_response>();
+          self->state.held.push_back(rp);
+          return rp;
+        }
+        dht_response resp;
+        resp.responder = me;
+        return resp;
+      },
   };
 }
 
@@ -73,10 +73,10 @@ TEST_CASE("a dht request held by a peer that dies fails at the death, not at the
   auto stats = std::make_shared<std::optional<dht_stats>>();
   auto client = sys.spawn([=](caf::event_based_actor* self) {
     self->request(dht, std::chrono::seconds(60), get_atom::value, std::string{"key"})
-      .then([=](const dht_get_result& r) { *got = r; }, [](caf::error&) {});
+        .then([=](const dht_get_result& r) { *got = r; }, [](caf::error&) {});
     return caf::behavior{[=](status_atom) {
       self->request(dht, std::chrono::seconds(60), status_atom::value)
-        .then([=](const dht_stats& s) { *stats = s; }, [](caf::error&) {});
+          .then([=](const dht_stats& s) { *stats = s; }, [](caf::error&) {});
     }};
   });
   ts.run();

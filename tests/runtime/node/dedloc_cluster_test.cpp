@@ -92,8 +92,8 @@ struct metrics_log {
                                         double after = -1) const {
     std::vector<const nlohmann::json*> out;
     for (auto& r : rows)
-      if (r.value("event", "") == event && (source.empty() || r.value("source", "") == source)
-          && r.value("t", -1.0) >= after)
+      if (r.value("event", "") == event && (source.empty() || r.value("source", "") == source) &&
+          r.value("t", -1.0) >= after)
         out.push_back(&r);
     return out;
   }
@@ -128,12 +128,12 @@ TEST_CASE("dedloc across 4 starling node processes: peers average across process
   starling::testing::temp_dir dir{"starling-dedloc-cluster"};
   auto config = write_config(dir.path);
   auto argv_of = [&](int i, const std::string& out) {
-    return std::vector<std::string>{STARLING_BINARY, "node",     "--listen", "127.0.0.1:0",
-                                    "--config",      config,     "--index",  std::to_string(i),
-                                    "--nodes",       "4",        "--out",    dir.path + "/" + out};
+    return std::vector<std::string>{STARLING_BINARY, "node", "--listen", "127.0.0.1:0",
+                                    "--config",      config, "--index",  std::to_string(i),
+                                    "--nodes",       "4",    "--out",    dir.path + "/" + out};
   };
-  auto nodes = starling::testing::start_nodes(
-    4, [&](int i) { return argv_of(i, "n" + std::to_string(i)); });
+  auto nodes =
+      starling::testing::start_nodes(4, [&](int i) { return argv_of(i, "n" + std::to_string(i)); });
   REQUIRE(nodes.size() == 4);
   auto first = starling::testing::endpoint_of(nodes[0]->output());
   std::unique_ptr<subprocess> newcomer;
@@ -171,7 +171,7 @@ TEST_CASE("dedloc across 4 starling node processes: peers average across process
     return true;
   };
   REQUIRE_MESSAGE(wait_until(all_averaging, 90s), "no averaging across processes; node 0:\n"
-                                                     << nodes[0]->output());
+                                                      << nodes[0]->output());
   auto averaging_at = seconds_since(began);
   // One peer per process: every group of 2 or more crossed processes.
   for (auto& n : nodes)
@@ -179,9 +179,9 @@ TEST_CASE("dedloc across 4 starling node processes: peers average across process
   std::map<std::string, std::string> modes;
   for (auto* r : log.of("dp_join"))
     modes[(*r)["source"].get<std::string>()] = (*r)["mode"].get<std::string>();
-  CHECK(modes == std::map<std::string, std::string>{
-                   {"peers.0", "full"}, {"peers.1", "full"}, {"peers.2", "full"},
-                   {"peers.3", "client"}});
+  CHECK(modes ==
+        std::map<std::string, std::string>{
+            {"peers.0", "full"}, {"peers.1", "full"}, {"peers.2", "full"}, {"peers.3", "client"}});
 
   // 2. SIGKILL of node 2 mid-run: the others keep completing averaged rounds.
   nodes[2]->signal(SIGKILL);
@@ -196,7 +196,7 @@ TEST_CASE("dedloc across 4 starling node processes: peers average across process
   };
   REQUIRE_MESSAGE(wait_until(survivors_go_on, 60s),
                   "the survivors stopped averaging after the kill; node 0:\n"
-                    << nodes[0]->output());
+                      << nodes[0]->output());
   auto recovered_s = seconds_since(killed_wall);
   CHECK(log.of("dp_step", "peers.2", killed_at + 0.5).empty());
 
@@ -240,9 +240,9 @@ TEST_CASE("dedloc across 4 starling node processes: peers average across process
   };
   REQUIRE_MESSAGE(wait_until(newcomer_contributes, 60s),
                   "the newcomer did not download from several donors and average (joined at "
-                    << joined_at << " s, downloaded at " << downloaded_at << " s); node 0:\n"
-                    << nodes[0]->output() << "\nnewcomer:\n"
-                    << newcomer->output());
+                      << joined_at << " s, downloaded at " << downloaded_at << " s); node 0:\n"
+                      << nodes[0]->output() << "\nnewcomer:\n"
+                      << newcomer->output());
   CHECK(donors >= 2);
 
   // 4. The run ends on node 0's word: its summary, and every live process exits 0 by itself.
@@ -268,16 +268,22 @@ TEST_CASE("dedloc across 4 starling node processes: peers average across process
   for (auto* r : log.of("dp_download"))
     CHECK((*r)["ok"].get<double>() > 0);
 
+  // Survivors' updates on their own gradient after the kill (a round the dead peer broke).
+  size_t lone = 0;
+  for (auto& p : survivors)
+    for (auto* r : log.of("dp_step", p, killed_at))
+      lone += (*r)["averaged"].get<double>() > 0 ? 0 : 1;
   std::string per_peer;
   for (auto& p : {"peers.0", "peers.1", "peers.2", "peers.3"})
     per_peer += fmt::format(" {}={}", p, averaged_steps(log, p));
   MESSAGE(fmt::format(
-    "wall {:.1f} s; all 4 averaging after {:.1f} s; survivors 5 averaged rounds each {:.1f} s "
-    "after the SIGKILL; newcomer: process start to run clock {:.1f} s, dp_join at +{:.2f} s, "
-    "download ({} donors) at +{:.2f} s, first averaged step at +{:.2f} s (from its spawn); "
-    "averaged rounds per peer:{} (peers.2: both processes)",
-    seconds_since(began), averaging_at, recovered_s, synced_s, joined_at - spawned_at,
-    donors, downloaded_at - spawned_at, contributed_at - spawned_at, per_peer));
+      "wall {:.1f} s; all 4 averaging after {:.1f} s; survivors 5 averaged rounds each {:.1f} s "
+      "after the SIGKILL; newcomer: process start to run clock {:.1f} s, dp_join at +{:.2f} s, "
+      "download ({} donors) at +{:.2f} s, first averaged step at +{:.2f} s (from its spawn); "
+      "averaged rounds per peer:{} (peers.2: both processes); survivors' lone updates after "
+    "the kill: {}",
+      seconds_since(began), averaging_at, recovered_s, synced_s, joined_at - spawned_at, donors,
+      downloaded_at - spawned_at, contributed_at - spawned_at, per_peer, lone));
 }
 
 } // namespace starling::test::runtime_dedloc_cluster_test
