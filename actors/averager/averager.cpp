@@ -282,6 +282,11 @@ private:
   averager_options opts_;
   matchmaker mm_;
   std::map<std::string, caf::actor> peers_;
+  /// The leaders our joins went to in this matchmaking (handle -> address), monitored: a leader
+  /// that dies while we wait for its answer or its group is left at once (`on_leave`), instead
+  /// of after the window and `join_grace` (its followers then each stepped alone: a SIGKILLed
+  /// data-parallel peer that led the family's group cost the others 3 s and a resync).
+  std::map<caf::actor_addr, std::string> mm_watch_;
   /// Addresses of client-mode peers: never resolved (nobody connects to a client); reached only
   /// over a handle it gave us by messaging us (a join, a chunk, a link request).
   std::set<std::string> clients_;
@@ -452,6 +457,7 @@ void shell::start_next() {
     early_.clear();
     auto now = self_->clock().now().time_since_epoch();
     auto epoch = round_epoch_;
+    mm_watch_.clear();
     apply(mm_.start(cur_->group_key, cur_->flat.numel(),
                     std::chrono::duration_cast<std::chrono::nanoseconds>(now).count()));
     // The pass over the whole input runs while our join travels to the leader (it took 3-13 ms
@@ -543,6 +549,9 @@ void shell::apply(std::vector<mm_effect> effects) {
       with_peer(
           leader,
           [this, weak, epoch, leader, join, failed](caf::actor a) {
+            if (mm_.matching() && mm_.epoch() == epoch
+                && mm_watch_.emplace(a.address(), leader).second)
+              self_->monitor(a);
             self_->request(a, opts_.rpc_timeout, join)
                 .then(
                     [weak, epoch, leader](const messages::avg_join_reply& r) {
@@ -1074,6 +1083,15 @@ caf::behavior shell::make_behavior() {
   self_->set_down_handler([me](caf::down_msg& dm) {
     for (auto it = me->peers_.begin(); it != me->peers_.end();)
       it = it->second.address() == dm.source ? me->peers_.erase(it) : std::next(it);
+    if (auto w = me->mm_watch_.find(dm.source); w != me->mm_watch_.end()) {
+      messages::avg_leave gone;
+      gone.address = w->second;
+      me->mm_watch_.erase(w);
+      if (me->mm_.matching()) {
+        gone.group_key = me->mm_.group_key();
+        me->apply(me->mm_.on_leave(gone));
+      }
+    }
     if (!me->round_)
       return;
     auto& r = *me->round_;

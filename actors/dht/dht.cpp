@@ -131,12 +131,28 @@ public:
   /// limit, unknown kind). A refusing peer is alive: it must not be treated as unresponsive
   /// (evicted), so callers pass a `refused` that spares the routing table; without one, `err`
   /// runs.
+  ///
+  /// A request in flight is also registered under its peer's address, so that the peer's
+  /// death ends it at once (`peer_down`); whichever comes first, the answer, the timeout or the
+  /// death, settles it, and the others are ignored.
   void rpc(const std::string& address, dht_request req, std::function<void(dht_response&)> ok,
            std::function<void()> err, std::function<void(dht_response&)> refused = nullptr) {
     auto send = [this, address, req = std::move(req), ok, err, refused](const caf::actor& h) {
+      auto id = ++next_rpc_;
+      auto settled = std::make_shared<bool>(false);
+      in_flight_[address][id] = [settled, err] {
+        if (!*settled) {
+          *settled = true;
+          err();
+        }
+      };
       self_->request(h, opts_.rpc_timeout, req)
           .then(
-              [this, ok, err, refused](dht_response& resp) {
+              [this, address, id, settled, ok, err, refused](dht_response& resp) {
+                if (*settled)
+                  return;
+                *settled = true;
+                forget_rpc(address, id);
                 // A response whose envelope we refused arrives empty with the reason (already
                 // counted by the wire context): a refusal, never an answer to act on.
                 if (!resp.wire_error.empty())
@@ -151,7 +167,11 @@ public:
                 else
                   err();
               },
-              [this, address, err](caf::error& e) {
+              [this, address, id, settled, err](caf::error& e) {
+                if (*settled)
+                  return;
+                *settled = true;
+                forget_rpc(address, id);
                 if (std::getenv("STARLING_DHT_DEBUG") != nullptr)
                   std::fprintf(stderr, "dht %s: rpc to %s failed: %s\n", opts_.address.c_str(),
                                address.c_str(), self_->system().render(e).c_str());
@@ -168,6 +188,8 @@ public:
         .then(
             [this, address, send](const caf::actor& h) {
               handles_[address] = h;
+              // Its death (a killed node's connection closes at once) ends what waits on it.
+              self_->monitor(h);
               send(h);
             },
             [this, address, err](caf::error& e) {
@@ -176,6 +198,41 @@ public:
                              address.c_str(), self_->system().render(e).c_str());
               err();
             });
+  }
+
+  /// Request `id` to `address` was answered or timed out: no longer in flight.
+  void forget_rpc(const std::string& address, uint64_t id) {
+    auto it = in_flight_.find(address);
+    if (it == in_flight_.end())
+      return;
+    it->second.erase(id);
+    if (it->second.empty())
+      in_flight_.erase(it);
+  }
+
+  /// The peer whose DHT actor is `who` is gone (its node died, or the connection to it broke):
+  /// its handle is dropped, so the next request resolves it anew (and fails at once if nothing
+  /// listens there any more), and every request still waiting for its answer fails now. CAF
+  /// would fail those only at their timeout, although a killed process's connection closes at
+  /// once: with the dead node among a key's closest peers, every lookup of every node waited
+  /// `rpc_timeout` for it, and a collaboration's progress reads and matchmaking polls with them
+  /// (the survivors of a SIGKILLed data-parallel peer stalled ~2 s in the 4-process test).
+  void peer_down(const caf::actor_addr& who) {
+    std::vector<std::string> gone;
+    for (auto& [address, h] : handles_)
+      if (h.address() == who)
+        gone.push_back(address);
+    for (auto& address : gone) {
+      handles_.erase(address);
+      auto it = in_flight_.find(address);
+      if (it == in_flight_.end())
+        continue;
+      // Moved out first: a failure continues its lookup, which may send more requests.
+      auto waiting = std::move(it->second);
+      in_flight_.erase(it);
+      for (auto& [id, fail] : waiting)
+        fail();
+    }
   }
 
   // -- incoming RPC -------------------------------------------------------------------------
@@ -495,6 +552,9 @@ private:
   routing_table table_;
   record_store store_;
   std::unordered_map<std::string, caf::actor> handles_;
+  /// Requests waiting for an answer, by peer address and request number: what fails each one.
+  std::unordered_map<std::string, std::map<uint64_t, std::function<void()>>> in_flight_;
+  uint64_t next_rpc_ = 0;
   std::unordered_map<std::string, bucket_state> buckets_;
   std::set<node_id> pinging_;
   uint64_t rate_limited_ = 0;
@@ -518,6 +578,7 @@ caf::behavior dht_actor(caf::event_based_actor* self, caf::actor resolver, dht_o
     self->request(caf::actor_cast<caf::actor>(self), 30 * impl->options().rpc_timeout,
                   join_atom::value, addr)
         .then([](uint32_t) {}, [](caf::error&) {});
+  self->set_down_handler([impl](const caf::down_msg& m) { impl->peer_down(m.source); });
   return {
       [impl](dht_request& req) { return impl->handle(req); },
       [impl, self](dht_put& p) {

@@ -197,6 +197,18 @@ void report_state_round(peer_actor* self, uint64_t step, bool resync, bool loade
           {"loaded", loaded ? 1.0 : 0.0}});
 }
 
+/// Another peer asked for part `part` of `parts` of this peer's state (parts 0: the whole
+/// state); `ok`: it was served. Donors become visible in the run's metrics, which is how a run
+/// (and the cross-process test) sees that client-mode peers are never asked.
+void report_serve(peer_actor* self, uint64_t part, uint64_t parts, bool ok) {
+  auto step = core_of(self) ? core_of(self)->step() : 0;
+  metric(self, "dp_serve",
+         {{"step", static_cast<double>(step)},
+          {"part", static_cast<double>(part)},
+          {"parts", static_cast<double>(parts)},
+          {"ok", ok ? 1.0 : 0.0}});
+}
+
 void report_dropped(peer_actor* self, uint64_t first, uint64_t microbatches, uint64_t samples) {
   if (microbatches == 0)
     return;
@@ -690,9 +702,12 @@ caf::behavior dp_peer_actor(peer_actor* self, dp_peer_services svc, std::shared_
     },
     [=](get_atom, state_atom) -> caf::result<messages::stage_state> {
       auto& st = self->state;
-      if (st.opts.collab.mode == collab::peer_mode::auxiliary)
+      if (st.opts.collab.mode == collab::peer_mode::auxiliary) {
+        report_serve(self, 0, 0, false);
         return caf::make_error(caf::sec::runtime_error, "an auxiliary peer holds no state");
+      }
       auto w = own_state(self);
+      report_serve(self, 0, 0, w.ok());
       if (!w)
         return caf::make_error(caf::sec::runtime_error, w.error().what);
       return std::move(*w);
@@ -700,12 +715,17 @@ caf::behavior dp_peer_actor(peer_actor* self, dp_peer_services svc, std::shared_
     [=](get_atom, state_atom, uint64_t part,
         uint64_t parts) -> caf::result<messages::stage_state_part> {
       auto& st = self->state;
-      if (st.opts.collab.mode != collab::peer_mode::full)
+      if (st.opts.collab.mode != collab::peer_mode::full) {
+        report_serve(self, part, parts, false);
         return caf::make_error(caf::sec::runtime_error, "only full-mode peers serve their state");
+      }
       auto w = own_state(self);
-      if (!w)
+      if (!w) {
+        report_serve(self, part, parts, false);
         return caf::make_error(caf::sec::runtime_error, w.error().what);
+      }
       auto cut = stage::cut_state_part(*w, stage::state_digest(*w), part, parts);
+      report_serve(self, part, parts, cut.ok());
       if (!cut)
         return caf::make_error(caf::sec::invalid_argument, cut.error().what);
       return std::move(*cut);

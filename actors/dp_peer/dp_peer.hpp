@@ -47,6 +47,9 @@
 //   `dp_leave`     {step}                           the peer left on purpose
 //   `dp_credit`    {<partner>: samples, ...}        a gradient round's credits this peer gives
 //                                                   its partners (ledger_record.hpp's rule)
+//   `dp_serve`     {step, part, parts, ok}          a peer asked this one for (part of) its state
+//                                                   (parts 0: the whole state; ok 0: refused, as
+//                                                   a client or auxiliary peer refuses)
 //
 // Ledger (with `ledger_every`): every `ledger_every`, and once more with `left` when it leaves
 // on purpose, the peer stores its signed `contribution_summary` under its record id in

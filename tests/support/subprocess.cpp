@@ -1,5 +1,6 @@
 #include "support/subprocess.hpp"
 
+#include <algorithm>
 #include <csignal>
 #include <cstring>
 #include <fcntl.h>
@@ -52,10 +53,11 @@ std::optional<std::string> subprocess::read_line(std::chrono::milliseconds timeo
     }
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0 || fd_ < 0)
+    if (fd_ < 0)
       return std::nullopt;
+    // With no time left, one look without waiting: a zero timeout reads what is already there.
     pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, static_cast<int>(left.count())) <= 0)
+    if (poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count()))) <= 0)
       return std::nullopt;
     char chunk[4096];
     auto n = ::read(fd_, chunk, sizeof(chunk));

@@ -20,7 +20,8 @@ public:
   subprocess(const subprocess&) = delete;
   subprocess& operator=(const subprocess&) = delete;
 
-  /// The next line of output, or nothing if none came before `timeout` (or the pipe closed).
+  /// The next line of output, or nothing if none came before `timeout` (or the pipe closed);
+  /// a zero timeout returns a line only if one is already there (it never waits).
   std::optional<std::string> read_line(std::chrono::milliseconds timeout);
   /// Reads lines until one contains `needle`; returns it, or nothing at timeout/EOF.
   std::optional<std::string> wait_for(const std::string& needle,
