@@ -8,7 +8,8 @@
 //   handshake message of each kind, a sealed preamble, a record header and its record opened
 //   with a fixed key, and an acceptor's handshake run on the input: hello, then finish),
 //   12 shared-memory ring positions of a same-host link (13-byte records: position u64, size
-//   u32, then 0 to claim at a fresh ring's reader or 1 to release an earlier claim).
+//   u32, then 0 to claim at a fresh ring's reader or 1 to release an earlier claim),
+//   13 patch codebook file of the text-to-image demo (decoded, then re-encoded byte for byte).
 // Everything must be refused with a reason or decoded, never crash.
 #include <vector>
 #include <array>
@@ -25,6 +26,7 @@
 #include "actors/transfer/link_crypto.hpp"
 #include "actors/transfer/link_frame.hpp"
 #include "actors/transfer/shm_ring.hpp"
+#include "kernels/t2i/codebook.hpp"
 #include "messages/envelope.hpp"
 #include "messages/wire.hpp"
 
@@ -229,7 +231,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   --size;
   const auto* bytes = reinterpret_cast<const char*>(data);
   std::string_view text(bytes, size);
-  switch (kind % 13) {
+  switch (kind % 14) {
     case 0: {
       wire_context ctx{context_options()};
       envelope(bytes, size, &ctx);
@@ -272,6 +274,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 12:
       ring_claims(data, size);
+      break;
+    case 13:
+      // An accepted codebook is exactly what encoding it gives back.
+      if (auto cb = kernels::decode_codebook(bytes, size); cb.ok() &&
+          kernels::encode_codebook(*cb) != std::string(bytes, size))
+        std::abort();
       break;
   }
   return 0;
