@@ -32,9 +32,12 @@ torch::Tensor to_patches(const torch::Tensor& images, int64_t patch) {
       .contiguous();
 }
 
-/// Per row of `x`, the nearest row of `codes` and its squared distance, in chunks.
-std::pair<torch::Tensor, torch::Tensor> nearest(const torch::Tensor& x,
-                                                const torch::Tensor& codes) {
+/// Per row of `x`, the nearest row of `codes` and its squared distance, in chunks; `x_norms`
+/// (|x|² per row) when the caller has them (Lloyd iterations reuse them).
+std::pair<torch::Tensor, torch::Tensor> nearest(const torch::Tensor& x, const torch::Tensor& codes,
+                                                torch::Tensor x_norms = {}) {
+  if (!x_norms.defined())
+    x_norms = x.pow(2).sum(1);
   auto code_norms = codes.pow(2).sum(1);
   auto n = x.size(0);
   auto index = torch::empty({n}, torch::kLong);
@@ -46,7 +49,7 @@ std::pair<torch::Tensor, torch::Tensor> nearest(const torch::Tensor& x,
     auto d = torch::addmm(code_norms.unsqueeze(0), xs, codes.t(), 1.0, -2.0);
     auto [best, arg] = d.min(1);
     index.slice(0, begin, end).copy_(arg);
-    dist.slice(0, begin, end).copy_((best + xs.pow(2).sum(1)).clamp_min(0));
+    dist.slice(0, begin, end).copy_((best + x_norms.slice(0, begin, end)).clamp_min(0));
   }
   return {index, dist};
 }
@@ -122,8 +125,9 @@ result<codebook_fit> fit_codebook(const image_set& images, const codebook_option
   double previous = std::numeric_limits<double>::infinity();
   auto dim = x.size(1);
   auto xd = x.to(torch::kDouble);
+  auto x_norms = x.pow(2).sum(1);
   for (int it = 0; it < opts.max_iterations; ++it) {
-    auto [index, dist] = nearest(x, codes);
+    auto [index, dist] = nearest(x, codes, x_norms);
     double mse = dist.to(torch::kDouble).sum().item<double>() / static_cast<double>(n * dim);
     fit.iterations = it + 1;
     fit.mse = mse;
@@ -144,7 +148,7 @@ result<codebook_fit> fit_codebook(const image_set& images, const codebook_option
     if (converged)
       break;
   }
-  fit.mse = nearest(x, codes).second.to(torch::kDouble).sum().item<double>() /
+  fit.mse = nearest(x, codes, x_norms).second.to(torch::kDouble).sum().item<double>() /
             static_cast<double>(n * dim);
   fit.codebook.patch = opts.patch;
   fit.codebook.codes.assign(codes.data_ptr<float>(), codes.data_ptr<float>() + codes.numel());

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -49,8 +50,18 @@ void must(const starling::status& s, const char* what) {
   }
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+/// A phase's start: wall clock and this process's CPU time (the machine may be shared, so the
+/// wall time alone can mislead).
+struct stamp {
+  std::chrono::steady_clock::time_point wall = std::chrono::steady_clock::now();
+  std::clock_t cpu = std::clock();
+};
+
+/// One table row: the phase, its wall and CPU seconds since `t0`.
+void row(const std::string& what, const stamp& t0) {
+  double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0.wall).count();
+  double cpu = static_cast<double>(std::clock() - t0.cpu) / CLOCKS_PER_SEC;
+  fmt::print("{:<72} {:>8.2f} {:>8.2f}\n", what, wall, cpu);
 }
 
 } // namespace
@@ -96,30 +107,29 @@ int main(int argc, char** argv) {
   auto test = must(kernels::load_fashion_mnist(dir, false, 1000), "test images");
   fmt::print("t2i demo: {} training images, {} test images, K = {}, threads = {}\n", train.count,
              test.count, codes, torch::get_num_threads());
-  fmt::print("{:<44} {:>10}\n", "phase", "seconds");
+  fmt::print("{:<72} {:>8} {:>8}\n", "phase", "wall s", "cpu s");
 
-  auto t0 = std::chrono::steady_clock::now();
+  stamp t0;
   kernels::codebook_options co;
   co.codes = codes;
   co.max_images = images;
   co.seed = seed;
   auto fit = must(kernels::fit_codebook(train, co), "codebook");
-  fmt::print("{:<44} {:>10.2f}\n",
-             fmt::format("codebook ({} patches, {} iterations, mse {:.5f}, {} re-seeded)",
-                         fit.patches, fit.iterations, fit.mse, fit.reseeded),
-             seconds_since(t0));
+  row(fmt::format("codebook ({} patches, {} iterations, mse {:.5f}, {} re-seeded)", fit.patches,
+                  fit.iterations, fit.mse, fit.reseeded),
+      t0);
   auto& cb = fit.codebook;
   must(kernels::save_codebook(out + "/codebook.bin", cb), "codebook.bin");
   auto digest = kernels::codebook_digest(cb);
 
-  t0 = std::chrono::steady_clock::now();
+  t0 = stamp{};
   auto train_tokens =
       must(kernels::tokenize_images(cb, train.pixels, train.count, 28, 28), "tokens");
   auto test_tokens = must(kernels::tokenize_images(cb, test.pixels, test.count, 28, 28), "tokens");
   auto recon = must(kernels::detokenize_images(cb, test_tokens, 28, 28), "reconstruction");
-  fmt::print("{:<44} {:>10.2f}\n", "tokenize train + test, reconstruct test", seconds_since(t0));
+  row("tokenize train + test, reconstruct test", t0);
 
-  t0 = std::chrono::steady_clock::now();
+  t0 = stamp{};
   kernels::classifier_options clo;
   clo.seed = seed;
   auto classifier = must(kernels::image_classifier::train(train, clo), "classifier");
@@ -128,8 +138,7 @@ int main(int argc, char** argv) {
   report.reconstruction = must(classifier.accuracy(recon, test.labels), "accuracy");
   report.test_images = test.count;
   report.codebook_digest = digest;
-  fmt::print("{:<44} {:>10.2f}\n", "classifier (3 epochs) and its two accuracies",
-             seconds_since(t0));
+  row("classifier (3 epochs) and its two accuracies", t0);
 
   // Every training image as one sequence with its seeded phrasing.
   kernels::t2i_layout layout{static_cast<int64_t>(cb.size()), 49};
@@ -156,7 +165,7 @@ int main(int argc, char** argv) {
   gc.seed = seed;
   auto gpt = must(kernels::make_gpt(gc), "gpt");
   torch::optim::AdamW opt(gpt->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
-  t0 = std::chrono::steady_clock::now();
+  t0 = stamp{};
   auto gen = kernels::seeded_generator(seed);
   double first_loss = 0, last_loss = 0;
   auto from = layout.prompt_length() - 1; // the separator's position predicts the first token
@@ -178,12 +187,10 @@ int main(int argc, char** argv) {
     if (s + 10 >= steps)
       last_loss += l / static_cast<double>(std::min<int64_t>(10, steps));
   }
-  fmt::print(
-      "{:<44} {:>10.2f}\n",
-      fmt::format("GPT {} steps × {} (loss {:.3f} → {:.3f})", steps, batch, first_loss, last_loss),
-      seconds_since(t0));
+  row(fmt::format("GPT {} steps × {} (loss {:.3f} → {:.3f})", steps, batch, first_loss, last_loss),
+      t0);
 
-  t0 = std::chrono::steady_clock::now();
+  t0 = stamp{};
   std::vector<std::vector<float>> rows;
   for (std::size_t c = 0; c < kernels::caption_classes; ++c) {
     auto caption = must(kernels::caption_for(c, 0), "caption");
@@ -201,8 +208,7 @@ int main(int argc, char** argv) {
   auto grid = must(kernels::image_grid(rows, 28, 28), "grid");
   must(kernels::write_png_gray(out + "/grid.png", grid), "grid.png");
   must(kernels::write_quality_json(out + "/quality.json", report), "quality.json");
-  fmt::print("{:<44} {:>10.2f}\n", fmt::format("sample {} per caption, grid, quality", samples),
-             seconds_since(t0));
+  row(fmt::format("sample {} per caption, grid, quality", samples), t0);
   fmt::print("accuracy: real {:.3f}, reconstruction (ceiling) {:.3f}, generated {:.3f}\n",
              report.real, report.reconstruction, report.generated_mean());
   for (auto& g : report.generated)
