@@ -59,4 +59,25 @@ result<std::vector<int64_t>> sample_image_tokens(stage_module& gpt, const t2i_la
   return std::vector<int64_t>(image.data_ptr<int64_t>(), image.data_ptr<int64_t>() + image.numel());
 }
 
+void use_image_loss(stage_module& gpt, const t2i_layout& layout) {
+  auto from = layout.prompt_length() - 1;
+  auto length = layout.sequence_length() - 1;
+  auto vocab = layout.vocab();
+  stage_loss l;
+  l.compute = [from](const torch::Tensor& output, const torch::Tensor& targets) {
+    return mean_cross_entropy(output.slice(1, from), targets.slice(1, from));
+  };
+  l.check = [length, vocab](const torch::Tensor& input, const torch::Tensor& targets) -> status {
+    if (targets.scalar_type() != torch::kLong || targets.dim() != 2 ||
+        targets.sizes() != input.sizes() || targets.size(1) != length)
+      return fail(fmt::format("targets must be int64 [B, {}] like the input, got {} {}", length,
+                              c10::toString(targets.scalar_type()), c10::str(targets.sizes())));
+    if (targets.numel() > 0 &&
+        (targets.min().item<int64_t>() < 0 || targets.max().item<int64_t>() >= vocab))
+      return fail(fmt::format("targets must lie in [0, {})", vocab));
+    return {};
+  };
+  gpt.set_loss(std::move(l));
+}
+
 } // namespace starling::kernels

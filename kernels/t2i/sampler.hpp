@@ -32,4 +32,10 @@ result<std::vector<int64_t>> sample_image_tokens(stage_module& gpt, const t2i_la
                                                  const std::string& caption, std::size_t samples,
                                                  const sampling_options& opts);
 
+/// Makes `gpt`'s loss the mean cross-entropy over the image positions only (inputs are
+/// sequence[0, n-1), targets sequence[1, n); positions from the separator on predict image
+/// tokens): the captions are given, not learned. Its target check wants int64 targets of the
+/// input's shape and length `layout.sequence_length() - 1`, each in [0, vocab).
+void use_image_loss(stage_module& gpt, const t2i_layout& layout);
+
 } // namespace starling::kernels

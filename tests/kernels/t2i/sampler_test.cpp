@@ -76,4 +76,44 @@ TEST_CASE("sampling refuses a mismatched model, a bad caption and bad options") 
   CHECK_FALSE(sample_image_tokens(*gpt, longer, "a bag", 1, o).ok());
 }
 
+TEST_CASE("the image loss counts the image positions only and checks its targets") {
+  t2i_layout layout{32, 49};
+  auto gpt = tiny_gpt(layout, 5);
+  auto seq = joint_sequence(layout, "a coat", std::vector<int64_t>(49, 7));
+  REQUIRE(seq.ok());
+  auto full = torch::tensor(*seq, torch::kLong).unsqueeze(0).repeat({2, 1});
+  auto input = full.slice(1, 0, -1), targets = full.slice(1, 1);
+  auto whole = gpt->forward(input, targets);
+  REQUIRE(whole.ok());
+  use_image_loss(*gpt, layout);
+  auto image = gpt->forward(input, targets);
+  REQUIRE(image.ok());
+  {
+    torch::NoGradGuard no_grad;
+    auto logits = gpt->predict(input);
+    auto expected = mean_cross_entropy(logits.slice(1, 8), targets.slice(1, 8));
+    CHECK(image->item<double>() == doctest::Approx(expected.item<double>()));
+  }
+  CHECK(image->item<double>() != doctest::Approx(whole->item<double>()));
+  // Changing a caption target does not change the image loss.
+  auto other = targets.clone();
+  other[0][0] = layout.padding();
+  CHECK(gpt->forward(input, other)->item<double>() == doctest::Approx(image->item<double>()));
+  CHECK_FALSE(gpt->forward(input, targets.slice(1, 1)).ok());
+  CHECK_FALSE(gpt->forward(input, targets.to(torch::kInt)).ok());
+  auto high = targets.clone();
+  high[1][5] = layout.vocab();
+  CHECK_FALSE(gpt->forward(input, high).ok());
+  // It trains: one step of the image loss's gradient lowers it.
+  auto grads = gpt->backward(input, {}, targets);
+  REQUIRE(grads.ok());
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : gpt->parameters())
+      if (p.grad().defined())
+        p.sub_(p.grad(), 0.5);
+  }
+  CHECK(gpt->forward(input, targets)->item<double>() < image->item<double>());
+}
+
 } // namespace starling::test::kernels_t2i_sampler_test
