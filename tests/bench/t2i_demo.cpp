@@ -164,19 +164,18 @@ int main(int argc, char** argv) {
   gc.seq_len = len - 1;
   gc.seed = seed;
   auto gpt = must(kernels::make_gpt(gc), "gpt");
+  // The loss on the image positions only: the captions are given, not learned.
+  kernels::use_image_loss(*gpt, layout);
   torch::optim::AdamW opt(gpt->parameters(), torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
   t0 = stamp{};
   auto gen = kernels::seeded_generator(seed);
   double first_loss = 0, last_loss = 0;
-  auto from = layout.prompt_length() - 1; // the separator's position predicts the first token
   gpt->train();
   for (int64_t s = 0; s < steps; ++s) {
     auto ids = torch::randint(sequences.size(0), {batch}, gen, torch::kLong);
     auto seq = sequences.index_select(0, ids);
     auto input = seq.slice(1, 0, len - 1), target = seq.slice(1, 1);
-    // The loss on the image positions only: the captions are given, not learned.
-    auto logits = gpt->predict(input, static_cast<uint64_t>(s));
-    auto loss = kernels::mean_cross_entropy(logits.slice(1, from), target.slice(1, from));
+    auto loss = gpt->compute(input, target, static_cast<uint64_t>(s));
     opt.zero_grad();
     loss.backward();
     torch::nn::utils::clip_grad_norm_(gpt->parameters(), 1.0);
