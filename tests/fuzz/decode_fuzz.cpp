@@ -12,7 +12,8 @@
 //   13 ledger summary record (a length byte, that many bytes of sub-key, then the value; a
 //   decoded record must encode back to the same bytes), 14 a lamb8 optimizer state (codes and
 //   scales, kernels/optim/quant8.hpp): decoded, it re-encodes to the same bytes and its codes
-//   dequantize to finite values.
+//   dequantize to finite values, 15 a patch codebook file of the text-to-image demo
+//   (decoded, then re-encoded byte for byte).
 // Everything must be refused with a reason or decoded, never crash.
 #include <vector>
 #include <array>
@@ -32,6 +33,7 @@
 #include "actors/transfer/link_frame.hpp"
 #include "actors/transfer/shm_ring.hpp"
 #include "kernels/optim/quant8.hpp"
+#include "kernels/t2i/codebook.hpp"
 #include "messages/envelope.hpp"
 #include "messages/wire.hpp"
 
@@ -285,7 +287,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   --size;
   const auto* bytes = reinterpret_cast<const char*>(data);
   std::string_view text(bytes, size);
-  switch (kind % 15) {
+  switch (kind % 16) {
     case 0: {
       wire_context ctx{context_options()};
       envelope(bytes, size, &ctx);
@@ -334,6 +336,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       break;
     case 14:
       lamb8_state(bytes, size);
+      break;
+    case 15:
+      // An accepted codebook is exactly what encoding it gives back.
+      if (auto cb = kernels::decode_codebook(bytes, size); cb.ok() &&
+          kernels::encode_codebook(*cb) != std::string(bytes, size))
+        std::abort();
       break;
   }
   return 0;

@@ -1,7 +1,7 @@
 // Writes seed inputs for decode_fuzz into the directory given as argv[1], each prefixed with the
 // byte that selects its decoder (see decode_fuzz.cpp): envelopes of every payload kind, bare
 // tensors of every codec and the same as direct-link frames, an averager chunk meta, a token,
-// a deny list, a hello, key files and a token file.
+// a deny list, a hello, key files, a token file and a patch codebook.
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -25,6 +25,7 @@
 #include "messages/types.hpp"
 #include "messages/vi.hpp"
 #include "messages/wire.hpp"
+#include "kernels/t2i/codebook.hpp"
 
 using namespace starling;
 using namespace starling::messages;
@@ -351,5 +352,10 @@ int main(int argc, char** argv) {
     refs[0] = refs[1];
     save("lamb8-small", 14, encode_lamb8_state(refs));
   }
+  // A small patch codebook (two 2×2 codes).
+  kernels::patch_codebook cb;
+  cb.patch = 2;
+  cb.codes = {0.0f, 0.25f, 0.5f, 1.0f, 1.0f, 0.75f, 0.5f, 0.0f};
+  save("codebook", 15, kernels::encode_codebook(cb));
   return 0;
 }
