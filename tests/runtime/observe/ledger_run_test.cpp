@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/http_client.hpp"
+#include "support/scratch.hpp"
 #include "support/paths.hpp"
 #include "support/subprocess.hpp"
 
@@ -33,15 +34,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct scratch {
-  explicit scratch(const std::string& name)
-      : path(std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()))) {
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-  }
-  ~scratch() { std::filesystem::remove_all(path); }
-  std::filesystem::path path;
-};
+using testing::scratch;
 
 uint16_t port_of(const std::string& line) {
   auto at = line.find("http://127.0.0.1:");

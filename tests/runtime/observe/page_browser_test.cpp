@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "support/http_client.hpp"
+#include "support/scratch.hpp"
 #include "support/paths.hpp"
 #include "support/subprocess.hpp"
 
@@ -27,16 +28,7 @@ namespace starling::test::runtime_observe_page_browser_test {
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
-/// An empty folder of its own under the temporary directory, removed with everything in it.
-struct scratch {
-  explicit scratch(const std::string& name)
-      : path(fs::temp_directory_path() / (name + "-" + std::to_string(::getpid()))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~scratch() { fs::remove_all(path); }
-  fs::path path;
-};
+using testing::scratch;
 
 /// Debian's Chromium, or the one `STARLING_CHROMIUM` names.
 std::string chromium() {

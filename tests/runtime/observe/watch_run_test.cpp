@@ -20,6 +20,7 @@
 #include "runtime/observe/http_server.hpp"
 #include "runtime/observe/snapshot.hpp"
 #include "support/http_client.hpp"
+#include "support/scratch.hpp"
 #include "support/paths.hpp"
 #include "support/subprocess.hpp"
 
@@ -28,16 +29,7 @@ namespace starling::test::runtime_observe_watch_run_test {
 using namespace std::chrono_literals;
 namespace obs = starling::runtime::observe;
 
-/// An empty folder of its own under the temporary directory, removed with everything in it.
-struct scratch {
-  explicit scratch(const std::string& name)
-      : path(std::filesystem::temp_directory_path() / (name + "-" + std::to_string(::getpid()))) {
-    std::filesystem::remove_all(path);
-    std::filesystem::create_directories(path);
-  }
-  ~scratch() { std::filesystem::remove_all(path); }
-  std::filesystem::path path;
-};
+using testing::scratch;
 
 std::string ping_yaml(const scratch& dir) {
   auto file = (dir.path / "watch-ping.yaml").string();
