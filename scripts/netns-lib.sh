@@ -1,5 +1,5 @@
 # Network namespaces for emulated slow links, shared by scripts/netns-allreduce and
-# scripts/netns-swarm (sourced, not run). N namespaces ${NETNS_PREFIX}n0.. (one per process), each
+# scripts/netns-run (sourced, not run). N namespaces ${NETNS_PREFIX}n0.. (one per process), each
 # joined to a bridge in a hub namespace by a veth pair whose two ends are limited with
 # `tc tbf rate RATE` (upload on the peer's end, download on the hub's end). Addresses 10.77.0.1 ..
 # 10.77.0.N, never routed outside the hub. Every namespace is removed when the sourcing script
