@@ -1048,12 +1048,16 @@ void shell::reply_round() {
 void shell::end_round() {
   auto& r = *round_;
   auto [out, reduced] = r.engine->buffers();
-  // A group whose members all stayed is remembered (persistent groups); otherwise the next
-  // request matches through the DHT.
-  bool all_stayed = true;
+  // The members that stayed are remembered as the group (persistent groups; the matchmaker
+  // forgets a group of fewer than two). Forgetting the whole group when one member went (the old
+  // rule) made the survivors' next request match through the DHT, so their leader waited out the
+  // matchmaking window before every survivor's first round after a SIGKILL. A member that was
+  // only slow and comes back announces itself and joins as a newcomer (family groups wait for
+  // it) or late (remembered with the group for the round after).
+  std::vector<messages::member_info> members;
   for (uint32_t i = 0; i < r.members.size(); ++i)
-    all_stayed = all_stayed && (i == r.engine->self() || !r.engine->gone(i));
-  auto members = r.members;
+    if (i == r.engine->self() || !r.engine->gone(i))
+      members.push_back(r.members[i]);
   if (chooser_) {
     // The round's time with its codec (codec_chooser::observe_round), which also measures the
     // links: the bytes it moved over its duration. The time the link threads spent in writes
@@ -1072,7 +1076,7 @@ void shell::end_round() {
   if (!cur_->flat.defined() || out.data_ptr() != cur_->flat.data_ptr())
     keep_buffer(out_cache_, std::move(out));
   keep_buffer(reduced_cache_, std::move(reduced));
-  apply(mm_.finish(all_stayed ? std::move(members) : std::vector<messages::member_info>{}));
+  apply(mm_.finish(std::move(members)));
   cur_.reset();
   early_.clear();
   start_next();

@@ -330,6 +330,18 @@ TEST_CASE("a NaN input is refused with an error and its persistent group goes on
       }
     }
   }
+  // The two that stayed remember each other as the group: their next round forms as soon as
+  // both asked, without waiting out the window for peer 2 (virtual time).
+  std::vector<call_ptr> next;
+  for (size_t i = 0; i < 2; ++i)
+    next.push_back(s.average(i, "nan", clone_all(in[i]), 1.0));
+  REQUIRE(s.settle(next));
+  for (auto& c : next) {
+    REQUIRE(c->ok);
+    CHECK(c->result.report.outcome == round_outcome::complete);
+    CHECK(c->result.report.members.size() == 2);
+    CHECK(std::chrono::nanoseconds(c->result.report.elapsed_ns) < 500ms);
+  }
 }
 
 TEST_CASE("a cancelled request is answered with an error and the next one is served") {
