@@ -58,8 +58,8 @@ void publish_ledger_summary(publisher_actor* self, Then then) {
                                   encode_summary(sum), ns_of(now + lifetime), s.opts.sign);
   auto timeout = std::chrono::duration_cast<caf::timespan>(s.opts.rpc_timeout);
   dht::dht_store(
-    self, s.opts.dht, std::move(put), timeout,
-    [then](const messages::dht_put_result&) { then(); }, [then](caf::error&) { then(); });
+      self, s.opts.dht, std::move(put), timeout,
+      [then](const messages::dht_put_result&) { then(); }, [then](caf::error&) { then(); });
 }
 
 caf::behavior ledger_publisher(publisher_actor* self, ledger_publisher_options opts) {
@@ -73,41 +73,45 @@ caf::behavior ledger_publisher(publisher_actor* self, ledger_publisher_options o
     } else {
       auto timeout = std::chrono::duration_cast<caf::timespan>(s.opts.rpc_timeout);
       self->request(s.opts.dht, timeout, dht_key_atom::value)
-        .then([=](const std::string& key) { self->state.id = record_id(self->state.opts.address, key); },
+          .then(
+              [=](const std::string& key) {
+                self->state.id = record_id(self->state.opts.address, key);
+              },
               [](caf::error&) {}); // unsigned records would be refused: it publishes nothing
     }
     self->delayed_send(self, every, ledger_tick_atom::value);
   }
   return {
-    [=](ledger_add_atom, double computed, double dropped, double rounds, double averaged) {
-      auto& x = self->state.sum;
-      x.computed = std::min(max_ledger_count, x.computed + ledger_increment(computed));
-      x.dropped = std::min(max_ledger_count, x.dropped + ledger_increment(dropped));
-      x.rounds = std::min(max_ledger_count, x.rounds + ledger_increment(rounds));
-      x.rounds_averaged = std::min(max_ledger_count, x.rounds_averaged + ledger_increment(averaged));
-    },
-    [=](ledger_credit_atom, const std::string& partner, double samples) {
-      self->state.credits.add(partner, samples);
-    },
-    [=](ledger_gauge_atom, double loss, double step) {
-      auto& x = self->state.sum;
-      if (std::isfinite(loss))
-        x.loss = loss;
-      if (std::isfinite(step) && step >= 0 && step <= max_ledger_count)
-        x.step = std::max(x.step, step);
-    },
-    [=](ledger_tick_atom) {
-      if (self->state.left)
-        return;
-      publish_ledger_summary(self, [] {});
-      self->delayed_send(self, every, ledger_tick_atom::value);
-    },
-    [=](ledger_left_atom) {
-      if (self->state.left)
-        return;
-      self->state.left = true;
-      publish_ledger_summary(self, [self] { self->quit(); });
-    },
+      [=](ledger_add_atom, double computed, double dropped, double rounds, double averaged) {
+        auto& x = self->state.sum;
+        x.computed = std::min(max_ledger_count, x.computed + ledger_increment(computed));
+        x.dropped = std::min(max_ledger_count, x.dropped + ledger_increment(dropped));
+        x.rounds = std::min(max_ledger_count, x.rounds + ledger_increment(rounds));
+        x.rounds_averaged =
+            std::min(max_ledger_count, x.rounds_averaged + ledger_increment(averaged));
+      },
+      [=](ledger_credit_atom, const std::string& partner, double samples) {
+        self->state.credits.add(partner, samples);
+      },
+      [=](ledger_gauge_atom, double loss, double step) {
+        auto& x = self->state.sum;
+        if (std::isfinite(loss))
+          x.loss = loss;
+        if (std::isfinite(step) && step >= 0 && step <= max_ledger_count)
+          x.step = std::max(x.step, step);
+      },
+      [=](ledger_tick_atom) {
+        if (self->state.left)
+          return;
+        publish_ledger_summary(self, [] {});
+        self->delayed_send(self, every, ledger_tick_atom::value);
+      },
+      [=](ledger_left_atom) {
+        if (self->state.left)
+          return;
+        self->state.left = true;
+        publish_ledger_summary(self, [self] { self->quit(); });
+      },
   };
 }
 

@@ -24,13 +24,14 @@ using namespace std::chrono_literals;
 namespace {
 
 /// A DHT that hands out a node key and keeps every put.
-caf::behavior fake_dht(caf::event_based_actor*, std::shared_ptr<std::vector<messages::dht_put>> puts) {
+caf::behavior fake_dht(caf::event_based_actor*,
+                       std::shared_ptr<std::vector<messages::dht_put>> puts) {
   return {
-    [](dht_key_atom) { return std::string(32, '\x07'); },
-    [puts](messages::dht_put& p) {
-      puts->push_back(p);
-      return messages::dht_put_result{1, 1, 0, {}};
-    },
+      [](dht_key_atom) { return std::string(32, '\x07'); },
+      [puts](messages::dht_put& p) {
+        puts->push_back(p);
+        return messages::dht_put_result{1, 1, 0, {}};
+      },
   };
 }
 

@@ -45,9 +45,9 @@ TEST_CASE("only plain svg names of the run's folder are listed and served") {
   auto names = list_pictures(dir.path.string());
   CHECK(names == std::vector<std::string>{"accuracy.svg", "fake.svg", "loss.svg"});
   CHECK(read_picture(dir.path.string(), "loss.svg").ok());
-  CHECK_FALSE(read_picture(dir.path.string(), "fake.svg").ok());   // not an SVG
-  CHECK_FALSE(read_picture(dir.path.string(), "link.svg").ok());   // a link out of the folder
-  CHECK_FALSE(read_picture(dir.path.string(), "dir.svg").ok());    // not a file
+  CHECK_FALSE(read_picture(dir.path.string(), "fake.svg").ok()); // not an SVG
+  CHECK_FALSE(read_picture(dir.path.string(), "link.svg").ok()); // a link out of the folder
+  CHECK_FALSE(read_picture(dir.path.string(), "dir.svg").ok());  // not a file
   CHECK_FALSE(read_picture(dir.path.string(), "../starling-pictures-outside.svg").ok());
   CHECK_FALSE(read_picture(dir.path.string(), "missing.svg").ok());
   CHECK_FALSE(read_picture("", "loss.svg").ok());
