@@ -1,17 +1,22 @@
 #include "actors/collab/ledger_record.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "kernels/seeded_hash.hpp"
+#include "kernels/stable_hash.hpp"
 
 namespace starling::actors::collab {
 
 namespace {
 
-constexpr uint8_t summary_version = 1;
+constexpr uint8_t summary_version = 2;
 constexpr uint8_t flag_left = 1;
-constexpr uint8_t known_summary_flags = flag_left;
+constexpr uint8_t flag_loss = 2;
+constexpr uint8_t flag_step = 4;
+constexpr uint8_t known_summary_flags = flag_left | flag_loss | flag_step;
+constexpr uint16_t no_stage = 0xffff;
 /// Tag of the shard hash (any constant: it only has to be the same for every peer).
 constexpr uint64_t shard_seed = 0x6c65646765720001ULL;
 
@@ -78,6 +83,15 @@ public:
     return true;
   }
 
+  /// Exactly `n` bytes as text (the length was read already).
+  bool text_of(std::string& s, size_t n) {
+    if (left_ < n)
+      return false;
+    s.assign(p_, n);
+    advance(n);
+    return true;
+  }
+
   size_t left() const { return left_; }
 
 private:
@@ -89,6 +103,12 @@ private:
   size_t left_;
 };
 
+bool ledger_token_id_ok(const std::string& t) {
+  return t.size() <= max_ledger_token_id_bytes &&
+         std::all_of(t.begin(), t.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
 bool ledger_count_ok(double v) {
   return std::isfinite(v) && v >= 0 && v <= max_ledger_count;
 }
@@ -99,11 +119,18 @@ result<contribution_summary> refuse_summary(const std::string& what) {
 
 } // namespace
 
+contribution_summary::contribution_summary() : loss(std::nan("")) {
+  // nop
+}
+
 std::vector<char> encode_summary(const contribution_summary& s) {
   std::vector<char> out;
   out.reserve(128 + s.credits.size() * 24);
   ledger_put_u8(out, summary_version);
-  ledger_put_u8(out, s.left ? flag_left : 0);
+  bool has_loss = std::isfinite(s.loss);
+  bool has_step = std::isfinite(s.step) && s.step >= 0 && s.step <= max_ledger_count;
+  ledger_put_u8(out, static_cast<uint8_t>((s.left ? flag_left : 0) | (has_loss ? flag_loss : 0) |
+                                          (has_step ? flag_step : 0)));
   for (double v : {s.time, s.started, s.computed, s.dropped, s.rounds, s.rounds_averaged,
                    s.bytes_sent, s.bytes_received, s.credits_other})
     ledger_put_f64(out, v);
@@ -115,6 +142,14 @@ std::vector<char> encode_summary(const contribution_summary& s) {
     ledger_put_text(out, s.credits[i].peer, max_ledger_name_bytes);
     ledger_put_f64(out, s.credits[i].samples);
   }
+  ledger_put_f64(out, has_loss ? s.loss : 0.0);
+  ledger_put_f64(out, has_step ? s.step : 0.0);
+  ledger_put_u16(out, s.stage >= 0 && s.stage <= max_ledger_stage ? static_cast<uint16_t>(s.stage)
+                                                                  : no_stage);
+  auto token_ok = ledger_token_id_ok(s.token_id);
+  ledger_put_u8(out, token_ok ? static_cast<uint8_t>(s.token_id.size()) : 0);
+  if (token_ok)
+    out.insert(out.end(), s.token_id.begin(), s.token_id.end());
   return out;
 }
 
@@ -166,6 +201,31 @@ result<contribution_summary> decode_summary(const std::vector<char>& bytes) {
                             " is negative, not finite or above 2^53");
     s.credits.push_back(std::move(c));
   }
+  double loss = 0, step = 0;
+  uint16_t stage = 0;
+  if (!r.f64(loss) || !r.f64(step) || !r.u16(stage))
+    return refuse_summary("too short for its loss, step and stage");
+  // An absent value is written as +0.0: anything else would decode to the same summary from
+  // other bytes.
+  auto zero = [](double v) { return v == 0 && !std::signbit(v); };
+  if ((flags & flag_loss) != 0 ? !std::isfinite(loss) : !zero(loss))
+    return refuse_summary("its loss is not finite, or absent and not 0");
+  if ((flags & flag_step) != 0 ? !ledger_count_ok(step) : !zero(step))
+    return refuse_summary("its step is negative, not finite or above 2^53, or absent and not 0");
+  if (stage != no_stage && stage > max_ledger_stage)
+    return refuse_summary("stage " + std::to_string(stage) + " is above " +
+                          std::to_string(max_ledger_stage));
+  s.loss = (flags & flag_loss) != 0 ? loss : std::nan("");
+  s.step = (flags & flag_step) != 0 ? step : -1;
+  s.stage = stage == no_stage ? -1 : static_cast<int>(stage);
+  uint8_t token_bytes = 0;
+  if (!r.u8(token_bytes))
+    return refuse_summary("too short for its token id");
+  if (token_bytes > 0 && !r.text_of(s.token_id, token_bytes))
+    return refuse_summary("its token id is cut");
+  if (!ledger_token_id_ok(s.token_id))
+    return refuse_summary("its token id is not lower-case hex of at most " +
+                          std::to_string(max_ledger_token_id_bytes) + " digits");
   if (r.left() != 0)
     return refuse_summary(std::to_string(r.left()) + " trailing bytes");
   return s;
@@ -228,6 +288,23 @@ std::string peer_of_member(const std::string& address) {
     if (name[i] < '0' || name[i] > '9')
       return name;
   return name.substr(0, dash);
+}
+
+uint64_t trainer_tag(const std::string& trainer) {
+  return kernels::stable_hash(trainer) >> 40;
+}
+
+std::string trainer_credit_name(uint64_t microbatch_id) {
+  static const char* digits = "0123456789abcdef";
+  std::string out = "mb:";
+  auto tag = microbatch_id >> 40;
+  for (int shift = 20; shift >= 0; shift -= 4)
+    out.push_back(digits[(tag >> shift) & 15]);
+  return out;
+}
+
+std::string trainer_credit_name_of(const std::string& trainer) {
+  return trainer_credit_name(trainer_tag(trainer) << 40);
 }
 
 void credit_book::add(const std::string& peer, double samples) {

@@ -15,6 +15,14 @@
 //   (cumulative, per partner) and publishes them in its summary: the ledger sums what partners
 //   say, never what i says of itself.
 //
+// SWARM peers publish the same summary (actors/collab/ledger_publisher.hpp): a trainer's computed
+// samples are the microbatches it finished (its claim); a stage peer's are the backward samples
+// it applied or lost, its rounds its global steps. Samples accepted of a trainer are what the
+// stage-0 peers credit it with: a microbatch's backward reaches stage 0 after every other
+// stage's, and the stage-0 peer credits it once it applied its gradient (the trainer confirmed
+// that attempt), under the trainer's tag (`trainer_credit_name`: the top 24 bits its microbatch
+// ids carry), never on the trainer's word.
+//
 // Records are signed sub-key records (the sub-key carries the node key's owner marker, as the
 // progress records of progress.hpp), 64 shards by a hash of the sub-key so that one read returns
 // a bounded share of the run; a reader decodes at most `max_ledger_reply_records` per reply.
@@ -46,6 +54,12 @@ inline constexpr size_t max_ledger_name_bytes = 128;
 
 /// Largest count a summary may carry (2^53: exact as a double).
 inline constexpr double max_ledger_count = 9007199254740992.0;
+
+/// Longest token id a summary may carry (hex digits).
+inline constexpr size_t max_ledger_token_id_bytes = 64;
+
+/// Largest SWARM stage index a summary may carry (0xffff on the wire: none).
+inline constexpr int max_ledger_stage = 4095;
 
 /// Samples one peer credited one partner with, over the whole run.
 struct ledger_credit {
@@ -79,16 +93,31 @@ struct contribution_summary {
   /// the partners beyond that bound summed.
   std::vector<ledger_credit> credits;
   double credits_other = 0;
+  /// Its latest training loss (NaN: none), and the global step it reached (negative: none): what
+  /// a node other than node 0 draws its tiles and loss curve from.
+  double loss;
+  double step = -1;
+  /// The SWARM stage it serves (negative: none).
+  int stage = -1;
+  /// In a closed run, the id of its node's token (hex, public: the authority's `issued.log` and
+  /// deny lists name tokens by it; never the token itself); empty otherwise.
+  std::string token_id;
+
+  contribution_summary();
 };
 
-/// The value bytes (little-endian): version 1, flags (left), eight counts and two times as
-/// doubles, id, name (length-prefixed), credit count (u16) and each credit (name, double), the
-/// rest as a double. Names longer than the bounds are cut.
+/// The value bytes (little-endian): version 2, flags (left, has loss, has step), two times and
+/// seven counts as doubles, id, name (length-prefixed), credit count (u16) and each credit (name,
+/// double), then the loss and the step (doubles, 0 when absent), the stage (u16, 0xffff: none)
+/// and the token id (length-prefixed, may be empty). Names longer than the bounds are cut; a
+/// token id that is not lower-case hex of at most `max_ledger_token_id_bytes` is left out.
 std::vector<char> encode_summary(const contribution_summary& s);
 
 /// Decodes value bytes from the network: fails, never throws, on a wrong size or version,
 /// unknown flags, a count that is negative, not finite or above 2^53, a non-finite time, an
-/// empty or oversized id or name, more than `max_ledger_credits` credits, or trailing bytes.
+/// empty or oversized id or name, more than `max_ledger_credits` credits, a loss that is not
+/// finite, an absent loss or step that is not 0, a stage above `max_ledger_stage`, a token id
+/// that is not lower-case hex or too long, or trailing bytes.
 result<contribution_summary> decode_summary(const std::vector<char>& bytes);
 
 /// Decodes a record read from the DHT under `subkey`: `decode_summary`, and its id must be the
@@ -114,6 +143,17 @@ std::vector<double> round_credits(const std::vector<int64_t>& part_sizes,
 /// `/`, without the `-avg<generation>` suffix the data-parallel kinds give their averagers
 /// (`@2/dedloc.3-avg1` -> `dedloc.3`); the address itself when it has no such suffix.
 std::string peer_of_member(const std::string& address);
+
+/// The tag a SWARM trainer's microbatch ids carry (their top 24 bits): the top 24 bits of the
+/// stable hash of its name (actors/trainer/trainer.cpp builds its ids from it).
+uint64_t trainer_tag(const std::string& trainer);
+
+/// The name a stage peer credits the trainer of microbatch `microbatch_id` under (`mb:` and its
+/// tag in 6 hex digits); the ledger finds the trainer whose `trainer_tag` it is.
+std::string trainer_credit_name(uint64_t microbatch_id);
+
+/// `trainer_credit_name` of the trainer named `trainer`.
+std::string trainer_credit_name_of(const std::string& trainer);
 
 /// The credits one peer gave, per partner, cumulative and bounded: the first
 /// `max_ledger_credits` partners keep their own entry, later ones are summed into `other`.

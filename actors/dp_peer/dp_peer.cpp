@@ -95,6 +95,8 @@ struct peer_state {
   collab::credit_book credits;
   /// When the core started (DHT clock), for the ledger's uptime.
   double started_s = 0;
+  /// Its latest step's mean training loss (NaN: none yet), for its ledger summary.
+  double last_loss = std::nan("");
   /// DiLoCo: the outer step and the EF stream of this peer's pseudo-gradients.
   std::optional<collab::diloco_peer> diloco;
 
@@ -173,6 +175,8 @@ void maybe_evaluate(peer_actor* self) {
 void report_step(peer_actor* self, uint64_t step, const taken_round& t, bool averaged) {
   auto& s = self->state;
   auto round_s = std::chrono::duration<double>(self->clock().now() - t.started).count();
+  if (t.microbatches > 0)
+    s.last_loss = t.loss / static_cast<double>(t.microbatches);
   metric(self, "dp_step",
          {{"step", static_cast<double>(step)},
           {"samples", static_cast<double>(t.g.samples)},
@@ -514,6 +518,10 @@ void publish_summary(peer_actor* self, bool left) {
   sum.left = left;
   sum.credits = s.credits.list();
   sum.credits_other = s.credits.other();
+  sum.token_id = s.opts.token_id;
+  if (!std::isnan(s.last_loss))
+    sum.loss = s.last_loss;
+  sum.step = static_cast<double>(core->step());
   auto lifetime = 4 * std::chrono::duration<double>(s.opts.ledger_every).count();
   auto key = collab::ledger_key(s.opts.ledger_experiment, collab::ledger_shard(s.id));
   auto put = dht::make_subkey_put(std::move(key), s.id, collab::encode_summary(sum),

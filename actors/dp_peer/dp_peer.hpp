@@ -122,6 +122,8 @@ struct dp_peer_options {
   /// published (0 or an empty experiment: never).
   std::string ledger_experiment;
   std::chrono::nanoseconds ledger_every{0};
+  /// In a closed run, its node's token id (hex) for the ledger; empty otherwise.
+  std::string token_id;
 };
 
 /// Checks `o`: valid coordinator (and DiLoCo) options, a positive speed and inner batch, an

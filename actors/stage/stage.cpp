@@ -17,6 +17,8 @@
 
 #include "actors/collab/coordinator.hpp"
 #include "actors/collab/grad_accumulator.hpp"
+#include "actors/collab/ledger_publisher.hpp"
+#include "actors/collab/ledger_record.hpp"
 #include "actors/collab/peer.hpp"
 #include "actors/collab/settle.hpp"
 #include "actors/collab/shell.hpp"
@@ -273,6 +275,8 @@ private:
   void apply(const uncommitted_grad& g);
   /// Drops gradients whose confirmation is overdue.
   void expire_uncommitted();
+  /// Tells the ledger publisher that a computed gradient of `batch` samples was lost.
+  void ledger_lost(int64_t batch);
 
   // -- local stepping ---------------------------------------------------------------------------
 
@@ -636,10 +640,18 @@ void stage_peer::commit(uint64_t id, uint32_t attempt) {
   // The trainer used this attempt: any other attempt of the microbatch held here never counts.
   for (auto j = uncommitted_.lower_bound({id, 0}); j != uncommitted_.end() && j->first.first == id;) {
     commits_.lost++;
+    ledger_lost(j->second.batch);
     j = uncommitted_.erase(j);
   }
   apply(g);
   commits_.applied++;
+  if (opts_.ledger) {
+    auto n = static_cast<double>(g.batch);
+    self_->send(opts_.ledger, collab::ledger_add_atom::value, n, 0.0, 0.0, 0.0);
+    if (opts_.stage == 0)
+      self_->send(opts_.ledger, collab::ledger_credit_atom::value,
+                  collab::trainer_credit_name(id), n);
+  }
   applied_[id]++;
   if (applied_.size() > 65536)
     applied_.erase(applied_.begin());
@@ -676,11 +688,19 @@ void stage_peer::apply(const uncommitted_grad& g) {
   gossip();
 }
 
+void stage_peer::ledger_lost(int64_t batch) {
+  if (opts_.ledger) {
+    auto n = static_cast<double>(batch);
+    self_->send(opts_.ledger, collab::ledger_add_atom::value, n, n, 0.0, 0.0);
+  }
+}
+
 void stage_peer::expire_uncommitted() {
   auto now = self_->clock().now();
   for (auto i = uncommitted_.begin(); i != uncommitted_.end();) {
     if (i->second.deadline <= now) {
       commits_.lost++;
+      ledger_lost(i->second.batch);
       i = uncommitted_.erase(i);
     } else {
       ++i;
@@ -1168,6 +1188,12 @@ void stage_peer::step(uint64_t, uint64_t step, const torch::Tensor& grad,
                   {"partial", basis == collab::step_basis::partial ? 1.0 : 0.0},
                   {"grad_norm", r ? *r : -1.0}});
   steps_ = step + 1; // the core moved on either way
+  if (opts_.ledger) {
+    self_->send(opts_.ledger, collab::ledger_add_atom::value, 0.0, 0.0, 1.0,
+                basis != collab::step_basis::own ? 1.0 : 0.0);
+    self_->send(opts_.ledger, collab::ledger_gauge_atom::value, std::nan(""),
+                static_cast<double>(step + 1));
+  }
   changed();
 }
 

@@ -179,6 +179,12 @@ struct stage_options {
   /// `checkpoint`: bytes, seconds, steps; `restore`: steps; `checkpoint_rejected`); unset:
   /// nowhere.
   caf::actor metrics;
+  /// The peer's ledger publisher (actors/collab/ledger_publisher.hpp); unset: none. It gets the
+  /// samples of every backward the peer applied (a confirmed attempt) or lost (computed, never
+  /// confirmed: dropped), its collaborative global steps (rounds; averaged ones), and, on a
+  /// stage-0 peer, a credit per applied microbatch to its trainer (`collab::trainer_credit_name`):
+  /// its backward reached stage 0 after every other stage's, so the microbatch went all the way.
+  caf::actor ledger;
   /// How often the peer reports its measured throughput (training samples per second of busy
   /// device time, forward and backward) and queue length to its board as
   /// `(load_atom, stage, name, throughput, queue)`, for rebalancing; 0 = never. Both boards

@@ -2,6 +2,9 @@
 
 #include <caf/all.hpp>
 
+#include <cmath>
+
+#include "actors/collab/ledger_publisher.hpp"
 #include "messages/atoms.hpp"
 #include "messages/metrics.hpp"
 
@@ -29,6 +32,11 @@ caf::behavior metrics_relay(caf::stateful_actor<metrics_relay_state>* self,
                                                        {"latency_s", seconds},
                                                        {"batch", static_cast<double>(batch)}},
                                                       {}});
+        if (o.ledger) {
+          caf::anon_send(o.ledger, collab::ledger_add_atom::value, static_cast<double>(samples),
+                         0.0, 0.0, 0.0);
+          caf::anon_send(o.ledger, collab::ledger_gauge_atom::value, loss, std::nan(""));
+        }
       },
       [=](stop_atom, const std::string&) {
         auto& o = self->state.opts;

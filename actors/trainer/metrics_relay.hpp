@@ -15,6 +15,9 @@ struct metrics_relay_options {
   std::string name;
   /// Receives `messages::metric_event`s.
   caf::actor sink;
+  /// The trainer's ledger publisher (actors/collab/ledger_publisher.hpp): gets each completed
+  /// microbatch's samples (its claim) and loss; unset: none.
+  caf::actor ledger;
 };
 
 /// Spawns a relay. Protocol (what a trainer sends its sink):

@@ -12,10 +12,10 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#include "actors/collab/ledger_record.hpp"
 #include "actors/trainer/wiring.hpp"
 #include "kernels/data/batch_progress.hpp"
 #include "kernels/data/data_source.hpp"
-#include "kernels/stable_hash.hpp"
 #include "messages/atoms.hpp"
 #include "messages/rebalance_atoms.hpp"
 #include "messages/swarm.hpp"
@@ -84,12 +84,12 @@ void later(self_ptr self, caf::timespan d, std::function<void()> f) {
   self->delayed_send(self, d, tick_atom::value, t);
 }
 
-/// A microbatch id unique among trainers: the top 24 bits from the trainer's name (FNV-1a), the
-/// low 40 bits its batch number. Stages keep a gradient per (id, attempt) until it is confirmed.
+/// A microbatch id unique among trainers: the top 24 bits the trainer's tag (the top 24 bits of
+/// its name's FNV-1a hash: the ledger credits the trainer by it), the low 40 bits its batch
+/// number. Stages keep a gradient per (id, attempt) until it is confirmed.
 uint64_t microbatch_id(const std::string& trainer, uint64_t batch) {
-  auto h = kernels::stable_hash(trainer);
   constexpr uint64_t low = (uint64_t{1} << 40) - 1;
-  return (h & ~low) | (batch & low);
+  return (collab::trainer_tag(trainer) << 40) | (batch & low);
 }
 
 void start_microbatch(self_ptr self, caf::actor sink);

@@ -319,6 +319,7 @@ public:
   size_t index() const override { return index_; }
   const std::string& name() const override { return name_; }
   std::string endpoint() const override { return nd_.endpoint(); }
+  std::string token_id() const override { return nd_.token_id(); }
   caf::actor resolver() override { return resolver_; }
   caf::actor dht() override { return dht_; }
   caf::actor metrics() override { return sink; }

@@ -89,6 +89,9 @@ public:
   /// This node's folder in the run's output (`<out>/<node name>`: checkpoints of its stage
   /// peers); empty when the run writes no output (the node then keeps nothing on disk).
   virtual std::string run_dir() const = 0;
+  /// In a closed run, the id of this node's token in hex (public: the ledger's token id
+  /// column); empty otherwise.
+  virtual std::string token_id() const { return {}; }
 };
 
 /// What one spawn of a role instance gets.

@@ -219,6 +219,20 @@ run_result run_sim(const experiment_graph& g, const role_registry& registry, con
       detail += fmt::format(" {}={}", k, v);
     w.record("metric", m.source, "", 0, detail);
   });
+  // A watched run's page counts the envelopes the world refused (a banned node's), by the node
+  // they came from; the world records them in its trace only, and watching leaves that as is.
+  if (watch)
+    w.on_record([wp = watch.get()](const sim::trace_event& e) {
+      if (e.kind != "refused")
+        return;
+      metric_record m;
+      m.t = static_cast<double>(e.t_ns) / 1e9;
+      m.source = e.to + "/gate";
+      m.kind = "refused";
+      m.labels["reason"] = e.detail.substr(0, e.detail.find(':'));
+      m.labels["from_node"] = e.from;
+      wp->note(m);
+    });
   std::map<std::string, caf::actor> shared;
   std::vector<std::unique_ptr<sim_host>> hosts;
   std::vector<size_t> dht_nodes;

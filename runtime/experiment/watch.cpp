@@ -56,7 +56,11 @@ class watch_reporter : public reporter {
 public:
   explicit watch_reporter(std::shared_ptr<run_watch::state> st) : st_(std::move(st)) {}
 
-  void start(const run_info& info) override { out_dir_ = info.out_dir; }
+  void start(const run_info& info) override {
+    out_dir_ = info.out_dir;
+    std::lock_guard<std::mutex> guard{st_->mtx};
+    st_->builder.set_pictures_dir(info.out_dir);
+  }
 
   void on_metric(const metric_record& m) override {
     std::lock_guard<std::mutex> guard{st_->mtx};
@@ -228,6 +232,11 @@ std::unique_ptr<reporter> run_watch::make_reporter() {
 
 std::string run_watch::url() const {
   return server_->url();
+}
+
+void run_watch::note(const metric_record& m) {
+  std::lock_guard<std::mutex> guard{state_->mtx};
+  state_->builder.add({m.t, m.node, m.source, m.kind, m.values, m.labels});
 }
 
 result<std::unique_ptr<run_watch>> watch_if_asked(const experiment_graph& g, const plan& p,

@@ -36,6 +36,10 @@ public:
   /// `http://HOST:PORT/`.
   std::string url() const;
 
+  /// Folds an event the watch alone sees into the served snapshot (not into `metrics.jsonl`):
+  /// a simulated run's refusals, which its world records outside the metric stream.
+  void note(const metric_record& m);
+
   /// Spawns (in `sys`) the actor that reads the run's 64 ledger shards through the node's
   /// `dht` every `every` and folds them into the served snapshot; the caller owns it (a host
   /// adopts it). Each reply decodes at most `actors::collab::max_ledger_reply_records` records.

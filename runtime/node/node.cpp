@@ -299,6 +299,8 @@ struct node_config : caf::actor_system_config, messages::wire_context_holder {};
 struct credentials {
   actors::auth::trust_anchor trust;
   std::string token;
+  /// The token's id in hex (public; empty in an open run).
+  std::string token_id;
   std::string experiment;
   std::string node_cert;
   std::string ca_cert;
@@ -330,6 +332,7 @@ result<credentials> load_credentials(const node_options& opts) {
   if (!t)
     return fail("node.token: " + t.error().line());
   c.token = *signed_token;
+  c.token_id = auth::to_hex(t->id);
   c.experiment = t->experiment;
   c.trust.authority_key = *authority;
   c.trust.experiment = t->experiment;
@@ -400,6 +403,7 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
   if (!creds)
     return fail(fmt::format("node {}: {}", n->name_, creds.error().what));
   n->experiment_ = creds->experiment;
+  n->token_id_ = creds->token_id;
   actors::auth::admission_options ao;
   ao.trust = creds->trust;
   ao.key = n->key_;

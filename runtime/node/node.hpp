@@ -95,6 +95,9 @@ public:
   bool tls() const { return tls_; }
   /// The experiment id this node's envelopes carry (a token's, in a closed run).
   const std::string& experiment() const { return experiment_; }
+  /// The id of this node's token in hex (public: deny lists and `issued.log` name it), empty in
+  /// an open run. Never the token itself.
+  const std::string& token_id() const { return token_id_; }
   /// The directory actor (published on `port()`).
   caf::actor directory() const;
   /// The resolver every actor of this node uses.
@@ -140,6 +143,7 @@ private:
   std::shared_ptr<node_gate> gate_;
   bool tls_ = false;
   std::string experiment_;
+  std::string token_id_;
   std::string host_;
   uint16_t port_ = 0;
   caf::timespan timeout_{};

@@ -258,8 +258,20 @@ std::vector<metric_family> families_of(const snapshot& s) {
                         "Samples per peer: the first 20 peers that reported work, the rest under "
                         "peer=\"other\""));
   add_labelled(out.back(), "peer", s.peer_samples_total);
+  out.push_back(counter("starling_stage_samples_total",
+                        "Samples whose backward each SWARM stage's peers applied (their ledger "
+                        "summaries; bounded)"));
+  add_labelled(out.back(), "stage", s.stage_samples_total);
   g("starling_samples_per_second", "Samples per second over the last 10 s of run time",
     s.samples_per_second);
+  out.push_back(gauge("starling_peer_samples_per_second",
+                      "Samples per second per peer over the last 10 s of run time (the peers of "
+                      "starling_peer_samples_total)"));
+  add_labelled(out.back(), "peer", s.peer_samples_per_second);
+  out.push_back(gauge("starling_stage_samples_per_second",
+                      "Samples per second each SWARM stage applied over the last 30 s of run "
+                      "time"));
+  add_labelled(out.back(), "stage", s.stage_samples_per_second);
   g("starling_loss", "Latest training loss (NaN before the first)", s.loss);
   g("starling_global_step", "Highest global step reached (-1: none yet)", s.global_step);
   out.push_back(gauge("starling_live_instances", "Live role instances by role"));

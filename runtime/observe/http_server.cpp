@@ -13,6 +13,7 @@
 #include "runtime/observe/exposition.hpp"
 #include "runtime/observe/ledger.hpp"
 #include "runtime/observe/page.hpp"
+#include "runtime/observe/pictures.hpp"
 #include "runtime/observe/snapshot.hpp"
 #include "runtime/observe/status.hpp"
 
@@ -27,6 +28,8 @@ struct http_server::impl {
   /// Set when the accept loop returned.
   std::atomic<bool> listener_done{false};
   bool stopped = false;
+  /// The loss picture rendered live (at most every 5 s).
+  live_picture live;
 };
 
 namespace {
@@ -109,6 +112,35 @@ result<std::unique_ptr<http_server>> http_server::start(std::shared_ptr<const sn
     no_store(res);
     res.set_header("Content-Disposition", "inline; filename=\"ledger.csv\"");
     res.set_content(render_ledger_csv(snap->ledger), "text/csv; charset=utf-8");
+  });
+  // The run's pictures: `/pictures` lists them (JSON), `/pictures/NAME.svg` serves one.
+  svr.Get("/pictures", [st](const httplib::Request&, httplib::Response& res) {
+    auto snap = st->current();
+    std::string list = "[";
+    auto names = list_pictures(snap->run.pictures_dir);
+    if (snap->loss_curve.size() >= 2)
+      names.insert(names.begin(), live_loss_picture);
+    for (size_t i = 0; i < names.size(); ++i)
+      list += fmt::format("{}\"{}\"", i ? "," : "", names[i]); // checked names: no escapes
+    no_store(res);
+    res.set_content(list + "]", "application/json");
+  });
+  auto* live = &p->live;
+  svr.Get(R"(/pictures/([^/]{1,128}))", [st, live](const httplib::Request& req,
+                                                  httplib::Response& res) {
+    auto snap = st->current();
+    auto name = req.matches[1].str();
+    auto svg = name == live_loss_picture ? live->get(*snap)
+                                         : read_picture(snap->run.pictures_dir, name);
+    no_store(res);
+    if (!svg) {
+      res.status = 404;
+      res.set_content("404 Not Found\n", "text/plain; charset=utf-8");
+      return;
+    }
+    // A picture is an image: nothing in it runs or loads anything.
+    res.set_header("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'");
+    res.set_content(std::move(*svg), "image/svg+xml");
   });
   svr.set_error_handler([](const httplib::Request&, httplib::Response& res) {
     no_store(res);

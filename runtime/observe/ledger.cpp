@@ -65,6 +65,14 @@ std::string ledger_csv_field(const std::string& text) {
   return out;
 }
 
+/// A credit name made by `collab::trainer_credit_name` (`mb:` and 6 hex digits).
+bool is_trainer_tag(const std::string& name) {
+  if (name.size() != 9 || name.compare(0, 3, "mb:") != 0)
+    return false;
+  return std::all_of(name.begin() + 3, name.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
 std::string ledger_csv_number(double v) {
   if (!std::isfinite(v))
     return "";
@@ -74,6 +82,10 @@ std::string ledger_csv_number(double v) {
 }
 
 } // namespace
+
+ledger_row::ledger_row() : loss(std::nan("")) {
+  // nop
+}
 
 ledger_book::ledger_book(ledger_options opts) : opts_(opts) {
   opts_.max_rows = std::max<size_t>(opts_.max_rows, 1);
@@ -142,15 +154,24 @@ void ledger_book::add(const event_view& e) {
     auto& peer = event_label(e, "peer");
     if (peer.empty())
       return;
-    auto& s = stream_[slot(peer)];
-    if (k == "refused") {
-      s.refusals++;
-    } else {
-      s.banned = true;
-      auto& why = event_label(e, "reason");
-      s.ban_reason = why.substr(0, 200);
-    }
+    if (k == "refused")
+      refuse(peer);
+    else
+      ban(peer, event_label(e, "reason"));
   }
+}
+
+void ledger_book::ban(const std::string& peer, const std::string& reason) {
+  if (peer.empty())
+    return;
+  auto& s = stream_[slot(peer)];
+  s.banned = true;
+  s.ban_reason = reason.substr(0, 200);
+}
+
+void ledger_book::refuse(const std::string& peer) {
+  if (!peer.empty())
+    stream_[slot(peer)].refusals++;
 }
 
 ledger_read_stats ledger_book::add_records(const std::vector<ledger_entry>& entries, double now) {
@@ -175,6 +196,7 @@ ledger_read_stats ledger_book::add_records(const std::vector<ledger_entry>& entr
     held h;
     h.name = slot(s->name);
     h.peer_id = peer_id_of(s->id);
+    h.token_id = s->token_id;
     h.time = s->time;
     h.expires_at = std::isfinite(e.expires_at) ? e.expires_at : 0;
     h.c.computed = s->computed;
@@ -186,8 +208,13 @@ ledger_read_stats ledger_book::add_records(const std::vector<ledger_entry>& entr
     h.c.first_s = s->started;
     h.c.last_s = std::max(s->started, s->time);
     h.c.left = s->left;
+    h.c.stage = s->stage;
+    h.c.has_loss = std::isfinite(s->loss);
+    h.c.loss = h.c.has_loss ? s->loss : 0;
+    h.c.step = s->step;
+    // A stage's credit to a trainer's tag is no row of its own: `rows` finds its trainer.
     for (auto& cr : s->credits)
-      h.c.credits[slot(cr.peer)] += cr.samples;
+      h.c.credits[is_trainer_tag(cr.peer) ? cr.peer : slot(cr.peer)] += cr.samples;
     if (it == records_.end() && records_.size() >= 16 * opts_.max_rows) {
       st.rejected++; // a flood of incarnations: keep what is held
       continue;
@@ -211,6 +238,9 @@ std::vector<ledger_row> ledger_book::rows() const {
     bool has_record = false, live = false, rec_left = false;
     double latest = -1;
     std::string peer_id;
+    int stage = -1;
+    double loss = std::nan(""), step = -1;
+    std::string token_id;
   };
   std::map<std::string, merged> by_name;
   for (auto& [key, h] : records_) {
@@ -221,6 +251,10 @@ std::vector<ledger_row> ledger_book::rows() const {
       m.latest = h.time;
       m.rec_left = h.c.left;
       m.peer_id = h.peer_id;
+      m.stage = h.c.stage;
+      m.token_id = h.token_id;
+      m.loss = h.c.has_loss ? h.c.loss : std::nan("");
+      m.step = h.c.step;
     }
     m.rec.computed += h.c.computed;
     m.rec.dropped += h.c.dropped;
@@ -275,13 +309,36 @@ std::vector<ledger_row> ledger_book::rows() const {
       row.left = row.left || m->rec_left;
       row.peer_id = m->peer_id;
       row.record = m->live ? "live" : "expired";
+      row.stage = m->stage;
+      row.loss = m->loss;
+      row.step = m->step;
+      row.token_id = m->token_id;
     }
   }
+  // Trainers' tags -> their rows (a tag two names share credits neither: 24 bits collide once
+  // in about 16 million pairs).
+  std::map<std::string, std::string> tags;
+  for (auto& [name, row] : rows) {
+    if (name == "other")
+      continue;
+    auto tag = collab::trainer_credit_name_of(name);
+    auto [it, fresh] = tags.emplace(tag, name);
+    if (!fresh)
+      it->second.clear();
+  }
   for (auto& [creditor, given] : credits)
-    for (auto& [partner, v] : given)
-      if (partner != creditor)
-        if (auto r = rows.find(partner); r != rows.end())
+    for (auto& [partner, v] : given) {
+      auto target = partner;
+      if (is_trainer_tag(partner)) {
+        auto t = tags.find(partner);
+        if (t == tags.end() || t->second.empty())
+          continue;
+        target = t->second;
+      }
+      if (target != creditor)
+        if (auto r = rows.find(target); r != rows.end())
           r->second.accepted += v;
+    }
   std::vector<ledger_row> out;
   out.reserve(rows.size());
   for (auto& [name, row] : rows)
@@ -295,15 +352,18 @@ std::vector<ledger_row> ledger_book::rows() const {
 std::string render_ledger_csv(const std::vector<ledger_row>& rows) {
   std::string out = "peer,peer_id,samples_computed,samples_accepted,samples_dropped,rounds,"
                     "rounds_averaged,uptime_s,bytes_sent,bytes_received,refusals,banned,"
-                    "ban_reason,left,record\n";
+                    "ban_reason,left,record,stage,token_id\n";
   for (auto& r : rows) {
-    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n", ledger_csv_field(r.peer),
+    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+                       ledger_csv_field(r.peer),
                        ledger_csv_field(r.peer_id), ledger_csv_number(r.computed),
                        ledger_csv_number(r.accepted), ledger_csv_number(r.dropped),
                        ledger_csv_number(r.rounds), ledger_csv_number(r.rounds_averaged),
                        ledger_csv_number(r.uptime_s), ledger_csv_number(r.bytes_sent),
                        ledger_csv_number(r.bytes_received), r.refusals, r.banned ? 1 : 0,
-                       ledger_csv_field(r.ban_reason), r.left ? 1 : 0, r.record);
+                       ledger_csv_field(r.ban_reason), r.left ? 1 : 0, r.record,
+                       r.stage >= 0 ? std::to_string(r.stage) : std::string{},
+                       ledger_csv_field(r.token_id));
   }
   return out;
 }

@@ -10,7 +10,9 @@
 // (a peer that restarted counts from 0 again) are told apart by their start time and summed.
 //
 // Samples accepted of a peer are the sum of the credits its partners gave it (the rule of
-// ledger_record.hpp), never its own claim. A peer stays in the ledger once seen: a record that
+// ledger_record.hpp), never its own claim. In a SWARM run the stage-0 peers credit trainers
+// under their tags (`mb:<hex>`, collab::trainer_credit_name): the ledger gives such a credit to
+// the row whose name has that tag. A peer stays in the ledger once seen: a record that
 // expired keeps its last numbers, marked `expired`. Rows are bounded (`max_rows`; later peers
 // are summed into the row `other`).
 #pragma once
@@ -55,6 +57,15 @@ struct ledger_row {
   /// Its summary in the DHT: `live` (fresh at the last read), `expired`, or `none` (only the
   /// metric stream knows it).
   std::string record = "none";
+  /// From its latest summary: the SWARM stage it serves (negative: none or unknown), its latest
+  /// loss (NaN: none) and the global step it reached (negative: none).
+  int stage = -1;
+  double loss;
+  double step = -1;
+  /// In a closed run, its node's token id (hex; never the token or a key); empty otherwise.
+  std::string token_id;
+
+  ledger_row();
 };
 
 /// Limits of a ledger.
@@ -89,6 +100,11 @@ public:
   /// One metric event (other kinds are ignored).
   void add(const event_view& e);
 
+  /// `peer` was banned, for `reason`.
+  void ban(const std::string& peer, const std::string& reason);
+  /// An envelope of `peer` was refused.
+  void refuse(const std::string& peer);
+
   /// Records of one DHT read at `now` (the DHT clock, seconds); at most
   /// `actors::collab::max_ledger_reply_records` of them are decoded, the rest counted rejected.
   ledger_read_stats add_records(const std::vector<ledger_entry>& entries, double now);
@@ -106,6 +122,9 @@ private:
     double bytes_sent = 0, bytes_received = 0;
     double first_s = -1, last_s = -1;
     bool left = false;
+    int stage = -1;
+    double loss = 0, step = -1;
+    bool has_loss = false;
     /// Credits given, by partner.
     std::map<std::string, double> credits;
   };
@@ -113,6 +132,7 @@ private:
   struct held {
     std::string name;
     std::string peer_id;
+    std::string token_id;
     double time = 0;
     double expires_at = 0;
     counts c;

@@ -39,6 +39,8 @@ const std::string& status_page() {
   .wide { grid-column:1 / -1; }
   svg text { font-size:11px; fill:var(--muted); }
   .muted { color:var(--muted); }
+  .pictures { display:grid; gap:12px; grid-template-columns:repeat(auto-fit, minmax(360px, 1fr)); }
+  .pictures img { width:100%; border:1px solid var(--line); border-radius:6px; background:#fff; }
 </style>
 </head>
 <body>
@@ -52,8 +54,16 @@ const std::string& status_page() {
   <section class="card wide"><h2>Loss</h2><div id="loss"><span class="muted">no loss reported yet</span></div></section>
   <section class="card"><h2>Live instances by role</h2><table id="roles"></table></section>
   <section class="card"><h2>Averaging rounds, faults, restarts</h2><table id="events"></table></section>
+  <section class="card"><h2 id="through-title">Throughput</h2><table id="through"></table><p class="muted" id="through-none">no throughput reported yet</p></section>
+  <section class="card wide" id="pictures-card" style="display:none"><h2>Pictures</h2><div id="pictures" class="pictures"></div></section>
   <section class="card wide"><h2>Instances</h2><table id="members"></table></section>
-  <section class="card wide"><h2>Contribution ledger <a class="muted" href="/ledger.csv">ledger.csv</a></h2><table id="ledger"></table></section>
+  <section class="card wide"><h2>Contribution ledger <a class="muted" href="/ledger.csv">ledger.csv</a></h2><table id="ledger"></table>
+    <p class="muted" id="legend"><b>accepted</b>: samples the peer's partners credit it with, never its own word.
+    DeDLOC and DiLoCo: the weight the partners of each completed averaging round received from it.
+    SWARM: the samples of a trainer's microbatches whose forward and backward went through every stage and that a
+    stage-0 peer applied to its gradient (stage 0 is the backward's last hop), credited by that stage-0 peer.
+    <b>computed</b>, <b>dropped</b>, <b>rounds</b>: the peer's own word (a stage peer's computed: the backward samples it
+    applied or lost; its rounds: its global steps).</p></section>
 </main>
 <script>
 "use strict";
@@ -196,6 +206,21 @@ function render(st) {
   const refused = m.starling_refusals_total || {};
   for (const k in refused) ev.push(["refused: " + k, fmt(refused[k], 0)]);
   rows($("events"), ["what", "count"], ev);
+  const stageRate = m.starling_stage_samples_per_second || {}, stageTotal = m.starling_stage_samples_total || {};
+  const peerRate = m.starling_peer_samples_per_second || {}, peerTotal = m.starling_peer_samples_total || {};
+  const per = virtualTime ? "samples / virtual s" : "samples / s";
+  let through = [];
+  if (Object.keys(stageTotal).length) {
+    $("through-title").textContent = "Throughput per stage";
+    through = Object.keys(stageTotal).sort((a, b) => a - b).map((k) => ["stage " + k, fmt(stageRate[k], 1), fmt(stageTotal[k], 0)]);
+    rows($("through"), ["stage", per, "samples applied"], through);
+  } else {
+    $("through-title").textContent = "Throughput per peer";
+    through = Object.keys(peerTotal).map((k) => [k, fmt(peerRate[k], 1), fmt(peerTotal[k], 0)]);
+    rows($("through"), ["peer", per, "samples"], through);
+  }
+  $("through").style.display = through.length ? "" : "none";
+  $("through-none").style.display = through.length ? "none" : "";
   rows($("members"), ["instance", "role", "node", "samples", "restarts", "last seen"],
     (st.members || []).map((x) => {
       const name = el("span");
@@ -205,16 +230,19 @@ function render(st) {
               x.last_seen_s === null || x.last_seen_s < 0 ? "–" : fmt(x.last_seen_s, 1) + " s"];
     }));
   // Accepted: what the peer's round partners credit it with; computed and dropped: its own word.
-  rows($("ledger"), ["peer", "accepted", "computed", "dropped", "rounds", "uptime", "sent", "received", "refused", "status"],
+  // A closed run names each peer's token by its id (public, as in issued.log and deny lists).
+  const tokens = (st.ledger || []).some((x) => x.token_id);
+  rows($("ledger"), ["peer", "accepted", "computed", "dropped", "rounds", "uptime", "sent", "received", "refused", "status"]
+      .concat(tokens ? ["token id"] : []),
     (st.ledger || []).map((x) => {
       const name = el("span");
       name.appendChild(el("span", undefined, "dot " + (x.banned || x.left || x.record === "expired" ? "down" : "live")));
-      name.appendChild(document.createTextNode(x.peer));
+      name.appendChild(document.createTextNode(x.peer + (x.stage >= 0 ? " · stage " + x.stage : "")));
       const status = x.banned ? "banned: " + (x.ban_reason || "?") : x.left ? "left"
                    : x.record === "expired" ? "record expired" : x.record === "live" ? "publishing" : "–";
       return [name, fmt(x.accepted, 0), fmt(x.computed, 0), fmt(x.dropped, 0), fmt(x.rounds, 0),
               duration(x.uptime_s), bytes(x.bytes_sent), bytes(x.bytes_received),
-              fmt(x.refusals, 0), status];
+              fmt(x.refusals, 0), status].concat(tokens ? [x.token_id ? x.token_id.slice(0, 16) : "–"] : []);
     }));
 }
 async function refresh() {
@@ -226,8 +254,28 @@ async function refresh() {
     $("state").textContent = "node unreachable (" + e.message + "), retrying";
   }
 }
+// The run's pictures (its SVG plots, and the loss drawn live), every 10 s: each reloads itself.
+let pictureRound = 0;
+async function pictures() {
+  try {
+    const res = await fetch("/pictures", { cache: "no-store" });
+    if (!res.ok) return;
+    const names = await res.json();
+    const box = $("pictures");
+    $("pictures-card").style.display = names.length ? "" : "none";
+    pictureRound++;
+    box.replaceChildren(...names.map((n) => {
+      const img = el("img");
+      img.alt = n;
+      img.src = "/pictures/" + encodeURIComponent(n) + "?r=" + pictureRound;
+      return img;
+    }));
+  } catch (e) { /* the state line says when the node is unreachable */ }
+}
 refresh();
+pictures();
 setInterval(refresh, 2000);
+setInterval(pictures, 10000);
 </script>
 </body>
 </html>

@@ -28,6 +28,29 @@ std::string role_of(const std::string& name) {
   return name.substr(0, name.find('/'));
 }
 
+/// Adds the mark (t, total) when the total moved, and drops marks older than the newest one at
+/// least `window` old.
+void add_mark(std::vector<std::pair<double, double>>& marks, double t, double total,
+              double window) {
+  if (marks.empty() || marks.back().second != total)
+    marks.emplace_back(t, total);
+  while (marks.size() > 1 && marks[1].first <= t - window)
+    marks.erase(marks.begin());
+}
+
+/// The rate over the window ending at `now` from marks kept by `add_mark`: from the oldest mark
+/// (at least a window old, else the first, taken at its own time) to `total` now.
+double rate_of(const std::vector<std::pair<double, double>>& marks, double now, double total,
+               double window) {
+  if (marks.empty())
+    return 0;
+  auto& m = marks.front();
+  auto span = m.first <= now - window ? window : now - m.first;
+  if (!(span > 0))
+    return 0;
+  return std::max(0.0, (total - m.second) / span);
+}
+
 } // namespace
 
 snapshot::snapshot() : loss(std::numeric_limits<double>::quiet_NaN()) {
@@ -149,23 +172,7 @@ void snapshot_builder::add(const event_view& e) {
   }
   if (m)
     m->last_seen_s = t;
-  auto loss_point = [&](double loss) {
-    if (!std::isfinite(loss))
-      return;
-    cur_.loss = loss;
-    if (curve_seen_++ % curve_stride_ != 0)
-      return;
-    cur_.loss_curve.emplace_back(t, loss);
-    if (cur_.loss_curve.size() > opts_.max_curve_points) {
-      // Keep every other point and halve the rate of new ones: the curve stays bounded and
-      // evenly thinned over the whole run.
-      std::vector<std::pair<double, double>> kept;
-      for (size_t i = 0; i < cur_.loss_curve.size(); i += 2)
-        kept.push_back(cur_.loss_curve[i]);
-      cur_.loss_curve = std::move(kept);
-      curve_stride_ *= 2;
-    }
-  };
+  auto loss_point = [&](double loss) { add_loss(t, loss); };
   if (e.kind == "microbatch") {
     cur_.microbatches_total++;
     auto retries = value_of(e, "retries", 0);
@@ -206,6 +213,14 @@ void snapshot_builder::add(const event_view& e) {
       down_[inst] = true;
     else if (action == "kill_node")
       set_node_live(label_of(e, "node"), false);
+    if (action == "ban") {
+      // The authority revoked the node's token: every instance of it is out of the run.
+      auto& node = label_of(e, "node");
+      set_node_live(node, false);
+      for (auto& pm : cur_.run.members)
+        if ("node" + std::to_string(pm.node) == node)
+          ledger_.ban(pm.name, "its node (" + node + ") was banned by the run's authority");
+    }
   } else if (e.kind == "restart") {
     cur_.restarts_total++;
     down_[e.source] = false;
@@ -217,7 +232,65 @@ void snapshot_builder::add(const event_view& e) {
   } else if (e.kind == "refused") {
     auto& reason = label_of(e, "reason");
     bump(cur_.refusals_by_reason, reason.empty() ? "unknown" : reason, opts_.max_reasons);
+    // An envelope refused from a node (`from_node`, when the refusing side knows it) counts on
+    // each of that node's instances: the envelope does not say which of them sent it.
+    if (auto& from = label_of(e, "from_node"); !from.empty() && label_of(e, "peer").empty())
+      for (auto& pm : cur_.run.members)
+        if ("node" + std::to_string(pm.node) == from)
+          ledger_.refuse(pm.name);
   }
+}
+
+void snapshot_builder::add_loss(double t, double loss) {
+  if (!std::isfinite(loss))
+    return;
+  cur_.loss = loss;
+  if (curve_seen_++ % curve_stride_ != 0)
+    return;
+  cur_.loss_curve.emplace_back(t, loss);
+  if (cur_.loss_curve.size() > opts_.max_curve_points) {
+    // Keep every other point and halve the rate of new ones: the curve stays bounded and
+    // evenly thinned over the whole run.
+    std::vector<std::pair<double, double>> kept;
+    for (size_t i = 0; i < cur_.loss_curve.size(); i += 2)
+      kept.push_back(cur_.loss_curve[i]);
+    cur_.loss_curve = std::move(kept);
+    curve_stride_ *= 2;
+  }
+}
+
+void snapshot_builder::fold_summaries(double now) {
+  if (cur_.run.start_unix_s > 0 && std::isfinite(now))
+    advance(now - cur_.run.start_unix_s);
+  auto t = cur_.run_time_s;
+  double samples = 0, loss_sum = 0;
+  size_t losses = 0;
+  for (auto& r : ledger_.rows()) {
+    if (std::isfinite(r.step) && r.step >= 0)
+      cur_.global_step = std::max(cur_.global_step, r.step);
+    // A stage peer's samples are its trainers' again: the run's samples are the others'.
+    if (r.stage >= 0)
+      continue;
+    samples += r.computed;
+    auto i = cur_.peer_samples_total.find(r.peer);
+    if (i != cur_.peer_samples_total.end())
+      i->second = std::max(i->second, r.computed);
+    else if (cur_.peer_samples_total.size() < opts_.max_peers && r.peer != "other")
+      cur_.peer_samples_total[r.peer] = r.computed;
+    if (auto* m = member(r.peer))
+      m->samples = std::max(m->samples, r.computed);
+    if (std::isfinite(r.loss) && r.record == "live") {
+      loss_sum += r.loss;
+      ++losses;
+    }
+  }
+  if (samples > cur_.samples_total) {
+    cur_.samples_total = samples;
+    marks_.emplace_back(t, samples);
+  }
+  // Each peer's latest loss, averaged: one point per read.
+  if (losses > 0)
+    add_loss(t, loss_sum / static_cast<double>(losses));
 }
 
 void snapshot_builder::advance(double t) {
@@ -231,7 +304,12 @@ void snapshot_builder::finish() {
 
 ledger_read_stats snapshot_builder::add_ledger_records(const std::vector<ledger_entry>& entries,
                                                        double now) {
-  return ledger_.add_records(entries, now);
+  auto r = ledger_.add_records(entries, now);
+  // A node without the metric stream (any but node 0 in a cluster) draws its tiles and loss
+  // curve from the summaries.
+  if (cur_.events_total == 0)
+    fold_summaries(now);
+  return r;
 }
 
 snapshot snapshot_builder::make() {
@@ -264,6 +342,31 @@ snapshot snapshot_builder::make() {
       cur_.live_by_role.emplace(m.role, 0);
   }
   cur_.ledger = ledger_.rows();
+  for (auto& [peer, total] : cur_.peer_samples_total) {
+    auto& marks = peer_marks_[peer];
+    add_mark(marks, now, total, opts_.rate_window_s);
+    cur_.peer_samples_per_second[peer] = rate_of(marks, now, total, opts_.rate_window_s);
+  }
+  // Per stage: the samples its peers applied (computed less dropped, their summaries' claims of
+  // their own work), summed; a counter, so never below what it showed.
+  std::map<std::string, double> stages;
+  for (auto& r : cur_.ledger)
+    if (r.stage >= 0)
+      stages[std::to_string(r.stage)] += std::max(0.0, r.computed - r.dropped);
+  for (auto& [stage, total] : stages) {
+    auto i = cur_.stage_samples_total.find(stage);
+    if (i == cur_.stage_samples_total.end()) {
+      if (cur_.stage_samples_total.size() >= opts_.max_stages)
+        continue;
+      i = cur_.stage_samples_total.emplace(stage, 0.0).first;
+    }
+    i->second = std::max(i->second, total);
+  }
+  for (auto& [stage, total] : cur_.stage_samples_total) {
+    auto& marks = stage_marks_[stage];
+    add_mark(marks, now, total, opts_.stage_rate_window_s);
+    cur_.stage_samples_per_second[stage] = rate_of(marks, now, total, opts_.stage_rate_window_s);
+  }
   auto out = cur_;
   out.version = next_version_++;
   return out;

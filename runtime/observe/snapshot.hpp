@@ -46,6 +46,9 @@ struct run_description {
   /// Wall-clock start, seconds since the Unix epoch.
   double start_unix_s = 0;
   std::vector<planned_member> members;
+  /// The folder whose SVG pictures the page shows (the run's output; empty: none). Served
+  /// files only, never shown as a path.
+  std::string pictures_dir;
 };
 
 /// One metric event as the builder reads it (a view: it copies what it keeps).
@@ -109,10 +112,19 @@ struct snapshot {
   std::map<std::string, uint64_t> refusals_by_reason;
   /// Samples per peer (bounded, sticky; the rest under "other").
   std::map<std::string, double> peer_samples_total;
+  /// Samples whose backward each SWARM stage applied, by stage index (bounded: `max_stages`),
+  /// from the stage peers' ledger summaries.
+  std::map<std::string, double> stage_samples_total;
 
   // -- gauges ---------------------------------------------------------------------------------
   /// Samples per second over the last `rate_window_s` of run time.
   double samples_per_second = 0;
+  /// Samples per second of each peer of `peer_samples_total` (same labels) over the last
+  /// `rate_window_s`.
+  std::map<std::string, double> peer_samples_per_second;
+  /// Samples per second of each stage of `stage_samples_total` over the last
+  /// `stage_rate_window_s` (summaries come every `node.ledger_every`).
+  std::map<std::string, double> stage_samples_per_second;
   /// Latest training loss (NaN before the first).
   double loss;
   /// Highest global step seen (-1: none).
@@ -138,6 +150,9 @@ struct builder_options {
   size_t max_members = 1000;
   size_t max_curve_points = 512;
   double rate_window_s = 10;
+  /// Stages with their own series (SWARM), and the window of their rates.
+  size_t max_stages = 64;
+  double stage_rate_window_s = 30;
   /// Rows of the contribution ledger (later peers summed into `other`).
   size_t max_ledger_rows = 4096;
 };
@@ -154,7 +169,11 @@ public:
   void advance(double t);
   /// The run ended.
   void finish();
-  /// One DHT read of ledger records at `now` (the DHT clock, seconds).
+  /// The folder of the run's pictures (`run_description::pictures_dir`).
+  void set_pictures_dir(std::string dir) { cur_.run.pictures_dir = std::move(dir); }
+  /// One DHT read of ledger records at `now` (the DHT clock, seconds). A builder that got no
+  /// metric event (a node other than node 0) also takes the run's samples, loss, loss curve and
+  /// step from the summaries (their peers' claims: what that node can read).
   ledger_read_stats add_ledger_records(const std::vector<ledger_entry>& entries, double now);
   /// The ledger as it stands (what `make` puts in the snapshot).
   std::vector<ledger_row> ledger_rows() const { return ledger_.rows(); }
@@ -169,6 +188,11 @@ private:
   void set_node_live(const std::string& node, bool live);
   void add_samples(const std::string& peer, double n, double t);
   static void bump(std::map<std::string, uint64_t>& m, const std::string& key, size_t cap);
+  /// A loss report at run time `t` (the latest loss, and a point of the thinned curve).
+  void add_loss(double t, double loss);
+  /// Without a metric stream: the run's samples, per-peer samples, mean latest loss and
+  /// highest step from the ledger's rows after a read at `now` (DHT clock, Unix seconds).
+  void fold_summaries(double now);
 
   builder_options opts_;
   snapshot cur_;
@@ -178,6 +202,8 @@ private:
   std::map<std::string, size_t> index_;
   /// (run time, samples_total) marks for the rate; the oldest dropped past the window.
   std::vector<std::pair<double, double>> marks_;
+  /// The same per peer of `peer_samples_total` and per stage of `stage_samples_total`.
+  std::map<std::string, std::vector<std::pair<double, double>>> peer_marks_, stage_marks_;
   uint64_t next_version_ = 1;
   /// Thinning stride of the loss curve (every `stride_`-th point kept).
   uint64_t curve_stride_ = 1;

@@ -74,7 +74,11 @@ std::string render_status(const snapshot& s) {
                       {"banned", r.banned},
                       {"ban_reason", r.ban_reason},
                       {"left", r.left},
-                      {"record", r.record}});
+                      {"record", r.record},
+                      {"stage", r.stage},
+                      {"loss", number(r.loss)},
+                      {"step", number(r.step)},
+                      {"token_id", r.token_id}});
   }
   j["ledger_rows"] = s.ledger.size();
   auto& curve = j["loss_curve"] = nlohmann::json::array();

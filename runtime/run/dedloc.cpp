@@ -141,6 +141,7 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
   // The contribution ledger's summaries. A simulation publishes them only when it is served:
   // nobody reads them otherwise, and thousands of simulated peers would pay for the puts.
   po.ledger_experiment = ctx.key_prefix();
+  po.token_id = h.token_id();
   auto& node = h.graph().node;
   if (h.mode() != run_mode::sim || !node.http.empty())
     po.ledger_every = node.ledger_every;

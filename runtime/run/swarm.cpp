@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "actors/averager/averager.hpp"
+#include "actors/collab/ledger_publisher.hpp"
 #include "actors/stage/board.hpp"
 #include "actors/stage/board_view.hpp"
 #include "actors/stage/checkpoint.hpp"
@@ -143,6 +144,38 @@ void keep_replicas(host& h, const swarm_setup& s) {
   });
 }
 
+/// The ledger publisher of a trainer or stage peer (actors/collab/ledger_publisher.hpp), or
+/// none: a simulation publishes no SWARM summaries, so that its trace (and digest) stays what it
+/// is unwatched; its one process sees every event anyway. It leaves with `left` when `peer`
+/// stops on purpose (a migration, a finished trainer), else it dies with it.
+caf::actor swarm_ledger(role_context& ctx, int stage) {
+  auto& h = ctx.node;
+  auto& node = h.graph().node;
+  if (h.mode() == run_mode::sim || node.ledger_every.count() <= 0)
+    return {};
+  actors::collab::ledger_publisher_options lo;
+  lo.dht = h.dht();
+  lo.experiment = ctx.key_prefix();
+  lo.address = fmt::format("@{}/{}", h.index(), ctx.name);
+  lo.name = ctx.name;
+  lo.stage = stage;
+  lo.token_id = h.token_id();
+  lo.every = node.ledger_every;
+  return actors::collab::spawn_ledger_publisher(h.system(), std::move(lo));
+}
+
+/// Ties `ledger` (may be unset) to `peer`'s life.
+void tie_ledger(const caf::actor& peer, caf::actor ledger) {
+  if (!ledger)
+    return;
+  peer->attach_functor([ledger](const caf::error& reason) {
+    if (reason == caf::exit_reason::user_shutdown || reason == caf::exit_reason::normal || !reason)
+      caf::anon_send(ledger, actors::collab::ledger_left_atom::value);
+    else
+      caf::anon_send_exit(ledger, caf::exit_reason::user_shutdown);
+  });
+}
+
 caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
   auto& s = *o.setup;
   auto& g = s.graph;
@@ -254,7 +287,9 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
     so.gossip_board = raw_board_view(h, s);
     so.view = [hp = &h](const caf::actor& a) { return hp->view(a); };
   }
+  so.ledger = swarm_ledger(ctx, static_cast<int>(stage));
   auto peer = actors::stage::spawn_stage(h.system(), so, swarm_board(h, s));
+  tie_ledger(peer, so.ledger);
   // The DHT board announces the peer as `<endpoint>/<its name>`: trainers resolve that name.
   h.register_actor(so.name, peer);
   if (averager)
@@ -319,7 +354,8 @@ caf::actor spawn_trainer(role_context& ctx, const swarm_role_options& o,
     }
   }
   auto& h = ctx.node;
-  auto reports = actors::trainer::spawn_metrics_relay(h.system(), {ctx.name, h.metrics()});
+  auto ledger = swarm_ledger(ctx, -1);
+  auto reports = actors::trainer::spawn_metrics_relay(h.system(), {ctx.name, h.metrics(), ledger});
   auto progress_dir = s.modeled || h.run_dir().empty() ? std::string{} : h.run_dir() + "/progress";
   to.progress = h.service("swarm.progress", [progress_dir](host& x) {
     actors::trainer::progress_store_options po;
@@ -332,6 +368,7 @@ caf::actor spawn_trainer(role_context& ctx, const swarm_role_options& o,
   t->attach_functor([reports](const caf::error&) {
     caf::anon_send_exit(reports, caf::exit_reason::user_shutdown);
   });
+  tie_ledger(t, ledger);
   return t;
 }
 

@@ -737,6 +737,10 @@ std::string trace_line(const trace_event& e) {
 
 } // namespace
 
+void world::on_record(std::function<void(const trace_event&)> f) {
+  observer_ = std::move(f);
+}
+
 void world::record(std::string kind, std::string from, std::string to, uint64_t bytes,
                    std::string detail) {
   trace_event e{now_ns(), std::move(kind), std::move(from), std::move(to), bytes,
@@ -757,6 +761,8 @@ void world::record(std::string kind, std::string from, std::string to, uint64_t 
   mix(std::to_string(e.bytes));
   mix(e.detail);
   ++events_;
+  if (observer_)
+    observer_(e);
   if (trace_out_) {
     *trace_out_ << trace_line(e) << '\n';
     if (!*trace_out_ && trace_error_.empty()) {

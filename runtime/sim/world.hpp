@@ -190,6 +190,9 @@ public:
   /// Appends an event at the current virtual time.
   void record(std::string kind, std::string from, std::string to, uint64_t bytes,
               std::string detail);
+  /// Calls `f` with every event recorded from now on (after it entered the digest); one
+  /// observer, which must not act on the world: a watched run's page reads refusals here.
+  void on_record(std::function<void(const trace_event&)> f);
   /// Writes the events kept in memory as JSON lines.
   void write_trace_jsonl(const std::string& path) const;
   /// A hash of every event recorded since the start, to compare runs cheaply.
@@ -267,6 +270,7 @@ private:
   std::vector<trace_event> trace_;
   /// FNV-1a over every field of every event (`trace_digest`), and their count.
   uint64_t digest_ = 1469598103934665603ULL;
+  std::function<void(const trace_event&)> observer_;
   uint64_t events_ = 0;
   std::unique_ptr<std::ofstream> trace_out_;
   std::string trace_error_;

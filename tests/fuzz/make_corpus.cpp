@@ -329,6 +329,15 @@ int main(int argc, char** argv) {
     s.credits.clear();
     s.left = true;
     save("ledger-summary-left", 13, framed(s));
+    // A SWARM stage-0 peer of a closed run: a credit to a trainer's tag, its loss, step, stage
+    // and token id.
+    s.left = false;
+    s.credits = {{collab::trainer_credit_name_of("trainer.0"), 512}};
+    s.loss = 3.25;
+    s.step = 17;
+    s.stage = 0;
+    s.token_id = "00112233445566778899aabbccddeeff";
+    save("ledger-summary-stage", 13, framed(s));
   }
   {
     // lamb8 states: an 8-bit tensor (two blocks, one partial), an fp32 one and one without state.

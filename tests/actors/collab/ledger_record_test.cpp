@@ -73,12 +73,38 @@ TEST_CASE("a summary decoder refuses every cut, a wrong version or flag, bad cou
   auto trailing = bytes;
   trailing.push_back(0);
   CHECK_FALSE(decode_summary(trailing).ok());
-  auto version = bytes;
-  version[0] = 2;
-  CHECK_FALSE(decode_summary(version).ok());
+  for (char v : {1, 3}) {
+    auto version = bytes;
+    version[0] = v;
+    CHECK_FALSE(decode_summary(version).ok());
+  }
   auto flags = bytes;
-  flags[1] = 2;
+  flags[1] = 8;
   CHECK_FALSE(decode_summary(flags).ok());
+  // The sample has no loss and no step: flagging one makes its 0 a value (canonical), while an
+  // absent one that is not +0.0 is refused, and so is a non-finite loss or a stage above 4095.
+  auto tail = bytes.size() - 19; // loss, step (doubles), stage (u16), empty token id (u8)
+  auto with_loss = bytes;
+  with_loss[1] = 2;
+  CHECK(decode_summary(with_loss).ok());
+  auto stray = bytes;
+  put_double(stray, tail, -0.0);
+  CHECK_FALSE(decode_summary(stray).ok());
+  stray = bytes;
+  put_double(stray, tail + 8, 3);
+  CHECK_FALSE(decode_summary(stray).ok());
+  auto inf = bytes;
+  inf[1] = 2;
+  put_double(inf, tail, std::numeric_limits<double>::infinity());
+  CHECK_FALSE(decode_summary(inf).ok());
+  auto step = bytes;
+  step[1] = 4;
+  put_double(step, tail + 8, -2);
+  CHECK_FALSE(decode_summary(step).ok());
+  auto stage = bytes;
+  stage[tail + 16] = static_cast<char>(0x00);
+  stage[tail + 17] = static_cast<char>(0x10); // 4096
+  CHECK_FALSE(decode_summary(stage).ok());
   // The counts start at byte 2 + 16 (after the two times): computed, dropped, ...
   for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity(), 1e17}) {
     auto b = bytes;
@@ -107,10 +133,66 @@ TEST_CASE("a summary decoder refuses every cut, a wrong version or flag, bad cou
   CHECK(d->credits.size() == max_ledger_credits);
   s.credits.resize(1);
   auto one = encode_summary(s);
-  // The credit count (u16) sits right before the first credit: name length 2 ("p0") + 8.
-  auto at = one.size() - (1 + 2 + 8) - 2;
+  // The credit count (u16) sits right before the first credit: name length 2 ("p0") + 8, and
+  // the loss, step, stage and token id after it.
+  auto at = one.size() - 19 - (1 + 2 + 8) - 2;
   one[at] = static_cast<char>(max_ledger_credits + 1);
   CHECK_FALSE(decode_summary(one).ok());
+}
+
+TEST_CASE("a summary carries a loss, a step and a SWARM stage, or says it has none") {
+  auto s = sample();
+  auto d = decode_summary(encode_summary(s));
+  REQUIRE(d.ok());
+  CHECK(std::isnan(d->loss));
+  CHECK(d->step < 0);
+  CHECK(d->stage < 0);
+  s.loss = 2.75;
+  s.step = 41;
+  s.stage = 2;
+  auto bytes = encode_summary(s);
+  d = decode_summary(bytes);
+  REQUIRE_MESSAGE(d.ok(), (d.ok() ? "" : d.error().what));
+  CHECK(d->loss == 2.75);
+  CHECK(d->step == 41);
+  CHECK(d->stage == 2);
+  CHECK(encode_summary(*d) == bytes);
+  s.token_id = "0123456789abcdef0123456789abcdef";
+  bytes = encode_summary(s);
+  d = decode_summary(bytes);
+  REQUIRE(d.ok());
+  CHECK(d->token_id == s.token_id);
+  CHECK(encode_summary(*d) == bytes);
+  // A token id that is not hex is refused by the decoder (the encoder leaves it out).
+  auto upper = bytes;
+  upper[upper.size() - 1] = 'F';
+  CHECK_FALSE(decode_summary(upper).ok());
+  auto cut = bytes;
+  cut.pop_back();
+  CHECK_FALSE(decode_summary(cut).ok());
+  s.token_id = "not hex";
+  d = decode_summary(encode_summary(s));
+  REQUIRE(d.ok());
+  CHECK(d->token_id.empty());
+  // What cannot be carried is left out rather than refused by every reader.
+  s.loss = std::numeric_limits<double>::infinity();
+  s.step = -3;
+  s.stage = max_ledger_stage + 1;
+  d = decode_summary(encode_summary(s));
+  REQUIRE(d.ok());
+  CHECK(std::isnan(d->loss));
+  CHECK(d->step < 0);
+  CHECK(d->stage < 0);
+}
+
+TEST_CASE("a stage credits a trainer under the tag its microbatch ids carry") {
+  auto tag = trainer_tag("trainer.1");
+  CHECK(tag < (uint64_t{1} << 24));
+  uint64_t id = (tag << 40) | 12345;
+  CHECK(trainer_credit_name(id) == trainer_credit_name_of("trainer.1"));
+  CHECK(trainer_credit_name(id).size() == 9);
+  CHECK(trainer_credit_name(id).rfind("mb:", 0) == 0);
+  CHECK(trainer_credit_name_of("trainer.0") != trainer_credit_name_of("trainer.1"));
 }
 
 TEST_CASE("partners credit a sender with its whole weight over a complete round, a share over "

@@ -4,9 +4,13 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <regex>
+#include <set>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include <csignal>
 #include <cstdlib>
@@ -82,6 +86,50 @@ void check_held_out_falls(subprocess& p) {
   CHECK(p.wait_exit(60s) == 0);
 }
 
+/// A watched SWARM run's ledger: each trainer accepted what stage-0 peers say they applied of
+/// its microbatches (some, at most its 384 samples and a few applied again after its restart),
+/// never its own claim; every stage's peers publish (the stage column).
+void check_swarm_ledger(const std::string& path) {
+  std::ifstream in{path};
+  REQUIRE(in);
+  std::string line;
+  REQUIRE(std::getline(in, line));
+  std::vector<std::string> head;
+  auto split = [](const std::string& l) {
+    std::vector<std::string> out;
+    std::string cell;
+    std::istringstream s{l};
+    while (std::getline(s, cell, ','))
+      out.push_back(cell);
+    if (!l.empty() && l.back() == ',')
+      out.emplace_back();
+    return out;
+  };
+  head = split(line);
+  std::set<std::string> stages;
+  std::map<std::string, double> accepted;
+  while (std::getline(in, line)) {
+    auto cells = split(line);
+    REQUIRE(cells.size() == head.size());
+    std::map<std::string, std::string> row;
+    for (size_t i = 0; i < head.size(); ++i)
+      row[head[i]] = cells[i];
+    if (!row["stage"].empty())
+      stages.insert(row["stage"]);
+    if (row["peer"].rfind("trainer.", 0) == 0)
+      accepted[row["peer"]] = std::stod(row["samples_accepted"]);
+    else
+      CHECK(std::stod(row["samples_accepted"]) == 0); // stage peers are credited by nobody
+  }
+  CHECK(stages == std::set<std::string>{"0", "1", "2"});
+  REQUIRE(accepted.size() == 2);
+  for (auto& [trainer, n] : accepted) {
+    CAPTURE(trainer);
+    CHECK(n > 0);
+    CHECK(n <= 384 + 4 * 16);
+  }
+}
+
 } // namespace
 
 TEST_CASE("swarm-tiny has one placement in every mode") {
@@ -146,14 +194,18 @@ TEST_CASE("swarm-tiny in local mode trains with preemptions and a killed trainer
   {
     std::ifstream in{config};
     std::ofstream out{file};
-    // The file ends with its `faults:` list (the whole of stage 2 at 7.5 s): one more item.
-    out << in.rdbuf() << "  - {kill: trainer, instance: 0, at: 4s, restart_after: 1s}\n";
+    // The file ends with its `faults:` list (the whole of stage 2 at 7.5 s): one more item. The
+    // peers publish their ledger summaries every second.
+    out << "node: {ledger_every: 1s}\n"
+        << in.rdbuf() << "  - {kill: trainer, instance: 0, at: 4s, restart_after: 1s}\n";
   }
-  subprocess p{args({STARLING_BINARY, "run", file, "--out", dir + "/run"})};
+  // Watched: the ledger at the end credits each trainer from the stage-0 peers' word.
+  subprocess p{args({STARLING_BINARY, "run", file, "--out", dir + "/run", "--http", "127.0.0.1:0"})};
   // 48 batches of 16 samples, each a fixed set of windows, each completed once despite retries
   // and the trainer's restart.
   check_counts(p, "768 of 768 requested", "48 distinct, 0 completed twice");
   check_held_out_falls(p);
+  check_swarm_ledger(dir + "/run/ledger.csv");
   std::filesystem::remove_all(dir);
 }
 

@@ -172,7 +172,7 @@ TEST_CASE("the ledger's CSV quotes what needs quoting and defuses formulas") {
   auto csv = render_ledger_csv({r});
   CHECK(csv.rfind("peer,peer_id,samples_computed,samples_accepted,", 0) == 0);
   CHECK(csv.find("\"'=HYPERLINK(\"\"x\"\")\",,12,2.500,") != std::string::npos);
-  CHECK(csv.find(",1,\"said \"\"no\"\", twice\",0,none\n") != std::string::npos);
+  CHECK(csv.find(",1,\"said \"\"no\"\", twice\",0,none,,\n") != std::string::npos);
 }
 
 TEST_CASE("a snapshot carries the ledger of its builder") {
@@ -185,6 +185,127 @@ TEST_CASE("a snapshot carries the ledger of its builder") {
   REQUIRE(s.ledger.size() == 2);
   CHECK(s.ledger[0].peer == "a");
   CHECK(s.ledger[0].accepted == 8);
+}
+
+TEST_CASE("a SWARM trainer is credited by the stage-0 peers that applied its microbatches, "
+          "never by its own word") {
+  ledger_book b;
+  // Two trainers claim 640 and 320 samples; stage-0 peers credit them under their tags (and one
+  // tag no row has); a stage-1 peer's summary carries its stage.
+  auto t0 = summary("trainer.0", 10, 0, 640);
+  auto t1 = summary("trainer.1", 10, 0, 320);
+  auto s0 = summary("stage.0", 10, 0, 300,
+                    {{collab::trainer_credit_name_of("trainer.0"), 256},
+                     {collab::trainer_credit_name_of("trainer.1"), 32},
+                     {"mb:000000", 999}});
+  s0.stage = 0;
+  auto s1 = summary("stage.1", 10, 0, 200, {{collab::trainer_credit_name_of("trainer.1"), 64}});
+  s1.stage = 0;
+  auto s2 = summary("stage.2", 10, 0, 900);
+  s2.stage = 1;
+  s2.dropped = 100;
+  s2.loss = 3.5;
+  s2.step = 7;
+  auto read = b.add_records({entry(t0, 100), entry(t1, 100), entry(s0, 100), entry(s1, 100),
+                             entry(s2, 100)},
+                            10);
+  CHECK(read.accepted == 5);
+  auto rows = b.rows();
+  // A tag is no row of its own.
+  CHECK(rows.size() == 5);
+  CHECK(row(rows, "trainer.0").accepted == 256);
+  CHECK(row(rows, "trainer.1").accepted == 96);
+  CHECK(row(rows, "trainer.0").computed == 640);
+  CHECK(row(rows, "stage.0").accepted == 0);
+  CHECK(row(rows, "stage.2").stage == 1);
+  CHECK(row(rows, "stage.2").loss == 3.5);
+  CHECK(row(rows, "stage.2").step == 7);
+  CHECK(row(rows, "trainer.0").stage == -1);
+  CHECK(render_ledger_csv(rows).find(",live,1,\n") != std::string::npos);
+
+  // The snapshot sums each stage's applied samples (computed less dropped) into a counter and
+  // its rate over the stage window.
+  run_description run;
+  run.experiment = "x";
+  snapshot_builder sb{run};
+  sb.add({0, 0, "trainer.0", "microbatch", {{"samples", 16}}, {}});
+  sb.add_ledger_records({entry(s0, 100), entry(s1, 100), entry(s2, 100)}, 10);
+  auto a = sb.make();
+  CHECK(a.stage_samples_total.at("0") == 500);
+  CHECK(a.stage_samples_total.at("1") == 800);
+  auto s0b = s0;
+  s0b.time = 20;
+  s0b.computed = 800;
+  sb.advance(20);
+  sb.add_ledger_records({entry(s0b, 100)}, 20);
+  auto c = sb.make();
+  CHECK(c.stage_samples_total.at("0") == 1000);
+  // 500 more samples applied by stage 0 over the 20 s since the first mark (at run time 0).
+  CHECK(c.stage_samples_per_second.at("0") == doctest::Approx(25));
+  CHECK(c.stage_samples_per_second.at("1") == 0);
+}
+
+TEST_CASE("a node without the metric stream draws its tiles and loss curve from the "
+          "summaries") {
+  run_description run;
+  run.experiment = "x";
+  run.start_unix_s = 1000;
+  snapshot_builder b{run};
+  auto a = summary("dedloc.0", 1010, 1000, 64);
+  a.loss = 2.0;
+  a.step = 3;
+  auto c = summary("dedloc.1", 1010, 1000, 32);
+  c.loss = 3.0;
+  c.step = 4;
+  b.add_ledger_records({entry(a, 2000), entry(c, 2000)}, 1010);
+  auto s1 = b.make();
+  CHECK(s1.run_time_s == 10);
+  CHECK(s1.samples_total == 96);
+  CHECK(s1.loss == 2.5);
+  CHECK(s1.global_step == 4);
+  CHECK(s1.loss_curve.size() == 1);
+  CHECK(s1.peer_samples_total.at("dedloc.0") == 64);
+  a.time = 1020;
+  a.computed = 128;
+  a.loss = 1.0;
+  b.add_ledger_records({entry(a, 2000)}, 1020);
+  auto s2 = b.make();
+  CHECK(s2.run_time_s == 20);
+  CHECK(s2.samples_total == 160);
+  CHECK(s2.loss == 2.0);
+  CHECK(s2.loss_curve.size() == 2);
+  CHECK(s2.samples_per_second == doctest::Approx(6.4));
+  // A node with the metric stream keeps its own numbers.
+  snapshot_builder zero{run};
+  zero.add({1, 0, "dedloc.0", "dp_step", {{"samples", 8}, {"loss", 5}}, {}});
+  zero.add_ledger_records({entry(a, 2000), entry(c, 2000)}, 1020);
+  auto z = zero.make();
+  CHECK(z.samples_total == 8);
+  CHECK(z.loss == 5);
+}
+
+TEST_CASE("a banned node's instances are banned in the ledger, and refusals from a node count "
+          "on its instances") {
+  run_description run;
+  run.experiment = "x";
+  run.members.push_back({"peer.0", "peer", 1, 0, -1, "dedloc.peer"});
+  run.members.push_back({"peer.1", "peer", 2, 0, -1, "dedloc.peer"});
+  snapshot_builder b{run};
+  b.add({3, 0, "node2/faults", "fault", {}, {{"action", "ban"}, {"node", "node2"}}});
+  b.add({4, 0, "node0/gate", "refused", {}, {{"reason", "revoked"}, {"from_node", "node2"}}});
+  b.add({5, 0, "node0/gate", "refused", {}, {{"reason", "revoked"}, {"from_node", "node2"}}});
+  auto s = b.make();
+  auto& banned = row(s.ledger, "peer.1");
+  CHECK(banned.banned);
+  CHECK(banned.ban_reason.find("node2") != std::string::npos);
+  CHECK(banned.refusals == 2);
+  CHECK(s.refusals_by_reason.at("revoked") == 2);
+  for (auto& r : s.ledger)
+    if (r.peer == "peer.0")
+      CHECK_FALSE(r.banned);
+  for (auto& m : s.members)
+    if (m.name == "peer.1")
+      CHECK_FALSE(m.live);
 }
 
 } // namespace starling::test::runtime_observe_ledger_test
