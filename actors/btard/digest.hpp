@@ -4,7 +4,7 @@
 // robin to four leaves (block b to leaf b mod 4), each leaf the standard BLAKE2b-256 of its
 // blocks (leaf_hash.hpp); the digest is BLAKE2b-256 (libsodium's crypto_generichash) of a domain
 // tag, the step, the part index, the element count and the four leaves. The four leaves run four
-// at a time in AVX2 registers, at about three times the rate of one BLAKE2b over the same bytes
+// at a time in AVX2 registers, at about four times the rate of libsodium's BLAKE2b here
 // (each peer hashes about three times the model per step: its own parts, the parts it
 // aggregates and the results it receives); collisions need a BLAKE2b collision in a leaf or the
 // root. The digest depends on the values only, never on how the transport cuts them into
