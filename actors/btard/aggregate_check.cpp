@@ -5,11 +5,15 @@
 
 #include <fmt/format.h>
 
+#include "actors/btard/vectorize.hpp"
 #include "kernels/seeded_hash.hpp"
 
 namespace starling::actors::btard {
 
 namespace {
+
+using detail::lane_total;
+using detail::sum_lanes;
 
 constexpr double unit_roundoff_f32 = 0x1p-24;
 constexpr double unit_roundoff_f64 = 0x1p-53;
@@ -43,31 +47,49 @@ std::vector<double> gaussian_direction(uint64_t seed, size_t size) {
   return z;
 }
 
-double norm_of(const double* v, size_t size) {
-  double sum = 0.0;
-  for (size_t i = 0; i < size; ++i)
-    sum += v[i] * v[i];
-  return std::sqrt(sum);
+STARLING_BTARD_VECTORIZE double norm_of(const double* v, size_t size) {
+  double lane[sum_lanes] = {};
+  size_t i = 0;
+  for (; i + sum_lanes <= size; i += sum_lanes)
+    for (size_t l = 0; l < sum_lanes; ++l)
+      lane[l] += v[i + l] * v[i + l];
+  for (; i < size; ++i)
+    lane[i % sum_lanes] += v[i] * v[i];
+  return std::sqrt(lane_total(lane));
 }
 
-double norm_of(const float* v, size_t size) {
-  double sum = 0.0;
-  for (size_t i = 0; i < size; ++i) {
+STARLING_BTARD_VECTORIZE double norm_of(const float* v, size_t size) {
+  double lane[sum_lanes] = {};
+  size_t i = 0;
+  for (; i + sum_lanes <= size; i += sum_lanes)
+    for (size_t l = 0; l < sum_lanes; ++l) {
+      auto x = static_cast<double>(v[i + l]);
+      lane[l] += x * x;
+    }
+  for (; i < size; ++i) {
     auto x = static_cast<double>(v[i]);
-    sum += x * x;
+    lane[i % sum_lanes] += x * x;
   }
-  return std::sqrt(sum);
+  return std::sqrt(lane_total(lane));
 }
 
-projection project(const double* z, const float* g, const float* agg, size_t size) {
-  double s = 0.0;
-  double sq = 0.0;
-  for (size_t i = 0; i < size; ++i) {
+STARLING_BTARD_VECTORIZE projection project(const double* z, const float* g, const float* agg,
+                                            size_t size) {
+  double s[sum_lanes] = {};
+  double sq[sum_lanes] = {};
+  size_t i = 0;
+  for (; i + sum_lanes <= size; i += sum_lanes)
+    for (size_t l = 0; l < sum_lanes; ++l) {
+      double d = static_cast<double>(g[i + l]) - static_cast<double>(agg[i + l]);
+      s[l] += z[i + l] * d;
+      sq[l] += d * d;
+    }
+  for (; i < size; ++i) {
     double d = static_cast<double>(g[i]) - static_cast<double>(agg[i]);
-    s += z[i] * d;
-    sq += d * d;
+    s[i % sum_lanes] += z[i] * d;
+    sq[i % sum_lanes] += d * d;
   }
-  return projection{s, std::sqrt(sq)};
+  return projection{lane_total(s), std::sqrt(lane_total(sq))};
 }
 
 result<aggregate_check_outcome> check_aggregate(const std::map<std::string, projection>& pairs,

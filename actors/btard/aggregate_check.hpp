@@ -33,9 +33,14 @@
 // P(|N(0,1)| > sigmas). The second term covers the fp64 rounding of the published s_ij, n_ij
 // and of the sum (each s_ij·min(1, τ/n_ij) has error <= γ·‖z‖·min(n_ij, τ)), and the relative
 // slack `projection_matches` grants each published pair, which a liar may use without being
-// caught. This holds only when the aggregator computes CenteredClip in fp64 (float32 inputs
-// widened, kernels::centered_clip on double tensors) and rounds its result to float32 once:
-// a float32 iteration's rounding (up to D·u32 relative in the norms) is far above this bound.
+// caught. The sums run in eight lanes (vectorize.hpp), not left to right: any summation tree
+// of D terms has at most D − 1 rounded additions on a path (adding a lane's initial 0 is
+// exact), so the γ above covers either order. This holds only when the aggregator computes
+// CenteredClip in fp64 (float32 inputs widened: clip.hpp's centered_clip_fp64, or
+// kernels::centered_clip on double tensors) and rounds its result to float32 once: a float32
+// iteration's rounding (up to D·u32 relative in the norms) is far above this bound. How the
+// aggregator finds x_prev does not enter the bound: only that its last step, computed from
+// x_prev as above, had norm <= tolerance.
 //
 // Convergence and the iteration cap: a non-converged aggregate fails the check (its residual is
 // about n times its last step). With weights 1 an iteration is x ← T(x) = (1/n)·Σ_j (x + φ_j(x)),
@@ -66,7 +71,8 @@ namespace starling::actors::btard {
 /// √(−2 ln u1)·sin 2πu2) for each pair of coordinates.
 std::vector<double> gaussian_direction(uint64_t seed, size_t size);
 
-/// ‖v‖ in fp64, summed in index order.
+/// ‖v‖ in fp64, the squares summed in the lanes of vectorize.hpp (lane k mod 8, in index
+/// order, lanes in order).
 double norm_of(const double* v, size_t size);
 /// ‖v‖ of float32 values, in fp64.
 double norm_of(const float* v, size_t size);
@@ -79,7 +85,8 @@ struct projection {
   double n = 0.0;
 };
 
-/// (s, n) of contribution `g` against aggregate `agg` along `z`, in fp64, summed in index order.
+/// (s, n) of contribution `g` against aggregate `agg` along `z`, in fp64, summed in the lanes of
+/// vectorize.hpp (as `norm_of`).
 projection project(const double* z, const float* g, const float* agg, size_t size);
 
 /// Settings of the check; τ and tolerance are the run's CenteredClip options.

@@ -11,14 +11,15 @@
 #include <fmt/format.h>
 
 #include "actors/btard/bytes.hpp"
+#include "actors/btard/leaf_hash.hpp"
 
 namespace starling::actors::btard {
 
 namespace {
 
-constexpr std::string_view part_tag = "starling.btard.part.v1";
+constexpr std::string_view part_tag = "starling.btard.part.v2";
 
-/// The bytes hashed before the values: tag, step, part index, element count.
+/// The bytes hashed before the leaves: tag, step, part index, element count.
 std::string part_header(uint64_t step, uint64_t part, uint64_t count) {
   std::string h{part_tag};
   detail::put_u64(h, step);
@@ -28,11 +29,11 @@ std::string part_header(uint64_t step, uint64_t part, uint64_t count) {
 }
 
 /// Feeds float32 values as little-endian bytes (converted in blocks on a big-endian host).
-void update_floats(crypto_generichash_state& st, const float* values, size_t n) {
+void update_floats(detail::leaf_hasher& h, const float* values, size_t n) {
   if (n == 0)
     return;
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-  crypto_generichash_update(&st, reinterpret_cast<const unsigned char*>(values), n * sizeof(float));
+  h.update(reinterpret_cast<const unsigned char*>(values), n * sizeof(float));
 #else
   unsigned char block[4096];
   size_t done = 0;
@@ -44,33 +45,41 @@ void update_floats(crypto_generichash_state& st, const float* values, size_t n) 
       for (int b = 0; b < 4; ++b)
         block[4 * i + b] = static_cast<unsigned char>((bits >> (8 * b)) & 0xff);
     }
-    crypto_generichash_update(&st, block, 4 * take);
+    h.update(block, 4 * take);
     done += take;
   }
 #endif
 }
 
-void begin_part(crypto_generichash_state& st, uint64_t step, uint64_t part, uint64_t count) {
+/// The part digest from its header and its leaves.
+digest root_of(const std::string& header, const detail::leaf_digests& leaves) {
   if (sodium_init() < 0)
     std::abort();
+  crypto_generichash_state st;
   crypto_generichash_init(&st, nullptr, 0, digest_bytes);
-  auto h = part_header(step, part, count);
-  crypto_generichash_update(&st, reinterpret_cast<const unsigned char*>(h.data()), h.size());
+  crypto_generichash_update(&st, reinterpret_cast<const unsigned char*>(header.data()),
+                            header.size());
+  for (auto& leaf : leaves)
+    crypto_generichash_update(&st, leaf.data(), leaf.size());
+  digest out{};
+  crypto_generichash_final(&st, out.data(), out.size());
+  return out;
 }
 
 } // namespace
 
 struct part_hasher::state {
-  crypto_generichash_state h;
+  state(uint64_t step, uint64_t part, uint64_t count)
+      : header(part_header(step, part, count)),
+        leaves(count <= max_part_elems ? count * sizeof(float) : 0) {}
+  std::string header;
+  detail::leaf_hasher leaves;
 };
 
 digest part_digest(uint64_t step, uint64_t part, const float* values, size_t count) {
-  crypto_generichash_state st;
-  begin_part(st, step, part, count);
-  update_floats(st, values, count);
-  digest out{};
-  crypto_generichash_final(&st, out.data(), out.size());
-  return out;
+  detail::leaf_hasher leaves(uint64_t{count} * sizeof(float));
+  update_floats(leaves, values, count);
+  return root_of(part_header(step, part, count), leaves.finish());
 }
 
 digest part_digest(uint64_t step, uint64_t part, const std::vector<float>& values) {
@@ -110,16 +119,14 @@ std::string digest_hex(const digest& d) {
 }
 
 part_hasher::part_hasher(uint64_t step, uint64_t part, uint64_t count)
-    : state_(std::make_unique<state>()), count_(count) {
-  begin_part(state_->h, step, part, count);
-}
+    : state_(std::make_unique<state>(step, part, count)), count_(count) {}
 
 part_hasher::~part_hasher() = default;
 part_hasher::part_hasher(part_hasher&&) noexcept = default;
 part_hasher& part_hasher::operator=(part_hasher&&) noexcept = default;
 
 void part_hasher::feed(const float* values, size_t n) {
-  update_floats(state_->h, values, n);
+  update_floats(state_->leaves, values, n);
   next_ += n;
 }
 
@@ -176,9 +183,7 @@ result<digest> part_hasher::finish() {
                             "needs the whole part",
                             received_, count_, next_));
   finished_ = true;
-  digest out{};
-  crypto_generichash_final(&state_->h, out.data(), out.size());
-  return out;
+  return root_of(state_->header, state_->leaves.finish());
 }
 
 } // namespace starling::actors::btard

@@ -4,12 +4,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <deque>
 #include <limits>
 
 #include <fmt/format.h>
 #include <torch/torch.h>
 
 #include "actors/auth/identity.hpp"
+#include "actors/btard/clip.hpp"
 
 namespace starling::actors::btard {
 
@@ -46,106 +48,17 @@ std::vector<float> as_vector(const at::Tensor& t) {
   return {c.data_ptr<float>(), c.data_ptr<float>() + c.numel()};
 }
 
-std::vector<float> slice(const std::vector<float>& v, const part_range& r) {
-  return {v.begin() + static_cast<std::ptrdiff_t>(r.begin),
-          v.begin() + static_cast<std::ptrdiff_t>(r.end)};
-}
-
-/// CenteredClip of float32 inputs in fp64, rounded to float32 once (the aggregate check's
-/// precondition), with how many inputs end farther than τ.
-struct clip_result {
-  std::vector<float> value;
-  size_t iterations = 0;
-  bool converged = true;
-  size_t clipped = 0;
-};
-
-result<clip_result> clip_fp64(const std::vector<const std::vector<float>*>& inputs, double tau,
-                              size_t max_iterations, double tolerance) {
-  // kernels::centered_clip's iteration (median start; x += mean of the clipped differences; stop
-  // after a step of norm <= tolerance), on raw doubles: parts are small and many, and the tensor
-  // version's allocations per iteration cost more than its arithmetic there.
-  if (inputs.empty())
-    return fail("centered clip of no inputs");
-  if (!(tau > 0) || !std::isfinite(tau))
-    return fail(fmt::format("centered clip: tau is {}", tau));
-  const size_t n = inputs.size(), dim = inputs.front()->size();
-  for (auto* v : inputs)
-    if (v->size() != dim)
-      return fail("centered clip of inputs of different sizes");
-  std::vector<double> x(dim), step(dim), col(n);
-  for (size_t k = 0; k < dim; ++k) {
-    for (size_t j = 0; j < n; ++j)
-      col[j] = (*inputs[j])[k];
-    // The median by selection (exactly the sorted middle values, in O(n)).
-    auto mid = col.begin() + static_cast<std::ptrdiff_t>(n / 2);
-    std::nth_element(col.begin(), mid, col.end());
-    x[k] = n % 2 == 1 ? *mid : (*std::max_element(col.begin(), mid) + *mid) / 2.0;
-  }
-  clip_result r;
-  r.converged = false;
-  for (size_t it = 0; it < max_iterations; ++it) {
-    std::fill(step.begin(), step.end(), 0.0);
-    for (auto* v : inputs) {
-      const float* g = v->data();
-      double d2 = 0;
-      for (size_t k = 0; k < dim; ++k) {
-        double d = g[k] - x[k];
-        d2 += d * d;
-      }
-      double dist = std::sqrt(d2);
-      double w = dist > tau ? tau / dist : 1.0;
-      for (size_t k = 0; k < dim; ++k)
-        step[k] += w * (g[k] - x[k]);
-    }
-    double s2 = 0;
-    for (size_t k = 0; k < dim; ++k) {
-      step[k] /= static_cast<double>(n);
-      x[k] += step[k];
-      s2 += step[k] * step[k];
-    }
-    r.iterations = it + 1;
-    if (std::sqrt(s2) <= tolerance) {
-      r.converged = true;
-      break;
-    }
-  }
-  r.value.resize(dim);
-  for (size_t k = 0; k < dim; ++k)
-    r.value[k] = static_cast<float>(x[k]);
-  for (auto* v : inputs) {
-    double d2 = 0;
-    for (size_t k = 0; k < dim; ++k) {
-      double d = double((*v)[k]) - double(r.value[k]);
-      d2 += d * d;
-    }
-    if (std::sqrt(d2) > tau)
-      ++r.clipped;
-  }
-  return r;
-}
-
 /// Adds one CenteredClip's statistics to its attempt's record.
-void note_clip(attempt_record& rec, const clip_result& c, size_t inputs) {
+void note_clip(attempt_record& rec, const clip_outcome& c, size_t inputs) {
   rec.clipped += c.clipped;
   rec.inputs += inputs;
   rec.iterations = std::max(rec.iterations, c.iterations);
   rec.converged = rec.converged && c.converged;
 }
 
-std::vector<float> mean_of(const std::vector<const std::vector<float>*>& inputs) {
-  std::vector<double> acc(inputs.front()->size(), 0.0);
-  for (auto* v : inputs)
-    for (size_t k = 0; k < acc.size(); ++k)
-      acc[k] += (*v)[k];
-  std::vector<float> out(acc.size());
-  for (size_t k = 0; k < acc.size(); ++k)
-    out[k] = static_cast<float>(acc[k] / static_cast<double>(inputs.size()));
-  return out;
-}
-
 /// Adds the wall time since the last lap to `ms[name]`; the time after the last lap goes to
-/// "other" when the clock goes out of scope (an attempt that ends early).
+/// "other" when the clock goes out of scope (an attempt that ends early). Part digests are
+/// timed on their own ("hash") and left out of the phase they happen in.
 class phase_clock {
 public:
   explicit phase_clock(std::map<std::string, double>& ms) : ms_(ms), last_(now()) {}
@@ -154,14 +67,25 @@ public:
   phase_clock& operator=(const phase_clock&) = delete;
   void lap(const char* name) {
     auto t = now();
-    ms_[name] += std::chrono::duration<double, std::milli>(t - last_).count();
+    ms_[name] += std::chrono::duration<double, std::milli>(t - last_).count() - hashed_;
+    hashed_ = 0.0;
     last_ = t;
+  }
+  /// `part_digest` of `count` values, its time counted as "hash".
+  digest hash(uint64_t step, uint64_t part, const float* values, size_t count) {
+    auto t = now();
+    auto d = part_digest(step, part, values, count);
+    double ms = std::chrono::duration<double, std::milli>(now() - t).count();
+    ms_["hash"] += ms;
+    hashed_ += ms;
+    return d;
   }
 
 private:
   static std::chrono::steady_clock::time_point now() { return std::chrono::steady_clock::now(); }
   std::map<std::string, double>& ms_;
   std::chrono::steady_clock::time_point last_;
+  double hashed_ = 0.0;
 };
 
 } // namespace
@@ -280,13 +204,25 @@ struct simulated_group::impl {
   }
 
   // -- per-step state ---------------------------------------------------------------------------
+  /// A gradient held once and shared by every map that names it (an honest member's true,
+  /// sent and recomputed gradient are one vector).
+  using shared_vector = std::shared_ptr<const std::vector<float>>;
+  /// A run of values a member applies: `size` values at `begin` of the model, read from
+  /// `values` (a part's result as the member received it, or the whole plain aggregate).
+  struct piece {
+    size_t begin = 0;
+    const float* values = nullptr;
+    size_t size = 0;
+  };
   struct step_state {
     uint64_t step = 0;
     std::map<std::string, uint64_t> seeds;
     /// What each member sends (its attacked gradient) and its true gradient.
-    std::map<std::string, std::vector<float>> sent, truth;
+    std::map<std::string, shared_vector> sent, truth;
     /// Recomputed true gradients (validators and re-checks), by key.
-    std::map<std::string, std::vector<float>> recomputed;
+    std::map<std::string, shared_vector> recomputed;
+    /// Storage the applied pieces point into (results, copies that differ from them).
+    std::deque<std::vector<float>> kept;
     /// θ_t every honest member holds.
     std::vector<float> theta;
     /// The honest statistics IPM and ALIE attackers share (computed once per step), and the
@@ -295,15 +231,16 @@ struct simulated_group::impl {
     size_t gradient_attackers = 0;
   };
 
-  result<std::vector<float>> true_gradient(step_state& s, const std::string& key) {
+  result<shared_vector> true_gradient(step_state& s, const std::string& key) {
     auto it = s.recomputed.find(key);
     if (it != s.recomputed.end())
       return it->second;
     auto g = t->gradient(s.theta, s.seeds.at(key), false);
     if (!g)
-      return g;
-    s.recomputed.emplace(key, *g);
-    return g;
+      return fail(g.error().what);
+    auto shared = std::make_shared<const std::vector<float>>(std::move(*g));
+    s.recomputed.emplace(key, shared);
+    return shared;
   }
 
   result<signed_statement> publish(attempt_record& rec, const peer& p, statement_kind kind,
@@ -411,77 +348,85 @@ struct simulated_group::impl {
 
   /// The aggregated vector of a part by the plain rules.
   result<std::vector<float>> plain(const std::vector<std::string>& members,
-                                   const std::map<std::string, std::vector<float>>& sent,
+                                   const std::map<std::string, shared_vector>& sent,
                                    attempt_record& rec) {
-    std::vector<const std::vector<float>*> in;
+    std::vector<const float*> in;
     for (auto& k : members)
-      in.push_back(&sent.at(k));
+      in.push_back(sent.at(k)->data());
     if (o.rule == aggregation_rule::mean)
-      return mean_of(in);
+      return mean_fp64(in, t->dim());
     // CenteredClip per part of the same equal split BTARD uses.
     auto parts = equal_parts(t->dim(), members.size());
     if (!parts)
       return fail(parts.error().what);
     std::vector<float> out(t->dim());
+    std::vector<const float*> part_in(in.size());
     for (auto& r : *parts) {
-      std::vector<std::vector<float>> sl;
-      for (auto* v : in)
-        sl.push_back(slice(*v, r));
-      std::vector<const std::vector<float>*> ptrs;
-      for (auto& v : sl)
-        ptrs.push_back(&v);
-      auto c = clip_fp64(ptrs, o.tau, o.max_iterations, o.tolerance);
+      for (size_t j = 0; j < in.size(); ++j)
+        part_in[j] = in[j] + r.begin;
+      auto c = centered_clip_fp64(part_in, r.size(), o.tau, o.max_iterations, o.tolerance);
       if (!c)
         return fail(c.error().what);
       std::copy(c->value.begin(), c->value.end(),
                 out.begin() + static_cast<std::ptrdiff_t>(r.begin));
-      note_clip(rec, *c, ptrs.size());
+      note_clip(rec, *c, part_in.size());
     }
     return out;
   }
 
-  void apply(peer& p, const std::vector<float>& g) {
+  void apply(peer& p, const std::vector<piece>& pieces) {
     // SGD with Nesterov momentum: v ← μv + g; θ ← θ − lr·(g + μv).
-    for (size_t k = 0; k < g.size(); ++k) {
-      p.velocity[k] = static_cast<float>(o.momentum) * p.velocity[k] + g[k];
-      p.params[k] -=
-          static_cast<float>(o.lr) * (g[k] + static_cast<float>(o.momentum) * p.velocity[k]);
+    const auto mu = static_cast<float>(o.momentum);
+    const auto lr = static_cast<float>(o.lr);
+    for (auto& pc : pieces) {
+      float* v = p.velocity.data() + pc.begin;
+      float* th = p.params.data() + pc.begin;
+      const float* g = pc.values;
+      for (size_t k = 0; k < pc.size; ++k) {
+        v[k] = mu * v[k] + g[k];
+        th[k] -= lr * (g[k] + mu * v[k]);
+      }
     }
   }
 
   result<step_record> run_step();
   result<bool> run_attempt(step_state& s, step_group& g, attempt_record& rec,
                            std::set<std::string>& removed, uint32_t& mprng_attempt,
-                           std::map<std::string, std::vector<float>>& applied);
-  result<std::vector<float>> attacked(step_state& s, peer& p, const std::vector<float>& truth,
-                                      const std::vector<std::string>& members);
+                           std::map<std::string, std::vector<piece>>& applied);
+  result<shared_vector> attacked(step_state& s, peer& p, const shared_vector& truth,
+                                 const std::vector<std::string>& members);
 };
 
-result<std::vector<float>>
-simulated_group::impl::attacked(step_state& s, peer& p, const std::vector<float>& truth,
+result<simulated_group::impl::shared_vector>
+simulated_group::impl::attacked(step_state& s, peer& p, const shared_vector& truth,
                                 const std::vector<std::string>& members) {
+  auto share = [](std::vector<float> v) {
+    return std::make_shared<const std::vector<float>>(std::move(v));
+  };
   auto& a = p.spec.gradient;
   if (a.kind == attack_kind::delayed && p.delayed)
-    p.delayed->record(step, as_tensor(truth).clone());
+    p.delayed->record(step, as_tensor(*truth).clone());
   if (a.kind == attack_kind::none || !attacks_at(a, step))
     return truth;
-  auto g = as_tensor(truth);
+  auto g = as_tensor(*truth);
   switch (a.kind) {
   case attack_kind::sign_flip:
-    return as_vector(sign_flip(g, a.scale));
+    return share(as_vector(sign_flip(g, a.scale)));
   case attack_kind::random_direction: {
     auto out = direction->apply({g}, a.scale);
     if (!out)
       return fail(out.error().what);
-    return as_vector(out->front());
+    return share(as_vector(out->front()));
   }
   case attack_kind::label_flip: {
     auto flipped = t->gradient(s.theta, s.seeds.at(p.pk), true);
-    return flipped;
+    if (!flipped)
+      return fail(flipped.error().what);
+    return share(std::move(*flipped));
   }
   case attack_kind::delayed: {
     auto old = p.delayed->replay(step);
-    return old ? as_vector(*old) : truth;
+    return old ? share(as_vector(*old)) : truth;
   }
   case attack_kind::ipm:
   case attack_kind::alie: {
@@ -499,7 +444,7 @@ simulated_group::impl::attacked(step_state& s, peer& p, const std::vector<float>
         auto tg = true_gradient(s, k);
         if (!tg)
           return tg;
-        honest.push_back(as_tensor(*tg).clone());
+        honest.push_back(as_tensor(**tg).clone());
       }
       auto stats = statistics_of(honest);
       if (!stats)
@@ -509,11 +454,11 @@ simulated_group::impl::attacked(step_state& s, peer& p, const std::vector<float>
     const auto& stats = s.honest_stats;
     const size_t byz = s.gradient_attackers;
     if (a.kind == attack_kind::ipm)
-      return as_vector(ipm(*stats, a.epsilon));
+      return share(as_vector(ipm(*stats, a.epsilon)));
     auto z = alie_z(members.size(), byz);
     if (!z)
       return fail(z.error().what);
-    return as_vector(alie(*stats, *z));
+    return share(as_vector(alie(*stats, *z)));
   }
   default:
     return truth;
@@ -573,9 +518,10 @@ result<step_record> simulated_group::impl::run_step() {
     auto truth = t->gradient(p->params, s.seeds.at(k), false);
     if (!truth)
       return fail(truth.error().what);
+    auto shared = std::make_shared<const std::vector<float>>(std::move(*truth));
     if (p->honest())
-      s.recomputed.emplace(k, *truth);
-    s.truth.emplace(k, std::move(*truth));
+      s.recomputed.emplace(k, shared);
+    s.truth.emplace(k, std::move(shared));
   }
   auto t_attack = std::chrono::steady_clock::now();
   out.ms_gradients = std::chrono::duration<double, std::milli>(t_attack - t_grad).count();
@@ -583,7 +529,7 @@ result<step_record> simulated_group::impl::run_step() {
     auto sent = attacked(s, *by_key.at(k), s.truth.at(k), online);
     if (!sent)
       return fail(sent.error().what);
-    if (sent->size() != t->dim())
+    if ((*sent)->size() != t->dim())
       return fail("an attack produced a vector of the wrong size");
     s.sent.emplace(k, std::move(*sent));
   }
@@ -591,7 +537,7 @@ result<step_record> simulated_group::impl::run_step() {
   out.ms_attacks =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_attack)
           .count();
-  std::map<std::string, std::vector<float>> applied;
+  std::map<std::string, std::vector<piece>> applied;
   if (o.rule != aggregation_rule::btard) {
     attempt_record rec;
     rec.members = online;
@@ -603,8 +549,9 @@ result<step_record> simulated_group::impl::run_step() {
       clock.lap("aggregate");
       if (!agg)
         return fail(agg.error().what);
+      auto& kept = s.kept.emplace_back(std::move(*agg));
       for (auto& k : online)
-        applied[k] = *agg;
+        applied[k] = {piece{0, kept.data(), kept.size()}};
       rec.applied = true;
     }
     out.attempts.push_back(std::move(rec));
@@ -642,6 +589,7 @@ result<step_record> simulated_group::impl::run_step() {
         break;
     }
   }
+  auto t_apply = std::chrono::steady_clock::now();
   for (auto& [k, agg] : applied) {
     apply(*by_key.at(k), agg);
     out.applied = true;
@@ -659,6 +607,8 @@ result<step_record> simulated_group::impl::run_step() {
   for (auto& p : peers)
     if (!p->spec.offline_at(step) && !p->stale && !p->view.ban_reason(p->pk))
       out.params[p->pk] = params_digest(p->params);
+  out.ms_apply =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_apply).count();
   board.forget_before(step);
   ++step;
   return out;
@@ -667,7 +617,7 @@ result<step_record> simulated_group::impl::run_step() {
 result<bool>
 simulated_group::impl::run_attempt(step_state& s, step_group& g, attempt_record& rec,
                                    std::set<std::string>& removed, uint32_t& mprng_attempt,
-                                   std::map<std::string, std::vector<float>>& applied) {
+                                   std::map<std::string, std::vector<piece>>& applied) {
   const auto& members = g.members;
   const size_t n = members.size();
   rec.members = members;
@@ -693,9 +643,9 @@ simulated_group::impl::run_attempt(step_state& s, step_group& g, attempt_record&
     if (!online(k))
       continue;
     auto* p = by_key.at(k);
-    auto& v = s.sent.at(k);
+    auto& v = *s.sent.at(k);
     for (size_t i = 0; i < n; ++i)
-      committed[k].push_back(part_digest(step, i, v.data() + g.parts[i].begin, g.parts[i].size()));
+      committed[k].push_back(clock.hash(step, i, v.data() + g.parts[i].begin, g.parts[i].size()));
     auto st =
         publish(rec, *p, statement_kind::part_digests, slot(0), digests_payload(committed[k]));
     if (!st)
@@ -736,19 +686,26 @@ simulated_group::impl::run_attempt(step_state& s, step_group& g, attempt_record&
   }
 
   clock.lap("commit");
-  // 2. Deliveries: part i of every member to member i, checked against the commitment.
-  std::vector<std::map<std::string, std::vector<float>>> inbox(n);
+  // 2. Deliveries: part i of every member to member i, checked against the commitment. A part
+  // "sent" is its sender's values in place (the network is simulated and the plain mean reads
+  // them in place too); a part other than the sender's own values is a copy kept in `copies`.
+  std::deque<std::vector<float>> copies;
+  std::vector<std::map<std::string, const float*>> inbox(n);
   for (auto& k : members) {
     auto* p = by_key.at(k);
     auto target = honest_target(k);
+    const float* mine = s.sent.at(k)->data();
     for (size_t i = 0; i < n; ++i) {
-      auto part = slice(s.sent.at(k), g.parts[i]);
+      const float* part = mine + g.parts[i].begin;
       if (target && i == *target && attacking(*p, protocol_attack::missing_part, a))
         continue;
-      if (target && i == *target && attacking(*p, protocol_attack::part_not_committed, a))
-        for (auto& x : part)
+      if (target && i == *target && attacking(*p, protocol_attack::part_not_committed, a)) {
+        auto& other = copies.emplace_back(part, part + g.parts[i].size());
+        for (auto& x : other)
           x *= -1.0f;
-      inbox[i].emplace(k, std::move(part));
+        part = other.data();
+      }
+      inbox[i].emplace(k, part);
     }
   }
   std::vector<accusation_case> cases;
@@ -757,8 +714,11 @@ simulated_group::impl::run_attempt(step_state& s, step_group& g, attempt_record&
     if (!agg->honest())
       continue;
     for (auto& k : members) {
+      if (k == members[i])
+        continue; // its own part: nothing arrived, and it hashed the part to commit to it
       auto it = inbox[i].find(k);
-      bool ok = it != inbox[i].end() && part_digest(step, i, it->second) == committed.at(k)[i];
+      bool ok = it != inbox[i].end() &&
+                clock.hash(step, i, it->second, g.parts[i].size()) == committed.at(k)[i];
       if (ok)
         continue;
       if (auto st = accuse(rec, cases, *agg, k, accusation_kind::missing_part, slot(i),
@@ -777,17 +737,17 @@ simulated_group::impl::run_attempt(step_state& s, step_group& g, attempt_record&
   // 3. Aggregation: CenteredClip (fp64) of part i by member i, its digest published first.
   std::vector<std::vector<float>> results(n);
   std::vector<digest> result_digest(n);
-  std::vector<std::map<std::string, std::vector<float>>> received(n); // part i as each got it
+  std::vector<std::map<std::string, const float*>> received(n); // part i as each got it
   for (size_t i = 0; i < n; ++i) {
     auto* p = by_key.at(members[i]);
-    std::vector<const std::vector<float>*> in;
+    std::vector<const float*> in;
     for (auto& k : members) {
       if (attacking(*p, protocol_attack::leave_one_out, a) && k == members[i == 0 ? 1 : 0])
         continue;
-      in.push_back(&inbox[i].at(k));
+      in.push_back(inbox[i].at(k));
     }
     double tau = attacking(*p, protocol_attack::other_tau, a) ? o.tau / 4 : o.tau;
-    auto c = clip_fp64(in, tau, o.max_iterations, o.tolerance);
+    auto c = centered_clip_fp64(in, g.parts[i].size(), tau, o.max_iterations, o.tolerance);
     if (!c)
       return fail(c.error().what);
     note_clip(rec, *c, in.size());
@@ -795,18 +755,21 @@ simulated_group::impl::run_attempt(step_state& s, step_group& g, attempt_record&
     if (attacking(*p, protocol_attack::gross_aggregate, a))
       for (auto& x : results[i])
         x += static_cast<float>(o.tau);
-    result_digest[i] = part_digest(step, i, results[i]);
+    result_digest[i] = clock.hash(step, i, results[i].data(), results[i].size());
     auto st =
         publish(rec, *p, statement_kind::result_digest, slot(i), digest_payload(result_digest[i]));
     if (!st)
       return fail(st.error().what);
     auto victim = honest_target(members[i]);
     for (auto& k : members) {
-      auto r = results[i];
-      if (victim && k == members[*victim] && attacking(*p, protocol_attack::different_results, a))
-        for (auto& x : r)
+      const float* r = results[i].data();
+      if (victim && k == members[*victim] && attacking(*p, protocol_attack::different_results, a)) {
+        auto& other = copies.emplace_back(results[i]);
+        for (auto& x : other)
           x *= 0.5f;
-      received[i].emplace(k, std::move(r));
+        r = other.data();
+      }
+      received[i].emplace(k, r);
     }
   }
   clock.lap("aggregate");
@@ -817,7 +780,9 @@ simulated_group::impl::run_attempt(step_state& s, step_group& g, attempt_record&
     if (!p->honest())
       continue;
     for (size_t i = 0; i < n; ++i) {
-      if (part_digest(step, i, received[i].at(k)) == result_digest[i])
+      // The aggregator holds its own result (it hashed it to publish the digest).
+      if (k == members[i] ||
+          clock.hash(step, i, received[i].at(k), g.parts[i].size()) == result_digest[i])
         continue;
       if (auto st = accuse(rec, cases, *p, members[i], accusation_kind::missing_part, slot(i),
                            {statement_digest(*board.find(statement_kind::result_digest, step,
@@ -888,19 +853,23 @@ simulated_group::impl::run_attempt(step_state& s, step_group& g, attempt_record&
   std::vector<std::map<std::string, projection>> pairs(n);
   for (size_t i = 0; i < n; ++i)
     z[i] = gaussian_direction(direction_seed(r, i), g.parts[i].size());
-  for (auto& k : members) {
-    auto* p = by_key.at(k);
-    auto target = honest_target(k);
-    std::vector<std::pair<double, double>> mine_all;
-    for (size_t i = 0; i < n; ++i) {
-      auto mine = slice(s.sent.at(k), g.parts[i]);
-      auto pr = project(z[i].data(), mine.data(), received[i].at(k).data(), mine.size());
+  // Every member projects each of its parts against the result it received (part by part, so
+  // that a part's direction is read by every member while it is in cache), then publishes.
+  std::map<std::string, std::vector<std::pair<double, double>>> mine_all;
+  for (size_t i = 0; i < n; ++i)
+    for (auto& k : members) {
+      auto* p = by_key.at(k);
+      auto target = honest_target(k);
+      const float* mine = s.sent.at(k)->data() + g.parts[i].begin;
+      auto pr = project(z[i].data(), mine, received[i].at(k), g.parts[i].size());
       if (target && i == *target && attacking(*p, protocol_attack::lie_projection, a))
         pr.s = pr.s * 1.01 + 1e-3 * pr.n;
       pairs[i][k] = pr;
-      mine_all.emplace_back(pr.s, pr.n);
+      mine_all[k].emplace_back(pr.s, pr.n);
     }
-    auto st = publish(rec, *p, statement_kind::projections, slot(0), projections_payload(mine_all));
+  for (auto& k : members) {
+    auto st = publish(rec, *by_key.at(k), statement_kind::projections, slot(0),
+                      projections_payload(mine_all[k]));
     if (!st)
       return fail(st.error().what);
   }
@@ -913,13 +882,13 @@ simulated_group::impl::run_attempt(step_state& s, step_group& g, attempt_record&
   };
   // Re-checks are pure functions of public values: computed once, the outcome shared.
   auto pair_true = [&](const std::string& k, size_t i) {
-    return project(z[i].data(), inbox[i].at(k).data(), results[i].data(), g.parts[i].size());
+    return project(z[i].data(), inbox[i].at(k), results[i].data(), g.parts[i].size());
   };
   auto recompute_part = [&](size_t i) -> result<std::vector<float>> {
-    std::vector<const std::vector<float>*> in;
+    std::vector<const float*> in;
     for (auto& k : members)
-      in.push_back(&inbox[i].at(k));
-    auto c = clip_fp64(in, o.tau, o.max_iterations, o.tolerance);
+      in.push_back(inbox[i].at(k));
+    auto c = centered_clip_fp64(in, g.parts[i].size(), o.tau, o.max_iterations, o.tolerance);
     if (!c)
       return fail(c.error().what);
     return c->value;
@@ -930,7 +899,9 @@ simulated_group::impl::run_attempt(step_state& s, step_group& g, attempt_record&
     double znorm = norm_of(z[i].data(), z[i].size());
     if (agg->honest())
       for (auto& k : members) {
-        if (projection_matches(pairs[i][k], pair_true(k, i), znorm, co.projection_rel_tolerance))
+        // Its own pair it computed itself.
+        if (k == members[i] ||
+            projection_matches(pairs[i][k], pair_true(k, i), znorm, co.projection_rel_tolerance))
           continue;
         if (auto st = accuse(rec, cases, *agg, k, accusation_kind::wrong_projection, slot(i),
                              {proj_cite(k), cite.at(k)}, recheck::confirmed);
@@ -952,7 +923,7 @@ simulated_group::impl::run_attempt(step_state& s, step_group& g, attempt_record&
     auto again = recompute_part(i);
     if (!again)
       return fail(again.error().what);
-    if (part_digest(step, i, *again) != result_digest[i]) {
+    if (clock.hash(step, i, again->data(), again->size()) != result_digest[i]) {
       if (auto st =
               accuse(rec, cases, *filer, members[i], accusation_kind::wrong_aggregate, slot(i),
                      {statement_digest(
@@ -984,20 +955,23 @@ simulated_group::impl::run_attempt(step_state& s, step_group& g, attempt_record&
     return fail(vals.error().what);
   rec.validations = *vals;
   auto gradient_ok = [&](const std::string& target) -> result<bool> {
-    auto truth = true_gradient(s, target);
+    // A validator computes the target's gradient itself, even where the engine holds it already
+    // (an honest target's own): the step's time counts one gradient per validator.
+    auto truth = t->gradient(s.theta, s.seeds.at(target), false);
     if (!truth)
       return fail(truth.error().what);
     for (size_t i = 0; i < n; ++i) {
       if (o.validation_rel_tolerance == 0.0) {
-        if (part_digest(step, i, truth->data() + g.parts[i].begin, g.parts[i].size()) !=
+        if (clock.hash(step, i, truth->data() + g.parts[i].begin, g.parts[i].size()) !=
             committed.at(target)[i])
           return false;
         continue;
       }
-      auto sent = slice(s.sent.at(target), g.parts[i]); // fetched from aggregator i, checked
-      auto want = slice(*truth, g.parts[i]);
+      // Fetched from aggregator i, checked against the commitment.
+      const float* sent = s.sent.at(target)->data() + g.parts[i].begin;
+      const float* want = truth->data() + g.parts[i].begin;
       double diff = 0, norm = 0;
-      for (size_t k = 0; k < want.size(); ++k) {
+      for (size_t k = 0; k < g.parts[i].size(); ++k) {
         diff += (double(sent[k]) - want[k]) * (double(sent[k]) - want[k]);
         norm += double(want[k]) * want[k];
       }
@@ -1048,14 +1022,18 @@ simulated_group::impl::run_attempt(step_state& s, step_group& g, attempt_record&
                               "to blame (residual {:.3g} > bound {:.3g})",
                               step, c.part, c.residual, c.bound));
   clock.lap("verdicts");
-  // 8. Every member assembles the aggregate from the results it received and checked.
+  // 8. Every member applies the results it received and checked, part by part.
   for (auto& k : members) {
-    std::vector<float> full(t->dim());
+    std::vector<piece> pieces;
     for (size_t i = 0; i < n; ++i)
-      std::copy(received[i].at(k).begin(), received[i].at(k).end(),
-                full.begin() + static_cast<std::ptrdiff_t>(g.parts[i].begin));
-    applied[k] = std::move(full);
+      pieces.push_back({g.parts[i].begin, received[i].at(k), g.parts[i].size()});
+    applied[k] = std::move(pieces);
   }
+  // The pieces point into the results and copies: they live as long as the step.
+  for (auto& r : results)
+    s.kept.push_back(std::move(r));
+  for (auto& c : copies)
+    s.kept.push_back(std::move(c));
   rec.applied = true;
   return true;
 }

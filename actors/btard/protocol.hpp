@@ -12,8 +12,9 @@
 // gradients of public batches. What is simulated: the network. The public board stands for the
 // DHT after honest peers re-store what they read (so a statement one honest peer saw, every
 // honest peer sees by the deadline, and two conflicting signed values for one slot are a proof);
-// a part "sent" to an aggregator is a copy in its inbox. Peers run in lockstep, one phase after
-// another, which is the order the deadlines impose.
+// a part "sent" to an aggregator is read in place from its sender's vector (a copy only where
+// an attack changes it), as the plain mean reads its inputs. Peers run in lockstep, one phase
+// after another, which is the order the deadlines impose.
 //
 // Decisions: each honest peer keeps its own membership view (bans, silences, cool-downs) and
 // decides every verdict itself from the public board and its re-checks; re-checks are pure
@@ -193,7 +194,8 @@ struct attempt_record {
   uint64_t bytes_data = 0;
   uint64_t bytes_statements = 0;
   /// Wall time per phase in milliseconds (commit, deliver, aggregate, mprng, check, validate,
-  /// verdicts, apply), the whole group in one thread.
+  /// verdicts, other), the whole group in one thread; the part digests of every phase are
+  /// counted apart, as "hash".
   std::map<std::string, double> ms;
 };
 
@@ -219,6 +221,8 @@ struct step_record {
   /// Wall time of the members' gradients and of the attacks (ms).
   double ms_gradients = 0.0;
   double ms_attacks = 0.0;
+  /// Wall time of applying the aggregate and of every peer's parameter digest (ms).
+  double ms_apply = 0.0;
 };
 
 /// Digest of a parameter vector (BLAKE2b-256 of its float32 bytes).

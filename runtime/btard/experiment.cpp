@@ -267,6 +267,7 @@ result<std::vector<rule_outcome>> run_experiment(const experiment_options& opts,
         ++oc.redone_steps;
       oc.ms_split["gradients"] += rec->ms_gradients;
       oc.ms_split["attacks"] += rec->ms_attacks;
+      oc.ms_split["apply"] += rec->ms_apply;
       for (auto& a : rec->attempts) {
         clipped += a.clipped;
         inputs += a.inputs;
@@ -338,8 +339,9 @@ result<std::vector<rule_outcome>> run_experiment(const experiment_options& opts,
                oc.honest_banned, oc.redone_steps, 100 * oc.clipped, oc.ms_per_step);
   fmt::print("\n  time per step (ms, the whole group in one thread) and bytes per step (the group's "
              "total)\n");
-  std::vector<std::string> phases{"gradients", "attacks",  "commit",   "deliver", "aggregate",
-                                  "mprng",     "check",    "validate", "verdicts", "other"};
+  std::vector<std::string> phases{"gradients", "attacks",  "commit", "deliver",
+                                  "aggregate", "hash",     "mprng",  "check",
+                                  "validate",  "verdicts", "other",  "apply"};
   fmt::print("  {:<14}", "aggregation");
   for (auto& p : phases)
     fmt::print(" {:>9}", p);

@@ -1,4 +1,5 @@
 #include "actors/btard/aggregate_check.hpp"
+#include "actors/btard/clip.hpp"
 
 #include <doctest/doctest.h>
 
@@ -216,7 +217,7 @@ TEST_CASE("project computes s and n in fp64") {
   CHECK(btard::norm_of(g.data(), 3) == doctest::Approx(std::sqrt(14.0)));
 }
 
-TEST_CASE("1,000 random honest CenteredClip aggregates pass the check") {
+TEST_CASE("1,000 random honest CenteredClip aggregates pass the check (reference and kernel)") {
   kernels::splitmix64_stream rng{4101};
   double worst = 0.0;
   size_t clipped_cases = 0;
@@ -225,11 +226,23 @@ TEST_CASE("1,000 random honest CenteredClip aggregates pass the check") {
     auto cc = reference_clip(gr.g, gr.tau, gr.tol, 100000);
     REQUIRE(cc.converged);
     auto agg = to_float(cc.x);
-    auto out = check(gr, agg, rng.next(), gr.tau);
+    const uint64_t direction = rng.next();
+    auto out = check(gr, agg, direction, gr.tau);
     CAPTURE(c);
     CHECK(out.accepted);
     CHECK(out.impossible.empty());
     worst = std::max(worst, out.residual / out.bound);
+    // The aggregators' kernel (clip.hpp: lane sums, fused passes) passes the same check.
+    std::vector<const float*> in;
+    for (auto& row : gr.g)
+      in.push_back(row.data());
+    auto fast = btard::centered_clip_fp64(in, gr.g[0].size(), gr.tau, 100000, gr.tol);
+    REQUIRE(fast);
+    REQUIRE(fast->converged);
+    auto fast_out = check(gr, fast->value, direction, gr.tau);
+    CHECK(fast_out.accepted);
+    CHECK(fast_out.impossible.empty());
+    worst = std::max(worst, fast_out.residual / fast_out.bound);
     clipped_cases += gr.byzantine > 0 ? 1 : 0;
   }
   MESSAGE("largest residual / bound over honest aggregates: " << worst);
