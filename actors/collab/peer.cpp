@@ -49,6 +49,22 @@ void peer_shell::leave() {
     carry(core_->leave(now()));
 }
 
+void peer_shell::leave(std::function<void(uint32_t)> stored) {
+  if (!core_) {
+    stored(0);
+    return;
+  }
+  auto es = core_->leave(now());
+  bool withdraws = false;
+  for (auto& e : es)
+    withdraws = withdraws || std::holds_alternative<withdraw_progress>(e);
+  if (withdraws)
+    on_withdrawn_ = std::move(stored);
+  carry(std::move(es));
+  if (!withdraws)
+    stored(0);
+}
+
 void peer_shell::download_done(uint64_t id, uint64_t loaded_step) {
   if (core_)
     carry(core_->download_done(id, loaded_step, now()));
@@ -229,7 +245,13 @@ void peer_shell::carry(std::vector<effect> es) {
     if (auto* p = std::get_if<publish_progress>(&e)) {
       put_record(std::move(p->value), p->expires_at);
     } else if (auto* w = std::get_if<withdraw_progress>(&e)) {
-      put_record(std::move(w->value), w->expires_at);
+      if (on_withdrawn_) {
+        put_progress_record(self_, opts_.dht, opts_.progress_key, id_, std::move(w->value),
+                            w->expires_at, sign_, opts_.rpc_timeout, std::move(on_withdrawn_));
+        on_withdrawn_ = {};
+      } else {
+        put_record(std::move(w->value), w->expires_at);
+      }
     } else if (std::holds_alternative<read_progress>(e)) {
       read_records();
     } else if (auto* wk = std::get_if<wake_at>(&e)) {

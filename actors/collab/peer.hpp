@@ -152,6 +152,9 @@ public:
   void timer();
   void reread();
   void leave();
+  /// Leaves, and calls `stored` with how many DHT nodes acknowledged the withdrawn record (0:
+  /// none did, or the peer had published none); the caller stays alive until then.
+  void leave(std::function<void(uint32_t)> stored);
   void download_done(uint64_t id, uint64_t loaded_step);
   void download_failed(uint64_t id);
   void round_done(uint64_t id, size_t group = 0);
@@ -205,6 +208,8 @@ private:
   peer_shell_options opts_;
   std::unique_ptr<coordinator> core_;
   std::string id_;
+  /// Called when the withdrawn record of a leave was stored (see `leave(stored)`).
+  std::function<void(uint32_t)> on_withdrawn_;
   bool sign_ = false;
   blind_reads blind_;
   std::map<uint64_t, taken_round> taken_;

@@ -4,6 +4,8 @@
 // actors/collab that knows CAF; the cores themselves stay free of it.
 #pragma once
 
+#include <functional>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -89,16 +91,24 @@ private:
 };
 
 /// Stores a progress record (or tombstone) `value` under `key`, sub-key `id`, expiring at
-/// `expires_at`; signed by the node when `sign`. Fire and forget.
+/// `expires_at`; signed by the node when `sign`. `stored` (when set) gets how many DHT nodes
+/// acknowledged it (0 on a refusal or timeout); otherwise fire and forget.
 template <class Self>
 void put_progress_record(Self* self, const caf::actor& dht, std::string key, std::string id,
                          std::vector<char> value, seconds expires_at, bool sign,
-                         caf::timespan timeout) {
+                         caf::timespan timeout, std::function<void(uint32_t)> stored = {}) {
   auto put = dht::make_subkey_put(std::move(key), std::move(id), std::move(value),
                                   ns_of(expires_at), sign);
   dht::dht_store(
-    self, dht, std::move(put), timeout, [](const messages::dht_put_result&) {},
-    [](caf::error&) {});
+    self, dht, std::move(put), timeout,
+    [stored](const messages::dht_put_result& r) {
+      if (stored)
+        stored(r.wire_error.empty() ? r.accepted : 0);
+    },
+    [stored](caf::error&) {
+      if (stored)
+        stored(0);
+    });
 }
 
 /// Reads the progress records under `key`: `got(entries)` with them, or `failed()`. A read that

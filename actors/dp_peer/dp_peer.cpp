@@ -33,6 +33,7 @@ using dp_tick_atom = caf::atom_constant<caf::atom("dp_tick")>;
 using dp_wake_atom = caf::atom_constant<caf::atom("dp_wake")>;
 using dp_start_atom = caf::atom_constant<caf::atom("dp_start")>;
 using dp_ledger_atom = caf::atom_constant<caf::atom("dp_ledger")>;
+using dp_leave_atom = caf::atom_constant<caf::atom("dp_leave")>;
 
 caf::timespan span_of(std::chrono::nanoseconds d) {
   return std::chrono::duration_cast<caf::timespan>(d);
@@ -77,6 +78,11 @@ struct peer_state {
   bool paused = false;
   bool ticking = false;
   bool left = false;
+  /// A graceful leave was asked: no new microbatch; the round in flight may finish until
+  /// `leave_deadline`, then the peer leaves and answers `leave_rp`.
+  bool leaving = false;
+  caf::response_promise leave_rp;
+  caf::actor_clock::time_point leave_deadline;
   uint64_t next_micro = 0;
   uint64_t pending_first = 0;
   double loss_sum = 0;
@@ -553,7 +559,7 @@ void schedule_tick(peer_actor* self, bool fresh) {
 void on_tick(peer_actor* self) {
   auto& s = self->state;
   s.ticking = false;
-  if (s.paused || s.left || !core_of(self))
+  if (s.paused || s.left || s.leaving || !core_of(self))
     return;
   auto t0 = self->clock().now();
   auto index = s.next_micro;
@@ -692,6 +698,40 @@ caf::behavior dp_peer_actor(peer_actor* self, dp_peer_services svc, std::shared_
           });
     },
     [=](dp_tick_atom) { on_tick(self); },
+    [=](stop_atom) {
+      auto& st = self->state;
+      auto rp = self->make_response_promise();
+      if (st.left || st.leaving) {
+        rp.deliver(uint32_t{0});
+        return;
+      }
+      st.leaving = true;
+      st.leave_rp = rp;
+      st.leave_deadline = self->clock().now() + span_of(st.opts.collab.round_timeout);
+      self->send(self, dp_leave_atom::value);
+    },
+    [=](dp_leave_atom) {
+      auto& st = self->state;
+      auto* core = core_of(self);
+      auto phase = core ? core->phase() : collab::coordinator_phase::idle;
+      if ((phase == collab::coordinator_phase::averaging
+           || phase == collab::coordinator_phase::state_averaging)
+          && self->clock().now() < st.leave_deadline) {
+        self->delayed_send(self, std::chrono::milliseconds(50), dp_leave_atom::value);
+        return;
+      }
+      st.left = true;
+      if (core) {
+        metric(self, "dp_leave", {{"step", static_cast<double>(core->step())}});
+        report_dropped(self, st.pending_first, st.next_micro - st.pending_first,
+                       st.model->accumulated());
+        publish_summary(self, true);
+      }
+      st.shell->leave([=](uint32_t stored) {
+        self->state.leave_rp.deliver(stored);
+        self->quit(caf::exit_reason::user_shutdown);
+      });
+    },
     [=](dp_ledger_atom) {
       auto& st = self->state;
       if (st.left)

@@ -10,6 +10,11 @@
 //                                          a donor's part of its state (as SWARM stages serve it)
 //   (get_atom, state_atom)                 -> messages::stage_state    the whole state
 //   (status_atom)                          -> std::vector<uint64_t>    counters (`status_fields`)
+//   (stop_atom)                            -> uint32_t   a graceful leave: no new microbatch, the
+//                                          averaging round in flight ends (at most its round
+//                                          timeout), then the tombstone is stored; the answer is
+//                                          how many DHT nodes acknowledged it (0: none, or the
+//                                          peer had published no record), and the peer quits
 // Exit with `user_shutdown` (a planned leave): the peer withdraws its progress record at once and
 // quits; any other exit leaves the record to expire.
 //

@@ -15,6 +15,8 @@
 #include "actors/auth/identity.hpp"
 #include "actors/auth/token.hpp"
 #include "messages/atoms.hpp"
+#include "runtime/experiment/package.hpp"
+#include "runtime/experiment/serve.hpp"
 #include "runtime/node/gate.hpp"
 #include "runtime/node/node.hpp"
 
@@ -145,6 +147,17 @@ auth_commands::auth_commands(CLI::App& app) {
   authority_init_->add_option("--experiment", experiment_,
                               "Experiment id (default: run-<12 hex digits of the key>)");
 
+  sign_experiment_ = authority->add_subcommand(
+    "sign-experiment", "Sign an experiment file (and the files it names) for joiners: writes "
+                       "FILE.sig, which the run's nodes serve with it (`starling join` accepts "
+                       "only an experiment its authority signed)");
+  sign_experiment_->add_option("file", experiment_file_, "Experiment YAML file")->required();
+  sign_experiment_->add_option("--authority", authority_dir_, "Authority folder")->required();
+  sign_experiment_->add_option("--set", sets_,
+                               "An override the nodes are started with (repeatable, in their "
+                               "order): it is part of what is signed")
+    ->allow_extra_args(false);
+
   auto* token = app.add_subcommand("token", "Access tokens signed by the authority");
   token->require_subcommand(1);
   token_issue_ = token->add_subcommand("issue", "Issue a token (and TLS certificate) for a node");
@@ -182,6 +195,8 @@ std::optional<int> auth_commands::run() const {
     return token_show();
   if (deny_->parsed())
     return deny_add();
+  if (sign_experiment_->parsed())
+    return sign_experiment();
   return std::nullopt;
 }
 
@@ -264,6 +279,28 @@ int auth_commands::token_show() const {
     return 1;
   }
   fmt::print("valid for {}\n", a->experiment);
+  return 0;
+}
+
+int auth_commands::sign_experiment() const {
+  auto a = auth::load_authority(authority_dir_);
+  if (!a)
+    return die(a.error().what);
+  // The node count is not signed (package.hpp): any count serves the same package digest.
+  auto p = make_package(experiment_file_, sets_, 1, false);
+  if (!p)
+    return die(p.error().what);
+  auto sig = a->key.sign(experiment_signing_message(p->digest));
+  auto path = experiment_file_ + ".sig";
+  if (auto st = auth::write_file_atomically(path, format_experiment_signature(p->digest, sig),
+                                            0644);
+      !st)
+    return die(st.what());
+  fmt::print("signed {} (digest {}, {} named file{}{}) for {}\nwrote {} (the run's nodes serve it "
+             "with the experiment)\n",
+             experiment_file_, auth::to_hex(p->digest).substr(0, 16), p->files.size(),
+             p->files.size() == 1 ? "" : "s", sets_.empty() ? "" : ", with the --set overrides",
+             a->experiment, path);
   return 0;
 }
 

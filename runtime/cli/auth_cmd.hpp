@@ -16,7 +16,8 @@ namespace starling::runtime {
 /// The membership subcommands, added to the CLI app; `run` executes whichever was parsed.
 class auth_commands {
 public:
-  /// Adds `key init`, `authority init`, `token issue`, `token show` and `deny` to `app`.
+  /// Adds `key init`, `authority init`, `authority sign-experiment`, `token issue`, `token show`
+  /// and `deny` to `app`.
   explicit auth_commands(CLI::App& app);
 
   /// The exit code of the subcommand that was parsed, or nothing when none of these was.
@@ -28,12 +29,14 @@ private:
   int token_issue() const;
   int token_show() const;
   int deny_add() const;
+  int sign_experiment() const;
 
   CLI::App* key_init_ = nullptr;
   CLI::App* authority_init_ = nullptr;
   CLI::App* token_issue_ = nullptr;
   CLI::App* token_show_ = nullptr;
   CLI::App* deny_ = nullptr;
+  CLI::App* sign_experiment_ = nullptr;
   std::string out_;
   std::string experiment_;
   std::string authority_dir_;
@@ -46,6 +49,8 @@ private:
   std::string for_;
   std::vector<std::string> push_;
   bool push_plain_ = false;
+  std::string experiment_file_;
+  std::vector<std::string> sets_;
 };
 
 /// Parses a duration: a whole number and a unit (`ms`, `s`, `m`, `h`, `d`; none = seconds).

@@ -18,6 +18,7 @@
 #include "messages/types.hpp"
 #include "runtime/cli/auth_cmd.hpp"
 #include "runtime/cli/dht_cmd.hpp"
+#include "runtime/cli/join_cmd.hpp"
 #include "runtime/config/config.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/metrics/metrics.hpp"
@@ -267,6 +268,8 @@ int cmd_node(const std::string& listen, const std::vector<std::string>& join,
   nc.token = cli.token;
   nc.key = cli.key;
   nc.argv = argv;
+  nc.config_file = cli.config_file;
+  nc.sets = cli.sets;
   if (!cli.http.empty())
     ex->graph.node.http = cli.http;
   return command_node(ex->graph, registry, nc);
@@ -380,6 +383,25 @@ int cli_main(int argc, char** argv) {
                    "Also recompute each wrong-gradient re-check from the parameter checkpoints "
                    "the run kept (btard-checkpoints/ beside the log)");
 
+  auto* joinc = app.add_subcommand(
+    "join", "Join a running run as a volunteer: admission with a token, the run's experiment "
+            "from the node reached (signed by its authority), an open slot, work; Ctrl-C leaves "
+            "gracefully");
+  join_command jc;
+  joinc->add_option("endpoints", jc.endpoints, "HOST:PORT of nodes of the run, tried in turn")
+    ->required();
+  joinc->add_option("--token", jc.token, "Your token file (from the run's owner)")->required();
+  joinc->add_option("--key", jc.key,
+                    "The node key the token was issued for (default ~/.starling/node.key)");
+  joinc->add_flag("--client", jc.client,
+                  "Client mode whatever the run says of this node's reachability (accept no "
+                  "connection)");
+  joinc->add_option("--http", jc.http, "Serve the run's live page at HOST:PORT (port 0: free)");
+  joinc->add_option("--listen", jc.listen,
+                    "HOST:PORT to listen on (default: the address that routes to the first "
+                    "endpoint, a free port)");
+  joinc->add_option("--out", jc.out, "Run folder (default runs/<timestamp>-join-<experiment>)");
+
   app.add_subcommand("version", "Print the version");
   auth_commands auth{app};
 
@@ -407,6 +429,15 @@ int cli_main(int argc, char** argv) {
       node_opts.http = node_http;
     }
     return cmd_node(listen, join, node_opts, args);
+  }
+  if (joinc->parsed()) {
+    if (!jc.http.empty())
+      if (auto ep = parse_endpoint(jc.http); !ep)
+        return cli_die("--http: " + ep.error().what);
+    if (!jc.listen.empty())
+      if (auto ep = parse_endpoint(jc.listen); !ep)
+        return cli_die("--listen: " + ep.error().what);
+    return command_join(jc);
   }
   if (auditc->parsed())
     return cmd_audit(audit_file, audit_recompute);

@@ -22,6 +22,7 @@
 #include "runtime/cli/signals.hpp"
 #include "runtime/experiment/plan.hpp"
 #include "runtime/experiment/runner.hpp"
+#include "runtime/experiment/serve.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/metrics/metrics.hpp"
 #include "runtime/node/node.hpp"
@@ -184,50 +185,6 @@ int run_parent(const experiment_graph& g, const node_command& cmd,
 
 namespace {
 
-/// SIGINT/SIGTERM for a run in this process: the first sets `stopped()` (the run then ends with
-/// its summary); with `second_kills`, a second ends the process at once (the default action;
-/// not for a cluster node, whose parent passes the terminal's SIGINT on as a SIGTERM). Made
-/// before the actor system starts: the threads started after it block the signals, so that none
-/// of CAF's or the transport's system calls is interrupted by one, and its watcher thread,
-/// started before the block, takes them.
-class signal_watcher {
-public:
-  explicit signal_watcher(bool second_kills) {
-    install_shutdown_signals();
-    thread_ = std::thread{[stop = stop_, second_kills] {
-      if (wait_for_shutdown_signal() == 0)
-        return;
-      if (second_kills) {
-        std::signal(SIGINT, SIG_DFL);
-        std::signal(SIGTERM, SIG_DFL);
-        fmt::print(stderr, "\nstarling: stopping; the summary follows (a second signal ends the "
-                           "process at once)\n");
-      }
-      stop->store(true);
-      (void)wait_for_shutdown_signal(); // stays, the thread that takes a second signal
-    }};
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  }
-  signal_watcher(const signal_watcher&) = delete;
-  signal_watcher& operator=(const signal_watcher&) = delete;
-  ~signal_watcher() {
-    wake_shutdown_waiter();
-    thread_.join();
-  }
-  /// Whether a first signal came.
-  std::function<bool()> stopped() const {
-    return [stop = stop_] { return stop->load(); };
-  }
-
-private:
-  std::shared_ptr<std::atomic<bool>> stop_ = std::make_shared<std::atomic<bool>>(false);
-  std::thread thread_;
-};
-
 /// What a run folder's `run.json` says about the run in it.
 const char* const run_record = "run.json";
 
@@ -347,7 +304,8 @@ int command_run(const experiment_graph& g, const role_registry& registry, run_mo
   // the folder, a run that `--resume` continues).
   std::optional<signal_watcher> signals;
   if (mode == run_mode::local) {
-    signals.emplace(true);
+    signals.emplace(true, "stopping; the summary follows (a second signal ends the process at "
+                          "once)");
     s.stop = signals->stopped();
   }
   if (g.study)
@@ -389,6 +347,28 @@ void print_admission(const node& nd) {
                         : "connections NOT encrypted (node.tls is off)");
 }
 
+void serve_experiment(node& nd, const std::string& file, const std::vector<std::string>& sets,
+                      size_t nodes, const std::string& who) {
+  auto pkg = make_package(file, sets, nodes);
+  if (!pkg) {
+    fmt::print(stderr, "starling: warning: {} serves no experiment to joiners: {}\n", who,
+               pkg.error().what);
+    return;
+  }
+  auto digest = actors::auth::to_hex(pkg->digest).substr(0, 16);
+  auto signed_ = !pkg->signature.empty();
+  auto files = pkg->files.size();
+  nd.register_actor(experiment_server_name,
+                    spawn_experiment_server(nd.system(), std::move(*pkg), nd.gate()));
+  fmt::print("{}: serves its experiment to joiners (digest {}, {} named file{}, {})\n", who,
+             digest, files, files == 1 ? "" : "s",
+             signed_          ? "signed by the authority"
+             : nd.open_run()  ? "an open run: unsigned"
+                              : "NOT signed: joiners refuse it; starling authority "
+                                "sign-experiment FILE");
+  std::fflush(stdout);
+}
+
 int command_node(const experiment_graph& g, const role_registry& registry,
                  const node_command& cmd) {
   if (cmd.count < 1 || (!cmd.volunteer && cmd.index >= cmd.count))
@@ -421,7 +401,7 @@ int command_node(const experiment_graph& g, const role_registry& registry,
     no.authority = cmd.authority;
   if (!cmd.token.empty())
     no.token = cmd.token;
-  signal_watcher signals{false};
+  signal_watcher signals{false, ""};
   auto nd = node::start(g.caf, no, name,
                         [&registry](caf::actor_system_config& cfg) { registry.configure(cfg); });
   if (!nd)
@@ -430,6 +410,8 @@ int command_node(const experiment_graph& g, const role_registry& registry,
              actors::auth::to_hex((*nd)->peer_id()));
   print_admission(**nd);
   std::fflush(stdout);
+  if (!cmd.config_file.empty())
+    serve_experiment(**nd, cmd.config_file, cmd.sets, cmd.count, name);
   auto stop = signals.stopped();
   cluster_settings s;
   s.index = cmd.index;

@@ -53,7 +53,16 @@ struct node_command {
   std::string key;
   /// The command line that started this process (the parent re-runs it for its child).
   std::vector<std::string> argv;
+  /// The experiment file and its `--set` overrides: the node serves them to joiners
+  /// (runtime/experiment/serve.hpp; none when empty).
+  std::string config_file;
+  std::vector<std::string> sets;
 };
+
+/// Registers the experiment server of `file` (with `sets`, `nodes`) on `nd` and says so in one
+/// line (`who`: the node's name); a file that cannot be served is a warning, not a failure.
+void serve_experiment(node& nd, const std::string& file, const std::vector<std::string>& sets,
+                      size_t nodes, const std::string& who);
 
 /// Prints whether `nd`'s run is open or closed (and encrypted), one line.
 void print_admission(const node& nd);

@@ -3,7 +3,9 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <cstdio>
 #include <fcntl.h>
+#include <pthread.h>
 #include <poll.h>
 #include <unistd.h>
 
@@ -58,6 +60,38 @@ int poll_shutdown_signal(int timeout_ms) {
     return -1;
   unsigned char b = 0;
   return ::read(pipe_fds[0], &b, 1) == 1 ? b : -1;
+}
+
+signal_watcher::signal_watcher(bool second_kills, std::string first_line) {
+  install_shutdown_signals();
+  thread_ = std::thread{[stop = stop_, second_kills, line = std::move(first_line)] {
+    if (wait_for_shutdown_signal() == 0)
+      return;
+    if (second_kills) {
+      std::signal(SIGINT, SIG_DFL);
+      std::signal(SIGTERM, SIG_DFL);
+    }
+    if (!line.empty()) {
+      std::fprintf(stderr, "\nstarling: %s\n", line.c_str());
+      std::fflush(stderr);
+    }
+    stop->store(true);
+    (void)wait_for_shutdown_signal(); // stays, the thread that takes a second signal
+  }};
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+signal_watcher::~signal_watcher() {
+  wake_shutdown_waiter();
+  thread_.join();
+}
+
+std::function<bool()> signal_watcher::stopped() const {
+  return [stop = stop_] { return stop->load(); };
 }
 
 void wake_shutdown_waiter() {

@@ -7,6 +7,12 @@
 // a waiter reads it.
 #pragma once
 
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
 namespace starling::runtime {
 
 /// Installs the handlers (idempotent). Call before starting anything long-running.
@@ -21,5 +27,25 @@ int poll_shutdown_signal(int timeout_ms);
 
 /// Wakes a thread blocked in `wait_for_shutdown_signal` without a signal.
 void wake_shutdown_waiter();
+
+/// SIGINT/SIGTERM for a long-running command: the first sets `stopped()`; with `second_kills`, a
+/// second ends the process at once (the default action; not for a cluster node, whose parent
+/// passes the terminal's SIGINT on as a SIGTERM) and the first prints `first_line` (when not
+/// empty) to stderr. Made before the actor system starts: the threads started after it block the
+/// signals, so that none of CAF's or the transport's system calls is interrupted by one, and its
+/// watcher thread, started before the block, takes them.
+class signal_watcher {
+public:
+  signal_watcher(bool second_kills, std::string first_line);
+  signal_watcher(const signal_watcher&) = delete;
+  signal_watcher& operator=(const signal_watcher&) = delete;
+  ~signal_watcher();
+  /// Whether a first signal came.
+  std::function<bool()> stopped() const;
+
+private:
+  std::shared_ptr<std::atomic<bool>> stop_ = std::make_shared<std::atomic<bool>>(false);
+  std::thread thread_;
+};
 
 } // namespace starling::runtime

@@ -7,6 +7,8 @@
 // reporters (the others forward their metrics to it) and, once they say the work is done,
 // tells the other nodes through the DHT (`<experiment>/done`).
 #include <algorithm>
+#include <atomic>
+#include <mutex>
 #include <chrono>
 #include <map>
 #include <set>
@@ -28,6 +30,7 @@
 #include "runtime/experiment/node_runtime.hpp"
 #include "runtime/experiment/runner.hpp"
 #include "runtime/experiment/watch.hpp"
+#include "runtime/observe/ledger.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/metrics/metrics.hpp"
 #include "runtime/node/address.hpp"
@@ -422,6 +425,10 @@ private:
 
 namespace {
 
+/// The value of a slot claim a volunteer released when it left (not an endpoint: nobody
+/// resolves it, and the next claimant's claim replaces it).
+constexpr const char* released_claim = "-";
+
 /// Claims one open slot of the plan for this volunteer: the first one nobody holds, confirmed
 /// after a settle delay (of two volunteers racing for one slot, the claim the DHT kept wins and
 /// the other moves on to the next slot).
@@ -447,7 +454,8 @@ std::optional<size_t> claim_slot(caf::actor_system& sys, caf::actor dht,
     if (x.node)
       continue;
     auto held = holders();
-    if (held.count(x.name) && held[x.name] != endpoint)
+    // A released slot (`released_claim`, stored by a volunteer that left) is free.
+    if (held.count(x.name) && held[x.name] != endpoint && held[x.name] != released_claim)
       continue;
     auto put = actors::dht::make_subkey_put(slots_key(g), x.name,
                                             std::vector<char>(endpoint.begin(), endpoint.end()),
@@ -478,12 +486,69 @@ caf::behavior claim_keeper(caf::event_based_actor* self, caf::actor dht, std::st
   };
 }
 
+/// Releases a volunteer's slot: a claim of `released_claim` that outlives the keeper's last
+/// claim by a millisecond (the DHT keeps the record that expires last, and the next claimant's
+/// claim, made later, expires later still). Returns how many DHT nodes stored it.
+uint32_t release_slot(caf::actor_system& sys, const caf::actor& dht, const std::string& key,
+                      const std::string& slot) {
+  caf::scoped_actor self{sys};
+  std::string v{released_claim};
+  auto put = actors::dht::make_subkey_put(key, slot, std::vector<char>(v.begin(), v.end()),
+                                          actors::dht::dht_now_ns(self.ptr()) + 6'001'000'000);
+  uint32_t stored = 0;
+  self->request(dht, std::chrono::seconds(5), std::move(put))
+    .receive([&](const messages::dht_put_result& r) { stored = r.wire_error.empty() ? r.accepted : 0; },
+             [](caf::error&) {});
+  return stored;
+}
+
+/// A graceful leave of this node's instances: each that answers `stop_atom` (a data-parallel
+/// peer) finishes its round and stores its tombstone. Returns the tombstones' acknowledgements
+/// (the least over the instances; nothing when no instance answered).
+std::optional<uint32_t> leave_instances(caf::actor_system& sys, const caf::actor& directory,
+                                        const std::vector<std::string>& names,
+                                        std::chrono::nanoseconds bound) {
+  caf::scoped_actor self{sys};
+  std::optional<uint32_t> least;
+  for (auto& name : names) {
+    caf::actor a;
+    self->request(directory, std::chrono::seconds(2), get_atom::value, name)
+      .receive([&](const caf::actor& x) { a = x; }, [](caf::error&) {});
+    if (!a)
+      continue;
+    self->request(a, caf::timespan{bound}, stop_atom::value)
+      .receive([&](uint32_t stored) { least = std::min(least.value_or(stored), stored); },
+               [&](caf::error&) { least = 0; });
+  }
+  return least;
+}
+
+/// Uptime as `1h02m`, `3m05s` or `42 s`.
+std::string uptime_text(double s) {
+  auto t = static_cast<int64_t>(s);
+  if (t >= 3600)
+    return fmt::format("{}h{:02d}m", t / 3600, (t % 3600) / 60);
+  if (t >= 60)
+    return fmt::format("{}m{:02d}s", t / 60, t % 60);
+  return fmt::format("{} s", t);
+}
+
+/// What the ledger says of one volunteer's instances (their rows summed).
+struct contribution {
+  std::mutex mtx;
+  observe::ledger_book book;
+  double computed = 0;
+  double accepted = 0;
+};
+
 } // namespace
 
 int run_cluster_node(const experiment_graph& g, const role_registry& registry, node& nd,
                      const cluster_settings& settings) {
   auto wall0 = std::chrono::steady_clock::now();
   auto s = settings;
+  caf::actor keeper;
+  std::string slot_name;
   auto p = make_plan(g, run_mode::cluster, s.count, g.seed);
   if (!p) {
     fmt::print(stderr, "starling: error: {}\n", p.error().what);
@@ -523,10 +588,53 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
       return 2;
     }
     p->instances[*slot].node = s.count;
-    h.adopt(sys.spawn(claim_keeper, h.dht(), slots_key(g), p->instances[*slot].name,
-                      nd.endpoint()));
-    fmt::print("volunteer: holds slot {}\n", p->instances[*slot].name);
+    keeper = sys.spawn(claim_keeper, h.dht(), slots_key(g), p->instances[*slot].name,
+                       nd.endpoint());
+    h.adopt(keeper);
+    slot_name = p->instances[*slot].name;
+    fmt::print("volunteer: holds slot {}\n", slot_name);
     std::fflush(stdout);
+  }
+  // A volunteer watches the run's numbered nodes as the table lists them now: once all are
+  // lost it says so instead of waiting for a run nobody serves.
+  auto watched = std::make_shared<std::atomic<int>>(0);
+  auto lost = std::make_shared<std::atomic<int>>(0);
+  if (s.volunteer && s.watch_nodes) {
+    std::set<std::string> endpoints(s.join.begin(), s.join.end());
+    {
+      caf::scoped_actor self{sys};
+      self->request(h.dht(), std::chrono::seconds(5), get_atom::value, nodes_key(g))
+        .receive(
+          [&](const messages::dht_get_result& r) {
+            for (auto& rec : r.records)
+              if (rec.has_subkey)
+                if (auto e = parse_entry(rec.value); e && e->endpoint != nd.endpoint())
+                  endpoints.insert(e->endpoint);
+          },
+          [](caf::error&) {});
+    }
+    for (auto& ep : endpoints) {
+      auto j = nd.join(ep, [lost](const std::string&, const std::string&) { ++*lost; });
+      if (j)
+        ++*watched;
+    }
+  }
+  std::shared_ptr<contribution> contrib;
+  if (s.volunteer && s.contribution_every.count() > 0 && !slot_name.empty()) {
+    contrib = std::make_shared<contribution>();
+    auto every = s.contribution_every;
+    auto name = slot_name;
+    h.adopt(spawn_ledger_reader(
+      sys, h.dht(), g.name, every,
+      [contrib, name](const std::vector<observe::ledger_entry>& got, double now, size_t) {
+        std::lock_guard<std::mutex> guard{contrib->mtx};
+        contrib->book.add_records(got, now);
+        for (auto& row : contrib->book.rows())
+          if (row.peer == name) {
+            contrib->computed = row.computed;
+            contrib->accepted = row.accepted;
+          }
+      }));
   }
   bool reporting = s.index == 0 && !s.volunteer;
   std::unique_ptr<metric_hub> hub;
@@ -602,16 +710,32 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
   std::fflush(stdout);
   bool done = false;
   bool stopped = false;
+  bool gone = false;
   int rc = 0;
   {
     // Scoped: a live scoped actor would keep the actor system from shutting down.
     caf::scoped_actor self{sys};
     double next = 1.0;
+    auto next_line = std::chrono::steady_clock::now() + s.contribution_every;
     for (;;) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
       if (s.stop && s.stop()) {
         stopped = true;
         break;
+      }
+      if (*watched > 0 && *lost >= *watched) {
+        gone = true;
+        break;
+      }
+      if (contrib && std::chrono::steady_clock::now() >= next_line) {
+        next_line += s.contribution_every;
+        std::lock_guard<std::mutex> guard{contrib->mtx};
+        fmt::print("volunteer: your contribution: {:.0f} samples, {:.0f} accepted, uptime {}\n",
+                   contrib->computed, contrib->accepted,
+                   uptime_text(std::chrono::duration<double>(std::chrono::steady_clock::now()
+                                                             - wall0)
+                                 .count()));
+        std::fflush(stdout);
       }
       auto t = seconds_of(h.elapsed());
       if (t >= next) {
@@ -658,6 +782,29 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
           break;
         std::this_thread::sleep_for(std::chrono::milliseconds(500));
       }
+    } else if (gone) {
+      fmt::print(stderr, "starling: error: every node of the run this volunteer knew is gone "
+                         "({} of {} lost); nothing left to work with\n",
+                 lost->load(), watched->load());
+      rc = 3;
+    } else if (stopped && s.volunteer && s.graceful_leave && !slot_name.empty()) {
+      // The round in flight ends first (at most the round's deadline), then the tombstones, then
+      // the slot: each stored and acknowledged before the process goes.
+      fmt::print("volunteer: leaving gracefully: no new work, the round in flight finishes "
+                 "(a second Ctrl-C quits at once)\n");
+      std::fflush(stdout);
+      auto tomb = leave_instances(sys, nd.directory(), {slot_name}, std::chrono::seconds(90));
+      if (keeper)
+        caf::anon_send_exit(keeper, caf::exit_reason::user_shutdown);
+      auto released = release_slot(sys, h.dht(), slots_key(g), slot_name);
+      fmt::print("volunteer: left: progress tombstone {}, slot {} released ({})\n",
+                 !tomb         ? std::string{"not needed (no data-parallel peer)"}
+                 : *tomb > 0   ? fmt::format("stored on {} DHT node(s)", *tomb)
+                               : std::string{"NOT acknowledged"},
+                 slot_name,
+                 released > 0 ? fmt::format("stored on {} DHT node(s)", released)
+                              : std::string{"NOT acknowledged"});
+      rc = (tomb && *tomb == 0) || released == 0 ? 1 : 0;
     } else {
       fmt::print("node{} stopping ({}) after {:.1f} s\n", s.index,
                  stopped  ? "signal"

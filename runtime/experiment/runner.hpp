@@ -72,6 +72,16 @@ struct cluster_settings {
   int incarnation = 0;
   /// Run time that passed before this process started (a restarted node continues the plan).
   std::chrono::nanoseconds elapsed{0};
+  /// A volunteer that leaves gracefully on `stop`: its instances finish the averaging round they
+  /// are in (at most its deadline) and store their progress tombstones, its slot is released,
+  /// each acknowledged by the DHT, before it returns (0; 1 when an acknowledgement is missing).
+  bool graceful_leave = false;
+  /// A volunteer's progress line (`your contribution: N samples, M accepted, uptime T`, from the
+  /// run's ledger) every this long; 0: none.
+  std::chrono::nanoseconds contribution_every{0};
+  /// A volunteer watches the nodes of the run's table when it starts; once every one is gone it
+  /// says so and returns 3 (instead of waiting for a run nobody serves).
+  bool watch_nodes = false;
 };
 
 /// Runs node `s.index` of a cluster run on the started node `nd` until the run ends (node 0

@@ -119,20 +119,16 @@ struct ledger_reader_state {
 
 using ledger_reader_atom = caf::atom_constant<caf::atom("ledger_rd")>;
 
+/// Reads the run's 64 ledger shards of `experiment` through `dht` every `every` and hands each
+/// complete read (records whose signatures verify, at most the bound per reply) to `fold` with
+/// the DHT clock's now in seconds and the count of records left unread or refused.
 caf::behavior ledger_reader(caf::stateful_actor<ledger_reader_state>* self, caf::actor dht,
-                            std::shared_ptr<run_watch::state> st, caf::timespan every) {
+                            std::string experiment, caf::timespan every, ledger_fold fold) {
   namespace collab = starling::actors::collab;
-  auto fold = [=] {
+  auto done = [=] {
     auto& s = self->state;
     auto now = static_cast<double>(actors::dht::dht_now_ns(self)) / 1e9;
-    {
-      std::lock_guard<std::mutex> guard{st->mtx};
-      auto r = st->builder.add_ledger_records(s.got, now);
-      st->publish();
-      if (r.rejected + s.refused > 0)
-        log(log_level::debug, "ledger", "{} ledger record(s) refused in one read",
-            r.rejected + s.refused);
-    }
+    fold(s.got, now, s.refused);
     s.got.clear();
     s.refused = 0;
     self->delayed_send(self, every, ledger_reader_atom::value);
@@ -146,7 +142,7 @@ caf::behavior ledger_reader(caf::stateful_actor<ledger_reader_state>* self, caf:
       s.pending = collab::ledger_shards;
       for (size_t shard = 0; shard < collab::ledger_shards; ++shard)
         actors::dht::dht_get(
-          self, dht, collab::ledger_key(st->experiment, shard), every,
+          self, dht, collab::ledger_key(experiment, shard), every,
           [=](const messages::dht_get_result& r) {
             auto& x = self->state;
             size_t taken = 0;
@@ -163,11 +159,11 @@ caf::behavior ledger_reader(caf::stateful_actor<ledger_reader_state>* self, caf:
               x.got.push_back({rec.subkey, rec.value, static_cast<double>(rec.expiration_ns) / 1e9});
             }
             if (--x.pending == 0)
-              fold();
+              done();
           },
           [=](caf::error&) {
             if (--self->state.pending == 0)
-              fold();
+              done();
           });
     },
   };
@@ -259,8 +255,25 @@ caf::actor run_watch::read_ledger(caf::actor_system& sys, const caf::actor& dht,
                                   std::chrono::nanoseconds every) {
   if (!dht || every.count() <= 0)
     return {};
-  return sys.spawn(ledger_reader, dht, state_,
-                   std::chrono::duration_cast<caf::timespan>(every));
+  auto st = state_;
+  return spawn_ledger_reader(sys, dht, st->experiment, every,
+                             [st](const std::vector<observe::ledger_entry>& got, double now,
+                                  size_t refused) {
+                               std::lock_guard<std::mutex> guard{st->mtx};
+                               auto r = st->builder.add_ledger_records(got, now);
+                               st->publish();
+                               if (r.rejected + refused > 0)
+                                 log(log_level::debug, "ledger",
+                                     "{} ledger record(s) refused in one read",
+                                     r.rejected + refused);
+                             });
+}
+
+caf::actor spawn_ledger_reader(caf::actor_system& sys, const caf::actor& dht,
+                               const std::string& experiment, std::chrono::nanoseconds every,
+                               ledger_fold fold) {
+  return sys.spawn(ledger_reader, dht, experiment,
+                   std::chrono::duration_cast<caf::timespan>(every), std::move(fold));
 }
 
 std::unique_ptr<reporter> make_ledger_reporter() {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -20,7 +21,18 @@ namespace starling::runtime {
 namespace observe {
 class http_server;
 class snapshot_store;
+struct ledger_entry;
 } // namespace observe
+
+/// What a ledger reader does with one complete read of the 64 shards: the records (signatures
+/// verified), the DHT clock's now in seconds, and how many records were left unread or refused.
+using ledger_fold = std::function<void(const std::vector<observe::ledger_entry>&, double, size_t)>;
+
+/// Spawns (in `sys`) an actor that reads the 64 ledger shards of `experiment` through `dht`
+/// every `every` and hands each read to `fold` (on the actor's thread); the caller owns it.
+caf::actor spawn_ledger_reader(caf::actor_system& sys, const caf::actor& dht,
+                               const std::string& experiment, std::chrono::nanoseconds every,
+                               ledger_fold fold);
 
 /// The endpoint of one run and the state its reporter shares with it.
 class run_watch {

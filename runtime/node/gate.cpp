@@ -47,6 +47,7 @@ void node_gate::forget_node(const caf::node_id& n) {
   std::lock_guard<std::mutex> guard{mtx_};
   nodes_.erase(n);
   gates_.erase(n);
+  verdicts_.erase(n);
   for (auto i = endpoints_.begin(); i != endpoints_.end();)
     i = i->second.first == n ? endpoints_.erase(i) : std::next(i);
 }
@@ -103,6 +104,19 @@ void node_gate::end_claim(const std::string& endpoint) {
 bool node_gate::claim_pending(const std::string& endpoint) const {
   std::lock_guard<std::mutex> guard{mtx_};
   return pending_claims_.count(endpoint) != 0;
+}
+
+void node_gate::set_verdict(const caf::node_id& n, claim_verdict v) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  verdicts_[n] = std::move(v);
+}
+
+std::optional<claim_verdict> node_gate::verdict_of(const caf::node_id& n) const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  auto i = verdicts_.find(n);
+  if (i == verdicts_.end())
+    return std::nullopt;
+  return i->second;
 }
 
 void node_gate::count_claim_kept() {
@@ -283,9 +297,10 @@ caf::actor spawn_gate(caf::actor_system& sys, std::shared_ptr<node_gate> gate) {
     };
     auto probing = std::make_shared<std::map<std::string, in_flight>>();
     // A claim not kept: counted by reason, one line in the log.
-    auto refuse_claim = [gate](claim_refusal why, const std::string& endpoint,
-                               const std::string& detail) {
+    auto refuse_claim = [gate](const caf::node_id& claimant, claim_refusal why,
+                               const std::string& endpoint, const std::string& detail) {
       gate->count_claim_refused(why);
+      gate->set_verdict(claimant, {endpoint, false, std::string{to_string(why)} + ": " + detail});
       log(log_level::warning, "gate", "endpoint claim {} refused ({}): {}", endpoint,
           to_string(why), detail);
     };
@@ -321,14 +336,14 @@ caf::actor spawn_gate(caf::actor_system& sys, std::shared_ptr<node_gate> gate) {
         auto claimant = sender->node();
         auto ep = parse_endpoint(their_endpoint);
         if (!ep || !their_directory || their_directory.node() != claimant) {
-          refuse_claim(claim_refusal::malformed, their_endpoint,
+          refuse_claim(claimant, claim_refusal::malformed, their_endpoint,
                        ep ? "the directory it names is not on the claiming node"
                           : ep.error().what);
           return refused;
         }
         auto endpoint = ep->first + ":" + std::to_string(ep->second);
         if (auto holder = gate->claimant_of(endpoint); holder && holder != claimant) {
-          refuse_claim(claim_refusal::taken, endpoint,
+          refuse_claim(claimant, claim_refusal::taken, endpoint,
                        "another live node's verified claim holds it");
           return refused;
         }
@@ -339,7 +354,7 @@ caf::actor spawn_gate(caf::actor_system& sys, std::shared_ptr<node_gate> gate) {
             it->second.waiting.push_back(again);
             return again;
           }
-          refuse_claim(claim_refusal::busy, endpoint,
+          refuse_claim(claimant, claim_refusal::busy, endpoint,
                        "a claim of it is being verified, or too many probes are running");
           return refused;
         }
@@ -355,20 +370,21 @@ caf::actor spawn_gate(caf::actor_system& sys, std::shared_ptr<node_gate> gate) {
                           const std::string& key_or_why) mutable {
           gate->end_claim(endpoint);
           if (!reached)
-            refuse_claim(claim_refusal::unreachable, endpoint, key_or_why);
+            refuse_claim(claimant, claim_refusal::unreachable, endpoint, key_or_why);
           else if (listener != claimant)
-            refuse_claim(claim_refusal::other_node, endpoint,
+            refuse_claim(claimant, claim_refusal::other_node, endpoint,
                          "node " + caf::to_string(listener) + " listens there, not the claimant "
                            + caf::to_string(claimant));
           else if (opts.tls() && (admitted_key.empty() || key_or_why != admitted_key))
-            refuse_claim(claim_refusal::other_key, endpoint,
+            refuse_claim(claimant, claim_refusal::other_key, endpoint,
                          "the listener's certificate is not for the key the claimant was "
                          "admitted with");
           else if (!gate->add_endpoint(claimant, endpoint, their_directory))
-            refuse_claim(claim_refusal::taken, endpoint,
+            refuse_claim(claimant, claim_refusal::taken, endpoint,
                          "another node's claim was kept meanwhile, or the claimant left");
           else {
             gate->count_claim_kept();
+            gate->set_verdict(claimant, {endpoint, true, {}});
             self->monitor(their_directory);
           }
           // A dial of that endpoint waiting for the verification goes on: through this

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <map>
 #include <set>
 #include <vector>
@@ -72,6 +73,16 @@ inline constexpr size_t claim_refusal_count = static_cast<size_t>(claim_refusal:
 /// The stable name of a claim refusal reason (`"other_node"`...).
 std::string_view to_string(claim_refusal r);
 
+/// What became of the endpoint a connector claimed in its hello.
+struct claim_verdict {
+  /// The endpoint it claimed.
+  std::string endpoint;
+  /// True when a probe found the connector listening there (others can dial it).
+  bool kept = false;
+  /// Why not (`unreachable: ...`), empty when kept.
+  std::string why;
+};
+
 /// What a node's gate, directory and resolver share.
 class node_gate {
 public:
@@ -120,6 +131,10 @@ public:
   void count_claim_kept();
   /// Counts a refused claim.
   void count_claim_refused(claim_refusal why);
+  /// Remembers the verdict on the claim of the admitted node `n` (the latest one).
+  void set_verdict(const caf::node_id& n, claim_verdict v);
+  /// The verdict on `n`'s claim, if it made one (a joiner learns it: runtime/experiment/serve).
+  std::optional<claim_verdict> verdict_of(const caf::node_id& n) const;
   /// Claims kept so far.
   uint64_t claims_kept() const;
   /// Claims refused for `why` so far.
@@ -182,6 +197,7 @@ private:
   caf::actor_addr resolver_;
   caf::actor_addr own_directory_;
   std::string deny_list_;
+  std::map<caf::node_id, claim_verdict> verdicts_;
 };
 
 /// Spawns the gate of a node: answers the two hello messages and installs deny lists that

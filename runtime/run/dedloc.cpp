@@ -113,7 +113,7 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
       return {};
     }
     auto to = torch_options(o, h.graph().seed,
-                            static_cast<uint64_t>(ctx.index) * 1024 +
+                            (static_cast<uint64_t>(ctx.index) + o.seed_offset) * 1024 +
                                 static_cast<uint64_t>(ctx.generation));
     if (mode == actors::collab::peer_mode::auxiliary)
       to.eval_samples = 0;
@@ -127,7 +127,8 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
   auto po = o.peer;
   po.address = ctx.address_of(ctx.role.name, ctx.index);
   po.name = ctx.name;
-  po.key_prefix = ctx.key_prefix() + "/dp/" + ctx.role.name;
+  po.key_prefix =
+      ctx.key_prefix() + "/dp/" + (o.collaboration.empty() ? ctx.role.name : o.collaboration);
   po.generation = ctx.generation;
   po.speed = speed;
   po.collab.mode = mode;
@@ -702,12 +703,13 @@ void add_dedloc(role_registry& reg) {
   k.name = "dedloc";
   k.summary = "data-parallel peers training together (DeDLOC or DiLoCo), joining and leaving";
   k.expand = [cache](config_node& n, experiment_graph& g, const expand_context& ctx) {
-    int64_t peers = 8, auxiliary = 0, steps = 0;
+    int64_t peers = 8, auxiliary = 0, steps = 0, volunteers = 0;
     double churn = 0;
     bool export_model = false;
     read_int(n, "peers", peers, 1, 100000);
     read_int(n, "steps", steps, 0, int64_t{1} << 40);
     read_int(n, "auxiliary", auxiliary, 0, 100000);
+    read_int(n, "volunteers", volunteers, 0, 100000);
     read_real(n, "churn", churn, 0, 60);
     read(n, "export", export_model);
     dedloc_role_options o;
@@ -739,6 +741,22 @@ void add_dedloc(role_registry& reg) {
     r.options = o;
     r.restart.delay = std::chrono::seconds(5);
     g.roles.push_back(r);
+    if (volunteers > 0) {
+      // Open slots (`starling join`, or `starling node` without --index): data-parallel peers
+      // like the others, in the mode the volunteer's own reachability gives it (`mode`), never
+      // a client by position.
+      auto v = o;
+      v.clients = 0;
+      v.seed_offset = static_cast<uint64_t>(peers);
+      v.collaboration = "peers";
+      role_spec vr;
+      vr.name = "volunteers";
+      vr.type = "dedloc.peer";
+      vr.replicas = static_cast<size_t>(volunteers);
+      vr.options = v;
+      vr.placement.open = true;
+      g.roles.push_back(vr);
+    }
     if (auxiliary > 0) {
       auto a = o;
       a.peer.collab.mode = actors::collab::peer_mode::auxiliary;

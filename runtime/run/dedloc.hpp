@@ -39,6 +39,11 @@ struct dedloc_role_options {
   /// the others are in `peer.collab.mode`.
   uint64_t clients = 0;
   uint64_t cycle = 0;
+  /// Added to an instance's index where its data order is drawn (volunteers draw after peers).
+  uint64_t seed_offset = 0;
+  /// The role whose collaboration (progress records, state donors) the instances join; empty:
+  /// their own role's (volunteers join the peers').
+  std::string collaboration;
   /// Relative speeds; instance i computes at `speeds[i mod size]` (`peer.speed`).
   std::vector<double> speeds = {1.0};
   /// The peer: the algorithm (`algo`), the collaborative optimizer's decisions (`collab`:

@@ -13,7 +13,9 @@
 //   decoded record must encode back to the same bytes), 14 a lamb8 optimizer state (codes and
 //   scales, kernels/optim/quant8.hpp): decoded, it re-encodes to the same bytes and its codes
 //   dequantize to finite values, 15 a patch codebook file of the text-to-image demo
-//   (decoded, then re-encoded byte for byte).
+//   (decoded, then re-encoded byte for byte), 16 an experiment package a node serves a joiner
+//   (runtime/experiment/package.hpp: decoded, it re-encodes byte for byte, and its digest check
+//   runs) and an experiment signature file's text.
 // Everything must be refused with a reason or decoded, never crash.
 #include <vector>
 #include <array>
@@ -36,6 +38,7 @@
 #include "kernels/t2i/codebook.hpp"
 #include "messages/envelope.hpp"
 #include "messages/wire.hpp"
+#include "runtime/experiment/package.hpp"
 
 using namespace starling;
 using namespace starling::messages;
@@ -287,7 +290,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   --size;
   const auto* bytes = reinterpret_cast<const char*>(data);
   std::string_view text(bytes, size);
-  switch (kind % 16) {
+  switch (kind % 17) {
     case 0: {
       wire_context ctx{context_options()};
       envelope(bytes, size, &ctx);
@@ -343,6 +346,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           kernels::encode_codebook(*cb) != std::string(bytes, size))
         std::abort();
       break;
+    case 16: {
+      // An accepted package is exactly what encoding it gives back.
+      if (auto p = runtime::decode_package(text); p.ok()) {
+        (void) runtime::check_package_digest(*p);
+        auto again = runtime::encode_package(*p);
+        if (!again.ok() || *again != text)
+          std::abort();
+      }
+      (void) runtime::parse_experiment_signature(text);
+      break;
+    }
   }
   return 0;
 }

@@ -25,6 +25,7 @@
 #include "messages/types.hpp"
 #include "messages/vi.hpp"
 #include "messages/wire.hpp"
+#include "runtime/experiment/package.hpp"
 #include "kernels/t2i/codebook.hpp"
 
 using namespace starling;
@@ -366,5 +367,20 @@ int main(int argc, char** argv) {
   cb.patch = 2;
   cb.codes = {0.0f, 0.25f, 0.5f, 1.0f, 1.0f, 0.75f, 0.5f, 0.0f};
   save("codebook", 15, kernels::encode_codebook(cb));
+  // An experiment package with one named file and a signature, and a signature file.
+  {
+    runtime::experiment_package p;
+    p.yaml = "experiment: {name: t, kind: dedloc}\ndedloc: {model: {files: [m.pt]}}\n";
+    p.nodes = 2;
+    p.files.push_back({"dedloc.model.files[0]", "m.pt", runtime::blake2b_256("m"), 1});
+    p.digest = runtime::experiment_digest(p.yaml, p.sets, p.files);
+    p.signature = auth::key_pair::from_test_seed(1).sign(
+      runtime::experiment_signing_message(p.digest));
+    p.endpoint = "127.0.0.1:4000";
+    p.reach_detail = "unreachable: nothing listens there";
+    if (auto b = runtime::encode_package(p); b.ok())
+      save("experiment-package", 16, *b);
+    save("experiment-signature", 16, runtime::format_experiment_signature(p.digest, p.signature));
+  }
   return 0;
 }

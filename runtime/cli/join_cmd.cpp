@@ -1,0 +1,312 @@
+#include "runtime/cli/join_cmd.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+
+#include <caf/all.hpp>
+#include <fmt/format.h>
+
+#include "actors/auth/authority.hpp"
+#include "actors/auth/identity.hpp"
+#include "actors/auth/token.hpp"
+#include "runtime/cli/commands.hpp"
+#include "runtime/cli/signals.hpp"
+#include "runtime/experiment/plan.hpp"
+#include "runtime/experiment/runner.hpp"
+#include "runtime/experiment/serve.hpp"
+#include "runtime/experiment/yaml.hpp"
+#include "runtime/log/log.hpp"
+#include "runtime/metrics/metrics.hpp"
+#include "runtime/node/address.hpp"
+#include "runtime/node/node.hpp"
+
+namespace starling::runtime {
+
+namespace auth = actors::auth;
+
+namespace {
+
+int die(const std::string& what, int rc = 2) {
+  fmt::print(stderr, "starling: error: {}\n", what);
+  return rc;
+}
+
+int64_t unix_now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+/// The local IPv4 address this machine would use to reach `host:port` (no packet is sent: a
+/// UDP socket is only connected), or 127.0.0.1 when it cannot tell.
+std::string local_address_toward(const std::string& host, uint16_t port) {
+  std::string out = "127.0.0.1";
+  int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  if (fd < 0)
+    return out;
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(port);
+  if (::inet_pton(AF_INET, host == "localhost" ? "127.0.0.1" : host.c_str(), &to.sin_addr) == 1 &&
+      ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof(to)) == 0) {
+    sockaddr_in me{};
+    socklen_t len = sizeof(me);
+    char text[INET_ADDRSTRLEN] = {};
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&me), &len) == 0 &&
+        ::inet_ntop(AF_INET, &me.sin_addr, text, sizeof(text)))
+      out = text;
+  }
+  ::close(fd);
+  return out;
+}
+
+} // namespace
+
+std::string join_refusal_hint(const std::string& line) {
+  if (line.find("revoked") != std::string::npos)
+    return "your token was revoked: ask the run's owner why, and for a new one";
+  if (line.find("banned") != std::string::npos)
+    return "your node key is banned from this run: ask the run's owner";
+  if (line.find("expired") != std::string::npos)
+    return "your token expired: ask the run's owner for a new one";
+  if (line.find("disconnect_during_handshake") != std::string::npos ||
+      line.find("unauthorized") != std::string::npos)
+    return "the run is closed and did not take your credentials: get a token from its owner "
+           "(starling key init, send them FILE.pub)";
+  if (line.find("cannot_connect") != std::string::npos ||
+      line.find("unreachable") != std::string::npos)
+    return "nothing answers there: check the address, or try another node of the run";
+  return {};
+}
+
+int command_join(const join_command& cmd) {
+  if (cmd.endpoints.empty())
+    return die("join: expected HOST:PORT of one or more nodes of the run");
+  for (auto& e : cmd.endpoints) {
+    auto ep = parse_endpoint(e);
+    if (!ep || ep->second == 0)
+      return die(fmt::format("join: expected HOST:PORT with a port in [1, 65535], got \"{}\"", e));
+  }
+  if (cmd.token.empty())
+    return die("join: --token FILE is required (starling key init on this machine, then the "
+               "run's owner runs starling token issue --peer-key YOUR_KEY.pub)");
+  // The token: whose run, signed by which authority, for which key, until when.
+  auto text = auth::read_small_file(cmd.token, 64 * 1024);
+  if (!text)
+    return die("--token: " + text.error().what);
+  auto signed_token = auth::parse_token_file(*text, cmd.token);
+  if (!signed_token)
+    return die("--token: " + signed_token.error().line());
+  auto tok = auth::decode_token(*signed_token);
+  if (!tok)
+    return die("--token: " + tok.error().line());
+  auto now = unix_now_ns();
+  if (tok->expires_at_ns <= now)
+    return die(fmt::format("--token {}: your token expired {:.0f} min ago: ask the run's owner for "
+                           "a new one",
+                           cmd.token, static_cast<double>(now - tok->expires_at_ns) / 60e9));
+  auto key_file = cmd.key;
+  if (key_file.empty()) {
+    const char* home = std::getenv("HOME");
+    key_file = std::string{home ? home : "."} + "/.starling/node.key";
+  }
+  auto key = auth::load_secret_key_file(key_file, auth::key_role::node);
+  if (!key)
+    return die(fmt::format("--key: {} (make one with starling key init --out {})", key.error().what,
+                           key_file));
+  if (key->public_key() != tok->peer_key)
+    return die(fmt::format("--token {} is for peer {}, not for the key {} (peer {}): use the key "
+                           "the token was issued for (--key)",
+                           cmd.token, auth::to_hex(auth::peer_id_of(tok->peer_key)).substr(0, 12),
+                           key_file, auth::to_hex(key->peer_id()).substr(0, 12)));
+  auto out = cmd.out.empty() ? default_out_dir("join-" + tok->experiment) : cmd.out;
+  std::string why;
+  if (!make_dirs(out, why))
+    return die(why);
+  // The authority the token names is the one this volunteer trusts (the run's nodes check the
+  // token against their own: another authority's token is refused at the hello).
+  auto authority_file = out + "/authority.pub";
+  if (auto st = auth::write_public_key_file(authority_file, tok->authority_key,
+                                            auth::key_role::authority);
+      !st)
+    return die(st.what());
+
+  // Signals first: the actor system's threads block them (signals.hpp). A first SIGINT is a
+  // graceful leave, a second quits at once.
+  signal_watcher signals{true, ""};
+  auto registry = builtin_registry();
+  node_options no;
+  if (!cmd.listen.empty()) {
+    no.listen = cmd.listen;
+  } else {
+    auto first = parse_endpoint(cmd.endpoints.front());
+    no.listen = local_address_toward(first->first, first->second) + ":0";
+  }
+  no.key_file = key_file;
+  no.authority = authority_file;
+  no.token = cmd.token;
+  no.experiment = tok->experiment;
+  auto started =
+      node::start(caf_options{}, no, "volunteer",
+                  [&registry](caf::actor_system_config& cfg) { registry.configure(cfg); });
+  if (!started)
+    return die(started.error().what);
+  auto& nd = **started;
+  fmt::print("volunteer {} (peer id {}) listening on {}, token {} until {:.0f} min from now\n",
+             key_file, auth::to_hex(nd.peer_id()).substr(0, 12), nd.endpoint(),
+             auth::to_hex(tok->id).substr(0, 12),
+             static_cast<double>(tok->expires_at_ns - now) / 60e9);
+  std::fflush(stdout);
+
+  // Admission and the experiment: the endpoints in turn.
+  std::optional<fetched_experiment> got;
+  std::string from;
+  bool refused = false;
+  for (auto& ep : cmd.endpoints) {
+    auto f = fetch_experiment(nd, ep, tok->authority_key, out, std::chrono::seconds(20));
+    if (f) {
+      got = std::move(*f);
+      from = ep;
+      break;
+    }
+    auto line = f.error().what;
+    auto hint = join_refusal_hint(line);
+    refused = refused || (hint.find("nothing answers") == std::string::npos && !hint.empty()) ||
+              line.find("refused") != std::string::npos;
+    fmt::print(stderr, "starling: {}: {}{}\n", ep, line, hint.empty() ? "" : " — " + hint);
+    std::fflush(stderr);
+  }
+  if (!got) {
+    nd.shutdown();
+    return die(fmt::format("could not join through any of the {} endpoint{} given (above)",
+                           cmd.endpoints.size(), cmd.endpoints.size() == 1 ? "" : "s"),
+               refused ? 2 : 3);
+  }
+  auto& pkg = got->package;
+  auto yaml_file = out + "/experiment.yaml";
+  if (auto st = auth::write_file_atomically(yaml_file, pkg.yaml, 0644); !st)
+    return die(st.what());
+  if (!pkg.signature.empty())
+    if (auto st = auth::write_file_atomically(
+            yaml_file + ".sig", format_experiment_signature(pkg.digest, pkg.signature), 0644);
+        !st)
+      return die(st.what());
+  fmt::print("joined through {}: experiment digest {} ({}), {} node{}, {} named file{}; written "
+             "to {}\n",
+             from, auth::to_hex(pkg.digest).substr(0, 16),
+             pkg.signature.empty() ? "unsigned" : "signed by the run's authority", pkg.nodes,
+             pkg.nodes == 1 ? "" : "s", pkg.files.size(), pkg.files.size() == 1 ? "" : "s",
+             yaml_file);
+
+  // Reachability: the gate's verdict on the endpoint this node's hello claimed.
+  auto overrides = pkg.sets;
+  overrides.insert(overrides.end(), got->file_sets.begin(), got->file_sets.end());
+  bool client = cmd.client || !pkg.reachable;
+  if (cmd.client) {
+    fmt::print("client mode (--client): this node accepts no connection; it averages over the "
+               "links it opens and serves no state\n");
+  } else if (!pkg.reachable) {
+    auto port = parse_endpoint(nd.endpoint());
+    fmt::print("client mode: {} could not reach this node at {} ({}); to work in full mode, open "
+               "TCP port {} to this machine (or forward it) and join again\n",
+               from, pkg.endpoint.empty() ? nd.endpoint() : pkg.endpoint, pkg.reach_detail,
+               port ? port->second : 0);
+  } else {
+    fmt::print("reachable: {} reached this node at {}; full mode\n", from, pkg.endpoint);
+  }
+  std::fflush(stdout);
+  if (client) {
+    if (pkg.yaml.find("dedloc:") != std::string::npos)
+      overrides.push_back("dedloc.mode=client");
+    else
+      fmt::print("note: this run's kind has no client mode; its peers may fail to reach this "
+                 "node\n");
+  }
+  graph_load_options lo;
+  lo.mode = run_mode::cluster;
+  lo.overrides = overrides;
+  auto ex = load_experiment_file(yaml_file, registry, lo);
+  if (!ex) {
+    nd.shutdown();
+    return die("the run's experiment does not load here: " + ex.error().what);
+  }
+  set_log_level(parse_log_level(ex->log_level));
+  auto& g = ex->graph;
+  if (!cmd.http.empty())
+    g.node.http = cmd.http;
+  auto p = make_plan(g, run_mode::cluster, pkg.nodes, g.seed);
+  if (!p) {
+    nd.shutdown();
+    return die(p.error().what);
+  }
+  size_t open = 0;
+  for (auto& x : p->instances)
+    open += x.node ? 0 : 1;
+  if (open == 0) {
+    nd.shutdown();
+    return die(fmt::format("the run '{}' takes no volunteers: its file plans no open slot (for "
+                           "dedloc: dedloc.volunteers)",
+                           g.name));
+  }
+  // Later joiners may come through this node too.
+  {
+    auto served = pkg;
+    served.reachable = false;
+    served.endpoint.clear();
+    served.reach_detail.clear();
+    nd.register_actor(experiment_server_name,
+                      spawn_experiment_server(nd.system(), std::move(served), nd.gate()));
+  }
+  // Stop on the first signal, or when the token expires (warned a minute before).
+  auto stopped = signals.stopped();
+  auto expires = tok->expires_at_ns;
+  auto warned = std::make_shared<bool>(false);
+  auto expired = std::make_shared<bool>(false);
+  cluster_settings s;
+  s.volunteer = true;
+  s.count = pkg.nodes;
+  s.join = {from};
+  for (auto& ep : cmd.endpoints)
+    if (ep != from)
+      s.join.push_back(ep);
+  s.out_dir = out;
+  s.graceful_leave = true;
+  s.watch_nodes = true;
+  // The line follows the ledger: the summaries it reads are published every `ledger_every`.
+  s.contribution_every =
+      std::max<std::chrono::nanoseconds>(std::chrono::seconds(1), g.node.ledger_every);
+  s.stop = [=] {
+    if (stopped())
+      return true;
+    auto t = unix_now_ns();
+    if (!*warned && t >= expires - int64_t{60} * 1'000'000'000) {
+      *warned = true;
+      fmt::print("warning: your token expires in {:.0f} s; this node then leaves the run "
+                 "gracefully (ask the run's owner for a new token)\n",
+                 std::max(0.0, static_cast<double>(expires - t) / 1e9));
+      std::fflush(stdout);
+    }
+    if (t >= expires && !*expired) {
+      *expired = true;
+      fmt::print("your token expired: leaving the run\n");
+      std::fflush(stdout);
+    }
+    return *expired;
+  };
+  int rc = run_cluster_node(g, registry, nd, s);
+  fmt::print("volunteer shutting down\n");
+  std::fflush(stdout);
+  nd.shutdown();
+  return rc;
+}
+
+} // namespace starling::runtime

@@ -1,0 +1,42 @@
+// `starling join HOST:PORT [HOST:PORT ...] --token FILE`: a volunteer's one command. It needs no
+// experiment file: admitted by the first endpoint that answers, it fetches the run's experiment
+// from there (runtime/experiment/serve.hpp; in a closed run only one the authority signed),
+// writes it to its run folder, learns whether the run reaches it (the gate's probe of the
+// endpoint its hello claimed: client mode when not, said in one line with the fix), takes an
+// open slot of the plan (for `dedloc`: a data-parallel peer), works, prints its contribution as
+// the run's ledger credits it, and leaves gracefully on SIGINT (a second one quits at once) or
+// when its token expires (warned a minute before).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace starling::runtime {
+
+/// What `starling join` was given.
+struct join_command {
+  /// Nodes of the run to try, in turn.
+  std::vector<std::string> endpoints;
+  /// The token file (`starling token issue --peer-key FILE.pub`).
+  std::string token;
+  /// The node key the token was issued for (default `$HOME/.starling/node.key`).
+  std::string key;
+  /// Client mode whatever the run's verdict (accept no connection).
+  bool client = false;
+  /// Serve the run's page here (`HOST:PORT`; empty: none).
+  std::string http;
+  /// Listen here (empty: the local address that routes to the first endpoint, a free port).
+  std::string listen;
+  /// Run folder (empty: runs/<time>-join-<experiment>).
+  std::string out;
+};
+
+/// Runs `starling join`; returns the exit code (0 after a graceful leave or the run's end, 2 on
+/// a refusal or bad input, 3 when no node of the run can be reached or all went away).
+int command_join(const join_command& cmd);
+
+/// The fix a volunteer needs for a refusal line of the run (`your token was revoked: ...`), or
+/// an empty string when the line names none.
+std::string join_refusal_hint(const std::string& line);
+
+} // namespace starling::runtime
