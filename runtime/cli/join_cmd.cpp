@@ -35,7 +35,7 @@ namespace auth = actors::auth;
 
 namespace {
 
-int die(const std::string& what, int rc = 2) {
+int join_fail(const std::string& what, int rc = 2) {
   fmt::print(stderr, "starling: error: {}\n", what);
   return rc;
 }
@@ -90,28 +90,28 @@ std::string join_refusal_hint(const std::string& line) {
 
 int command_join(const join_command& cmd) {
   if (cmd.endpoints.empty())
-    return die("join: expected HOST:PORT of one or more nodes of the run");
+    return join_fail("join: expected HOST:PORT of one or more nodes of the run");
   for (auto& e : cmd.endpoints) {
     auto ep = parse_endpoint(e);
     if (!ep || ep->second == 0)
-      return die(fmt::format("join: expected HOST:PORT with a port in [1, 65535], got \"{}\"", e));
+      return join_fail(fmt::format("join: expected HOST:PORT with a port in [1, 65535], got \"{}\"", e));
   }
   if (cmd.token.empty())
-    return die("join: --token FILE is required (starling key init on this machine, then the "
+    return join_fail("join: --token FILE is required (starling key init on this machine, then the "
                "run's owner runs starling token issue --peer-key YOUR_KEY.pub)");
   // The token: whose run, signed by which authority, for which key, until when.
   auto text = auth::read_small_file(cmd.token, 64 * 1024);
   if (!text)
-    return die("--token: " + text.error().what);
+    return join_fail("--token: " + text.error().what);
   auto signed_token = auth::parse_token_file(*text, cmd.token);
   if (!signed_token)
-    return die("--token: " + signed_token.error().line());
+    return join_fail("--token: " + signed_token.error().line());
   auto tok = auth::decode_token(*signed_token);
   if (!tok)
-    return die("--token: " + tok.error().line());
+    return join_fail("--token: " + tok.error().line());
   auto now = unix_now_ns();
   if (tok->expires_at_ns <= now)
-    return die(fmt::format("--token {}: your token expired {:.0f} min ago: ask the run's owner for "
+    return join_fail(fmt::format("--token {}: your token expired {:.0f} min ago: ask the run's owner for "
                            "a new one",
                            cmd.token, static_cast<double>(now - tok->expires_at_ns) / 60e9));
   auto key_file = cmd.key;
@@ -121,24 +121,24 @@ int command_join(const join_command& cmd) {
   }
   auto key = auth::load_secret_key_file(key_file, auth::key_role::node);
   if (!key)
-    return die(fmt::format("--key: {} (make one with starling key init --out {})", key.error().what,
+    return join_fail(fmt::format("--key: {} (make one with starling key init --out {})", key.error().what,
                            key_file));
   if (key->public_key() != tok->peer_key)
-    return die(fmt::format("--token {} is for peer {}, not for the key {} (peer {}): use the key "
+    return join_fail(fmt::format("--token {} is for peer {}, not for the key {} (peer {}): use the key "
                            "the token was issued for (--key)",
                            cmd.token, auth::to_hex(auth::peer_id_of(tok->peer_key)).substr(0, 12),
                            key_file, auth::to_hex(key->peer_id()).substr(0, 12)));
   auto out = cmd.out.empty() ? default_out_dir("join-" + tok->experiment) : cmd.out;
   std::string why;
   if (!make_dirs(out, why))
-    return die(why);
+    return join_fail(why);
   // The authority the token names is the one this volunteer trusts (the run's nodes check the
   // token against their own: another authority's token is refused at the hello).
   auto authority_file = out + "/authority.pub";
   if (auto st = auth::write_public_key_file(authority_file, tok->authority_key,
                                             auth::key_role::authority);
       !st)
-    return die(st.what());
+    return join_fail(st.what());
 
   // Signals first: the actor system's threads block them (signals.hpp). A first SIGINT is a
   // graceful leave, a second quits at once.
@@ -159,7 +159,7 @@ int command_join(const join_command& cmd) {
       node::start(caf_options{}, no, "volunteer",
                   [&registry](caf::actor_system_config& cfg) { registry.configure(cfg); });
   if (!started)
-    return die(started.error().what);
+    return join_fail(started.error().what);
   auto& nd = **started;
   fmt::print("volunteer {} (peer id {}) listening on {}, token {} until {:.0f} min from now\n",
              key_file, auth::to_hex(nd.peer_id()).substr(0, 12), nd.endpoint(),
@@ -187,19 +187,19 @@ int command_join(const join_command& cmd) {
   }
   if (!got) {
     nd.shutdown();
-    return die(fmt::format("could not join through any of the {} endpoint{} given (above)",
+    return join_fail(fmt::format("could not join through any of the {} endpoint{} given (above)",
                            cmd.endpoints.size(), cmd.endpoints.size() == 1 ? "" : "s"),
                refused ? 2 : 3);
   }
   auto& pkg = got->package;
   auto yaml_file = out + "/experiment.yaml";
   if (auto st = auth::write_file_atomically(yaml_file, pkg.yaml, 0644); !st)
-    return die(st.what());
+    return join_fail(st.what());
   if (!pkg.signature.empty())
     if (auto st = auth::write_file_atomically(
             yaml_file + ".sig", format_experiment_signature(pkg.digest, pkg.signature), 0644);
         !st)
-      return die(st.what());
+      return join_fail(st.what());
   fmt::print("joined through {}: experiment digest {} ({}), {} node{}, {} named file{}; written "
              "to {}\n",
              from, auth::to_hex(pkg.digest).substr(0, 16),
@@ -237,7 +237,7 @@ int command_join(const join_command& cmd) {
   auto ex = load_experiment_file(yaml_file, registry, lo);
   if (!ex) {
     nd.shutdown();
-    return die("the run's experiment does not load here: " + ex.error().what);
+    return join_fail("the run's experiment does not load here: " + ex.error().what);
   }
   set_log_level(parse_log_level(ex->log_level));
   auto& g = ex->graph;
@@ -246,14 +246,14 @@ int command_join(const join_command& cmd) {
   auto p = make_plan(g, run_mode::cluster, pkg.nodes, g.seed);
   if (!p) {
     nd.shutdown();
-    return die(p.error().what);
+    return join_fail(p.error().what);
   }
   size_t open = 0;
   for (auto& x : p->instances)
     open += x.node ? 0 : 1;
   if (open == 0) {
     nd.shutdown();
-    return die(fmt::format("the run '{}' takes no volunteers: its file plans no open slot (for "
+    return join_fail(fmt::format("the run '{}' takes no volunteers: its file plans no open slot (for "
                            "dedloc: dedloc.volunteers)",
                            g.name));
   }
