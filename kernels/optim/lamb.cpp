@@ -6,16 +6,18 @@
 
 namespace starling::kernels {
 
+void check_lamb_options(const lamb_options& o, const char* who) {
+  TORCH_CHECK(o.lr() >= 0, who, ": invalid learning rate ", o.lr());
+  TORCH_CHECK(o.eps() >= 0, who, ": invalid epsilon ", o.eps());
+  TORCH_CHECK(o.beta1() >= 0 && o.beta1() < 1, who, ": invalid beta1 ", o.beta1());
+  TORCH_CHECK(o.beta2() >= 0 && o.beta2() < 1, who, ": invalid beta2 ", o.beta2());
+  TORCH_CHECK(o.weight_decay() >= 0, who, ": invalid weight decay ", o.weight_decay());
+}
+
 lamb::lamb(std::vector<torch::Tensor> params, lamb_options defaults)
     : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
                               std::make_unique<lamb_options>(defaults)) {
-  TORCH_CHECK(defaults.lr() >= 0, "LAMB: invalid learning rate ", defaults.lr());
-  TORCH_CHECK(defaults.eps() >= 0, "LAMB: invalid epsilon ", defaults.eps());
-  TORCH_CHECK(defaults.beta1() >= 0 && defaults.beta1() < 1, "LAMB: invalid beta1 ",
-              defaults.beta1());
-  TORCH_CHECK(defaults.beta2() >= 0 && defaults.beta2() < 1, "LAMB: invalid beta2 ",
-              defaults.beta2());
-  TORCH_CHECK(defaults.weight_decay() >= 0, "LAMB: invalid weight decay ", defaults.weight_decay());
+  check_lamb_options(defaults, "LAMB");
 }
 
 torch::Tensor lamb::step(LossClosure closure) {

@@ -55,6 +55,10 @@ public:
 };
 
 /// LAMB as a `torch::optim::Optimizer`, interchangeable with `torch::optim::Adam`.
+/// Checks LAMB's hyper-parameters (shared by `lamb` and `lamb8`): a TORCH_CHECK failure whose
+/// message starts with `who` (e.g. "LAMB: invalid beta1 1.5").
+void check_lamb_options(const lamb_options& o, const char* who);
+
 class lamb : public torch::optim::Optimizer {
 public:
   /// An optimizer over `params` with `defaults`; throws `c10::Error` on invalid options.

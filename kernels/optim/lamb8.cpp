@@ -56,14 +56,7 @@ void quantize_into(lamb8_param_state& st, const torch::Tensor& first, const torc
 lamb8::lamb8(std::vector<torch::Tensor> params, lamb_options defaults)
     : torch::optim::Optimizer({torch::optim::OptimizerParamGroup(std::move(params))},
                               std::make_unique<lamb_options>(defaults)) {
-  TORCH_CHECK(defaults.lr() >= 0, "LAMB8: invalid learning rate ", defaults.lr());
-  TORCH_CHECK(defaults.eps() >= 0, "LAMB8: invalid epsilon ", defaults.eps());
-  TORCH_CHECK(defaults.beta1() >= 0 && defaults.beta1() < 1, "LAMB8: invalid beta1 ",
-              defaults.beta1());
-  TORCH_CHECK(defaults.beta2() >= 0 && defaults.beta2() < 1, "LAMB8: invalid beta2 ",
-              defaults.beta2());
-  TORCH_CHECK(defaults.weight_decay() >= 0, "LAMB8: invalid weight decay ",
-              defaults.weight_decay());
+  check_lamb_options(defaults, "LAMB8");
 }
 
 torch::Tensor lamb8::step(LossClosure closure) {
