@@ -66,6 +66,7 @@ struct DhtStats {
   rejectedBadSignature @6 :UInt64;
   rejectedRateLimit @7 :UInt64;
   evictedPeers @8 :UInt64;
+  rejectedBanned @9 :UInt64;
 }
 
 struct DhtMessage {

@@ -223,6 +223,8 @@ struct dht_stats {
   uint64_t rejected_bad_signature = 0;
   uint64_t rejected_rate_limit = 0;
   uint64_t evicted_peers = 0;
+  /// Writes of records signed by a signer this node banned.
+  uint64_t rejected_banned = 0;
   /// Set on arrival when the envelope was refused (then every other field is empty).
   std::string wire_error;
 };
@@ -241,7 +243,7 @@ typename Inspector::result_type inspect(Inspector& f, dht_stats& x) {
   return inspect_enveloped(f, x, "dht_stats", [&] {
     return f(caf::meta::type_name("dht_stats"), x.records, x.peers, x.rejected_too_large,
              x.rejected_store_full, x.rejected_older, x.rejected_expired, x.rejected_bad_signature,
-             x.rejected_rate_limit, x.evicted_peers);
+             x.rejected_rate_limit, x.evicted_peers, x.rejected_banned);
   });
 }
 

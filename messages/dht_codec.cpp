@@ -241,6 +241,7 @@ status wire_codec<dht_stats>::write(payload_writer& w, const dht_stats& x) {
   b.setRejectedOlder(x.rejected_older);
   b.setRejectedExpired(x.rejected_expired);
   b.setRejectedBadSignature(x.rejected_bad_signature);
+  b.setRejectedBanned(x.rejected_banned);
   b.setRejectedRateLimit(x.rejected_rate_limit);
   b.setEvictedPeers(x.evicted_peers);
   return {};
@@ -255,6 +256,7 @@ status wire_codec<dht_stats>::read(const payload_reader& r, dht_stats& x) {
   x.rejected_older = m.getRejectedOlder();
   x.rejected_expired = m.getRejectedExpired();
   x.rejected_bad_signature = m.getRejectedBadSignature();
+  x.rejected_banned = m.getRejectedBanned();
   x.rejected_rate_limit = m.getRejectedRateLimit();
   x.evicted_peers = m.getEvictedPeers();
   return {};

@@ -108,6 +108,13 @@ checked<peer_info> admission::admit(uint64_t session, std::string_view hello_byt
     keeper_.close(session);
     return p;
   }
+  if (auto b = verified_bans_.find(p->peer_key); b != verified_bans_.end()) {
+    keeper_.close(session);
+    auto r = refuse(reason::banned, "this node's key is banned by the peers' verdict: " + b->second);
+    strangers_.add(r.why);
+    gone_[p->peer_id] = r;
+    return r;
+  }
   // A peer that comes again (a restarted process with the same key) replaces its old session.
   auto& slot = by_peer_[p->peer_id];
   if (slot.session != 0)
@@ -215,6 +222,31 @@ checked<std::vector<std::string>> admission::update_deny_list(std::string_view s
         break;
       }
   return peers;
+}
+
+std::vector<std::string> admission::ban_verified(std::string_view node_key, std::string why) {
+  std::lock_guard<std::mutex> guard{mtx_};
+  verified_bans_[std::string{node_key}] = why;
+  std::vector<std::string> peers;
+  for (auto i = by_peer_.begin(); i != by_peer_.end();) {
+    if (i->second.info.peer_key != node_key) {
+      ++i;
+      continue;
+    }
+    gone_[i->first] = refuse(reason::banned, "this node's key is banned by the peers' verdict: " + why);
+    peers.push_back(i->first);
+    keeper_.close(i->second.session);
+    i = by_peer_.erase(i);
+  }
+  return peers;
+}
+
+std::optional<std::string> admission::verified_ban(std::string_view node_key) const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  auto i = verified_bans_.find(node_key);
+  if (i == verified_bans_.end())
+    return std::nullopt;
+  return i->second;
 }
 
 uint64_t admission::deny_serial() const {

@@ -112,6 +112,15 @@ public:
   /// The serial of the deny list in force (0: none).
   uint64_t deny_serial() const;
 
+  /// Bans the node key `node_key` by a verdict this node verified itself (BTARD's peers decide
+  /// bans without the authority; beside the authority's deny list): the peer admitted with that
+  /// key loses its session, and its later hellos and messages are refused as `banned` (counted)
+  /// with `why`, for as long as this admission lives — a restart with the same key stays
+  /// refused. Returns the peer ids it removed.
+  std::vector<std::string> ban_verified(std::string_view node_key, std::string why);
+  /// Why `node_key` is banned by this node's own verdict (none when it is not).
+  std::optional<std::string> verified_ban(std::string_view node_key) const;
+
   /// Refusals by reason.
   refusal_counts refusals() const;
   /// `"no_hello=2 expired=1"` (empty when none).
@@ -140,6 +149,8 @@ private:
   refusal_counts strangers_;
   /// Sessions of peers refused after admission (expired, revoked): kept so `allow` says why.
   std::map<std::string, refusal, std::less<>> gone_;
+  /// Node keys banned by this node's own verdicts, and why.
+  std::map<std::string, std::string, std::less<>> verified_bans_;
 };
 
 /// The whole exchange between two admissions in one process (simulations, tests): `connector`

@@ -29,7 +29,9 @@ constexpr const char* protocol_attack_names[] = {"none",
                                                  "false_accusation",
                                                  "withhold_reveal",
                                                  "missing_part",
-                                                 "lie_projection"};
+                                                 "lie_projection",
+                                                 "non_finite_part",
+                                                 "non_finite_result"};
 
 std::string le64(uint64_t v) {
   std::string s(8, '\0');
@@ -46,6 +48,15 @@ at::Tensor as_tensor(const std::vector<float>& v) {
 std::vector<float> as_vector(const at::Tensor& t) {
   auto c = t.to(at::kFloat).contiguous();
   return {c.data_ptr<float>(), c.data_ptr<float>() + c.numel()};
+}
+
+/// Whether every value is finite: no CenteredClip, projection or update may read a NaN or an
+/// infinity (a NaN would poison the median and every distance, so one peer could stop a run).
+bool finite_values(const float* v, size_t n) {
+  for (size_t k = 0; k < n; ++k)
+    if (!std::isfinite(v[k]))
+      return false;
+  return true;
 }
 
 /// Adds one CenteredClip's statistics to its attempt's record.
@@ -637,6 +648,16 @@ simulated_group::impl::run_attempt(step_state& s, step_group& g, attempt_record&
   };
   std::map<std::string, std::vector<digest>> committed; // key -> digest per part
   std::map<std::string, digest> cite;                   // key -> its part_digests statement
+  // A NaN in the part an honest aggregator receives, committed to like any other value.
+  for (auto& k : members) {
+    auto* p = by_key.at(k);
+    auto target = honest_target(k);
+    if (!target || !online(k) || !attacking(*p, protocol_attack::non_finite_part, a))
+      continue;
+    auto poisoned = *s.sent.at(k);
+    poisoned[g.parts[*target].begin] = std::numeric_limits<float>::quiet_NaN();
+    s.sent[k] = std::make_shared<const std::vector<float>>(std::move(poisoned));
+  }
 
   // 1. Commitments: every member's part digests (one signed statement), before any data moves.
   for (auto& k : members) {
@@ -719,6 +740,15 @@ simulated_group::impl::run_attempt(step_state& s, step_group& g, attempt_record&
       auto it = inbox[i].find(k);
       bool ok = it != inbox[i].end() &&
                 clock.hash(step, i, it->second, g.parts[i].size()) == committed.at(k)[i];
+      if (ok && !finite_values(it->second, g.parts[i].size())) {
+        // The part is the one committed to, so the proof is public: anyone who fetches it
+        // (checked against the commitment) sees the non-finite value. No gradient is.
+        if (auto st = accuse(rec, cases, *agg, k, accusation_kind::wrong_gradient, slot(i),
+                             {cite.at(k)}, recheck::confirmed);
+            !st)
+          return fail(st.what());
+        continue;
+      }
       if (ok)
         continue;
       if (auto st = accuse(rec, cases, *agg, k, accusation_kind::missing_part, slot(i),
@@ -755,6 +785,8 @@ simulated_group::impl::run_attempt(step_state& s, step_group& g, attempt_record&
     if (attacking(*p, protocol_attack::gross_aggregate, a))
       for (auto& x : results[i])
         x += static_cast<float>(o.tau);
+    if (attacking(*p, protocol_attack::non_finite_result, a) && !results[i].empty())
+      results[i][0] = std::numeric_limits<float>::quiet_NaN();
     result_digest[i] = clock.hash(step, i, results[i].data(), results[i].size());
     auto st =
         publish(rec, *p, statement_kind::result_digest, slot(i), digest_payload(result_digest[i]));
@@ -775,15 +807,29 @@ simulated_group::impl::run_attempt(step_state& s, step_group& g, attempt_record&
   clock.lap("aggregate");
   rec.bytes_data += (n - 1) * t->dim() * sizeof(float);
   // Receivers check each result against its digest; a mismatch is a disputed delivery.
+  std::set<size_t> non_finite_accused; // parts whose aggregator one honest receiver accused
   for (auto& k : members) {
     auto* p = by_key.at(k);
     if (!p->honest())
       continue;
     for (size_t i = 0; i < n; ++i) {
       // The aggregator holds its own result (it hashed it to publish the digest).
-      if (k == members[i] ||
-          clock.hash(step, i, received[i].at(k), g.parts[i].size()) == result_digest[i])
+      if (k == members[i])
         continue;
+      if (clock.hash(step, i, received[i].at(k), g.parts[i].size()) == result_digest[i]) {
+        if (finite_values(received[i].at(k), g.parts[i].size()) ||
+            !non_finite_accused.insert(i).second)
+          continue; // fine, or accused already: the others read the accusation
+        // The result it committed to is non-finite: CenteredClip of parts that each passed the
+        // finite check cannot be, and a non-finite part of its own is as wrong (public proof).
+        if (auto st = accuse(rec, cases, *p, members[i], accusation_kind::wrong_aggregate, slot(i),
+                             {statement_digest(*board.find(statement_kind::result_digest, step,
+                                                           members[i], slot(i)))},
+                             recheck::confirmed);
+            !st)
+          return fail(st.what());
+        continue;
+      }
       if (auto st = accuse(rec, cases, *p, members[i], accusation_kind::missing_part, slot(i),
                            {statement_digest(*board.find(statement_kind::result_digest, step,
                                                          members[i], slot(i)))},
@@ -975,7 +1021,8 @@ simulated_group::impl::run_attempt(step_state& s, step_group& g, attempt_record&
         diff += (double(sent[k]) - want[k]) * (double(sent[k]) - want[k]);
         norm += double(want[k]) * want[k];
       }
-      if (std::sqrt(diff) > o.validation_rel_tolerance * std::sqrt(norm))
+      // Written so that a NaN anywhere is a mismatch.
+      if (!(std::sqrt(diff) <= o.validation_rel_tolerance * std::sqrt(norm)))
         return false;
     }
     return true;

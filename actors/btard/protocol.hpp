@@ -85,6 +85,11 @@ enum class protocol_attack : uint8_t {
   missing_part,
   /// Publishes a false projection pair for one part.
   lie_projection,
+  /// Commits to and sends an aggregator a part holding a NaN (the digest matches: only the
+  /// values are wrong, and no CenteredClip may read them).
+  non_finite_part,
+  /// As aggregator: publishes and sends a result holding a NaN (committed consistently).
+  non_finite_result,
 };
 const char* protocol_attack_name(protocol_attack a);
 result<protocol_attack> parse_protocol_attack(const std::string& name);

@@ -292,8 +292,8 @@ public:
 
   void merge_found(running_lookup& lk, std::vector<dht_record>& recs) {
     for (auto& r : recs) {
-      if (r.key != lk.key || !verify(r) || r.expiration_ns <= now())
-        continue;
+      if (r.key != lk.key || !verify(r) || r.expiration_ns <= now() || store_.signer_banned(r))
+        continue; // readers ignore the records of signers this node banned
       auto slot = r.has_subkey ? "s" + r.subkey : std::string{"p"};
       auto it = lk.found.find(slot);
       if (it == lk.found.end() || it->second.expiration_ns < r.expiration_ns)
@@ -537,12 +537,15 @@ public:
     s.rejected_older = c.older;
     s.rejected_expired = c.expired;
     s.rejected_bad_signature = c.bad_signature;
+    s.rejected_banned = c.banned;
     s.rejected_rate_limit = rate_limited_;
     s.evicted_peers = table_.evictions();
     return s;
   }
 
   const dht_options& options() const { return opts_; }
+
+  size_t ban_signer(const std::string& public_key) { return store_.ban_signer(public_key); }
 
 private:
   caf::event_based_actor* self_;
@@ -604,6 +607,13 @@ caf::behavior dht_actor(caf::event_based_actor* self, caf::actor resolver, dht_o
       },
       [impl](status_atom) { return impl->stats(); },
       [impl](dht_key_atom) { return impl->options().id.public_key; },
+      [impl, self](ban_atom, const std::string& public_key) -> caf::result<uint64_t> {
+        // Only an actor of this node may ban here: a remote one could silence anyone.
+        auto sender = self->current_sender();
+        if (!sender || sender->node() != self->node())
+          return caf::make_error(caf::sec::invalid_argument, "dht: a ban comes from this node only");
+        return static_cast<uint64_t>(impl->ban_signer(public_key));
+      },
   };
 }
 

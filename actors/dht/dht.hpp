@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <caf/actor.hpp>
+#include <caf/atom.hpp>
 #include <caf/fwd.hpp>
 
 #include "actors/dht/record_store.hpp"
@@ -22,6 +23,12 @@
 #include "actors/dht/signing.hpp"
 
 namespace starling::actors::dht {
+
+/// `(ban_atom, public_key) -> uint64_t`: an actor of this node tells its DHT actor that the node
+/// verified a ban of that signer itself (BTARD's verdicts): the signer's records held are
+/// dropped (their count is the answer), its writes are refused and counted
+/// (`dht_stats::rejected_banned`), and lookups ignore its records. Refused from other nodes.
+using ban_atom = caf::atom_constant<caf::atom("ban")>;
 
 /// Settings of one DHT node.
 struct dht_options {

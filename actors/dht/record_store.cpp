@@ -60,6 +60,10 @@ store_status record_store::put(const messages::dht_record& r, int64_t now_ns) {
     ++counters_.bad_signature;
     return store_status::bad_signature;
   }
+  if (signer_banned(r)) {
+    ++counters_.banned;
+    return store_status::banned;
+  }
   auto it = entries_.find(r.key);
   if (it != entries_.end() && !purge_entry(it->second, now_ns)) {
     entries_.erase(it);
@@ -134,6 +138,45 @@ std::vector<messages::dht_record> record_store::get(const std::string& key, int6
     if (kv.second.expiration_ns > now_ns)
       out.push_back(kv.second);
   return out;
+}
+
+bool record_store::signer_banned(const messages::dht_record& r) const {
+  if (banned_.empty())
+    return false;
+  auto who = required_signer(r);
+  return who && banned_.count(*who) != 0;
+}
+
+size_t record_store::ban_signer(const std::string& public_key) {
+  if (!banned_.insert(public_key).second)
+    return 0;
+  size_t dropped = 0;
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    auto& e = it->second;
+    if (!e.is_dict) {
+      if (signer_banned(e.plain)) {
+        ++dropped;
+        --count_;
+        it = entries_.erase(it);
+        continue;
+      }
+    } else {
+      for (auto s = e.subs.begin(); s != e.subs.end();)
+        if (signer_banned(s->second)) {
+          ++dropped;
+          --count_;
+          s = e.subs.erase(s);
+        } else {
+          ++s;
+        }
+      if (e.subs.empty()) {
+        it = entries_.erase(it);
+        continue;
+      }
+    }
+    ++it;
+  }
+  return dropped;
 }
 
 } // namespace starling::actors::dht

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,7 @@ struct store_limits {
 };
 
 /// Why a record was or was not stored.
-enum class store_status { accepted, too_large, full, older, expired, bad_signature };
+enum class store_status { accepted, too_large, full, older, expired, bad_signature, banned };
 
 /// Counts of refused writes, by reason.
 struct store_counters {
@@ -29,6 +30,8 @@ struct store_counters {
   uint64_t older = 0;
   uint64_t expired = 0;
   uint64_t bad_signature = 0;
+  /// Records signed by a key this node banned (`ban_signer`).
+  uint64_t banned = 0;
 };
 
 /// The records one node holds.
@@ -47,6 +50,13 @@ public:
 
   /// Drops everything expired at `now_ns`.
   void purge(int64_t now_ns);
+
+  /// Bans the signer `public_key` (a verdict this node verified, e.g. BTARD's): the records it
+  /// signed are dropped now, its later writes are refused (`banned`, counted) and `get` never
+  /// returns one. Returns the records dropped.
+  size_t ban_signer(const std::string& public_key);
+  /// True when `r` needs a signature from a signer banned here.
+  bool signer_banned(const messages::dht_record& r) const;
 
   /// Records held (expired ones included until purged).
   size_t size() const { return count_; }
@@ -71,6 +81,7 @@ private:
   std::map<std::string, entry> entries_;
   size_t count_ = 0;
   store_counters counters_;
+  std::set<std::string> banned_;
 };
 
 } // namespace starling::actors::dht

@@ -45,10 +45,6 @@ std::string describe(const torch::Tensor& t) {
   return fmt::format("{} {}", c10::toString(t.scalar_type()), c10::str(t.sizes()));
 }
 
-std::string describe(const tensor_shape& s) {
-  return fmt::format("{} {}", c10::toString(s.dtype), c10::str(c10::IntArrayRef(s.sizes)));
-}
-
 tensor_shape shape_of(const torch::Tensor& t) {
   return tensor_shape{t.sizes().vec(), t.scalar_type()};
 }

@@ -301,7 +301,8 @@ struct checker {
   }
 
   /// The re-check of a wrong-gradient accusation, recomputed: confirmed when the accused's
-  /// signed part digests differ from those of its recomputed gradient.
+  /// signed part digests differ from those of its recomputed gradient, or when that gradient is
+  /// not finite (no part may be).
   std::optional<bt::recheck> recompute_gradient(uint64_t t, uint32_t attempt,
                                                 const std::vector<std::string>& members,
                                                 const std::string& accused,
@@ -337,6 +338,10 @@ struct checker {
     }
     ++report.recomputed;
     (void)attempt;
+    // A non-finite gradient is wrong by the protocol's rule, whatever its digests say.
+    for (float x : *g)
+      if (!std::isfinite(x))
+        return bt::recheck::confirmed;
     for (size_t i = 0; i < parts->size(); ++i)
       if (bt::part_digest(t, i, g->data() + (*parts)[i].begin, (*parts)[i].size())
           != mine->second[i])

@@ -136,6 +136,31 @@ TEST_CASE("an admitted peer is refused once its token expires or a newer deny li
   CHECK(handshake(*c, *b).find("refused (revoked)") == 0);
 }
 
+TEST_CASE("a ban this node verified itself ends the session and refuses the key, also restarted") {
+  run r;
+  auto b = r.node(2, r.token_for(key_pair::from_test_seed(2), {"any"}));
+  auto a = r.node(1, r.token_for(key_pair::from_test_seed(1), {"any"}, t0 + 3600 * sec, 'a'));
+  auto c = r.node(3, r.token_for(key_pair::from_test_seed(3), {"any"}, t0 + 3600 * sec, 'c'));
+  REQUIRE(handshake(*a, *b).empty());
+  REQUIRE(handshake(*c, *b).empty());
+  CHECK_FALSE(b->verified_ban(key_pair::from_test_seed(1).public_key()));
+  auto gone = b->ban_verified(key_pair::from_test_seed(1).public_key(), "a wrong aggregate at step 7");
+  CHECK(gone == std::vector<std::string>{a->peer_id()});
+  CHECK(b->verified_ban(key_pair::from_test_seed(1).public_key()) == "a wrong aggregate at step 7");
+  auto line = allow(*b, *a, "ping");
+  CHECK(line.find("refused (banned)") == 0);
+  CHECK(line.find("a wrong aggregate at step 7") != std::string::npos);
+  CHECK(allow(*b, *c, "ping").empty()); // nobody else
+  // The same key restarted, with its valid token, stays out; its token alone was never the issue.
+  auto again = r.node(1, r.token_for(key_pair::from_test_seed(1), {"any"}, t0 + 3600 * sec, 'a'));
+  CHECK(handshake(*again, *b).find("refused (banned)") == 0);
+  CHECK(allow(*b, *again, "ping").find("refused (banned)") == 0);
+  CHECK(b->refusals().of(reason::banned) >= 3);
+  // Another node of the run did not verify it: its own gate still admits the key.
+  auto d = r.node(4, r.token_for(key_pair::from_test_seed(4), {"any"}, t0 + 3600 * sec, 'd'));
+  CHECK(handshake(*again, *d).empty());
+}
+
 TEST_CASE("handshakes left half-open are bounded and a hello cannot be used twice") {
   run r;
   auto b = r.node(2, "", true);

@@ -204,6 +204,46 @@ TEST_CASE("an owned key accepts only records signed by its owner") {
   CHECK_FALSE(verify(bad));
 }
 
+TEST_CASE("a banned signer's records are dropped, refused and counted; others stay") {
+  auto alice = identity::from_seed(1);
+  auto mallory = identity::from_seed(2);
+  record_store s;
+  auto own = [](const std::string& key, const identity& who, const std::string& v, int64_t exp) {
+    auto r = plain(key + owner_marker(who.public_key), v, exp);
+    sign(r, who);
+    return r;
+  };
+  auto in_dict = [](const std::string& key, const identity& who, const std::string& v) {
+    auto r = sub(key, owner_marker(who.public_key), v, 100);
+    sign(r, who);
+    return r;
+  };
+  REQUIRE(s.put(own("a", alice, "1", 100), 0) == store_status::accepted);
+  REQUIRE(s.put(own("m", mallory, "2", 100), 0) == store_status::accepted);
+  REQUIRE(s.put(in_dict("progress", alice, "a"), 0) == store_status::accepted);
+  REQUIRE(s.put(in_dict("progress", mallory, "m"), 0) == store_status::accepted);
+  REQUIRE(s.put(in_dict("only-m", mallory, "m"), 0) == store_status::accepted);
+  REQUIRE(s.put(plain("free", "v", 100), 0) == store_status::accepted);
+  CHECK(s.size() == 6);
+  CHECK(s.ban_signer(mallory.public_key) == 3);
+  CHECK(s.ban_signer(mallory.public_key) == 0); // once
+  CHECK(s.size() == 3);
+  CHECK(s.get("m" + owner_marker(mallory.public_key), 0).empty());
+  CHECK(s.get("only-m", 0).empty());
+  auto progress = s.get("progress", 0);
+  REQUIRE(progress.size() == 1);
+  CHECK(std::string(progress[0].value.begin(), progress[0].value.end()) == "a");
+  CHECK(s.get("a" + owner_marker(alice.public_key), 0).size() == 1);
+  CHECK(s.get("free", 0).size() == 1); // unsigned records name no signer to ban
+  // Later writes, even newer ones, are refused and counted.
+  CHECK(s.put(own("m", mallory, "3", 200), 0) == store_status::banned);
+  CHECK(s.put(in_dict("progress", mallory, "m2"), 0) == store_status::banned);
+  CHECK(s.counters().banned == 2);
+  CHECK(s.signer_banned(own("x", mallory, "y", 100)));
+  CHECK_FALSE(s.signer_banned(own("x", alice, "y", 100)));
+  CHECK(s.put(own("a", alice, "4", 200), 0) == store_status::accepted);
+}
+
 TEST_CASE("a signature verified once vouches for exactly that record, never for a variant") {
   auto alice = identity::from_seed(11);
   auto mallory = identity::from_seed(12);

@@ -369,6 +369,44 @@ TEST_CASE("a forged write to an owned key is rejected and the owner's write wins
   CHECK(value_of(s.run_get(3, "peers")) == "me");
 }
 
+TEST_CASE("a node that banned a signer drops, refuses and no longer reads its records") {
+  dht_options o;
+  o.num_replicas = 8; // every node holds every record: the banning node too
+  swarm s{17, o};
+  s.grow(8);
+  auto key = "progress" + owner_marker(s.identity_of(5).public_key);
+  auto first = s.run_put(5, make_put(key, bytes("v1"), s.in(120s), true));
+  REQUIRE(first->ok);
+  REQUIRE(first->put.accepted > 0);
+  auto other = "other" + owner_marker(s.identity_of(4).public_key);
+  REQUIRE(s.run_put(4, make_put(other, bytes("fine"), s.in(120s), true))->put.accepted > 0);
+  // Node 2 verified a ban of node 5's key (an actor of node 2 tells its DHT).
+  auto dropped = std::make_shared<int64_t>(-1);
+  auto d = s.dht(2);
+  auto banned_key = s.identity_of(5).public_key;
+  s.w.node(2).spawn("", [d, dropped, banned_key](caf::event_based_actor* self) {
+    self->request(d, 10s, ban_atom::value, banned_key).then([dropped, self](uint64_t n) {
+      *dropped = static_cast<int64_t>(n);
+      self->quit();
+    });
+    return caf::behavior{[](int) {}};
+  });
+  s.w.run_until([&] { return *dropped >= 0; }, 10s);
+  CHECK(*dropped == 1);
+  // Node 2 ignores the record wherever it reads it; the others still see it.
+  auto at2 = s.run_get(2, key);
+  CHECK(value_of(at2) == "<missing>");
+  CHECK(value_of(s.run_get(3, key)) == "v1");
+  CHECK(value_of(s.run_get(2, other)) == "fine");
+  // A newer write is refused at node 2 and counted there only.
+  auto second = s.run_put(5, make_put(key, bytes("v2"), s.in(180s), true));
+  REQUIRE(second->ok);
+  CHECK(second->put.accepted == second->put.replicas - 1);
+  CHECK(s.stats(2).rejected_banned == 1);
+  CHECK(s.stats(3).rejected_banned == 0);
+  CHECK(value_of(s.run_get(6, key)) == "v2");
+}
+
 TEST_CASE("requests beyond the per-peer rate are refused and counted") {
   dht_options o;
   o.requests_per_peer_per_second = 2;
