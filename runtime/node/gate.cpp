@@ -6,6 +6,7 @@
 
 #include <caf/all.hpp>
 
+#include "actors/auth/ban_service.hpp"
 #include "actors/auth/identity.hpp"
 #include "messages/atoms.hpp"
 #include "runtime/config/config.hpp"
@@ -214,7 +215,19 @@ bool node_gate::install_deny_list(const std::string& signed_list, std::string& w
   std::lock_guard<std::mutex> guard{mtx_};
   deny_list_ = signed_list;
   // The revoked peers' processes lose their directory access and their gates too.
-  for (auto& peer : *gone)
+  drop_peers(*gone);
+  return true;
+}
+
+size_t node_gate::ban_verified(const std::string& node_key, const std::string& why) {
+  auto gone = admission_->ban_verified(node_key, why);
+  std::lock_guard<std::mutex> guard{mtx_};
+  drop_peers(gone);
+  return gone.size();
+}
+
+void node_gate::drop_peers(const std::vector<std::string>& peers) {
+  for (auto& peer : peers)
     for (auto i = nodes_.begin(); i != nodes_.end();)
       if (i->second == peer) {
         gates_.erase(i->first);
@@ -224,7 +237,6 @@ bool node_gate::install_deny_list(const std::string& signed_list, std::string& w
       } else {
         ++i;
       }
-  return true;
 }
 
 std::string node_gate::deny_list() const {
@@ -418,6 +430,25 @@ caf::actor spawn_gate(caf::actor_system& sys, std::shared_ptr<node_gate> gate) {
         auto& sender = self->current_sender();
         pass_on(*gate, signed_list, sender ? sender->node() : caf::node_id{});
         return gate->admission().deny_serial();
+      },
+      [=](actors::auth::verified_ban_atom, const std::string& node_key,
+          const std::string& why) -> caf::result<uint64_t> {
+        // Only this node's own actors hand it their verdicts (actors/auth/ban_service.hpp).
+        auto& sender = self->current_sender();
+        if (!sender || sender->node() != self->node())
+          return caf::make_error(caf::sec::invalid_argument,
+                                 "refused: a verified ban comes from this node's own actors");
+        if (node_key.size() != actors::auth::verified_ban_key_bytes
+            || why.size() > actors::auth::verified_ban_reason_bytes
+            || why.find('\n') != std::string::npos)
+          return caf::make_error(caf::sec::invalid_argument,
+                                 "refused (malformed): a verified ban needs a 32-byte node key and "
+                                 "a one-line reason of at most 512 bytes");
+        auto removed = gate->ban_verified(node_key, why);
+        log(log_level::warning, "gate", "banned peer key {} by this node's verdict: {} ({} "
+                                        "admitted peer(s) removed)",
+            actors::auth::to_hex(node_key).substr(0, 12), why, removed);
+        return static_cast<uint64_t>(removed);
       },
     };
   });

@@ -177,7 +177,16 @@ public:
   /// The signed deny list in force (empty when none).
   std::string deny_list() const;
 
+  /// Bans the node key `node_key` by a verdict this node verified itself (actors/auth/
+  /// ban_service.hpp): beside the deny list, the admitted peers of that key lose their session,
+  /// directory access and gate; later hellos and envelopes are refused as `banned`. Returns how
+  /// many admitted peers it removed.
+  size_t ban_verified(const std::string& node_key, const std::string& why);
+
 private:
+  /// Forgets the CAF nodes of `peers` (their gates and endpoints too). Holds `mtx_`.
+  void drop_peers(const std::vector<std::string>& peers);
+
   std::shared_ptr<actors::auth::admission> admission_;
   mutable std::mutex mtx_;
   /// Admitted CAF nodes and the peer id each said hello as.

@@ -14,6 +14,7 @@
 #include <torch/torch.h>
 
 #include "actors/auth/authority.hpp"
+#include "actors/auth/ban_service.hpp"
 #include "actors/auth/gatekeeper.hpp"
 #include "actors/auth/identity.hpp"
 #include "actors/supervisor/supervisor.hpp"
@@ -394,6 +395,39 @@ struct served_pair {
 };
 
 } // namespace
+
+TEST_CASE("a ban the node verified itself, handed to its gate by its own actor, refuses the peer; "
+          "another node cannot hand one") {
+  served_pair p;
+  auto& a = p.a;
+  auto& c = p.c;
+  const auto c_key = p.run.key("c").public_key();
+  // c, admitted, asks a's gate to ban c's own key (any key would do): refused, a remote sender.
+  auto [gate, gate_err] = try_resolve(*c, fmt::format("127.0.0.1:{}/{}", a->port(), gate_name));
+  REQUIRE_MESSAGE(gate, gate_err);
+  auto ask = [&](node& from, const caf::actor& g, const std::string& key, const std::string& why) {
+    caf::scoped_actor self{from.system()};
+    std::string out = "no answer";
+    self->request(g, 5s, auth::verified_ban_atom::value, key, why)
+      .receive([&](uint64_t removed) { out = fmt::format("removed {}", removed); },
+               [&](caf::error& e) { out = from.system().render(e); });
+    return out;
+  };
+  CHECK(ask(*c, gate, c_key, "framed").find("this node's own actors") != std::string::npos);
+  CHECK(ping(*c, p.peer) == "a");
+  CHECK_FALSE(a->gate()->admission().verified_ban(c_key));
+  // a's own actor: a malformed ban is refused, a good one removes c.
+  auto own = a->gate()->own_gate();
+  REQUIRE(own);
+  CHECK(ask(*a, own, "short", "x").find("malformed") != std::string::npos);
+  CHECK(ask(*a, own, c_key, "two\nlines").find("malformed") != std::string::npos);
+  CHECK(ask(*a, own, c_key, "a wrong aggregate at step 3") == "removed 1");
+  CHECK(a->gate()->admission().verified_ban(c_key) == "a wrong aggregate at step 3");
+  auto refused = ping(*c, p.peer);
+  CHECK(refused.find("unauthorized") != std::string::npos);
+  CHECK(refused.find("banned") != std::string::npos);
+  CHECK(a->gate()->admission().refusals().of(auth::reason::banned) >= 1);
+}
 
 TEST_CASE("a member that signs envelopes in another member's name is refused as signature, and "
           "the other member's sequence numbers stay its own") {
