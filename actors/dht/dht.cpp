@@ -69,7 +69,10 @@ public:
 
   int64_t now() const { return dht_now_ns(self_); }
 
-  dht_peer me() const { return dht_peer{me_.to_bytes(), opts_.address}; }
+  /// This node as its requests name it: a client names no address (nobody can dial it).
+  dht_peer me() const {
+    return dht_peer{me_.to_bytes(), opts_.client ? std::string{} : opts_.address};
+  }
 
   // -- peer bookkeeping ---------------------------------------------------------------------
 
@@ -252,8 +255,13 @@ public:
       resp.refused = req.wire_error;
       return resp;
     }
-    if (!admit(req.sender.address)) {
+    // Senders without an address (clients) are counted by id, not all in one bucket.
+    if (!admit(req.sender.address.empty() ? "id:" + req.sender.id : req.sender.address)) {
       resp.refused = "rate limit";
+      return resp;
+    }
+    if (opts_.client) {
+      resp.refused = "client mode: this node serves no DHT requests";
       return resp;
     }
     heard_from(req.sender);
@@ -388,7 +396,8 @@ public:
     lp->on_done = [this, r, rp, target](running_lookup& lk) mutable {
       // The replicas: the closest peers that answered, plus ourselves if we are among them.
       auto best = lk.l.closest_responded(opts_.num_replicas);
-      bool self_in = best.size() < opts_.num_replicas || closer(target, me_, best.back().id);
+      bool self_in = !opts_.client
+                     && (best.size() < opts_.num_replicas || closer(target, me_, best.back().id));
       if (self_in && best.size() == opts_.num_replicas)
         best.pop_back();
       auto result = std::make_shared<dht_put_result>();

@@ -52,6 +52,10 @@ struct dht_options {
   bool cache_on_path = true;
   /// Peers to join at start (`host:port/dht`).
   std::vector<std::string> bootstrap;
+  /// Client mode (a node others cannot reach, e.g. behind a firewall): it puts and gets through
+  /// the others but serves nobody. Its requests name no address, so no peer enters it in a
+  /// routing table or picks it as a replica, and it answers any request it gets with a refusal.
+  bool client = false;
 };
 
 /// The DHT id of a node with public key `public_key`.

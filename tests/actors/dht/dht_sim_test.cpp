@@ -407,6 +407,33 @@ TEST_CASE("a node that banned a signer drops, refuses and no longer reads its re
   CHECK(value_of(s.run_get(6, key)) == "v2");
 }
 
+TEST_CASE("a client-mode node puts and gets through the others but enters no routing table") {
+  swarm s{18};
+  s.grow(10);
+  // Node 10 joins in client mode: the others cannot dial it.
+  auto& node = s.w.add_node("n10");
+  auto opts = s.base;
+  opts.address = node.endpoint() + "/dht";
+  opts.id = s.identity_of(10);
+  opts.bootstrap = {"n0:1/dht"};
+  opts.client = true;
+  node.on_start([opts](sim::sim_node& nd) { nd.spawn("dht", dht_actor, nd.resolver(), opts); });
+  s.w.run_for(500ms);
+  auto mine = s.run_put(10, make_put("from-client", bytes("c"), s.in(120s), true));
+  REQUIRE(mine->ok);
+  CHECK(mine->put.accepted == mine->put.replicas);
+  CHECK(mine->put.accepted > 0);
+  CHECK(value_of(s.run_get(3, "from-client")) == "c");
+  REQUIRE(s.run_put(4, make_put("from-4", bytes("four"), s.in(120s), true))->put.accepted > 0);
+  CHECK(value_of(s.run_get(10, "from-4")) == "four");
+  // The client knows peers; no full node knows it (10 full nodes: at most 9 peers each), and it
+  // holds no record of anyone's.
+  CHECK(s.stats(10).peers > 0);
+  CHECK(s.stats(10).records == 0);
+  for (size_t i = 0; i < 10; ++i)
+    CHECK(s.stats(i).peers <= 9);
+}
+
 TEST_CASE("requests beyond the per-peer rate are refused and counted") {
   dht_options o;
   o.requests_per_peer_per_second = 2;
