@@ -67,6 +67,9 @@ struct node_options {
   /// How often each peer publishes its contribution summary in the DHT (the ledger any node's
   /// page reads; 0: never). In simulation only a run that is served (`http`) publishes.
   std::chrono::milliseconds ledger_every{5000};
+  /// Client mode (`starling join --client`, or a joiner the run cannot reach): the node's DHT
+  /// serves nobody and enters no routing table (actors/dht: `dht_options::client`).
+  bool client = false;
 };
 
 /// One simulated link direction.

@@ -360,6 +360,7 @@ public:
     auto& sys = nd_.system();
     actors::dht::dht_options d;
     d.address = endpoint() + "/dht";
+    d.client = graph_.node.client;
     // The node's own key: its DHT id is its peer id, and its records are signed by the key its
     // envelopes name.
     d.id = actors::dht::identity{nd_.key().public_key(), nd_.key().secret_key()};
