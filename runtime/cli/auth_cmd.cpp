@@ -153,10 +153,11 @@ auth_commands::auth_commands(CLI::App& app) {
                        "only an experiment its authority signed)");
   sign_experiment_->add_option("file", experiment_file_, "Experiment YAML file")->required();
   sign_experiment_->add_option("--authority", authority_dir_, "Authority folder")->required();
-  sign_experiment_->add_option("--nodes", nodes_,
-                               "The run's node count (what its nodes get as --nodes): signed "
-                               "with the file, joiners trust no other")
-    ->required();
+  sign_experiment_
+      ->add_option("--nodes", nodes_,
+                   "The run's node count (what its nodes get as --nodes): signed "
+                   "with the file, joiners trust no other")
+      ->required();
   sign_experiment_->add_option("--set", sets_,
                                "An override the nodes are started with (repeatable, in their "
                                "order): it is part of what is signed")
@@ -297,8 +298,8 @@ int auth_commands::sign_experiment() const {
   auto p = make_package(experiment_file_, sets_, nodes_, false);
   if (!p)
     return die(p.error().what);
-  experiment_signature sig{p->digest, nodes_, a->key.sign(experiment_signing_message(p->digest,
-                                                                                      nodes_))};
+  experiment_signature sig{p->digest, nodes_,
+                           a->key.sign(experiment_signing_message(p->digest, nodes_))};
   auto path = experiment_file_ + ".sig";
   if (auto st = auth::write_file_atomically(path, format_experiment_signature(sig), 0644); !st)
     return die(st.what());

@@ -377,16 +377,18 @@ int compare_with_run(node& nd, const std::string& file, const std::vector<std::s
   for (auto& ep : join) {
     auto theirs = fetch_package(nd, ep, std::chrono::seconds(10));
     if (!theirs) {
-      fmt::print(stderr, "starling: warning: cannot compare this node's experiment with the "
-                         "run's at {}: {}\n",
+      fmt::print(stderr,
+                 "starling: warning: cannot compare this node's experiment with the "
+                 "run's at {}: {}\n",
                  ep, theirs.error().what);
       continue;
     }
     auto diff = describe_package_difference(*mine, *theirs);
     if (!diff.empty()) {
-      fmt::print(stderr, "starling: error: {} is not the experiment of the run at {}: {} (digest "
-                         "{} here, {} there); start this node with the run's file, overrides and "
-                         "--nodes (or join as a volunteer: starling join {} --token FILE)\n",
+      fmt::print(stderr,
+                 "starling: error: {} is not the experiment of the run at {}: {} (digest "
+                 "{} here, {} there); start this node with the run's file, overrides and "
+                 "--nodes (or join as a volunteer: starling join {} --token FILE)\n",
                  file, ep, diff, actors::auth::to_hex(mine->digest).substr(0, 16),
                  actors::auth::to_hex(theirs->digest).substr(0, 16), ep);
       return 2;

@@ -83,12 +83,12 @@ std::string caf_settings_text(node& nd) {
   auto ms = [](caf::timespan t) {
     return std::chrono::duration_cast<std::chrono::milliseconds>(t).count();
   };
-  return fmt::format(
-      "scheduler {} with {} thread{}, heartbeat {} ms, connection timeout {} ms",
-      caf::to_string(caf::get_or(cfg, "scheduler.policy", caf::atom("?"))),
-      nd.system().scheduler().num_workers(), nd.system().scheduler().num_workers() == 1 ? "" : "s",
-      ms(caf::get_or(cfg, "middleman.heartbeat-interval", caf::timespan{0})),
-      ms(caf::get_or(cfg, "middleman.connection-timeout", caf::timespan{0})));
+  return fmt::format("scheduler {} with {} thread{}, heartbeat {} ms, connection timeout {} ms",
+                     caf::to_string(caf::get_or(cfg, "scheduler.policy", caf::atom("?"))),
+                     nd.system().scheduler().num_workers(),
+                     nd.system().scheduler().num_workers() == 1 ? "" : "s",
+                     ms(caf::get_or(cfg, "middleman.heartbeat-interval", caf::timespan{0})),
+                     ms(caf::get_or(cfg, "middleman.connection-timeout", caf::timespan{0})));
 }
 
 } // namespace
@@ -241,14 +241,15 @@ int command_join(const join_command& cmd) {
     return join_fail(st.what());
   if (!pkg.signature.empty())
     if (auto st = auth::write_file_atomically(
-            yaml_file + ".sig",
-            format_experiment_signature({pkg.digest, pkg.nodes, pkg.signature}), 0644);
+            yaml_file + ".sig", format_experiment_signature({pkg.digest, pkg.nodes, pkg.signature}),
+            0644);
         !st)
       return join_fail(st.what());
   fmt::print("joined through {}: experiment digest {} ({}), {} node{}, {} named file{}; written "
              "to {}\n",
              from, auth::to_hex(pkg.digest).substr(0, 16),
-             pkg.signature.empty() ? "unsigned" : "signed with its node count by the run's authority",
+             pkg.signature.empty() ? "unsigned"
+                                   : "signed with its node count by the run's authority",
              pkg.nodes, pkg.nodes == 1 ? "" : "s", pkg.files.size(),
              pkg.files.size() == 1 ? "" : "s", yaml_file);
 
@@ -309,8 +310,8 @@ int command_join(const join_command& cmd) {
   // admitted.
   if (!same_caf(g.caf, fetch_caf) || g.node.data_endpoint != no.data_endpoint ||
       g.node.congestion_control != no.congestion_control) {
-    auto listen = fmt::format("{}:{}", ndp->endpoint().substr(0, ndp->endpoint().rfind(':')),
-                              ndp->port());
+    auto listen =
+        fmt::format("{}:{}", ndp->endpoint().substr(0, ndp->endpoint().rfind(':')), ndp->port());
     ndp->shutdown();
     ndp.reset();
     no.listen = listen;

@@ -10,8 +10,8 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -32,12 +32,12 @@
 #include "runtime/experiment/node_runtime.hpp"
 #include "runtime/experiment/runner.hpp"
 #include "runtime/experiment/watch.hpp"
-#include "runtime/observe/ledger.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/metrics/metrics.hpp"
 #include "runtime/node/address.hpp"
 #include "runtime/node/links.hpp"
 #include "runtime/node/node.hpp"
+#include "runtime/observe/ledger.hpp"
 
 namespace starling::runtime {
 
@@ -749,11 +749,11 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
       if (contrib && std::chrono::steady_clock::now() >= next_line) {
         next_line += s.contribution_every;
         std::lock_guard<std::mutex> guard{contrib->mtx};
-        fmt::print("volunteer: your contribution: {:.0f} samples, {:.0f} accepted, uptime {}\n",
-                   contrib->count.samples(), contrib->count.accepted(),
-                   uptime_text(std::chrono::duration<double>(std::chrono::steady_clock::now()
-                                                             - wall0)
-                                 .count()));
+        fmt::print(
+            "volunteer: your contribution: {:.0f} samples, {:.0f} accepted, uptime {}\n",
+            contrib->count.samples(), contrib->count.accepted(),
+            uptime_text(
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count()));
         std::fflush(stdout);
       }
       auto t = seconds_of(h.elapsed());

@@ -204,8 +204,7 @@ caf::actor spawn_experiment_server(caf::actor_system& sys, experiment_package pa
 }
 
 result<experiment_package> fetch_package(node& nd, const std::string& endpoint,
-                                         std::chrono::nanoseconds timeout,
-                                         caf::actor* server_out) {
+                                         std::chrono::nanoseconds timeout, caf::actor* server_out) {
   auto& sys = nd.system();
   auto span = caf::timespan{timeout};
   caf::actor server;
@@ -250,8 +249,7 @@ result<fetched_experiment> fetch_experiment(node& nd, const std::string& endpoin
           "the experiment's signature is not the authority's for its digest {} and the node "
           "count it came with ({} node{}): the file, a file it names or the node count was "
           "changed on the way, or another key signed it; refused",
-          actors::auth::to_hex(pkg->digest).substr(0, 16), pkg->nodes,
-          pkg->nodes == 1 ? "" : "s"));
+          actors::auth::to_hex(pkg->digest).substr(0, 16), pkg->nodes, pkg->nodes == 1 ? "" : "s"));
   }
   fetched_experiment out;
   std::error_code ec;

@@ -129,8 +129,8 @@ TEST_CASE("only the authority's signature of the digest and the node count verif
     CHECK_MESSAGE(!parse_experiment_signature(t).ok(), n);
   }
   // The first format signed the digest alone: refused with the fix.
-  auto v1 = "starling-experiment-signature-v1 " + auth::to_hex(p.digest) + " " +
-            auth::to_hex(sig) + "\n";
+  auto v1 =
+      "starling-experiment-signature-v1 " + auth::to_hex(p.digest) + " " + auth::to_hex(sig) + "\n";
   auto old = parse_experiment_signature(v1);
   REQUIRE_FALSE(old.ok());
   CHECK(old.error().what.find("--nodes N") != std::string::npos);
@@ -207,8 +207,8 @@ TEST_CASE("a package made from files on disk carries their digests and a matchin
   }
   auto signed_ = make_package(d + "/e.yaml", {}, 3);
   REQUIRE(signed_.ok());
-  CHECK(verify_experiment_signature(authority.public_key(), signed_->digest, 3,
-                                    signed_->signature));
+  CHECK(
+      verify_experiment_signature(authority.public_key(), signed_->digest, 3, signed_->signature));
   // The same file run with another node count: the signature does not cover it.
   auto other_count = make_package(d + "/e.yaml", {}, 2);
   REQUIRE_FALSE(other_count.ok());

@@ -110,8 +110,9 @@ TEST_CASE("starling join: a token and an endpoint are enough; an unsigned experi
   std::ofstream{config} << config_text();
   std::ofstream{unsigned_config} << config_text();
   // Without the node count nothing is signed: joiners trust only a signed count.
-  CHECK(run_cli({"authority", "sign-experiment", config, "--authority", ao.dir}, 2)
-            .find("--nodes") != std::string::npos);
+  CHECK(
+      run_cli({"authority", "sign-experiment", config, "--authority", ao.dir}, 2).find("--nodes") !=
+      std::string::npos);
   auto signed_out =
       run_cli({"authority", "sign-experiment", config, "--authority", ao.dir, "--nodes", "2"});
   CHECK(signed_out.find("wrote " + config + ".sig") != std::string::npos);
@@ -302,12 +303,13 @@ TEST_CASE("starling join: a token and an endpoint are enough; an unsigned experi
     REQUIRE_MESSAGE(left, expiring.output());
     CHECK_MESSAGE(left->find("tombstone stored on") != std::string::npos, *left);
     CHECK_MESSAGE(left->find("released (stored on") != std::string::npos, *left);
-    CHECK_MESSAGE(expiring.wait_for("left ahead of its token's expiry (every acknowledgement in)",
-                                    30s),
-                  expiring.output());
+    CHECK_MESSAGE(
+        expiring.wait_for("left ahead of its token's expiry (every acknowledgement in)", 30s),
+        expiring.output());
     CHECK(expiring.wait_exit(30s) == 0);
     auto exited = unix_now_ns();
-    CHECK_MESSAGE(exited < issued_at + lifetime + 5'000'000'000, "the volunteer outlived its token");
+    CHECK_MESSAGE(exited < issued_at + lifetime + 5'000'000'000,
+                  "the volunteer outlived its token");
     MESSAGE(fmt::format("a 30 s token: the volunteer exited {:.1f} s before its expiry",
                         static_cast<double>(issued_at + lifetime - exited) / 1e9));
     // The order: warned, then leaving, then left.
