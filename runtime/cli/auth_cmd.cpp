@@ -153,6 +153,11 @@ auth_commands::auth_commands(CLI::App& app) {
                        "only an experiment its authority signed)");
   sign_experiment_->add_option("file", experiment_file_, "Experiment YAML file")->required();
   sign_experiment_->add_option("--authority", authority_dir_, "Authority folder")->required();
+  sign_experiment_
+      ->add_option("--nodes", nodes_,
+                   "The run's node count (what its nodes get as --nodes): signed "
+                   "with the file, joiners trust no other")
+      ->required();
   sign_experiment_->add_option("--set", sets_,
                                "An override the nodes are started with (repeatable, in their "
                                "order): it is part of what is signed")
@@ -286,21 +291,23 @@ int auth_commands::sign_experiment() const {
   auto a = auth::load_authority(authority_dir_);
   if (!a)
     return die(a.error().what);
-  // The node count is not signed (package.hpp): any count serves the same package digest.
-  auto p = make_package(experiment_file_, sets_, 1, false);
+  if (nodes_ < 1 || nodes_ > max_package_nodes)
+    return die(fmt::format("--nodes: expected the run's node count in [1, {}], got {}",
+                           max_package_nodes, nodes_));
+  // The signature binds the node count with the digest (package.hpp).
+  auto p = make_package(experiment_file_, sets_, nodes_, false);
   if (!p)
     return die(p.error().what);
-  auto sig = a->key.sign(experiment_signing_message(p->digest));
+  experiment_signature sig{p->digest, nodes_,
+                           a->key.sign(experiment_signing_message(p->digest, nodes_))};
   auto path = experiment_file_ + ".sig";
-  if (auto st = auth::write_file_atomically(path, format_experiment_signature(p->digest, sig),
-                                            0644);
-      !st)
+  if (auto st = auth::write_file_atomically(path, format_experiment_signature(sig), 0644); !st)
     return die(st.what());
-  fmt::print("signed {} (digest {}, {} named file{}{}) for {}\nwrote {} (the run's nodes serve it "
-             "with the experiment)\n",
+  fmt::print("signed {} (digest {}, {} named file{}{}, {} node{}) for {}\nwrote {} (the run's "
+             "nodes serve it with the experiment; each must run with --nodes {})\n",
              experiment_file_, auth::to_hex(p->digest).substr(0, 16), p->files.size(),
              p->files.size() == 1 ? "" : "s", sets_.empty() ? "" : ", with the --set overrides",
-             a->experiment, path);
+             nodes_, nodes_ == 1 ? "" : "s", a->experiment, path, nodes_);
   return 0;
 }
 

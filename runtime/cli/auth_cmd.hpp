@@ -51,6 +51,7 @@ private:
   bool push_plain_ = false;
   std::string experiment_file_;
   std::vector<std::string> sets_;
+  uint64_t nodes_ = 0;
 };
 
 /// Parses a duration: a whole number and a unit (`ms`, `s`, `m`, `h`, `d`; none = seconds).

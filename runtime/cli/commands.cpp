@@ -369,6 +369,37 @@ void serve_experiment(node& nd, const std::string& file, const std::vector<std::
   std::fflush(stdout);
 }
 
+int compare_with_run(node& nd, const std::string& file, const std::vector<std::string>& sets,
+                     size_t nodes, const std::vector<std::string>& join) {
+  auto mine = make_package(file, sets, nodes, false);
+  if (!mine)
+    return 0; // serve_experiment said why already
+  for (auto& ep : join) {
+    auto theirs = fetch_package(nd, ep, std::chrono::seconds(10));
+    if (!theirs) {
+      fmt::print(stderr,
+                 "starling: warning: cannot compare this node's experiment with the "
+                 "run's at {}: {}\n",
+                 ep, theirs.error().what);
+      continue;
+    }
+    auto diff = describe_package_difference(*mine, *theirs);
+    if (!diff.empty()) {
+      fmt::print(stderr,
+                 "starling: error: {} is not the experiment of the run at {}: {} (digest "
+                 "{} here, {} there); start this node with the run's file, overrides and "
+                 "--nodes (or join as a volunteer: starling join {} --token FILE)\n",
+                 file, ep, diff, actors::auth::to_hex(mine->digest).substr(0, 16),
+                 actors::auth::to_hex(theirs->digest).substr(0, 16), ep);
+      return 2;
+    }
+    fmt::print("the run at {} has the same experiment (digest {}, {} nodes)\n", ep,
+               actors::auth::to_hex(mine->digest).substr(0, 16), mine->nodes);
+    return 0;
+  }
+  return 0;
+}
+
 int command_node(const experiment_graph& g, const role_registry& registry,
                  const node_command& cmd) {
   if (cmd.count < 1 || (!cmd.volunteer && cmd.index >= cmd.count))
@@ -410,8 +441,17 @@ int command_node(const experiment_graph& g, const role_registry& registry,
              actors::auth::to_hex((*nd)->peer_id()));
   print_admission(**nd);
   std::fflush(stdout);
-  if (!cmd.config_file.empty())
+  if (!cmd.config_file.empty()) {
     serve_experiment(**nd, cmd.config_file, cmd.sets, cmd.count, name);
+    if (!cmd.join.empty()) {
+      if (auto rc = compare_with_run(**nd, cmd.config_file, cmd.sets, cmd.count, cmd.join);
+          rc != 0) {
+        (*nd)->shutdown();
+        return rc;
+      }
+      std::fflush(stdout);
+    }
+  }
   auto stop = signals.stopped();
   cluster_settings s;
   s.index = cmd.index;

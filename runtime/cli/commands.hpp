@@ -64,6 +64,13 @@ struct node_command {
 void serve_experiment(node& nd, const std::string& file, const std::vector<std::string>& sets,
                       size_t nodes, const std::string& who);
 
+/// A node that joins a run (`--join`) compares its experiment with the run's: the first node of
+/// `join` that serves one is asked for its package. Another file, other overrides, other named
+/// files or another node count is one line (what differs, both digests, the fix) and returns 2;
+/// a node that cannot be asked is a warning, and 0 (the node goes on as before).
+int compare_with_run(node& nd, const std::string& file, const std::vector<std::string>& sets,
+                     size_t nodes, const std::vector<std::string>& join);
+
 /// Prints whether `nd`'s run is open or closed (and encrypted), one line.
 void print_admission(const node& nd);
 

@@ -69,7 +69,49 @@ std::string local_address_toward(const std::string& host, uint16_t port) {
   return out;
 }
 
+/// True when two CAF settings are the same.
+bool same_caf(const caf_options& a, const caf_options& b) {
+  return a.scheduler_policy == b.scheduler_policy && a.max_threads == b.max_threads &&
+         a.heartbeat_interval == b.heartbeat_interval &&
+         a.connection_timeout == b.connection_timeout;
+}
+
+/// What the running actor system of `nd` holds of the settings the run's file sets (read back
+/// from CAF, not from the file).
+std::string caf_settings_text(node& nd) {
+  auto& cfg = nd.system().config();
+  auto ms = [](caf::timespan t) {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(t).count();
+  };
+  return fmt::format("scheduler {} with {} thread{}, heartbeat {} ms, connection timeout {} ms",
+                     caf::to_string(caf::get_or(cfg, "scheduler.policy", caf::atom("?"))),
+                     nd.system().scheduler().num_workers(),
+                     nd.system().scheduler().num_workers() == 1 ? "" : "s",
+                     ms(caf::get_or(cfg, "middleman.heartbeat-interval", caf::timespan{0})),
+                     ms(caf::get_or(cfg, "middleman.connection-timeout", caf::timespan{0})));
+}
+
 } // namespace
+
+token_expiry_plan plan_token_expiry(std::chrono::nanoseconds left) {
+  using namespace std::chrono_literals;
+  token_expiry_plan p;
+  auto half = std::max(left, std::chrono::nanoseconds{0}) / 2;
+  p.warn_before = std::min<std::chrono::nanoseconds>(60s, half);
+  p.leave_before = std::min<std::chrono::nanoseconds>(30s, p.warn_before / 2);
+  return p;
+}
+
+std::string duration_text(std::chrono::nanoseconds d) {
+  auto t = std::chrono::duration_cast<std::chrono::seconds>(d).count();
+  if (t < 0)
+    t = 0;
+  if (t >= 3600)
+    return fmt::format("{} h {:02d} min", t / 3600, (t % 3600) / 60);
+  if (t >= 60)
+    return fmt::format("{} min {:02d} s", t / 60, t % 60);
+  return fmt::format("{} s", t);
+}
 
 std::string join_refusal_hint(const std::string& line) {
   if (line.find("revoked") != std::string::npos)
@@ -144,6 +186,7 @@ int command_join(const join_command& cmd) {
   // graceful leave, a second quits at once.
   signal_watcher signals{true, ""};
   auto registry = builtin_registry();
+  auto configure = [&registry](caf::actor_system_config& cfg) { registry.configure(cfg); };
   node_options no;
   if (!cmd.listen.empty()) {
     no.listen = cmd.listen;
@@ -155,16 +198,17 @@ int command_join(const join_command& cmd) {
   no.authority = authority_file;
   no.token = cmd.token;
   no.experiment = tok->experiment;
-  auto started =
-      node::start(caf_options{}, no, "volunteer",
-                  [&registry](caf::actor_system_config& cfg) { registry.configure(cfg); });
+  // CAF's defaults until the run's file is here (its `caf:` section applies afterwards).
+  caf_options fetch_caf;
+  auto started = node::start(fetch_caf, no, "volunteer", configure);
   if (!started)
     return join_fail(started.error().what);
-  auto& nd = **started;
-  fmt::print("volunteer {} (peer id {}) listening on {}, token {} until {:.0f} min from now\n",
-             key_file, auth::to_hex(nd.peer_id()).substr(0, 12), nd.endpoint(),
+  std::unique_ptr<node> ndp = std::move(*started);
+  auto expiry = plan_token_expiry(std::chrono::nanoseconds{tok->expires_at_ns - now});
+  fmt::print("volunteer {} (peer id {}) listening on {}, token {} valid for {}\n", key_file,
+             auth::to_hex(ndp->peer_id()).substr(0, 12), ndp->endpoint(),
              auth::to_hex(tok->id).substr(0, 12),
-             static_cast<double>(tok->expires_at_ns - now) / 60e9);
+             duration_text(std::chrono::nanoseconds{tok->expires_at_ns - now}));
   std::fflush(stdout);
 
   // Admission and the experiment: the endpoints in turn.
@@ -172,7 +216,7 @@ int command_join(const join_command& cmd) {
   std::string from;
   bool refused = false;
   for (auto& ep : cmd.endpoints) {
-    auto f = fetch_experiment(nd, ep, tok->authority_key, out, std::chrono::seconds(20));
+    auto f = fetch_experiment(*ndp, ep, tok->authority_key, out, std::chrono::seconds(20));
     if (f) {
       got = std::move(*f);
       from = ep;
@@ -186,10 +230,10 @@ int command_join(const join_command& cmd) {
     std::fflush(stderr);
   }
   if (!got) {
-    nd.shutdown();
+    ndp->shutdown();
     return join_fail(fmt::format("could not join through any of the {} endpoint{} given (above)",
-                           cmd.endpoints.size(), cmd.endpoints.size() == 1 ? "" : "s"),
-               refused ? 2 : 3);
+                                 cmd.endpoints.size(), cmd.endpoints.size() == 1 ? "" : "s"),
+                     refused ? 2 : 3);
   }
   auto& pkg = got->package;
   auto yaml_file = out + "/experiment.yaml";
@@ -197,15 +241,17 @@ int command_join(const join_command& cmd) {
     return join_fail(st.what());
   if (!pkg.signature.empty())
     if (auto st = auth::write_file_atomically(
-            yaml_file + ".sig", format_experiment_signature(pkg.digest, pkg.signature), 0644);
+            yaml_file + ".sig", format_experiment_signature({pkg.digest, pkg.nodes, pkg.signature}),
+            0644);
         !st)
       return join_fail(st.what());
   fmt::print("joined through {}: experiment digest {} ({}), {} node{}, {} named file{}; written "
              "to {}\n",
              from, auth::to_hex(pkg.digest).substr(0, 16),
-             pkg.signature.empty() ? "unsigned" : "signed by the run's authority", pkg.nodes,
-             pkg.nodes == 1 ? "" : "s", pkg.files.size(), pkg.files.size() == 1 ? "" : "s",
-             yaml_file);
+             pkg.signature.empty() ? "unsigned"
+                                   : "signed with its node count by the run's authority",
+             pkg.nodes, pkg.nodes == 1 ? "" : "s", pkg.files.size(),
+             pkg.files.size() == 1 ? "" : "s", yaml_file);
 
   // Reachability: the gate's verdict on the endpoint this node's hello claimed.
   auto overrides = pkg.sets;
@@ -215,11 +261,10 @@ int command_join(const join_command& cmd) {
     fmt::print("client mode (--client): this node accepts no connection; it averages over the "
                "links it opens and serves no state\n");
   } else if (!pkg.reachable) {
-    auto port = parse_endpoint(nd.endpoint());
     fmt::print("client mode: {} could not reach this node at {} ({}); to work in full mode, open "
                "TCP port {} to this machine (or forward it) and join again\n",
-               from, pkg.endpoint.empty() ? nd.endpoint() : pkg.endpoint, pkg.reach_detail,
-               port ? port->second : 0);
+               from, pkg.endpoint.empty() ? ndp->endpoint() : pkg.endpoint, pkg.reach_detail,
+               ndp->port());
   } else {
     fmt::print("reachable: {} reached this node at {}; full mode\n", from, pkg.endpoint);
   }
@@ -236,7 +281,7 @@ int command_join(const join_command& cmd) {
   lo.overrides = overrides;
   auto ex = load_experiment_file(yaml_file, registry, lo);
   if (!ex) {
-    nd.shutdown();
+    ndp->shutdown();
     return join_fail("the run's experiment does not load here: " + ex.error().what);
   }
   set_log_level(parse_log_level(ex->log_level));
@@ -245,18 +290,47 @@ int command_join(const join_command& cmd) {
     g.node.http = cmd.http;
   auto p = make_plan(g, run_mode::cluster, pkg.nodes, g.seed);
   if (!p) {
-    nd.shutdown();
+    ndp->shutdown();
     return join_fail(p.error().what);
   }
   size_t open = 0;
   for (auto& x : p->instances)
     open += x.node ? 0 : 1;
   if (open == 0) {
-    nd.shutdown();
-    return join_fail(fmt::format("the run '{}' takes no volunteers: its file plans no open slot (for "
-                           "dedloc: dedloc.volunteers)",
-                           g.name));
+    ndp->shutdown();
+    return join_fail(fmt::format("the run '{}' takes no volunteers: its file plans no open slot "
+                                 "(for dedloc: dedloc.volunteers)",
+                                 g.name));
   }
+  // The run's CAF settings (scheduler, heartbeats, connection timeout) and its run-wide node
+  // settings (the data endpoint, its congestion control) are read when a node starts: the node
+  // starts again with them, on the port the run just checked (the reachability verdict holds
+  // for it). Where a node runs and whom it trusts (listen, join, keys, tokens, the authority)
+  // stay this volunteer's own; TLS and envelope signing are what this node already used to be
+  // admitted.
+  if (!same_caf(g.caf, fetch_caf) || g.node.data_endpoint != no.data_endpoint ||
+      g.node.congestion_control != no.congestion_control) {
+    auto listen =
+        fmt::format("{}:{}", ndp->endpoint().substr(0, ndp->endpoint().rfind(':')), ndp->port());
+    ndp->shutdown();
+    ndp.reset();
+    no.listen = listen;
+    no.data_endpoint = g.node.data_endpoint;
+    no.congestion_control = g.node.congestion_control;
+    auto again = node::start(g.caf, no, "volunteer", configure);
+    if (!again)
+      return join_fail(fmt::format("the node could not start again with the run's settings on {} "
+                                   "(the port the run checked): {}; join again",
+                                   listen, again.error().what),
+                       3);
+    ndp = std::move(*again);
+    fmt::print("the run's settings apply: {} (the node started again on {})\n",
+               caf_settings_text(*ndp), ndp->endpoint());
+  } else {
+    fmt::print("the run's settings apply: {}\n", caf_settings_text(*ndp));
+  }
+  std::fflush(stdout);
+  auto& nd = *ndp;
   // Later joiners may come through this node too.
   {
     auto served = pkg;
@@ -266,9 +340,12 @@ int command_join(const join_command& cmd) {
     nd.register_actor(experiment_server_name,
                       spawn_experiment_server(nd.system(), std::move(served), nd.gate()));
   }
-  // Stop on the first signal, or when the token expires (warned a minute before).
+  // Stop on the first signal, or ahead of the token's expiry (warned before): the run's gates
+  // refuse the token from its expiry on, so the leave is stored while they still admit it.
   auto stopped = signals.stopped();
   auto expires = tok->expires_at_ns;
+  auto warn_at = expires - expiry.warn_before.count();
+  auto leave_at = expires - expiry.leave_before.count();
   auto warned = std::make_shared<bool>(false);
   auto expired = std::make_shared<bool>(false);
   cluster_settings s;
@@ -288,21 +365,26 @@ int command_join(const join_command& cmd) {
     if (stopped())
       return true;
     auto t = unix_now_ns();
-    if (!*warned && t >= expires - int64_t{60} * 1'000'000'000) {
+    if (!*warned && t >= warn_at) {
       *warned = true;
-      fmt::print("warning: your token expires in {:.0f} s; this node then leaves the run "
-                 "gracefully (ask the run's owner for a new token)\n",
-                 std::max(0.0, static_cast<double>(expires - t) / 1e9));
+      fmt::print("warning: your token expires in {}; this node leaves the run gracefully in {}, "
+                 "while the run still admits it (ask the run's owner for a new token)\n",
+                 duration_text(std::chrono::nanoseconds{expires - t}),
+                 duration_text(std::chrono::nanoseconds{std::max<int64_t>(0, leave_at - t)}));
       std::fflush(stdout);
     }
-    if (t >= expires && !*expired) {
+    if (t >= leave_at && !*expired) {
       *expired = true;
-      fmt::print("your token expired: leaving the run\n");
+      fmt::print("your token expires in {}: leaving the run gracefully now\n",
+                 duration_text(std::chrono::nanoseconds{expires - t}));
       std::fflush(stdout);
     }
     return *expired;
   };
   int rc = run_cluster_node(g, registry, nd, s);
+  if (*expired)
+    fmt::print("volunteer: left ahead of its token's expiry ({}); join again with a new token\n",
+               rc == 0 ? "every acknowledgement in" : "an acknowledgement missing");
   fmt::print("volunteer shutting down\n");
   std::fflush(stdout);
   nd.shutdown();

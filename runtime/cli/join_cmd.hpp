@@ -5,9 +5,13 @@
 // endpoint its hello claimed: client mode when not, said in one line with the fix), takes an
 // open slot of the plan (for `dedloc`: a data-parallel peer), works, prints its contribution as
 // the run's ledger credits it, and leaves gracefully on SIGINT (a second one quits at once) or
-// when its token expires (warned a minute before).
+// when its token expires (warned a minute before; `token_expiry_plan`). The run's `caf:`
+// settings and its run-wide `node:` ones (data endpoint, congestion control) apply to the
+// joiner: it fetched the experiment with CAF's defaults, so it starts its node again with them,
+// on the port the run checked.
 #pragma once
 
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -31,9 +35,28 @@ struct join_command {
   std::string out;
 };
 
-/// Runs `starling join`; returns the exit code (0 after a graceful leave or the run's end, 2 on
-/// a refusal or bad input, 3 when no node of the run can be reached or all went away).
+/// Runs `starling join`; returns the exit code (0 after a graceful leave, on SIGINT or at the
+/// token's expiry, or the run's end; 1 when a leave's tombstone or slot release was not
+/// acknowledged; 2 on a refusal or bad input; 3 when no node of the run can be reached or all
+/// went away).
 int command_join(const join_command& cmd);
+
+/// When a joiner acts on its token's expiry, counted back from the expiry.
+struct token_expiry_plan {
+  /// The warning: a minute before, or half the time the token had left at the start when that
+  /// is less than two minutes.
+  std::chrono::nanoseconds warn_before{0};
+  /// The graceful leave starts this long before the expiry, so that its round, tombstone and
+  /// slot release are stored while the run's gates still admit the token (they refuse it from
+  /// the expiry on): 30 s, or half of `warn_before` when that is less than a minute.
+  std::chrono::nanoseconds leave_before{0};
+};
+
+/// The expiry plan of a token that has `left` to run when the joiner starts.
+token_expiry_plan plan_token_expiry(std::chrono::nanoseconds left);
+
+/// A duration for people: `42 s`, `3 min 05 s`, `5 h 59 min`.
+std::string duration_text(std::chrono::nanoseconds d);
 
 /// The fix a volunteer needs for a refusal line of the run (`your token was revoked: ...`), or
 /// an empty string when the line names none.

@@ -8,9 +8,10 @@
 // tells the other nodes through the DHT (`<experiment>/done`).
 #include <algorithm>
 #include <atomic>
-#include <mutex>
 #include <chrono>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -27,15 +28,16 @@
 #include "messages/atoms.hpp"
 #include "messages/dht.hpp"
 #include "messages/metrics.hpp"
+#include "runtime/experiment/contribution.hpp"
 #include "runtime/experiment/node_runtime.hpp"
 #include "runtime/experiment/runner.hpp"
 #include "runtime/experiment/watch.hpp"
-#include "runtime/observe/ledger.hpp"
 #include "runtime/log/log.hpp"
 #include "runtime/metrics/metrics.hpp"
 #include "runtime/node/address.hpp"
 #include "runtime/node/links.hpp"
 #include "runtime/node/node.hpp"
+#include "runtime/observe/ledger.hpp"
 
 namespace starling::runtime {
 
@@ -534,12 +536,14 @@ std::string uptime_text(double s) {
   return fmt::format("{} s", t);
 }
 
-/// What the ledger says of one volunteer's instances (their rows summed).
+/// One volunteer's contribution (contribution.hpp): the counts, the ledger book they read, and
+/// the first read's arrival, behind one lock (the reader's and the sink's threads write, the
+/// runner's reads).
 struct contribution {
   std::mutex mtx;
+  std::condition_variable read;
   observe::ledger_book book;
-  double computed = 0;
-  double accepted = 0;
+  contribution_count count;
 };
 
 } // namespace
@@ -621,6 +625,7 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
     }
   }
   std::shared_ptr<contribution> contrib;
+  std::function<void(const metric_record&)> observe_own;
   if (s.volunteer && s.contribution_every.count() > 0 && !slot_name.empty()) {
     contrib = std::make_shared<contribution>();
     auto every = s.contribution_every;
@@ -630,12 +635,26 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
       [contrib, name](const std::vector<observe::ledger_entry>& got, double now, size_t) {
         std::lock_guard<std::mutex> guard{contrib->mtx};
         contrib->book.add_records(got, now);
+        double computed = 0, accepted = 0;
         for (auto& row : contrib->book.rows())
           if (row.peer == name) {
-            contrib->computed = row.computed;
-            contrib->accepted = row.accepted;
+            computed = row.computed;
+            accepted = row.accepted;
           }
+        contrib->count.ledger_read(computed, accepted);
+        contrib->read.notify_all();
       }));
+    observe_own = [contrib, name](const metric_record& m) {
+      if (m.source != name || (m.kind != "dp_step" && m.kind != "dp_dropped"))
+        return;
+      std::lock_guard<std::mutex> guard{contrib->mtx};
+      contrib->count.own_samples(m.value("samples", 0));
+    };
+    // The baseline before the instance starts (a read takes at most `every` per shard, in
+    // parallel); without it by then, the first read that comes is the baseline.
+    std::unique_lock<std::mutex> lock{contrib->mtx};
+    contrib->read.wait_for(lock, std::max<nanoseconds>(std::chrono::seconds(10), 3 * every),
+                           [&] { return contrib->count.has_baseline(); });
   }
   bool reporting = s.index == 0 && !s.volunteer;
   std::unique_ptr<metric_hub> hub;
@@ -675,7 +694,7 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
     auto* hp = hub.get();
     h.sink = spawn_metric_sink(h, [hp](const metric_record& m) { hp->deliver(m); }, "");
   } else {
-    h.sink = spawn_metric_sink(h, {}, "@0/metrics");
+    h.sink = spawn_metric_sink(h, {}, "@0/metrics", observe_own);
   }
   h.register_actor("metrics", h.sink);
   h.adopt(h.sink);
@@ -731,11 +750,11 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
       if (contrib && std::chrono::steady_clock::now() >= next_line) {
         next_line += s.contribution_every;
         std::lock_guard<std::mutex> guard{contrib->mtx};
-        fmt::print("volunteer: your contribution: {:.0f} samples, {:.0f} accepted, uptime {}\n",
-                   contrib->computed, contrib->accepted,
-                   uptime_text(std::chrono::duration<double>(std::chrono::steady_clock::now()
-                                                             - wall0)
-                                 .count()));
+        fmt::print(
+            "volunteer: your contribution: {:.0f} samples, {:.0f} accepted, uptime {}\n",
+            contrib->count.samples(), contrib->count.accepted(),
+            uptime_text(
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count()));
         std::fflush(stdout);
       }
       auto t = seconds_of(h.elapsed());

@@ -192,7 +192,8 @@ struct sink_state {
 } // namespace
 
 caf::actor spawn_metric_sink(node_host& h, std::function<void(const metric_record&)> deliver,
-                             std::string forward_to) {
+                             std::string forward_to,
+                             std::function<void(const metric_record&)> observe) {
   auto* hp = &h;
   auto node = h.index();
   auto name = h.name();
@@ -200,6 +201,8 @@ caf::actor spawn_metric_sink(node_host& h, std::function<void(const metric_recor
     auto handle = [=](messages::metric_event& e) {
       if (e.t < 0)
         e.t = seconds_of(hp->elapsed());
+      if (observe)
+        observe(record_of(messages::metric_event{e}, node, seconds_of(hp->elapsed())));
       if (deliver) {
         deliver(record_of(std::move(e), node, seconds_of(hp->elapsed())));
         return;

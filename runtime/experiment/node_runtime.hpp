@@ -103,9 +103,12 @@ struct node_share {
 
 /// Spawns the node's metrics sink: it stamps each `messages::metric_event` with the run time
 /// and hands it to `deliver` (sim and local mode, and node 0 of a cluster) or forwards it to
-/// `forward_to` (the other cluster nodes; resolved through the host's resolver).
+/// `forward_to` (the other cluster nodes; resolved through the host's resolver). `observe`, when
+/// set, also sees each of this node's events first (on the sink's thread): a volunteer counts
+/// its own work from it.
 caf::actor spawn_metric_sink(node_host& h, std::function<void(const metric_record&)> deliver,
-                             std::string forward_to);
+                             std::string forward_to,
+                             std::function<void(const metric_record&)> observe = {});
 
 /// Starts the node's role instances under a supervisor and its fault injector for `faults`
 /// (indices into the plan's faults: the instance kills and whatever else the caller lets the

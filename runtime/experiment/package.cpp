@@ -3,6 +3,7 @@
 #include <sodium.h>
 
 #include <cstring>
+#include <map>
 
 #include "actors/auth/identity.hpp"
 
@@ -13,7 +14,9 @@ namespace {
 constexpr char magic[] = "starling-experiment-package-v1\n";
 constexpr size_t magic_bytes = sizeof(magic) - 1;
 constexpr std::string_view digest_tag = "starling-experiment-digest-v1";
-constexpr std::string_view signature_tag = "starling-experiment-signature-v1";
+constexpr std::string_view signature_tag = "starling-experiment-signature-v2";
+/// The first format, which signed the digest alone (no node count).
+constexpr std::string_view signature_tag_v1 = "starling-experiment-signature-v1";
 constexpr size_t max_set_bytes = 4096;
 constexpr size_t max_key_bytes = 256;
 constexpr size_t max_path_bytes = 4096;
@@ -131,7 +134,7 @@ result<experiment_package> decode_package(std::string_view bytes) {
   reader r{bytes, magic_bytes};
   experiment_package p;
   uint64_t n = 0;
-  if (!r.u64(p.nodes) || p.nodes == 0 || p.nodes > 100000)
+  if (!r.u64(p.nodes) || p.nodes == 0 || p.nodes > max_package_nodes)
     return bad("the node count is missing or not in [1, 100000]");
   if (!r.str(p.yaml, max_experiment_bytes))
     return bad("the experiment file is missing or larger than 1 MiB");
@@ -178,39 +181,105 @@ status check_package_digest(const experiment_package& p) {
   return {};
 }
 
-std::string experiment_signing_message(std::string_view digest) {
+std::string experiment_signing_message(std::string_view digest, uint64_t nodes) {
   std::string m(signature_tag);
   m.push_back('\0');
   m.append(digest.data(), digest.size());
+  put_u64(m, nodes);
   return m;
 }
 
 bool verify_experiment_signature(std::string_view authority_key, std::string_view digest,
-                                 std::string_view signature) {
-  if (digest.size() != experiment_digest_bytes)
+                                 uint64_t nodes, std::string_view signature) {
+  if (digest.size() != experiment_digest_bytes || nodes == 0 || nodes > max_package_nodes)
     return false;
-  return actors::auth::verify_signature(authority_key, experiment_signing_message(digest),
+  return actors::auth::verify_signature(authority_key, experiment_signing_message(digest, nodes),
                                         signature);
 }
 
-std::string format_experiment_signature(std::string_view digest, std::string_view signature) {
-  return std::string(signature_tag) + " " + actors::auth::to_hex(digest) + " " +
-         actors::auth::to_hex(signature) + "\n";
+std::string format_experiment_signature(const experiment_signature& s) {
+  return std::string(signature_tag) + " " + actors::auth::to_hex(s.digest) + " " +
+         std::to_string(s.nodes) + " " + actors::auth::to_hex(s.signature) + "\n";
 }
 
-result<std::pair<std::string, std::string>> parse_experiment_signature(std::string_view text) {
+result<experiment_signature> parse_experiment_signature(std::string_view text) {
+  auto form = "an experiment signature file is one line: " + std::string(signature_tag) +
+              " <64 hex digits of the digest> <node count> <128 hex digits of the signature>";
+  if (text.substr(0, signature_tag_v1.size()) == signature_tag_v1)
+    return fail("an experiment signature of the first format, which does not bind the run's node "
+                "count: sign the experiment again (starling authority sign-experiment FILE "
+                "--nodes N)");
   auto head = std::string(signature_tag) + " ";
-  // The exact form: tag, 64 hex digits, 128 hex digits, one newline.
-  auto want = head.size() + 64 + 1 + 128 + 1;
-  if (text.size() != want || text.substr(0, head.size()) != head || text[head.size() + 64] != ' ' ||
-      text.back() != '\n')
-    return fail("an experiment signature file is one line: " + std::string(signature_tag) +
-                " <64 hex digits of the digest> <128 hex digits of the signature>");
+  // The exact form: tag, 64 hex digits, a decimal count, 128 hex digits, one newline.
+  if (text.size() < head.size() + 64 + 1 + 1 + 1 + 128 + 1 ||
+      text.size() > head.size() + 64 + 1 + 6 + 1 + 128 + 1 || text.substr(0, head.size()) != head ||
+      text[head.size() + 64] != ' ' || text.back() != '\n')
+    return fail(form);
+  auto count = text.substr(head.size() + 65, text.size() - 1 - 128 - 1 - head.size() - 65);
+  if (text[text.size() - 1 - 128 - 1] != ' ' || count.empty() || count.size() > 6 ||
+      count[0] == '0')
+    return fail(form);
+  experiment_signature out;
+  for (char c : count) {
+    if (c < '0' || c > '9')
+      return fail(form);
+    out.nodes = out.nodes * 10 + static_cast<uint64_t>(c - '0');
+  }
+  if (out.nodes > max_package_nodes)
+    return fail("an experiment signature's node count is above 100000");
   auto d = actors::auth::from_hex(text.substr(head.size(), 64));
-  auto s = actors::auth::from_hex(text.substr(head.size() + 65, 128));
+  auto s = actors::auth::from_hex(text.substr(text.size() - 1 - 128, 128));
   if (!d || !s)
     return fail("an experiment signature file holds a character that is not a hex digit");
-  return std::make_pair(std::move(*d), std::move(*s));
+  out.digest = std::move(*d);
+  out.signature = std::move(*s);
+  return out;
+}
+
+std::string describe_package_difference(const experiment_package& mine,
+                                        const experiment_package& theirs) {
+  auto joined = [](const std::vector<std::string>& v, const char* sep) {
+    std::string out;
+    for (auto& x : v)
+      out += (out.empty() ? "" : sep) + x;
+    return out;
+  };
+  std::vector<std::string> parts;
+  if (mine.yaml != theirs.yaml)
+    parts.push_back("the file's bytes differ (" + std::to_string(mine.yaml.size()) +
+                    " bytes here, " + std::to_string(theirs.yaml.size()) + " in the run)");
+  if (mine.sets != theirs.sets) {
+    auto list = [&](const std::vector<std::string>& v) {
+      return v.empty() ? std::string{"none"} : joined(v, " ");
+    };
+    parts.push_back("the --set overrides differ (here: " + list(mine.sets) +
+                    "; the run: " + list(theirs.sets) + ")");
+  }
+  std::map<std::string, const named_file*> ours;
+  for (auto& f : mine.files)
+    ours[f.key] = &f;
+  std::vector<std::string> files;
+  for (auto& f : theirs.files) {
+    auto i = ours.find(f.key);
+    if (i == ours.end()) {
+      files.push_back(f.key + " (named only by the run's)");
+      continue;
+    }
+    if (i->second->digest != f.digest || i->second->size != f.size)
+      files.push_back(f.key + " (" + i->second->path + " holds other bytes)");
+    ours.erase(i);
+  }
+  for (auto& kv : ours)
+    files.push_back(kv.first + " (named only here)");
+  if (!files.empty())
+    parts.push_back(std::string{files.size() == 1 ? "named file " : "named files "} +
+                    joined(files, ", "));
+  if (parts.empty() && mine.digest != theirs.digest)
+    parts.push_back("the digests differ");
+  if (mine.nodes != theirs.nodes)
+    parts.push_back("the node count differs (--nodes " + std::to_string(mine.nodes) + " here, " +
+                    std::to_string(theirs.nodes) + " in the run)");
+  return joined(parts, "; ");
 }
 
 std::string stored_file_name(const named_file& f) {

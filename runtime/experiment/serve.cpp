@@ -179,13 +179,19 @@ result<experiment_package> make_package(const std::string& file,
     auto sig = parse_experiment_signature(*text);
     if (!sig)
       return fail(fmt::format("{}: {}", sig_file, sig.error().what));
-    if (sig->first != p.digest)
+    if (sig->digest != p.digest)
       return fail(fmt::format("{} signs another experiment (digest {}, this one {}): the file, a "
                               "file it names or the --set overrides changed since it was signed; "
                               "sign it again (starling authority sign-experiment)",
-                              sig_file, actors::auth::to_hex(sig->first).substr(0, 16),
+                              sig_file, actors::auth::to_hex(sig->digest).substr(0, 16),
                               actors::auth::to_hex(p.digest).substr(0, 16)));
-    p.signature = std::move(sig->second);
+    if (sig->nodes != nodes)
+      return fail(fmt::format("{} signs the experiment for {} node{}, and this node runs it with "
+                              "--nodes {}: joiners would refuse it; sign it again (starling "
+                              "authority sign-experiment {} --nodes {})",
+                              sig_file, sig->nodes, sig->nodes == 1 ? "" : "s", nodes, file,
+                              nodes));
+    p.signature = std::move(sig->signature);
   }
   if (auto b = encode_package(p); !b)
     return b.error();
@@ -197,10 +203,8 @@ caf::actor spawn_experiment_server(caf::actor_system& sys, experiment_package pa
   return sys.spawn(experiment_server, std::move(package), std::move(gate));
 }
 
-result<fetched_experiment> fetch_experiment(node& nd, const std::string& endpoint,
-                                            const std::string& authority_key,
-                                            const std::string& dir,
-                                            std::chrono::nanoseconds timeout) {
+result<experiment_package> fetch_package(node& nd, const std::string& endpoint,
+                                         std::chrono::nanoseconds timeout, caf::actor* server_out) {
   auto& sys = nd.system();
   auto span = caf::timespan{timeout};
   caf::actor server;
@@ -221,13 +225,31 @@ result<fetched_experiment> fetch_experiment(node& nd, const std::string& endpoin
     return pkg.error();
   if (auto st = check_package_digest(*pkg); !st)
     return fail(st.what());
+  if (server_out)
+    *server_out = server;
+  return pkg;
+}
+
+result<fetched_experiment> fetch_experiment(node& nd, const std::string& endpoint,
+                                            const std::string& authority_key,
+                                            const std::string& dir,
+                                            std::chrono::nanoseconds timeout) {
+  auto& sys = nd.system();
+  auto span = caf::timespan{timeout};
+  caf::actor server;
+  auto pkg = fetch_package(nd, endpoint, timeout, &server);
+  if (!pkg)
+    return pkg.error();
   if (!authority_key.empty()) {
     if (pkg->signature.empty())
       return fail("the run's experiment is not signed by its authority (its owner runs `starling "
-                  "authority sign-experiment FILE` and restarts the nodes); refused");
-    if (!verify_experiment_signature(authority_key, pkg->digest, pkg->signature))
-      return fail("the experiment's signature is not the authority's (the file was changed, or "
-                  "signed by another key); refused");
+                  "authority sign-experiment FILE --nodes N` and restarts the nodes); refused");
+    if (!verify_experiment_signature(authority_key, pkg->digest, pkg->nodes, pkg->signature))
+      return fail(fmt::format(
+          "the experiment's signature is not the authority's for its digest {} and the node "
+          "count it came with ({} node{}): the file, a file it names or the node count was "
+          "changed on the way, or another key signed it; refused",
+          actors::auth::to_hex(pkg->digest).substr(0, 16), pkg->nodes, pkg->nodes == 1 ? "" : "s"));
   }
   fetched_experiment out;
   std::error_code ec;

@@ -35,7 +35,7 @@ result<std::vector<named_file>> scan_named_files(const std::string& yaml_text);
 /// The package of experiment file `file` with `sets` and `nodes`: the file's bytes, every file it
 /// names read from where it says (at most 64 MiB each), the digest, and the authority's signature
 /// from `file + ".sig"` when that file exists and `with_signature` (a signature of another digest
-/// is a failure that says to sign again).
+/// or another node count is a failure that says to sign again).
 result<experiment_package> make_package(const std::string& file,
                                         const std::vector<std::string>& sets, uint64_t nodes,
                                         bool with_signature = true);
@@ -52,10 +52,18 @@ struct fetched_experiment {
   std::vector<std::string> file_sets;
 };
 
+/// Fetches the experiment's package (not the files it names) from the node at `endpoint` through
+/// `nd` (admission first: a refusal comes back as the failure's line) and checks its digest; the
+/// signature is not checked. `server_out`, when given, receives the experiment server's handle.
+result<experiment_package> fetch_package(node& nd, const std::string& endpoint,
+                                         std::chrono::nanoseconds timeout,
+                                         caf::actor* server_out = nullptr);
+
 /// Fetches the experiment from the node at `endpoint` through `nd` (admission first: a refusal
 /// comes back as the failure's line), checks its digest, and in a closed run (`authority_key`
-/// not empty) its signature by that key; then fetches each named file by digest into `dir`
-/// (checked: size and digest). `timeout` bounds each request.
+/// not empty) its signature by that key over the digest and the node count it came with; then
+/// fetches each named file by digest into `dir` (checked: size and digest). `timeout` bounds
+/// each request.
 result<fetched_experiment> fetch_experiment(node& nd, const std::string& endpoint,
                                             const std::string& authority_key,
                                             const std::string& dir,

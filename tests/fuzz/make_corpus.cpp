@@ -375,12 +375,13 @@ int main(int argc, char** argv) {
     p.files.push_back({"dedloc.model.files[0]", "m.pt", runtime::blake2b_256("m"), 1});
     p.digest = runtime::experiment_digest(p.yaml, p.sets, p.files);
     p.signature = auth::key_pair::from_test_seed(1).sign(
-      runtime::experiment_signing_message(p.digest));
+        runtime::experiment_signing_message(p.digest, p.nodes));
     p.endpoint = "127.0.0.1:4000";
     p.reach_detail = "unreachable: nothing listens there";
     if (auto b = runtime::encode_package(p); b.ok())
       save("experiment-package", 16, *b);
-    save("experiment-signature", 16, runtime::format_experiment_signature(p.digest, p.signature));
+    save("experiment-signature", 16,
+         runtime::format_experiment_signature({p.digest, p.nodes, p.signature}));
   }
   return 0;
 }

@@ -90,28 +90,74 @@ TEST_CASE("a package cut short anywhere, with a byte after it, or with a bad fie
   CHECK(other.error().what.find("format line") != std::string::npos);
 }
 
-TEST_CASE("only the authority's signature of the digest verifies, and a signature file round "
-          "trips") {
+TEST_CASE("only the authority's signature of the digest and the node count verifies, and a "
+          "signature file round trips") {
   auto authority = auth::key_pair::from_test_seed(7);
   auto other = auth::key_pair::from_test_seed(8);
   auto p = sample();
-  auto sig = authority.sign(experiment_signing_message(p.digest));
-  CHECK(verify_experiment_signature(authority.public_key(), p.digest, sig));
-  CHECK_FALSE(verify_experiment_signature(other.public_key(), p.digest, sig));
-  CHECK_FALSE(verify_experiment_signature(authority.public_key(), blake2b_256("x"), sig));
+  auto sig = authority.sign(experiment_signing_message(p.digest, 2));
+  CHECK(verify_experiment_signature(authority.public_key(), p.digest, 2, sig));
+  CHECK_FALSE(verify_experiment_signature(other.public_key(), p.digest, 2, sig));
+  CHECK_FALSE(verify_experiment_signature(authority.public_key(), blake2b_256("x"), 2, sig));
+  // The node count is signed: a package served with another count does not verify.
+  CHECK_FALSE(verify_experiment_signature(authority.public_key(), p.digest, 3, sig));
+  CHECK_FALSE(verify_experiment_signature(authority.public_key(), p.digest, 1, sig));
+  CHECK_FALSE(verify_experiment_signature(authority.public_key(), p.digest, 0, sig));
   // A token's signature by the same key is not an experiment's (the message is tagged).
   CHECK_FALSE(
-      verify_experiment_signature(authority.public_key(), p.digest, authority.sign(p.digest)));
-  auto text = format_experiment_signature(p.digest, sig);
+      verify_experiment_signature(authority.public_key(), p.digest, 2, authority.sign(p.digest)));
+  auto text = format_experiment_signature({p.digest, 2, sig});
   auto back = parse_experiment_signature(text);
-  REQUIRE(back.ok());
-  CHECK(back->first == p.digest);
-  CHECK(back->second == sig);
+  REQUIRE_MESSAGE(back.ok(), (back.ok() ? "" : back.error().what));
+  CHECK(back->digest == p.digest);
+  CHECK(back->nodes == 2);
+  CHECK(back->signature == sig);
+  auto many = parse_experiment_signature(format_experiment_signature({p.digest, 100000, sig}));
+  REQUIRE(many.ok());
+  CHECK(many->nodes == 100000);
   CHECK_FALSE(parse_experiment_signature(text.substr(1)).ok());
   CHECK_FALSE(parse_experiment_signature(text + "\n").ok());
   auto bad_hex = text;
   bad_hex[bad_hex.size() - 3] = 'z';
   CHECK_FALSE(parse_experiment_signature(bad_hex).ok());
+  // Counts that are not a decimal in [1, 100000].
+  for (auto n : {"0", "02", "100001", "x", "", "2 2", "-1"}) {
+    auto t = text;
+    auto at = t.find(" 2 ");
+    REQUIRE(at != std::string::npos);
+    t.replace(at + 1, 1, n);
+    CHECK_MESSAGE(!parse_experiment_signature(t).ok(), n);
+  }
+  // The first format signed the digest alone: refused with the fix.
+  auto v1 =
+      "starling-experiment-signature-v1 " + auth::to_hex(p.digest) + " " + auth::to_hex(sig) + "\n";
+  auto old = parse_experiment_signature(v1);
+  REQUIRE_FALSE(old.ok());
+  CHECK(old.error().what.find("--nodes N") != std::string::npos);
+}
+
+TEST_CASE("a node's experiment compared with the run's: each difference is named") {
+  auto run = sample();
+  auto mine = run;
+  CHECK(describe_package_difference(mine, run).empty());
+  mine.yaml += "# changed\n";
+  mine.digest = experiment_digest(mine.yaml, mine.sets, mine.files);
+  CHECK(describe_package_difference(mine, run).find("the file's bytes differ") !=
+        std::string::npos);
+  mine = run;
+  mine.sets = {"dedloc.lr=0.5"};
+  mine.digest = experiment_digest(mine.yaml, mine.sets, mine.files);
+  auto d = describe_package_difference(mine, run);
+  CHECK(d.find("here: dedloc.lr=0.5; the run: dedloc.lr=0.01") != std::string::npos);
+  mine = run;
+  mine.files[0].digest = blake2b_256("other");
+  mine.digest = experiment_digest(mine.yaml, mine.sets, mine.files);
+  CHECK(describe_package_difference(mine, run).find("named file dedloc.model.files[0] (a.pt "
+                                                    "holds other bytes)") != std::string::npos);
+  mine = run;
+  mine.nodes = 3;
+  CHECK(describe_package_difference(mine, run) ==
+        "the node count differs (--nodes 3 here, 2 in the run)");
 }
 
 TEST_CASE("an experiment's named files are found with their key paths, and stored under safe "
@@ -141,7 +187,7 @@ TEST_CASE("an experiment's named files are found with their key paths, and store
 }
 
 TEST_CASE("a package made from files on disk carries their digests and a matching signature; a "
-          "signature of another content is refused with the fix") {
+          "signature of another content or node count is refused with the fix") {
   starling::testing::scratch dir{"starling-package"};
   auto d = dir.path.string();
   {
@@ -157,11 +203,17 @@ TEST_CASE("a package made from files on disk carries their digests and a matchin
   auto authority = auth::key_pair::from_test_seed(3);
   {
     std::ofstream{d + "/e.yaml.sig"} << format_experiment_signature(
-        p->digest, authority.sign(experiment_signing_message(p->digest)));
+        {p->digest, 3, authority.sign(experiment_signing_message(p->digest, 3))});
   }
   auto signed_ = make_package(d + "/e.yaml", {}, 3);
   REQUIRE(signed_.ok());
-  CHECK(verify_experiment_signature(authority.public_key(), signed_->digest, signed_->signature));
+  CHECK(
+      verify_experiment_signature(authority.public_key(), signed_->digest, 3, signed_->signature));
+  // The same file run with another node count: the signature does not cover it.
+  auto other_count = make_package(d + "/e.yaml", {}, 2);
+  REQUIRE_FALSE(other_count.ok());
+  CHECK(other_count.error().what.find("for 3 nodes, and this node runs it with --nodes 2") !=
+        std::string::npos);
   // The named file changed after signing.
   { std::ofstream{d + "/m.pt"} << "other bytes"; }
   auto stale = make_package(d + "/e.yaml", {}, 3);
@@ -169,6 +221,30 @@ TEST_CASE("a package made from files on disk carries their digests and a matchin
   CHECK(stale.error().what.find("sign it again") != std::string::npos);
   auto missing = make_package(d + "/nothing.yaml", {}, 3);
   CHECK_FALSE(missing.ok());
+}
+
+TEST_CASE("a joiner is warned a minute before its token expires and leaves 30 s before; both "
+          "scale down for a short token") {
+  using namespace std::chrono_literals;
+  auto hours = plan_token_expiry(6h);
+  CHECK(hours.warn_before == 60s);
+  CHECK(hours.leave_before == 30s);
+  auto two_min = plan_token_expiry(120s);
+  CHECK(two_min.warn_before == 60s);
+  CHECK(two_min.leave_before == 30s);
+  auto short_token = plan_token_expiry(30s);
+  CHECK(short_token.warn_before == 15s);
+  CHECK(short_token.leave_before == 7500ms);
+  auto minute = plan_token_expiry(90s);
+  CHECK(minute.warn_before == 45s);
+  CHECK(minute.leave_before == 22500ms);
+  auto gone = plan_token_expiry(-5s);
+  CHECK(gone.warn_before == 0s);
+  CHECK(gone.leave_before == 0s);
+  CHECK(duration_text(42s) == "42 s");
+  CHECK(duration_text(185s) == "3 min 05 s");
+  CHECK(duration_text(6h - 60s) == "5 h 59 min");
+  CHECK(duration_text(-3s) == "0 s");
 }
 
 TEST_CASE("a joiner's refusal lines name the fix") {

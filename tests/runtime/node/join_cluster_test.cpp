@@ -5,7 +5,12 @@
 // through node 1 then node 0 fetches the signed experiment from node 0, takes the open slot,
 // trains and is credited by its partners (its progress line says so); SIGINT makes it leave
 // gracefully (tombstone and slot release acknowledged) and node 0 hears of the leave. The slot
-// it released takes a second volunteer in client mode (--client), credited too.
+// it released takes a second volunteer in client mode (--client), credited for its own work
+// (not its predecessor's). The run's `caf:` settings apply to volunteers. A volunteer whose
+// token expires during the run is warned and leaves gracefully before the run's gates refuse
+// it. A `starling node` with another file than the run's is refused with one line, exit 2. A
+// node serving the signed experiment with another node count than the signed one is refused
+// by joiners.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -21,6 +26,8 @@
 
 #include "actors/auth/authority.hpp"
 #include "actors/auth/identity.hpp"
+#include "runtime/experiment/package.hpp"
+#include "runtime/experiment/serve.hpp"
 #include "support/node_fixtures.hpp"
 #include "support/paths.hpp"
 #include "support/subprocess.hpp"
@@ -102,8 +109,14 @@ TEST_CASE("starling join: a token and an endpoint are enough; an unsigned experi
   auto unsigned_config = d + "/unsigned/run.yaml";
   std::ofstream{config} << config_text();
   std::ofstream{unsigned_config} << config_text();
-  auto signed_out = run_cli({"authority", "sign-experiment", config, "--authority", ao.dir});
+  // Without the node count nothing is signed: joiners trust only a signed count.
+  CHECK(
+      run_cli({"authority", "sign-experiment", config, "--authority", ao.dir}, 2).find("--nodes") !=
+      std::string::npos);
+  auto signed_out =
+      run_cli({"authority", "sign-experiment", config, "--authority", ao.dir, "--nodes", "2"});
   CHECK(signed_out.find("wrote " + config + ".sig") != std::string::npos);
+  CHECK(signed_out.find("2 nodes") != std::string::npos);
   // The volunteer's side of the recipe, and the owner's token for its public key file.
   auto key_out = run_cli({"key", "init", "--out", d + "/v/node.key"});
   CHECK(key_out.find("peer id") != std::string::npos);
@@ -166,33 +179,48 @@ TEST_CASE("starling join: a token and an endpoint are enough; an unsigned experi
   auto joined = vol.wait_for("joined through", 60s);
   REQUIRE_MESSAGE(joined, vol.output());
   CHECK(joined->find(ep0) != std::string::npos);
-  CHECK(joined->find("signed by the run's authority") != std::string::npos);
+  CHECK(joined->find("signed with its node count by the run's authority") != std::string::npos);
   auto reach = vol.wait_for("full mode", 10s);
   CHECK_MESSAGE(reach, vol.output());
+  // The run's caf: section, as the volunteer's actor system holds it (read back from CAF).
+  auto settings = vol.wait_for("the run's settings apply", 30s);
+  REQUIRE_MESSAGE(settings, vol.output());
+  CHECK_MESSAGE(settings->find("scheduler sharing with 2 threads, heartbeat 500 ms, connection "
+                               "timeout 2000 ms") != std::string::npos,
+                *settings);
   CHECK_MESSAGE(vol.wait_for("holds slot volunteers.0", 60s), vol.output());
   std::ifstream written{d + "/v-out/experiment.yaml"};
   std::string got((std::istreambuf_iterator<char>(written)), std::istreambuf_iterator<char>());
   CHECK(got == config_text());
   double samples = 0, accepted = 0;
   std::regex progress{R"(your contribution: (\d+) samples, (\d+) accepted, uptime)"};
+  // Every progress line: what partners credited is at most what the volunteer computed.
+  int lines = 0, inconsistent = 0;
+  auto read_progress = [&](subprocess& p, double& n, double& m) {
+    auto line = p.read_line(500ms);
+    std::smatch x;
+    if (line && std::regex_search(*line, x, progress)) {
+      n = std::stod(x[1]);
+      m = std::stod(x[2]);
+      ++lines;
+      if (m > n) {
+        ++inconsistent;
+        MESSAGE("accepted > samples: " << *line);
+      }
+    }
+  };
   auto deadline = std::chrono::steady_clock::now() + 90s;
   while ((accepted <= 0 || samples <= 0) && std::chrono::steady_clock::now() < deadline) {
     drain();
-    auto line = vol.read_line(500ms);
-    std::smatch m;
-    if (line && std::regex_search(*line, m, progress)) {
-      samples = std::stod(m[1]);
-      accepted = std::stod(m[2]);
-    }
+    read_progress(vol, samples, accepted);
     if (vol.wait_exit(0ms))
       break;
   }
   auto credited_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - joined_at).count();
   REQUIRE_MESSAGE(accepted > 0, "the volunteer was never credited:\n" << vol.output());
-  // (Accepted comes from the partners' summaries, computed from the volunteer's own: read at
-  // different moments, either may be ahead.)
   CHECK(samples > 0);
+  CHECK(accepted <= samples);
 
   // 3. SIGINT: a graceful leave, acknowledged, exit 0; node 0 hears of it.
   auto sigint_at = std::chrono::steady_clock::now();
@@ -224,19 +252,19 @@ TEST_CASE("starling join: a token and an endpoint are enough; an unsigned experi
   subprocess client{client_argv};
   CHECK_MESSAGE(client.wait_for("client mode (--client)", 60s), client.output());
   CHECK_MESSAGE(client.wait_for("holds slot volunteers.0", 60s), client.output());
-  double client_accepted = 0;
+  // Its numbers count from when it took the slot (its predecessor's credits are the slot's
+  // too): credited, and never more than it computed.
+  double client_samples = 0, client_accepted = 0;
   deadline = std::chrono::steady_clock::now() + 60s;
   while (client_accepted <= 0 && std::chrono::steady_clock::now() < deadline) {
     drain();
-    auto line = client.read_line(500ms);
-    std::smatch m;
-    if (line && std::regex_search(*line, m, progress))
-      client_accepted = std::stod(m[2]);
+    read_progress(client, client_samples, client_accepted);
     if (client.wait_exit(0ms))
       break;
   }
   CHECK_MESSAGE(client_accepted > 0, "the client-mode volunteer was never credited:\n"
                                          << client.output());
+  CHECK(client_accepted <= client_samples);
   client.signal(SIGINT);
   CHECK_MESSAGE(client.wait_for("volunteer: left:", 30s), client.output());
   CHECK(client.wait_exit(30s) == 0);
@@ -250,6 +278,68 @@ TEST_CASE("starling join: a token and an endpoint are enough; an unsigned experi
                                         line.find("\"client\"") != std::string::npos);
   }
   CHECK(client_joined);
+  CHECK_MESSAGE(lines > 0, "no progress line");
+  CHECK_MESSAGE(inconsistent == 0, inconsistent << " progress line(s) with accepted > samples");
+
+  // 5. A token that expires during the run: 30 s from now, so the warning and the leave scale
+  //    down (warned 15 s before, leaving 7.5 s before, while the gates still admit it). The
+  //    volunteer leaves gracefully and exits 0 before its token expires.
+  {
+    auto k = auth::load_or_create_key(d + "/e/node.key", auth::key_role::node);
+    REQUIRE(k.ok());
+    auto issued_at = unix_now_ns();
+    auto lifetime = int64_t{30} * 1'000'000'000;
+    auto t = auth::issue_token(*authority, {k->key.public_key(), {"any"}, issued_at, lifetime, {}});
+    REQUIRE(t.ok());
+    REQUIRE(auth::write_file_atomically(d + "/e.token", t->file_text, 0600).ok());
+    subprocess expiring{join_argv({ep0}, "e", "e-out")};
+    CHECK_MESSAGE(expiring.wait_for("valid for 2", 30s), expiring.output());
+    CHECK_MESSAGE(expiring.wait_for("holds slot volunteers.0", 60s), expiring.output());
+    auto warning = expiring.wait_for("warning: your token expires in", 60s);
+    REQUIRE_MESSAGE(warning, expiring.output());
+    CHECK_MESSAGE(warning->find("leaves the run gracefully in") != std::string::npos, *warning);
+    CHECK_MESSAGE(expiring.wait_for("leaving the run gracefully now", 30s), expiring.output());
+    auto left = expiring.wait_for("volunteer: left:", 60s);
+    REQUIRE_MESSAGE(left, expiring.output());
+    CHECK_MESSAGE(left->find("tombstone stored on") != std::string::npos, *left);
+    CHECK_MESSAGE(left->find("released (stored on") != std::string::npos, *left);
+    CHECK_MESSAGE(
+        expiring.wait_for("left ahead of its token's expiry (every acknowledgement in)", 30s),
+        expiring.output());
+    CHECK(expiring.wait_exit(30s) == 0);
+    auto exited = unix_now_ns();
+    CHECK_MESSAGE(exited < issued_at + lifetime + 5'000'000'000,
+                  "the volunteer outlived its token");
+    MESSAGE(fmt::format("a 30 s token: the volunteer exited {:.1f} s before its expiry",
+                        static_cast<double>(issued_at + lifetime - exited) / 1e9));
+    // The order: warned, then leaving, then left.
+    auto& o = expiring.output();
+    CHECK(o.find("warning: your token expires") < o.find("leaving the run gracefully now"));
+    CHECK(o.find("leaving the run gracefully now") < o.find("volunteer: left:"));
+  }
+  drain();
+
+  // 6. A node whose file is not the run's: one line, exit code 2, before it takes any part.
+  {
+    std::filesystem::create_directories(d + "/other");
+    auto other = d + "/other/run.yaml";
+    auto text = config_text();
+    text.replace(text.find("seed: 5"), 7, "seed: 6");
+    std::ofstream{other} << text;
+    subprocess stray{{STARLING_BINARY, "node", "--listen", "127.0.0.1:0", "--config", other,
+                      "--nodes", "2", "--join", ep0, "--out", d + "/stray", "--authority",
+                      ao.dir + "/authority.pub", "--token", d + "/r.token", "--key",
+                      d + "/r/node.key"}};
+    auto rc = stray.wait_exit(60s);
+    while (stray.read_line(0ms)) {
+    }
+    CHECK_MESSAGE(rc == 2, stray.output());
+    CHECK_MESSAGE(stray.output().find("is not the experiment of the run at " + ep0 +
+                                      ": the file's bytes differ") != std::string::npos,
+                  stray.output());
+    CHECK(stray.output().find("holds slot") == std::string::npos);
+  }
+  drain();
 
   nodes[0]->signal(SIGINT);
   CHECK(nodes[0]->wait_exit(60s) == 0);
@@ -259,6 +349,42 @@ TEST_CASE("starling join: a token and an endpoint are enough; an unsigned experi
                   "accepted); SIGINT to exit {:.1f} s",
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count(),
                   credited_s, samples, accepted, leave_s));
+}
+
+TEST_CASE("a joiner refuses a signed experiment served with another node count than the signed "
+          "one, in one line that names the count") {
+  starling::testing::temp_dir dir{"starling-join-count"};
+  auto authority = auth::key_pair::from_test_seed(11);
+  runtime::experiment_package p;
+  p.yaml = "experiment: {name: count-test, kind: dedloc}\n";
+  p.nodes = 2;
+  p.digest = runtime::experiment_digest(p.yaml, p.sets, p.files);
+  p.signature = authority.sign(runtime::experiment_signing_message(p.digest, 2));
+  auto joiner = starling::testing::start_node("joiner", "count-test");
+  auto host = starling::testing::start_node("host", "count-test");
+  host->register_actor(runtime::experiment_server_name,
+                       runtime::spawn_experiment_server(host->system(), p, host->gate()));
+  auto ok = runtime::fetch_experiment(*joiner, host->endpoint(), authority.public_key(),
+                                      dir.path + "/a", 10s);
+  REQUIRE_MESSAGE(ok.ok(), (ok.ok() ? "" : ok.error().what));
+  CHECK(ok->package.nodes == 2);
+  // Another node serves the same file and signature with 3 nodes: the joiner's plan would put
+  // the run's instances on nodes that do not hold them.
+  auto liar = starling::testing::start_node("liar", "count-test");
+  auto tampered = p;
+  tampered.nodes = 3;
+  liar->register_actor(runtime::experiment_server_name,
+                       runtime::spawn_experiment_server(liar->system(), tampered, liar->gate()));
+  auto refused = runtime::fetch_experiment(*joiner, liar->endpoint(), authority.public_key(),
+                                           dir.path + "/b", 10s);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_MESSAGE(refused.error().what.find("the node count it came with (3 nodes)") !=
+                    std::string::npos,
+                refused.error().what);
+  CHECK(refused.error().what.find("refused") != std::string::npos);
+  liar->shutdown();
+  host->shutdown();
+  joiner->shutdown();
 }
 
 } // namespace starling::test::runtime_join_cluster_test
