@@ -258,8 +258,8 @@ int command_join(const join_command& cmd) {
   overrides.insert(overrides.end(), got->file_sets.begin(), got->file_sets.end());
   bool client = cmd.client || !pkg.reachable;
   if (cmd.client) {
-    fmt::print("client mode (--client): this node accepts no connection; it averages over the "
-               "links it opens and serves no state\n");
+    fmt::print("client mode (--client): this node averages with bandwidth 0 and serves no state; "
+               "its DHT node serves nobody and enters no routing table\n");
   } else if (!pkg.reachable) {
     fmt::print("client mode: {} could not reach this node at {} ({}); to work in full mode, open "
                "TCP port {} to this machine (or forward it) and join again\n",
@@ -270,6 +270,7 @@ int command_join(const join_command& cmd) {
   }
   std::fflush(stdout);
   if (client) {
+    overrides.push_back("node.client=true");
     if (pkg.yaml.find("dedloc:") != std::string::npos)
       overrides.push_back("dedloc.mode=client");
     else
