@@ -164,6 +164,11 @@ struct check_record {
   double residual = 0.0;
   double bound = 0.0;
   bool accepted = false;
+  /// The check failed and nobody was to blame: the published aggregate is CenteredClip of the
+  /// committed contributions with the run's τ, iteration cap and tolerance, as every honest peer
+  /// found by recomputing it (it had not converged within the cap: aggregate_check.hpp). The
+  /// part is applied.
+  bool recomputed = false;
 };
 
 /// One aggregation of a step (a redo starts a new one).

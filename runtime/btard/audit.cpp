@@ -140,7 +140,8 @@ status audit_writer::write(const bt::step_record& rec) {
                         {"aggregate_norm", c.aggregate_norm},
                         {"residual", c.residual},
                         {"bound", c.bound},
-                        {"accepted", c.accepted}});
+                        {"accepted", c.accepted},
+                        {"recomputed", c.recomputed}});
     x["checks"] = checks;
     json verdicts = json::array();
     for (auto& v : a.verdicts) {
@@ -488,6 +489,8 @@ struct checker {
         problem(fmt::format("part {}: {}", i, out.error().what));
         continue;
       }
+      if (c.value("recomputed", false) && c.at("accepted").get<bool>())
+        problem(fmt::format("part {}'s check is both accepted and verified by recomputation", i));
       if (out->accepted != c.at("accepted").get<bool>() || out->residual != c.at("residual").get<double>())
         problem(fmt::format("part {}'s aggregate check gives residual {:.6g} ({}), the log says "
                             "{:.6g} ({})",

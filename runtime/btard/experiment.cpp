@@ -273,6 +273,8 @@ result<std::vector<rule_outcome>> run_experiment(const experiment_options& opts,
         inputs += a.inputs;
         oc.bytes_data += static_cast<double>(a.bytes_data);
         oc.bytes_statements += static_cast<double>(a.bytes_statements);
+        for (auto& c : a.checks)
+          oc.recomputed_checks += c.recomputed ? 1 : 0;
         for (auto& [phase, ms] : a.ms)
           oc.ms_split[phase] += ms;
       }
@@ -291,9 +293,10 @@ result<std::vector<rule_outcome>> run_experiment(const experiment_options& opts,
         auto ev = (*t)->evaluate((*group)->model());
         auto secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         fmt::print("  step {:>5}/{}  accuracy {:6.2f}%  loss {:8.4f}  banned {}/{} attackers, {} "
-                   "honest  redone steps {}  clipped {:.1f}%  {:.1f} ms/step\n",
+                   "honest  redone steps {}  checks recomputed {}  clipped {:.1f}%  {:.1f} "
+                   "ms/step\n",
                    s + 1, o.steps, 100 * ev.accuracy, ev.loss, oc.attackers_banned, o.byzantine,
-                   oc.honest_banned, oc.redone_steps,
+                   oc.honest_banned, oc.redone_steps, oc.recomputed_checks,
                    inputs ? 100.0 * static_cast<double>(clipped) / static_cast<double>(inputs) : 0.0,
                    1000 * secs / static_cast<double>(s + 1));
         std::fflush(stdout);

@@ -67,6 +67,9 @@ struct rule_outcome {
   std::vector<uint64_t> ban_steps;
   /// Steps that needed more than one aggregation.
   size_t redone_steps = 0;
+  /// Aggregate checks that failed with nobody to blame and were verified by recomputing the
+  /// part (CenteredClip stopped by the iteration cap).
+  size_t recomputed_checks = 0;
   /// Fraction of CenteredClip inputs clipped (over all parts and steps).
   double clipped = 0.0;
   /// Wall time per step in milliseconds (the whole group in one thread), and its split: the

@@ -129,6 +129,34 @@ TEST_CASE("clean steps: no bans, every aggregation checks, honest peers identica
   }
 }
 
+TEST_CASE("an aggregate the iteration cap stopped fails the check and is verified by recomputation") {
+  auto o = options(5);
+  o.max_iterations = 1; // no part converges to the tolerance in one iteration
+  o.tolerance = 1e-9;
+  std::vector<btard::peer_spec> specs(6);
+  specs[4].gradient.kind = btard::attack_kind::sign_flip; // far inputs, clipped
+  auto g = group(o, specs, 5);
+  size_t recomputed = 0, rejected = 0;
+  for (int s = 0; s < 3; ++s) {
+    auto rec = g->step();
+    REQUIRE_MESSAGE(rec, (rec ? "" : rec.error().what));
+    CHECK(rec->applied);
+    honest_agree(*g, *rec);
+    for (auto& a : rec->attempts)
+      for (auto& c : a.checks) {
+        rejected += c.accepted ? 0 : 1;
+        recomputed += c.recomputed ? 1 : 0;
+        CHECK_FALSE((c.accepted && c.recomputed));
+      }
+  }
+  CHECK(rejected > 0);
+  // Every rejected check was either blamed on someone (the sign flipper's bans are validators'
+  // matter, not the check's) or verified by recomputation; no honest peer is banned for it.
+  CHECK(recomputed > 0);
+  for (auto i : banned_indices(*g))
+    CHECK(i == 4);
+}
+
 TEST_CASE("every protocol attack is caught in its step and its attacker banned") {
   for (auto attack : btard::protocol_attacks()) {
     CAPTURE(btard::protocol_attack_name(attack));
