@@ -158,6 +158,12 @@ TEST_CASE("a ban this node verified itself ends the session and refuses the key,
   CHECK(handshake(*again, *b).find("refused (banned)") == 0);
   CHECK(allow(*b, *again, "ping").find("refused (banned)") == 0);
   CHECK(b->refusals().of(reason::banned) >= 3);
+  // Counted by peer id, with the verdict's reason (what the node's page shows on its rows).
+  auto tally = b->refused_peers();
+  auto banned = tally.peers().find(a->peer_id());
+  REQUIRE(banned != tally.peers().end());
+  CHECK(banned->second.ban_reason.find("a wrong aggregate at step 7") != std::string::npos);
+  CHECK(banned->second.counts.of(reason::banned) >= 3);
   // Another node of the run did not verify it: its own gate still admits the key.
   auto d = r.node(4, r.token_for(key_pair::from_test_seed(4), {"any"}, t0 + 3600 * sec, 'd'));
   CHECK(handshake(*again, *d).empty());
