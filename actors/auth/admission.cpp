@@ -51,7 +51,8 @@ status check_own_token(const admission_options& opts) {
 admission::admission(admission_options opts)
   : opts_(std::move(opts)),
     peer_id_(opts_.key ? opts_.key->peer_id() : std::string{}),
-    keeper_(keeper_options(opts_)) {
+    keeper_(keeper_options(opts_)),
+    refused_peers_(opts_.max_refused_peers) {
   if (!opts_.clock)
     opts_.clock = system_now;
   if (opts_.max_pending == 0)
@@ -105,6 +106,9 @@ checked<peer_info> admission::admit(uint64_t session, std::string_view hello_byt
   pending_.erase(pending);
   auto p = keeper_.admit_hello(session, hello_bytes, t);
   if (!p) {
+    // A hello that proved its key (banned, revoked, no token...) names whom this node refused.
+    if (auto& key = keeper_.refused_key(); !key.empty())
+      refused_peers_.add(peer_id_of(key), key, p.error());
     keeper_.close(session);
     return p;
   }
@@ -112,7 +116,8 @@ checked<peer_info> admission::admit(uint64_t session, std::string_view hello_byt
     keeper_.close(session);
     auto r = refuse(reason::banned, "this node's key is banned by the peers' verdict: " + b->second);
     strangers_.add(r.why);
-    gone_[p->peer_id] = r;
+    refused_peers_.add(p->peer_id, p->peer_key, r);
+    gone_[p->peer_id] = gone_peer{r, p->peer_key};
     return r;
   }
   // A peer that comes again (a restarted process with the same key) replaces its old session.
@@ -142,8 +147,9 @@ checked<peer_info> admission::admit_acceptor(uint64_t session, std::string_view 
 
 refusal admission::not_admitted(std::string_view sender, std::string_view what) {
   if (auto g = gone_.find(sender); g != gone_.end()) {
-    strangers_.add(g->second.why);
-    return g->second;
+    strangers_.add(g->second.why.why);
+    refused_peers_.add(sender, g->second.key, g->second.why);
+    return g->second.why;
   }
   strangers_.add(reason::no_hello);
   return refuse(reason::no_hello, "peer " + short_hex(sender) + " sent " + std::string{what}
@@ -160,9 +166,10 @@ std::optional<refusal> admission::allow(std::string_view sender, std::string_vie
   if (c)
     return std::nullopt;
   auto r = c.error();
+  refused_peers_.add(sender, i->second.info.peer_key, r);
   if (r.why == reason::expired || r.why == reason::revoked || r.why == reason::banned) {
     keeper_.close(i->second.session);
-    gone_[std::string{sender}] = r;
+    gone_[std::string{sender}] = gone_peer{r, i->second.info.peer_key};
     by_peer_.erase(i);
   }
   return r;
@@ -178,8 +185,9 @@ std::optional<refusal> admission::allow_any(std::string_view sender) {
   if (p.expires_at_ns != 0 && t >= p.expires_at_ns) {
     auto r = refuse(reason::expired, "token expired at " + format_time(p.expires_at_ns));
     strangers_.add(r.why);
+    refused_peers_.add(sender, p.peer_key, r);
     keeper_.close(i->second.session);
-    gone_[std::string{sender}] = r;
+    gone_[std::string{sender}] = gone_peer{r, p.peer_key};
     by_peer_.erase(i);
     return r;
   }
@@ -211,11 +219,21 @@ checked<std::vector<std::string>> admission::update_deny_list(std::string_view s
     for (auto i = by_peer_.begin(); i != by_peer_.end(); ++i)
       if (i->second.session == conn) {
         auto& deny = keeper_.current_deny_list();
-        if (auto e = deny.banned(i->second.info.peer_key, t))
-          gone_[i->first] = refuse(reason::banned, "this node's key is banned from the run: "
-                                                     + e->reason);
+        auto& info = i->second.info;
+        // The refused peer is told the authority's reason, and the ledger shows it.
+        auto why = [](const std::string& reason) {
+          return reason.empty() ? std::string{"no reason given"} : reason;
+        };
+        refusal r;
+        if (auto e = deny.banned(info.peer_key, t))
+          r = refuse(reason::banned, "this node's key is banned from the run: " + why(e->reason));
+        else if (auto e = deny.revoked(info.token_id, t))
+          r = refuse(reason::revoked, "this node's token " + to_hex(info.token_id).substr(0, 12)
+                                        + " was revoked: " + why(e->reason));
         else
-          gone_[i->first] = refuse(reason::revoked, "this node's token was revoked");
+          r = refuse(reason::revoked, "this node's token was revoked");
+        refused_peers_.add(i->first, info.peer_key, r);
+        gone_[i->first] = gone_peer{r, info.peer_key};
         peers.push_back(i->first);
         keeper_.close(conn);
         by_peer_.erase(i);
@@ -233,7 +251,9 @@ std::vector<std::string> admission::ban_verified(std::string_view node_key, std:
       ++i;
       continue;
     }
-    gone_[i->first] = refuse(reason::banned, "this node's key is banned by the peers' verdict: " + why);
+    auto r = refuse(reason::banned, "this node's key is banned by the peers' verdict: " + why);
+    refused_peers_.add(i->first, i->second.info.peer_key, r);
+    gone_[i->first] = gone_peer{r, i->second.info.peer_key};
     peers.push_back(i->first);
     keeper_.close(i->second.session);
     i = by_peer_.erase(i);
@@ -259,6 +279,11 @@ refusal_counts admission::refusals() const {
   auto all = keeper_.refusals();
   all.merge(strangers_);
   return all;
+}
+
+peer_refusal_tally admission::refused_peers() const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return refused_peers_;
 }
 
 std::string admission::summary() const {

@@ -43,6 +43,9 @@ struct admission_options {
   /// Sessions opened but not completed that are kept; beyond, the oldest is dropped (a flood of
   /// opened handshakes cannot grow memory). Default 4096.
   size_t max_pending = 4096;
+  /// Refused parties counted by peer id (`admission::refused_peers`); beyond, the ones refused
+  /// least are summed. Default 64.
+  size_t max_refused_peers = 64;
 };
 
 /// Checks this node's own credentials against `opts` before it starts: in a run with an authority
@@ -123,6 +126,10 @@ public:
 
   /// Refusals by reason.
   refusal_counts refusals() const;
+  /// Refusals of the parties whose key was known (a hello that proved it, or a peer admitted
+  /// before), by peer id and reason, with why a banned or revoked one is out of the run. A
+  /// sender never admitted is counted by reason only: the peer id it names proves nothing.
+  peer_refusal_tally refused_peers() const;
   /// `"no_hello=2 expired=1"` (empty when none).
   std::string summary() const;
   /// Peers admitted so far (admissions, not distinct peers).
@@ -147,10 +154,17 @@ private:
   std::map<std::string, admitted_peer, std::less<>> by_peer_;
   /// Refusals of senders that never were admitted (the gatekeeper counts the rest).
   refusal_counts strangers_;
-  /// Sessions of peers refused after admission (expired, revoked): kept so `allow` says why.
-  std::map<std::string, refusal, std::less<>> gone_;
+  /// Peers refused after admission (expired, revoked, banned): kept so `allow` says why, with
+  /// the key they were admitted with.
+  struct gone_peer {
+    refusal why;
+    std::string key;
+  };
+  std::map<std::string, gone_peer, std::less<>> gone_;
   /// Node keys banned by this node's own verdicts, and why.
   std::map<std::string, std::string, std::less<>> verified_bans_;
+  /// Refusals of parties whose key was known.
+  peer_refusal_tally refused_peers_;
 };
 
 /// The whole exchange between two admissions in one process (simulations, tests): `connector`

@@ -135,6 +135,7 @@ refusal gatekeeper::refuse_session(session& s, refusal r) {
 }
 
 checked<peer_info> gatekeeper::admit_hello(uint64_t conn, std::string_view bytes, int64_t now_ns) {
+  refused_key_.clear();
   auto i = sessions_.find(conn);
   if (i == sessions_.end())
     return count(refuse(reason::protocol_violation, "a hello on a connection never opened"));
@@ -160,6 +161,8 @@ checked<peer_info> gatekeeper::admit_hello(uint64_t conn, std::string_view bytes
                                       + opts_.trust.experiment + "'"));
   if (!verify_sealed(hello_domain, *sealed_hello, h->peer_key))
     return refuse_session(s, refuse(reason::forged, "the hello is not signed by its node key"));
+  // From here on the hello proved its key: a refusal names whom it refused.
+  refused_key_ = h->peer_key;
   if (h->challenge != s.challenge || h->acceptor_peer_id != self_peer_id_)
     return refuse_session(s, refuse(reason::wrong_challenge,
                                     "the hello answers another connection's challenge"));
@@ -194,6 +197,7 @@ checked<peer_info> gatekeeper::admit_hello(uint64_t conn, std::string_view bytes
     p.token_id = t->id;
     p.expires_at_ns = t->expires_at_ns;
   }
+  refused_key_.clear();
   s.st = state::admitted;
   s.peer = p;
   ++admitted_;

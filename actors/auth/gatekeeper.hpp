@@ -124,6 +124,11 @@ public:
   /// Refusals by reason.
   const refusal_counts& refusals() const noexcept { return refusals_; }
 
+  /// The public key the last hello proved (its signature verified) when `admit_hello` refused
+  /// it nonetheless (banned, revoked, no token...); empty after an admission or when the hello
+  /// proved nothing.
+  const std::string& refused_key() const noexcept { return refused_key_; }
+
   /// Connections admitted so far.
   uint64_t admitted() const noexcept { return admitted_; }
 
@@ -148,6 +153,7 @@ private:
   std::map<uint64_t, session> sessions_;
   refusal_counts refusals_;
   uint64_t admitted_ = 0;
+  std::string refused_key_;
 };
 
 } // namespace starling::actors::auth

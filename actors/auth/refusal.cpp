@@ -1,5 +1,7 @@
 #include "actors/auth/refusal.hpp"
 
+#include <utility>
+
 namespace starling::actors::auth {
 
 std::string_view to_string(reason r) {
@@ -69,6 +71,41 @@ std::string refusal_counts::summary() const {
     out += std::to_string(counts_[i]);
   }
   return out;
+}
+
+peer_refusal_tally::peer_refusal_tally(size_t max_peers)
+  : max_peers_(max_peers == 0 ? 1 : max_peers) {
+  // nop
+}
+
+void peer_refusal_tally::add(std::string_view peer_id, std::string_view peer_key,
+                             const refusal& r) {
+  auto i = peers_.find(peer_id);
+  if (i == peers_.end()) {
+    if (peers_.size() >= max_peers_) {
+      // The fewest refusals go first; a party with a ban reason only after every other.
+      auto fewest = peers_.begin();
+      for (auto j = peers_.begin(); j != peers_.end(); ++j) {
+        auto key = [](const peer_refusals& p) {
+          return std::make_pair(!p.ban_reason.empty(), p.counts.total());
+        };
+        if (key(j->second) < key(fewest->second))
+          fewest = j;
+      }
+      other_.merge(fewest->second.counts);
+      peers_.erase(fewest);
+    }
+    i = peers_.emplace(std::string{peer_id}, peer_refusals{}).first;
+  }
+  auto& p = i->second;
+  if (!peer_key.empty())
+    p.peer_key = std::string{peer_key};
+  p.counts.add(r.why);
+  if (r.why == reason::banned || r.why == reason::revoked) {
+    p.ban_reason.clear();
+    for (char c : r.detail.substr(0, max_reason_bytes))
+      p.ban_reason.push_back(c == '\n' || c == '\r' ? ' ' : c);
+  }
 }
 
 } // namespace starling::actors::auth

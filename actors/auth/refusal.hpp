@@ -3,6 +3,8 @@
 #pragma once
 
 #include <array>
+#include <functional>
+#include <map>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -113,6 +115,43 @@ public:
 
 private:
   std::array<uint64_t, reason_count> counts_{};
+};
+
+/// What one node refused of one party whose key it knew (the key a hello proved, or the one it
+/// was admitted with).
+struct peer_refusals {
+  /// Its 32-byte public key.
+  std::string peer_key;
+  /// Its refusals by reason.
+  refusal_counts counts;
+  /// Why it is out of the run, in the refusal's words (the deny list's or the token's reason),
+  /// set by a `banned` or `revoked` refusal; empty otherwise.
+  std::string ban_reason;
+};
+
+/// Refusals by peer id, bounded: at most `max_peers` parties keep counts of their own. A new one
+/// beyond the bound takes the place of the one with the fewest refusals (one with a ban reason
+/// last), whose counts move to `other`: the parties refused most stay listed.
+class peer_refusal_tally {
+public:
+  /// Longest ban reason kept, in bytes.
+  static constexpr size_t max_reason_bytes = 300;
+
+  /// A tally of at most `max_peers` (at least 1) parties.
+  explicit peer_refusal_tally(size_t max_peers = 64);
+  /// Counts `r` for the party of `peer_id` whose public key is `peer_key`.
+  void add(std::string_view peer_id, std::string_view peer_key, const refusal& r);
+  /// The listed parties by peer id.
+  const std::map<std::string, peer_refusals, std::less<>>& peers() const noexcept {
+    return peers_;
+  }
+  /// The refusals of parties no longer listed.
+  const refusal_counts& other() const noexcept { return other_; }
+
+private:
+  size_t max_peers_;
+  std::map<std::string, peer_refusals, std::less<>> peers_;
+  refusal_counts other_;
 };
 
 } // namespace starling::actors::auth

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <unordered_set>
 
 #include "kernels/seeded_hash.hpp"
 #include "kernels/stable_hash.hpp"
@@ -294,13 +295,41 @@ uint64_t trainer_tag(const std::string& trainer) {
   return kernels::stable_hash(trainer) >> 40;
 }
 
-std::string trainer_credit_name(uint64_t microbatch_id) {
+std::map<std::string, uint64_t> trainer_tags(const std::vector<std::string>& trainers) {
+  constexpr uint64_t tag_count = uint64_t{1} << 24;
+  std::vector<const std::string*> order;
+  order.reserve(trainers.size());
+  for (auto& name : trainers)
+    order.push_back(&name);
+  std::sort(order.begin(), order.end(), [](const std::string* a, const std::string* b) {
+    return a->size() != b->size() ? a->size() < b->size() : *a < *b;
+  });
+  std::map<std::string, uint64_t> out;
+  std::unordered_set<uint64_t> taken;
+  for (auto* n : order) {
+    auto& name = *n;
+    if (out.count(name) > 0 || taken.size() >= tag_count)
+      continue;
+    auto tag = trainer_tag(name);
+    // Each draw is free with probability (1 - taken/2^24): few draws even for many trainers.
+    for (uint64_t k = 1; taken.count(tag) > 0; ++k)
+      tag = trainer_tag(name + "#" + std::to_string(k));
+    taken.insert(tag);
+    out.emplace(name, tag);
+  }
+  return out;
+}
+
+std::string trainer_credit_name_of_tag(uint64_t tag) {
   static const char* digits = "0123456789abcdef";
   std::string out = "mb:";
-  auto tag = microbatch_id >> 40;
   for (int shift = 20; shift >= 0; shift -= 4)
     out.push_back(digits[(tag >> shift) & 15]);
   return out;
+}
+
+std::string trainer_credit_name(uint64_t microbatch_id) {
+  return trainer_credit_name_of_tag(microbatch_id >> 40);
 }
 
 std::string trainer_credit_name_of(const std::string& trainer) {

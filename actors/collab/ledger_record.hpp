@@ -148,6 +148,20 @@ std::string peer_of_member(const std::string& address);
 /// stable hash of its name (actors/trainer/trainer.cpp builds its ids from it).
 uint64_t trainer_tag(const std::string& trainer);
 
+/// Tags of 24 bits: two trainers of one run whose names' `trainer_tag`s collide (one pair in
+/// about 16 million; with a thousand trainers, one run in 30) would share microbatch ids and
+/// credits. The run's trainers get distinct tags: in the order of shorter names first, then
+/// alphabetical (`trainer.9` before `trainer.10`: the order of their indices), each its name's
+/// `trainer_tag`, unless a trainer before it holds that one; then the first of
+/// `trainer_tag("<name>#1")`, `#2`... that none before it holds. The order of `trainers` does not
+/// matter, and a trainer's tag depends only on the names before it: every node derives the same
+/// tags from the plan, and names added at the end (later indices) leave the others' tags as
+/// they were. Names repeated count once; at most 2^24 names get tags.
+std::map<std::string, uint64_t> trainer_tags(const std::vector<std::string>& trainers);
+
+/// The credit name of `tag` (`mb:` and 6 hex digits).
+std::string trainer_credit_name_of_tag(uint64_t tag);
+
 /// The name a stage peer credits the trainer of microbatch `microbatch_id` under (`mb:` and its
 /// tag in 6 hex digits); the ledger finds the trainer whose `trainer_tag` it is.
 std::string trainer_credit_name(uint64_t microbatch_id);

@@ -84,12 +84,15 @@ void later(self_ptr self, caf::timespan d, std::function<void()> f) {
   self->delayed_send(self, d, tick_atom::value, t);
 }
 
-/// A microbatch id unique among trainers: the top 24 bits the trainer's tag (the top 24 bits of
-/// its name's FNV-1a hash: the ledger credits the trainer by it), the low 40 bits its batch
-/// number. Stages keep a gradient per (id, attempt) until it is confirmed.
-uint64_t microbatch_id(const std::string& trainer, uint64_t batch) {
+/// A microbatch id unique among trainers: the top 24 bits the trainer's tag (`opts.tag`, distinct
+/// among the run's trainers, or its name's `collab::trainer_tag`: the ledger credits the trainer
+/// by it), the low 40 bits its batch number. Stages keep a gradient per (id, attempt) until it
+/// is confirmed.
+uint64_t microbatch_id(const trainer_options& opts, uint64_t batch) {
   constexpr uint64_t low = (uint64_t{1} << 40) - 1;
-  return (collab::trainer_tag(trainer) << 40) | (batch & low);
+  auto tag = opts.tag >= 0 ? static_cast<uint64_t>(opts.tag) & ((uint64_t{1} << 24) - 1)
+                           : collab::trainer_tag(opts.name);
+  return (tag << 40) | (batch & low);
 }
 
 void start_microbatch(self_ptr self, caf::actor sink);
@@ -392,7 +395,7 @@ void start_microbatch(self_ptr self, caf::actor sink) {
   }
   st.inflight++;
   auto mb = std::make_shared<microbatch>();
-  mb->id = microbatch_id(st.opts.name, b);
+  mb->id = microbatch_id(st.opts, b);
   mb->batch = b;
   mb->attempts.assign(st.opts.stages, 0);
   mb->seed = st.rng();

@@ -37,6 +37,10 @@ enum class routing_kind {
 /// Options of one trainer.
 struct trainer_options {
   std::string name = "trainer";
+  /// The tag its microbatch ids carry in their top 24 bits, by which the stage-0 peers credit
+  /// it in the ledger: the run's `collab::trainer_tags`, distinct among its trainers. Negative:
+  /// its name's `collab::trainer_tag`.
+  int64_t tag = -1;
   /// Number of pipeline stages.
   uint64_t stages = 1;
   /// Samples per microbatch.

@@ -668,6 +668,7 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
     auto w = run_watch::start(g.node.http, g, *p, run_mode::cluster);
     if (w) {
       watch = std::move(*w);
+      watch->watch_gate(nd.gate());
       fmt::print("node{}: watch the run at {} (/status, /metrics, /ledger.csv)\n", s.index,
                  watch->url());
       std::fflush(stdout);
@@ -836,6 +837,9 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
   h.stop();
   // The node's actors use this host and the hub until they are gone.
   nd.shutdown();
+  // Every metric this node got is in: the ledger's file gets the peers' last numbers.
+  if (hub)
+    hub->close();
   return rc;
 }
 

@@ -337,6 +337,8 @@ run_result run_local(const experiment_graph& g, const role_registry& registry, c
   for (auto& d : dirs->dirs)
     caf::anon_send_exit(d, caf::exit_reason::user_shutdown);
   sys_ptr.reset();
+  // Every metric is in: the ledger's file gets the peers' last numbers.
+  hub.close();
   res.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   return res;
 }

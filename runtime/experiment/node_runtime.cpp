@@ -45,6 +45,14 @@ int reporter::finish(finish_context&) {
   return 0;
 }
 
+void reporter::on_late_metric(const metric_record&) {
+  // nop
+}
+
+void reporter::close() {
+  // nop
+}
+
 host::~host() = default;
 
 // -- metric_hub ---------------------------------------------------------------------------------
@@ -76,8 +84,12 @@ void metric_hub::deliver(const metric_record& m) {
   }
   if (observer_)
     observer_(m);
-  if (finishing_)
-    return; // the reporters are writing their summaries (see `finish`)
+  if (finishing_) {
+    // The reporters are writing their summaries (see `finish`); the ledger takes these still.
+    for (auto& r : reporters_)
+      r->on_late_metric(m);
+    return;
+  }
   for (auto& r : reporters_)
     r->on_metric(m);
 }
@@ -106,6 +118,15 @@ int metric_hub::finish(finish_context& ctx) {
       rc = x;
   }
   return rc;
+}
+
+void metric_hub::close() {
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (closed_)
+    return;
+  closed_ = true;
+  for (auto& r : reporters_)
+    r->close();
 }
 
 // -- threaded_host ------------------------------------------------------------------------------

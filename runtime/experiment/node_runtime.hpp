@@ -35,8 +35,11 @@ public:
   void deliver(const metric_record& m);
   /// True when a reporter says the run's work is complete.
   bool tick(double t);
-  /// The first non-zero exit code of the reporters' `finish`, or 0.
+  /// The first non-zero exit code of the reporters' `finish`, or 0. Metrics that come later
+  /// still reach the reporters' `on_late_metric`.
   int finish(finish_context& ctx);
+  /// Once the run's actors stopped (no metric comes any more): the reporters' `close` (once).
+  void close();
   /// Also called for every metric (simulation: records it in the trace).
   void on_deliver(std::function<void(const metric_record&)> f) { observer_ = std::move(f); }
 
@@ -44,6 +47,7 @@ private:
   std::mutex mtx_;
   /// Set when `finish` begins: later metrics reach the file, no longer the reporters.
   bool finishing_ = false;
+  bool closed_ = false;
   std::vector<std::unique_ptr<reporter>> reporters_;
   std::unique_ptr<jsonl_writer> out_;
   std::function<void(const metric_record&)> observer_;

@@ -105,6 +105,12 @@ public:
   virtual bool tick(double t);
   /// After the run: summary, tables, plots. Returns the run's exit code (0 = success).
   virtual int finish(finish_context& ctx);
+  /// A metric that came after `finish` began (the roles' last events, until they stop),
+  /// possibly while `finish` runs on another thread: a reporter that takes it guards its state.
+  virtual void on_late_metric(const metric_record& m);
+  /// Once the run's actors stopped and every metric was delivered (`metric_hub::close`): files
+  /// that must hold the run's last events (the ledger's).
+  virtual void close();
 };
 
 /// Counts metrics by kind and prints them at the end: the report of a plain graph.

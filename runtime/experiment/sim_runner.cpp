@@ -220,9 +220,20 @@ run_result run_sim(const experiment_graph& g, const role_registry& registry, con
     w.record("metric", m.source, "", 0, detail);
   });
   // A watched run's page counts the envelopes the world refused (a banned node's), by the node
-  // they came from; the world records them in its trace only, and watching leaves that as is.
+  // they came from, and shows why the authority banned a node; the world records them in its
+  // trace only, and watching leaves that as is.
   if (watch)
     w.on_record([wp = watch.get()](const sim::trace_event& e) {
+      if (e.kind == "ban") {
+        metric_record m;
+        m.t = static_cast<double>(e.t_ns) / 1e9;
+        m.source = e.from + "/faults";
+        m.kind = "node_banned";
+        m.labels["node"] = e.from;
+        m.labels["reason"] = e.detail;
+        wp->note(m);
+        return;
+      }
       if (e.kind != "refused")
         return;
       metric_record m;
@@ -351,6 +362,8 @@ run_result run_sim(const experiment_graph& g, const role_registry& registry, con
   for (auto& [name, a] : shared)
     caf::anon_send_exit(a, caf::exit_reason::kill);
   world_ptr.reset();
+  // Every metric is in: the ledger's file gets the peers' last numbers.
+  hub.close();
   res.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
   return res;
 }

@@ -14,6 +14,7 @@
 #include "runtime/config/config.hpp"
 #include "runtime/experiment/plan.hpp"
 #include "runtime/log/log.hpp"
+#include "runtime/node/gate.hpp"
 #include "runtime/observe/http_server.hpp"
 #include "runtime/observe/snapshot.hpp"
 
@@ -28,13 +29,51 @@ struct run_watch::state {
   std::shared_ptr<observe::snapshot_store> store = std::make_shared<observe::snapshot_store>();
   std::chrono::steady_clock::time_point last_publish{};
   std::string experiment;
+  /// The serving node's gate (none in local and simulated runs).
+  std::shared_ptr<node_gate> gate;
 
   /// Call with `mtx` held.
   void publish() {
     last_publish = std::chrono::steady_clock::now();
+    read_gate();
     store->publish(builder.make());
   }
+
+  /// Call with `mtx` held.
+  void read_gate();
 };
+
+namespace {
+
+/// What `gate` refused so far, as the snapshot builder takes it.
+observe::gate_refusals gate_view(node_gate& gate) {
+  namespace auth = actors::auth;
+  observe::gate_refusals out;
+  auto counts = gate.admission().refusals();
+  for (size_t i = 0; i < auth::reason_count; ++i) {
+    auto r = static_cast<auth::reason>(i);
+    if (counts.of(r) > 0)
+      out.by_reason[std::string{auth::to_string(r)}] = counts.of(r);
+  }
+  auto tally = gate.admission().refused_peers();
+  for (auto& [id, p] : tally.peers()) {
+    observe::gate_refused_peer x;
+    // The ledger's rows name the owner key of their records by its first 16 hex digits.
+    x.peer_id = auth::to_hex(p.peer_key).substr(0, 16);
+    x.refusals = p.counts.total();
+    x.ban_reason = p.ban_reason;
+    if (!x.peer_id.empty())
+      out.peers.push_back(std::move(x));
+  }
+  return out;
+}
+
+} // namespace
+
+void run_watch::state::read_gate() {
+  if (gate)
+    builder.set_gate_refusals(gate_view(*gate));
+}
 
 namespace {
 
@@ -81,9 +120,22 @@ public:
     std::lock_guard<std::mutex> guard{st_->mtx};
     st_->builder.advance(ctx.run_s);
     st_->builder.finish();
-    st_->publish();
+    st_->publish(); // reads the gate: the rows below have its refusals
     write_ledger(out_dir_, st_->builder.ledger_rows());
     return 0;
+  }
+
+  void on_late_metric(const metric_record& m) override {
+    std::lock_guard<std::mutex> guard{st_->mtx};
+    st_->builder.add({m.t, m.node, m.source, m.kind, m.values, m.labels});
+  }
+
+  void close() override {
+    // The file again, with the events that came while the reporters finished and the roles
+    // stopped (their last rounds and credits).
+    std::lock_guard<std::mutex> guard{st_->mtx};
+    st_->publish();
+    write_ledger(out_dir_, st_->builder.ledger_rows());
   }
 
 private:
@@ -91,19 +143,44 @@ private:
   std::string out_dir_;
 };
 
-/// The ledger of a run nobody watches: the metric stream only.
+/// The ledger of a run nobody watches: the metric stream only. Written when the reporters
+/// finish, and again once every metric is in (`close`).
 class ledger_reporter : public reporter {
 public:
-  void start(const run_info& info) override { out_dir_ = info.out_dir; }
-  void on_metric(const metric_record& m) override {
-    book_.add({m.t, m.node, m.source, m.kind, m.values, m.labels});
+  void start(const run_info& info) override {
+    out_dir_ = info.out_dir;
+    if (!info.plan || !info.graph)
+      return;
+    // The SWARM trainers' tags, as the trainers derive them from the same plan.
+    std::vector<std::string> trainers;
+    for (auto& x : info.plan->instances)
+      if (x.role < info.graph->roles.size() && info.graph->roles[x.role].type == "swarm.trainer")
+        trainers.push_back(x.name);
+    if (!trainers.empty()) {
+      std::lock_guard<std::mutex> guard{mtx_};
+      book_.set_trainers(trainers);
+    }
   }
+  void on_metric(const metric_record& m) override { add(m); }
   int finish(finish_context&) override {
+    std::lock_guard<std::mutex> guard{mtx_};
     write_ledger(out_dir_, book_.rows());
     return 0;
   }
+  void on_late_metric(const metric_record& m) override { add(m); }
+  void close() override {
+    std::lock_guard<std::mutex> guard{mtx_};
+    write_ledger(out_dir_, book_.rows());
+  }
 
 private:
+  void add(const metric_record& m) {
+    std::lock_guard<std::mutex> guard{mtx_};
+    book_.add({m.t, m.node, m.source, m.kind, m.values, m.labels});
+  }
+
+  /// `finish` runs beside late metrics.
+  std::mutex mtx_;
   observe::ledger_book book_;
   std::string out_dir_;
 };
@@ -228,6 +305,12 @@ std::unique_ptr<reporter> run_watch::make_reporter() {
 
 std::string run_watch::url() const {
   return server_->url();
+}
+
+void run_watch::watch_gate(std::shared_ptr<node_gate> gate) {
+  std::lock_guard<std::mutex> guard{state_->mtx};
+  state_->gate = std::move(gate);
+  state_->publish();
 }
 
 void run_watch::note(const metric_record& m) {

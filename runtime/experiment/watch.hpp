@@ -18,6 +18,8 @@
 
 namespace starling::runtime {
 
+class node_gate;
+
 namespace observe {
 class http_server;
 class snapshot_store;
@@ -51,6 +53,11 @@ public:
   /// Folds an event the watch alone sees into the served snapshot (not into `metrics.jsonl`):
   /// a simulated run's refusals, which its world records outside the metric stream.
   void note(const metric_record& m);
+
+  /// Shows what the node's `gate` refuses: its refusals by reason join the served
+  /// `refusals_by_reason`, and each party whose key it knew gets its refusals and ban reason on
+  /// its ledger rows (read again before every published snapshot).
+  void watch_gate(std::shared_ptr<node_gate> gate);
 
   /// Spawns (in `sys`) the actor that reads the run's 64 ledger shards through the node's
   /// `dht` every `every` and folds them into the served snapshot; the caller owns it (a host

@@ -174,6 +174,29 @@ void ledger_book::refuse(const std::string& peer) {
     stream_[slot(peer)].refusals++;
 }
 
+void ledger_book::set_trainers(const std::vector<std::string>& trainers) {
+  trainer_tags_.clear();
+  for (auto& [name, tag] : collab::trainer_tags(trainers))
+    trainer_tags_[collab::trainer_credit_name_of_tag(tag)] = name;
+}
+
+void ledger_book::set_gate_refusals(const std::vector<gate_refused_peer>& peers) {
+  for (auto& p : peers) {
+    if (p.peer_id.empty() || p.peer_id.size() > 64)
+      continue;
+    auto i = gate_.find(p.peer_id);
+    if (i == gate_.end()) {
+      if (gate_.size() >= opts_.max_rows)
+        continue;
+      i = gate_.emplace(p.peer_id, gate_refused_peer{p.peer_id, 0, {}}).first;
+    }
+    // Counters never go back, even when the gate moved the party to its `other`.
+    i->second.refusals = std::max(i->second.refusals, p.refusals);
+    if (!p.ban_reason.empty())
+      i->second.ban_reason = p.ban_reason.substr(0, 300);
+  }
+}
+
 ledger_read_stats ledger_book::add_records(const std::vector<ledger_entry>& entries, double now) {
   ledger_read_stats st;
   advance(now);
@@ -315,17 +338,19 @@ std::vector<ledger_row> ledger_book::rows() const {
       row.token_id = m->token_id;
     }
   }
-  // Trainers' tags -> their rows (a tag two names share credits neither: 24 bits collide once
-  // in about 16 million pairs).
-  std::map<std::string, std::string> tags;
-  for (auto& [name, row] : rows) {
-    if (name == "other")
-      continue;
-    auto tag = collab::trainer_credit_name_of(name);
-    auto [it, fresh] = tags.emplace(tag, name);
-    if (!fresh)
-      it->second.clear();
-  }
+  // Trainers' tags -> their rows: the plan's trainers' distinct tags when known, else every
+  // row's name's tag (a tag two names share credits neither: 24 bits collide once in about 16
+  // million pairs).
+  std::map<std::string, std::string> tags = trainer_tags_;
+  if (tags.empty())
+    for (auto& [name, row] : rows) {
+      if (name == "other")
+        continue;
+      auto tag = collab::trainer_credit_name_of(name);
+      auto [it, fresh] = tags.emplace(tag, name);
+      if (!fresh)
+        it->second.clear();
+    }
   for (auto& [creditor, given] : credits)
     for (auto& [partner, v] : given) {
       auto target = partner;
@@ -339,6 +364,28 @@ std::vector<ledger_row> ledger_book::rows() const {
         if (auto r = rows.find(target); r != rows.end())
           r->second.accepted += v;
     }
+  // The gate's refusals: on every row of the party's key, or on a row of its own.
+  for (auto& [id, g] : gate_) {
+    bool found = false;
+    for (auto& [name, row] : rows)
+      if (name != "other" && row.peer_id == id) {
+        found = true;
+        row.refusals += g.refusals;
+        if (!g.ban_reason.empty()) {
+          row.banned = true;
+          row.ban_reason = g.ban_reason;
+        }
+      }
+    if (found)
+      continue;
+    auto name = "peer:" + id;
+    auto& row = rows[name];
+    row.peer = name;
+    row.peer_id = id;
+    row.refusals = g.refusals;
+    row.banned = !g.ban_reason.empty();
+    row.ban_reason = g.ban_reason;
+  }
   std::vector<ledger_row> out;
   out.reserve(rows.size());
   for (auto& [name, row] : rows)

@@ -68,6 +68,17 @@ struct ledger_row {
   ledger_row();
 };
 
+/// What the serving node's gate refused of one party whose key it knew (runtime/node/gate.hpp:
+/// a hello that proved the key, or a peer admitted before).
+struct gate_refused_peer {
+  /// The first 16 hex digits of its public key: the `peer_id` of its rows.
+  std::string peer_id;
+  /// Its refusals so far.
+  uint64_t refusals = 0;
+  /// Why it is out of the run (a `banned` or `revoked` refusal's words), empty otherwise.
+  std::string ban_reason;
+};
+
 /// Limits of a ledger.
 struct ledger_options {
   /// Peers with a row of their own; later ones are summed into `other`.
@@ -104,6 +115,18 @@ public:
   void ban(const std::string& peer, const std::string& reason);
   /// An envelope of `peer` was refused.
   void refuse(const std::string& peer);
+
+  /// The run's SWARM trainers in the plan's order: a stage's credit to a tag goes to the
+  /// trainer `collab::trainer_tags` gives it (distinct tags, as the trainers' own). Without
+  /// them every row's name is a candidate for its `collab::trainer_tag`, and a tag two names
+  /// share credits neither.
+  void set_trainers(const std::vector<std::string>& trainers);
+
+  /// The serving node's gate's refusals by party, as it counts them now (cumulative). Each row
+  /// whose `peer_id` is the party's shows them (every instance of its node: the gate does not
+  /// know which one sent), and its ban reason; a party without a row gets one of its own
+  /// (`peer:<peer_id>`). A party the gate stopped listing keeps the numbers last seen.
+  void set_gate_refusals(const std::vector<gate_refused_peer>& peers);
 
   /// Records of one DHT read at `now` (the DHT clock, seconds); at most
   /// `actors::collab::max_ledger_reply_records` of them are decoded, the rest counted rejected.
@@ -158,6 +181,10 @@ private:
   std::map<std::pair<std::string, double>, held> records_;
   /// Names with a row (bounded).
   std::map<std::string, bool> names_;
+  /// Credit names (`mb:<tag>`) of the run's trainers -> their names (`set_trainers`).
+  std::map<std::string, std::string> trainer_tags_;
+  /// The gate's refusals by party (bounded by `max_rows`).
+  std::map<std::string, gate_refused_peer> gate_;
   double now_ = 0;
 };
 

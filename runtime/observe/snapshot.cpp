@@ -73,6 +73,13 @@ snapshot_builder::snapshot_builder(run_description run, builder_options opts)
   }
   cur_.rounds_by_outcome["averaged"] = 0;
   cur_.rounds_by_outcome["alone"] = 0;
+  // The SWARM trainers' tags, as the trainers derive them from the same plan.
+  std::vector<std::string> trainers;
+  for (auto& m : cur_.run.members)
+    if (m.type == "swarm.trainer")
+      trainers.push_back(m.name);
+  if (!trainers.empty())
+    ledger_.set_trainers(trainers);
 }
 
 member_state* snapshot_builder::member(const std::string& name) {
@@ -221,6 +228,14 @@ void snapshot_builder::add(const event_view& e) {
         if ("node" + std::to_string(pm.node) == node)
           ledger_.ban(pm.name, "its node (" + node + ") was banned by the run's authority");
     }
+  } else if (e.kind == "node_banned") {
+    // The authority's reason for a ban (a simulated world's, which the page alone sees).
+    auto& node = label_of(e, "node");
+    auto& reason = label_of(e, "reason");
+    for (auto& pm : cur_.run.members)
+      if ("node" + std::to_string(pm.node) == node)
+        ledger_.ban(pm.name, "its node (" + node + ") was banned by the run's authority: "
+                               + (reason.empty() ? std::string{"no reason given"} : reason));
   } else if (e.kind == "restart") {
     cur_.restarts_total++;
     down_[e.source] = false;
@@ -302,6 +317,19 @@ void snapshot_builder::finish() {
   cur_.finished = true;
 }
 
+void snapshot_builder::set_gate_refusals(const gate_refusals& g) {
+  for (auto& [reason, n] : g.by_reason) {
+    auto i = gate_reasons_.find(reason);
+    if (i == gate_reasons_.end()) {
+      if (gate_reasons_.size() >= opts_.max_reasons || reason.empty() || reason.size() > 64)
+        continue;
+      i = gate_reasons_.emplace(reason, 0).first;
+    }
+    i->second = std::max(i->second, n);
+  }
+  ledger_.set_gate_refusals(g.peers);
+}
+
 ledger_read_stats snapshot_builder::add_ledger_records(const std::vector<ledger_entry>& entries,
                                                        double now) {
   auto r = ledger_.add_records(entries, now);
@@ -369,6 +397,10 @@ snapshot snapshot_builder::make() {
   }
   auto out = cur_;
   out.version = next_version_++;
+  // The stream's refusals (a simulated world's, refused metrics) and the gate's.
+  for (auto& [reason, n] : gate_reasons_)
+    if (n > 0)
+      out.refusals_by_reason[reason] += n;
   return out;
 }
 

@@ -142,6 +142,14 @@ struct snapshot {
   snapshot();
 };
 
+/// What the serving node's gate refused (runtime/node/gate.hpp), as it counts it now.
+struct gate_refusals {
+  /// Refusals by reason (the gate's closed set of reasons: `expired`, `banned`...).
+  std::map<std::string, uint64_t> by_reason;
+  /// The parties whose key it knew (bounded by the gate).
+  std::vector<gate_refused_peer> peers;
+};
+
 /// Limits of a builder.
 struct builder_options {
   size_t max_peers = 20;
@@ -169,6 +177,9 @@ public:
   void advance(double t);
   /// The run ended.
   void finish();
+  /// The serving node's gate's refusals (cumulative; read again before each snapshot): added to
+  /// `refusals_by_reason` and to the ledger's rows of the parties refused.
+  void set_gate_refusals(const gate_refusals& g);
   /// The folder of the run's pictures (`run_description::pictures_dir`).
   void set_pictures_dir(std::string dir) { cur_.run.pictures_dir = std::move(dir); }
   /// One DHT read of ledger records at `now` (the DHT clock, seconds). A builder that got no
@@ -209,6 +220,8 @@ private:
   uint64_t curve_stride_ = 1;
   uint64_t curve_seen_ = 0;
   ledger_book ledger_;
+  /// The gate's refusals by reason (the largest count seen of each).
+  std::map<std::string, uint64_t> gate_reasons_;
 };
 
 /// The latest snapshot behind a mutex: the metric stream publishes, handlers read.

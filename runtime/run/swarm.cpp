@@ -12,6 +12,7 @@
 
 #include "actors/averager/averager.hpp"
 #include "actors/collab/ledger_publisher.hpp"
+#include "actors/collab/ledger_record.hpp"
 #include "actors/stage/board.hpp"
 #include "actors/stage/board_view.hpp"
 #include "actors/stage/checkpoint.hpp"
@@ -313,6 +314,21 @@ caf::actor spawn_trainer(role_context& ctx, const swarm_role_options& o,
   auto i = static_cast<int64_t>(ctx.index);
   actors::trainer::trainer_options to;
   to.name = ctx.name; // also its progress file's name and its metrics' source
+  // Its microbatch ids' tag, distinct among the run's trainers (the ledger derives the same
+  // tags from the plan's trainers).
+  if (auto tag = s.trainer_tags.find(ctx.name); tag != s.trainer_tags.end()) {
+    to.tag = static_cast<int64_t>(tag->second);
+  } else {
+    std::vector<std::string> names;
+    auto& pl = ctx.node.plan();
+    auto& roles = ctx.node.graph().roles;
+    for (auto& x : pl.instances)
+      if (x.role < roles.size() && roles[x.role].type == "swarm.trainer")
+        names.push_back(x.name);
+    auto tags = actors::collab::trainer_tags(names);
+    if (auto t = tags.find(ctx.name); t != tags.end())
+      to.tag = static_cast<int64_t>(t->second);
+  }
   to.stages = g.stages.size();
   to.microbatch = g.microbatch;
   to.data.seed = g.seed;
@@ -504,6 +520,12 @@ result<std::shared_ptr<swarm_setup>> make_setup(graph::swarm_graph g, const swar
     for (auto& st : g.stages)
       pipelines = std::min(pipelines, st.speeds.size());
     s->trainers = static_cast<int64_t>(pipelines);
+  }
+  {
+    std::vector<std::string> names;
+    for (int64_t i = 0; i < s->trainers; ++i)
+      names.push_back(fmt::format("trainer.{}", i));
+    s->trainer_tags = actors::collab::trainer_tags(names);
   }
   s->graph = std::move(g);
   return s;

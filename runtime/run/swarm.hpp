@@ -87,6 +87,10 @@ struct swarm_setup {
   std::chrono::nanoseconds latency{0};
   /// Number of trainer instances (pipelines in fixed routing).
   int64_t trainers = 1;
+  /// The tags of the trainers' microbatch ids (`collab::trainer_tags` of `trainer.0`...
+  /// `trainer.<trainers-1>`, the plan's order): distinct, so that no two trainers share ids or
+  /// credits.
+  std::map<std::string, uint64_t> trainer_tags;
 };
 
 /// The options of both swarm role types: the run's shared setup.

@@ -40,7 +40,8 @@ struct run {
   }
 
   /// The admission of a node with `key` and `token` (empty `authority_key`: an open run).
-  std::unique_ptr<admission> node(uint64_t seed, std::string token, bool open = false) {
+  std::unique_ptr<admission> node(uint64_t seed, std::string token, bool open = false,
+                                  size_t max_refused_peers = 64) {
     admission_options o;
     o.trust = trust_anchor{open ? std::string{} : authority.public_key(), "exp"};
     o.key = std::make_shared<const key_pair>(key_pair::from_test_seed(seed));
@@ -52,6 +53,7 @@ struct run {
         p[i] = static_cast<uint8_t>(rng());
     };
     o.max_pending = 4;
+    o.max_refused_peers = max_refused_peers;
     return std::make_unique<admission>(std::move(o));
   }
 
@@ -156,6 +158,12 @@ TEST_CASE("a ban this node verified itself ends the session and refuses the key,
   CHECK(handshake(*again, *b).find("refused (banned)") == 0);
   CHECK(allow(*b, *again, "ping").find("refused (banned)") == 0);
   CHECK(b->refusals().of(reason::banned) >= 3);
+  // Counted by peer id, with the verdict's reason (what the node's page shows on its rows).
+  auto tally = b->refused_peers();
+  auto banned = tally.peers().find(a->peer_id());
+  REQUIRE(banned != tally.peers().end());
+  CHECK(banned->second.ban_reason.find("a wrong aggregate at step 7") != std::string::npos);
+  CHECK(banned->second.counts.of(reason::banned) >= 3);
   // Another node of the run did not verify it: its own gate still admits the key.
   auto d = r.node(4, r.token_for(key_pair::from_test_seed(4), {"any"}, t0 + 3600 * sec, 'd'));
   CHECK(handshake(*again, *d).empty());
@@ -226,6 +234,95 @@ TEST_CASE("an envelope from a sender the node has not admitted is refused as una
   REQUIRE(handshake(*a, *b).empty());
   CHECK_FALSE(send());
   CHECK(at_b.admitted() == 1);
+}
+
+TEST_CASE("refusals of a party whose key is known are counted by peer id, with the authority's "
+          "reason for a revoked token or a banned key") {
+  run r;
+  auto b = r.node(2, r.token_for(key_pair::from_test_seed(2), {"any"}));
+  auto a = r.node(1, r.token_for(key_pair::from_test_seed(1), {"trainer"}, t0 + 3600 * sec, 'a'));
+  auto c = r.node(3, r.token_for(key_pair::from_test_seed(3), {"any"}, t0 + 3600 * sec, 'c'));
+  auto d = r.node(4, r.token_for(key_pair::from_test_seed(4), {"any"}, t0 + 3600 * sec, 'd'));
+  auto stranger = r.node(5, r.token_for(key_pair::from_test_seed(5), {"any"}, t0 + 3600 * sec, 'e'));
+  REQUIRE(handshake(*a, *b).empty());
+  REQUIRE(handshake(*c, *b).empty());
+  // An admitted trainer asks for what its role does not allow.
+  CHECK(allow(*b, *a, "admin.preempt").find("role_denied") != std::string::npos);
+  // c's token is revoked: the list removes it, and its next envelopes are refused.
+  REQUIRE(b->update_deny_list(r.deny_token('c', 2)).ok());
+  CHECK(allow(*b, *c, "ping").find("revoked: left the run") != std::string::npos);
+  CHECK(allow(*b, *c, "ping").find("refused (revoked)") == 0);
+  // A sender never admitted names a peer id that proves nothing: counted by reason only.
+  CHECK(allow(*b, *stranger, "ping").find("no_hello") != std::string::npos);
+  // d's key is banned: its hello proves the key, and is refused.
+  deny_list l;
+  l.experiment = "exp";
+  l.serial = 3;
+  l.issued_at_ns = r.now;
+  deny_entry e;
+  e.kind = deny_entry::kind_t::peer;
+  e.id = key_pair::from_test_seed(4).public_key();
+  e.reason = "flooded the DHT";
+  e.added_at_ns = r.now;
+  l.entries.push_back(e);
+  REQUIRE(b->update_deny_list(*encode_deny_list(l, r.authority)).ok());
+  CHECK(handshake(*d, *b).find("refused (banned)") == 0);
+
+  auto tally = b->refused_peers();
+  auto& peers = tally.peers();
+  CHECK(peers.size() == 3);
+  REQUIRE(peers.count(a->peer_id()) == 1);
+  auto& pa = peers.find(a->peer_id())->second;
+  CHECK(pa.peer_key == key_pair::from_test_seed(1).public_key());
+  CHECK(pa.counts.of(reason::role_denied) == 1);
+  CHECK(pa.ban_reason.empty());
+  REQUIRE(peers.count(c->peer_id()) == 1);
+  auto& pc = peers.find(c->peer_id())->second;
+  CHECK(pc.peer_key == key_pair::from_test_seed(3).public_key());
+  // Removed by the list, then two envelopes.
+  CHECK(pc.counts.of(reason::revoked) == 3);
+  CHECK(pc.ban_reason == "this node's token " + to_hex(std::string(16, 'c')).substr(0, 12)
+                           + " was revoked: left the run");
+  REQUIRE(peers.count(d->peer_id()) == 1);
+  auto& pd = peers.find(d->peer_id())->second;
+  CHECK(pd.peer_key == key_pair::from_test_seed(4).public_key());
+  CHECK(pd.counts.of(reason::banned) == 1);
+  CHECK(pd.ban_reason.find("flooded the DHT") != std::string::npos);
+  CHECK(peers.count(stranger->peer_id()) == 0);
+  CHECK(tally.other().total() == 0);
+  // Every refusal is still counted by reason.
+  CHECK(b->refusals().of(reason::no_hello) == 1);
+  CHECK(b->refusals().of(reason::banned) == 1);
+}
+
+TEST_CASE("the refused parties counted by peer id are bounded: the ones refused least move to "
+          "other, a banned one last") {
+  run r;
+  auto b = r.node(2, "", true, 2);
+  auto p1 = r.node(11, "", true);
+  auto p2 = r.node(12, "", true);
+  auto p3 = r.node(13, "", true);
+  for (auto* p : {p1.get(), p2.get(), p3.get()})
+    REQUIRE(handshake(*p, *b).empty());
+  CHECK(allow(*b, *p1, "admin.stop").find("role_denied") != std::string::npos);
+  CHECK(allow(*b, *p1, "admin.stop").find("role_denied") != std::string::npos);
+  CHECK(allow(*b, *p2, "admin.stop").find("role_denied") != std::string::npos);
+  CHECK(allow(*b, *p3, "admin.stop").find("role_denied") != std::string::npos);
+  auto tally = b->refused_peers();
+  CHECK(tally.peers().size() == 2);
+  CHECK(tally.peers().count(p1->peer_id()) == 1);
+  CHECK(tally.peers().count(p3->peer_id()) == 1);
+  CHECK(tally.other().of(reason::role_denied) == 1);
+  // A banned party outlasts one refused more often.
+  peer_refusal_tally t{2};
+  t.add("x", "kx", refuse(reason::banned, "banned: cheated"));
+  t.add("y", "ky", refuse(reason::role_denied, "no"));
+  t.add("y", "ky", refuse(reason::role_denied, "no"));
+  t.add("z", "kz", refuse(reason::role_denied, "no"));
+  CHECK(t.peers().count("x") == 1);
+  CHECK(t.peers().count("z") == 1);
+  CHECK(t.peers().find("x")->second.ban_reason == "banned: cheated");
+  CHECK(t.other().of(reason::role_denied) == 2);
 }
 
 } // namespace starling::test::actors_admission_test

@@ -5,7 +5,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <set>
+#include <string>
+#include <vector>
 
 namespace starling::test::actors_ledger_record_test {
 
@@ -193,6 +196,54 @@ TEST_CASE("a stage credits a trainer under the tag its microbatch ids carry") {
   CHECK(trainer_credit_name(id).size() == 9);
   CHECK(trainer_credit_name(id).rfind("mb:", 0) == 0);
   CHECK(trainer_credit_name_of("trainer.0") != trainer_credit_name_of("trainer.1"));
+}
+
+TEST_CASE("two trainers whose names' tags collide get distinct tags, the same on every node") {
+  // The first pair of `trainer.<i>` names whose 24-bit tags collide (a birthday collision comes
+  // within a few thousand names).
+  std::map<uint64_t, std::string> seen;
+  std::string first, second;
+  for (int i = 0; i < 200000 && second.empty(); ++i) {
+    auto name = "trainer." + std::to_string(i);
+    auto [it, fresh] = seen.emplace(trainer_tag(name), name);
+    if (!fresh) {
+      first = it->second;
+      second = name;
+    }
+  }
+  REQUIRE_FALSE(second.empty());
+  REQUIRE(trainer_tag(first) == trainer_tag(second));
+  MESSAGE(first << " and " << second << " share tag " << trainer_tag(first));
+  // Every trainer up to the collision: distinct tags; the earlier name keeps its own tag, the
+  // later one is drawn again; the order given does not matter.
+  std::vector<std::string> names;
+  for (auto& [tag, name] : seen)
+    names.push_back(name);
+  names.push_back(second);
+  auto tags = trainer_tags(names);
+  REQUIRE(tags.size() == names.size());
+  std::set<uint64_t> distinct;
+  for (auto& [name, tag] : tags) {
+    CHECK(tag < (uint64_t{1} << 24));
+    distinct.insert(tag);
+  }
+  CHECK(distinct.size() == names.size());
+  CHECK(tags.at(first) == trainer_tag(first));
+  CHECK(tags.at(second) != trainer_tag(second));
+  std::vector<std::string> reversed(names.rbegin(), names.rend());
+  CHECK(trainer_tags(reversed) == tags);
+  // Trainers added later (higher indices) leave the others' tags as they were.
+  auto more = names;
+  for (int i = 0; i < 50; ++i)
+    more.push_back("trainer.9" + std::to_string(1000000 + i));
+  auto grown = trainer_tags(more);
+  for (auto& [name, tag] : tags)
+    CHECK(grown.at(name) == tag);
+  // Without a collision every trainer keeps its name's tag (runs that had none are unchanged).
+  auto plain = trainer_tags({"trainer.0", "trainer.1", "trainer.2"});
+  for (auto& [name, tag] : plain)
+    CHECK(tag == trainer_tag(name));
+  CHECK(trainer_credit_name_of_tag(tags.at(second)) == trainer_credit_name(tags.at(second) << 40));
 }
 
 TEST_CASE("partners credit a sender with its whole weight over a complete round, a share over "

@@ -508,7 +508,17 @@ TEST_CASE("a peer whose token a newer deny list revokes has its next envelope re
   auto refused = ping(*c, peer);
   CHECK(refused.find("unauthorized") != std::string::npos);
   CHECK(refused.find("revoked") != std::string::npos);
+  CHECK(refused.find("left the run") != std::string::npos);
   CHECK(a->wire()->refused(messages::wire_reason::unauthorized) == 1);
+  // a's gate counts the refusals by c's peer id, with the key c was admitted with and the
+  // authority's reason: what a's page shows on c's ledger rows.
+  auto tally = a->gate()->admission().refused_peers();
+  auto it = tally.peers().find(c->peer_id());
+  REQUIRE(it != tally.peers().end());
+  CHECK(it->second.peer_key == c->key().public_key());
+  CHECK(it->second.counts.of(auth::reason::revoked) >= 2); // the list's removal, the envelope
+  CHECK(it->second.ban_reason.find("revoked: left the run") != std::string::npos);
+  CHECK(tally.peers().count(p.a->peer_id()) == 0);
 }
 
 namespace {

@@ -5,6 +5,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "actors/collab/ledger_record.hpp"
 #include "runtime/observe/ledger.hpp"
@@ -306,6 +307,113 @@ TEST_CASE("a banned node's instances are banned in the ledger, and refusals from
   for (auto& m : s.members)
     if (m.name == "peer.1")
       CHECK_FALSE(m.live);
+  // The authority's reason, when the world tells it (a simulated run's page), replaces the
+  // generic line.
+  b.add({6, 0, "node2/faults", "node_banned", {}, {{"node", "node2"}, {"reason", "cheated"}}});
+  auto t = b.make();
+  CHECK(row(t.ledger, "peer.1").ban_reason
+        == "its node (node2) was banned by the run's authority: cheated");
+  for (auto& r : t.ledger)
+    if (r.peer == "peer.0")
+      CHECK_FALSE(r.banned);
+}
+
+TEST_CASE("the serving node's gate's refusals of a known key land on that peer's rows, with the "
+          "authority's reason for a ban, and never go back") {
+  run_description run;
+  run.experiment = "x";
+  snapshot_builder b{run};
+  // Two peers on two node keys; a third key the gate refused never published a record.
+  auto on_key = [](const std::string& name, char key) {
+    auto s = summary(name, 10, 0, 64);
+    s.id = "@0/" + name + "|[owner:" + std::string(64, key) + "]";
+    return s;
+  };
+  b.add_ledger_records({entry(on_key("dedloc.0", 'a'), 100), entry(on_key("dedloc.1", 'b'), 100)},
+                       20);
+  gate_refusals g;
+  g.by_reason = {{"revoked", 3}, {"role_denied", 1}, {"no_hello", 5}};
+  g.peers = {{"bbbbbbbbbbbbbbbb", 3, "this node's token 636363636363 was revoked: left the run"},
+             {"cccccccccccccccc", 1, ""}};
+  b.set_gate_refusals(g);
+  auto s = b.make();
+  CHECK(s.refusals_by_reason.at("revoked") == 3);
+  CHECK(s.refusals_by_reason.at("no_hello") == 5);
+  CHECK(row(s.ledger, "dedloc.0").refusals == 0);
+  CHECK_FALSE(row(s.ledger, "dedloc.0").banned);
+  auto& revoked = row(s.ledger, "dedloc.1");
+  CHECK(revoked.peer_id == "bbbbbbbbbbbbbbbb");
+  CHECK(revoked.refusals == 3);
+  CHECK(revoked.banned);
+  CHECK(revoked.ban_reason == "this node's token 636363636363 was revoked: left the run");
+  auto& stranger = row(s.ledger, "peer:cccccccccccccccc");
+  CHECK(stranger.refusals == 1);
+  CHECK(stranger.peer_id == "cccccccccccccccc");
+  CHECK_FALSE(stranger.banned);
+  // The gate moved the revoked peer to its `other` and counts less by reason than before (it
+  // cannot, but a snapshot must not go back even then): what was shown stays.
+  gate_refusals later;
+  later.by_reason = {{"revoked", 2}, {"no_hello", 6}};
+  later.peers = {{"cccccccccccccccc", 4, ""}};
+  b.set_gate_refusals(later);
+  auto t = b.make();
+  CHECK(t.refusals_by_reason.at("revoked") == 3);
+  CHECK(t.refusals_by_reason.at("no_hello") == 6);
+  CHECK(row(t.ledger, "dedloc.1").refusals == 3);
+  CHECK(row(t.ledger, "dedloc.1").banned);
+  CHECK(row(t.ledger, "peer:cccccccccccccccc").refusals == 4);
+  // The stream's refusals (a simulation's, refused metrics) add to the gate's.
+  b.add({30, 0, "node1/wire", "refused", {}, {{"reason", "no_hello"}}});
+  CHECK(b.make().refusals_by_reason.at("no_hello") == 7);
+  // CSV: the ban reason is quoted (it holds no comma here) and the row is there.
+  auto csv = render_ledger_csv(t.ledger);
+  CHECK(csv.find("peer:cccccccccccccccc,cccccccccccccccc,") != std::string::npos);
+  CHECK(csv.find("was revoked: left the run") != std::string::npos);
+}
+
+TEST_CASE("two SWARM trainers whose names' tags collide are each credited under the distinct "
+          "tags the plan gives them") {
+  std::map<uint64_t, std::string> seen;
+  std::string first, second;
+  for (int i = 0; i < 200000 && second.empty(); ++i) {
+    auto name = "trainer." + std::to_string(i);
+    auto [it, fresh] = seen.emplace(collab::trainer_tag(name), name);
+    if (!fresh) {
+      first = it->second;
+      second = name;
+    }
+  }
+  REQUIRE_FALSE(second.empty());
+  auto tags = collab::trainer_tags({first, second});
+  REQUIRE(tags.at(first) != tags.at(second));
+  auto stage = summary("stage.0", 10, 0, 300,
+                       {{collab::trainer_credit_name_of_tag(tags.at(first)), 64},
+                        {collab::trainer_credit_name_of_tag(tags.at(second)), 32}});
+  stage.stage = 0;
+  auto records = std::vector<ledger_entry>{entry(summary(first, 10, 0, 64), 100),
+                                           entry(summary(second, 10, 0, 32), 100),
+                                           entry(stage, 100)};
+  run_description run;
+  run.experiment = "x";
+  run.members.push_back({first, "trainer", 0, 0, -1, "swarm.trainer"});
+  run.members.push_back({second, "trainer", 0, 0, -1, "swarm.trainer"});
+  run.members.push_back({"stage.0", "peers", 1, 0, -1, "swarm.stage"});
+  snapshot_builder b{run};
+  b.add_ledger_records(records, 10);
+  auto s = b.make();
+  CHECK(row(s.ledger, first).accepted == 64);
+  CHECK(row(s.ledger, second).accepted == 32);
+  // A ledger that does not know the trainers credits neither of two names with one tag.
+  ledger_book blind;
+  auto shared = summary("stage.0", 10, 0, 300,
+                        {{collab::trainer_credit_name_of(first), 64}});
+  shared.stage = 0;
+  blind.add_records({entry(summary(first, 10, 0, 64), 100), entry(summary(second, 10, 0, 32), 100),
+                     entry(shared, 100)},
+                    10);
+  auto rows = blind.rows();
+  CHECK(row(rows, first).accepted == 0);
+  CHECK(row(rows, second).accepted == 0);
 }
 
 } // namespace starling::test::runtime_observe_ledger_test
