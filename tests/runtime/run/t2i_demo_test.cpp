@@ -1,5 +1,5 @@
 // The text-to-image demo reduced to a test: `starling run` of a local dedloc collaboration of two
-// peers training a tiny GPT (`model.kind: gpt`) on captioned Fashion-MNIST tokens for a few
+// peers training a tiny GPT (`model.kind: gpt`) on captioned Fashion-MNIST tokens for 100
 // global steps; at the end the run's folder holds grid.png (a row per caption, 8 samples each,
 // read back with libpng) and quality.json (the classifier's accuracy on real test images, on
 // their codebook reconstructions and on the generated images).
@@ -21,7 +21,7 @@ namespace starling::test::runtime_t2i_demo_test {
 using namespace std::chrono_literals;
 
 TEST_CASE("a local text-to-image run writes a grid of 8 samples per caption and quality above "
-          "chance for the codebook's reconstructions") {
+          "chance for the codebook's reconstructions and the generated images") {
   testing::scratch dir{"starling-t2i-demo"};
   auto yaml = (dir.path / "t2i.yaml").string();
   std::ofstream{yaml}
@@ -29,7 +29,7 @@ TEST_CASE("a local text-to-image run writes a grid of 8 samples per caption and 
          "caf: {scheduler: {policy: sharing, max_threads: 2}}\n"
          "dedloc:\n"
          "  peers: 2\n"
-         "  steps: 25\n"
+         "  steps: 100\n"
          "  model: {kind: gpt, layers: 1, width: 32, heads: 2, codes: 64,\n"
          "          codebook_images: 300, codebook_iterations: 6}\n"
          "  train_samples: 3000\n"
@@ -39,14 +39,14 @@ TEST_CASE("a local text-to-image run writes a grid of 8 samples per caption and 
          "  max_grad_norm: 1.0\n"
          "  microbatch: 16\n"
          "  target_batch: 64\n"
-         "  compute_time: 1ms\n"
+         "  compute_time: 20ms\n"
          "  window: 300ms\n"
          "  averager_timeout: 3s\n"
          "  round_timeout: 5s\n"
          "  record_lifetime: 5s\n"
          "  eval_every: 0\n"
          "  eval_samples: 0\n"
-         "  demo: {grid_samples: 8, quality_samples: 16, test_images: 500, classifier_epochs: 2}\n";
+         "  demo: {grid_samples: 8, quality_samples: 16, test_images: 300, classifier_epochs: 2}\n";
   auto out = dir.path / "out";
   testing::subprocess run{{STARLING_BINARY, "run", yaml, "--out", out.string()}};
   auto rc = run.wait_exit(120s);
@@ -75,8 +75,9 @@ TEST_CASE("a local text-to-image run writes a grid of 8 samples per caption and 
       lit += grid->pixels[y * grid->width + x] > 0 ? 1 : 0;
   CHECK(lit > 0);
 
-  // quality.json: three accuracies; the codebook's reconstructions and real images well above
-  // chance (10%); the generated images' accuracy is reported (a 25-step model is weak).
+  // quality.json: three accuracies, all above chance (10%): real images and the codebook's
+  // reconstructions well above; the generated images of a 100-step model (a 1-layer GPT of width
+  // 32) measured 0.26-0.34 here, so above chance with a margin.
   std::ifstream qf{out / "quality.json"};
   REQUIRE(qf);
   auto q = nlohmann::json::parse(qf);
@@ -88,10 +89,10 @@ TEST_CASE("a local text-to-image run writes a grid of 8 samples per caption and 
                                        << generated);
   CHECK(real > 0.5);
   CHECK(recon > 0.3);
-  CHECK(generated >= 0.0);
+  CHECK(generated > 0.1);
   CHECK(generated <= 1.0);
   CHECK(q.at("per_caption").size() == 10);
-  CHECK(q.at("test_images").get<int>() == 500);
+  CHECK(q.at("test_images").get<int>() == 300);
   CHECK(q.at("codebook_digest").get<std::string>().size() == 64);
 }
 
