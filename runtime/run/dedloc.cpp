@@ -144,6 +144,8 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
       return {};
     model = std::move(*b);
   } else {
+    if (o.torch_threads > 0 && at::get_num_threads() != static_cast<int>(o.torch_threads))
+      at::set_num_threads(static_cast<int>(o.torch_threads));
     auto data = cache->get(o);
     if (!data) {
       fmt::print(stderr, "starling: {}: {}\n", ctx.name, data.error().what);
@@ -738,6 +740,7 @@ void read_dedloc_role(config_node& n, dedloc_role_options& o) {
   read_real(n, "momentum", t.optimizer.momentum, 0, 0.999);
   read_real(n, "max_grad_norm", t.optimizer.max_grad_norm, 0, 1e9);
   read_non_negative(n, "eval_samples", t.eval_samples);
+  read_int(n, "torch_threads", o.torch_threads, 0, 256);
   read_positive(n, "modeled_params", o.modeled.numel);
   read(n, "data_dir", o.data.idx.dir);
   read(n, "synthetic", o.data.idx.synthetic_when_absent);

@@ -42,6 +42,10 @@ struct dedloc_role_options {
   /// the others are in `peer.collab.mode`.
   uint64_t clients = 0;
   uint64_t cycle = 0;
+  /// LibTorch's intra-op threads in a process of peers (`torch_threads`; 0: LibTorch's default).
+  /// Peers compute on the actor threads already: with several per process, more intra-op threads
+  /// only oversubscribe the cores.
+  int64_t torch_threads = 0;
   /// Added to an instance's index where its data order is drawn (volunteers draw after peers).
   uint64_t seed_offset = 0;
   /// The role whose collaboration (progress records, state donors) the instances join; empty:

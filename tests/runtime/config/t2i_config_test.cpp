@@ -78,6 +78,7 @@ TEST_CASE("the demo's keys are checked with clear errors") {
   CHECK(has(error_of("  model: {kind: gpt}\n  demo: {grid_samples: 65}\n"), "grid_samples"));
   CHECK(has(error_of("  model: {kind: gpt}\n  demo: {temperature: -1}\n"), "temperature"));
   CHECK(has(error_of("  model: {kind: gpt}\n  backend: modeled\n"), "backend: torch"));
+  CHECK(has(error_of("  torch_threads: -1\n"), "torch_threads"));
   CHECK(has(error_of("  model: {kind: gpt}\n  data: {kind: tokens, path: /x}\n"),
             "captioned Fashion-MNIST"));
 }
@@ -97,6 +98,8 @@ TEST_CASE("configs/volunteers-t2i.yaml reads: a GPT over a 256-code codebook, op
   CHECK(o.t2i->codebook.codes >= 256);
   CHECK(o.t2i->codebook.codes <= 512);
   CHECK(o.demo.grid_samples == 8);
+  CHECK(o.torch_threads == 1);
+  CHECK(o.t2i->codebook_digest.size() == 64);
 }
 
 } // namespace starling::test::runtime_t2i_config_test

@@ -33,6 +33,7 @@ TEST_CASE("a local text-to-image run writes a grid of 8 samples per caption and 
          "  model: {kind: gpt, layers: 1, width: 32, heads: 2, codes: 64,\n"
          "          codebook_images: 300, codebook_iterations: 6}\n"
          "  train_samples: 3000\n"
+         "  torch_threads: 1\n"
          "  synthetic: true\n"
          "  optimizer: adam\n"
          "  lr: 0.005\n"
