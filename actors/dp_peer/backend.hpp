@@ -20,8 +20,8 @@
 #include "kernels/models/mlp.hpp"
 #include "kernels/models/registry.hpp"
 #include "kernels/optim/optimizer.hpp"
-#include "kernels/t2i/captions.hpp"
 #include "kernels/result.hpp"
+#include "kernels/t2i/captions.hpp"
 #include "messages/swarm.hpp"
 
 namespace starling::actors::dp_peer {

@@ -55,7 +55,8 @@ result<t2i_demo_outputs> write_t2i_demo(stage_module& gpt, const t2i_source& tra
   auto& t = test.images();
   auto n = std::min(o.test_images, t.count);
   auto per = t.pixels_per_image();
-  std::vector<float> real(t.pixels.begin(), t.pixels.begin() + static_cast<std::ptrdiff_t>(n * per));
+  std::vector<float> real(t.pixels.begin(),
+                          t.pixels.begin() + static_cast<std::ptrdiff_t>(n * per));
   std::vector<uint8_t> labels(t.labels.begin(), t.labels.begin() + static_cast<std::ptrdiff_t>(n));
   auto& cb = train.codebook();
   auto tokens = tokenize_images(cb, real, n, t.rows, t.cols);
@@ -97,10 +98,10 @@ result<t2i_demo_outputs> write_t2i_demo(stage_module& gpt, const t2i_source& tra
     auto images = detokenize_images(cb, (*drawn_tokens)[c], t.rows, t.cols);
     if (!images)
       return images.error();
-    std::vector<float> judged(images->begin(),
-                              images->begin() + static_cast<std::ptrdiff_t>(o.quality_samples * per));
-    auto acc = classifier->accuracy(judged,
-                                    std::vector<uint8_t>(o.quality_samples, static_cast<uint8_t>(c)));
+    std::vector<float> judged(
+        images->begin(), images->begin() + static_cast<std::ptrdiff_t>(o.quality_samples * per));
+    auto acc = classifier->accuracy(
+        judged, std::vector<uint8_t>(o.quality_samples, static_cast<uint8_t>(c)));
     if (!acc)
       return acc.error();
     report.generated.push_back({caption, c, o.quality_samples, *acc});

@@ -19,9 +19,11 @@ result<std::vector<int64_t>> sample_image_tokens(stage_module& gpt, const t2i_la
   return std::move(all->front());
 }
 
-result<std::vector<std::vector<int64_t>>>
-sample_captions(stage_module& gpt, const t2i_layout& layout, const std::vector<std::string>& captions,
-                std::size_t samples, const sampling_options& opts) {
+result<std::vector<std::vector<int64_t>>> sample_captions(stage_module& gpt,
+                                                          const t2i_layout& layout,
+                                                          const std::vector<std::string>& captions,
+                                                          std::size_t samples,
+                                                          const sampling_options& opts) {
   if (!gpt.is_first() || !gpt.is_last())
     return fail("sampling needs the whole model (a stage holding the input layer and the head)");
   if (samples == 0)

@@ -135,8 +135,7 @@ result<t2i_split> make_t2i_split(const t2i_data_options& opts) {
   auto fit = fit_codebook(**train, opts.codebook);
   if (!fit)
     return fail(fmt::format("the codebook: {}", fit.error().what));
-  out.fit_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  out.fit_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
   out.digest = codebook_digest(fit->codebook);
   if (!opts.codebook_digest.empty() && out.digest != opts.codebook_digest)
     return fail(fmt::format(

@@ -406,8 +406,8 @@ private:
     if (!out)
       return skipped(out.error().what);
     auto& r = out->report;
-    fmt::print("  {:<34} {} (step {}{}; classifier {:.1f} s, sampling {:.1f} s)\n",
-               "grid.png", out->grid_png, chosen->state.steps,
+    fmt::print("  {:<34} {} (step {}{}; classifier {:.1f} s, sampling {:.1f} s)\n", "grid.png",
+               out->grid_png, chosen->state.steps,
                held_out ? fmt::format(", held-out image-token loss {:.4f}, accuracy {:.2f}%",
                                       held_out->loss, 100 * held_out->accuracy)
                         : "",
