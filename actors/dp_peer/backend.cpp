@@ -9,6 +9,7 @@
 
 #include "kernels/flat.hpp"
 #include "kernels/seeded_hash.hpp"
+#include "kernels/t2i/sampler.hpp"
 #include "messages/tensor_msg.hpp"
 
 namespace starling::actors::dp_peer {
@@ -152,8 +153,16 @@ public:
       if (!logits)
         return std::nullopt;
       loss += model_->loss(*logits, b->targets).item<double>() * static_cast<double>(ids.size());
-      correct += logits->argmax(-1).eq(b->targets).sum().item<int64_t>();
-      targets += b->targets.numel();
+      auto predicted = logits->argmax(-1);
+      auto wanted = b->targets;
+      if (opts_.t2i) {
+        // The caption positions are given, not predicted: only the image tokens count.
+        auto from = opts_.t2i->prompt_length() - 1;
+        predicted = predicted.slice(1, from);
+        wanted = wanted.slice(1, from);
+      }
+      correct += predicted.eq(wanted).sum().item<int64_t>();
+      targets += wanted.numel();
     }
     model_->train();
     e.samples = n;
@@ -312,6 +321,11 @@ result<std::unique_ptr<backend>> make_torch_backend(
   }
   if (!model)
     return model.error();
+  if (opts.t2i) {
+    if (!opts.spec || opts.spec->name != "gpt")
+      return fail("a text-to-image layout goes with the built-in GPT (model kind gpt)");
+    kernels::use_image_loss(**model, *opts.t2i);
+  }
   auto acc = collab::grad_accumulator::make((*model)->ordered_parameters(), opts.optimizer);
   if (!acc)
     return acc.error();

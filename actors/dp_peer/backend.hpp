@@ -21,6 +21,7 @@
 #include "kernels/models/registry.hpp"
 #include "kernels/optim/optimizer.hpp"
 #include "kernels/result.hpp"
+#include "kernels/t2i/captions.hpp"
 #include "messages/swarm.hpp"
 
 namespace starling::actors::dp_peer {
@@ -123,6 +124,9 @@ struct torch_backend_options {
   /// A registered model trained whole instead of the MLP (e.g. a TorchScript model, whose files
   /// give every peer the same initial parameters); empty: the MLP.
   std::optional<kernels::model_spec> spec;
+  /// A GPT of the text-to-image demo (`spec` a GPT over this layout's vocabulary): its loss and
+  /// held-out accuracy count the image positions only (kernels::use_image_loss).
+  std::optional<kernels::t2i_layout> t2i;
   /// The optimizer the collaboration steps (its `max_grad_norm` clips each step).
   kernels::optimizer_options optimizer;
   /// Where microbatches come from.

@@ -13,6 +13,17 @@ namespace starling::kernels {
 result<std::vector<int64_t>> sample_image_tokens(stage_module& gpt, const t2i_layout& layout,
                                                  const std::string& caption, std::size_t samples,
                                                  const sampling_options& opts) {
+  auto all = sample_captions(gpt, layout, {caption}, samples, opts);
+  if (!all)
+    return all.error();
+  return std::move(all->front());
+}
+
+result<std::vector<std::vector<int64_t>>> sample_captions(stage_module& gpt,
+                                                          const t2i_layout& layout,
+                                                          const std::vector<std::string>& captions,
+                                                          std::size_t samples,
+                                                          const sampling_options& opts) {
   if (!gpt.is_first() || !gpt.is_last())
     return fail("sampling needs the whole model (a stage holding the input layer and the head)");
   if (samples == 0)
@@ -21,13 +32,19 @@ result<std::vector<int64_t>> sample_image_tokens(stage_module& gpt, const t2i_la
     return fail(fmt::format("temperature must be finite and >= 0, got {}", opts.temperature));
   if (opts.top_k < 0)
     return fail(fmt::format("top_k must be >= 0, got {}", opts.top_k));
-  auto prompt = prompt_tokens(layout, caption);
-  if (!prompt)
-    return fail(prompt.error().what);
+  if (captions.empty())
+    return fail("sampling needs at least one caption");
+  std::vector<torch::Tensor> prompts;
+  for (auto& caption : captions) {
+    auto prompt = prompt_tokens(layout, caption);
+    if (!prompt)
+      return fail(prompt.error().what);
+    prompts.push_back(torch::tensor(*prompt, torch::kLong).unsqueeze(0));
+  }
   torch::NoGradGuard no_grad;
   gpt.eval();
   auto n = static_cast<int64_t>(samples);
-  auto seq = torch::tensor(*prompt, torch::kLong).unsqueeze(0).repeat({n, 1});
+  auto seq = torch::cat(prompts, 0).repeat_interleave(n, 0);
   auto gen = seeded_generator(opts.seed);
   for (int64_t i = 0; i < layout.image_tokens; ++i) {
     // The model's own input check (vocabulary, sequence length) turns a mismatch into a failure.
@@ -56,7 +73,13 @@ result<std::vector<int64_t>> sample_image_tokens(stage_module& gpt, const t2i_la
     seq = torch::cat({seq, next}, 1);
   }
   auto image = seq.slice(1, layout.prompt_length()).contiguous();
-  return std::vector<int64_t>(image.data_ptr<int64_t>(), image.data_ptr<int64_t>() + image.numel());
+  std::vector<std::vector<int64_t>> out;
+  auto per = n * layout.image_tokens;
+  for (std::size_t c = 0; c < captions.size(); ++c) {
+    auto* first = image.data_ptr<int64_t>() + static_cast<int64_t>(c) * per;
+    out.emplace_back(first, first + per);
+  }
+  return out;
 }
 
 void use_image_loss(stage_module& gpt, const t2i_layout& layout) {

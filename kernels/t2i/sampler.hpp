@@ -32,6 +32,16 @@ result<std::vector<int64_t>> sample_image_tokens(stage_module& gpt, const t2i_la
                                                  const std::string& caption, std::size_t samples,
                                                  const sampling_options& opts);
 
+/// `samples` images' tokens for each of `captions` at once (one batch of captions × samples
+/// sequences: 49 forward passes whatever the captions' count), as `sample_image_tokens` would
+/// draw them except that the draws of all captions come from one generator seeded by
+/// `opts.seed`. Result r holds caption r's samples × image_tokens tokens.
+result<std::vector<std::vector<int64_t>>> sample_captions(stage_module& gpt,
+                                                          const t2i_layout& layout,
+                                                          const std::vector<std::string>& captions,
+                                                          std::size_t samples,
+                                                          const sampling_options& opts);
+
 /// Makes `gpt`'s loss the mean cross-entropy over the image positions only (inputs are
 /// sequence[0, n-1), targets sequence[1, n); positions from the separator on predict image
 /// tokens): the captions are given, not learned. Its target check wants int64 targets of the

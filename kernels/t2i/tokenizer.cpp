@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/models/stage_module.hpp"
 #include "kernels/seeded_hash.hpp"
 
 namespace starling::kernels {

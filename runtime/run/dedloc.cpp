@@ -21,6 +21,7 @@
 #include "kernels/data/idx_source.hpp"
 #include "kernels/data/token_source.hpp"
 #include "kernels/models/torchscript.hpp"
+#include "kernels/seeded_hash.hpp"
 #include "messages/atoms.hpp"
 #include "messages/swarm.hpp"
 #include "runtime/experiment/final_model.hpp"
@@ -48,6 +49,12 @@ public:
                             std::shared_ptr<const kernels::data_source>>;
 
   result<sources> get(const dedloc_role_options& o) {
+    if (o.t2i) {
+      auto split = t2i(o);
+      if (!split)
+        return split.error();
+      return sources{split->train, split->eval};
+    }
     auto opts = o.data;
     if (o.torchscript)
       kernels::fit_to_model(opts, o.torchscript->seq_len, o.torchscript->vocab);
@@ -63,9 +70,28 @@ public:
     return s;
   }
 
+  /// The demo's split: fit once per process (the codebook), shared by its peers and reporter.
+  result<kernels::t2i_split> t2i(const dedloc_role_options& o) {
+    auto key = kernels::cache_key(*o.t2i);
+    std::lock_guard<std::mutex> guard{mtx_};
+    if (auto i = t2i_.find(key); i != t2i_.end())
+      return i->second;
+    auto made = kernels::make_t2i_split(*o.t2i);
+    if (!made)
+      return made.error();
+    fmt::print(stderr,
+               "starling: codebook of {} codes fit on {} patches in {:.1f} s ({} iterations, "
+               "mse {:.5f}), digest {}\n",
+               made->fit.codebook.size(), made->fit.patches, made->fit_seconds,
+               made->fit.iterations, made->fit.mse, made->digest);
+    t2i_[key] = *made;
+    return *made;
+  }
+
 private:
   std::mutex mtx_;
   std::map<std::string, sources> cache_;
+  std::map<std::string, kernels::t2i_split> t2i_;
 };
 
 actors::collab::peer_mode mode_of(const dedloc_role_options& o, size_t index) {
@@ -88,6 +114,17 @@ dp::torch_backend_options torch_options(const dedloc_role_options& o, uint64_t s
   to.model.seed = seed;
   if (o.torchscript)
     to.spec = kernels::torchscript_model(*o.torchscript);
+  if (o.gpt && o.t2i) {
+    // Every peer starts from the GPT seeded by the run's seed; its vocabulary and length are
+    // the layout's.
+    auto layout = t2i_layout_of(*o.t2i);
+    auto cfg = *o.gpt;
+    cfg.vocab = layout.vocab();
+    cfg.seq_len = layout.sequence_length() - 1;
+    cfg.seed = seed;
+    to.spec = kernels::gpt_model(cfg);
+    to.t2i = layout;
+  }
   to.stream.seed = seed;
   to.stream.stream = stream;
   return to;
@@ -107,6 +144,8 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
       return {};
     model = std::move(*b);
   } else {
+    if (o.torch_threads > 0 && at::get_num_threads() != static_cast<int>(o.torch_threads))
+      at::set_num_threads(static_cast<int>(o.torch_threads));
     auto data = cache->get(o);
     if (!data) {
       fmt::print(stderr, "starling: {}: {}\n", ctx.name, data.error().what);
@@ -187,8 +226,12 @@ class dedloc_reporter : public reporter {
 public:
   /// `stop_at`: the run ends once the collaboration took that many global steps (0: never).
   dedloc_reporter(std::optional<dedloc_export_options> export_model,
-                  std::shared_ptr<data_cache> cache, uint64_t stop_at = 0)
-      : export_(std::move(export_model)), cache_(std::move(cache)), stop_at_(stop_at) {
+                  std::shared_ptr<data_cache> cache, uint64_t stop_at = 0,
+                  std::optional<dedloc_export_options> demo = std::nullopt)
+      : export_(std::move(export_model)),
+        demo_(std::move(demo)),
+        cache_(std::move(cache)),
+        stop_at_(stop_at) {
     // Data for the export's evaluation come from the peers' cache when they share the process.
   }
 
@@ -292,6 +335,8 @@ public:
                  100 * acc->second, mean(evals_.at(acc->first).loss), acc->first);
     if (export_)
       export_model(ctx);
+    if (demo_)
+      write_demo(ctx);
     write_plots(mean);
     return steps_ > 0 ? 0 : 1;
   }
@@ -300,7 +345,9 @@ private:
   /// The state of the live full-mode peer with the most global steps: every live instance of the
   /// role is asked for its counters, then, highest step first, for its whole state as one part
   /// (a request only full-mode peers serve) until one answers.
-  result<final_model> take_final_model(finish_context& ctx) {
+  result<final_model> take_final_model(finish_context& ctx, const std::string& role) {
+    if (chosen_)
+      return *chosen_;
     using namespace std::chrono_literals;
     final_model_options fo;
     fo.steps_at = dp::st_step;
@@ -310,9 +357,9 @@ private:
     fo.download.parts = false;
     fo.download.whole = actors::collab::whole_policy::in_turn;
     fo.download.whole_as_part = true; // verified, and served by full-mode peers only
-    auto peers = survey_peers(ctx, ctx.live(export_->role), {}, fo);
+    auto peers = survey_peers(ctx, ctx.live(role), {}, fo);
     if (peers.empty())
-      return fail(fmt::format("no live instance of '{}' answered at the end", export_->role));
+      return fail(fmt::format("no live instance of '{}' answered at the end", role));
     final_model out;
     for (auto& p : rank_candidates(peers))
       out.steps_of_peers += fmt::format("{}{}", out.steps_of_peers.empty() ? "" : " ", p.steps);
@@ -322,7 +369,53 @@ private:
                               "peers: {})",
                               got.error().what, out.steps_of_peers));
     out.state = std::move(got->state);
+    chosen_ = out;
     return out;
+  }
+
+  /// Writes grid.png and quality.json from the final model (the demo's outputs), with a line
+  /// each.
+  void write_demo(finish_context& ctx) {
+    auto skipped = [](const std::string& why) {
+      fmt::print("  {:<34} skipped: {}\n", "grid.png, quality.json", why);
+    };
+    if (info_.out_dir.empty())
+      return skipped("no output directory");
+    auto& o = demo_->peer;
+    if (!o.t2i || !o.gpt)
+      return skipped("not a text-to-image run (model kind gpt)");
+    auto chosen = take_final_model(ctx, demo_->role);
+    if (!chosen)
+      return skipped(chosen.error().what);
+    auto split = cache_->t2i(o);
+    if (!split)
+      return skipped(split.error().what);
+    auto seed = info_.graph ? info_.graph->seed : 0;
+    auto model = dp::make_torch_backend(torch_options(o, seed, 0), split->train, split->eval);
+    if (!model)
+      return skipped(model.error().what);
+    auto& b = **model;
+    if (auto st = b.import_state(chosen->state); !st)
+      return skipped(st.what());
+    auto held_out = b.evaluate();
+    auto demo = o.demo;
+    demo.seed = kernels::splitmix64_combine(seed, 0xDE30);
+    demo.classifier.seed = seed;
+    auto out = kernels::write_t2i_demo(*b.module(), *split->train, *split->eval, split->digest,
+                                       demo, info_.out_dir);
+    if (!out)
+      return skipped(out.error().what);
+    auto& r = out->report;
+    fmt::print("  {:<34} {} (step {}{}; classifier {:.1f} s, sampling {:.1f} s)\n", "grid.png",
+               out->grid_png, chosen->state.steps,
+               held_out ? fmt::format(", held-out image-token loss {:.4f}, accuracy {:.2f}%",
+                                      held_out->loss, 100 * held_out->accuracy)
+                        : "",
+               out->classifier_seconds, out->sampling_seconds);
+    fmt::print("  {:<34} {} (classifier accuracy: real {:.3f}, reconstructions {:.3f}, generated "
+               "{:.3f} over {} captions of {} samples)\n",
+               "quality.json", out->quality_json, r.real, r.reconstruction, r.generated_mean(),
+               r.generated.size(), demo.quality_samples);
   }
 
   /// Writes the final model into `<out>/export` with `export.json`, and one summary line.
@@ -339,7 +432,7 @@ private:
     auto& o = export_->peer;
     if (auto st = check_dedloc_export(o); !st)
       return skipped(st.what());
-    auto chosen = take_final_model(ctx);
+    auto chosen = take_final_model(ctx, export_->role);
     if (!chosen)
       return skipped(chosen.error().what);
     auto data = cache_->get(o);
@@ -461,6 +554,9 @@ private:
   }
 
   std::optional<dedloc_export_options> export_;
+  std::optional<dedloc_export_options> demo_;
+  /// The final model, downloaded once for the export and the demo's outputs.
+  std::optional<final_model> chosen_;
   std::shared_ptr<data_cache> cache_;
   run_info info_;
   std::map<uint64_t, double> step_samples_;
@@ -525,7 +621,59 @@ void read_codec(config_node& n, const std::string& key, kernels::codec_id& out,
   out = *kernels::parse_codec(name);
 }
 
+/// Reads `model: {kind: gpt, ...}`: the GPT's shape and the codebook of the demo's data.
+void read_t2i_model(config_node& m, dedloc_role_options& o) {
+  kernels::gpt_config g;
+  g.layers = 2;
+  g.width = 64;
+  g.heads = 4;
+  read_positive(m, "layers", g.layers);
+  read_positive(m, "width", g.width);
+  read_positive(m, "heads", g.heads);
+  read_real(m, "dropout", g.dropout, 0, 0.9);
+  kernels::t2i_data_options t;
+  t.codebook.codes = 256;
+  t.codebook.max_images = 2000;
+  t.codebook.max_iterations = 20;
+  read_positive(m, "codes", t.codebook.codes);
+  read_positive(m, "patch", t.codebook.patch);
+  read_non_negative(m, "codebook_images", t.codebook.max_images);
+  read_positive(m, "codebook_iterations", t.codebook.max_iterations);
+  read_non_negative(m, "codebook_seed", t.codebook.seed);
+  t.caption_seed = t.codebook.seed;
+  read(m, "codebook_digest", t.codebook_digest);
+  if (auto st = kernels::validate(t); !st)
+    m.fail(st.what());
+  auto layout = t2i_layout_of(t);
+  g.vocab = layout.vocab();
+  g.seq_len = layout.sequence_length() - 1;
+  if (auto st = kernels::validate(g); !st)
+    m.fail(st.what());
+  o.gpt = g;
+  o.t2i = t;
+}
+
+/// Reads `demo:`, what the end of a text-to-image run samples and measures.
+void read_t2i_demo(config_node& d, kernels::t2i_demo_options& o) {
+  read_positive(d, "grid_samples", o.grid_samples);
+  read_positive(d, "quality_samples", o.quality_samples);
+  read_real(d, "temperature", o.temperature, 0, 100);
+  read_non_negative(d, "top_k", o.top_k);
+  read_positive(d, "test_images", o.test_images);
+  read_positive(d, "classifier_epochs", o.classifier.epochs);
+  if (auto st = kernels::validate(o); !st)
+    d.fail(st.what());
+}
+
 } // namespace
+
+kernels::t2i_layout t2i_layout_of(const kernels::t2i_data_options& t) {
+  kernels::t2i_layout l;
+  l.codes = static_cast<int64_t>(t.codebook.codes);
+  auto side = t.codebook.patch == 0 ? 0 : 28 / static_cast<int64_t>(t.codebook.patch);
+  l.image_tokens = side * side;
+  return l;
+}
 
 dedloc_role_options::dedloc_role_options() {
   peer.compute_time = std::chrono::milliseconds(50);
@@ -592,6 +740,7 @@ void read_dedloc_role(config_node& n, dedloc_role_options& o) {
   read_real(n, "momentum", t.optimizer.momentum, 0, 0.999);
   read_real(n, "max_grad_norm", t.optimizer.max_grad_norm, 0, 1e9);
   read_non_negative(n, "eval_samples", t.eval_samples);
+  read_int(n, "torch_threads", o.torch_threads, 0, 256);
   read_positive(n, "modeled_params", o.modeled.numel);
   read(n, "data_dir", o.data.idx.dir);
   read(n, "synthetic", o.data.idx.synthetic_when_absent);
@@ -599,17 +748,32 @@ void read_dedloc_role(config_node& n, dedloc_role_options& o) {
   if (n.has("model")) {
     auto m = n.child("model");
     std::string kind = "mlp";
-    read_choice(m, "kind", kind, {"mlp", "torchscript"});
+    read_choice(m, "kind", kind, {"mlp", "torchscript", "gpt"});
     if (kind == "torchscript") {
       m.allow(graph::torchscript_keys());
       o.torchscript = graph::read_torchscript_model(m);
+    } else if (kind == "gpt") {
+      read_t2i_model(m, o);
     }
     m.finish();
+  }
+  if (n.has("demo")) {
+    auto d = n.child("demo");
+    if (!o.gpt)
+      d.fail("demo belongs to the text-to-image demo (model: {kind: gpt, ...})");
+    read_t2i_demo(d, o.demo);
+    d.finish();
   }
   if (n.has("data")) {
     auto d = n.child("data");
     graph::read_data_section(d, o.data, {"idx", "tokens"});
     d.finish();
+  }
+  if (o.t2i) {
+    // The demo reads Fashion-MNIST (data_dir, train_samples, synthetic), held out: the test
+    // images its evaluations and its quality measure.
+    o.t2i->images = o.data.idx;
+    o.t2i->eval_images = std::max<std::size_t>(o.torch.eval_samples, o.demo.test_images);
   }
 }
 
@@ -641,6 +805,20 @@ status check_dedloc_role(const dedloc_role_options& o) {
   if (c.delay_updates && p.algo == dp::algorithm::diloco)
     return fail("delay_updates belongs to algorithm dedloc (DiLoCo's outer step replaces the "
                 "parameters the inner steps would have moved meanwhile)");
+  if (o.gpt) {
+    if (!o.t2i)
+      return fail("model kind gpt needs its data options (the demo's codebook)");
+    if (o.backend != "torch")
+      return fail("model kind gpt trains with backend: torch");
+    if (o.data.kind != "idx")
+      return fail(fmt::format("model kind gpt reads captioned Fashion-MNIST images (data kind "
+                              "idx, the default), got data kind {}",
+                              o.data.kind));
+    if (auto st = kernels::validate(*o.t2i); !st)
+      return st;
+    if (auto st = kernels::validate(o.demo); !st)
+      return st;
+  }
   bool token_model = o.torchscript && o.torchscript->input_shape.empty();
   if (token_model && o.data.kind != "tokens")
     return fail("a TorchScript model of tokens needs data: {kind: tokens, path: F}");
@@ -678,16 +856,18 @@ status check_dedloc_export(const dedloc_role_options& o) {
   return {};
 }
 
-std::unique_ptr<reporter> make_dedloc_reporter(std::optional<dedloc_export_options> export_model) {
-  return std::make_unique<dedloc_reporter>(std::move(export_model), std::make_shared<data_cache>());
+std::unique_ptr<reporter> make_dedloc_reporter(std::optional<dedloc_export_options> export_model,
+                                               std::optional<dedloc_export_options> demo) {
+  return std::make_unique<dedloc_reporter>(std::move(export_model), std::make_shared<data_cache>(),
+                                           0, std::move(demo));
 }
 
 void add_dedloc(role_registry& reg) {
   auto cache = std::make_shared<data_cache>();
   reg.add<dedloc_role_options>(
       "dedloc.peer",
-      "a data-parallel peer (DeDLOC or DiLoCo) with a LibTorch MLP, a TorchScript model or the "
-      "cost model",
+      "a data-parallel peer (DeDLOC or DiLoCo) with a LibTorch MLP, the text-to-image GPT, a "
+      "TorchScript model or the cost model",
       [cache](role_context& ctx, const dedloc_role_options& o) {
         return spawn_peer(ctx, o, cache);
       },
@@ -779,11 +959,13 @@ void add_dedloc(role_registry& reg) {
       c.serves = [o](size_t i) { return mode_of(o, i) == actors::collab::peer_mode::full; };
       g.churn.push_back(std::move(c));
     }
-    std::optional<dedloc_export_options> ex;
+    std::optional<dedloc_export_options> ex, demo;
     if (export_model)
       ex = dedloc_export_options{"peers", o};
-    g.reporters.push_back([ex, cache, steps]() -> std::unique_ptr<reporter> {
-      return std::make_unique<dedloc_reporter>(ex, cache, static_cast<uint64_t>(steps));
+    if (o.gpt)
+      demo = dedloc_export_options{"peers", o};
+    g.reporters.push_back([ex, demo, cache, steps]() -> std::unique_ptr<reporter> {
+      return std::make_unique<dedloc_reporter>(ex, cache, static_cast<uint64_t>(steps), demo);
     });
   };
   reg.add_kind(std::move(k));

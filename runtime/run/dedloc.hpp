@@ -17,7 +17,10 @@
 #include "actors/dp_peer/backend.hpp"
 #include "actors/dp_peer/dp_peer.hpp"
 #include "kernels/data/source_registry.hpp"
+#include "kernels/models/gpt.hpp"
 #include "kernels/models/torchscript.hpp"
+#include "kernels/t2i/demo.hpp"
+#include "kernels/t2i/t2i_source.hpp"
 #include "runtime/experiment/reporter.hpp"
 #include "runtime/experiment/role.hpp"
 
@@ -39,6 +42,10 @@ struct dedloc_role_options {
   /// the others are in `peer.collab.mode`.
   uint64_t clients = 0;
   uint64_t cycle = 0;
+  /// LibTorch's intra-op threads in a process of peers (`torch_threads`; 0: LibTorch's default).
+  /// Peers compute on the actor threads already: with several per process, more intra-op threads
+  /// only oversubscribe the cores.
+  int64_t torch_threads = 0;
   /// Added to an instance's index where its data order is drawn (volunteers draw after peers).
   uint64_t seed_offset = 0;
   /// The role whose collaboration (progress records, state donors) the instances join; empty:
@@ -60,6 +67,14 @@ struct dedloc_role_options {
   /// A TorchScript model trained whole instead of the MLP (`model: {kind: torchscript, files:
   /// [...], ...}`; every peer loads the same files, so all start equal).
   std::optional<kernels::torchscript_config> torchscript;
+  /// The built-in GPT of the text-to-image demo (`model: {kind: gpt, ...}`), trained whole on
+  /// `t2i`'s sequences; its vocabulary and sequence length come from `t2i_layout_of(*t2i)`.
+  std::optional<kernels::gpt_config> gpt;
+  /// The demo's data, set with `gpt`: Fashion-MNIST as [caption | separator | image tokens], the
+  /// codebook fit by every process from the same images and seed (`model.codebook_*`).
+  std::optional<kernels::t2i_data_options> t2i;
+  /// What the end of a demo run writes (`dedloc.demo`): grid.png and quality.json.
+  kernels::t2i_demo_options demo;
   /// The cost model's parameter vector.
   actors::dp_peer::modeled_backend_options modeled;
   /// What the peers read, from the data-source registry: `idx` (Fashion-MNIST from `idx.dir`,
@@ -88,6 +103,9 @@ struct dedloc_export_options {
   dedloc_role_options peer;
 };
 
+/// The token layout of the demo's data (K codes, (28 / patch)² tokens per image).
+kernels::t2i_layout t2i_layout_of(const kernels::t2i_data_options& t);
+
 /// Checks that `o` can be exported: the torch backend (the cost model has no parameters).
 status check_dedloc_export(const dedloc_role_options& o);
 
@@ -96,8 +114,11 @@ status check_dedloc_export(const dedloc_role_options& o);
 /// loss_bytes.svg (against megabytes sent per peer). With `export_model`, it also writes the
 /// final model (the state of the live full-mode peer of `role` with the most global steps) into
 /// `<out>/export`: TorchScript files and state dicts (`kernels::export_stage`) and `export.json`
-/// with the held-out loss of that state. Exit code 1 when no global step was taken.
+/// with the held-out loss of that state. With `demo` (a text-to-image run, `model.kind: gpt`), it
+/// also writes grid.png and quality.json into `<out>` from that final state
+/// (`kernels::write_t2i_demo`). Exit code 1 when no global step was taken.
 std::unique_ptr<reporter>
-make_dedloc_reporter(std::optional<dedloc_export_options> export_model = std::nullopt);
+make_dedloc_reporter(std::optional<dedloc_export_options> export_model = std::nullopt,
+                     std::optional<dedloc_export_options> demo = std::nullopt);
 
 } // namespace starling::runtime

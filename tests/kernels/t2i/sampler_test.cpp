@@ -116,4 +116,30 @@ TEST_CASE("the image loss counts the image positions only and checks its targets
   CHECK(gpt->forward(input, targets)->item<double>() < image->item<double>());
 }
 
+TEST_CASE("several captions sampled in one batch: greedy tokens equal each caption's own") {
+  t2i_layout layout{32, 49};
+  auto gpt = tiny_gpt(layout, 5);
+  sampling_options greedy;
+  greedy.temperature = 0;
+  std::vector<std::string> captions = {"a bag", "a photo of an ankle boot", "a coat"};
+  auto all = sample_captions(*gpt, layout, captions, 2, greedy);
+  REQUIRE_MESSAGE(all.ok(), (all.ok() ? "" : all.error().what));
+  REQUIRE(all->size() == 3);
+  for (std::size_t c = 0; c < captions.size(); ++c) {
+    CAPTURE(captions[c]);
+    auto one = sample_image_tokens(*gpt, layout, captions[c], 2, greedy);
+    REQUIRE(one.ok());
+    CHECK((*all)[c] == *one);
+  }
+  sampling_options o;
+  o.seed = 4;
+  auto a = sample_captions(*gpt, layout, captions, 2, o);
+  auto b = sample_captions(*gpt, layout, captions, 2, o);
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(*a == *b);
+  CHECK_FALSE(sample_captions(*gpt, layout, {}, 2, o).ok());
+  CHECK_FALSE(sample_captions(*gpt, layout, {"a bag", "a zebra"}, 2, o).ok());
+}
+
 } // namespace starling::test::kernels_t2i_sampler_test
