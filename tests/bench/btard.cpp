@@ -4,7 +4,8 @@
 // each ban against the closed form; then time and bytes per step of BTARD against a plain-mean
 // step of the same group (codec none, gradients included) at the Fashion-MNIST MLP and at a
 // ~5M-parameter MLP, split by phase. Prints tables; asserts nothing.
-//   bench_btard [--seeds N] [--steps S] [--timing-steps T] [--only-timing] [--skip-timing]
+//   bench_btard [--seeds N] [--first-seed F] [--steps S] [--timing-steps T] [--only-timing]
+//               [--skip-timing]   (seeds F .. F + N - 1)
 // The delayed attack replays the gradients of 50 steps earlier for 50 steps (start 50), since a
 // run of 300 steps cannot hold the paper's D = 1000.
 #include <cmath>
@@ -55,13 +56,15 @@ struct cell {
 } // namespace
 
 int main(int argc, char** argv) {
-  uint64_t seeds = 3, steps = 300, timing_steps = 20;
+  uint64_t seeds = 3, first_seed = 1, steps = 300, timing_steps = 20;
   bool timing = true, accuracy = true;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::strtoull(argv[++i], nullptr, 10) : 0ULL; };
     if (a == "--seeds")
       seeds = next();
+    else if (a == "--first-seed")
+      first_seed = next();
     else if (a == "--steps")
       steps = next();
     else if (a == "--timing-steps")
@@ -71,8 +74,8 @@ int main(int argc, char** argv) {
     else if (a == "--skip-timing")
       timing = false;
     else {
-      fmt::print(stderr, "usage: bench_btard [--seeds N] [--steps S] [--timing-steps T] "
-                         "[--only-timing] [--skip-timing]\n");
+      fmt::print(stderr, "usage: bench_btard [--seeds N] [--first-seed F] [--steps S] "
+                         "[--timing-steps T] [--only-timing] [--skip-timing]\n");
       return 2;
     }
   }
@@ -87,7 +90,7 @@ int main(int argc, char** argv) {
     std::map<K, std::vector<double>> ban_after_start;
     std::vector<std::string> variants{"mean", "centered_clip", "btard", "btard, 3 attackers",
                                       "btard, every 10"};
-    for (uint64_t seed = 1; seed <= seeds; ++seed)
+    for (uint64_t seed = first_seed; seed < first_seed + seeds; ++seed)
       for (auto kind : attacks) {
         for (int v = 0; v < 3; ++v) {
           auto o = base(seed, steps);
