@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -17,7 +18,7 @@ constexpr size_t sig_bytes = 64;
 
 bool known_kind(uint64_t k) {
   return k >= static_cast<uint64_t>(statement_kind::part_digest) &&
-         k <= static_cast<uint64_t>(statement_kind::projections);
+         k <= static_cast<uint64_t>(statement_kind::phase_done);
 }
 
 bool known_accusation(uint64_t k) {
@@ -52,6 +53,12 @@ status validate_payload(const statement& s) {
     auto p = parse_projections_payload(s.payload);
     if (!p)
       return fail(fmt::format("{} statement: {}", name, p.error().what));
+    return {};
+  }
+  case statement_kind::phase_done: {
+    auto d = parse_phase_done_payload(s.payload);
+    if (!d)
+      return fail(fmt::format("{} statement: {}", name, d.error().what));
     return {};
   }
   case statement_kind::accusation: {
@@ -89,6 +96,8 @@ const char* kind_name(statement_kind k) {
     return "projections";
   case statement_kind::accusation:
     return "accusation";
+  case statement_kind::phase_done:
+    return "phase_done";
   }
   return "unknown";
 }
@@ -261,6 +270,23 @@ result<std::pair<double, double>> parse_projection_payload(std::string_view payl
     return fail(
         fmt::format("a projection needs finite s and finite n >= 0, got s = {}, n = {}", s, n));
   return std::pair<double, double>{s, n};
+}
+
+std::string phase_done_payload(const std::vector<digest>& accusations) {
+  std::string out;
+  for (auto& d : accusations)
+    out.append(reinterpret_cast<const char*>(d.data()), d.size());
+  return out;
+}
+
+result<std::vector<digest>> parse_phase_done_payload(std::string_view payload) {
+  if (payload.size() % digest_bytes != 0)
+    return fail(fmt::format("a phase_done payload is a multiple of {} bytes, got {}", digest_bytes,
+                            payload.size()));
+  std::vector<digest> out(payload.size() / digest_bytes);
+  for (size_t i = 0; i < out.size(); ++i)
+    std::memcpy(out[i].data(), payload.data() + i * digest_bytes, digest_bytes);
+  return out;
 }
 
 std::string digests_payload(const std::vector<digest>& digests) {

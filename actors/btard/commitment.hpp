@@ -62,6 +62,11 @@ enum class statement_kind : uint8_t {
   part_digests = 7,
   /// The signer's (s, n) of every part in part order (slot: `index_slot(attempt, 0)`).
   projections = 8,
+  /// The signer finished phase `index` of an aggregation (slot: `index_slot(attempt, phase)`)
+  /// and filed the accusations whose `statement_digest`s the payload lists (none: empty). Peers
+  /// in different processes (peer_core.hpp) wait for every member's marker before deciding, so
+  /// they decide on the same accusations.
+  phase_done = 9,
 };
 
 /// The kind's name, for errors and logs.
@@ -195,6 +200,11 @@ result<accusation> parse_accusation(std::string_view payload);
 
 /// The slot an accusation is signed under: accused | kind | subject.
 std::string accusation_slot(const accusation& a);
+
+/// The payload of a `phase_done` statement: the digests back to back (may be empty).
+std::string phase_done_payload(const std::vector<digest>& accusations);
+/// Parses it; fails unless it is a whole number of digests (at most `max_payload_bytes`).
+result<std::vector<digest>> parse_phase_done_payload(std::string_view payload);
 
 /// Two validly signed statements of one signer for one slot with different payloads.
 struct equivocation_proof {

@@ -12,6 +12,7 @@
 
 #include "actors/auth/identity.hpp"
 #include "actors/btard/clip.hpp"
+#include "actors/btard/step_util.hpp"
 
 namespace starling::actors::btard {
 
@@ -32,40 +33,6 @@ constexpr const char* protocol_attack_names[] = {"none",
                                                  "lie_projection",
                                                  "non_finite_part",
                                                  "non_finite_result"};
-
-std::string le64(uint64_t v) {
-  std::string s(8, '\0');
-  for (int i = 0; i < 8; ++i)
-    s[static_cast<size_t>(i)] = static_cast<char>((v >> (8 * i)) & 0xff);
-  return s;
-}
-
-at::Tensor as_tensor(const std::vector<float>& v) {
-  return torch::from_blob(const_cast<float*>(v.data()), {static_cast<int64_t>(v.size())},
-                          at::kFloat);
-}
-
-std::vector<float> as_vector(const at::Tensor& t) {
-  auto c = t.to(at::kFloat).contiguous();
-  return {c.data_ptr<float>(), c.data_ptr<float>() + c.numel()};
-}
-
-/// Whether every value is finite: no CenteredClip, projection or update may read a NaN or an
-/// infinity (a NaN would poison the median and every distance, so one peer could stop a run).
-bool finite_values(const float* v, size_t n) {
-  for (size_t k = 0; k < n; ++k)
-    if (!std::isfinite(v[k]))
-      return false;
-  return true;
-}
-
-/// Adds one CenteredClip's statistics to its attempt's record.
-void note_clip(attempt_record& rec, const clip_outcome& c, size_t inputs) {
-  rec.clipped += c.clipped;
-  rec.inputs += inputs;
-  rec.iterations = std::max(rec.iterations, c.iterations);
-  rec.converged = rec.converged && c.converged;
-}
 
 /// Adds the wall time since the last lap to `ms[name]`; the time after the last lap goes to
 /// "other" when the clock goes out of scope (an attempt that ends early). Part digests are
@@ -386,18 +353,8 @@ struct simulated_group::impl {
   }
 
   void apply(peer& p, const std::vector<piece>& pieces) {
-    // SGD with Nesterov momentum: v ← μv + g; θ ← θ − lr·(g + μv).
-    const auto mu = static_cast<float>(o.momentum);
-    const auto lr = static_cast<float>(o.lr);
-    for (auto& pc : pieces) {
-      float* v = p.velocity.data() + pc.begin;
-      float* th = p.params.data() + pc.begin;
-      const float* g = pc.values;
-      for (size_t k = 0; k < pc.size; ++k) {
-        v[k] = mu * v[k] + g[k];
-        th[k] -= lr * (g[k] + mu * v[k]);
-      }
-    }
+    for (auto& pc : pieces)
+      nesterov_step(p.params, p.velocity, pc.begin, pc.values, pc.size, o.lr, o.momentum);
   }
 
   result<step_record> run_step();
@@ -853,8 +810,7 @@ simulated_group::impl::run_attempt(step_state& s, step_group& g, attempt_record&
   std::map<std::string, digest> secret;
   for (auto& k : members) {
     auto* p = by_key.at(k);
-    auto r = hash_bytes("starling.btard.mprng-secret.v1" + p->key.seed() + le64(step) +
-                        le64(round->attempt()));
+    auto r = mprng_secret(p->key, step, round->attempt());
     secret[k] = r;
     auto c = mprng_commitment(step, round->attempt(), k, r);
     if (auto st = round->add_commit(k, c); !st)

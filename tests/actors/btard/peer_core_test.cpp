@@ -1,0 +1,303 @@
+#include "actors/btard/peer_core.hpp"
+
+#include <doctest/doctest.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "actors/auth/identity.hpp"
+#include "kernels/data/idx.hpp"
+#include "kernels/data/idx_source.hpp"
+
+namespace starling::test::btard_peer_core {
+
+namespace btard = starling::actors::btard;
+using starling::actors::auth::key_pair;
+
+namespace {
+
+std::shared_ptr<const btard::task> tiny_task() {
+  static std::shared_ptr<const btard::task> t = [] {
+    auto train = kernels::idx_source::make(
+      std::make_shared<const kernels::image_set>(kernels::make_synthetic_images(512, 8, 10, 3, 0)));
+    auto eval = kernels::idx_source::make(
+      std::make_shared<const kernels::image_set>(kernels::make_synthetic_images(256, 8, 10, 3, 1)));
+    REQUIRE(train);
+    REQUIRE(eval);
+    btard::mlp_task_options o;
+    o.hidden = 16;
+    o.batch = 8;
+    o.seed = 1;
+    auto made = btard::make_mlp_task(*train, *eval, o);
+    REQUIRE(made);
+    return *made;
+  }();
+  return t;
+}
+
+btard::group_options options(uint64_t seed) {
+  btard::group_options o;
+  o.run_id = "test-run";
+  o.tau = 1.0;
+  o.lr = 0.05;
+  o.seed = seed;
+  return o;
+}
+
+std::vector<key_pair> keys(size_t n, uint64_t seed) {
+  std::vector<key_pair> out;
+  for (size_t i = 0; i < n; ++i)
+    out.push_back(key_pair::from_test_seed(seed * 1000 + i));
+  return out;
+}
+
+/// Peers that meet only through a shared board: what one publishes, every other reads (all of
+/// it, every round, as readers that re-store would); a crashed peer publishes and reads nothing.
+/// When no live peer's wait is over, the deadline of those that have waited longest passes.
+struct board_run {
+  std::vector<std::unique_ptr<btard::peer_core>> peers;
+  std::vector<btard::signed_statement> statements;
+  std::map<btard::data_ref, std::vector<float>> data;
+  std::set<size_t> crashed;
+  /// Deadlines that passed (waits that ended without every marker).
+  size_t deadlines = 0;
+
+  board_run(const btard::group_options& o, std::vector<btard::peer_core_options> specs,
+            uint64_t seed) {
+    auto ks = keys(specs.size(), seed);
+    std::vector<std::string> members;
+    for (auto& k : ks)
+      members.push_back(k.public_key());
+    for (size_t i = 0; i < specs.size(); ++i) {
+      specs[i].group = o;
+      auto p = btard::peer_core::make(specs[i], tiny_task(), ks[i], members);
+      REQUIRE_MESSAGE(p, (p ? "" : p.error().what));
+      peers.push_back(std::move(*p));
+    }
+  }
+
+  bool running(size_t i) const {
+    auto ph = peers[i]->phase();
+    return !crashed.count(i) && ph != btard::peer_phase::idle && ph != btard::peer_phase::banned;
+  }
+
+  void collect(size_t i) {
+    for (auto& s : peers[i]->take_statements())
+      statements.push_back(s);
+    for (auto& [ref, v] : peers[i]->take_data())
+      data[ref] = v;
+  }
+
+  /// One step of every live peer; the records of those that ran it, by peer index.
+  std::map<size_t, btard::step_record> step() {
+    std::map<size_t, btard::step_record> out;
+    for (size_t i = 0; i < peers.size(); ++i) {
+      if (crashed.count(i) || peers[i]->phase() == btard::peer_phase::banned)
+        continue;
+      auto st = peers[i]->begin_step();
+      REQUIRE_MESSAGE(st, st.what());
+      collect(i);
+      if (!running(i))
+        out[i] = peers[i]->take_record();
+    }
+    for (int round = 0; round < 10000; ++round) {
+      bool any = false;
+      for (size_t i = 0; i < peers.size(); ++i)
+        any = any || running(i);
+      if (!any)
+        return out;
+      for (size_t i = 0; i < peers.size(); ++i) {
+        if (!running(i))
+          continue;
+        for (auto& s : statements)
+          peers[i]->offer(s);
+        for (auto& ref : peers[i]->wanted()) {
+          auto it = data.find(ref);
+          if (it != data.end())
+            peers[i]->offer(ref, it->second);
+        }
+      }
+      std::vector<size_t> go;
+      for (size_t i = 0; i < peers.size(); ++i)
+        if (running(i) && peers[i]->ready())
+          go.push_back(i);
+      if (go.empty()) {
+        // The peers that have waited longest (the earliest attempt and phase) time out first.
+        ++deadlines;
+        std::optional<std::pair<uint32_t, int>> earliest;
+        for (size_t i = 0; i < peers.size(); ++i)
+          if (running(i)) {
+            std::pair<uint32_t, int> at{peers[i]->attempt(), static_cast<int>(peers[i]->phase())};
+            if (!earliest || at < *earliest)
+              earliest = at;
+          }
+        for (size_t i = 0; i < peers.size(); ++i)
+          if (running(i) && std::make_pair(peers[i]->attempt(),
+                                           static_cast<int>(peers[i]->phase())) == *earliest)
+            go.push_back(i);
+      }
+      for (size_t i : go) {
+        auto done = peers[i]->advance();
+        REQUIRE_MESSAGE(done, (done ? "" : done.error().what));
+        collect(i);
+        if (*done)
+          out[i] = peers[i]->take_record();
+      }
+    }
+    FAIL("the step did not end");
+    return out;
+  }
+};
+
+std::unique_ptr<btard::simulated_group> lockstep(const btard::group_options& o,
+                                                 const std::vector<btard::peer_core_options>& c,
+                                                 uint64_t seed) {
+  std::vector<btard::peer_spec> specs(c.size());
+  for (size_t i = 0; i < c.size(); ++i) {
+    specs[i].gradient = c[i].gradient;
+    specs[i].protocol = c[i].protocol;
+    specs[i].protocol_step = c[i].protocol_step;
+  }
+  auto g = btard::simulated_group::make(o, tiny_task(), specs, keys(c.size(), seed));
+  REQUIRE_MESSAGE(g, (g ? "" : g.error().what));
+  return std::move(*g);
+}
+
+/// Every listed peer holds the same parameters.
+void same_params(const board_run& run, const std::set<size_t>& who) {
+  std::optional<btard::digest> first;
+  for (size_t i : who) {
+    auto d = btard::params_digest(run.peers[i]->params());
+    if (!first)
+      first = d;
+    CHECK((d == *first));
+  }
+}
+
+} // namespace
+
+TEST_CASE("peers on a board take the lockstep group's steps bit for bit, attacks included") {
+  // The lockstep engine (protocol.hpp) is the oracle: the same keys, seeds and attacks give the
+  // same shared randomness, the same bans and the same parameters after every step.
+  for (auto kind : {btard::attack_kind::none, btard::attack_kind::sign_flip,
+                    btard::attack_kind::label_flip}) {
+    std::string kind_name = btard::attack_name(kind);
+    CAPTURE(kind_name);
+    auto o = options(3);
+    o.validators = 2;
+    std::vector<btard::peer_core_options> specs(7);
+    if (kind != btard::attack_kind::none)
+      for (size_t i : {1, 4})
+        specs[i].gradient.kind = kind;
+    board_run run(o, specs, 3);
+    auto oracle = lockstep(o, specs, 3);
+    for (int s = 0; s < 12; ++s) {
+      auto want = oracle->step();
+      REQUIRE_MESSAGE(want, (want ? "" : want.error().what));
+      auto got = run.step();
+      for (auto& [i, rec] : got) {
+        CAPTURE(i);
+        CAPTURE(s);
+        if (specs[i].gradient.kind != btard::attack_kind::none)
+          continue;
+        CHECK(rec.applied == want->applied);
+        CHECK(rec.attempts.size() == want->attempts.size());
+        REQUIRE(want->params.count(run.peers[i]->key()));
+        CHECK((rec.params.at(run.peers[i]->key()) == want->params.at(run.peers[i]->key())));
+        CHECK((run.peers[i]->randomness() ==
+               (want->attempts.back().r ? *want->attempts.back().r
+                                        : btard::skipped_randomness(want->r_prev))));
+      }
+    }
+    CHECK(run.deadlines == 0);
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (specs[i].gradient.kind != btard::attack_kind::none)
+        continue;
+      std::set<std::string> a, b;
+      for (auto& [k, w] : run.peers[i]->bans())
+        a.insert(k);
+      for (auto& [k, w] : oracle->bans_of(i))
+        b.insert(k);
+      CHECK(a == b);
+      for (size_t j = 0; j < specs.size(); ++j)
+        if (specs[j].gradient.kind == btard::attack_kind::none)
+          CHECK(a.count(run.peers[j]->key()) == 0);
+    }
+  }
+}
+
+TEST_CASE("a crashed peer is silent at the deadline, removed, and banned after repeated silence") {
+  auto o = options(5);
+  o.membership.cool_down = 1;
+  o.membership.silences_to_ban = 2;
+  o.membership.silence_window = 10;
+  std::vector<btard::peer_core_options> specs(5);
+  board_run run(o, specs, 5);
+  std::set<size_t> live{0, 1, 2, 3, 4};
+  std::string gone = run.peers[2]->key();
+  bool banned = false;
+  for (int s = 0; s < 8; ++s) {
+    if (s == 2) {
+      run.crashed.insert(2);
+      live.erase(2);
+    }
+    auto recs = run.step();
+    for (size_t i : live) {
+      REQUIRE(recs.count(i));
+      CHECK(recs[i].applied);
+    }
+    same_params(run, live);
+    banned = banned || run.peers[0]->bans().count(gone) > 0;
+  }
+  CHECK(run.deadlines >= 2);
+  CHECK(banned);
+  for (size_t i : live)
+    CHECK(run.peers[i]->bans().size() == 1);
+}
+
+TEST_CASE("each staged protocol attack bans its attacker in its step; honest peers agree") {
+  for (auto attack : {btard::protocol_attack::non_finite_part, btard::protocol_attack::missing_part,
+                      btard::protocol_attack::withhold_reveal,
+                      btard::protocol_attack::gross_aggregate,
+                      btard::protocol_attack::false_accusation}) {
+    std::string attack_name = btard::protocol_attack_name(attack);
+    CAPTURE(attack_name);
+    auto o = options(7);
+    std::vector<btard::peer_core_options> specs(6);
+    specs[3].protocol = attack;
+    specs[3].protocol_step = 2;
+    board_run run(o, specs, 7);
+    const auto attacker = run.peers[3]->key();
+    for (int s = 0; s < 4; ++s) {
+      auto recs = run.step();
+      std::set<size_t> honest;
+      for (auto& [i, rec] : recs)
+        if (i != 3 && run.peers[i]->phase() != btard::peer_phase::banned)
+          honest.insert(i);
+      same_params(run, honest);
+      if (s < 2)
+        for (size_t i : honest)
+          CHECK(run.peers[i]->bans().empty());
+      if (s == 2) {
+        for (size_t i : honest) {
+          CHECK(run.peers[i]->bans().count(attacker) == 1);
+          // Only the dispute rule removes an honest peer, and then with the attacker.
+          size_t honest_banned = run.peers[i]->bans().size() - 1;
+          CHECK(honest_banned ==
+                (attack == btard::protocol_attack::missing_part ? size_t{1} : size_t{0}));
+        }
+        REQUIRE(!honest.empty());
+        auto& h = recs[*honest.begin()];
+        CHECK(h.applied);
+        CHECK(h.attempts.size() >= 2);
+      }
+    }
+    CHECK(run.peers[3]->phase() == btard::peer_phase::banned);
+  }
+}
+
+} // namespace starling::test::btard_peer_core
