@@ -56,7 +56,8 @@ std::vector<actors::auth::key_pair> keys_of(const experiment_options& o) {
   return out;
 }
 
-/// The attackers: `byzantine` peers drawn from the seed.
+} // namespace
+
 std::vector<bool> attackers_of(const experiment_options& o) {
   std::vector<size_t> idx(o.peers);
   for (size_t i = 0; i < idx.size(); ++i)
@@ -73,12 +74,12 @@ std::vector<bool> attackers_of(const experiment_options& o) {
 /// τ = factor × the median distance of an honest gradient's part from the honest mean's part, at
 /// the starting parameters with the first step's seeds (the experimenter's calibration).
 result<double> calibrate_tau(const experiment_options& o, const bt::task& t,
-                             const std::vector<actors::auth::key_pair>& keys) {
+                             const std::vector<std::string>& keys) {
   auto r0 = bt::initial_randomness(o.name, o.seed);
   auto init = t.initial();
   std::vector<std::vector<float>> grads;
   for (auto& k : keys) {
-    auto g = t.gradient(init, bt::batch_seed(r0, k.public_key()), false);
+    auto g = t.gradient(init, bt::batch_seed(r0, k), false);
     if (!g)
       return fail(g.error().what);
     grads.push_back(std::move(*g));
@@ -102,6 +103,27 @@ result<double> calibrate_tau(const experiment_options& o, const bt::task& t,
                    dist.end());
   return o.tau_factor * dist[dist.size() / 2];
 }
+
+result<std::shared_ptr<const bt::task>> make_task(const experiment_options& o) {
+  kernels::idx_source_options train_o, eval_o;
+  train_o.dir = eval_o.dir = o.data_dir;
+  train_o.synthetic_when_absent = eval_o.synthetic_when_absent = o.synthetic_when_absent;
+  train_o.synthetic_seed = eval_o.synthetic_seed = o.seed;
+  train_o.max_items = o.train_samples;
+  eval_o.train = false;
+  eval_o.max_items = o.eval_samples;
+  auto train = kernels::idx_source::load(train_o);
+  if (!train)
+    return fail(train.error().what);
+  auto eval = kernels::idx_source::load(eval_o);
+  if (!eval)
+    return fail(eval.error().what);
+  auto model = o.model;
+  model.seed = o.seed;
+  return bt::make_mlp_task(*train, *eval, model);
+}
+
+namespace {
 
 status keep_checkpoint(const std::string& audit_path, uint64_t step,
                        const std::vector<float>& theta) {
@@ -142,28 +164,16 @@ result<std::vector<rule_outcome>> run_experiment(const experiment_options& opts,
   // peers with the 784-64-10 MLP).
   mallopt(M_MMAP_THRESHOLD, 64 << 20);
   mallopt(M_TRIM_THRESHOLD, 128 << 20);
-  kernels::idx_source_options train_o, eval_o;
-  train_o.dir = eval_o.dir = o.data_dir;
-  train_o.synthetic_when_absent = eval_o.synthetic_when_absent = o.synthetic_when_absent;
-  train_o.synthetic_seed = eval_o.synthetic_seed = o.seed;
-  train_o.max_items = o.train_samples;
-  eval_o.train = false;
-  eval_o.max_items = o.eval_samples;
-  auto train = kernels::idx_source::load(train_o);
-  if (!train)
-    return fail(train.error().what);
-  auto eval = kernels::idx_source::load(eval_o);
-  if (!eval)
-    return fail(eval.error().what);
-  auto model = o.model;
-  model.seed = o.seed;
-  auto t = bt::make_mlp_task(*train, *eval, model);
+  auto t = make_task(o);
   if (!t)
     return fail(t.error().what);
   auto keys = keys_of(o);
+  std::vector<std::string> public_keys;
+  for (auto& k : keys)
+    public_keys.push_back(k.public_key());
   auto byz = attackers_of(o);
   if (o.tau_factor > 0) {
-    auto tau = calibrate_tau(o, **t, keys);
+    auto tau = calibrate_tau(o, **t, public_keys);
     if (!tau)
       return fail(tau.error().what);
     fmt::print("btard: tau = {:.4g} ({} x the median distance of an honest gradient part from the "
@@ -222,9 +232,9 @@ result<std::vector<rule_outcome>> run_experiment(const experiment_options& opts,
       h.validation_rel_tolerance = g.validation_rel_tolerance;
       h.lr = g.lr;
       h.momentum = g.momentum;
-      h.hidden = model.hidden;
-      h.batch = model.batch;
-      h.model_seed = model.seed;
+      h.hidden = o.model.hidden;
+      h.batch = o.model.batch;
+      h.model_seed = o.seed;
       h.data_dir = o.data_dir;
       h.synthetic_when_absent = o.synthetic_when_absent;
       h.train_samples = o.train_samples;

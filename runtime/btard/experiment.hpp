@@ -5,11 +5,14 @@
 //
 // It runs in one process (simulation and local mode): actors/btard/protocol.hpp's group, with
 // real signatures, commitments, MPRNG, checks, validators and verdicts over a simulated network.
-// Across processes (cluster mode) BTARD does not run yet.
+// Across processes (cluster mode) each `starling node` runs BTARD peers of its own
+// (actors/btard/board_actor.hpp): the `btard` kind's `btard.peer` role, with the DHT as the
+// board.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -82,6 +85,18 @@ struct rule_outcome {
   /// The audit log (btard only).
   std::string audit_path;
 };
+
+/// The model and its data (Fashion-MNIST from `data_dir`, or synthetic images where allowed).
+result<std::shared_ptr<const actors::btard::task>> make_task(const experiment_options& o);
+
+/// Which peers attack: `byzantine` of `peers` drawn from the seed (by peer index).
+std::vector<bool> attackers_of(const experiment_options& o);
+
+/// τ = tau_factor × the median distance of an honest gradient's part from the honest mean's
+/// part, at the starting parameters with the first step's seeds of the peers `keys` (public
+/// values only: every peer computes the same τ).
+result<double> calibrate_tau(const experiment_options& o, const actors::btard::task& t,
+                             const std::vector<std::string>& keys);
 
 /// Runs every rule of `o`, printing progress and a table, writing `btard-audit.jsonl` (BTARD
 /// runs) into `out_dir` and checking it. Fails on bad options or missing data.

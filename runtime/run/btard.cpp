@@ -21,11 +21,29 @@
 //     synthetic: false              # synthetic images when Fashion-MNIST is absent
 //     train_samples: 0
 //     eval_samples: 0
+//     phase_deadline: 10s           # across processes: a phase's wait for every peer's marker
+//     poll: 100ms                   # across processes: how often a peer reads the board
+//
+// `starling run` (with or without --sim) runs every rule in one process, side by side. Across
+// processes (`starling node`, cluster mode) the run is one BTARD group: role `btard.peer`, one
+// instance per peer placed over the nodes, each with a fresh key, meeting on the DHT
+// (actors/btard/board_actor.hpp); node 0's reporter prints each step once every peer that
+// took it agrees on the parameters, and ends the run when the live peers are done.
 #include <algorithm>
+#include <map>
+#include <set>
 
+#include <caf/actor_system.hpp>
+#include <caf/send.hpp>
 #include <fmt/format.h>
 
+#include "actors/auth/identity.hpp"
 #include "actors/btard/aggregate_check.hpp"
+#include "actors/btard/board_actor.hpp"
+#include "actors/vi/adversarial.hpp"
+#include "messages/metrics.hpp"
+#include "runtime/experiment/reporter.hpp"
+#include "runtime/experiment/role.hpp"
 #include "runtime/btard/experiment.hpp"
 #include "runtime/config/reader.hpp"
 #include "runtime/experiment/graph.hpp"
@@ -84,11 +102,271 @@ void read_attack(config_node& n, btard::experiment_options& o) {
   node.fail(fmt::format("unknown attack '{}' (known: {})", name, known));
 }
 
+/// A BTARD peer of a run across processes.
+struct btard_peer_role {
+  btard::experiment_options x;
+  std::chrono::nanoseconds phase_deadline = std::chrono::seconds(10);
+  std::chrono::nanoseconds poll = std::chrono::milliseconds(100);
+};
+
+/// What node 0 hears from the peers of a run across processes.
+class btard_cluster_reporter : public reporter {
+public:
+  explicit btard_cluster_reporter(btard_peer_role r) : r_(std::move(r)) {}
+
+  void on_metric(const metric_record& m) override {
+    if (m.kind == "btard_step") {
+      auto& p = peers_[m.source];
+      auto step = static_cast<uint64_t>(m.value("step"));
+      p.last_step = step;
+      p.peer = label(m, "peer");
+      p.attack = label(m, "attack");
+      auto& s = steps_[step];
+      if (m.value("applied") > 0)
+        s.digests[label(m, "params")].insert(m.source);
+      s.reports++;
+      s.members = std::max(s.members, static_cast<size_t>(m.value("members")));
+      s.attempts = std::max(s.attempts, static_cast<size_t>(m.value("attempts")));
+      s.ms = std::max(s.ms, m.value("ms"));
+      if (m.values.count("accuracy"))
+        s.accuracy = m.value("accuracy");
+      for (auto& b : split(label(m, "bans")))
+        bans_[b].insert(m.source);
+      max_step_ = std::max(max_step_, step);
+    } else if (m.kind == "btard_done") {
+      auto& p = peers_[m.source];
+      p.done = true;
+      p.error = label(m, "error");
+      p.banned = m.value("banned") > 0;
+      p.peer = p.peer.empty() ? label(m, "peer") : p.peer;
+    } else if (m.kind == "btard_tau") {
+      tau_ = m.value("tau");
+    }
+  }
+
+  bool tick(double t) override {
+    // One line per step once every peer that took it reported it (or the next step began).
+    while (steps_.count(printed_) && (steps_.at(printed_).reports >= live_count(printed_) ||
+                                      max_step_ > printed_ + 1)) {
+      auto& s = steps_.at(printed_);
+      std::string acc = s.accuracy >= 0 ? fmt::format(", accuracy {:.2f}%", 100 * s.accuracy)
+                                        : std::string();
+      fmt::print(stderr, "  {:6.1f} s: step {} of {}: {} members, {} aggregation{}, {} "
+                 "parameter digest{}{}{}\n",
+                 t, printed_ + 1, r_.x.steps, s.members, s.attempts, s.attempts == 1 ? "" : "s",
+                 s.digests.size(), s.digests.size() == 1 ? " (peers agree)" : "s",
+                 acc, bans_text());
+      ++printed_;
+    }
+    if (peers_.empty())
+      return false;
+    size_t live = 0, done = 0;
+    for (auto& [src, p] : peers_) {
+      bool gone = !p.done && p.last_step + 2 < max_step_;
+      if (gone)
+        continue;
+      ++live;
+      done += p.done ? 1 : 0;
+    }
+    return live > 0 && done == live && peers_.size() >= 1 && all_started();
+  }
+
+  int finish(finish_context& ctx) override {
+    size_t disagreements = 0, applied = 0;
+    for (auto& [step, s] : steps_) {
+      if (s.digests.size() > 1)
+        ++disagreements;
+      if (!s.digests.empty())
+        ++applied;
+    }
+    fmt::print("\nbtard across processes: {} peers, {} steps applied, {:.1f} s wall{}\n",
+               peers_.size(), applied, ctx.wall_s,
+               tau_ > 0 ? fmt::format(", tau {:.4g}", tau_) : std::string());
+    fmt::print("  {:<10} {:<18} {:>10} {}\n", "peer", "attack", "last step", "end");
+    int rc = 0;
+    for (auto& [src, p] : peers_) {
+      std::string end = p.done ? (p.error.empty() ? (p.banned ? "banned" : "done") : p.error)
+                               : "gone (no word since its last step)";
+      if (p.done && !p.error.empty())
+        rc = 1;
+      fmt::print("  {:<10} {:<18} {:>10} {}\n", p.peer, p.attack.empty() ? "none" : p.attack,
+                 p.last_step + 1, end);
+    }
+    fmt::print("  bans: {}\n", bans_.empty() ? std::string("none") : bans_text().substr(8));
+    fmt::print("  steps where peers held different parameters: {}\n", disagreements);
+    double last_acc = -1;
+    for (auto& [step, s] : steps_)
+      if (s.accuracy >= 0)
+        last_acc = s.accuracy;
+    if (last_acc >= 0)
+      fmt::print("  final accuracy: {:.2f}%\n", 100 * last_acc);
+    if (disagreements > 0)
+      rc = 1;
+    return rc;
+  }
+
+private:
+  struct peer_state {
+    uint64_t last_step = 0;
+    bool done = false, banned = false;
+    std::string error, peer, attack;
+  };
+  struct step_state {
+    std::map<std::string, std::set<std::string>> digests;
+    size_t reports = 0, members = 0, attempts = 0;
+    double ms = 0, accuracy = -1;
+  };
+  static std::string label(const metric_record& m, const std::string& k) {
+    auto it = m.labels.find(k);
+    return it == m.labels.end() ? std::string() : it->second;
+  }
+  static std::vector<std::string> split(const std::string& s) {
+    std::vector<std::string> out;
+    size_t start = 0;
+    while (start < s.size()) {
+      auto comma = s.find(',', start);
+      if (comma == std::string::npos)
+        comma = s.size();
+      if (comma > start)
+        out.push_back(s.substr(start, comma - start));
+      start = comma + 1;
+    }
+    return out;
+  }
+  size_t live_count(uint64_t step) const {
+    size_t n = 0;
+    for (auto& [src, p] : peers_)
+      if (p.last_step >= step || (!p.done && p.last_step + 2 >= max_step_))
+        ++n;
+    return n;
+  }
+  bool all_started() const { return peers_.size() >= 1; }
+  std::string bans_text() const {
+    if (bans_.empty())
+      return {};
+    std::string s = ", bans: ";
+    bool first = true;
+    for (auto& [k, who] : bans_) {
+      s += (first ? "" : " ") + k;
+      first = false;
+    }
+    return s;
+  }
+  btard_peer_role r_;
+  std::map<std::string, peer_state> peers_;
+  std::map<uint64_t, step_state> steps_;
+  std::map<std::string, std::set<std::string>> bans_;
+  uint64_t printed_ = 0, max_step_ = 0;
+  double tau_ = 0;
+};
+
+caf::actor spawn_btard_peer(role_context& ctx, const btard_peer_role& r) {
+  auto o = r.x;
+  auto sink = ctx.node.metrics();
+  auto source = ctx.name;
+  auto done = [sink, source](const std::string& peer, const std::string& error, bool banned) {
+    if (!error.empty())
+      fmt::print(stderr, "starling: {}: {}\n", source, error);
+    messages::metric_event ev{source, "btard_done", {{"banned", banned ? 1.0 : 0.0}},
+                              {{"peer", peer}}};
+    if (!error.empty())
+      ev.labels["error"] = error;
+    caf::anon_send(sink, std::move(ev));
+  };
+  actors::vi::use_one_torch_thread();
+  auto t = btard::make_task(o);
+  if (!t) {
+    done("", t.error().what, false);
+    return {};
+  }
+  auto byz = btard::attackers_of(o);
+  const bool attacker = byz[ctx.index % byz.size()];
+  bt::board_peer_options bo;
+  bo.core.group = o.group;
+  bo.core.group.rule = bt::aggregation_rule::btard;
+  bo.core.group.run_id = o.name;
+  bo.core.group.seed = o.seed;
+  if (attacker) {
+    bo.core.gradient = o.attack;
+    bo.core.protocol = o.protocol;
+    bo.core.protocol_step = o.attack.start_step;
+  }
+  bo.model = *t;
+  bo.key = actors::auth::key_pair::generate();
+  const std::string peer = actors::auth::to_hex(bo.key->public_key()).substr(0, 8);
+  if (auto st = bt::validate(bo.core); !st) {
+    done(peer, st.what(), false);
+    return {};
+  }
+  bo.dht = ctx.node.dht();
+  bo.prefix = ctx.key_prefix() + "/btard";
+  bo.peers = o.peers;
+  bo.steps = o.steps;
+  bo.poll = std::chrono::duration_cast<std::chrono::milliseconds>(r.poll);
+  bo.phase_deadline = std::chrono::duration_cast<std::chrono::milliseconds>(r.phase_deadline);
+  std::string attack_label;
+  if (attacker) {
+    if (o.attack.kind != bt::attack_kind::none)
+      attack_label = bt::attack_name(o.attack.kind);
+    if (o.protocol != bt::protocol_attack::none)
+      attack_label += (attack_label.empty() ? "" : "+") + std::string(bt::protocol_attack_name(o.protocol));
+  }
+  auto model = *t;
+  if (o.tau_factor > 0)
+    bo.calibrate = [o, model, sink, source](const std::vector<std::string>& members)
+        -> result<std::optional<double>> {
+      auto tau = btard::calibrate_tau(o, *model, members);
+      if (!tau)
+        return fail(tau.error().what);
+      caf::anon_send(sink, messages::metric_event{source, "btard_tau", {{"tau", *tau}}, {}});
+      return std::optional<double>{*tau};
+    };
+  auto last = std::make_shared<std::chrono::steady_clock::time_point>(
+      std::chrono::steady_clock::now());
+  bo.on_step = [o, model, sink, source, peer, attack_label, last](const bt::step_record& rec,
+                                                                  const bt::peer_core& core) {
+    auto now = std::chrono::steady_clock::now();
+    double ms = std::chrono::duration<double, std::milli>(now - *last).count();
+    *last = now;
+    messages::metric_event ev{source, "btard_step", {}, {}};
+    ev.values["step"] = static_cast<double>(rec.step);
+    ev.values["applied"] = rec.applied ? 1.0 : 0.0;
+    ev.values["attempts"] = static_cast<double>(rec.attempts.size());
+    ev.values["members"] =
+        rec.attempts.empty() ? 0.0 : static_cast<double>(rec.attempts.back().members.size());
+    ev.values["ms"] = ms;
+    ev.values["refused"] = static_cast<double>(core.refused());
+    if ((rec.step + 1) % o.eval_every == 0 || rec.step + 1 == o.steps) {
+      auto e = model->evaluate(core.params());
+      ev.values["accuracy"] = e.accuracy;
+      ev.values["loss"] = e.loss;
+    }
+    ev.labels["peer"] = peer;
+    ev.labels["attack"] = attack_label;
+    auto it = rec.params.find(core.key());
+    if (it != rec.params.end())
+      ev.labels["params"] = bt::digest_hex(it->second).substr(0, 16);
+    std::string bans;
+    for (auto& [k, why] : core.bans())
+      bans += (bans.empty() ? "" : ",") + actors::auth::to_hex(k).substr(0, 8);
+    ev.labels["bans"] = bans;
+    caf::anon_send(sink, std::move(ev));
+  };
+  auto banned_flag = std::make_shared<bool>(false);
+  bo.on_step = [inner = bo.on_step, banned_flag](const bt::step_record& rec,
+                                                 const bt::peer_core& core) {
+    *banned_flag = core.phase() == bt::peer_phase::banned;
+    inner(rec, core);
+  };
+  bo.on_finish = [done, peer, banned_flag](const std::string& error) {
+    done(peer, error, *banned_flag);
+  };
+  return bt::spawn_board_peer(ctx.node.system(), std::move(bo));
+}
+
 void expand_btard(config_node& n, experiment_graph& g, const expand_context& ctx) {
-  if (ctx.mode == run_mode::cluster)
-    n.fail("btard runs in one process (starling run, with or without --sim); across processes "
-           "(starling node) it does not run yet");
   btard::experiment_options o;
+  btard_peer_role cluster;
   o.name = g.name;
   o.seed = g.seed;
   read_non_negative(n, "peers", o.peers);
@@ -123,7 +401,12 @@ void expand_btard(config_node& n, experiment_graph& g, const expand_context& ctx
   read(n, "synthetic", o.synthetic_when_absent);
   read_non_negative(n, "train_samples", o.train_samples);
   read_non_negative(n, "eval_samples", o.eval_samples);
+  read_duration(n, "phase_deadline", cluster.phase_deadline);
+  read_duration(n, "poll", cluster.poll);
   n.finish();
+  if (cluster.phase_deadline <= std::chrono::nanoseconds{0} ||
+      cluster.poll <= std::chrono::nanoseconds{0})
+    n.fail("phase_deadline and poll must be positive durations");
   if (auto st = btard::validate(o); !st)
     n.fail(st.what());
   // The iteration cap must let honest aggregates converge (aggregate_check.hpp): with at most
@@ -136,6 +419,29 @@ void expand_btard(config_node& n, experiment_graph& g, const expand_context& ctx
                        "aggregate that stops short fails the aggregate check",
                        o.group.max_iterations, *need, o.byzantine, o.peers, o.group.tau,
                        o.group.tolerance));
+  if (ctx.mode == run_mode::cluster) {
+    if (o.rules.size() != 1 || o.rules[0] != bt::aggregation_rule::btard)
+      n.fail("across processes the run is one BTARD group (aggregation: btard); the side-by-side "
+             "comparison of rules runs in one process (starling run)");
+    cluster.x = o;
+    bt::peer_core_options probe;
+    probe.group = o.group;
+    probe.group.rule = bt::aggregation_rule::btard;
+    probe.group.run_id = o.name;
+    probe.gradient = o.attack;
+    probe.protocol = o.protocol;
+    if (auto st = bt::validate(probe); !st)
+      n.fail(st.what());
+    role_spec peers;
+    peers.name = "peer";
+    peers.type = "btard.peer";
+    peers.replicas = o.peers;
+    peers.options = cluster;
+    peers.restart.supervised = false; // a peer's key dies with it; it does not come back
+    g.roles.push_back(peers);
+    g.reporters.push_back([cluster] { return std::make_unique<btard_cluster_reporter>(cluster); });
+    return;
+  }
   g.nodes = g.nodes == 0 ? 1 : g.nodes;
   g.study = [o](const experiment_graph&, const run_function&, const std::string& out_dir) {
     auto out = btard::run_experiment(o, out_dir);
@@ -150,6 +456,15 @@ void expand_btard(config_node& n, experiment_graph& g, const expand_context& ctx
 } // namespace
 
 void add_btard(role_registry& reg) {
+  reg.add<btard_peer_role>(
+      "btard.peer",
+      "a BTARD peer across processes: commitments, MPRNG, checks, validators and verdicts on "
+      "the DHT",
+      [](role_context& ctx, const btard_peer_role& r) { return spawn_btard_peer(ctx, r); }, {},
+      {}, [](const btard_peer_role& r) {
+        return fmt::format("{} peers, {} steps, phase deadline {:.1f} s", r.x.peers, r.x.steps,
+                           std::chrono::duration<double>(r.phase_deadline).count());
+      });
   reg.add_kind({"btard",
                 "Byzantine-tolerant training (BTARD-SGD): commitments, MPRNG, aggregate checks, "
                 "validators, verdicts and bans, against the plain mean and CenteredClip",

@@ -1,0 +1,305 @@
+#include "actors/btard/board_actor.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <set>
+
+#include <caf/actor_system.hpp>
+#include <caf/event_based_actor.hpp>
+#include <fmt/format.h>
+
+#include "actors/dht/client.hpp"
+#include "messages/atoms.hpp"
+
+namespace starling::actors::btard {
+
+namespace {
+
+using board_clock = std::chrono::steady_clock;
+
+struct board_state {
+  explicit board_state(board_peer_options opts) : o(std::move(opts)) {}
+  board_peer_options o;
+  std::unique_ptr<peer_core> core;
+  std::vector<std::string> members;
+  bool busy = false;
+  bool finished = false;
+  uint64_t steps_done = 0;
+  board_clock::time_point started = board_clock::now();
+  // Where the core's current wait began.
+  std::tuple<uint64_t, uint32_t, int> waiting{~uint64_t{0}, 0, -1};
+  board_clock::time_point wait_since = board_clock::now();
+  uint64_t failed_puts = 0;
+  uint64_t ticks = 0;
+};
+
+} // namespace
+
+std::string data_key(const std::string& prefix, const data_ref& ref) {
+  return fmt::format("{}/d{}.{}.{}.{}", prefix, ref.step, ref.attempt,
+                     static_cast<unsigned>(ref.kind), ref.part);
+}
+
+std::string data_subkey(const data_ref& ref, size_t chunk, size_t chunks) {
+  return fmt::format("{}.{}.{}.{}", auth::to_hex(ref.sender), digest_hex(ref.committed), chunk,
+                     chunks);
+}
+
+namespace {
+
+caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) {
+  auto st = std::make_shared<board_state>(std::move(opts));
+  auto expires = [self, st] {
+    return dht::expires_in(self, std::chrono::duration_cast<caf::timespan>(st->o.record_lifetime));
+  };
+  auto put = [self, st](messages::dht_put p) {
+    self->request(st->o.dht, std::chrono::seconds(10), p)
+      .then(
+        [st, self, p](const messages::dht_put_result& r) {
+          if (r.wire_error.empty() && r.accepted > 0)
+            return;
+          // One retry: a record the others never see makes this peer silent.
+          ++st->failed_puts;
+          self->request(st->o.dht, std::chrono::seconds(10), p)
+            .then([](const messages::dht_put_result&) {}, [](caf::error&) {});
+        },
+        [st](caf::error&) { ++st->failed_puts; });
+  };
+  auto finish = [self, st](const std::string& error) {
+    if (st->finished)
+      return;
+    st->finished = true;
+    if (st->o.on_finish)
+      st->o.on_finish(error);
+    self->quit();
+  };
+  auto flush = [st, put, expires] {
+    for (auto& s : st->core->take_statements()) {
+      auto bytes = encode(s);
+      put(dht::make_subkey_put(fmt::format("{}/s{}", st->o.prefix, s.body.step),
+                               digest_hex(statement_digest(s)),
+                               std::vector<char>(bytes.begin(), bytes.end()), expires()));
+    }
+    for (auto& [ref, values] : st->core->take_data()) {
+      size_t chunks = std::max<size_t>(1, (values.size() + board_chunk_floats - 1) /
+                                              board_chunk_floats);
+      for (size_t c = 0; c < chunks; ++c) {
+        size_t begin = c * board_chunk_floats;
+        size_t end = std::min(values.size(), begin + board_chunk_floats);
+        std::vector<char> bytes((end - begin) * sizeof(float));
+        if (!bytes.empty())
+          std::memcpy(bytes.data(), values.data() + begin, bytes.size());
+        put(dht::make_subkey_put(data_key(st->o.prefix, ref), data_subkey(ref, c, chunks),
+                                 std::move(bytes), expires()));
+      }
+    }
+  };
+  auto note_wait = [st] {
+    std::tuple<uint64_t, uint32_t, int> now{st->core->step(), st->core->attempt(),
+                                            static_cast<int>(st->core->phase())};
+    if (now != st->waiting) {
+      st->waiting = now;
+      st->wait_since = board_clock::now();
+    }
+  };
+  // Starts the next step, or ends the run.
+  auto next_step = [st, flush, finish, note_wait]() {
+    while (!st->finished) {
+      if (st->steps_done >= st->o.steps || st->core->phase() == peer_phase::banned) {
+        finish("");
+        return;
+      }
+      if (auto s = st->core->begin_step(); !s) {
+        finish(s.what());
+        return;
+      }
+      flush();
+      note_wait();
+      if (st->core->phase() != peer_phase::idle && st->core->phase() != peer_phase::banned)
+        return;
+      // It sat the step out (cooling down): the step is over for it.
+      auto rec = st->core->take_record();
+      ++st->steps_done;
+      if (st->o.on_step)
+        st->o.on_step(rec, *st->core);
+    }
+  };
+  // After a poll: advance when the wait is over or its deadline passed.
+  auto evaluate = [st, flush, finish, note_wait, next_step] {
+    if (st->finished)
+      return;
+    auto late = board_clock::now() - st->wait_since >= st->o.phase_deadline;
+    if (!st->core->ready() && !late)
+      return;
+    auto ended = st->core->advance();
+    if (!ended) {
+      finish(ended.error().what);
+      return;
+    }
+    flush();
+    note_wait();
+    if (!*ended)
+      return;
+    auto rec = st->core->take_record();
+    ++st->steps_done;
+    if (st->o.on_step)
+      st->o.on_step(rec, *st->core);
+    next_step();
+  };
+  auto poll_members = [self, st, finish, next_step] {
+    self->request(st->o.dht, std::chrono::seconds(10), get_atom::value, st->o.prefix + "/members")
+      .then(
+        [self, st, finish, next_step](const messages::dht_get_result& r) {
+          st->busy = false;
+          std::set<std::string> keys;
+          for (auto& rec : r.records) {
+            auto k = auth::from_hex(rec.subkey);
+            if (rec.has_subkey && k && k->size() == 32 &&
+                std::string(rec.value.begin(), rec.value.end()) == *k)
+              keys.insert(*k);
+          }
+          if (keys.size() > st->o.peers) {
+            finish(fmt::format("{} peers announced themselves for a run of {}", keys.size(),
+                               st->o.peers));
+            return;
+          }
+          if (keys.size() < st->o.peers) {
+            if (board_clock::now() - st->started >= st->o.join_deadline)
+              finish(fmt::format("only {} of {} peers announced themselves within {} s",
+                                 keys.size(), st->o.peers,
+                                 std::chrono::duration_cast<std::chrono::seconds>(
+                                     st->o.join_deadline)
+                                     .count()));
+            return;
+          }
+          st->members.assign(keys.begin(), keys.end());
+          auto core_o = st->o.core;
+          if (st->o.calibrate) {
+            auto tau = st->o.calibrate(st->members);
+            if (!tau) {
+              finish(tau.error().what);
+              return;
+            }
+            if (*tau)
+              core_o.group.tau = **tau;
+          }
+          auto made = peer_core::make(core_o, st->o.model, *st->o.key, st->members);
+          if (!made) {
+            finish(made.error().what);
+            return;
+          }
+          st->core = std::move(*made);
+          next_step();
+        },
+        [st](caf::error&) { st->busy = false; });
+  };
+  auto poll_board = [self, st, evaluate] {
+    auto step = st->core->step();
+    self->request(st->o.dht, std::chrono::seconds(10), get_atom::value,
+                  fmt::format("{}/s{}", st->o.prefix, step))
+      .then(
+        [self, st, evaluate, step](const messages::dht_get_result& r) {
+          if (st->finished || st->core->step() != step) {
+            st->busy = false;
+            return;
+          }
+          for (auto& rec : r.records) {
+            auto s = decode(std::string_view(rec.value.data(), rec.value.size()));
+            if (s)
+              st->core->offer(*s);
+          }
+          // The data the core waits for, one DHT key at a time.
+          std::map<std::string, std::vector<data_ref>> by_key;
+          for (auto& ref : st->core->wanted())
+            by_key[data_key(st->o.prefix, ref)].push_back(ref);
+          if (by_key.empty()) {
+            st->busy = false;
+            evaluate();
+            return;
+          }
+          auto pending = std::make_shared<size_t>(by_key.size());
+          for (auto& [key, refs] : by_key) {
+            auto done = [st, pending, evaluate] {
+              if (--*pending == 0) {
+                st->busy = false;
+                evaluate();
+              }
+            };
+            self->request(st->o.dht, std::chrono::seconds(10), get_atom::value, key)
+              .then(
+                [st, refs = refs, done](const messages::dht_get_result& got) {
+                  if (!st->finished)
+                    for (auto& ref : refs) {
+                      auto head = data_subkey(ref, 0, 0);
+                      head = head.substr(0, head.size() - 3); // "<sender>.<digest>."
+                      std::map<size_t, const std::vector<char>*> parts;
+                      size_t chunks = 0;
+                      for (auto& rec : got.records) {
+                        if (!rec.has_subkey || rec.subkey.compare(0, head.size(), head) != 0)
+                          continue;
+                        unsigned long c = 0, n = 0;
+                        if (std::sscanf(rec.subkey.c_str() + head.size(), "%lu.%lu", &c, &n) !=
+                                2 ||
+                            n == 0 || c >= n || n > 4096)
+                          continue;
+                        chunks = n;
+                        parts[c] = &rec.value;
+                      }
+                      if (chunks == 0 || parts.size() != chunks)
+                        continue;
+                      std::vector<char> bytes;
+                      for (auto& [c, v] : parts)
+                        bytes.insert(bytes.end(), v->begin(), v->end());
+                      if (bytes.size() % sizeof(float) != 0)
+                        continue;
+                      std::vector<float> values(bytes.size() / sizeof(float));
+                      if (!bytes.empty())
+                        std::memcpy(values.data(), bytes.data(), bytes.size());
+                      st->core->offer(ref, values);
+                    }
+                  done();
+                },
+                [done](caf::error&) { done(); });
+          }
+        },
+        [st](caf::error&) { st->busy = false; });
+  };
+  // Announce, then poll.
+  auto announce = [st, put, expires] {
+    auto pk = st->o.key->public_key();
+    put(dht::make_subkey_put(st->o.prefix + "/members", auth::to_hex(pk),
+                             std::vector<char>(pk.begin(), pk.end()), expires()));
+  };
+  announce();
+  self->send(self, tick_atom::value);
+  return {
+    [self, st, poll_members, poll_board, announce](tick_atom) {
+      if (st->finished)
+        return;
+      if (!st->busy) {
+        st->busy = true;
+        if (!st->core) {
+          if (++st->ticks % 50 == 0)
+            announce(); // again, for a node that joined the DHT after the first put
+          poll_members();
+        } else {
+          poll_board();
+        }
+      }
+      self->delayed_send(self, std::chrono::duration_cast<caf::timespan>(st->o.poll),
+                         tick_atom::value);
+    },
+  };
+}
+
+} // namespace
+
+caf::actor spawn_board_peer(caf::actor_system& sys, board_peer_options o) {
+  if (!o.key || !o.dht || !o.model)
+    return {};
+  return sys.spawn<caf::detached>(board_peer, std::move(o));
+}
+
+} // namespace starling::actors::btard

@@ -1,0 +1,79 @@
+// A BTARD peer across processes: peer_core.hpp's phases, with the node's DHT as the public
+// board. The thin actor around the core: it announces its key, waits for the run's peers,
+// publishes what the core says, reads what the core waits for, and tells the core when a
+// phase's deadline passed.
+//
+// The board on the DHT (every key under the run's prefix P):
+//   P/members              sub-key = hex of a peer's public key, value = the key: who takes part
+//                          (the run starts once the expected count announced);
+//   P/s<step>              sub-key = hex of the statement's digest, value = the signed statement
+//                          (self-authenticating: any reader may re-store it; a conflicting pair
+//                          of one signer lands under two sub-keys, and a reader holding both
+//                          has the proof);
+//   P/d<step>.<attempt>.<kind>.<part>
+//                          sub-key = <hex of sender>.<hex of committed digest>.<chunk>.<chunks>,
+//                          value = float32 values of one chunk (48 KiB at most, under the DHT's
+//                          64 KiB record limit): addressed by the digest its sender committed
+//                          to, so a reader takes only bytes that match the commitment and
+//                          nobody can overwrite them with others.
+// Records are plain (not owner-signed): what authenticates them is the statement's signature
+// or the committed digest. A reader polls every `poll`; a phase whose wait is not over after
+// `phase_deadline` ends on the deadline (its missing markers are silences).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+
+#include "actors/auth/identity.hpp"
+#include "actors/btard/peer_core.hpp"
+
+namespace starling::actors::btard {
+
+/// What the peer actor needs.
+struct board_peer_options {
+  /// The protocol and this peer's attacks (group.run_id names the run in every statement).
+  peer_core_options core;
+  std::shared_ptr<const task> model;
+  /// The peer's key (required).
+  std::optional<auth::key_pair> key;
+  /// The node's DHT actor and the run's key prefix (`<experiment>/btard`).
+  caf::actor dht;
+  std::string prefix;
+  /// Peers of the run (the step 0 group), and steps to run.
+  size_t peers = 2;
+  uint64_t steps = 1;
+  std::chrono::milliseconds poll{100};
+  std::chrono::milliseconds phase_deadline{10000};
+  /// How long to wait for every peer's announcement.
+  std::chrono::milliseconds join_deadline{120000};
+  /// Lifetime of the records it stores.
+  std::chrono::milliseconds record_lifetime{600000};
+  /// Called once the members are known (in key order), before step 0: returns τ (e.g. from the
+  /// honest spread at the start, a pure function of public values), or nothing to keep
+  /// core.group.tau. Fails the run on an error.
+  std::function<result<std::optional<double>>(const std::vector<std::string>& members)> calibrate;
+  /// Called after every step with its record and the core (progress, metrics, the audit log).
+  std::function<void(const step_record&, const peer_core&)> on_step;
+  /// Called once at the end: empty on success (every step ran, or this peer was banned), else
+  /// why the peer stopped.
+  std::function<void(const std::string& error)> on_finish;
+};
+
+/// The DHT key of a datum, and the sub-key of chunk `chunk` of `chunks` of it.
+std::string data_key(const std::string& prefix, const data_ref& ref);
+std::string data_subkey(const data_ref& ref, size_t chunk, size_t chunks);
+
+/// Floats per chunk of a datum on the DHT.
+inline constexpr size_t board_chunk_floats = 12288;
+
+/// Spawns the peer (detached: gradients and CenteredClip block its thread, not the node's).
+caf::actor spawn_board_peer(caf::actor_system& sys, board_peer_options o);
+
+} // namespace starling::actors::btard

@@ -1,0 +1,197 @@
+// The `btard` kind across processes: four `starling node` processes, one BTARD peer each, train
+// one model with the DHT as the board. One peer (drawn from the seed) sends a part holding a NaN
+// at step 2 (committed to, so its proof is public): it is banned in that step. An honest peer's
+// process is SIGKILLed mid-run: it is silent at the next deadline, removed, and banned when it
+// stays silent after its cool-down. Every step's peers hold the same parameters (node 0's
+// reporter compares the digests every peer reports; the test reads them from metrics.jsonl
+// too), and every live process exits 0.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <csignal>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "support/node_fixtures.hpp"
+#include "support/paths.hpp"
+#include "support/subprocess.hpp"
+
+namespace starling::test::runtime_btard_cluster_test {
+
+using starling::testing::subprocess;
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+std::string write_config(const std::string& dir) {
+  auto path = dir + "/btard-cluster.yaml";
+  std::ofstream f{path};
+  f << "experiment: {name: btard-cluster-test, kind: btard, seed: 5, duration: 3min}\n"
+       "caf:\n"
+       "  scheduler: {policy: sharing, max_threads: 2}\n"
+       "  middleman: {heartbeat_interval: 500ms, connection_timeout: 2s}\n"
+       "btard:\n"
+       "  peers: 4\n"
+       "  byzantine: 1\n"
+       "  steps: 14\n"
+       "  attack: non_finite_part\n"
+       "  attack_start: 2\n"
+       "  hidden: 16\n"
+       "  batch: 8\n"
+       "  lr: 0.05\n"
+       "  cool_down: 2\n"
+       "  silences_to_ban: 2\n"
+       "  eval_every: 7\n"
+       "  synthetic: true\n"
+       "  train_samples: 2000\n"
+       "  eval_samples: 200\n"
+       "  phase_deadline: 3s\n"
+       "  poll: 50ms\n";
+  return path;
+}
+
+/// The rows of node 0's metrics.jsonl of one kind.
+std::vector<nlohmann::json> rows_of(const std::string& path, const std::string& kind) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in{path};
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.value("event", "") == kind)
+      out.push_back(j);
+  }
+  return out;
+}
+
+std::string label(const nlohmann::json& row, const std::string& key) {
+  if (row.contains("labels") && row["labels"].contains(key))
+    return row["labels"][key].get<std::string>();
+  if (row.contains(key) && row[key].is_string())
+    return row[key].get<std::string>();
+  return {};
+}
+
+double value(const nlohmann::json& row, const std::string& key) {
+  if (row.contains("values") && row["values"].contains(key))
+    return row["values"][key].get<double>();
+  if (row.contains(key) && row[key].is_number())
+    return row[key].get<double>();
+  return -1;
+}
+
+} // namespace
+
+TEST_CASE("btard across 4 starling node processes: a NaN part bans its sender in its step, a "
+          "SIGKILLed peer is removed at the deadline and banned after its cool-down, and every "
+          "step's peers hold the same parameters") {
+  starling::testing::temp_dir dir{"starling-btard-cluster"};
+  auto config = write_config(dir.path);
+  auto nodes = starling::testing::start_nodes(4, [&](int i) {
+    return std::vector<std::string>{STARLING_BINARY, "node",   "--listen", "127.0.0.1:0",
+                                    "--config",      config,   "--index",  std::to_string(i),
+                                    "--nodes",       "4",      "--out",
+                                    dir.path + "/n" + std::to_string(i)};
+  });
+  REQUIRE(nodes.size() == 4);
+  const auto metrics = dir.path + "/n0/metrics.jsonl";
+  auto drain = [&] {
+    for (size_t i = 1; i < nodes.size(); ++i)
+      if (nodes[i])
+        while (nodes[i]->read_line(0ms)) {
+        }
+  };
+  // Which peer attacks (the seed draws it; instance i runs on node i).
+  int victim = -1;
+  std::string victim_peer;
+  auto deadline = clock_type::now() + 90s;
+  while (victim < 0 && clock_type::now() < deadline) {
+    drain();
+    (void)nodes[0]->read_line(100ms);
+    std::map<std::string, std::string> attack_of;
+    uint64_t latest = 0;
+    for (auto& r : rows_of(metrics, "btard_step")) {
+      attack_of[r.value("source", "")] = label(r, "attack");
+      latest = std::max<uint64_t>(latest, static_cast<uint64_t>(value(r, "step")));
+    }
+    if (attack_of.size() == 4 && latest >= 4)
+      for (int i = 1; i < 4 && victim < 0; ++i)
+        if (attack_of["peer." + std::to_string(i)].empty())
+          victim = i;
+  }
+  REQUIRE(victim > 0);
+  for (auto& r : rows_of(metrics, "btard_step"))
+    if (r.value("source", "") == "peer." + std::to_string(victim))
+      victim_peer = label(r, "peer");
+  nodes[static_cast<size_t>(victim)]->signal(SIGKILL);
+  (void)nodes[static_cast<size_t>(victim)]->wait_exit(10s);
+  nodes[static_cast<size_t>(victim)].reset();
+
+  // Node 0 ends the run once the live peers are done.
+  std::vector<std::string> out;
+  auto rc = std::optional<int>{};
+  deadline = clock_type::now() + 120s;
+  while (!rc && clock_type::now() < deadline) {
+    drain();
+    if (auto line = nodes[0]->read_line(100ms))
+      out.push_back(*line);
+    rc = nodes[0]->wait_exit(0ms);
+  }
+  while (auto line = nodes[0]->read_line(0ms))
+    out.push_back(*line);
+  REQUIRE(rc);
+  std::string text;
+  for (auto& l : out)
+    text += l + "\n";
+  CAPTURE(text);
+  CHECK(*rc == 0);
+  CHECK(text.find("steps where peers held different parameters: 0") != std::string::npos);
+  for (size_t i = 1; i < nodes.size(); ++i)
+    if (nodes[i]) {
+      auto code = nodes[i]->wait_exit(30s);
+      REQUIRE(code);
+      CHECK(*code == 0);
+    }
+
+  // The attacker is banned at step 2 in every live honest view; the killed peer later.
+  std::string attacker_peer;
+  std::map<uint64_t, std::set<std::string>> digests;
+  std::map<std::string, uint64_t> last_step;
+  std::map<uint64_t, std::set<std::string>> bans_at;
+  for (auto& r : rows_of(metrics, "btard_step")) {
+    auto src = r.value("source", "");
+    auto step = static_cast<uint64_t>(value(r, "step"));
+    if (!label(r, "attack").empty())
+      attacker_peer = label(r, "peer");
+    if (value(r, "applied") > 0)
+      digests[step].insert(label(r, "params"));
+    last_step[src] = std::max(last_step[src], step);
+    std::string bans = label(r, "bans");
+    size_t start = 0;
+    while (start < bans.size()) {
+      auto comma = bans.find(',', start);
+      if (comma == std::string::npos)
+        comma = bans.size();
+      bans_at[step].insert(bans.substr(start, comma - start));
+      start = comma + 1;
+    }
+  }
+  REQUIRE(!attacker_peer.empty());
+  CHECK(attacker_peer != victim_peer);
+  for (auto& [step, ds] : digests) {
+    CAPTURE(step);
+    CHECK(ds.size() == 1);
+  }
+  CHECK(digests.size() == 14);
+  CHECK(bans_at[2].count(attacker_peer) == 1);
+  CHECK(bans_at[13].count(victim_peer) == 1);
+  CHECK(bans_at[13].size() == 2);
+}
+
+} // namespace starling::test::runtime_btard_cluster_test
