@@ -111,6 +111,8 @@ struct peer_core::impl {
   attempt_record rec;
   /// Statements of the step by `statement_digest` (what markers cite).
   std::map<digest, signed_statement> by_digest;
+  /// Those already in an earlier attempt's record.
+  std::set<digest> logged;
   std::map<data_ref, std::vector<float>> data;
   std::vector<digest> filed; // accusations this peer filed in the current phase
   std::optional<mprng_round> round;
@@ -896,6 +898,7 @@ struct peer_core::impl {
     record.ms_apply = 0.0;
     board.forget_before(step + 1);
     by_digest.clear();
+    logged.clear();
     data.clear();
     recomputed.clear();
     finished = std::move(record);
@@ -904,8 +907,18 @@ struct peer_core::impl {
     phase = view.ban_reason(pk) ? peer_phase::banned : peer_phase::idle;
   }
 
+  /// The attempt's record takes every statement of the step read or published since the last
+  /// attempt's (in digest order): what an audit of this peer's log re-checks.
+  void log_board() {
+    rec.statements.clear();
+    for (auto& [d, st] : by_digest)
+      if (logged.insert(d).second)
+        rec.statements.push_back(st);
+  }
+
   /// The attempt ended with removals: the next one without them, or the step's end.
   status redo() {
+    log_board();
     record.attempts.push_back(std::move(rec));
     if (view.ban_reason(pk) || removed.count(pk)) {
       // Banned, or removed for the step (its own view says it was silent): it sits it out.
@@ -1051,6 +1064,7 @@ struct peer_core::impl {
                                   "found to blame (residual {:.3g} > bound {:.3g})",
                                   step, c.part, c.residual, c.bound));
       rec.applied = true;
+      log_board();
       record.attempts.push_back(std::move(rec));
       end_step(true);
       return true;

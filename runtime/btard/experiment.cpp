@@ -104,6 +104,31 @@ result<double> calibrate_tau(const experiment_options& o, const bt::task& t,
   return o.tau_factor * dist[dist.size() / 2];
 }
 
+audit_header audit_header_of(const experiment_options& o, const bt::group_options& g,
+                             uint64_t dim, std::vector<std::string> peers) {
+  audit_header h;
+  h.run_id = o.name;
+  h.seed = o.seed;
+  h.dim = dim;
+  h.peers = std::move(peers);
+  h.rule = rule_name(g.rule);
+  h.tau = g.tau;
+  h.iterations = g.max_iterations;
+  h.tolerance = g.tolerance;
+  h.validators = g.validators;
+  h.sigmas = g.sigmas;
+  h.validation_rel_tolerance = g.validation_rel_tolerance;
+  h.lr = g.lr;
+  h.momentum = g.momentum;
+  h.hidden = o.model.hidden;
+  h.batch = o.model.batch;
+  h.model_seed = o.seed;
+  h.data_dir = o.data_dir;
+  h.synthetic_when_absent = o.synthetic_when_absent;
+  h.train_samples = o.train_samples;
+  return h;
+}
+
 result<std::shared_ptr<const bt::task>> make_task(const experiment_options& o) {
   kernels::idx_source_options train_o, eval_o;
   train_o.dir = eval_o.dir = o.data_dir;
@@ -217,27 +242,7 @@ result<std::vector<rule_outcome>> run_experiment(const experiment_options& opts,
     std::unique_ptr<audit_writer> audit;
     if (rule == bt::aggregation_rule::btard) {
       oc.audit_path = out_dir + "/btard-audit.jsonl";
-      audit_header h;
-      h.run_id = o.name;
-      h.seed = o.seed;
-      h.dim = (*t)->dim();
-      for (auto& k : keys)
-        h.peers.push_back(k.public_key());
-      h.rule = rule_name(g.rule);
-      h.tau = g.tau;
-      h.iterations = g.max_iterations;
-      h.tolerance = g.tolerance;
-      h.validators = g.validators;
-      h.sigmas = g.sigmas;
-      h.validation_rel_tolerance = g.validation_rel_tolerance;
-      h.lr = g.lr;
-      h.momentum = g.momentum;
-      h.hidden = o.model.hidden;
-      h.batch = o.model.batch;
-      h.model_seed = o.seed;
-      h.data_dir = o.data_dir;
-      h.synthetic_when_absent = o.synthetic_when_absent;
-      h.train_samples = o.train_samples;
+      auto h = audit_header_of(o, g, (*t)->dim(), public_keys);
       std::error_code ec;
       std::filesystem::remove_all(checkpoint_dir(oc.audit_path), ec);
       auto w = audit_writer::open(oc.audit_path, h);

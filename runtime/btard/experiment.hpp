@@ -18,6 +18,7 @@
 
 #include "actors/btard/protocol.hpp"
 #include "actors/btard/task.hpp"
+#include "runtime/btard/audit.hpp"
 #include "kernels/result.hpp"
 
 namespace starling::runtime::btard {
@@ -97,6 +98,11 @@ std::vector<bool> attackers_of(const experiment_options& o);
 /// values only: every peer computes the same τ).
 result<double> calibrate_tau(const experiment_options& o, const actors::btard::task& t,
                              const std::vector<std::string>& keys);
+
+/// The audit log's header of a BTARD run of `o` with group options `g` (τ as used) among
+/// `peers` (public keys).
+audit_header audit_header_of(const experiment_options& o, const actors::btard::group_options& g,
+                             uint64_t dim, std::vector<std::string> peers);
 
 /// Runs every rule of `o`, printing progress and a table, writing `btard-audit.jsonl` (BTARD
 /// runs) into `out_dir` and checking it. Fails on bad options or missing data.

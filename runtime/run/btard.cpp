@@ -30,6 +30,7 @@
 // (actors/btard/board_actor.hpp); node 0's reporter prints each step once every peer that
 // took it agrees on the parameters, and ends the run when the live peers are done.
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -44,6 +45,7 @@
 #include "messages/metrics.hpp"
 #include "runtime/experiment/reporter.hpp"
 #include "runtime/experiment/role.hpp"
+#include "runtime/btard/audit.hpp"
 #include "runtime/btard/experiment.hpp"
 #include "runtime/config/reader.hpp"
 #include "runtime/experiment/graph.hpp"
@@ -312,19 +314,53 @@ caf::actor spawn_btard_peer(role_context& ctx, const btard_peer_role& r) {
       attack_label += (attack_label.empty() ? "" : "+") + std::string(bt::protocol_attack_name(o.protocol));
   }
   auto model = *t;
+  // The peer's audit log (`starling audit` re-checks it): every statement it read, its checks,
+  // verdicts and bans, step by step.
+  struct audit_state {
+    double tau = 0;
+    std::string path;
+    std::optional<btard::audit_writer> writer;
+    bool failed = false;
+  };
+  auto audit = std::make_shared<audit_state>();
+  audit->tau = o.group.tau;
+  if (!ctx.node.run_dir().empty())
+    audit->path = fmt::format("{}/{}.btard-audit.jsonl", ctx.node.run_dir(), ctx.name);
   if (o.tau_factor > 0)
-    bo.calibrate = [o, model, sink, source](const std::vector<std::string>& members)
+    bo.calibrate = [o, model, sink, source, audit](const std::vector<std::string>& members)
         -> result<std::optional<double>> {
       auto tau = btard::calibrate_tau(o, *model, members);
       if (!tau)
         return fail(tau.error().what);
+      audit->tau = *tau;
       caf::anon_send(sink, messages::metric_event{source, "btard_tau", {{"tau", *tau}}, {}});
       return std::optional<double>{*tau};
     };
   auto last = std::make_shared<std::chrono::steady_clock::time_point>(
       std::chrono::steady_clock::now());
-  bo.on_step = [o, model, sink, source, peer, attack_label, last](const bt::step_record& rec,
-                                                                  const bt::peer_core& core) {
+  bo.on_step = [o, model, sink, source, peer, attack_label, last,
+                audit](const bt::step_record& rec, const bt::peer_core& core) {
+    if (!audit->path.empty() && !audit->writer && !audit->failed && !rec.attempts.empty()) {
+      auto g = o.group;
+      g.rule = bt::aggregation_rule::btard;
+      g.tau = audit->tau;
+      auto h = btard::audit_header_of(o, g, model->dim(), rec.attempts.front().members);
+      std::error_code ec;
+      std::filesystem::create_directories(std::filesystem::path(audit->path).parent_path(), ec);
+      auto w = btard::audit_writer::open(audit->path, h);
+      if (w)
+        audit->writer.emplace(std::move(*w));
+      else {
+        audit->failed = true;
+        fmt::print(stderr, "starling: {}: no audit log: {}\n", peer, w.error().what);
+      }
+    }
+    if (audit->writer)
+      if (auto st = audit->writer->write(rec); !st) {
+        fmt::print(stderr, "starling: {}: audit log: {}\n", peer, st.what());
+        audit->writer.reset();
+        audit->failed = true;
+      }
     auto now = std::chrono::steady_clock::now();
     double ms = std::chrono::duration<double, std::milli>(now - *last).count();
     *last = now;

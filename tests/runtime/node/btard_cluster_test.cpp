@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -192,6 +193,28 @@ TEST_CASE("btard across 4 starling node processes: a NaN part bans its sender in
   CHECK(bans_at[2].count(attacker_peer) == 1);
   CHECK(bans_at[13].count(victim_peer) == 1);
   CHECK(bans_at[13].size() == 2);
+
+  // Each live honest peer's audit log passes `starling audit`: signatures, the MPRNG chain,
+  // validators, aggregate checks and every verdict's rule, from what that peer read.
+  size_t audited = 0;
+  for (auto& entry : std::filesystem::recursive_directory_iterator(dir.path)) {
+    auto name = entry.path().filename().string();
+    const std::string suffix = ".btard-audit.jsonl";
+    if (name.size() < suffix.size() || name.substr(name.size() - suffix.size()) != suffix)
+      continue;
+    if (name.rfind("peer." + std::to_string(victim) + ".", 0) == 0)
+      continue; // killed mid-step: its log ends where it died
+    subprocess audit{{STARLING_BINARY, "audit", entry.path().string()}};
+    std::string said;
+    while (auto line = audit.read_line(5s))
+      said += *line + "\n";
+    auto code = audit.wait_exit(30s);
+    CAPTURE(said);
+    REQUIRE(code);
+    CHECK(*code == 0);
+    ++audited;
+  }
+  CHECK(audited == 3);
 }
 
 } // namespace starling::test::runtime_btard_cluster_test
