@@ -43,8 +43,11 @@ struct board_peer_options {
   std::shared_ptr<const task> model;
   /// The peer's key (required).
   std::optional<auth::key_pair> key;
-  /// The node's DHT actor and the run's key prefix (`<experiment>/btard`).
+  /// The node's DHT actor (puts) and the reader gets go through (`spawn_board_reader`, shared
+  /// by the node's peers; unset: the DHT actor itself), and the run's key prefix
+  /// (`<experiment>/btard`).
   caf::actor dht;
+  caf::actor reader;
   std::string prefix;
   /// Peers of the run (the step 0 group), and steps to run.
   size_t peers = 2;
@@ -61,9 +64,13 @@ struct board_peer_options {
   std::function<result<std::optional<double>>(const std::vector<std::string>& members)> calibrate;
   /// Called after every step with its record and the core (progress, metrics, the audit log).
   std::function<void(const step_record&, const peer_core&)> on_step;
-  /// Called once at the end: empty on success (every step ran, or this peer was banned), else
-  /// why the peer stopped.
+  /// Called once at the end: empty on success (every step ran, or this peer was banned, or it
+  /// left the group: see `left`), else why the peer stopped.
   std::function<void(const std::string& error)> on_finish;
+  /// Called (before `on_finish`) when the peer finds itself out of the group while it is not
+  /// banned: the others found it silent and it would have to download the state to come back,
+  /// which a running group across processes does not offer yet. The argument says why.
+  std::function<void(const std::string& why)> on_left;
 };
 
 /// The DHT key of a datum, and the sub-key of chunk `chunk` of `chunks` of it.
@@ -72,6 +79,14 @@ std::string data_subkey(const data_ref& ref, size_t chunk, size_t chunks);
 
 /// Floats per chunk of a datum on the DHT.
 inline constexpr size_t board_chunk_floats = 12288;
+
+/// A node's shared board reader: `(get_atom, key) -> dht_get_result` like the DHT actor, but a
+/// key read less than `fresh` ago is answered from that read, and concurrent gets of one key
+/// share one DHT lookup. Every peer of a step polls the same keys; with several peers per node
+/// their polls would otherwise multiply the node's DHT requests past the others' rate limits
+/// (a refused put or get makes a peer silent).
+caf::actor spawn_board_reader(caf::actor_system& sys, caf::actor dht,
+                              std::chrono::milliseconds fresh);
 
 /// Spawns the peer (detached: gradients and CenteredClip block its thread, not the node's).
 caf::actor spawn_board_peer(caf::actor_system& sys, board_peer_options o);

@@ -141,6 +141,8 @@ public:
       p.error = label(m, "error");
       p.banned = m.value("banned") > 0;
       p.peer = p.peer.empty() ? label(m, "peer") : p.peer;
+    } else if (m.kind == "btard_left") {
+      peers_[m.source].left = true;
     } else if (m.kind == "btard_tau") {
       tau_ = m.value("tau");
     }
@@ -187,8 +189,12 @@ public:
     fmt::print("  {:<10} {:<18} {:>10} {}\n", "peer", "attack", "last step", "end");
     int rc = 0;
     for (auto& [src, p] : peers_) {
-      std::string end = p.done ? (p.error.empty() ? (p.banned ? "banned" : "done") : p.error)
-                               : "gone (no word since its last step)";
+      std::string end =
+          p.done ? (!p.error.empty() ? p.error
+                                     : p.banned ? "banned"
+                                                : p.left ? "left (silent in the others' views)"
+                                                         : "done")
+                 : "gone (no word since its last step)";
       if (p.done && !p.error.empty())
         rc = 1;
       fmt::print("  {:<10} {:<18} {:>10} {}\n", p.peer, p.attack.empty() ? "none" : p.attack,
@@ -210,7 +216,7 @@ public:
 private:
   struct peer_state {
     uint64_t last_step = 0;
-    bool done = false, banned = false;
+    bool done = false, banned = false, left = false;
     std::string error, peer, attack;
   };
   struct step_state {
@@ -301,6 +307,12 @@ caf::actor spawn_btard_peer(role_context& ctx, const btard_peer_role& r) {
     return {};
   }
   bo.dht = ctx.node.dht();
+  // One reader per node: its peers poll the same keys (a read younger than half the poll
+  // interval is shared).
+  auto fresh = std::chrono::duration_cast<std::chrono::milliseconds>(r.poll) / 2;
+  bo.reader = ctx.node.service("btard.reader", [fresh](host& h) {
+    return bt::spawn_board_reader(h.system(), h.dht(), fresh);
+  });
   bo.prefix = ctx.key_prefix() + "/btard";
   bo.peers = o.peers;
   bo.steps = o.steps;
@@ -394,7 +406,14 @@ caf::actor spawn_btard_peer(role_context& ctx, const btard_peer_role& r) {
     *banned_flag = core.phase() == bt::peer_phase::banned;
     inner(rec, core);
   };
-  bo.on_finish = [done, peer, banned_flag](const std::string& error) {
+  auto left = std::make_shared<std::string>();
+  bo.on_left = [left, source](const std::string& why) {
+    *left = why;
+    fmt::print(stderr, "starling: {}: {}\n", source, why);
+  };
+  bo.on_finish = [done, peer, banned_flag, left, sink, source](const std::string& error) {
+    if (!left->empty())
+      caf::anon_send(sink, messages::metric_event{source, "btard_left", {}, {{"why", *left}}});
     done(peer, error, *banned_flag);
   };
   return bt::spawn_board_peer(ctx.node.system(), std::move(bo));
