@@ -10,7 +10,9 @@
 #include <caf/event_based_actor.hpp>
 #include <fmt/format.h>
 
+#include "actors/auth/ban_service.hpp"
 #include "actors/dht/client.hpp"
+#include "actors/dht/dht.hpp"
 #include "messages/atoms.hpp"
 
 namespace starling::actors::btard {
@@ -41,6 +43,8 @@ struct board_state {
   uint64_t seen_step = ~uint64_t{0};
   std::set<std::string> seen;
   const caf::actor& reader() const { return o.reader ? o.reader : o.dht; }
+  /// Bans already handed to the node.
+  std::set<std::string> enforced;
 };
 
 } // namespace
@@ -94,6 +98,37 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
       }
     }
   };
+  // Hands this peer's new bans to the node's gate and DHT (their own checks refuse a message
+  // from another node, so only the node's actors can).
+  auto enforce = [self, st] {
+    if (!st->o.enforce_bans || !st->core)
+      return;
+    for (auto& [key, why] : st->core->bans()) {
+      if (key == st->core->key() || !st->enforced.insert(key).second)
+        continue; // its own key: a peer does not refuse itself
+      auto reason = why.substr(0, auth::verified_ban_reason_bytes);
+      std::replace(reason.begin(), reason.end(), '\n', ' ');
+      if (st->o.directory)
+        self->request(st->o.directory, std::chrono::seconds(5), get_atom::value,
+                      std::string("gate"))
+          .then(
+            [self, st, key, reason](caf::actor gate) {
+              if (!gate)
+                return;
+              self->request(gate, std::chrono::seconds(5), auth::verified_ban_atom::value, key,
+                            reason)
+                .then(
+                  [st, key](uint64_t removed) {
+                    if (st->o.on_enforced)
+                      st->o.on_enforced(key, removed);
+                  },
+                  [](caf::error&) {});
+            },
+            [](caf::error&) {});
+      self->request(st->o.dht, std::chrono::seconds(5), dht::ban_atom::value, key)
+        .then([](uint64_t) {}, [](caf::error&) {});
+    }
+  };
   auto note_wait = [st] {
     std::tuple<uint64_t, uint32_t, int> now{st->core->step(), st->core->attempt(),
                                             static_cast<int>(st->core->phase())};
@@ -130,7 +165,7 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
     }
   };
   // After a poll: advance when the wait is over or its deadline passed.
-  auto evaluate = [st, flush, finish, note_wait, next_step] {
+  auto evaluate = [st, flush, finish, note_wait, next_step, enforce] {
     if (st->finished)
       return;
     auto late = board_clock::now() - st->wait_since >= st->o.phase_deadline;
@@ -149,6 +184,7 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
     ++st->steps_done;
     if (st->o.on_step)
       st->o.on_step(rec, *st->core);
+    enforce();
     next_step();
   };
   auto poll_members = [self, st, finish, next_step] {

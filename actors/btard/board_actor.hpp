@@ -48,6 +48,11 @@ struct board_peer_options {
   /// (`<experiment>/btard`).
   caf::actor dht;
   caf::actor reader;
+  /// When the key is the node's own (one peer per node): every ban this peer's verdicts decide
+  /// is handed to the node's gate (found as `gate` in `directory`) and DHT actor
+  /// (actors/auth/ban_service.hpp), so the banned node's envelopes and records are refused.
+  bool enforce_bans = false;
+  caf::actor directory;
   std::string prefix;
   /// Peers of the run (the step 0 group), and steps to run.
   size_t peers = 2;
@@ -71,6 +76,9 @@ struct board_peer_options {
   /// banned: the others found it silent and it would have to download the state to come back,
   /// which a running group across processes does not offer yet. The argument says why.
   std::function<void(const std::string& why)> on_left;
+  /// Called when the node's gate took a ban (`enforce_bans`): the key, and how many admitted
+  /// peers the gate removed.
+  std::function<void(const std::string& key, uint64_t removed)> on_enforced;
 };
 
 /// The DHT key of a datum, and the sub-key of chunk `chunk` of `chunks` of it.

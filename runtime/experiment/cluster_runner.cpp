@@ -319,6 +319,9 @@ public:
     // nop
   }
 
+  const actors::auth::key_pair* node_key() const override { return &nd_.key(); }
+  caf::actor node_directory() override { return nd_.directory(); }
+
   caf::actor_system& system() override { return nd_.system(); }
   run_mode mode() const override { return run_mode::cluster; }
   size_t index() const override { return index_; }

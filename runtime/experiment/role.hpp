@@ -36,6 +36,10 @@ namespace starling::actors::supervisor {
 struct rebalancing_options;
 } // namespace starling::actors::supervisor
 
+namespace starling::actors::auth {
+class key_pair;
+} // namespace starling::actors::auth
+
 namespace starling::runtime {
 
 struct plan;
@@ -89,6 +93,12 @@ public:
   /// This node's folder in the run's output (`<out>/<node name>`: checkpoints of its stage
   /// peers); empty when the run writes no output (the node then keeps nothing on disk).
   virtual std::string run_dir() const = 0;
+  /// The node's own key pair (its gate's and DHT's identity) in cluster mode; null in sim and
+  /// local mode. A role that signs with it speaks for the node (BTARD with one peer per node).
+  virtual const actors::auth::key_pair* node_key() const { return nullptr; }
+  /// The node's directory (`(get_atom, name) -> actor` for its own named actors, e.g. `gate`:
+  /// actors/auth/ban_service.hpp) in cluster mode; invalid elsewhere.
+  virtual caf::actor node_directory() { return {}; }
   /// In a closed run, the id of this node's token in hex (public: the ledger's token id
   /// column); empty otherwise.
   virtual std::string token_id() const { return {}; }

@@ -141,6 +141,8 @@ public:
       p.error = label(m, "error");
       p.banned = m.value("banned") > 0;
       p.peer = p.peer.empty() ? label(m, "peer") : p.peer;
+    } else if (m.kind == "btard_enforced") {
+      enforced_[label(m, "key")].insert(m.source);
     } else if (m.kind == "btard_left") {
       peers_[m.source].left = true;
     } else if (m.kind == "btard_tau") {
@@ -201,6 +203,16 @@ public:
                  p.last_step + 1, end);
     }
     fmt::print("  bans: {}\n", bans_.empty() ? std::string("none") : bans_text().substr(8));
+    if (!enforced_.empty()) {
+      std::string s;
+      for (auto& [k, who] : enforced_)
+        s += fmt::format("{}{} ({} node{})", s.empty() ? "" : ", ", k, who.size(),
+                         who.size() == 1 ? "" : "s");
+      fmt::print("  bans taken by the nodes' gates: {}\n", s);
+    } else {
+      fmt::print("  bans taken by the nodes' gates: none (peers with their own keys: the protocol "
+                 "alone enforces bans)\n");
+    }
     fmt::print("  steps where peers held different parameters: {}\n", disagreements);
     double last_acc = -1;
     for (auto& [step, s] : steps_)
@@ -264,6 +276,8 @@ private:
   std::map<std::string, peer_state> peers_;
   std::map<uint64_t, step_state> steps_;
   std::map<std::string, std::set<std::string>> bans_;
+  /// Bans handed to a node's gate, by banned key: the peers whose nodes took them.
+  std::map<std::string, std::set<std::string>> enforced_;
   uint64_t printed_ = 0, max_step_ = 0;
   double tau_ = 0;
 };
@@ -300,7 +314,21 @@ caf::actor spawn_btard_peer(role_context& ctx, const btard_peer_role& r) {
     bo.core.protocol_step = o.attack.start_step;
   }
   bo.model = *t;
-  bo.key = actors::auth::key_pair::generate();
+  // With one peer on this node, the peer signs with the node's key, so what its verdicts ban
+  // is a node key: the node's gate and DHT refuse the banned node from then on. With several
+  // peers per node each has a fresh key, and the protocol alone enforces bans.
+  size_t on_node = 0;
+  for (auto& a : ctx.addresses_of(ctx.role.name))
+    if (a.rfind(fmt::format("@{}/", ctx.node.index()), 0) == 0)
+      ++on_node;
+  const auto* node_key = ctx.node.node_key();
+  if (node_key && on_node == 1) {
+    bo.key = *node_key;
+    bo.enforce_bans = true;
+    bo.directory = ctx.node.node_directory();
+  } else {
+    bo.key = actors::auth::key_pair::generate();
+  }
   const std::string peer = actors::auth::to_hex(bo.key->public_key()).substr(0, 8);
   if (auto st = bt::validate(bo.core); !st) {
     done(peer, st.what(), false);
@@ -405,6 +433,11 @@ caf::actor spawn_btard_peer(role_context& ctx, const btard_peer_role& r) {
                                                  const bt::peer_core& core) {
     *banned_flag = core.phase() == bt::peer_phase::banned;
     inner(rec, core);
+  };
+  bo.on_enforced = [sink, source](const std::string& key, uint64_t removed) {
+    caf::anon_send(sink, messages::metric_event{source, "btard_enforced",
+                                                {{"removed", static_cast<double>(removed)}},
+                                                {{"key", actors::auth::to_hex(key).substr(0, 8)}}});
   };
   auto left = std::make_shared<std::string>();
   bo.on_left = [left, source](const std::string& why) {

@@ -1,10 +1,10 @@
-// The `btard` kind across processes: four `starling node` processes, one BTARD peer each, train
-// one model with the DHT as the board. One peer (drawn from the seed) sends a part holding a NaN
+// The `btard` kind across processes: four `starling node` processes, one BTARD peer each (signing
+// with its node's key), train one model with the DHT as the board. One peer (drawn from the seed) sends a part holding a NaN
 // at step 2 (committed to, so its proof is public): it is banned in that step. An honest peer's
 // process is SIGKILLed mid-run: it is silent at the next deadline, removed, and banned when it
 // stays silent after its cool-down. Every step's peers hold the same parameters (node 0's
 // reporter compares the digests every peer reports; the test reads them from metrics.jsonl
-// too), and every live process exits 0.
+// too), every ban reaches the honest nodes' gates, and every live honest process exits 0.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -153,12 +153,28 @@ TEST_CASE("btard across 4 starling node processes: a NaN part bans its sender in
   CAPTURE(text);
   CHECK(*rc == 0);
   CHECK(text.find("steps where peers held different parameters: 0") != std::string::npos);
-  for (size_t i = 1; i < nodes.size(); ++i)
-    if (nodes[i]) {
-      auto code = nodes[i]->wait_exit(30s);
-      REQUIRE(code);
-      CHECK(*code == 0);
+  // One peer per node: the peers sign with their nodes' keys, and every verdict's ban reaches
+  // the node's gate, which refuses the banned node from then on.
+  CHECK(text.find("by this node's verdict") != std::string::npos);
+  CHECK(text.find("bans taken by the nodes' gates: none") == std::string::npos);
+  int attacker_node = -1;
+  for (auto& r : rows_of(metrics, "btard_step"))
+    if (!label(r, "attack").empty())
+      attacker_node = std::stoi(r.value("source", "peer.-1").substr(5));
+  REQUIRE(attacker_node > 0);
+  for (size_t i = 1; i < nodes.size(); ++i) {
+    if (!nodes[i])
+      continue;
+    if (static_cast<int>(i) == attacker_node) {
+      // Refused by every gate, it does not hear that the run ended: it is stopped.
+      nodes[i]->signal(SIGINT);
+      CHECK(nodes[i]->wait_exit(30s));
+      continue;
     }
+    auto code = nodes[i]->wait_exit(30s);
+    REQUIRE(code);
+    CHECK(*code == 0);
+  }
 
   // The attacker is banned at step 2 in every live honest view; the killed peer later.
   std::string attacker_peer;
