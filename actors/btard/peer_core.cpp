@@ -57,19 +57,7 @@ status validate(const peer_core_options& o) {
     return fail(fmt::format("the {} attack needs every honest gradient; across processes it is "
                             "not staged yet (it runs in one process)",
                             attack_name(o.gradient.kind)));
-  switch (o.protocol) {
-  case protocol_attack::none:
-  case protocol_attack::non_finite_part:
-  case protocol_attack::missing_part:
-  case protocol_attack::withhold_reveal:
-  case protocol_attack::gross_aggregate:
-  case protocol_attack::false_accusation:
-    return {};
-  default:
-    return fail(fmt::format("the protocol attack {} is not staged across processes yet (it runs "
-                            "in one process)",
-                            protocol_attack_name(o.protocol)));
-  }
+  return {};
 }
 
 namespace {
@@ -642,12 +630,31 @@ struct peer_core::impl {
       ds.push_back(part_digest(step, i, sent.data() + g.parts[i].begin, g.parts[i].size()));
     if (auto st = publish(statement_kind::part_digests, slot(0), digests_payload(ds)); !st)
       return st;
+    if (attacking(protocol_attack::equivocate_digest)) {
+      // A second digest for part 0, as if stored at other DHT replicas: both are on the board
+      // under different keys, and any reader holding both has the proof.
+      auto other = ds;
+      other[0][0] ^= 1;
+      if (auto st = publish(statement_kind::part_digests, slot(0), digests_payload(other)); !st)
+        return st;
+    }
     auto tg = target();
     // Every part goes on the board, its own part's too: re-checks recompute an aggregate from
     // every contribution to it, the aggregator's own included.
     for (size_t i = 0; i < n(); ++i) {
       if (tg && i == *tg && attacking(protocol_attack::missing_part))
         continue;
+      if (tg && i == *tg && attacking(protocol_attack::part_not_committed)) {
+        // Other values under the committed digest: readers refuse them (the digest does not
+        // match), so for its aggregator the part never arrived.
+        std::vector<float> other(sent.data() + g.parts[i].begin,
+                                 sent.data() + g.parts[i].begin + g.parts[i].size());
+        for (auto& x : other)
+          x *= -1.0f;
+        data_ref ref{step, a, data_kind::part, i, pk, ds[i]};
+        out_data.emplace_back(ref, std::move(other));
+        continue;
+      }
       if (auto st = publish_data(data_kind::part, i, sent.data() + g.parts[i].begin,
                                  g.parts[i].size(), ds[i]);
           !st)
@@ -669,6 +676,8 @@ struct peer_core::impl {
     };
     std::vector<const float*> in;
     for (auto& k : g.members) {
+      if (attacking(protocol_attack::leave_one_out) && k == g.members[i == 0 ? 1 : 0])
+        continue;
       const float* c = contribution(i, k);
       if (!c) {
         if (auto st = accuse(k, accusation_kind::missing_part, slot(i), own_cite(k)); !st)
@@ -683,7 +692,8 @@ struct peer_core::impl {
       in.push_back(c);
     }
     if (filed.empty()) {
-      auto c = centered_clip_fp64(in, g.parts[i].size(), o.group.tau, o.group.max_iterations,
+      double tau = attacking(protocol_attack::other_tau) ? o.group.tau / 4 : o.group.tau;
+      auto c = centered_clip_fp64(in, g.parts[i].size(), tau, o.group.max_iterations,
                                   o.group.tolerance);
       if (!c)
         return fail(c.error().what);
@@ -692,11 +702,25 @@ struct peer_core::impl {
       if (attacking(protocol_attack::gross_aggregate))
         for (auto& x : res)
           x += static_cast<float>(o.group.tau);
+      if (attacking(protocol_attack::non_finite_result) && !res.empty())
+        res[0] = std::numeric_limits<float>::quiet_NaN();
       auto d = part_digest(step, i, res);
       if (auto st = publish(statement_kind::result_digest, slot(i), digest_payload(d)); !st)
         return st;
       if (auto st = publish_data(data_kind::result, i, res.data(), res.size(), d); !st)
         return st;
+      if (attacking(protocol_attack::different_results)) {
+        // Another result for some receivers: on the board that is a second signed digest for
+        // the slot (the data is addressed by digest), which condemns its signer.
+        auto other = res;
+        for (auto& x : other)
+          x *= 0.5f;
+        auto d2 = part_digest(step, i, other);
+        if (auto st = publish(statement_kind::result_digest, slot(i), digest_payload(d2)); !st)
+          return st;
+        if (auto st = publish_data(data_kind::result, i, other.data(), other.size(), d2); !st)
+          return st;
+      }
     }
     return mark_done(peer_phase::aggregate);
   }
@@ -765,6 +789,8 @@ struct peer_core::impl {
       if (!res)
         return fail(fmt::format("step {}: the result of part {} is gone", step, i));
       auto pr = project(z[i].data(), sent.data() + g.parts[i].begin, res, g.parts[i].size());
+      if (attacking(protocol_attack::lie_projection) && target() && i == *target())
+        pr.s = pr.s * 1.01 + 1e-3 * pr.n;
       mine_pairs.emplace_back(pr.s, pr.n);
     }
     if (auto st = publish(statement_kind::projections, slot(0), projections_payload(mine_pairs));

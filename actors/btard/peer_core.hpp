@@ -108,9 +108,9 @@ struct peer_core_options {
 };
 
 /// Checks `o`: the group's options with rule btard; gradient attacks that need other peers'
-/// gradients (ipm, alie) are refused (not yet across processes), and so are the protocol
-/// attacks the core does not stage (it stages non_finite_part, missing_part, withhold_reveal,
-/// gross_aggregate, false_accusation).
+/// gradients (ipm, alie) are refused (not yet across processes). Every protocol attack is
+/// staged; on the board `different_results` is a second signed result digest (the data is
+/// addressed by digest) and `part_not_committed` is data that does not match its digest.
 status validate(const peer_core_options& o);
 
 /// One BTARD peer driven phase by phase.
