@@ -45,6 +45,7 @@ struct board_state {
   const caf::actor& reader() const { return o.reader ? o.reader : o.dht; }
   /// Bans already handed to the node.
   std::set<std::string> enforced;
+  bool colluders_known = false;
 };
 
 } // namespace
@@ -215,6 +216,33 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
             return;
           }
           st->members.assign(keys.begin(), keys.end());
+          if (st->o.colluders > 0) {
+            st->busy = true;
+            self->request(st->reader(), std::chrono::seconds(10), get_atom::value,
+                          st->o.prefix + "/colluders")
+              .then(
+                [st, finish, next_step](const messages::dht_get_result& c) {
+                  st->busy = false;
+                  std::set<std::string> found;
+                  for (auto& rec : c.records) {
+                    auto k = auth::from_hex(rec.subkey);
+                    if (rec.has_subkey && k && k->size() == 32 &&
+                        std::binary_search(st->members.begin(), st->members.end(), *k))
+                      found.insert(*k);
+                  }
+                  if (found.size() < st->o.colluders) {
+                    if (board_clock::now() - st->started >= st->o.join_deadline)
+                      finish(fmt::format("only {} of {} colluders announced themselves",
+                                         found.size(), st->o.colluders));
+                    return;
+                  }
+                  st->o.core.colluders = found;
+                  st->colluders_known = true;
+                },
+                [st](caf::error&) { st->busy = false; });
+            if (!st->colluders_known)
+              return;
+          }
           auto core_o = st->o.core;
           if (st->o.calibrate) {
             auto tau = st->o.calibrate(st->members);
@@ -320,6 +348,9 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
     auto pk = st->o.key->public_key();
     put(dht::make_subkey_put(st->o.prefix + "/members", auth::to_hex(pk),
                              std::vector<char>(pk.begin(), pk.end()), expires()));
+    if (st->o.colluders > 0)
+      put(dht::make_subkey_put(st->o.prefix + "/colluders", auth::to_hex(pk),
+                               std::vector<char>(pk.begin(), pk.end()), expires()));
   };
   announce();
   self->send(self, tick_atom::value);

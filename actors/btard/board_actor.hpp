@@ -56,6 +56,10 @@ struct board_peer_options {
   std::string prefix;
   /// Peers of the run (the step 0 group), and steps to run.
   size_t peers = 2;
+  /// For a peer whose gradients attack: how many attack (itself included). They find each
+  /// other under `P/colluders` (honest peers never read it; a real coalition would use a
+  /// private channel) for IPM's and ALIE's honest statistics. 0 for anyone else.
+  size_t colluders = 0;
   uint64_t steps = 1;
   std::chrono::milliseconds poll{100};
   std::chrono::milliseconds phase_deadline{10000};

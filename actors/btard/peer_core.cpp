@@ -53,9 +53,10 @@ status validate(const peer_core_options& o) {
     return st;
   if (auto st = validate(o.gradient); !st)
     return st;
-  if (o.gradient.kind == attack_kind::ipm || o.gradient.kind == attack_kind::alie)
-    return fail(fmt::format("the {} attack needs every honest gradient; across processes it is "
-                            "not staged yet (it runs in one process)",
+  if ((o.gradient.kind == attack_kind::ipm || o.gradient.kind == attack_kind::alie) &&
+      o.colluders.empty())
+    return fail(fmt::format("the {} attack needs its colluders' keys (it takes the honest "
+                            "statistics from every other peer's gradient)",
                             attack_name(o.gradient.kind)));
   return {};
 }
@@ -1166,6 +1167,32 @@ struct peer_core::impl {
     case attack_kind::delayed: {
       auto old = delayed->replay(step);
       return old ? as_vector(*old) : g_true;
+    }
+    case attack_kind::ipm:
+    case attack_kind::alie: {
+      // The honest statistics from every honest member's gradient, recomputed from the public
+      // seeds at the parameters every peer holds.
+      std::vector<at::Tensor> honest;
+      size_t byz = 0;
+      for (auto& k : g.members) {
+        if (o.colluders.count(k)) {
+          ++byz;
+          continue;
+        }
+        auto tg = true_gradient(k);
+        if (!tg)
+          return fail(tg.error().what);
+        honest.push_back(as_tensor(**tg).clone());
+      }
+      auto stats = statistics_of(honest);
+      if (!stats)
+        return fail(stats.error().what);
+      if (x.kind == attack_kind::ipm)
+        return as_vector(ipm(*stats, x.epsilon));
+      auto z = alie_z(g.members.size(), byz);
+      if (!z)
+        return fail(z.error().what);
+      return as_vector(alie(*stats, *z));
     }
     default:
       return g_true;

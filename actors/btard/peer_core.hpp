@@ -105,10 +105,14 @@ struct peer_core_options {
   attack_options gradient;
   protocol_attack protocol = protocol_attack::none;
   uint64_t protocol_step = 0;
+  /// The keys of every peer whose gradients attack, itself included (IPM and ALIE attackers
+  /// collude: they recompute the others' gradients from the public seeds and take the honest
+  /// statistics from them; n − b gradients per attacker and step).
+  std::set<std::string> colluders;
 };
 
-/// Checks `o`: the group's options with rule btard; gradient attacks that need other peers'
-/// gradients (ipm, alie) are refused (not yet across processes). Every protocol attack is
+/// Checks `o`: the group's options with rule btard, and colluders for IPM and ALIE. Every
+/// protocol attack is
 /// staged; on the board `different_results` is a second signed result digest (the data is
 /// addressed by digest) and `part_not_committed` is data that does not match its digest.
 status validate(const peer_core_options& o);

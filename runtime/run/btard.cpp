@@ -330,10 +330,14 @@ caf::actor spawn_btard_peer(role_context& ctx, const btard_peer_role& r) {
     bo.key = actors::auth::key_pair::generate();
   }
   const std::string peer = actors::auth::to_hex(bo.key->public_key()).substr(0, 8);
-  if (auto st = bt::validate(bo.core); !st) {
+  bt::peer_core_options checked = bo.core;
+  checked.colluders = {bo.key->public_key()}; // the others' keys are known once they announce
+  if (auto st = bt::validate(checked); !st) {
     done(peer, st.what(), false);
     return {};
   }
+  if (attacker && o.attack.kind != bt::attack_kind::none)
+    bo.colluders = static_cast<size_t>(std::count(byz.begin(), byz.end(), true));
   bo.dht = ctx.node.dht();
   // One reader per node: its peers poll the same keys (a read younger than half the poll
   // interval is shared).
@@ -518,6 +522,7 @@ void expand_btard(config_node& n, experiment_graph& g, const expand_context& ctx
     probe.group.run_id = o.name;
     probe.gradient = o.attack;
     probe.protocol = o.protocol;
+    probe.colluders = {std::string(32, 'k')}; // IPM and ALIE attackers meet at run time
     if (auto st = bt::validate(probe); !st)
       n.fail(st.what());
     role_spec peers;

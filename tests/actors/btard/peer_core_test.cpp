@@ -184,15 +184,20 @@ TEST_CASE("peers on a board take the lockstep group's steps bit for bit, attacks
   // The lockstep engine (protocol.hpp) is the oracle: the same keys, seeds and attacks give the
   // same shared randomness, the same bans and the same parameters after every step.
   for (auto kind : {btard::attack_kind::none, btard::attack_kind::sign_flip,
-                    btard::attack_kind::label_flip}) {
+                    btard::attack_kind::label_flip, btard::attack_kind::ipm,
+                    btard::attack_kind::alie}) {
     std::string kind_name = btard::attack_name(kind);
     CAPTURE(kind_name);
     auto o = options(3);
     o.validators = 2;
     std::vector<btard::peer_core_options> specs(7);
-    if (kind != btard::attack_kind::none)
+    if (kind != btard::attack_kind::none) {
+      auto ks = keys(specs.size(), 3);
       for (size_t i : {1, 4})
         specs[i].gradient.kind = kind;
+      for (size_t i : {1, 4})
+        specs[i].colluders = {ks[1].public_key(), ks[4].public_key()};
+    }
     board_run run(o, specs, 3);
     auto oracle = lockstep(o, specs, 3);
     for (int s = 0; s < 12; ++s) {
