@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "actors/auth/identity.hpp"
+#include "actors/auth/refusal.hpp"
 #include "runtime/cli/signals.hpp"
 #include "runtime/experiment/plan.hpp"
 #include "runtime/experiment/runner.hpp"
@@ -376,6 +377,17 @@ int compare_with_run(node& nd, const std::string& file, const std::vector<std::s
     return 0; // serve_experiment said why already
   for (auto& ep : join) {
     auto theirs = fetch_package(nd, ep, std::chrono::seconds(10));
+    if (!theirs && theirs.error().what.find(fmt::format(
+                       "refused ({})", actors::auth::to_string(actors::auth::reason::banned))) !=
+                       std::string::npos) {
+      // A ban is by key: this node comes back with the key that was banned, and every node of
+      // the run refuses it (a new key needs a new token in a closed run).
+      fmt::print(stderr,
+                 "starling: error: the run at {} refuses this node: {}; a ban is by key and "
+                 "stays across restarts\n",
+                 ep, theirs.error().what);
+      return 2;
+    }
     if (!theirs) {
       fmt::print(stderr,
                  "starling: warning: cannot compare this node's experiment with the "

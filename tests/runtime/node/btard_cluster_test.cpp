@@ -4,7 +4,8 @@
 // process is SIGKILLed mid-run: it is silent at the next deadline, removed, and banned when it
 // stays silent after its cool-down. Every step's peers hold the same parameters (node 0's
 // reporter compares the digests every peer reports; the test reads them from metrics.jsonl
-// too), every ban reaches the honest nodes' gates, and every live honest process exits 0.
+// too), every ban reaches the honest nodes' gates (the attacker's node, restarted with its key,
+// is refused and exits 2), and every live honest process exits 0.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -53,7 +54,7 @@ std::string write_config(const std::string& dir) {
        "  synthetic: true\n"
        "  train_samples: 2000\n"
        "  eval_samples: 200\n"
-       "  phase_deadline: 3s\n"
+       "  phase_deadline: 6s\n"
        "  poll: 50ms\n";
   return path;
 }
@@ -134,6 +135,41 @@ TEST_CASE("btard across 4 starling node processes: a NaN part bans its sender in
   (void)nodes[static_cast<size_t>(victim)]->wait_exit(10s);
   nodes[static_cast<size_t>(victim)].reset();
 
+  // The attacker's node, banned at step 2, comes back with its key (the same --out folder):
+  // every node refuses it, and it says so and exits 2.
+  int attacker_node = -1;
+  for (auto& r : rows_of(metrics, "btard_step"))
+    if (!label(r, "attack").empty())
+      attacker_node = std::stoi(r.value("source", "peer.-1").substr(5));
+  REQUIRE(attacker_node > 0);
+  REQUIRE(attacker_node != victim);
+  {
+    auto& a = nodes[static_cast<size_t>(attacker_node)];
+    a->signal(SIGKILL);
+    (void)a->wait_exit(10s);
+    subprocess again{{STARLING_BINARY, "node", "--listen", "127.0.0.1:0", "--config", config,
+                      "--index", std::to_string(attacker_node), "--nodes", "4", "--out",
+                      dir.path + "/n" + std::to_string(attacker_node), "--join",
+                      starling::testing::endpoint_of(nodes[0]->output())}};
+    std::string said;
+    std::optional<int> code;
+    auto until = clock_type::now() + 60s;
+    while (!code && clock_type::now() < until) {
+      drain();
+      (void)nodes[0]->read_line(0ms);
+      if (auto line = again.read_line(100ms))
+        said += *line + "\n";
+      code = again.wait_exit(0ms);
+    }
+    while (auto line = again.read_line(0ms))
+      said += *line + "\n";
+    CAPTURE(said);
+    REQUIRE(code);
+    CHECK(*code == 2);
+    CHECK(said.find("refused (banned)") != std::string::npos);
+    a.reset();
+  }
+
   // Node 0 ends the run once the live peers are done.
   std::vector<std::string> out;
   auto rc = std::optional<int>{};
@@ -146,10 +182,16 @@ TEST_CASE("btard across 4 starling node processes: a NaN part bans its sender in
   }
   while (auto line = nodes[0]->read_line(0ms))
     out.push_back(*line);
-  REQUIRE(rc);
-  std::string text;
-  for (auto& l : out)
-    text += l + "\n";
+  if (!rc) {
+    // What every process said, to see where the run stalled.
+    std::string all;
+    for (size_t i = 0; i < nodes.size(); ++i)
+      if (nodes[i])
+        all += "--- node " + std::to_string(i) + "\n" + nodes[i]->output();
+    CAPTURE(all);
+    FAIL("node 0 did not end the run");
+  }
+  const std::string& text = nodes[0]->output(); // every line node 0 printed
   CAPTURE(text);
   CHECK(*rc == 0);
   CHECK(text.find("steps where peers held different parameters: 0") != std::string::npos);
@@ -157,20 +199,9 @@ TEST_CASE("btard across 4 starling node processes: a NaN part bans its sender in
   // the node's gate, which refuses the banned node from then on.
   CHECK(text.find("by this node's verdict") != std::string::npos);
   CHECK(text.find("bans taken by the nodes' gates: none") == std::string::npos);
-  int attacker_node = -1;
-  for (auto& r : rows_of(metrics, "btard_step"))
-    if (!label(r, "attack").empty())
-      attacker_node = std::stoi(r.value("source", "peer.-1").substr(5));
-  REQUIRE(attacker_node > 0);
   for (size_t i = 1; i < nodes.size(); ++i) {
     if (!nodes[i])
       continue;
-    if (static_cast<int>(i) == attacker_node) {
-      // Refused by every gate, it does not hear that the run ended: it is stopped.
-      nodes[i]->signal(SIGINT);
-      CHECK(nodes[i]->wait_exit(30s));
-      continue;
-    }
     auto code = nodes[i]->wait_exit(30s);
     REQUIRE(code);
     CHECK(*code == 0);
