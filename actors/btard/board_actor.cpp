@@ -21,6 +21,9 @@ namespace {
 
 using board_clock = std::chrono::steady_clock;
 
+/// Board reads a wait needs before its deadline can pass.
+constexpr uint64_t board_min_polls = 5;
+
 struct board_state {
   explicit board_state(board_peer_options opts) : o(std::move(opts)) {}
   board_peer_options o;
@@ -33,6 +36,8 @@ struct board_state {
   // Where the core's current wait began.
   std::tuple<uint64_t, uint32_t, int> waiting{~uint64_t{0}, 0, -1};
   board_clock::time_point wait_since = board_clock::now();
+  /// Polls of the board completed since the wait began.
+  uint64_t polls_in_wait = 0;
   uint64_t failed_puts = 0;
   uint64_t ticks = 0;
   /// Statement sub-keys of the current step already verified and offered: a poll returns every
@@ -136,6 +141,7 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
     if (now != st->waiting) {
       st->waiting = now;
       st->wait_since = board_clock::now();
+      st->polls_in_wait = 0;
     }
   };
   // Starts the next step, or ends the run.
@@ -153,14 +159,19 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
       note_wait();
       if (st->core->phase() != peer_phase::idle && st->core->phase() != peer_phase::banned)
         return;
-      // Out of the group without a ban: the others found it silent. Coming back needs a state
-      // download into the running group, which is not offered across processes yet.
+      // Out of the group without a ban: it was found silent, or in its view too few peers
+      // are left. Coming back needs a state download into the running group, which is not
+      // offered across processes yet.
       auto rec = st->core->take_record();
       if (st->o.on_left)
-        st->o.on_left(fmt::format("left the group at step {}: the others found this peer silent, "
-                                  "and rejoining a running group across processes is not "
-                                  "supported yet",
-                                  rec.step));
+        st->o.on_left(fmt::format(
+            "left the group at step {}: {}; rejoining a running group across processes is not "
+            "supported yet",
+            rec.step,
+            st->core->cooling_down()
+                ? "the others found this peer silent"
+                : "in this peer's view fewer than two peers are left (it found the others "
+                  "silent or banned)"));
       finish("");
       return;
     }
@@ -169,7 +180,12 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
   auto evaluate = [st, flush, finish, note_wait, next_step, enforce] {
     if (st->finished)
       return;
-    auto late = board_clock::now() - st->wait_since >= st->o.phase_deadline;
+    // The deadline passes once its time is up and the board was read a few times since: a
+    // peer whose own thread or DHT reads were slow (a dead node stalls lookups for an RPC
+    // timeout until it is evicted) does not call the others silent before it has looked.
+    ++st->polls_in_wait;
+    auto late = board_clock::now() - st->wait_since >= st->o.phase_deadline &&
+                st->polls_in_wait >= board_min_polls;
     if (!st->core->ready() && !late)
       return;
     auto ended = st->core->advance();

@@ -1310,5 +1310,8 @@ const std::vector<float>& peer_core::params() const { return p_->params; }
 const std::map<std::string, std::string>& peer_core::bans() const { return p_->view.banned(); }
 const digest& peer_core::randomness() const { return p_->r_prev; }
 uint64_t peer_core::refused() const { return p_->refused; }
+bool peer_core::cooling_down() const {
+  return p_->view.absent(p_->pk, p_->step) == absence::cooling_down;
+}
 
 } // namespace starling::actors::btard

@@ -170,6 +170,8 @@ public:
   const std::map<std::string, std::string>& bans() const;
   /// The shared randomness the next step's seeds come from.
   const digest& randomness() const;
+  /// Whether this peer is cooling down in its own view (found silent) at the next step.
+  bool cooling_down() const;
   /// Statements and data refused (bad, foreign, from banned signers), over the run.
   uint64_t refused() const;
 

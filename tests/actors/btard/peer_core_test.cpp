@@ -63,6 +63,8 @@ struct board_run {
   std::vector<btard::signed_statement> statements;
   std::map<btard::data_ref, std::vector<float>> data;
   std::set<size_t> crashed;
+  /// Peers that crash once they reach (step, phase): mid-step crashes.
+  std::map<size_t, std::pair<uint64_t, btard::peer_phase>> crash_at;
   /// Deadlines that passed (waits that ended without every marker).
   size_t deadlines = 0;
 
@@ -121,6 +123,9 @@ struct board_run {
             peers[i]->offer(ref, it->second);
         }
       }
+      for (auto& [i, at] : crash_at)
+        if (!crashed.count(i) && peers[i]->step() == at.first && peers[i]->phase() == at.second)
+          crashed.insert(i);
       std::vector<size_t> go;
       for (size_t i = 0; i < peers.size(); ++i)
         if (running(i) && peers[i]->ready())
@@ -262,6 +267,37 @@ TEST_CASE("a crashed peer is silent at the deadline, removed, and banned after r
   CHECK(banned);
   for (size_t i : live)
     CHECK(run.peers[i]->bans().size() == 1);
+}
+
+TEST_CASE("a peer that crashes in any phase of a step is removed; the others agree and stay") {
+  for (auto at : {btard::peer_phase::commit, btard::peer_phase::aggregate,
+                  btard::peer_phase::results, btard::peer_phase::reveal,
+                  btard::peer_phase::project, btard::peer_phase::check}) {
+    std::string phase = btard::phase_name(at);
+    CAPTURE(phase);
+    auto o = options(9);
+    o.membership.cool_down = 2;
+    o.membership.silences_to_ban = 2;
+    std::vector<btard::peer_core_options> specs(4);
+    specs[1].protocol = btard::protocol_attack::non_finite_part;
+    specs[1].protocol_step = 1;
+    board_run run(o, specs, 9);
+    run.crash_at[2] = {3, at};
+    std::set<size_t> live{0, 3};
+    for (int s = 0; s < 10; ++s) {
+      auto recs = run.step();
+      for (size_t i : live) {
+        CAPTURE(i);
+        CAPTURE(s);
+        REQUIRE(recs.count(i));
+        CHECK(recs[i].applied);
+        CHECK(run.peers[i]->phase() == btard::peer_phase::idle);
+      }
+      same_params(run, live);
+    }
+    for (size_t i : live)
+      CHECK(run.peers[i]->bans().size() == 2);
+  }
 }
 
 TEST_CASE("each protocol attack bans its attacker in its step; honest peers agree") {

@@ -54,7 +54,7 @@ std::string write_config(const std::string& dir) {
        "  synthetic: true\n"
        "  train_samples: 2000\n"
        "  eval_samples: 200\n"
-       "  phase_deadline: 6s\n"
+       "  phase_deadline: 8s\n"
        "  poll: 50ms\n";
   return path;
 }
