@@ -303,6 +303,17 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
             if (digest_hex(statement_digest(*s)) == rec.subkey)
               st->seen.insert(rec.subkey);
           }
+          if (st->core->behind()) {
+            if (st->o.on_left)
+              st->o.on_left(fmt::format(
+                  "left the group at step {}: most peers went on to a later aggregation "
+                  "without this peer's view of who was silent; rejoining a running group "
+                  "across processes is not supported yet",
+                  step));
+            st->busy = false;
+            self->send(self, stop_atom::value);
+            return;
+          }
           // The data the core waits for, one DHT key at a time.
           std::map<std::string, std::vector<data_ref>> by_key;
           for (auto& ref : st->core->wanted())
@@ -389,6 +400,7 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
                                  attempt + 1);
           });
     },
+    [finish](stop_atom) { finish(""); },
     [self, st, poll_members, poll_board, announce](tick_atom) {
       if (st->finished)
         return;

@@ -102,6 +102,8 @@ struct peer_core::impl {
   std::map<digest, signed_statement> by_digest;
   /// Those already in an earlier attempt's record.
   std::set<digest> logged;
+  /// Members seen in a later aggregation of this step (phase_done markers), by attempt.
+  std::map<uint32_t, std::set<std::string>> later;
   std::map<data_ref, std::vector<float>> data;
   std::vector<digest> filed; // accusations this peer filed in the current phase
   std::optional<mprng_round> round;
@@ -926,6 +928,7 @@ struct peer_core::impl {
     board.forget_before(step + 1);
     by_digest.clear();
     logged.clear();
+    later.clear();
     data.clear();
     recomputed.clear();
     finished = std::move(record);
@@ -1218,6 +1221,22 @@ struct peer_core::impl {
       return;
     }
     by_digest.emplace(d, s);
+    // A member already in a later aggregation of this step: the others removed someone this
+    // peer still waits for (or this peer itself).
+    if (s.body.kind == statement_kind::phase_done)
+      if (auto at = parse_index_slot(s.body.slot); at && at->first > a)
+        later[at->first].insert(s.body.signer);
+  }
+
+  /// Whether most of the group went on to a later aggregation of this step without this peer's
+  /// view following: its view of who was silent differs from theirs.
+  bool behind() const {
+    if (phase == peer_phase::idle || phase == peer_phase::banned)
+      return false;
+    for (auto& [att, who] : later)
+      if (att > a && 2 * who.size() > n())
+        return true;
+    return false;
   }
 
   void offer(const data_ref& ref, const std::vector<float>& values) {
@@ -1310,6 +1329,7 @@ const std::vector<float>& peer_core::params() const { return p_->params; }
 const std::map<std::string, std::string>& peer_core::bans() const { return p_->view.banned(); }
 const digest& peer_core::randomness() const { return p_->r_prev; }
 uint64_t peer_core::refused() const { return p_->refused; }
+bool peer_core::behind() const { return p_->behind(); }
 bool peer_core::cooling_down() const {
   return p_->view.absent(p_->pk, p_->step) == absence::cooling_down;
 }

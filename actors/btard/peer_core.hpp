@@ -170,6 +170,11 @@ public:
   const std::map<std::string, std::string>& bans() const;
   /// The shared randomness the next step's seeds come from.
   const digest& randomness() const;
+  /// Whether more than half of the current group already marked a phase of a later aggregation
+  /// of this step: they went on without someone this peer still counts (its view of who was
+  /// silent differs from theirs). Such a peer leaves rather than go on in a group of its own
+  /// (a minority cannot fake it: it takes a majority's signed markers).
+  bool behind() const;
   /// Whether this peer is cooling down in its own view (found silent) at the next step.
   bool cooling_down() const;
   /// Statements and data refused (bad, foreign, from banned signers), over the run.
