@@ -969,6 +969,21 @@ struct peer_core::impl {
     return start_attempt();
   }
 
+  /// After a wait's decisions: a redo when anyone left (true when that ended the step),
+  /// else the next phase's work (false).
+  result<bool> next(result<bool> left, status (impl::*work)()) {
+    if (!left)
+      return fail(left.error().what);
+    if (*left) {
+      if (auto st = redo(); !st)
+        return fail(st.what());
+      return phase == peer_phase::idle || phase == peer_phase::banned;
+    }
+    if (auto st = (this->*work)(); !st)
+      return fail(st.what());
+    return false;
+  }
+
   result<bool> advance() {
     if (phase == peer_phase::idle || phase == peer_phase::banned)
       return fail("no step is running");
@@ -980,17 +995,7 @@ struct peer_core::impl {
       for (auto& k : g.members)
         if (committed(k).empty())
           no_digests.insert(k);
-      auto left = settle(peer_phase::commit, no_digests);
-      if (!left)
-        return fail(left.error().what);
-      if (*left) {
-        if (auto st = redo(); !st)
-          return fail(st.what());
-        return done();
-      }
-      if (auto st = work_aggregate(); !st)
-        return fail(st.what());
-      return false;
+      return next(settle(peer_phase::commit, no_digests), &impl::work_aggregate);
     }
     case peer_phase::aggregate: {
       bool accusations = !listed(peer_phase::aggregate).empty();
@@ -999,34 +1004,14 @@ struct peer_core::impl {
         for (size_t i = 0; i < n(); ++i)
           if (!result_digest_of(i))
             no_result.insert(g.members[i]);
-      auto left = settle(peer_phase::aggregate, no_result);
-      if (!left)
-        return fail(left.error().what);
-      if (*left) {
-        if (auto st = redo(); !st)
-          return fail(st.what());
-        return done();
-      }
-      if (auto st = work_results(); !st)
-        return fail(st.what());
-      return false;
+      return next(settle(peer_phase::aggregate, no_result), &impl::work_results);
     }
     case peer_phase::results: {
       std::set<std::string> no_commit;
       for (auto& k : g.members)
         if (!find(statement_kind::mprng_commit, k, index_slot(round->attempt(), 0)))
           no_commit.insert(k);
-      auto left = settle(peer_phase::results, no_commit);
-      if (!left)
-        return fail(left.error().what);
-      if (*left) {
-        if (auto st = redo(); !st)
-          return fail(st.what());
-        return done();
-      }
-      if (auto st = work_reveal(); !st)
-        return fail(st.what());
-      return false;
+      return next(settle(peer_phase::results, no_commit), &impl::work_reveal);
     }
     case peer_phase::reveal: {
       for (auto& k : g.members) {
@@ -1051,33 +1036,18 @@ struct peer_core::impl {
           removed.insert(k);
         *left = true;
       }
-      if (*left) {
-        if (auto st = redo(); !st)
-          return fail(st.what());
-        return done();
+      if (!*left) {
+        r = *drawn.value;
+        rec.r = r;
       }
-      r = *drawn.value;
-      rec.r = r;
-      if (auto st = work_project(); !st)
-        return fail(st.what());
-      return false;
+      return next(left, &impl::work_project);
     }
     case peer_phase::project: {
       std::set<std::string> no_pairs;
       for (auto& k : g.members)
         if (!find(statement_kind::projections, k, slot(0)))
           no_pairs.insert(k);
-      auto left = settle(peer_phase::project, no_pairs);
-      if (!left)
-        return fail(left.error().what);
-      if (*left) {
-        if (auto st = redo(); !st)
-          return fail(st.what());
-        return done();
-      }
-      if (auto st = work_check(); !st)
-        return fail(st.what());
-      return false;
+      return next(settle(peer_phase::project, no_pairs), &impl::work_check);
     }
     case peer_phase::check: {
       auto left = settle(peer_phase::check);

@@ -10,8 +10,7 @@
 #include <vector>
 
 #include "actors/auth/identity.hpp"
-#include "kernels/data/idx.hpp"
-#include "kernels/data/idx_source.hpp"
+#include "support/btard_fixtures.hpp"
 
 namespace starling::test::btard_protocol {
 
@@ -20,24 +19,7 @@ using starling::actors::auth::key_pair;
 
 namespace {
 
-std::shared_ptr<const btard::task> tiny_task() {
-  static std::shared_ptr<const btard::task> t = [] {
-    auto train = kernels::idx_source::make(
-      std::make_shared<const kernels::image_set>(kernels::make_synthetic_images(512, 8, 10, 3, 0)));
-    auto eval = kernels::idx_source::make(
-      std::make_shared<const kernels::image_set>(kernels::make_synthetic_images(256, 8, 10, 3, 1)));
-    REQUIRE(train);
-    REQUIRE(eval);
-    btard::mlp_task_options o;
-    o.hidden = 16;
-    o.batch = 8;
-    o.seed = 1;
-    auto made = btard::make_mlp_task(*train, *eval, o);
-    REQUIRE(made);
-    return *made;
-  }();
-  return t;
-}
+std::shared_ptr<const btard::task> tiny_task() { return starling::testing::tiny_btard_task(); }
 
 btard::group_options options(uint64_t seed) {
   btard::group_options o;
