@@ -253,6 +253,139 @@ std::string ledger_key(const std::string& experiment, size_t shard) {
   return experiment + "/ledger/" + std::to_string(shard);
 }
 
+namespace {
+
+constexpr uint8_t gate_summary_version = 1;
+
+result<gate_summary> refuse_gate(const std::string& what) {
+  return fail("gate record: " + what);
+}
+
+bool gate_reason_ok(const std::string& r) {
+  return !r.empty() && r.size() <= max_gate_reason_bytes &&
+         std::all_of(r.begin(), r.end(), [](char c) {
+           return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+         });
+}
+
+bool gate_peer_id_ok(const std::string& id) {
+  return !id.empty() && ledger_token_id_ok(id);
+}
+
+} // namespace
+
+std::string gate_ledger_key(const std::string& experiment) {
+  return experiment + "/ledger/gates";
+}
+
+std::vector<char> encode_gate_summary(const gate_summary& s) {
+  std::vector<char> out;
+  out.reserve(64 + s.by_reason.size() * 24 + s.parties.size() * 48);
+  ledger_put_u8(out, gate_summary_version);
+  for (double v : {s.time, s.started, s.others})
+    ledger_put_f64(out, v);
+  ledger_put_text(out, s.id, max_ledger_id_bytes);
+  std::vector<std::pair<std::string, double>> reasons;
+  for (auto& [r, n] : s.by_reason)
+    if (gate_reason_ok(r) && reasons.size() < max_gate_reasons)
+      reasons.emplace_back(r, n);
+  ledger_put_u8(out, static_cast<uint8_t>(reasons.size()));
+  for (auto& [r, n] : reasons) {
+    ledger_put_text(out, r, max_gate_reason_bytes);
+    ledger_put_f64(out, n);
+  }
+  std::vector<const gate_party*> parties;
+  for (auto& p : s.parties)
+    if (gate_peer_id_ok(p.peer_id) && parties.size() < max_gate_parties)
+      parties.push_back(&p);
+  ledger_put_u16(out, static_cast<uint16_t>(parties.size()));
+  for (auto* p : parties) {
+    ledger_put_text(out, p->peer_id, max_ledger_token_id_bytes);
+    ledger_put_f64(out, p->refusals);
+    auto n = std::min(p->ban_reason.size(), max_gate_ban_reason_bytes);
+    ledger_put_u8(out, static_cast<uint8_t>(n));
+    out.insert(out.end(), p->ban_reason.begin(),
+               p->ban_reason.begin() + static_cast<std::ptrdiff_t>(n));
+  }
+  return out;
+}
+
+result<gate_summary> decode_gate_summary(const std::vector<char>& bytes) {
+  ledger_reader r{bytes};
+  uint8_t version = 0;
+  if (!r.u8(version))
+    return refuse_gate("empty");
+  if (version != gate_summary_version)
+    return refuse_gate("version " + std::to_string(version) + ", expected " +
+                       std::to_string(gate_summary_version));
+  gate_summary s;
+  if (!r.f64(s.time) || !r.f64(s.started) || !r.f64(s.others))
+    return refuse_gate("too short for its times");
+  if (!std::isfinite(s.time) || !std::isfinite(s.started))
+    return refuse_gate("a time is not finite");
+  if (!ledger_count_ok(s.others))
+    return refuse_gate("a count is negative, not finite or above 2^53");
+  if (!r.text(s.id, max_ledger_id_bytes))
+    return refuse_gate("record id is empty, cut or longer than " +
+                       std::to_string(max_ledger_id_bytes) + " bytes");
+  uint8_t reasons = 0;
+  if (!r.u8(reasons))
+    return refuse_gate("too short for its reason count");
+  if (reasons > max_gate_reasons)
+    return refuse_gate("carries " + std::to_string(reasons) + " reasons, at most " +
+                       std::to_string(max_gate_reasons) + " allowed");
+  for (uint8_t i = 0; i < reasons; ++i) {
+    std::string reason;
+    double n = 0;
+    if (!r.text(reason, max_gate_reason_bytes) || !r.f64(n))
+      return refuse_gate("reason " + std::to_string(i) + " is cut");
+    if (!gate_reason_ok(reason))
+      return refuse_gate("reason " + std::to_string(i) + " is not [a-z0-9_]");
+    if (!ledger_count_ok(n))
+      return refuse_gate("a count is negative, not finite or above 2^53");
+    // In ascending order, each once: one record has one encoding.
+    if (!s.by_reason.empty() && reason <= s.by_reason.rbegin()->first)
+      return refuse_gate("reason " + std::to_string(i) + " is listed twice or out of order");
+    s.by_reason.emplace(std::move(reason), n);
+  }
+  uint16_t parties = 0;
+  if (!r.u16(parties))
+    return refuse_gate("too short for its party count");
+  if (parties > max_gate_parties)
+    return refuse_gate("carries " + std::to_string(parties) + " parties, at most " +
+                       std::to_string(max_gate_parties) + " allowed");
+  s.parties.reserve(parties);
+  std::unordered_set<std::string> seen;
+  for (uint16_t i = 0; i < parties; ++i) {
+    gate_party p;
+    uint8_t ban_bytes = 0;
+    if (!r.text(p.peer_id, max_ledger_token_id_bytes) || !r.f64(p.refusals) || !r.u8(ban_bytes))
+      return refuse_gate("party " + std::to_string(i) + " is cut");
+    if (!gate_peer_id_ok(p.peer_id))
+      return refuse_gate("party " + std::to_string(i) + "'s peer id is not lower-case hex");
+    if (!ledger_count_ok(p.refusals))
+      return refuse_gate("a count is negative, not finite or above 2^53");
+    if (ban_bytes > 0 && !r.text_of(p.ban_reason, ban_bytes))
+      return refuse_gate("party " + std::to_string(i) + "'s ban reason is cut");
+    if (!seen.insert(p.peer_id).second)
+      return refuse_gate("party " + std::to_string(i) + " is listed twice");
+    s.parties.push_back(std::move(p));
+  }
+  if (r.left() != 0)
+    return refuse_gate(std::to_string(r.left()) + " trailing bytes");
+  return s;
+}
+
+result<gate_summary> decode_gate_record(const std::string& subkey,
+                                        const std::vector<char>& bytes) {
+  auto s = decode_gate_summary(bytes);
+  if (!s)
+    return s;
+  if (s->id != subkey)
+    return refuse_gate("its id is not the sub-key it was stored under");
+  return s;
+}
+
 std::vector<double> round_credits(const std::vector<int64_t>& part_sizes,
                                   const std::vector<double>& received, uint32_t self) {
   auto n = part_sizes.size();

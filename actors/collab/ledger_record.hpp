@@ -131,6 +131,66 @@ size_t ledger_shard(const std::string& id);
 /// `<experiment>/ledger/<shard>`.
 std::string ledger_key(const std::string& experiment, size_t shard);
 
+/// What one node's gate refused, as the node publishes it under `<experiment>/ledger/gates`
+/// (sub-key: its record id, with the node key's owner marker) so that every node's ledger shows
+/// the refusals of the whole run, not only of its own gate (issue 42, item 5). A refused party
+/// cannot publish anything itself: the gates that refused it speak for it. Each gate's counts are
+/// cumulative within the node's incarnation (`started`); a ledger sums them over the gates.
+struct gate_party {
+  /// The first hex digits (at most `max_ledger_token_id_bytes`) of the party's public key: the
+  /// `peer_id` of the ledger's rows. Only parties whose key the gate knew (a hello that proved
+  /// it): a claim the gate could not verify is counted under its reason, never under a name.
+  std::string peer_id;
+  /// Its refusals at this gate.
+  double refusals = 0;
+  /// Why it is out of the run (a `banned` or `revoked` refusal's words), empty otherwise.
+  std::string ban_reason;
+};
+
+/// At most this many parties in one gate record (the gate keeps the same bound); the rest summed.
+inline constexpr size_t max_gate_parties = 64;
+
+/// At most this many refusal reasons in one gate record.
+inline constexpr size_t max_gate_reasons = 32;
+
+/// Longest refusal reason, and longest ban reason, in bytes.
+inline constexpr size_t max_gate_reason_bytes = 64;
+inline constexpr size_t max_gate_ban_reason_bytes = 255;
+
+/// One node's gate's refusals (see `gate_party`).
+struct gate_summary {
+  /// The record id (also the sub-key).
+  std::string id;
+  /// When the node made the record, and when its gate started counting (DHT clock, seconds).
+  double time = 0;
+  double started = 0;
+  /// Refusals by reason (`expired`, `banned`, ...; at most `max_gate_reasons`, by name).
+  std::map<std::string, double> by_reason;
+  /// The parties it refused by key (at most `max_gate_parties`), and the refusals of the
+  /// parties beyond that bound summed.
+  std::vector<gate_party> parties;
+  double others = 0;
+};
+
+/// `<experiment>/ledger/gates`.
+std::string gate_ledger_key(const std::string& experiment);
+
+/// The value bytes (little-endian): version 1, two times and `others` as doubles, the id, the
+/// reason count (u8) and each reason (text, double), the party count (u16) and each party (peer
+/// id, double, ban reason: length-prefixed, the ban reason may be empty). Longer lists and
+/// texts are cut to their bounds.
+std::vector<char> encode_gate_summary(const gate_summary& s);
+
+/// Decodes value bytes from the network: fails, never throws, on a wrong size or version, a
+/// non-finite time, a count that is negative, not finite or above 2^53, an empty or oversized id,
+/// more reasons or parties than the bounds, a reason that is not `[a-z0-9_]`, reasons out of ascending order, a
+/// party listed twice, a peer id that is not lower-case hex of 1 to `max_ledger_token_id_bytes` digits, or
+/// trailing bytes.
+result<gate_summary> decode_gate_summary(const std::vector<char>& bytes);
+
+/// `decode_gate_summary` of a record read under `subkey`: its id must be the sub-key.
+result<gate_summary> decode_gate_record(const std::string& subkey, const std::vector<char>& bytes);
+
 /// The credit member `self` gives each member of one round: `part_sizes[m]` is the size of the
 /// part member m reduced (0 for a client or when it reduced none), `received[m]` the weight that
 /// reached every element of `self`'s part from m (negative: its contribution did not). Member

@@ -671,7 +671,7 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
     auto w = run_watch::start(g.node.http, g, *p, run_mode::cluster);
     if (w) {
       watch = std::move(*w);
-      watch->watch_gate(nd.gate());
+      watch->watch_gate(nd.gate(), gate_record_id(nd.key().public_key()));
       fmt::print("node{}: watch the run at {} (/status, /metrics, /ledger.csv)\n", s.index,
                  watch->url());
       std::fflush(stdout);
@@ -705,6 +705,9 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
   if (watch)
     if (auto r = watch->read_ledger(sys, h.dht(), g.node.ledger_every))
       h.adopt(r);
+  // What this node's gate refuses goes to the run's ledger: every node's page shows it.
+  if (auto gp = spawn_gate_publisher(sys, h.dht(), g.name, nd.gate(), g.node.ledger_every))
+    h.adopt(gp);
   // The node's faults: its instances' kills, and partitions that include it. Its own kill is
   // the parent process's (`starling node` restarts this one).
   std::vector<size_t> mine;

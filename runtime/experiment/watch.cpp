@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "actors/collab/ledger_record.hpp"
+#include "actors/collab/shell.hpp"
 #include "actors/dht/client.hpp"
 #include "actors/dht/signing.hpp"
 #include "runtime/config/config.hpp"
@@ -216,10 +217,14 @@ caf::behavior ledger_reader(caf::stateful_actor<ledger_reader_state>* self, caf:
       auto& s = self->state;
       if (s.pending > 0)
         return;
-      s.pending = collab::ledger_shards;
-      for (size_t shard = 0; shard < collab::ledger_shards; ++shard)
+      // The 64 shards of the peers' summaries, and the nodes' gate records.
+      s.pending = collab::ledger_shards + 1;
+      for (size_t shard = 0; shard <= collab::ledger_shards; ++shard) {
+        bool gates = shard == collab::ledger_shards;
         actors::dht::dht_get(
-          self, dht, collab::ledger_key(experiment, shard), every,
+          self, dht,
+          gates ? collab::gate_ledger_key(experiment) : collab::ledger_key(experiment, shard),
+          every,
           [=](const messages::dht_get_result& r) {
             auto& x = self->state;
             size_t taken = 0;
@@ -233,7 +238,8 @@ caf::behavior ledger_reader(caf::stateful_actor<ledger_reader_state>* self, caf:
                 continue;
               }
               ++taken;
-              x.got.push_back({rec.subkey, rec.value, static_cast<double>(rec.expiration_ns) / 1e9});
+              x.got.push_back(
+                {rec.subkey, rec.value, static_cast<double>(rec.expiration_ns) / 1e9, gates});
             }
             if (--x.pending == 0)
               done();
@@ -242,7 +248,69 @@ caf::behavior ledger_reader(caf::stateful_actor<ledger_reader_state>* self, caf:
             if (--self->state.pending == 0)
               done();
           });
+      }
     },
+  };
+}
+
+/// The gate publisher's state.
+struct gate_publisher_state {
+  static inline const char* name = "gate_publisher";
+  std::shared_ptr<node_gate> gate;
+  std::string experiment;
+  /// Empty until the node key came (unsigned records would be refused).
+  std::string id;
+  double started = 0;
+};
+
+using gate_tick_atom = caf::atom_constant<caf::atom("gate_tick")>;
+
+caf::behavior gate_publisher(caf::stateful_actor<gate_publisher_state>* self, caf::actor dht,
+                             std::string experiment, std::shared_ptr<node_gate> gate,
+                             caf::timespan every) {
+  namespace collab = starling::actors::collab;
+  auto& s = self->state;
+  s.gate = std::move(gate);
+  s.experiment = std::move(experiment);
+  s.started = collab::now_s(self);
+  self->request(dht, std::chrono::seconds(5), dht_key_atom::value)
+      .then([=](const std::string& key) { self->state.id = gate_record_id(key); },
+            [](caf::error&) {});
+  self->delayed_send(self, every, gate_tick_atom::value);
+  return {
+      [=](gate_tick_atom) {
+        self->delayed_send(self, every, gate_tick_atom::value);
+        auto& st = self->state;
+        if (st.id.empty() || !st.gate)
+          return;
+        auto view = gate_view(*st.gate);
+        if (view.by_reason.empty())
+          return; // refused nobody: nothing to say
+        collab::gate_summary g;
+        g.id = st.id;
+        g.time = collab::now_s(self);
+        g.started = st.started;
+        for (auto& [reason, n] : view.by_reason)
+          g.by_reason[reason] = static_cast<double>(n);
+        uint64_t listed = 0, total = 0;
+        for (auto& p : view.peers) {
+          if (g.parties.size() >= collab::max_gate_parties)
+            break;
+          g.parties.push_back({p.peer_id, static_cast<double>(p.refusals), p.ban_reason});
+          listed += p.refusals;
+        }
+        for (auto& [reason, n] : view.by_reason)
+          total += n;
+        // Refusals of parties whose key the gate did not know, or beyond its bound.
+        g.others = static_cast<double>(total > listed ? total - listed : 0);
+        auto lifetime = 4 * std::chrono::duration<double>(every).count();
+        auto put = actors::dht::make_subkey_put(collab::gate_ledger_key(st.experiment), st.id,
+                                                collab::encode_gate_summary(g),
+                                                collab::ns_of(g.time + lifetime), true);
+        actors::dht::dht_store(
+            self, dht, std::move(put), std::chrono::seconds(5),
+            [](const messages::dht_put_result&) {}, [](caf::error&) {});
+      },
   };
 }
 
@@ -307,9 +375,11 @@ std::string run_watch::url() const {
   return server_->url();
 }
 
-void run_watch::watch_gate(std::shared_ptr<node_gate> gate) {
+void run_watch::watch_gate(std::shared_ptr<node_gate> gate, const std::string& record_id) {
   std::lock_guard<std::mutex> guard{state_->mtx};
   state_->gate = std::move(gate);
+  if (!record_id.empty())
+    state_->builder.set_own_gate_id(record_id);
   state_->publish();
 }
 
@@ -350,6 +420,19 @@ caf::actor run_watch::read_ledger(caf::actor_system& sys, const caf::actor& dht,
                                      "{} ledger record(s) refused in one read",
                                      r.rejected + refused);
                              });
+}
+
+std::string gate_record_id(const std::string& node_key) {
+  return actors::collab::record_id("gate", node_key);
+}
+
+caf::actor spawn_gate_publisher(caf::actor_system& sys, const caf::actor& dht,
+                                const std::string& experiment, std::shared_ptr<node_gate> gate,
+                                std::chrono::nanoseconds every) {
+  if (!dht || !gate || every.count() <= 0)
+    return {};
+  return sys.spawn(gate_publisher, dht, experiment, std::move(gate),
+                   std::chrono::duration_cast<caf::timespan>(every));
 }
 
 caf::actor spawn_ledger_reader(caf::actor_system& sys, const caf::actor& dht,

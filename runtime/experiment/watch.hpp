@@ -36,6 +36,19 @@ caf::actor spawn_ledger_reader(caf::actor_system& sys, const caf::actor& dht,
                                const std::string& experiment, std::chrono::nanoseconds every,
                                ledger_fold fold);
 
+/// Spawns (in `sys`) an actor that stores what `gate` refused (`actors::collab::gate_summary`:
+/// counts by reason, and by party whose key it knew) under `<experiment>/ledger/gates` every
+/// `every`, signed by the node's key through `dht` (sub-key `gate|<owner marker>`), expiring
+/// after four periods; it stores nothing while the gate refused nobody. Every node's ledger
+/// reader reads it: a party refused by one node shows on every node's page and ledger. The
+/// caller owns it (a host adopts it); null when `every` is not positive.
+caf::actor spawn_gate_publisher(caf::actor_system& sys, const caf::actor& dht,
+                                const std::string& experiment, std::shared_ptr<node_gate> gate,
+                                std::chrono::nanoseconds every);
+
+/// The record id a node with public key `node_key` stores its gate record under.
+std::string gate_record_id(const std::string& node_key);
+
 /// The endpoint of one run and the state its reporter shares with it.
 class run_watch {
 public:
@@ -56,8 +69,10 @@ public:
 
   /// Shows what the node's `gate` refuses: its refusals by reason join the served
   /// `refusals_by_reason`, and each party whose key it knew gets its refusals and ban reason on
-  /// its ledger rows (read again before every published snapshot).
-  void watch_gate(std::shared_ptr<node_gate> gate);
+  /// its ledger rows (read again before every published snapshot). `record_id` is the id the
+  /// node's gate publisher stores its record under (`spawn_gate_publisher`): read back from the
+  /// DHT it is this gate, not another one.
+  void watch_gate(std::shared_ptr<node_gate> gate, const std::string& record_id = {});
 
   /// Spawns (in `sys`) the actor that reads the run's 64 ledger shards through the node's
   /// `dht` every `every` and folds them into the served snapshot; the caller owns it (a host

@@ -180,21 +180,39 @@ void ledger_book::set_trainers(const std::vector<std::string>& trainers) {
     trainer_tags_[collab::trainer_credit_name_of_tag(tag)] = name;
 }
 
-void ledger_book::set_gate_refusals(const std::vector<gate_refused_peer>& peers) {
-  for (auto& p : peers) {
-    if (p.peer_id.empty() || p.peer_id.size() > 64)
-      continue;
-    auto i = gate_.find(p.peer_id);
-    if (i == gate_.end()) {
-      if (gate_.size() >= opts_.max_rows)
-        continue;
-      i = gate_.emplace(p.peer_id, gate_refused_peer{p.peer_id, 0, {}}).first;
-    }
-    // Counters never go back, even when the gate moved the party to its `other`.
-    i->second.refusals = std::max(i->second.refusals, p.refusals);
-    if (!p.ban_reason.empty())
-      i->second.ban_reason = p.ban_reason.substr(0, 300);
+void ledger_book::merge_gate_party(gate_held& g, const gate_refused_peer& p, size_t bound) {
+  if (p.peer_id.empty() || p.peer_id.size() > collab::max_ledger_token_id_bytes)
+    return;
+  auto i = g.parties.find(p.peer_id);
+  if (i == g.parties.end()) {
+    if (g.parties.size() >= bound)
+      return;
+    i = g.parties.emplace(p.peer_id, gate_refused_peer{p.peer_id, 0, {}}).first;
   }
+  // Counters never go back, even when the gate moved the party to its `other`.
+  i->second.refusals = std::max(i->second.refusals, p.refusals);
+  if (!p.ban_reason.empty())
+    i->second.ban_reason = p.ban_reason.substr(0, 300);
+}
+
+void ledger_book::set_gate_refusals(const std::vector<gate_refused_peer>& peers) {
+  auto& g = gates_[own_gate_id_];
+  for (auto& p : peers)
+    merge_gate_party(g, p, opts_.max_rows);
+}
+
+void ledger_book::set_own_gate_id(const std::string& id) {
+  if (id == own_gate_id_)
+    return;
+  // What the gate said before it had a name is its own.
+  if (auto i = gates_.find(own_gate_id_); i != gates_.end()) {
+    auto held = std::move(i->second);
+    gates_.erase(i);
+    auto& g = gates_[id];
+    for (auto& [pid, p] : held.parties)
+      merge_gate_party(g, p, opts_.max_rows);
+  }
+  own_gate_id_ = id;
 }
 
 ledger_read_stats ledger_book::add_records(const std::vector<ledger_entry>& entries, double now) {
@@ -207,6 +225,27 @@ ledger_read_stats ledger_book::add_records(const std::vector<ledger_entry>& entr
       continue;
     }
     ++decoded;
+    if (e.gate) {
+      auto g = collab::decode_gate_record(e.subkey, e.value);
+      if (!g) {
+        st.rejected++;
+        continue;
+      }
+      auto it = gates_.find(g->id);
+      if (it == gates_.end() && gates_.size() > collab::max_ledger_reply_records) {
+        st.rejected++; // a flood of gates: keep what is held
+        continue;
+      }
+      auto& held = gates_[g->id];
+      held.time = std::max(held.time, g->time);
+      for (auto& p : g->parties)
+        merge_gate_party(held,
+                         gate_refused_peer{p.peer_id, static_cast<uint64_t>(p.refusals),
+                                           p.ban_reason},
+                         collab::max_gate_parties);
+      st.accepted++;
+      continue;
+    }
     auto s = collab::decode_summary_record(e.subkey, e.value);
     if (!s) {
       st.rejected++;
@@ -364,13 +403,31 @@ std::vector<ledger_row> ledger_book::rows() const {
         if (auto r = rows.find(target); r != rows.end())
           r->second.accepted += v;
     }
-  // The gate's refusals: on every row of the party's key, or on a row of its own.
-  for (auto& [id, g] : gate_) {
+  // The gates' refusals, summed over the run's gates: on every row of the party's key, or on a
+  // row of its own.
+  struct refused_party {
+    std::string peer_id;
+    uint64_t refusals = 0;
+    uint64_t refused_by_gates = 0;
+    std::string ban_reason;
+  };
+  std::map<std::string, refused_party> refused;
+  for (auto& [gid, held] : gates_)
+    for (auto& [id, p] : held.parties) {
+      auto& r = refused[id];
+      r.peer_id = id;
+      r.refusals += p.refusals;
+      r.refused_by_gates += p.refusals > 0 ? 1 : 0;
+      if (!p.ban_reason.empty())
+        r.ban_reason = p.ban_reason;
+    }
+  for (auto& [id, g] : refused) {
     bool found = false;
     for (auto& [name, row] : rows)
       if (name != "other" && row.peer_id == id) {
         found = true;
         row.refusals += g.refusals;
+        row.refused_by = std::max(row.refused_by, g.refused_by_gates);
         if (!g.ban_reason.empty()) {
           row.banned = true;
           row.ban_reason = g.ban_reason;
@@ -383,6 +440,7 @@ std::vector<ledger_row> ledger_book::rows() const {
     row.peer = name;
     row.peer_id = id;
     row.refusals = g.refusals;
+    row.refused_by = g.refused_by_gates;
     row.banned = !g.ban_reason.empty();
     row.ban_reason = g.ban_reason;
   }
@@ -399,9 +457,9 @@ std::vector<ledger_row> ledger_book::rows() const {
 std::string render_ledger_csv(const std::vector<ledger_row>& rows) {
   std::string out = "peer,peer_id,samples_computed,samples_accepted,samples_dropped,rounds,"
                     "rounds_averaged,uptime_s,bytes_sent,bytes_received,refusals,banned,"
-                    "ban_reason,left,record,stage,token_id\n";
+                    "ban_reason,left,record,stage,token_id,refused_by\n";
   for (auto& r : rows) {
-    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
+    out += fmt::format("{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}\n",
                        ledger_csv_field(r.peer),
                        ledger_csv_field(r.peer_id), ledger_csv_number(r.computed),
                        ledger_csv_number(r.accepted), ledger_csv_number(r.dropped),
@@ -410,7 +468,7 @@ std::string render_ledger_csv(const std::vector<ledger_row>& rows) {
                        ledger_csv_number(r.bytes_received), r.refusals, r.banned ? 1 : 0,
                        ledger_csv_field(r.ban_reason), r.left ? 1 : 0, r.record,
                        r.stage >= 0 ? std::to_string(r.stage) : std::string{},
-                       ledger_csv_field(r.token_id));
+                       ledger_csv_field(r.token_id), r.refused_by);
   }
   return out;
 }

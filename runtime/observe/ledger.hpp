@@ -49,6 +49,9 @@ struct ledger_row {
   double bytes_received = 0;
   /// Envelopes of it that were refused.
   uint64_t refusals = 0;
+  /// The run's gates (nodes) that refused it: the serving node's, and those whose gate records
+  /// the ledger read.
+  uint64_t refused_by = 0;
   /// Banned, and why.
   bool banned = false;
   std::string ban_reason;
@@ -93,6 +96,9 @@ struct ledger_entry {
   std::vector<char> value;
   /// Its expiry on the DHT clock, seconds.
   double expires_at = 0;
+  /// Read under `<experiment>/ledger/gates`: a node's gate record
+  /// (`actors::collab::gate_summary`), not a peer's summary.
+  bool gate = false;
 };
 
 /// What one read did.
@@ -126,7 +132,13 @@ public:
   /// whose `peer_id` is the party's shows them (every instance of its node: the gate does not
   /// know which one sent), and its ban reason; a party without a row gets one of its own
   /// (`peer:<peer_id>`). A party the gate stopped listing keeps the numbers last seen.
+  /// Other nodes' gates come as gate records (`add_records`): a row shows the sum over the
+  /// run's gates.
   void set_gate_refusals(const std::vector<gate_refused_peer>& peers);
+
+  /// The record id the serving node's gate publishes under (`actors::collab::gate_summary`):
+  /// its record read from the DHT and what `set_gate_refusals` says are one gate, not two.
+  void set_own_gate_id(const std::string& id);
 
   /// Records of one DHT read at `now` (the DHT clock, seconds); at most
   /// `actors::collab::max_ledger_reply_records` of them are decoded, the rest counted rejected.
@@ -183,8 +195,16 @@ private:
   std::map<std::string, bool> names_;
   /// Credit names (`mb:<tag>`) of the run's trainers -> their names (`set_trainers`).
   std::map<std::string, std::string> trainer_tags_;
-  /// The gate's refusals by party (bounded by `max_rows`).
-  std::map<std::string, gate_refused_peer> gate_;
+  /// What one gate refused, by party (bounded), as last seen; counts only grow.
+  struct gate_held {
+    std::map<std::string, gate_refused_peer> parties;
+    double time = -1;
+  };
+  /// Merges `p` into `g` (the larger count; the latest ban reason).
+  void merge_gate_party(gate_held& g, const gate_refused_peer& p, size_t bound);
+  /// The run's gates by record id (the serving node's under `own_gate_id_`; bounded).
+  std::map<std::string, gate_held> gates_;
+  std::string own_gate_id_;
   double now_ = 0;
 };
 

@@ -242,7 +242,7 @@ function render(st) {
                    : x.record === "expired" ? "record expired" : x.record === "live" ? "publishing" : "–";
       return [name, fmt(x.accepted, 0), fmt(x.computed, 0), fmt(x.dropped, 0), fmt(x.rounds, 0),
               duration(x.uptime_s), bytes(x.bytes_sent), bytes(x.bytes_received),
-              fmt(x.refusals, 0), status].concat(tokens ? [x.token_id ? x.token_id.slice(0, 16) : "–"] : []);
+              fmt(x.refusals, 0) + (x.refused_by > 1 ? " by " + x.refused_by + " nodes" : ""), status].concat(tokens ? [x.token_id ? x.token_id.slice(0, 16) : "–"] : []);
     }));
 }
 async function refresh() {

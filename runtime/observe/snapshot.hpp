@@ -180,6 +180,9 @@ public:
   /// The serving node's gate's refusals (cumulative; read again before each snapshot): added to
   /// `refusals_by_reason` and to the ledger's rows of the parties refused.
   void set_gate_refusals(const gate_refusals& g);
+  /// The record id the serving node's gate publishes its refusals under
+  /// (`ledger_book::set_own_gate_id`).
+  void set_own_gate_id(const std::string& id) { ledger_.set_own_gate_id(id); }
   /// The folder of the run's pictures (`run_description::pictures_dir`).
   void set_pictures_dir(std::string dir) { cur_.run.pictures_dir = std::move(dir); }
   /// One DHT read of ledger records at `now` (the DHT clock, seconds). A builder that got no

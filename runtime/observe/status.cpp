@@ -71,6 +71,7 @@ std::string render_status(const snapshot& s) {
                       {"bytes_sent", number(r.bytes_sent)},
                       {"bytes_received", number(r.bytes_received)},
                       {"refusals", r.refusals},
+                      {"refused_by", r.refused_by},
                       {"banned", r.banned},
                       {"ban_reason", r.ban_reason},
                       {"left", r.left},

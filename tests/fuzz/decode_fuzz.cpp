@@ -15,7 +15,9 @@
 //   dequantize to finite values, 15 a patch codebook file of the text-to-image demo
 //   (decoded, then re-encoded byte for byte), 16 an experiment package a node serves a joiner
 //   (runtime/experiment/package.hpp: decoded, it re-encodes byte for byte, and its digest check
-//   runs) and an experiment signature file's text.
+//   runs) and an experiment signature file's text, 17 a node's gate record of the ledger (a
+//   length byte, that many bytes of sub-key, then the value; a decoded record must encode back
+//   to the same bytes).
 // Everything must be refused with a reason or decoded, never crash.
 #include <vector>
 #include <array>
@@ -246,6 +248,19 @@ void ledger_summary(const char* bytes, size_t size) {
     std::abort();
 }
 
+void gate_record(const char* bytes, size_t size) {
+  if (size == 0)
+    return;
+  auto n = static_cast<uint8_t>(bytes[0]);
+  if (size < 1u + n)
+    return;
+  std::string subkey(bytes + 1, n);
+  std::vector<char> value(bytes + 1 + n, bytes + size);
+  auto g = actors::collab::decode_gate_record(subkey, value);
+  if (g.ok() && actors::collab::encode_gate_summary(*g) != value)
+    std::abort();
+}
+
 void lamb8_state(const char* bytes, size_t size) {
   using namespace starling::kernels;
   auto st = decode_lamb8_state(bytes, size);
@@ -290,7 +305,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   --size;
   const auto* bytes = reinterpret_cast<const char*>(data);
   std::string_view text(bytes, size);
-  switch (kind % 17) {
+  switch (kind % 18) {
     case 0: {
       wire_context ctx{context_options()};
       envelope(bytes, size, &ctx);
@@ -357,6 +372,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void) runtime::parse_experiment_signature(text);
       break;
     }
+    case 17:
+      gate_record(bytes, size);
+      break;
   }
   return 0;
 }

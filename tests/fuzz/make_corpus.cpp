@@ -339,6 +339,20 @@ int main(int argc, char** argv) {
     s.stage = 0;
     s.token_id = "00112233445566778899aabbccddeeff";
     save("ledger-summary-stage", 13, framed(s));
+    // A node's gate record: refusals by reason and by a party's key, one banned.
+    collab::gate_summary g;
+    g.id = "gate|[owner:" + std::string(64, 'a') + "]";
+    g.time = 20;
+    g.started = 1;
+    g.others = 2;
+    g.by_reason = {{"banned", 3}, {"no_hello", 2}};
+    g.parties = {{"0123456789abcdef", 3, "banned by verdict: a NaN part at step 2"}};
+    std::vector<char> gate;
+    gate.push_back(static_cast<char>(g.id.size()));
+    gate.insert(gate.end(), g.id.begin(), g.id.end());
+    auto gv = collab::encode_gate_summary(g);
+    gate.insert(gate.end(), gv.begin(), gv.end());
+    save("gate-record", 17, gate);
   }
   {
     // lamb8 states: an 8-bit tensor (two blocks, one partial), an fp32 one and one without state.

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -304,6 +305,75 @@ TEST_CASE("a credit book names its first 64 partners and sums the rest") {
   CHECK(b.named().at("p0") == 3);
   CHECK(b.other() == 20);
   CHECK(b.list().size() == max_ledger_credits);
+}
+
+TEST_CASE("a gate record decodes to what was encoded, only from its own sub-key, and its decoder "
+          "refuses every cut, bad counts, bad names, duplicates and extra bytes") {
+  gate_summary g;
+  g.id = "gate|[owner:" + std::string(64, 'a') + "]";
+  g.time = 12.5;
+  g.started = 2;
+  g.others = 3;
+  g.by_reason = {{"banned", 4}, {"no_hello", 2}};
+  g.parties = {{"0123456789abcdef", 4, "banned: a NaN part at step 2"},
+               {"fedcba9876543210", 2, ""}};
+  auto bytes = encode_gate_summary(g);
+  auto back = decode_gate_record(g.id, bytes);
+  REQUIRE_MESSAGE(back.ok(), back.error().what);
+  CHECK(back->id == g.id);
+  CHECK(back->time == 12.5);
+  CHECK(back->started == 2);
+  CHECK(back->others == 3);
+  CHECK(back->by_reason == g.by_reason);
+  REQUIRE(back->parties.size() == 2);
+  CHECK(back->parties[0].peer_id == "0123456789abcdef");
+  CHECK(back->parties[0].refusals == 4);
+  CHECK(back->parties[0].ban_reason == "banned: a NaN part at step 2");
+  CHECK(back->parties[1].ban_reason.empty());
+  CHECK_FALSE(decode_gate_record("gate|other", bytes).ok());
+  // Every cut fails, and so does one extra byte.
+  for (size_t n = 0; n < bytes.size(); ++n)
+    CHECK_FALSE(decode_gate_summary({bytes.begin(), bytes.begin() + static_cast<long>(n)}).ok());
+  auto longer = bytes;
+  longer.push_back(0);
+  CHECK_FALSE(decode_gate_summary(longer).ok());
+  auto wrong_version = bytes;
+  wrong_version[0] = 2;
+  CHECK_FALSE(decode_gate_summary(wrong_version).ok());
+  // Values the encoder writes as given but the decoder must refuse.
+  auto refused = [](const gate_summary& x) {
+    return !decode_gate_summary(encode_gate_summary(x)).ok();
+  };
+  auto x = g;
+  x.others = -1;
+  CHECK(refused(x));
+  x = g;
+  x.time = std::nan("");
+  CHECK(refused(x));
+  x = g;
+  x.parties[1].refusals = std::numeric_limits<double>::infinity();
+  CHECK(refused(x));
+  x = g;
+  x.by_reason["banned"] = 1e300;
+  CHECK(refused(x));
+  x = g;
+  x.parties[1].peer_id = x.parties[0].peer_id; // listed twice
+  CHECK(refused(x));
+  // The encoder leaves out what it cannot carry (a reason that is not [a-z0-9_], a peer id that
+  // is not lower-case hex) and cuts lists to their bounds.
+  x = g;
+  x.by_reason["Not ok"] = 1;
+  x.parties.push_back({"NOT-HEX", 1, ""});
+  for (size_t i = 0; i < max_gate_parties + 5; ++i) {
+    char id[24];
+    std::snprintf(id, sizeof id, "%016zx", i + 100);
+    x.parties.push_back({id, 1, ""});
+  }
+  auto cut = decode_gate_summary(encode_gate_summary(x));
+  REQUIRE_MESSAGE(cut.ok(), cut.error().what);
+  CHECK(cut->by_reason.size() == 2);
+  CHECK(cut->parties.size() == max_gate_parties);
+  CHECK(gate_ledger_key("exp") == "exp/ledger/gates");
 }
 
 } // namespace starling::test::actors_ledger_record_test

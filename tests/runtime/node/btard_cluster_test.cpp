@@ -5,7 +5,8 @@
 // stays silent after its cool-down. Every step's peers hold the same parameters (node 0's
 // reporter compares the digests every peer reports; the test reads them from metrics.jsonl
 // too), every ban reaches the honest nodes' gates (the attacker's node, restarted with its key,
-// is refused and exits 2), and every live honest process exits 0.
+// is refused by the node it dials and exits 2; node 0's ledger shows that refusal through the
+// refusing node's gate record), and every live honest process exits 0.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -20,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "support/http_client.hpp"
 #include "support/node_fixtures.hpp"
 #include "support/paths.hpp"
 #include "support/subprocess.hpp"
@@ -55,7 +57,8 @@ std::string write_config(const std::string& dir) {
        "  train_samples: 2000\n"
        "  eval_samples: 200\n"
        "  phase_deadline: 8s\n"
-       "  poll: 50ms\n";
+       "  poll: 50ms\n"
+       "node: {http: 127.0.0.1:0, ledger_every: 1s}\n";
   return path;
 }
 
@@ -135,14 +138,21 @@ TEST_CASE("btard across 4 starling node processes: a NaN part bans its sender in
   (void)nodes[static_cast<size_t>(victim)]->wait_exit(10s);
   nodes[static_cast<size_t>(victim)].reset();
 
-  // The attacker's node, banned at step 2, comes back with its key (the same --out folder):
-  // every node refuses it, and it says so and exits 2.
+  // The attacker's node, banned at step 2, comes back with its key (the same --out folder)
+  // through the honest node other than node 0: that node refuses it, and it says so and exits 2.
   int attacker_node = -1;
   for (auto& r : rows_of(metrics, "btard_step"))
     if (!label(r, "attack").empty())
       attacker_node = std::stoi(r.value("source", "peer.-1").substr(5));
   REQUIRE(attacker_node > 0);
   REQUIRE(attacker_node != victim);
+  int refuser = 6 - victim - attacker_node; // the honest node of 1..3 that is neither
+  REQUIRE(refuser > 0);
+  REQUIRE(refuser < 4);
+  auto line_with = [](const std::string& text, const std::string& what) {
+    auto at = text.find(what);
+    return at == std::string::npos ? std::string{} : text.substr(at, text.find('\n', at) - at);
+  };
   {
     auto& a = nodes[static_cast<size_t>(attacker_node)];
     a->signal(SIGKILL);
@@ -150,7 +160,8 @@ TEST_CASE("btard across 4 starling node processes: a NaN part bans its sender in
     subprocess again{{STARLING_BINARY, "node", "--listen", "127.0.0.1:0", "--config", config,
                       "--index", std::to_string(attacker_node), "--nodes", "4", "--out",
                       dir.path + "/n" + std::to_string(attacker_node), "--join",
-                      starling::testing::endpoint_of(nodes[0]->output())}};
+                      starling::testing::endpoint_of(line_with(
+                          nodes[static_cast<size_t>(refuser)]->output(), "listening on"))}};
     std::string said;
     std::optional<int> code;
     auto until = clock_type::now() + 60s;
@@ -170,9 +181,42 @@ TEST_CASE("btard across 4 starling node processes: a NaN part bans its sender in
     a.reset();
   }
 
+  // Node 0's ledger lists that refusal, which node 0's gate did not make: the refusing node's
+  // gate publishes what it refused, and node 0's page reads it: the banned party's row counts
+  // two or more gates that refused it (node 0's own gate counts one at most: it refused the
+  // attacker's first process after the ban; the others' come from their gate records).
+  std::string seen_refused;
+  double waited_s = 0;
+  std::optional<int> rc; // node 0's exit code, once it ended the run
+  {
+    auto page = line_with(nodes[0]->output(), "watch the run at http://127.0.0.1:");
+    REQUIRE_FALSE(page.empty());
+    auto port = static_cast<uint16_t>(
+        std::stoi(page.substr(page.find("127.0.0.1:") + std::string("127.0.0.1:").size())));
+    auto from = clock_type::now();
+    auto until = from + 30s;
+    while (seen_refused.empty() && clock_type::now() < until &&
+           !(rc = nodes[0]->wait_exit(0ms))) {
+      drain();
+      (void)nodes[0]->read_line(200ms);
+      auto r = starling::testing::http_get(port, "/status", 2s);
+      if (!r || r->status != 200)
+        continue;
+      auto j = nlohmann::json::parse(r->body, nullptr, false);
+      if (j.is_discarded())
+        continue;
+      for (auto& row : j["ledger"])
+        if (row.value("banned", false) && row.value("refused_by", 0) >= 2)
+          seen_refused = row.dump();
+    }
+    waited_s = std::chrono::duration<double>(clock_type::now() - from).count();
+  }
+  CAPTURE(waited_s);
+  CHECK_MESSAGE(!seen_refused.empty(),
+                "node 0's ledger shows no party refused by two gates within 30 s");
+
   // Node 0 ends the run once the live peers are done.
   std::vector<std::string> out;
-  auto rc = std::optional<int>{};
   deadline = clock_type::now() + 120s;
   while (!rc && clock_type::now() < deadline) {
     drain();

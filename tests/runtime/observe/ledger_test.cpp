@@ -173,7 +173,7 @@ TEST_CASE("the ledger's CSV quotes what needs quoting and defuses formulas") {
   auto csv = render_ledger_csv({r});
   CHECK(csv.rfind("peer,peer_id,samples_computed,samples_accepted,", 0) == 0);
   CHECK(csv.find("\"'=HYPERLINK(\"\"x\"\")\",,12,2.500,") != std::string::npos);
-  CHECK(csv.find(",1,\"said \"\"no\"\", twice\",0,none,,\n") != std::string::npos);
+  CHECK(csv.find(",1,\"said \"\"no\"\", twice\",0,none,,,0\n") != std::string::npos);
 }
 
 TEST_CASE("a snapshot carries the ledger of its builder") {
@@ -222,7 +222,7 @@ TEST_CASE("a SWARM trainer is credited by the stage-0 peers that applied its mic
   CHECK(row(rows, "stage.2").loss == 3.5);
   CHECK(row(rows, "stage.2").step == 7);
   CHECK(row(rows, "trainer.0").stage == -1);
-  CHECK(render_ledger_csv(rows).find(",live,1,\n") != std::string::npos);
+  CHECK(render_ledger_csv(rows).find(",live,1,,0\n") != std::string::npos);
 
   // The snapshot sums each stage's applied samples (computed less dropped) into a counter and
   // its rate over the stage window.
@@ -369,6 +369,68 @@ TEST_CASE("the serving node's gate's refusals of a known key land on that peer's
   auto csv = render_ledger_csv(t.ledger);
   CHECK(csv.find("peer:cccccccccccccccc,cccccccccccccccc,") != std::string::npos);
   CHECK(csv.find("was revoked: left the run") != std::string::npos);
+}
+
+TEST_CASE("other nodes' gate records put their refusals on every node's ledger: summed over the "
+          "gates, the serving node's own record read back counted once") {
+  run_description run;
+  run.experiment = "x";
+  snapshot_builder b{run};
+  auto s0 = summary("dedloc.1", 10, 0, 64);
+  s0.id = "@0/dedloc.1|[owner:" + std::string(64, 'b') + "]";
+  auto gate_of = [](char node, double time, std::vector<collab::gate_party> parties) {
+    collab::gate_summary g;
+    g.id = "gate|[owner:" + std::string(64, node) + "]";
+    g.time = time;
+    g.by_reason = {{"banned", 1}};
+    g.parties = std::move(parties);
+    return g;
+  };
+  auto gate_entry = [](const collab::gate_summary& g) {
+    return ledger_entry{g.id, collab::encode_gate_summary(g), 100, true};
+  };
+  b.set_own_gate_id("gate|[owner:" + std::string(64, 'e') + "]");
+  // The serving node's gate refused dedloc.1's key twice; node f refused it three times and
+  // banned it; node 9 refused a key nobody else knows.
+  gate_refusals own;
+  own.by_reason = {{"no_hello", 2}};
+  own.peers = {{"bbbbbbbbbbbbbbbb", 2, ""}};
+  b.set_gate_refusals(own);
+  auto r = b.add_ledger_records(
+      {entry(s0, 100),
+       gate_entry(gate_of('f', 11, {{"bbbbbbbbbbbbbbbb", 3, "banned by verdict 4f: NaN part"}})),
+       gate_entry(gate_of('9', 12, {{"dddddddddddddddd", 5, ""}})),
+       // the serving node's own record, one read behind its live gate
+       gate_entry(gate_of('e', 12, {{"bbbbbbbbbbbbbbbb", 1, ""}}))},
+      20);
+  CHECK(r.accepted == 4);
+  CHECK(r.rejected == 0);
+  auto snap = b.make();
+  auto& banned = row(snap.ledger, "dedloc.1");
+  CHECK(banned.refusals == 5); // 2 here (the own record's 1 is the same gate) + 3 at node f
+  CHECK(banned.refused_by == 2);
+  CHECK(banned.banned);
+  CHECK(banned.ban_reason == "banned by verdict 4f: NaN part");
+  CHECK(row(snap.ledger, "peer:dddddddddddddddd").refusals == 5);
+  CHECK(row(snap.ledger, "peer:dddddddddddddddd").refused_by == 1);
+  // The node's own counts by reason stay its own: /metrics is this node's.
+  CHECK(snap.refusals_by_reason.count("banned") == 0);
+  // A later record of node f counts more; an older copy from another replica changes nothing.
+  b.add_ledger_records({gate_entry(gate_of('f', 15, {{"bbbbbbbbbbbbbbbb", 4, ""}})),
+                        gate_entry(gate_of('f', 9, {{"bbbbbbbbbbbbbbbb", 1, ""}}))},
+                       21);
+  auto later = b.make();
+  CHECK(row(later.ledger, "dedloc.1").refusals == 6);
+  CHECK(row(later.ledger, "dedloc.1").banned);
+  // A gate record under another sub-key than its id, or a summary read as a gate, is refused.
+  auto forged = gate_of('f', 16, {{"bbbbbbbbbbbbbbbb", 100, ""}});
+  auto bad = gate_entry(forged);
+  bad.subkey = "gate|[owner:" + std::string(64, '7') + "]";
+  auto as_gate = entry(s0, 100);
+  as_gate.gate = true;
+  auto r2 = b.add_ledger_records({bad, as_gate}, 22);
+  CHECK(r2.rejected == 2);
+  CHECK(row(b.make().ledger, "dedloc.1").refusals == 6);
 }
 
 TEST_CASE("two SWARM trainers whose names' tags collide are each credited under the distinct "
