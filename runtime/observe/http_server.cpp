@@ -113,7 +113,8 @@ result<std::unique_ptr<http_server>> http_server::start(std::shared_ptr<const sn
     res.set_header("Content-Disposition", "inline; filename=\"ledger.csv\"");
     res.set_content(render_ledger_csv(snap->ledger), "text/csv; charset=utf-8");
   });
-  // The run's pictures: `/pictures` lists them (JSON), `/pictures/NAME.svg` serves one.
+  // The run's pictures: `/pictures` lists them (JSON), `/pictures/NAME.svg` (or `.png`) serves
+  // one.
   svr.Get("/pictures", [st](const httplib::Request&, httplib::Response& res) {
     auto snap = st->current();
     std::string list = "[";
@@ -140,7 +141,7 @@ result<std::unique_ptr<http_server>> http_server::start(std::shared_ptr<const sn
     }
     // A picture is an image: nothing in it runs or loads anything.
     res.set_header("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'");
-    res.set_content(std::move(*svg), "image/svg+xml");
+    res.set_content(std::move(*svg), picture_is_png(name) ? "image/png" : "image/svg+xml");
   });
   svr.set_error_handler([](const httplib::Request&, httplib::Response& res) {
     no_store(res);

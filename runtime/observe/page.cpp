@@ -254,7 +254,8 @@ async function refresh() {
     $("state").textContent = "node unreachable (" + e.message + "), retrying";
   }
 }
-// The run's pictures (its SVG plots, and the loss drawn live), every 10 s: each reloads itself.
+// The run's pictures (its SVG plots, PNG images such as the demo's grid.png, and the loss drawn
+// live), every 10 s: each reloads itself.
 let pictureRound = 0;
 async function pictures() {
   try {

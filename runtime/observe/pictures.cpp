@@ -9,10 +9,14 @@
 
 namespace starling::runtime::observe {
 
+bool picture_is_png(const std::string& name) {
+  return name.size() >= 4 && name.compare(name.size() - 4, 4, ".png") == 0;
+}
+
 bool picture_name_ok(const std::string& name) {
   if (name.size() < 5 || name.size() > 64 || name[0] == '.')
     return false;
-  if (name.compare(name.size() - 4, 4, ".svg") != 0)
+  if (!picture_is_png(name) && name.compare(name.size() - 4, 4, ".svg") != 0)
     return false;
   return std::all_of(name.begin(), name.end(), [](char c) {
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
@@ -46,7 +50,7 @@ std::vector<std::string> list_pictures(const std::string& dir) {
 result<std::string> read_picture(const std::string& dir, const std::string& name) {
   namespace fs = std::filesystem;
   if (!picture_name_ok(name))
-    return fail("not a picture name: expected [A-Za-z0-9_.-]+.svg");
+    return fail("not a picture name: expected [A-Za-z0-9_.-]+.svg or .png");
   if (dir.empty())
     return fail("the run writes no pictures");
   auto path = fs::path{dir} / name;
@@ -62,8 +66,13 @@ result<std::string> read_picture(const std::string& dir, const std::string& name
   std::string bytes(static_cast<size_t>(size), '\0');
   if (!in.read(bytes.data(), static_cast<std::streamsize>(size)))
     return fail("picture unreadable");
-  if (bytes.rfind("<svg", 0) != 0 && bytes.rfind("<?xml", 0) != 0)
+  if (picture_is_png(name)) {
+    // The PNG signature; the browser decodes the rest as an image, nothing in it runs.
+    if (bytes.rfind(std::string("\x89PNG\r\n\x1a\n", 8), 0) != 0)
+      return fail("not a PNG file");
+  } else if (bytes.rfind("<svg", 0) != 0 && bytes.rfind("<?xml", 0) != 0) {
     return fail("not an SVG file");
+  }
   return bytes;
 }
 

@@ -1,5 +1,5 @@
-// The run's pictures on its page (runtime/observe/pictures.hpp): only plain `*.svg` names of the
-// run's folder are listed and served (no traversal, no links, no other files), the loss curve is
+// The run's pictures on its page (runtime/observe/pictures.hpp): only plain `*.svg` and `*.png`
+// names of the run's folder are listed and served (a PNG only with the PNG signature) (no traversal, no links, no other files), the loss curve is
 // drawn live once it has two points, and the endpoint answers a bad name with a 404.
 #include <doctest/doctest.h>
 
@@ -25,11 +25,12 @@ void write(const std::filesystem::path& p, const std::string& text) {
 
 } // namespace
 
-TEST_CASE("only plain svg names of the run's folder are listed and served") {
+TEST_CASE("only plain svg and png names of the run's folder are listed and served") {
   CHECK(picture_name_ok("loss.svg"));
   CHECK(picture_name_ok("accuracy_bytes-2.svg"));
-  for (auto* bad : {"", ".svg", ".hidden.svg", "../x.svg", "a/b.svg", "x.png", "x.svg.txt",
-                    "x y.svg", "%2e%2e.svg"})
+  CHECK(picture_name_ok("grid.png"));
+  for (auto* bad : {"", ".svg", ".png", ".hidden.svg", "../x.svg", "a/b.svg", "x.jpg",
+                    "x.svg.txt", "x y.svg", "%2e%2e.svg", "x.PNG"})
     CHECK_MESSAGE(!picture_name_ok(bad), bad);
   CHECK_FALSE(picture_name_ok(std::string(70, 'a') + ".svg"));
 
@@ -38,13 +39,18 @@ TEST_CASE("only plain svg names of the run's folder are listed and served") {
   write(dir.path / "accuracy.svg", "<svg xmlns=\"http://www.w3.org/2000/svg\"></svg>\n");
   write(dir.path / "notes.txt", "not a picture");
   write(dir.path / "fake.svg", "#!/bin/sh\n");
+  write(dir.path / "grid.png", std::string("\x89PNG\r\n\x1a\n", 8) + "rest of the image");
+  write(dir.path / "fake.png", "<svg></svg>");
   write(dir.path.parent_path() / "starling-pictures-outside.svg", "<svg></svg>");
   std::filesystem::create_symlink(dir.path.parent_path() / "starling-pictures-outside.svg",
                                   dir.path / "link.svg");
   std::filesystem::create_directory(dir.path / "dir.svg");
   auto names = list_pictures(dir.path.string());
-  CHECK(names == std::vector<std::string>{"accuracy.svg", "fake.svg", "loss.svg"});
+  CHECK(names == std::vector<std::string>{"accuracy.svg", "fake.png", "fake.svg", "grid.png",
+                                          "loss.svg"});
   CHECK(read_picture(dir.path.string(), "loss.svg").ok());
+  CHECK(read_picture(dir.path.string(), "grid.png").ok());
+  CHECK_FALSE(read_picture(dir.path.string(), "fake.png").ok()); // not a PNG
   CHECK_FALSE(read_picture(dir.path.string(), "fake.svg").ok()); // not an SVG
   CHECK_FALSE(read_picture(dir.path.string(), "link.svg").ok()); // a link out of the folder
   CHECK_FALSE(read_picture(dir.path.string(), "dir.svg").ok());  // not a file
@@ -69,14 +75,20 @@ TEST_CASE("only plain svg names of the run's folder are listed and served") {
   auto port = (*srv)->port();
   auto list = testing::http_get(port, "/pictures");
   REQUIRE(list);
-  CHECK(list->body == "[\"accuracy.svg\",\"fake.svg\",\"loss.svg\"]");
+  CHECK(list->body ==
+        "[\"accuracy.svg\",\"fake.png\",\"fake.svg\",\"grid.png\",\"loss.svg\"]");
+  auto grid = testing::http_get(port, "/pictures/grid.png");
+  REQUIRE(grid);
+  CHECK(grid->status == 200);
+  CHECK(grid->head.find("Content-Type: image/png") != std::string::npos);
+  CHECK(grid->body.rfind("\x89PNG", 0) == 0);
   auto loss = testing::http_get(port, "/pictures/loss.svg?r=3");
   REQUIRE(loss);
   CHECK(loss->status == 200);
   CHECK(loss->head.find("image/svg+xml") != std::string::npos);
   CHECK(loss->head.find("Content-Security-Policy: default-src 'none'") != std::string::npos);
   for (auto* bad : {"/pictures/..%2fstarling-pictures-outside.svg", "/pictures/notes.txt",
-                    "/pictures/link.svg", "/pictures/live-loss.svg"}) {
+                    "/pictures/link.svg", "/pictures/live-loss.svg", "/pictures/fake.png"}) {
     auto reply = testing::http_get(port, bad);
     REQUIRE_MESSAGE(reply, bad);
     CHECK_MESSAGE(reply->status == 404, bad);
