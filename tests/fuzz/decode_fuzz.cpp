@@ -26,7 +26,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string_view>
+#include <utility>
 
 #include "actors/auth/gatekeeper.hpp"
 #include "actors/auth/identity.hpp"
@@ -233,31 +235,35 @@ void ring_claims(const uint8_t* data, size_t size) {
   }
 }
 
-void ledger_summary(const char* bytes, size_t size) {
+/// A record of the ledger's keys as the fuzzer frames it: a length byte, that many bytes of
+/// sub-key, then the value; none when the input is shorter.
+std::optional<std::pair<std::string, std::vector<char>>> framed_record(const char* bytes,
+                                                                       size_t size) {
   if (size == 0)
-    return;
+    return std::nullopt;
   auto n = static_cast<uint8_t>(bytes[0]);
   if (size < 1u + n)
+    return std::nullopt;
+  return std::make_pair(std::string(bytes + 1, n), std::vector<char>(bytes + 1 + n, bytes + size));
+}
+
+void ledger_summary(const char* bytes, size_t size) {
+  auto r = framed_record(bytes, size);
+  if (!r)
     return;
-  std::string subkey(bytes + 1, n);
-  std::vector<char> value(bytes + 1 + n, bytes + size);
-  auto s = actors::collab::decode_summary_record(subkey, value);
+  auto s = actors::collab::decode_summary_record(r->first, r->second);
   // What decodes is exactly what an honest peer encodes: nothing is read past its bounds and
   // nothing is silently dropped.
-  if (s.ok() && actors::collab::encode_summary(*s) != value)
+  if (s.ok() && actors::collab::encode_summary(*s) != r->second)
     std::abort();
 }
 
 void gate_record(const char* bytes, size_t size) {
-  if (size == 0)
+  auto r = framed_record(bytes, size);
+  if (!r)
     return;
-  auto n = static_cast<uint8_t>(bytes[0]);
-  if (size < 1u + n)
-    return;
-  std::string subkey(bytes + 1, n);
-  std::vector<char> value(bytes + 1 + n, bytes + size);
-  auto g = actors::collab::decode_gate_record(subkey, value);
-  if (g.ok() && actors::collab::encode_gate_summary(*g) != value)
+  auto g = actors::collab::decode_gate_record(r->first, r->second);
+  if (g.ok() && actors::collab::encode_gate_summary(*g) != r->second)
     std::abort();
 }
 
