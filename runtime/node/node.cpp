@@ -612,9 +612,15 @@ void node::shutdown() {
   if (data_)
     data_->stop();
   data_.reset();
+  // Wait for the node's actors (all told to exit) while the system, the directory and the
+  // resolver still exist: one may still be inside a handler that uses them, e.g. a supervisor
+  // spawning a role whose start (a volunteer's codebook fit, ~10 s) a SIGINT interrupted; it
+  // calls system() on return. `sys_.reset()` nulls the pointer before ~actor_system waits, so
+  // that call dereferenced null (SIGSEGV in actor_system::spawn_impl).
+  sys_->await_all_actors_done();
   directory_.reset();
   resolver_.reset();
-  sys_.reset(); // waits for the node's actors, which have all been told to exit
+  sys_.reset();
   cfg_.reset();
 }
 

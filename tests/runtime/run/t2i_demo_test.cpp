@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <csignal>
 #include <fstream>
 #include <string>
 
@@ -95,6 +96,39 @@ TEST_CASE("a local text-to-image run writes a grid of 8 samples per caption and 
   CHECK(q.at("per_caption").size() == 10);
   CHECK(q.at("test_images").get<int>() == 300);
   CHECK(q.at("codebook_digest").get<std::string>().size() == 64);
+}
+
+TEST_CASE("SIGINT while a node still starts its roles (a codebook fit) ends the node cleanly") {
+  // The supervisor spawns a t2i peer inside a handler that fits the codebook for seconds; a
+  // SIGINT then shut the node down under it, and the handler's next use of the node (its
+  // averager's spawn) found the actor system already gone: SIGSEGV, every time. The node now
+  // waits for its actors before it takes anything down.
+  testing::scratch dir{"starling-t2i-sigint"};
+  auto yaml = (dir.path / "t2i.yaml").string();
+  std::ofstream{yaml}
+      << "experiment: {name: t2i-sigint, kind: dedloc, seed: 3, duration: 60s}\n"
+         "caf: {scheduler: {policy: sharing, max_threads: 2}}\n"
+         "dedloc:\n"
+         "  peers: 1\n"
+         "  model: {kind: gpt, layers: 1, width: 32, heads: 2, codes: 256,\n"
+         "          codebook_images: 500, codebook_iterations: 12}\n"
+         "  train_samples: 3000\n"
+         "  torch_threads: 1\n"
+         "  synthetic: true\n"
+         "  eval_every: 0\n"
+         "  eval_samples: 0\n";
+  testing::subprocess node{{STARLING_BINARY, "node", "--listen", "127.0.0.1:0", "--config", yaml,
+                            "--index", "0", "--nodes", "1", "--out", (dir.path / "n0").string()}};
+  // The line before the roles start; the fit takes seconds after it.
+  REQUIRE_MESSAGE(node.wait_for("node0 of 1:", 60s), node.output());
+  node.signal(SIGINT);
+  auto rc = node.wait_exit(60s);
+  while (node.read_line(0ms)) {
+  }
+  INFO(node.output());
+  REQUIRE(rc);
+  CHECK(*rc < 128); // not killed by a signal
+  CHECK(node.output().find("shutting down") != std::string::npos);
 }
 
 } // namespace starling::test::runtime_t2i_demo_test
