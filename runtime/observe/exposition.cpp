@@ -237,6 +237,9 @@ std::vector<metric_family> families_of(const snapshot& s) {
                         "Metric events by kind (bounded; the rest under kind=\"other\")"));
   add_labelled(out.back(), "kind", s.events_by_kind);
   c("starling_samples_total", "Samples processed by every trainer and peer", s.samples_total);
+  c("starling_samples_accepted_total",
+    "Samples accepted: what round partners (SWARM: stage-0 peers) credited the peers with",
+    s.samples_accepted_total);
   c("starling_microbatches_total", "Microbatches completed by trainers",
     static_cast<double>(s.microbatches_total));
   out.push_back(counter("starling_averaging_rounds_total",
@@ -262,6 +265,16 @@ std::vector<metric_family> families_of(const snapshot& s) {
                         "Samples whose backward each SWARM stage's peers applied (their ledger "
                         "summaries; bounded)"));
   add_labelled(out.back(), "stage", s.stage_samples_total);
+  out.push_back(counter("starling_peer_sent_bytes_total",
+                        "Bytes each peer sent averaging (the ledger's first 20 peers, the rest "
+                        "under peer=\"other\")"));
+  add_labelled(out.back(), "peer", s.peer_bytes_sent_total);
+  out.push_back(counter("starling_peer_received_bytes_total",
+                        "Bytes each peer received averaging (the peers of "
+                        "starling_peer_sent_bytes_total)"));
+  add_labelled(out.back(), "peer", s.peer_bytes_received_total);
+  c("starling_bans_total", "Peers the run banned (verdicts, the gates' bans and revocations)",
+    static_cast<double>(s.bans_total));
   g("starling_samples_per_second", "Samples per second over the last 10 s of run time",
     s.samples_per_second);
   out.push_back(gauge("starling_peer_samples_per_second",
@@ -276,6 +289,10 @@ std::vector<metric_family> families_of(const snapshot& s) {
   g("starling_global_step", "Highest global step reached (-1: none yet)", s.global_step);
   out.push_back(gauge("starling_live_instances", "Live role instances by role"));
   add_labelled(out.back(), "role", s.live_by_role);
+  out.push_back(gauge("starling_live_peers_by_mode",
+                      "Live data-parallel peers by mode (full: reachable; client: dials out "
+                      "only)"));
+  add_labelled(out.back(), "mode", s.live_by_mode);
   return out;
 }
 

@@ -204,7 +204,10 @@ function render(st) {
   ev.push(["microbatch retries", fmt(m.starling_retries_total, 0)]);
   ev.push(["samples dropped", fmt(m.starling_dropped_samples_total, 0)]);
   const refused = m.starling_refusals_total || {};
-  for (const k in refused) ev.push(["refused: " + k, fmt(refused[k], 0)]);
+  for (const k in refused) ev.push(["refused here: " + k, fmt(refused[k], 0)]);
+  if (m.starling_bans_total) ev.push(["peers banned", fmt(m.starling_bans_total, 0)]);
+  const modes = m.starling_live_peers_by_mode || {};
+  if (Object.keys(modes).length) ev.push(["live peers: full / client mode", fmt(modes.full, 0) + " / " + fmt(modes.client, 0)]);
   rows($("events"), ["what", "count"], ev);
   const stageRate = m.starling_stage_samples_per_second || {}, stageTotal = m.starling_stage_samples_total || {};
   const peerRate = m.starling_peer_samples_per_second || {}, peerTotal = m.starling_peer_samples_total || {};

@@ -369,7 +369,51 @@ snapshot snapshot_builder::make() {
     else
       cur_.live_by_role.emplace(m.role, 0);
   }
+  // Data-parallel peers by the mode their join said (`full mode`, `client mode`).
+  for (auto& [mode, n] : cur_.live_by_mode)
+    n = 0;
+  for (auto& m : cur_.members)
+    for (const char* mode : {"full", "client"})
+      if (m.detail == std::string{mode} + " mode") {
+        cur_.live_by_mode.emplace("full", 0);
+        cur_.live_by_mode.emplace("client", 0);
+        if (m.live)
+          cur_.live_by_mode[mode]++;
+      }
   cur_.ledger = ledger_.rows();
+  // Bytes per peer and bans, from the ledger's rows (each only grows): sticky labels, the rest
+  // under "other"; counters, so never below what they showed.
+  {
+    std::map<std::string, double> sent, received;
+    uint64_t banned = 0;
+    double accepted = 0;
+    size_t named = cur_.peer_bytes_sent_total.size() - cur_.peer_bytes_sent_total.count("other");
+    for (auto& r : cur_.ledger) {
+      banned += r.banned ? 1 : 0;
+      accepted += std::isfinite(r.accepted) && r.accepted > 0 ? r.accepted : 0.0;
+      auto label = r.peer;
+      if (label != "other" && cur_.peer_bytes_sent_total.count(label) == 0) {
+        if (named >= opts_.max_peers) {
+          label = "other";
+        } else {
+          cur_.peer_bytes_sent_total.emplace(label, 0.0);
+          ++named;
+        }
+      }
+      sent[label] += r.bytes_sent;
+      received[label] += r.bytes_received;
+    }
+    for (auto& [label, v] : sent) {
+      auto& x = cur_.peer_bytes_sent_total[label];
+      x = std::max(x, v);
+    }
+    for (auto& [label, v] : received) {
+      auto& x = cur_.peer_bytes_received_total[label];
+      x = std::max(x, v);
+    }
+    cur_.bans_total = std::max(cur_.bans_total, banned);
+    cur_.samples_accepted_total = std::max(cur_.samples_accepted_total, accepted);
+  }
   for (auto& [peer, total] : cur_.peer_samples_total) {
     auto& marks = peer_marks_[peer];
     add_mark(marks, now, total, opts_.rate_window_s);

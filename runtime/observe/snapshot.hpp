@@ -115,6 +115,15 @@ struct snapshot {
   /// Samples whose backward each SWARM stage applied, by stage index (bounded: `max_stages`),
   /// from the stage peers' ledger summaries.
   std::map<std::string, double> stage_samples_total;
+  /// Bytes each peer sent and received averaging, from the ledger's rows (bounded and sticky as
+  /// `peer_samples_total`: the first `max_peers` rows, the rest under "other").
+  std::map<std::string, double> peer_bytes_sent_total;
+  std::map<std::string, double> peer_bytes_received_total;
+  /// Peers the run banned (the ledger's banned rows: verdicts, the gates' bans and revocations).
+  uint64_t bans_total = 0;
+  /// Samples accepted: what round partners credited the peers with (the ledger's `accepted`
+  /// summed; a peer's own claim counts nothing).
+  double samples_accepted_total = 0;
 
   // -- gauges ---------------------------------------------------------------------------------
   /// Samples per second over the last `rate_window_s` of run time.
@@ -131,6 +140,9 @@ struct snapshot {
   double global_step = -1;
   /// Live instances by role (every planned role present, 0 when none lives).
   std::map<std::string, uint64_t> live_by_role;
+  /// Live data-parallel peers by mode: `full` (reachable, averages and donates state) and
+  /// `client` (dials out only), from their joins; both present once any peer said its mode.
+  std::map<std::string, uint64_t> live_by_mode;
   /// Every instance (planned ones first; bounded).
   std::vector<member_state> members;
   /// (run time, loss) points, thinned to at most `max_curve_points`.

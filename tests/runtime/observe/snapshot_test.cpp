@@ -142,6 +142,52 @@ TEST_CASE("a data-parallel peer's mode is shown") {
   auto s = b.make();
   CHECK(s.members[1].detail == "client mode");
   CHECK(s.members[0].detail.empty());
+  CHECK(s.live_by_mode.at("client") == 1);
+  CHECK(s.live_by_mode.at("full") == 0);
+  feed(b, {2, "peers.0", "dp_join", {}, {{"mode", "full"}}});
+  feed(b, {3, "peers.1", "dp_leave", {}, {}});
+  auto t = b.make();
+  CHECK(t.live_by_mode.at("full") == 1);
+  CHECK(t.live_by_mode.at("client") == 0);
+  auto text = render_metrics(t);
+  CHECK(text.find("starling_live_peers_by_mode{mode=\"full\"} 1\n") != std::string::npos);
+}
+
+TEST_CASE("bytes per peer and bans come from the ledger, bounded, and never decrease") {
+  snapshot_builder b{two_roles()};
+  // 25 peers' steps with cumulative byte counters: 20 get their own series, 5 are "other".
+  for (int i = 0; i < 25; ++i)
+    feed(b, {1.0 + i, "p" + std::to_string(i), "dp_step",
+             {{"step", 0}, {"samples", 8}, {"averaged", 1}, {"bytes_sent", 100.0 + i},
+              {"bytes_received", 10}},
+             {}});
+  feed(b, {30, "p3", "ban", {}, {{"peer", "p3"}, {"reason", "wrong gradient"}}});
+  auto s = b.make();
+  CHECK(s.peer_bytes_sent_total.size() == 21);
+  CHECK(s.peer_bytes_sent_total.at("p0") == 100);
+  double other = 0;
+  for (int i = 0; i < 25; ++i)
+    if (!s.peer_bytes_sent_total.count("p" + std::to_string(i)))
+      other += 100.0 + i;
+  CHECK(s.peer_bytes_sent_total.at("other") == other);
+  CHECK(s.peer_bytes_received_total.at("other") == 50);
+  CHECK(s.bans_total == 1);
+  // Later counters only grow; a peer already named keeps its series.
+  feed(b, {40, "p0", "dp_step",
+           {{"step", 1}, {"samples", 8}, {"averaged", 1}, {"bytes_sent", 400}, {"bytes_received", 20}},
+           {}});
+  auto t = b.make();
+  CHECK(t.peer_bytes_sent_total.at("p0") == 400);
+  CHECK(t.peer_bytes_sent_total.at("other") == other);
+  CHECK(t.bans_total == 1);
+  auto text = render_metrics(t);
+  CHECK(text.find("# TYPE starling_peer_sent_bytes_total counter\n") != std::string::npos);
+  CHECK(text.find("starling_peer_sent_bytes_total{peer=\"p0\"} 400\n") != std::string::npos);
+  CHECK(text.find("starling_bans_total 1\n") != std::string::npos);
+  CHECK(text.find("starling_samples_accepted_total 0\n") != std::string::npos); // no credits
+  feed(b, {41, "p1", "dp_credit", {{"p0", 24}, {"p2", 8}}, {}});
+  CHECK(b.make().samples_accepted_total == 32);
+  REQUIRE(parse_exposition(text).ok());
 }
 
 TEST_CASE("per-peer series stay at 20 plus other, and other never decreases") {
