@@ -65,6 +65,7 @@ void read_options(config_node& n, node_options& out) {
   read(n, "sign_envelopes", out.sign_envelopes);
   read_duration(n, "ledger_every", out.ledger_every);
   read(n, "client", out.client);
+  read_int(n, "max_volunteers", out.max_volunteers, 0, 1000000);
   if (out.authority.empty() != out.token.empty())
     n.child(out.authority.empty() ? "token" : "authority")
       .expected(out.authority.empty() ? "node.authority (the run's authority.pub) beside node.token"

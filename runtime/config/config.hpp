@@ -70,6 +70,10 @@ struct node_options {
   /// Client mode (`starling join --client`, or a joiner the run cannot reach): the node's DHT
   /// serves nobody and enters no routing table (actors/dht: `dht_options::client`).
   bool client = false;
+  /// The most volunteers (nodes started without `--index`) the run takes at once, the plan's
+  /// open slots included; 0: no limit (beyond the open slots, a volunteer takes an extra
+  /// instance of an open role). Read from the run's file.
+  int64_t max_volunteers = 0;
 };
 
 /// One simulated link direction.

@@ -435,13 +435,15 @@ namespace {
 /// resolves it, and the next claimant's claim replaces it).
 constexpr const char* released_claim = "-";
 
-/// Claims one open slot of the plan for this volunteer: the first one nobody holds, confirmed
-/// after a settle delay (of two volunteers racing for one slot, the claim the DHT kept wins and
-/// the other moves on to the next slot).
-/// Returns its index among the plan's instances, or nothing when every slot is held.
-std::optional<size_t> claim_slot(caf::actor_system& sys, caf::actor dht,
-                                 const experiment_graph& g, const plan& p,
-                                 const std::string& endpoint) {
+/// Claims a slot for this volunteer, confirmed after a settle delay (of two volunteers racing
+/// for one slot, the claim the DHT kept wins and the other tries the next). The slot is of the
+/// open role the run needs most: the fewest live claims per open slot the plan gives it (ties:
+/// plan order); within it the first planned open slot nobody holds, else, when every one is
+/// held, one more instance of that role (`<role>.<k>`, appended to `p`), up to
+/// `node.max_volunteers` live claims in all (0: no limit).
+/// Returns its index among the plan's instances, or why no slot was taken.
+result<size_t> claim_slot(caf::actor_system& sys, caf::actor dht, const experiment_graph& g,
+                          plan& p, const std::string& endpoint) {
   caf::scoped_actor self{sys};
   auto holders = [&] {
     std::map<std::string, std::string> out;
@@ -455,14 +457,81 @@ std::optional<size_t> claim_slot(caf::actor_system& sys, caf::actor dht,
         [](caf::error&) {});
     return out;
   };
+  // The open roles, in plan order, with their open slots.
+  std::vector<size_t> roles;
+  std::map<size_t, std::vector<size_t>> open;
+  std::map<size_t, size_t> next_index;
   for (size_t i = 0; i < p.instances.size(); ++i) {
     auto& x = p.instances[i];
+    next_index[x.role] = std::max(next_index[x.role], x.index + 1);
     if (x.node)
       continue;
+    if (!open.count(x.role))
+      roles.push_back(x.role);
+    open[x.role].push_back(i);
+  }
+  if (roles.empty())
+    return fail(fmt::format("the run '{}' plans no open slot", g.name));
+  const auto limit = static_cast<size_t>(g.node.max_volunteers);
+  auto role_of = [&](const std::string& name) -> std::optional<size_t> {
+    auto dot = name.rfind('.');
+    if (dot == std::string::npos)
+      return std::nullopt;
+    for (auto r : roles)
+      if (g.roles[r].name == name.substr(0, dot))
+        return r;
+    return std::nullopt;
+  };
+  // Bounded: each try that loses a race costs a settle delay.
+  for (int attempt = 0; attempt < 16; ++attempt) {
     auto held = holders();
-    // A released slot (`released_claim`, stored by a volunteer that left) is free.
-    if (held.count(x.name) && held[x.name] != endpoint && held[x.name] != released_claim)
-      continue;
+    std::map<size_t, size_t> live_of;
+    size_t live = 0;
+    for (auto& [name, value] : held)
+      if (value != released_claim && value != endpoint)
+        if (auto r = role_of(name)) {
+          ++live_of[*r];
+          ++live;
+        }
+    if (limit > 0 && live >= limit)
+      return fail(fmt::format("the run '{}' takes at most {} volunteer(s) at once and has {} now "
+                              "(node.max_volunteers in its file); try again later",
+                              g.name, limit, live));
+    auto order = roles;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      // live_a / open_a < live_b / open_b, without division.
+      return live_of[a] * open[b].size() < live_of[b] * open[a].size();
+    });
+    auto free = [&](const std::string& name) {
+      auto h = held.find(name);
+      return h == held.end() || h->second == endpoint || h->second == released_claim;
+    };
+    std::optional<size_t> pick;
+    for (auto r : order) {
+      for (auto i : open[r])
+        if (free(p.instances[i].name)) {
+          pick = i;
+          break;
+        }
+      if (pick)
+        break;
+      // Every planned slot of the role is held: one more instance of it.
+      for (auto k = next_index[r]; !pick; ++k)
+        if (auto name = fmt::format("{}.{}", g.roles[r].name, k); free(name)) {
+          planned_instance x;
+          x.role = r;
+          x.index = k;
+          x.name = name;
+          p.instances.push_back(x);
+          next_index[r] = k + 1;
+          open[r].push_back(p.instances.size() - 1);
+          pick = p.instances.size() - 1;
+        }
+      break;
+    }
+    if (!pick)
+      break;
+    auto& x = p.instances[*pick];
     auto put = actors::dht::make_subkey_put(slots_key(g), x.name,
                                             std::vector<char>(endpoint.begin(), endpoint.end()),
                                             actors::dht::dht_now_ns(self.ptr()) + 6'000'000'000);
@@ -471,9 +540,11 @@ std::optional<size_t> claim_slot(caf::actor_system& sys, caf::actor dht,
     std::this_thread::sleep_for(std::chrono::seconds(1)); // the settle delay of racing claims
     held = holders();
     if (held.count(x.name) && held[x.name] == endpoint)
-      return i;
+      return *pick;
   }
-  return std::nullopt;
+  return fail(fmt::format("every slot this volunteer tried in the run '{}' was taken by another "
+                          "at the same moment; join again",
+                          g.name));
 }
 
 /// Keeps a volunteer's claim alive (it expires 6 s after the volunteer is gone).
@@ -583,15 +654,10 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
     // Volunteers take the slots the plan leaves open: claim one, then run it as node
     // `count + k` of this process's copy of the plan (the others address it as @open/<name>).
     std::this_thread::sleep_for(std::chrono::seconds(1)); // the DHT bootstrap
+    const auto planned = p->instances.size();
     auto slot = claim_slot(sys, h.dht(), g, *p, nd.endpoint());
     if (!slot) {
-      fmt::print(stderr, "starling: error: every open slot of '{}' is taken (the plan has {})\n",
-                 g.name, [&] {
-                   size_t n = 0;
-                   for (auto& x : p->instances)
-                     n += x.node ? 0 : 1;
-                   return n;
-                 }());
+      fmt::print(stderr, "starling: error: {}\n", slot.error().what);
       h.stop();
       return 2;
     }
@@ -600,7 +666,9 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
                        nd.endpoint());
     h.adopt(keeper);
     slot_name = p->instances[*slot].name;
-    fmt::print("volunteer: holds slot {}\n", slot_name);
+    fmt::print("volunteer: holds slot {}{}\n", slot_name,
+               *slot >= planned ? " (every open slot of the plan was held: one more instance)"
+                                : "");
     std::fflush(stdout);
   }
   // A volunteer watches the run's numbered nodes as the table lists them now: once all are
