@@ -7,6 +7,11 @@ namespace starling::actors::auth {
 
 namespace {
 
+/// The refusal of a node whose key the peers' verdict banned (`admission::ban_verified`).
+refusal verified_ban_refusal(const std::string& why) {
+  return refuse(reason::banned, "this node's key is banned by the peers' verdict: " + why);
+}
+
 int64_t system_now() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
            std::chrono::system_clock::now().time_since_epoch())
@@ -114,7 +119,7 @@ checked<peer_info> admission::admit(uint64_t session, std::string_view hello_byt
   }
   if (auto b = verified_bans_.find(p->peer_key); b != verified_bans_.end()) {
     keeper_.close(session);
-    auto r = refuse(reason::banned, "this node's key is banned by the peers' verdict: " + b->second);
+    auto r = verified_ban_refusal(b->second);
     strangers_.add(r.why);
     refused_peers_.add(p->peer_id, p->peer_key, r);
     gone_[p->peer_id] = gone_peer{r, p->peer_key};
@@ -251,7 +256,7 @@ std::vector<std::string> admission::ban_verified(std::string_view node_key, std:
       ++i;
       continue;
     }
-    auto r = refuse(reason::banned, "this node's key is banned by the peers' verdict: " + why);
+    auto r = verified_ban_refusal(why);
     refused_peers_.add(i->first, i->second.info.peer_key, r);
     gone_[i->first] = gone_peer{r, i->second.info.peer_key};
     peers.push_back(i->first);
