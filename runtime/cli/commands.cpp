@@ -322,6 +322,10 @@ int command_run(const experiment_graph& g, const role_registry& registry, run_mo
                "trace digest", r.trace_digest, r.trace_events, r.run_s, r.wall_s);
   if (mode == run_mode::sim)
     fmt::print("  {:<34} {}\n", "link proxies made", r.proxies_made);
+  if (mode == run_mode::sim && !g.network.firewalled.empty())
+    fmt::print("  {:<34} {} (dropped: {} accept no connection)\n",
+               "unsolicited messages to firewalled", r.unsolicited,
+               fmt::join(g.network.firewalled, ", "));
   std::fflush(stdout);
   return r.exit_code;
 }

@@ -95,6 +95,15 @@ void read_options(config_node& n, network_options& out) {
       out.links.push_back(std::move(o));
     }
   }
+  if (n.has("firewalled")) {
+    out.firewalled.clear();
+    for (auto& item : n.child("firewalled").items()) {
+      auto s = item.as_string();
+      if (s.empty())
+        item.expected("a node's name (node3)");
+      out.firewalled.push_back(s);
+    }
+  }
 }
 
 void read_options(config_node& n, experiment_options& out) {

@@ -97,6 +97,10 @@ struct link_override {
 struct network_options {
   link_options defaults;
   std::vector<link_override> links;
+  /// Simulated nodes (`node3`) that accept no connection, as behind a firewall or a NAT: a
+  /// message reaches one only from a node it sent to first (the connection it opened); any
+  /// other is dropped and counted. Its DHT node is a client (it serves nobody).
+  std::vector<std::string> firewalled;
 };
 
 /// What the experiment is and how it runs.

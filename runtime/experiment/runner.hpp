@@ -31,6 +31,8 @@ struct run_result {
   size_t trace_events = 0;
   /// Simulation only: link proxies spawned (handles of one node's actors as seen from another).
   uint64_t proxies_made = 0;
+  /// Simulation only: messages to firewalled nodes that they had not asked for (dropped).
+  uint64_t unsolicited = 0;
   bool timed_out = false;
 };
 

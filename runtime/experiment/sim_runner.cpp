@@ -57,8 +57,12 @@ public:
     d.address = endpoint() + "/dht";
     d.id = actors::dht::identity::from_seed(plan_.seed * 7919 + index_);
     d.bootstrap = bootstrap_from(dht_nodes_, index_);
+    // A node that accepts no connection serves nobody: a client of the others' DHT, and no
+    // bootstrap node for later ones.
+    d.client = world_.firewalled(node_.index());
     dht_ = node_.spawn("dht", actors::dht::dht_actor, node_.resolver(), d);
-    dht_nodes_.push_back(index_);
+    if (!d.client)
+      dht_nodes_.push_back(index_);
     return dht_;
   }
 
@@ -182,6 +186,20 @@ run_result run_sim(const experiment_graph& g, const role_registry& registry, con
                    const run_settings& s) {
   auto wall0 = std::chrono::steady_clock::now();
   run_result res;
+  // Firewalled nodes must be nodes of this run (`node0` ... `node<N-1>`).
+  for (auto& f : g.network.firewalled) {
+    bool known = false;
+    for (size_t n = 0; n < p.total_nodes() && !known; ++n)
+      known = f == fmt::format("node{}", n);
+    if (!known) {
+      fmt::print(stderr,
+                 "starling: network.firewalled names '{}', not a node of this run (node0 to "
+                 "node{})\n",
+                 f, p.total_nodes() == 0 ? 0 : p.total_nodes() - 1);
+      res.exit_code = 2;
+      return res;
+    }
+  }
   // The endpoint first: a port in use or a bad address fails the run before anything starts.
   // Its handlers run on the server's threads and read snapshots the simulation publishes as it
   // goes, so watching never changes the simulated run (its digest stays the same).
@@ -357,6 +375,7 @@ run_result run_sim(const experiment_graph& g, const role_registry& registry, con
   res.trace_digest = w.trace_digest();
   res.trace_events = w.trace_events();
   res.proxies_made = w.proxies_made();
+  res.unsolicited = w.unsolicited();
   if (!w.trace_error().empty())
     fmt::print(stderr, "starling: the trace is incomplete: {}\n", w.trace_error());
   for (auto& [name, a] : shared)

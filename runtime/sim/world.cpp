@@ -184,6 +184,18 @@ public:
                           context());
       return caf::invoke_message_result::consumed;
     }
+    if (!world_->passes_firewall(from_, to_)) {
+      // The firewalled node accepts no connection: as a dial that nobody answers.
+      world_->record("unsolicited", from_name, to_name, bytes, world_->type_names(msg));
+      if (x.mid.is_request() && x.sender)
+        x.sender->enqueue(caf::make_mailbox_element(
+                            nullptr, x.mid.response_id(), {},
+                            caf::make_message(caf::make_error(
+                              caf::sec::cannot_connect_to_node,
+                              "the node accepts no connection (network.firewalled)"))),
+                          context());
+      return caf::invoke_message_result::consumed;
+    }
     auto now = clock().now();
     auto r = world_->network().transfer(from_, to_, bytes, world_->elapsed().count());
     if (!world_->node(to_).alive())
@@ -312,6 +324,15 @@ caf::scheduler::test_coordinator& world::sched() {
   return dynamic_cast<caf::scheduler::test_coordinator&>(sys_->scheduler());
 }
 
+bool world::passes_firewall(int from, int to) {
+  if (firewalled_.count(from) > 0)
+    opened_.emplace(from, to);
+  if (firewalled_.count(to) == 0 || opened_.count({to, from}) > 0)
+    return true;
+  ++unsolicited_;
+  return false;
+}
+
 sim_node& world::add_node(const std::string& name) {
   if (by_name_.count(name) > 0)
     throw std::invalid_argument("duplicate simulated node name: " + name);
@@ -323,6 +344,9 @@ sim_node& world::add_node(const std::string& name) {
   auto& n = *nodes_.back();
   by_name_.emplace(name, index);
   by_endpoint_.emplace(n.endpoint(), index);
+  for (auto& f : opts_.network.firewalled)
+    if (f == name)
+      firewalled_.insert(index);
   for (auto& l : opts_.network.links) {
     for (auto& other : nodes_) {
       if (l.from == name && l.to == other->name())

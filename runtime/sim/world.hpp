@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -199,6 +200,15 @@ public:
   uint64_t trace_digest() const;
   /// Link proxies spawned so far (each a handle of one node's actor as seen from another).
   uint64_t proxies_made() const { return proxies_made_; }
+  /// True for a node of `network.firewalled` (it accepts no connection).
+  bool firewalled(int index) const { return firewalled_.count(index) > 0; }
+  /// Messages to a firewalled node from a node it had not sent to first: dropped (a request
+  /// among them is answered with an error, as a connection refused) and recorded in the trace as
+  /// `unsolicited`.
+  uint64_t unsolicited() const { return unsolicited_; }
+  /// A message from `from` to `to`: true when it may pass the firewall of `to` (none, or `to`
+  /// sent to `from` before); notes `from`'s outbound path when `from` is firewalled.
+  bool passes_firewall(int from, int to);
 
   // -- used by link proxies and resolvers ---------------------------------------------------
 
@@ -266,6 +276,10 @@ private:
   std::vector<int> actor_node_;
   std::unordered_map<std::pair<int, caf::actor_id>, caf::actor, proxy_key_hash> proxies_;
   uint64_t proxies_made_ = 0;
+  /// Firewalled nodes, and the (firewalled node, peer) pairs it opened by sending first.
+  std::set<int> firewalled_;
+  std::set<std::pair<int, int>> opened_;
+  uint64_t unsolicited_ = 0;
   std::multimap<int64_t, std::pair<std::string, std::function<void()>>> pending_;
   std::vector<trace_event> trace_;
   /// FNV-1a over every field of every event (`trace_digest`), and their count.

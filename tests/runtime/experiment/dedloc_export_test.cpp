@@ -2,11 +2,14 @@
 // GPT of examples/torchscript trained by a short local-mode collaboration reloads in Python
 // (examples/torchscript/check.py, run by /usr/bin/python3) with the held-out loss starling wrote;
 // a simulated run of the built-in MLP exports a state dict with the model's parameter names and
-// shapes, whose values give export.json's held-out loss.
+// shapes, whose values give export.json's held-out loss. In that run the two client-mode peers'
+// nodes accept no connection (`network.firewalled`): nobody dials them, and their partners
+// credit their samples.
 #include <doctest/doctest.h>
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -154,8 +157,25 @@ TEST_CASE("a simulated dedloc run of the built-in MLP exports a state dict with 
           "and shapes that gives export.json's held-out loss") {
   starling::testing::temp_dir scratch{"starling-dpexport"};
   auto out = scratch.path + "/run";
-  // Three peers, the last two in client mode: the export takes the full-mode peer's state.
-  auto text = run_to_end({"--sim", STARLING_SOURCE_DIR + "/configs/dedloc-fmnist.yaml", "--out", out},
+  // Three peers, the last two in client mode, on nodes that accept no connection: the export
+  // takes the full-mode peer's state.
+  // The file as it is, its network section told that nodes 1 and 2 accept no connection.
+  auto config = scratch.path + "/dedloc-fmnist.yaml";
+  {
+    std::ifstream in{STARLING_SOURCE_DIR + "/configs/dedloc-fmnist.yaml"};
+    std::ofstream f{config};
+    std::string line;
+    bool put = false;
+    while (std::getline(in, line)) {
+      f << line << "\n";
+      if (line.rfind("network:", 0) == 0) {
+        f << "  firewalled: [node1, node2]\n";
+        put = true;
+      }
+    }
+    REQUIRE(put);
+  }
+  auto text = run_to_end({"--sim", config, "--out", out},
                          {{"experiment.duration", "20s"},
                           {"experiment.nodes", "3"},
                           {"dedloc.peers", "3"},
@@ -173,6 +193,27 @@ TEST_CASE("a simulated dedloc run of the built-in MLP exports a state dict with 
                          120s);
   CHECK(has(text, "export                             1 file in " + out + "/export"));
   CHECK(has(text, "3 starts, 2 in client mode"));
+  // Client mode never needs to be dialled: no message was sent to them unasked.
+  CHECK(has(text, "unsolicited messages to firewalled 0 (dropped: node1, node2 accept no "
+                  "connection)"));
+  {
+    std::ifstream ledger{out + "/ledger.csv"};
+    std::string line;
+    int credited = 0;
+    while (std::getline(ledger, line)) {
+      if (line.rfind("peers.1,", 0) != 0 && line.rfind("peers.2,", 0) != 0)
+        continue;
+      // peer,peer_id,samples_computed,samples_accepted,...
+      std::vector<std::string> f;
+      std::istringstream cells{line};
+      std::string cell;
+      while (f.size() < 4 && std::getline(cells, cell, ','))
+        f.push_back(cell);
+      if (f.size() == 4 && std::stod(f[3]) > 0)
+        ++credited;
+    }
+    CHECK_MESSAGE(credited == 2, "client-mode peers credited by their partners");
+  }
   auto ex = read_json(out + "/export/export.json");
   auto sd_file = out + "/export/stage0.state_dict.pt";
   CHECK(ex["files"] == nlohmann::json::array({sd_file}));

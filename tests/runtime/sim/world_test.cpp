@@ -127,6 +127,38 @@ TEST_CASE("a partition drops messages and healing restores delivery") {
   CHECK(state_of(p).replies == 2);
 }
 
+TEST_CASE("a firewalled node is reached only over links it opened: a dial to it fails, its own "
+          "requests are answered, and the peer it dialled may then reach it") {
+  auto o = link_50ms_10mbs(3);
+  o.network.firewalled = {"a"};
+  sim::world w{o};
+  auto& a = w.add_node("a");
+  auto& b = w.add_node("b");
+  auto echo_a = a.spawn("echo", echo);
+  b.spawn("echo", echo);
+  CHECK(w.firewalled(a.index()));
+  CHECK_FALSE(w.firewalled(b.index()));
+  // b dials a: nobody answers.
+  auto from_b = b.spawn("pinger", pinger, b.resolver(), "a:1/echo", size_t{100}, caf::timespan{1s});
+  caf::anon_send(from_b, ping_atom::value);
+  w.run_for(2s);
+  CHECK(state_of(from_b).replies == 0);
+  CHECK(state_of(from_b).errors == 1);
+  CHECK(state_of(from_b).last_error.find("accepts no connection") != std::string::npos);
+  CHECK(w.unsolicited() == 1);
+  // a dials b: the request and its answer pass (the answer rides the link a opened).
+  auto from_a = a.spawn("pinger", pinger, a.resolver(), "b:1/echo", size_t{100}, caf::timespan{1s});
+  caf::anon_send(from_a, ping_atom::value);
+  w.run_for(2s);
+  CHECK(state_of(from_a).replies == 1);
+  // Now b reaches a over that link.
+  caf::anon_send(from_b, ping_atom::value);
+  w.run_for(2s);
+  CHECK(state_of(from_b).replies == 1);
+  CHECK(w.unsolicited() == 1);
+  (void)echo_a;
+}
+
 TEST_CASE("a partition during a request drops it and the request times out") {
   sim::world w{link_50ms_10mbs(3)};
   auto& a = w.add_node("a");
