@@ -111,7 +111,7 @@ TEST_CASE("SIGINT while a node still starts its roles (a codebook fit) ends the 
          "dedloc:\n"
          "  peers: 1\n"
          "  model: {kind: gpt, layers: 1, width: 32, heads: 2, codes: 256,\n"
-         "          codebook_images: 500, codebook_iterations: 12}\n"
+         "          codebook_images: 150, codebook_iterations: 12}\n"
          "  train_samples: 3000\n"
          "  torch_threads: 1\n"
          "  synthetic: true\n"
