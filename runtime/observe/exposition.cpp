@@ -213,6 +213,11 @@ std::vector<metric_family> families_of(const snapshot& s) {
     out.push_back(gauge(name, help));
     out.back().samples.push_back({{}, v});
   };
+  // A family with one label: one sample per key of `m`.
+  auto labelled = [&](metric_family f, const char* label, const auto& m) {
+    add_labelled(f, label, m);
+    out.push_back(std::move(f));
+  };
   auto c = [&](const char* name, const char* help, double v) {
     out.push_back(counter(name, help));
     out.back().samples.push_back({{}, v});
@@ -233,66 +238,65 @@ std::vector<metric_family> families_of(const snapshot& s) {
   g("starling_run_finished", "1 once the run ended", s.finished ? 1 : 0);
   c("starling_events_total", "Metric events received from every node",
     static_cast<double>(s.events_total));
-  out.push_back(counter("starling_events_by_kind_total",
-                        "Metric events by kind (bounded; the rest under kind=\"other\")"));
-  add_labelled(out.back(), "kind", s.events_by_kind);
+  labelled(counter("starling_events_by_kind_total",
+                   "Metric events by kind (bounded; the rest under kind=\"other\")"),
+           "kind", s.events_by_kind);
   c("starling_samples_total", "Samples processed by every trainer and peer", s.samples_total);
   c("starling_samples_accepted_total",
     "Samples accepted: what round partners (SWARM: stage-0 peers) credited the peers with",
     s.samples_accepted_total);
   c("starling_microbatches_total", "Microbatches completed by trainers",
     static_cast<double>(s.microbatches_total));
-  out.push_back(counter("starling_averaging_rounds_total",
-                        "Averaging rounds by outcome (averaged with partners, or alone)"));
-  add_labelled(out.back(), "outcome", s.rounds_by_outcome);
+  labelled(counter("starling_averaging_rounds_total",
+                   "Averaging rounds by outcome (averaged with partners, or alone)"),
+           "outcome", s.rounds_by_outcome);
   c("starling_retries_total", "Microbatch retries", static_cast<double>(s.retries_total));
   c("starling_restarts_total", "Restarts of instances and nodes",
     static_cast<double>(s.restarts_total));
-  out.push_back(counter("starling_faults_total",
-                        "Faults by action (kill_instance: preemptions; kill_node; ...)"));
-  add_labelled(out.back(), "action", s.faults_by_action);
+  labelled(counter("starling_faults_total",
+                   "Faults by action (kill_instance: preemptions; kill_node; ...)"),
+           "action", s.faults_by_action);
   c("starling_joins_total", "Peers that joined", static_cast<double>(s.joins_total));
   c("starling_leaves_total", "Peers that left", static_cast<double>(s.leaves_total));
   c("starling_dropped_samples_total", "Samples computed but not averaged", s.dropped_samples_total);
-  out.push_back(counter("starling_refusals_total",
-                        "Refused envelopes by reason (bounded; the rest under reason=\"other\")"));
-  add_labelled(out.back(), "reason", s.refusals_by_reason);
-  out.push_back(counter("starling_peer_samples_total",
-                        "Samples per peer: the first 20 peers that reported work, the rest under "
-                        "peer=\"other\""));
-  add_labelled(out.back(), "peer", s.peer_samples_total);
-  out.push_back(counter("starling_stage_samples_total",
-                        "Samples whose backward each SWARM stage's peers applied (their ledger "
-                        "summaries; bounded)"));
-  add_labelled(out.back(), "stage", s.stage_samples_total);
-  out.push_back(counter("starling_peer_sent_bytes_total",
-                        "Bytes each peer sent averaging (the ledger's first 20 peers, the rest "
-                        "under peer=\"other\")"));
-  add_labelled(out.back(), "peer", s.peer_bytes_sent_total);
-  out.push_back(counter("starling_peer_received_bytes_total",
-                        "Bytes each peer received averaging (the peers of "
-                        "starling_peer_sent_bytes_total)"));
-  add_labelled(out.back(), "peer", s.peer_bytes_received_total);
+  labelled(counter("starling_refusals_total",
+                   "Refused envelopes by reason (bounded; the rest under reason=\"other\")"),
+           "reason", s.refusals_by_reason);
+  labelled(counter("starling_peer_samples_total",
+                   "Samples per peer: the first 20 peers that reported work, the rest under "
+                   "peer=\"other\""),
+           "peer", s.peer_samples_total);
+  labelled(counter("starling_stage_samples_total",
+                   "Samples whose backward each SWARM stage's peers applied (their ledger "
+                   "summaries; bounded)"),
+           "stage", s.stage_samples_total);
+  labelled(counter("starling_peer_sent_bytes_total",
+                   "Bytes each peer sent averaging (the ledger's first 20 peers, the rest "
+                   "under peer=\"other\")"),
+           "peer", s.peer_bytes_sent_total);
+  labelled(counter("starling_peer_received_bytes_total",
+                   "Bytes each peer received averaging (the peers of "
+                   "starling_peer_sent_bytes_total)"),
+           "peer", s.peer_bytes_received_total);
   c("starling_bans_total", "Peers the run banned (verdicts, the gates' bans and revocations)",
     static_cast<double>(s.bans_total));
   g("starling_samples_per_second", "Samples per second over the last 10 s of run time",
     s.samples_per_second);
-  out.push_back(gauge("starling_peer_samples_per_second",
-                      "Samples per second per peer over the last 10 s of run time (the peers of "
-                      "starling_peer_samples_total)"));
-  add_labelled(out.back(), "peer", s.peer_samples_per_second);
-  out.push_back(gauge("starling_stage_samples_per_second",
-                      "Samples per second each SWARM stage applied over the last 30 s of run "
-                      "time"));
-  add_labelled(out.back(), "stage", s.stage_samples_per_second);
+  labelled(gauge("starling_peer_samples_per_second",
+                 "Samples per second per peer over the last 10 s of run time (the peers of "
+                 "starling_peer_samples_total)"),
+           "peer", s.peer_samples_per_second);
+  labelled(gauge("starling_stage_samples_per_second",
+                 "Samples per second each SWARM stage applied over the last 30 s of run "
+                 "time"),
+           "stage", s.stage_samples_per_second);
   g("starling_loss", "Latest training loss (NaN before the first)", s.loss);
   g("starling_global_step", "Highest global step reached (-1: none yet)", s.global_step);
-  out.push_back(gauge("starling_live_instances", "Live role instances by role"));
-  add_labelled(out.back(), "role", s.live_by_role);
-  out.push_back(gauge("starling_live_peers_by_mode",
-                      "Live data-parallel peers by mode (full: reachable; client: dials out "
-                      "only)"));
-  add_labelled(out.back(), "mode", s.live_by_mode);
+  labelled(gauge("starling_live_instances", "Live role instances by role"), "role", s.live_by_role);
+  labelled(gauge("starling_live_peers_by_mode",
+                 "Live data-parallel peers by mode (full: reachable; client: dials out "
+                 "only)"),
+           "mode", s.live_by_mode);
   return out;
 }
 

@@ -325,6 +325,8 @@ caf::scheduler::test_coordinator& world::sched() {
 }
 
 bool world::passes_firewall(int from, int to) {
+  if (firewalled_.empty())
+    return true; // every simulated message asks: most runs have no firewall
   if (firewalled_.count(from) > 0)
     opened_.emplace(from, to);
   if (firewalled_.count(to) == 0 || opened_.count({to, from}) > 0)
