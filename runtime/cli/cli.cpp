@@ -400,6 +400,10 @@ int cli_main(int argc, char** argv) {
   joinc->add_option("--listen", jc.listen,
                     "HOST:PORT to listen on (default: the address that routes to the first "
                     "endpoint, a free port)");
+  joinc->add_option("--advertise", jc.advertise,
+                    "HOST:PORT the run should dial, where a NAT forwards a port to --listen "
+                    "(default: where it listens); the run checks it, and client mode follows "
+                    "when it cannot reach it");
   joinc->add_option("--out", jc.out, "Run folder (default runs/<timestamp>-join-<experiment>)");
 
   app.add_subcommand("version", "Print the version");

@@ -194,6 +194,9 @@ int command_join(const join_command& cmd) {
     auto first = parse_endpoint(cmd.endpoints.front());
     no.listen = local_address_toward(first->first, first->second) + ":0";
   }
+  // --client: nothing listens from the start (the run's gates probe no endpoint of it).
+  no.client = cmd.client;
+  no.advertise = cmd.advertise;
   no.key_file = key_file;
   no.authority = authority_file;
   no.token = cmd.token;
@@ -205,8 +208,15 @@ int command_join(const join_command& cmd) {
     return join_fail(started.error().what);
   std::unique_ptr<node> ndp = std::move(*started);
   auto expiry = plan_token_expiry(std::chrono::nanoseconds{tok->expires_at_ns - now});
-  fmt::print("volunteer {} (peer id {}) listening on {}, token {} valid for {}\n", key_file,
-             auth::to_hex(ndp->peer_id()).substr(0, 12), ndp->endpoint(),
+  auto where = !ndp->listening()
+                 ? "in client mode (listening nowhere), named " + ndp->endpoint()
+               : cmd.advertise.empty()
+                 ? "listening on " + ndp->endpoint()
+                 : fmt::format("listening on {}:{}, advertised as {}",
+                               no.listen.substr(0, no.listen.rfind(':')), ndp->port(),
+                               ndp->endpoint());
+  fmt::print("volunteer {} (peer id {}) {}, token {} valid for {}\n", key_file,
+             auth::to_hex(ndp->peer_id()).substr(0, 12), where,
              auth::to_hex(tok->id).substr(0, 12),
              duration_text(std::chrono::nanoseconds{tok->expires_at_ns - now}));
   std::fflush(stdout);
@@ -258,13 +268,20 @@ int command_join(const join_command& cmd) {
   overrides.insert(overrides.end(), got->file_sets.begin(), got->file_sets.end());
   bool client = cmd.client || !pkg.reachable;
   if (cmd.client) {
-    fmt::print("client mode (--client): this node averages with bandwidth 0 and serves no state; "
-               "its DHT node serves nobody and enters no routing table\n");
+    fmt::print("client mode (--client): this node accepts no connections (the run reaches it "
+               "over the ones it opens), averages with bandwidth 0 and serves no state; its DHT "
+               "node serves nobody and enters no routing table\n");
   } else if (!pkg.reachable) {
-    fmt::print("client mode: {} could not reach this node at {} ({}); to work in full mode, open "
-               "TCP port {} to this machine (or forward it) and join again\n",
-               from, pkg.endpoint.empty() ? ndp->endpoint() : pkg.endpoint, pkg.reach_detail,
-               ndp->port());
+    if (cmd.advertise.empty())
+      fmt::print("client mode: {} could not reach this node at {} ({}); to work in full mode, "
+                 "open TCP port {} to this machine (or forward it) and join again\n",
+                 from, pkg.endpoint.empty() ? ndp->endpoint() : pkg.endpoint, pkg.reach_detail,
+                 ndp->port());
+    else
+      fmt::print("client mode: {} could not reach this node at {} ({}); to work in full mode, "
+                 "forward {} to port {} of this machine and join again\n",
+                 from, pkg.endpoint.empty() ? ndp->endpoint() : pkg.endpoint, pkg.reach_detail,
+                 ndp->endpoint(), ndp->port());
   } else {
     fmt::print("reachable: {} reached this node at {}; full mode\n", from, pkg.endpoint);
   }
@@ -309,13 +326,15 @@ int command_join(const join_command& cmd) {
   // for it). Where a node runs and whom it trusts (listen, join, keys, tokens, the authority)
   // stay this volunteer's own; TLS and envelope signing are what this node already used to be
   // admitted.
+  // A node the run cannot reach starts again in client mode: it stops listening (nothing the
+  // run does may depend on dialling it) and keeps its endpoint as its name.
   if (!same_caf(g.caf, fetch_caf) || g.node.data_endpoint != no.data_endpoint ||
-      g.node.congestion_control != no.congestion_control) {
-    auto listen =
-        fmt::format("{}:{}", ndp->endpoint().substr(0, ndp->endpoint().rfind(':')), ndp->port());
+      g.node.congestion_control != no.congestion_control || (client && ndp->listening())) {
+    auto listen = fmt::format("{}:{}", no.listen.substr(0, no.listen.rfind(':')), ndp->port());
     ndp->shutdown();
     ndp.reset();
     no.listen = listen;
+    no.client = client;
     no.data_endpoint = g.node.data_endpoint;
     no.congestion_control = g.node.congestion_control;
     auto again = node::start(g.caf, no, "volunteer", configure);
@@ -325,8 +344,13 @@ int command_join(const join_command& cmd) {
                                    listen, again.error().what),
                        3);
     ndp = std::move(*again);
-    fmt::print("the run's settings apply: {} (the node started again on {})\n",
-               caf_settings_text(*ndp), ndp->endpoint());
+    if (client)
+      fmt::print("the run's settings apply: {} (the node started again in client mode, named "
+                 "{}: nothing listens there)\n",
+                 caf_settings_text(*ndp), ndp->endpoint());
+    else
+      fmt::print("the run's settings apply: {} (the node started again on {})\n",
+                 caf_settings_text(*ndp), ndp->endpoint());
   } else {
     fmt::print("the run's settings apply: {}\n", caf_settings_text(*ndp));
   }

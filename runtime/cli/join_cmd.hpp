@@ -31,6 +31,8 @@ struct join_command {
   std::string http;
   /// Listen here (empty: the local address that routes to the first endpoint, a free port).
   std::string listen;
+  /// The endpoint the run should dial (a port forwarded to `listen`; empty: `listen`).
+  std::string advertise;
   /// Run folder (empty: runs/<time>-join-<experiment>).
   std::string out;
 };

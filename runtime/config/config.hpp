@@ -29,6 +29,10 @@ struct caf_options {
 struct node_options {
   /// `HOST:PORT` to publish on; port 0 lets the OS choose.
   std::string listen = "127.0.0.1:0";
+  /// `HOST:PORT` the node claims in its hellos and names itself by, where others reach it (a
+  /// port forwarded to `listen` through a NAT); empty: `listen` as bound. (`starling join
+  /// --advertise`; not a YAML key.)
+  std::string advertise;
   /// `HOST:PORT` of nodes to connect to at start.
   std::vector<std::string> join;
   /// Open a direct data endpoint for bulk tensor transfers (actors/transfer/data_channel.hpp)
@@ -67,8 +71,11 @@ struct node_options {
   /// How often each peer publishes its contribution summary in the DHT (the ledger any node's
   /// page reads; 0: never). In simulation only a run that is served (`http`) publishes.
   std::chrono::milliseconds ledger_every{5000};
-  /// Client mode (`starling join --client`, or a joiner the run cannot reach): the node's DHT
-  /// serves nobody and enters no routing table (actors/dht: `dht_options::client`).
+  /// Client mode (`starling join --client`, or a joiner the run cannot reach): the node listens
+  /// nowhere (no BASP listener, a data endpoint without listener; its hellos claim no endpoint,
+  /// and the nodes it reaches answer over the connections it opened), and its DHT serves nobody
+  /// and enters no routing table (actors/dht: `dht_options::client`). `listen` still names the
+  /// node (port 0: a port the OS picks and frees at once).
   bool client = false;
   /// The most volunteers (nodes started without `--index`) the run takes at once, the plan's
   /// open slots included; 0: no limit (beyond the open slots, a volunteer takes an extra

@@ -164,10 +164,17 @@ caf::actor node_gate::resolver() const {
   return caf::actor_cast<caf::actor>(resolver_);
 }
 
-void node_gate::set_own_directory(const std::string& endpoint, const caf::actor& dir) {
+void node_gate::set_own_directory(const std::string& endpoint, const caf::actor& dir,
+                                  bool listening) {
   std::lock_guard<std::mutex> guard{mtx_};
   own_endpoint_ = endpoint;
   own_directory_ = dir.address();
+  listening_ = listening;
+}
+
+bool node_gate::listening() const {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return listening_;
 }
 
 std::string node_gate::own_endpoint() const {
@@ -477,22 +484,28 @@ void say_hello(caf::event_based_actor* self, caf::actor remote_dir,
               }
               gate->admit_node(remote_node, acceptor->peer_id);
               auto hello = gate->admission().hello_for(their_challenge, acceptor->peer_id);
+              auto answered = [=](const std::string& refused) {
+                if (!refused.empty()) {
+                  fail_with(refused);
+                  return;
+                }
+                gate->add_gate(remote_node, remote_gate);
+                if (auto list = gate->deny_list(); !list.empty())
+                  caf::anon_send(remote_gate, deny_atom::value, list);
+                done(std::string{});
+              };
+              auto failed = [=](caf::error& e) { fail_with(self->system().render(e)); };
               // With this node's endpoint and directory: the acceptor reaches this node
-              // through this connection instead of opening a second one.
-              self->request(remote_gate, timeout, hello_atom::value, theirs, hello,
-                            gate->own_gate(), gate->own_endpoint(), gate->own_directory())
-                .then(
-                  [=](const std::string& refused) {
-                    if (!refused.empty()) {
-                      fail_with(refused);
-                      return;
-                    }
-                    gate->add_gate(remote_node, remote_gate);
-                    if (auto list = gate->deny_list(); !list.empty())
-                      caf::anon_send(remote_gate, deny_atom::value, list);
-                    done(std::string{});
-                  },
-                  [=](caf::error& e) { fail_with(self->system().render(e)); });
+              // through this connection instead of opening a second one. A node in client mode
+              // claims no endpoint (nothing listens there to probe).
+              if (!gate->listening())
+                self->request(remote_gate, timeout, hello_atom::value, theirs, hello,
+                              gate->own_gate())
+                  .then(answered, failed);
+              else
+                self->request(remote_gate, timeout, hello_atom::value, theirs, hello,
+                              gate->own_gate(), gate->own_endpoint(), gate->own_directory())
+                  .then(answered, failed);
             },
             [=](caf::error& e) { fail_with(self->system().render(e)); });
       },

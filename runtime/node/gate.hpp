@@ -154,8 +154,13 @@ public:
   /// That resolver, or an invalid handle.
   caf::actor resolver() const;
 
-  /// This node's endpoint and directory, sent along with this node's hellos.
-  void set_own_directory(const std::string& endpoint, const caf::actor& dir);
+  /// This node's endpoint and directory, sent along with this node's hellos. `listening` false
+  /// (client mode: nothing listens there): the hellos claim no endpoint, so no gate probes it,
+  /// and the nodes this one reaches answer over the connections it opened.
+  void set_own_directory(const std::string& endpoint, const caf::actor& dir,
+                         bool listening = true);
+  /// False in client mode (see `set_own_directory`).
+  bool listening() const;
   /// This node's endpoint (empty until set).
   std::string own_endpoint() const;
   /// This node's directory, or an invalid handle.
@@ -203,6 +208,7 @@ private:
   uint64_t claims_kept_ = 0;
   std::array<uint64_t, claim_refusal_count> claims_refused_{};
   std::string own_endpoint_;
+  bool listening_ = true;
   caf::actor_addr resolver_;
   caf::actor_addr own_directory_;
   std::string deny_list_;

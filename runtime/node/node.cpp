@@ -4,7 +4,11 @@
 #include <map>
 #include <set>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -291,6 +295,27 @@ caf::behavior watcher(caf::event_based_actor* self, caf::actor target, std::stri
 
 namespace {
 
+/// A port the OS picks on `host` (bound and freed at once): the name of a client-mode node
+/// started without one. Nothing listens there afterwards.
+result<uint16_t> free_port_name(const std::string& host) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  if (inet_pton(AF_INET, host == "localhost" ? "127.0.0.1" : host.c_str(), &a.sin_addr) != 1)
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0)
+    return fail(fmt::format("no socket for a client node's name: {}", std::strerror(errno)));
+  socklen_t len = sizeof a;
+  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0
+            && ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  auto err = errno;
+  ::close(fd);
+  if (!ok)
+    return fail(fmt::format("no port on {} for a client node's name: {}", host,
+                            std::strerror(err)));
+  return static_cast<uint16_t>(ntohs(a.sin_port));
+}
+
 /// A node's CAF config: also the holder through which envelopes find the node's wire context.
 struct node_config : caf::actor_system_config, messages::wire_context_holder {};
 
@@ -497,19 +522,41 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
   auto gate = spawn_gate(*n->sys_, n->gate_);
   n->gate_->set_own_gate(gate);
   n->register_actor(gate_name, gate);
-  auto port = n->tls_ ? caf::openssl::publish(*n->directory_, ep->second, n->host_.c_str(), true)
-                      : n->sys_->middleman().publish(*n->directory_, ep->second,
-                                                     n->host_.c_str(), true);
-  if (!port) {
-    auto why = n->sys_->render(port.error());
-    n->shutdown();
-    return fail(fmt::format("cannot listen on {}: {}", opts.listen, why));
+  if (opts.client) {
+    // Client mode: nothing listens. The endpoint only names the node (the port a volunteer's
+    // reachability check used, or one the OS picks and frees at once); the nodes this one
+    // reaches answer over the connections it opened, and its hellos claim no endpoint.
+    auto name_port = ep->second != 0 ? ep->second : free_port_name(n->host_);
+    if (!name_port)
+      return fail(fmt::format("node {}: {}", n->name_, name_port.error().what));
+    n->port_ = *name_port;
+    n->listening_ = false;
+  } else {
+    auto port = n->tls_
+                  ? caf::openssl::publish(*n->directory_, ep->second, n->host_.c_str(), true)
+                  : n->sys_->middleman().publish(*n->directory_, ep->second, n->host_.c_str(),
+                                                 true);
+    if (!port) {
+      auto why = n->sys_->render(port.error());
+      n->shutdown();
+      return fail(fmt::format("cannot listen on {}: {}", opts.listen, why));
+    }
+    n->port_ = *port;
   }
-  n->port_ = *port;
-  n->gate_->set_own_directory(n->endpoint(), *n->directory_);
+  if (!opts.advertise.empty()) {
+    auto adv = parse_endpoint(opts.advertise);
+    if (!adv || adv->second == 0) {
+      n->shutdown();
+      return fail(fmt::format("node {}: the advertised endpoint '{}' is not HOST:PORT with a "
+                              "port in [1, 65535]",
+                              n->name_, opts.advertise));
+    }
+    n->advertised_ = fmt::format("{}:{}", adv->first, adv->second);
+  }
+  n->gate_->set_own_directory(n->endpoint(), *n->directory_, n->listening_);
   if (opts.data_endpoint && actors::transfer::check_listen_host(n->host_).ok()) {
     actors::transfer::data_channel_options dopts;
-    dopts.host = n->host_;
+    dopts.host = opts.client ? std::string{} : n->host_;
     dopts.security = n->link_security_;
     dopts.congestion_control =
       opts.congestion_control == "system" ? std::string{} : opts.congestion_control;
@@ -529,7 +576,7 @@ node::start(const caf_options& caf_opts, const node_options& opts, std::string n
   // Under TLS two connections between two nodes break both (node_gate::add_endpoint): a node
   // lets a smaller endpoint's dial go first for a while (a TLS handshake and the hello take
   // ~15 ms on loopback).
-  auto defer = n->tls_ ? std::min<caf::timespan>(n->timeout_ / 5, std::chrono::milliseconds(200))
+  auto defer = n->tls_ && n->listening_ ? std::min<caf::timespan>(n->timeout_ / 5, std::chrono::milliseconds(200))
                        : caf::timespan{0};
   n->resolver_ = std::make_unique<caf::actor>(spawn_cluster_resolver(
     *n->sys_, *n->directory_, n->endpoint(), n->timeout_, n->gate_, connector, defer));
@@ -545,6 +592,8 @@ caf::actor_system& node::system() {
 }
 
 std::string node::endpoint() const {
+  if (!advertised_.empty())
+    return advertised_;
   return fmt::format("{}:{}", host_, port_);
 }
 
@@ -604,7 +653,7 @@ void node::shutdown() {
   if (resolver_)
     caf::anon_send_exit(*resolver_, caf::exit_reason::user_shutdown);
   if (directory_) {
-    if (port_ != 0)
+    if (port_ != 0 && listening_)
       sys_->middleman().unpublish(*directory_, port_);
     caf::anon_send_exit(*directory_, caf::exit_reason::user_shutdown);
   }

@@ -72,9 +72,13 @@ public:
 
   /// The node's actor system.
   caf::actor_system& system();
-  /// The port the directory is published on (the OS's choice when 0 was asked).
+  /// The port the directory is published on (the OS's choice when 0 was asked). In client
+  /// mode nothing listens there: it only names the node.
   uint16_t port() const { return port_; }
-  /// `host:port` of this node.
+  /// False in client mode (`node_options::client`): the node accepts no connections.
+  bool listening() const { return listening_; }
+  /// `host:port` of this node: the advertised endpoint when there is one
+  /// (`node_options::advertise`), else where it listens.
   std::string endpoint() const;
   /// The node's name for logs.
   const std::string& name() const { return name_; }
@@ -146,6 +150,9 @@ private:
   std::string token_id_;
   std::string host_;
   uint16_t port_ = 0;
+  bool listening_ = true;
+  /// `node_options::advertise`, normalized (empty: none).
+  std::string advertised_;
   caf::timespan timeout_{};
   std::unique_ptr<caf::actor_system_config> cfg_;
   std::unique_ptr<caf::actor_system> sys_;

@@ -52,4 +52,17 @@ struct raw_socket {
   }
 };
 
+/// True when something accepts a TCP connection on 127.0.0.1:`port` now.
+inline bool loopback_port_accepts(uint16_t port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  ::close(fd);
+  return ok;
+}
+
 } // namespace starling::testing

@@ -30,6 +30,7 @@
 #include "runtime/experiment/serve.hpp"
 #include "support/node_fixtures.hpp"
 #include "support/paths.hpp"
+#include "support/raw_socket.hpp"
 #include "support/subprocess.hpp"
 
 namespace starling::test::runtime_join_cluster_test {
@@ -250,8 +251,47 @@ TEST_CASE("starling join: a token and an endpoint are enough; an unsigned experi
   auto client_argv = join_argv({ep0}, "r", "c-out");
   client_argv.push_back("--client");
   subprocess client{client_argv};
+  // It listens nowhere from the start (its endpoint only names it): whatever the run does with
+  // it goes over the connections it opened.
+  auto named = client.wait_for("in client mode (listening nowhere), named", 30s);
+  REQUIRE_MESSAGE(named, client.output());
+  std::smatch port_match;
+  REQUIRE(std::regex_search(*named, port_match, std::regex{R"(named 127\.0\.0\.1:(\d+),)"}));
+  auto client_port = static_cast<uint16_t>(std::stoul(port_match[1]));
   CHECK_MESSAGE(client.wait_for("client mode (--client)", 60s), client.output());
   CHECK_MESSAGE(client.wait_for("holds slot volunteers.0", 60s), client.output());
+  // 4b. Meanwhile a volunteer whose advertised endpoint the run cannot reach (a port bound and
+  //     never listened on, as a NAT without the forward would leave it) is told so, starts
+  //     again in client mode (its own port closed too) and takes an instance beyond the plan.
+  int unreachable_fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(unreachable_fd >= 0);
+  sockaddr_in unreachable{};
+  unreachable.sin_family = AF_INET;
+  unreachable.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t unreachable_len = sizeof unreachable;
+  REQUIRE(::bind(unreachable_fd, reinterpret_cast<sockaddr*>(&unreachable), sizeof unreachable)
+          == 0);
+  REQUIRE(::getsockname(unreachable_fd, reinterpret_cast<sockaddr*>(&unreachable),
+                        &unreachable_len)
+          == 0);
+  auto natted_argv = join_argv({ep0}, "v", "n-out");
+  natted_argv.push_back("--advertise");
+  natted_argv.push_back(fmt::format("127.0.0.1:{}", ntohs(unreachable.sin_port)));
+  subprocess natted{natted_argv};
+  auto natted_first = natted.wait_for("advertised as 127.0.0.1:", 30s);
+  REQUIRE_MESSAGE(natted_first, natted.output());
+  REQUIRE(std::regex_search(*natted_first, port_match,
+                            std::regex{R"(listening on 127\.0\.0\.1:(\d+), advertised)"}));
+  auto natted_port = static_cast<uint16_t>(std::stoul(port_match[1]));
+  auto verdict = natted.wait_for("client mode: ", 60s);
+  REQUIRE_MESSAGE(verdict, natted.output());
+  CHECK_MESSAGE(verdict->find(fmt::format("could not reach this node at 127.0.0.1:{}",
+                                          ntohs(unreachable.sin_port)))
+                  != std::string::npos,
+                *verdict);
+  CHECK_MESSAGE(verdict->find("forward 127.0.0.1:") != std::string::npos, *verdict);
+  CHECK_MESSAGE(natted.wait_for("started again in client mode", 30s), natted.output());
+  CHECK_MESSAGE(natted.wait_for("holds slot volunteers.1", 60s), natted.output());
   // Its numbers count from when it took the slot (its predecessor's credits are the slot's
   // too): credited, and never more than it computed.
   double client_samples = 0, client_accepted = 0;
@@ -264,6 +304,22 @@ TEST_CASE("starling join: a token and an endpoint are enough; an unsigned experi
   }
   CHECK_MESSAGE(client_accepted > 0, "the client-mode volunteer was never credited:\n"
                                          << client.output());
+  CHECK_FALSE(testing::loopback_port_accepts(client_port));
+  double natted_samples = 0, natted_accepted = 0;
+  deadline = std::chrono::steady_clock::now() + 60s;
+  while (natted_accepted <= 0 && std::chrono::steady_clock::now() < deadline) {
+    drain();
+    read_progress(natted, natted_samples, natted_accepted);
+    if (natted.wait_exit(0ms))
+      break;
+  }
+  CHECK_MESSAGE(natted_accepted > 0, "the volunteer in client mode by the run's verdict was never "
+                                     "credited:\n" << natted.output());
+  CHECK_FALSE(testing::loopback_port_accepts(natted_port));
+  natted.signal(SIGINT);
+  CHECK_MESSAGE(natted.wait_for("volunteer: left:", 30s), natted.output());
+  CHECK(natted.wait_exit(30s) == 0);
+  ::close(unreachable_fd);
   CHECK(client_accepted <= client_samples);
   client.signal(SIGINT);
   CHECK_MESSAGE(client.wait_for("volunteer: left:", 30s), client.output());

@@ -193,7 +193,7 @@ uint64_t lossy_run(uint64_t seed) {
   std::vector<caf::actor> ps;
   for (int i = 0; i < 5; ++i) {
     auto& n = w.add_node("n" + std::to_string(i));
-    ps.push_back(n.spawn("pinger", pinger, n.resolver(), "hub:1/echo", size_t{1000 * (i + 1)},
+    ps.push_back(n.spawn("pinger", pinger, n.resolver(), "hub:1/echo", static_cast<size_t>(1000 * (i + 1)),
                          caf::timespan{500ms}));
   }
   for (int round = 0; round < 10; ++round) {
