@@ -160,14 +160,25 @@ caf::behavior board(caf::stateful_actor<board_state>* self, size_t stages) {
       }
       return {std::move(throughput), std::move(peers), mine};
     },
-    [=](put_atom, load_atom, caf::timespan hold) -> uint64_t {
-      // Placement of a new peer: the stage with the least throughput (unknown stages aside),
-      // reserved at once so that peers placed at the same instant spread out.
+    [=](put_atom, load_atom, caf::timespan hold) {
+      return self->delegate(caf::actor_cast<caf::actor>(self), put_atom::value, load_atom::value,
+                            hold, false);
+    },
+    [=](put_atom, load_atom, caf::timespan hold, bool all_known) -> uint64_t {
+      // Placement of a new peer: the stage with the least throughput (unknown stages aside; with
+      // `all_known`, none while a stage is unknown or nothing reported yet), reserved at once so
+      // that peers placed at the same instant spread out.
       auto& st = self->state;
       auto now = self->clock().now();
       std::optional<uint64_t> best;
       double best_tp = 0;
       std::vector<double> avgs(st.stages.size(), -1);
+      bool any_report = false;
+      for (auto& stage : st.stages)
+        for (auto& e : stage.all())
+          any_report = any_report || e.reported;
+      if (all_known && !any_report)
+        return std::numeric_limits<uint64_t>::max();
       for (size_t k = 0; k < st.stages.size(); ++k) {
         double sum = 0;
         int64_t reported = 0;
@@ -177,8 +188,11 @@ caf::behavior board(caf::stateful_actor<board_state>* self, size_t stages) {
             ++reported;
           }
         }
-        if (!st.stages[k].empty() && reported == 0)
+        if (!st.stages[k].empty() && reported == 0) {
+          if (all_known)
+            return std::numeric_limits<uint64_t>::max();
           continue; // unknown
+        }
         double avg = reported > 0 ? sum / static_cast<double>(reported) : 0;
         avgs[k] = avg;
         double tp = avg * static_cast<double>(st.stages[k].size());

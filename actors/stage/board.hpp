@@ -29,7 +29,9 @@ namespace starling::actors::stage {
 /// - `(put_atom, load_atom, caf::timespan hold) -> uint64_t` places a new peer: the stage with
 ///   the least throughput (joiners included; stages whose throughput is unknown are skipped),
 ///   registered as joining it at once (as above, at the stage's average); the largest uint64_t
-///   when no stage is known;
+///   when no stage is known; `(put_atom, load_atom, caf::timespan hold, bool all_known)` the
+///   same, and with `all_known` the largest uint64_t as well while some stage is unknown or no
+///   peer has reported yet (a volunteer's first placement waits for a pipeline that ran);
 /// - `(migrate_atom, uint64_t from, caf::timespan period, uint64_t slots) -> bool` a migration
 ///   claim: granted (true) when fewer than `slots` moves out of stage `from` were granted during
 ///   the last `period`, so at most `slots` peers leave a stage per period (the claimant sizes

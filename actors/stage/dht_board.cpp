@@ -354,11 +354,15 @@ caf::behavior dht_board_actor(caf::event_based_actor* self, caf::actor dht, caf:
             });
         return rp;
       },
-      [=](put_atom, load_atom, caf::timespan hold) -> caf::response_promise {
+      [=](put_atom, load_atom, caf::timespan hold) {
+        return self->delegate(caf::actor_cast<caf::actor>(self), put_atom::value,
+                              load_atom::value, hold, false);
+      },
+      [=](put_atom, load_atom, caf::timespan hold, bool all_known) -> caf::response_promise {
         auto rp = self->make_response_promise();
         read_loads(
             self, d, [=](std::vector<stage_load> loads, std::map<std::string, double>) mutable {
-              auto best = stage_for_newcomer(loads);
+              auto best = stage_for_newcomer(loads, all_known);
               if (!best) {
                 rp.deliver(std::numeric_limits<uint64_t>::max()); // nothing known: keep your stage
                 return;

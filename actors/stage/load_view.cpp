@@ -37,13 +37,22 @@ stage_total total_of(const stage_load& s) {
   return out;
 }
 
-std::optional<size_t> stage_for_newcomer(const std::vector<stage_load>& stages) {
+std::optional<size_t> stage_for_newcomer(const std::vector<stage_load>& stages,
+                                         bool all_known) {
   std::optional<size_t> best;
   double best_tp = 0;
+  bool any_report = false;
+  for (auto& s : stages)
+    any_report = any_report || !s.reported.empty();
+  if (all_known && !any_report)
+    return std::nullopt;
   for (size_t k = 0; k < stages.size(); ++k) {
     auto& s = stages[k];
-    if (s.live > 0 && s.reported.empty())
+    if (s.live > 0 && s.reported.empty()) {
+      if (all_known)
+        return std::nullopt;
       continue; // unknown
+    }
     auto avg = std::max(0.0, average(s));
     double tp = avg * static_cast<double>(s.live);
     for (auto x : s.joining)

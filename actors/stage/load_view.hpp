@@ -33,8 +33,11 @@ struct stage_total {
 stage_total total_of(const stage_load& s);
 
 /// The stage a new peer should join: the least total throughput, stages with unknown throughput
-/// skipped (ties: the lowest index); none when no stage is known.
-std::optional<size_t> stage_for_newcomer(const std::vector<stage_load>& stages);
+/// skipped (ties: the lowest index); none when no stage is known. With `all_known` (a
+/// volunteer's first placement) none as well while some stage is unknown or no peer of any
+/// stage has reported yet (a pipeline that has not run yet tells nothing).
+std::optional<size_t> stage_for_newcomer(const std::vector<stage_load>& stages,
+                                         bool all_known = false);
 
 /// A stage peer's measured throughput for its reports: busy seconds and training samples since
 /// the last report, smoothed across reports (exponentially, 0.3 on the newest window).

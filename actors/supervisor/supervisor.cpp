@@ -68,6 +68,9 @@ std::optional<std::vector<stage_report>> reports_of(const std::vector<double>& t
   return out;
 }
 
+/// Board questions for a `place_first` child before it starts in its own stage.
+constexpr uint64_t place_tries = 10;
+
 } // namespace
 
 caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_spec> specs,
@@ -108,6 +111,14 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_s
     c.generation = c.spec.first_generation;
     d->children.push_back(std::move(c));
   }
+  // The first spawn: a child placed by the board (`child_spec::place_first`) asks it first.
+  auto first_start = [=](size_t i) {
+    auto& c = d->children[i];
+    if (c.spec.place_first && c.spec.spawn_at && d->rebalancing.board)
+      self->send(self, load_atom::value, static_cast<uint64_t>(i), uint64_t{place_tries});
+    else
+      start(i);
+  };
   for (size_t i = 0; i < d->children.size(); ++i) {
     auto& c = d->children[i];
     if (c.spec.leave_after >= caf::timespan{0})
@@ -117,7 +128,7 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_s
       self->delayed_send(self, c.spec.start_after, ready_atom::value, static_cast<uint64_t>(i));
       continue;
     }
-    start(i);
+    first_start(i);
   }
   self->attach_functor([d] {
     d->stopping = true;
@@ -222,7 +233,40 @@ caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_s
       if (!c.waiting || c.gone)
         return caf::unit;
       c.waiting = false;
-      start(idx);
+      first_start(idx);
+      return caf::unit;
+    },
+    // A child's first placement (`child_spec::place_first`): the stage the board picks, asked
+    // again while the board cannot tell (some stage has not reported), then its own stage.
+    [=](load_atom, uint64_t idx, uint64_t tries) -> caf::result<void> {
+      if (auto refused = foreign("admin.start"))
+        return std::move(*refused);
+      if (idx >= d->children.size())
+        return caf::unit;
+      auto& rb = d->rebalancing;
+      auto place = [=](std::optional<uint64_t> stage) {
+        auto& c = d->children[idx];
+        if (c.handle || c.gone || d->stopping)
+          return;
+        if (!stage && tries > 1) {
+          self->delayed_send(self, d->rebalancing.join_hold / place_tries, load_atom::value, idx,
+                             tries - 1);
+          return;
+        }
+        if (stage)
+          c.stage = *stage;
+        start(idx);
+        if (d->observer && c.handle)
+          self->send(d->observer, put_atom::value, load_atom::value, idx, c.spec.name, c.stage,
+                     stage.has_value());
+      };
+      self->request(rb.board, rb.timeout, put_atom::value, load_atom::value, rb.join_hold, true)
+        .then(
+          [=](uint64_t stage) {
+            place(stage < std::numeric_limits<uint64_t>::max() ? std::optional<uint64_t>{stage}
+                                                              : std::nullopt);
+          },
+          [=](caf::error&) { place(std::nullopt); });
       return caf::unit;
     },
     [=](tick_atom, uint64_t idx) {

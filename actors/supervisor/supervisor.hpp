@@ -41,6 +41,10 @@ struct child_spec {
   /// and gets the stage to serve; `stage` is the initial one.
   std::function<caf::actor(int generation, uint64_t stage)> spawn_at = {};
   uint64_t stage = 0;
+  /// With `spawn_at` and a rebalancing board: the first spawn too joins the stage that needs it
+  /// most (a volunteer's stage peer). The board cannot tell before every stage reported; the
+  /// supervisor asks again (10 times, `join_hold / 10` apart), then starts it in `stage`.
+  bool place_first = false;
 };
 
 /// Adaptive rebalancing of the supervisor's stage peers (children with `spawn_at`), reading and
@@ -83,7 +87,9 @@ struct rebalancing_options {
 /// std::string name, int generation)`, every migration or placement in another stage as
 /// `(migrate_atom, uint64_t index, std::string name, uint64_t from, uint64_t to,
 /// std::vector<double> throughputs)` (before the respawn's report; the stages' summed
-/// throughputs the decision saw, empty for a placement).
+/// throughputs the decision saw, empty for a placement), and the first start of a
+/// `place_first` child as `(put_atom, load_atom, uint64_t index, std::string name, uint64_t
+/// stage, bool by_board)` (false: the board could not tell; it started in its own stage).
 /// The children die with the supervisor.
 caf::behavior supervisor_actor(caf::event_based_actor* self, std::vector<child_spec> children,
                                caf::actor observer, rebalancing_options rebalancing);

@@ -278,6 +278,17 @@ caf::actor spawn_metric_sink(node_host& h, std::function<void(const metric_recor
         e.labels["node"] = name;
         handle(e);
       },
+      [=](put_atom, load_atom, uint64_t, const std::string& instance, uint64_t stage,
+          bool by_board) {
+        // A volunteer's stage peer placed when it started (child_spec::place_first).
+        messages::metric_event e;
+        e.source = instance;
+        e.kind = "placed";
+        e.values["stage"] = static_cast<double>(stage);
+        e.labels["by"] = by_board ? "board" : "default";
+        e.labels["node"] = name;
+        handle(e);
+      },
       [=](migrate_atom, uint64_t, const std::string& instance, uint64_t from, uint64_t to,
           const std::vector<double>& seen) {
         messages::metric_event e;
@@ -368,6 +379,8 @@ node_share start_node_share(node_host& h, const role_registry& registry, int inc
     // state like any respawned instance, and its generation-stamped names stay unique.
     c.first_generation = incarnation * 1000;
     c.stage = type->initial_variant(role.options, inst.index);
+    // A volunteer's instance of a rebalanced role starts where the run needs it most.
+    c.place_first = role.placement.open;
     auto seed = p.seed;
     const role_spec* rp = &role;
     auto index = inst.index;

@@ -221,6 +221,11 @@ result<swarm_graph> swarm_builder::build() const {
     return fail("checkpoint: expected every >= 0 and keep >= 1");
   if (auto st = check_rebalance(g.rebalance); !st)
     return fail(st.what());
+  if (g.volunteers < 0)
+    return fail(fmt::format("volunteers: expected a count >= 0, got {}", g.volunteers));
+  if (g.volunteers > 0 && !g.rebalance.enabled())
+    return fail("volunteers: a volunteer's stage is the one with the least throughput in the "
+                "rebalancing board's reports; set rebalance (e.g. rebalance: {every: 10s})");
   if (g.preempt_every < std::chrono::nanoseconds{0} || g.restart_delay < std::chrono::nanoseconds{0})
     return fail("preempt_every, restart_delay: expected durations >= 0");
   return g;
@@ -235,7 +240,7 @@ void read_swarm_graph(config_node& n, swarm_graph& out) {
   n.allow({"model", "data", "stages", "trainers", "microbatch", "microbatches_per_trainer", "max_inflight",
            "local_batch", "target_batch", "averaging", "optimizer", "compression", "hop_timeout",
            "preempt_every", "restart_delay", "eval_batches", "torch_threads", "export", "checkpoint",
-           "rebalance", "sim", "backward_first"});
+           "rebalance", "sim", "backward_first", "volunteers"});
   if (n.has("model")) {
     auto m = n.child("model");
     std::string kind = "gpt";
@@ -304,6 +309,7 @@ void read_swarm_graph(config_node& n, swarm_graph& out) {
   if (auto r = stage_ranges(out); !r)
     n.child("stages").fail(r.error().what);
   read_int(n, "trainers", out.trainers, 1, 1024);
+  read_int(n, "volunteers", out.volunteers, 0, 1024);
   read_int(n, "microbatch", out.microbatch, 1, 4096);
   read_int(n, "microbatches_per_trainer", out.microbatches_per_trainer, 1, INT64_MAX);
   read_int(n, "max_inflight", out.max_inflight, 1, 64);
@@ -376,6 +382,10 @@ void read_swarm_graph(config_node& n, swarm_graph& out) {
   read_int(n, "eval_batches", out.eval_batches, 1, 10000);
   read_int(n, "torch_threads", out.torch_threads, 1, 256);
   read(n, "export", out.export_model);
+  if (out.volunteers > 0 && !out.rebalance.enabled())
+    n.child("volunteers")
+      .fail("a volunteer's stage is the one with the least throughput in the rebalancing "
+            "board's reports; set rebalance (e.g. rebalance: {every: 10s})");
 }
 
 // -- placement ----------------------------------------------------------------------------------

@@ -128,6 +128,10 @@ struct swarm_graph {
   checkpoint_spec checkpoint;
   /// Moving stage peers to the bottleneck stage (off by default).
   rebalance_spec rebalance;
+  /// Open slots for volunteers' stage peers (`starling join`, or `starling node` without
+  /// `--index`): role `volunteers`, each instance placed in the stage with the least throughput
+  /// in the rebalancing board's reports when it starts (needs `rebalance`). 0: none.
+  int64_t volunteers = 0;
   kernels::optimizer_options optimizer;
   kernels::codec_id compression = kernels::codec_id::blockwise8;
   std::chrono::nanoseconds hop_timeout = std::chrono::seconds(10);

@@ -182,7 +182,7 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
   auto& g = s.graph;
   auto stage = ctx.variant;
   auto slot = ctx.index;
-  if (stage >= s.ranges.size() || slot >= s.slots.size())
+  if (stage >= s.ranges.size() || (!o.volunteer && slot >= s.slots.size()))
     return {};
   // LibTorch's threads per process (`swarm.torch_threads`): every stage peer of the process
   // computes on the actor threads already; more intra-op threads only oversubscribe the cores,
@@ -191,15 +191,16 @@ caf::actor spawn_stage_peer(role_context& ctx, const swarm_role_options& o) {
     at::set_num_threads(static_cast<int>(g.torch_threads));
   actors::stage::stage_options so;
   so.stage = stage;
-  so.name = fmt::format("s{}p{}g{}", stage, slot, ctx.generation);
+  so.name = fmt::format("s{}{}{}g{}", stage, o.volunteer ? "v" : "p", slot, ctx.generation);
   so.model = g.model_spec();
   so.begin = s.ranges[stage].first;
   so.end = s.ranges[stage].second;
   so.optimizer = g.optimizer;
   so.local_batch = g.local_batch;
-  so.speed = s.slots[slot].second;
+  so.speed = o.volunteer ? 1.0 : s.slots[slot].second;
   so.backward_first = g.backward_first;
-  so.download_state = ctx.download_state();
+  // A volunteer joins a running pipeline: it starts from its stage's state, like a respawn.
+  so.download_state = ctx.download_state() || o.volunteer;
   so.seed = ctx.seed;
   auto cost_model = s.modeled && !s.sim.real_compute;
   so.codec = cost_model ? kernels::codec_id::none : g.compression;
@@ -537,7 +538,8 @@ void add_swarm_roles(experiment_graph& eg, const std::shared_ptr<const swarm_set
   auto& g = setup->graph;
   eg.roles.erase(std::remove_if(eg.roles.begin(), eg.roles.end(),
                                 [](const role_spec& r) {
-                                  return r.name == "peers" || r.name == "trainer";
+                                  return r.name == "peers" || r.name == "trainer"
+                                         || r.name == "volunteers";
                                 }),
                  eg.roles.end());
   role_spec peers;
@@ -557,6 +559,15 @@ void add_swarm_roles(experiment_graph& eg, const std::shared_ptr<const swarm_set
   trainer.placement.nodes = {0};
   eg.roles.insert(eg.roles.begin(), peers);
   eg.roles.insert(eg.roles.begin(), trainer);
+  if (g.volunteers > 0) {
+    role_spec v = peers;
+    v.name = "volunteers";
+    v.replicas = static_cast<size_t>(g.volunteers);
+    v.options = swarm_role_options{setup, true};
+    v.placement = {};
+    v.placement.open = true;
+    eg.roles.push_back(v);
+  }
   eg.reporters.clear();
   // With real compute a simulated run reports as a real one (loss, bursts, held-out loss).
   if (setup->modeled && !setup->sim.real_compute)
@@ -687,7 +698,7 @@ void add_swarm(role_registry& reg) {
     "swarm.stage", "a SWARM stage peer (instance i = peer slot i; rebalancing may move it)",
     spawn_stage_peer, {}, check, describe,
     [](const swarm_role_options& o, size_t i) {
-      return i < o.setup->slots.size() ? o.setup->slots[i].first : 0;
+      return !o.volunteer && i < o.setup->slots.size() ? o.setup->slots[i].first : 0;
     });
   stage.rebalancing = [](host& h, const std::any& a,
                          actors::supervisor::rebalancing_options& ro) {

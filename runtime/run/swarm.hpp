@@ -96,6 +96,9 @@ struct swarm_setup {
 /// The options of both swarm role types: the run's shared setup.
 struct swarm_role_options {
   std::shared_ptr<const swarm_setup> setup;
+  /// A volunteer's stage peer (role `volunteers`, an open slot): full speed, placed by the
+  /// board when it starts, and it downloads its stage's state.
+  bool volunteer = false;
 };
 
 /// The board of the node `h`: a DHT board (local, cluster) or a view of the simulation's shared

@@ -245,6 +245,10 @@ public:
       markers_.emplace_back(m.t, fmt::format("x s{}", slot < s_->slots.size() ? s_->slots[slot].first : 0));
     } else if (m.kind == "restart") {
       restarts_++;
+    } else if (m.kind == "placed") {
+      placements_.push_back(fmt::format("{} in stage {} at {:.1f} s{}", m.source,
+                                        static_cast<uint64_t>(m.value("stage")), m.t,
+                                        m.label("by") == "board" ? "" : " (no reports yet)"));
     } else if (m.kind == "migrate") {
       auto from = static_cast<uint64_t>(m.value("from"));
       auto to = static_cast<uint64_t>(m.value("to"));
@@ -493,6 +497,12 @@ private:
   /// after the last one (the moved peers' state downloads included).
   void print_migrations(finish_context& ctx, const caf::actor& board) const {
     auto run_s = ctx.run_s;
+    if (!placements_.empty()) {
+      std::string list;
+      for (auto& p : placements_)
+        list += fmt::format("{}{}", list.empty() ? "" : "; ", p);
+      fmt::print("  {:<34} {}\n", "volunteers placed (least throughput)", list);
+    }
     if (migrations_.empty()) {
       fmt::print("  {:<34} none\n", "migrations (rebalancing)");
       return;
@@ -781,6 +791,8 @@ private:
   /// Stage migrations (rebalancing): one line each, and when they happened (seconds since the
   /// start, samples completed by then).
   std::vector<std::string> migrations_;
+  /// Volunteers' stage peers placed when they started ("placed" events).
+  std::vector<std::string> placements_;
   std::vector<std::pair<double, int64_t>> migration_times_;
   /// The slowest stage's throughput the first migration's decision saw (-1: none).
   double slowest_before_ = -1;

@@ -107,6 +107,19 @@ TEST_CASE("stage totals count unreported peers at the average, joiners, and unkn
                             stage_load{1, {1.0}, {2.0}}}) == std::optional<size_t>{2});
   CHECK(stage_for_newcomer({stage_load{1, {1.0}, {}}, stage_load{0, {}, {}}}) ==
         std::optional<size_t>{1}); // an empty stage needs a peer most
+  // A volunteer's first placement (all_known): only once every stage is known and some peer
+  // reported; a pipeline that has not run yet (nothing announced or reported) tells nothing.
+  CHECK(stage_for_newcomer({stage_load{0, {}, {}}, stage_load{0, {}, {}}}) ==
+        std::optional<size_t>{0});
+  CHECK(stage_for_newcomer({stage_load{0, {}, {}}, stage_load{0, {}, {}}}, true) == std::nullopt);
+  CHECK(stage_for_newcomer({stage_load{2, {3.0, 3.0}, {}}, stage_load{1, {}, {}}}) ==
+        std::optional<size_t>{0});
+  CHECK(stage_for_newcomer({stage_load{2, {3.0, 3.0}, {}}, stage_load{1, {}, {}}}, true) ==
+        std::nullopt);
+  CHECK(stage_for_newcomer({stage_load{2, {3.0, 3.0}, {}}, stage_load{1, {1.0}, {}}}, true) ==
+        std::optional<size_t>{1});
+  CHECK(stage_for_newcomer({stage_load{1, {1.0}, {}}, stage_load{0, {}, {}}}, true) ==
+        std::optional<size_t>{1});
 }
 
 TEST_CASE("throughput reports in the DHT are parsed strictly") {

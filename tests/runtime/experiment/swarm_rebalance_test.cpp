@@ -3,6 +3,7 @@
 // pipeline's slowest stage gets faster.
 #include <doctest/doctest.h>
 
+#include <fstream>
 #include <regex>
 
 #include "support/cluster_checks.hpp"
@@ -79,6 +80,69 @@ TEST_CASE("a slow stage of a 4-process cluster gains a peer by migration and the
   auto held_out = n0.wait_for("held-out loss (before -> after)", 60s);
   REQUIRE(held_out);
   starling::testing::check_nodes_exit(nodes);
+}
+
+TEST_CASE("a volunteer's stage peer starts in the stage with the least throughput and works "
+          "there") {
+  starling::testing::temp_dir tmp{"starling-swarm-volunteer"};
+  auto& dir = tmp.path;
+  // Stage 1 (one peer at a quarter speed) is the bottleneck; no migration can happen (a check
+  // every 60 s that asks a tenfold gain), so only the volunteer's placement changes anything.
+  // In local mode the open slot gets a node of its own, standing for the volunteer's machine.
+  std::string yaml = R"(experiment: {name: swarm-volunteer, kind: swarm, seed: 5, mode: local, duration: 60s, nodes: 3}
+caf:
+  scheduler: {policy: sharing, max_threads: 2}
+swarm:
+  model: {layers: 2, width: 32, heads: 2, seq_len: 32}
+  data: {kind: text}
+  stages:
+    - {peers: [1.0, 1.0]}
+    - {peers: [0.25]}
+  trainers: 2
+  microbatch: 8
+  microbatches_per_trainer: 60
+  max_inflight: 4
+  target_batch: 0
+  local_batch: 32
+  preempt_every: 0s
+  rebalance: {every: 60s, threshold: 10, report_every: 500ms}
+  volunteers: 1
+  eval_batches: 1
+  torch_threads: 1
+)";
+  {
+    std::ofstream f{dir + "/volunteer.yaml"};
+    f << yaml;
+  }
+  subprocess run{{STARLING_BINARY, "run", dir + "/volunteer.yaml", "--out", dir + "/out"}};
+  auto rc = run.wait_exit(120s);
+  while (run.read_line(0ms)) {
+  }
+  INFO(run.output());
+  REQUIRE(rc == 0);
+  auto& out = run.output();
+  // Placed by the board's reports (not the default stage for want of them), in stage 1.
+  CHECK(out.find("volunteers placed (least throughput) volunteers.0 in stage 1 at")
+        != std::string::npos);
+  CHECK(out.find("(no reports yet)") == std::string::npos);
+  // Its stage peer (s1v0) worked there: optimizer steps in stage 1.
+  std::smatch m;
+  REQUIRE(std::regex_search(out, m, std::regex{R"(s1v0g0 at step (\d+))"}));
+  CHECK(std::stoi(m[1]) > 0);
+  CHECK(out.find("960 of 960 requested") != std::string::npos);
+
+  // A volunteer's stage comes from the rebalancing board: without `rebalance`, one line, exit 2.
+  {
+    std::ofstream f{dir + "/no-rebalance.yaml"};
+    f << std::regex_replace(yaml, std::regex{"  rebalance: .*\n"}, "");
+  }
+  subprocess bad{{STARLING_BINARY, "run", dir + "/no-rebalance.yaml", "--out", dir + "/bad"}};
+  CHECK(bad.wait_exit(30s) == 2);
+  while (bad.read_line(0ms)) {
+  }
+  CHECK_MESSAGE(bad.output().find("swarm.volunteers: a volunteer's stage is the one with the "
+                                  "least throughput") != std::string::npos,
+                bad.output());
 }
 
 } // namespace starling::test::runtime_swarm_rebalance_test
