@@ -328,6 +328,7 @@ public:
   const std::string& name() const override { return name_; }
   std::string endpoint() const override { return nd_.endpoint(); }
   std::string token_id() const override { return nd_.token_id(); }
+  bool reachable() const override { return !graph_.node.client && nd_.listening(); }
   caf::actor resolver() override { return resolver_; }
   caf::actor dht() override { return dht_; }
   caf::actor metrics() override { return sink; }

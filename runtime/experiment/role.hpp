@@ -102,6 +102,10 @@ public:
   /// In a closed run, the id of this node's token in hex (public: the ledger's token id
   /// column); empty otherwise.
   virtual std::string token_id() const { return {}; }
+  /// False when other nodes cannot open connections to this node (cluster: a node in client
+  /// mode, `node.client`; simulation: a node of `network.firewalled`): roles that have a client
+  /// mode run in it (a data-parallel peer reduces nothing and serves no state).
+  virtual bool reachable() const { return true; }
 };
 
 /// What one spawn of a role instance gets.

@@ -47,6 +47,7 @@ public:
   size_t index() const override { return index_; }
   const std::string& name() const override { return node_.name(); }
   std::string endpoint() const override { return node_.endpoint(); }
+  bool reachable() const override { return !world_.firewalled(node_.index()); }
   caf::actor resolver() override { return node_.resolver(); }
   caf::actor metrics() override { return sink; }
 

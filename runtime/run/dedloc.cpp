@@ -134,6 +134,11 @@ caf::actor spawn_peer(role_context& ctx, const dedloc_role_options& o,
                       const std::shared_ptr<data_cache>& cache) {
   auto& h = ctx.node;
   auto mode = mode_of(o, ctx.index);
+  // A node the others cannot dial (a volunteer behind a NAT, a simulated firewalled node) puts
+  // its peers in client mode whatever the plan says: the others could not reach it as a
+  // reducer or a donor.
+  if (!h.reachable() && mode == actors::collab::peer_mode::full)
+    mode = actors::collab::peer_mode::client;
   auto speed = o.speeds.empty() ? 1.0 : o.speeds[ctx.index % o.speeds.size()];
   std::shared_ptr<dp::backend> model;
   if (o.backend == "modeled") {

@@ -157,8 +157,9 @@ TEST_CASE("a simulated dedloc run of the built-in MLP exports a state dict with 
           "and shapes that gives export.json's held-out loss") {
   starling::testing::temp_dir scratch{"starling-dpexport"};
   auto out = scratch.path + "/run";
-  // Three peers, the last two in client mode, on nodes that accept no connection: the export
-  // takes the full-mode peer's state.
+  // Three peers, the last two on nodes that accept no connection: they run in client mode by
+  // themselves (the plan says full mode: `clients: 0`), and the export takes the full-mode
+  // peer's state.
   // The file as it is, its network section told that nodes 1 and 2 accept no connection.
   auto config = scratch.path + "/dedloc-fmnist.yaml";
   {
@@ -179,6 +180,7 @@ TEST_CASE("a simulated dedloc run of the built-in MLP exports a state dict with 
                          {{"experiment.duration", "20s"},
                           {"experiment.nodes", "3"},
                           {"dedloc.peers", "3"},
+                          {"dedloc.clients", "0"},
                           {"dedloc.churn", "0"},
                           {"dedloc.data_dir", "/nonexistent/fashion-mnist"},
                           {"dedloc.synthetic", "true"},
