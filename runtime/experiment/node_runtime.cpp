@@ -380,7 +380,7 @@ node_share start_node_share(node_host& h, const role_registry& registry, int inc
     c.first_generation = incarnation * 1000;
     c.stage = type->initial_variant(role.options, inst.index);
     // A volunteer's instance of a rebalanced role starts where the run needs it most.
-    c.place_first = role.placement.open;
+    c.place_first = role.placement.open && static_cast<bool>(type->rebalancing);
     auto seed = p.seed;
     const role_spec* rp = &role;
     auto index = inst.index;
