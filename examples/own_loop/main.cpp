@@ -115,8 +115,13 @@ int main(int argc, char** argv) {
       continue;
     }
     torch::NoGradGuard no_grad;
-    fmt::print("own_loop[{}]: global step {} ({}{}) held-out loss {:.4f} at {:.2f} s\n", name,
-               s.global_step, own::to_string(s.outcome), s.state_averaged ? ", state averaged" : "",
+    // A lone step says why ("stepped alone: no_partner: ...").
+    auto why = s.outcome == own::step_outcome::stepped_alone && !s.alone_reason.empty()
+                 ? ": " + s.alone_reason
+                 : std::string{};
+    fmt::print("own_loop[{}]: global step {} ({}{}{}) held-out loss {:.4f} at {:.2f} s\n", name,
+               s.global_step, own::to_string(s.outcome), why,
+               s.state_averaged ? ", state averaged" : "",
                torch::mse_loss(model->forward(hx), hy).item<double>(), elapsed());
     std::fflush(stdout);
   }

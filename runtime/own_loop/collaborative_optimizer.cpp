@@ -4,6 +4,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <mutex>
 
 #include <caf/all.hpp>
@@ -51,6 +52,8 @@ struct pending_op {
   at::Tensor grad;
   bool together = false;
   uint64_t step = 0;
+  /// `update` alone: why (`step_status::alone_reason`).
+  std::string why;
   /// `load_state`: a downloaded state; `load_vector`: an averaged state vector.
   messages::stage_state state;
   at::Tensor vec;
@@ -83,6 +86,8 @@ struct exchange {
   uint64_t step = 0;
   /// Applied since the user's last `step()` returned.
   uint64_t new_together = 0, new_alone = 0, new_downloads = 0, new_state_rounds = 0;
+  /// Why the last lone step applied since then was taken alone.
+  std::string alone_reason;
   std::string apply_error;
   optimizer_stats stats;
 };
@@ -208,6 +213,8 @@ void drain(exchange& ex) {
         zero_grads(ex);
         ex.step = op.step + 1;
         (op.together ? ex.new_together : ex.new_alone)++;
+        if (!op.together)
+          ex.alone_reason = std::move(op.why);
         (op.together ? ex.stats.steps_together : ex.stats.steps_alone)++;
       } else if (op.kind == pending_op::load_state) {
         load_into(ex, op.state.params.tensor.to(torch::kFloat).reshape({-1}),
@@ -325,9 +332,10 @@ public:
     return {mean, weight};
   }
 
-  void step(uint64_t, uint64_t step, const torch::Tensor& grad,
+  void step(uint64_t id, uint64_t step, const torch::Tensor& grad,
             collab::step_basis basis) override {
     auto& ex = *self_->state.ex;
+    auto why = answers_.extract(id);
     {
       std::lock_guard<std::mutex> lk{ex.m};
       if (!grad.defined()) {
@@ -339,6 +347,10 @@ public:
       op.grad = grad;
       op.together = basis != collab::step_basis::own;
       op.step = step;
+      if (!op.together)
+        op.why = why ? std::move(why.mapped())
+                     : "no answer from the averager (no round: no other peer seen; or the round "
+                       "timed out)";
       ex.ops.push_back(std::move(op));
       if (ex.lent)
         drain(ex);
@@ -384,6 +396,18 @@ public:
   void pause() override { set_paused(true); }
   void resume() override { set_paused(false); }
 
+  void skipped(uint64_t id) override { answers_.erase(id); }
+
+  void answered(uint64_t id, const messages::average_result& res) override {
+    // Kept for the step of gradient round `id` (state rounds' answers are erased unused: their
+    // ids come from the same sequence and never step).
+    auto& r = res.report;
+    answers_[id] = fmt::format("{}{}{} (group of {})", messages::to_string(r.outcome),
+                               r.detail.empty() ? "" : ": ", r.detail, r.members.size());
+  }
+
+  void state_round_ended(uint64_t id, uint64_t, bool, bool) override { answers_.erase(id); }
+
   void download(const collab::download_state& d) override { own_loop::download(self_, d); }
 
   void wake_in(caf::timespan delay) override {
@@ -401,6 +425,8 @@ private:
   }
 
   peer_actor* self_;
+  /// What the averager answered per round id, until the round's step.
+  std::map<uint64_t, std::string> answers_;
 };
 
 /// Peers of the core's last read, this one included, at any step.
@@ -782,6 +808,9 @@ step_status collaborative_optimizer::step(uint64_t batch_size) noexcept {
       out.outcome = step_outcome::stepped_together;
     else if (ex.new_alone > 0)
       out.outcome = step_outcome::stepped_alone;
+    if (ex.new_alone > 0)
+      out.alone_reason = std::move(ex.alone_reason);
+    ex.alone_reason.clear();
     if (!ex.apply_error.empty())
       error = std::move(ex.apply_error);
     ex.apply_error.clear();

@@ -111,6 +111,10 @@ struct step_status {
   bool state_averaged = false;
   /// Why, when `outcome` is `failed`.
   std::string error;
+  /// Why the last lone step of this call was taken alone: its averaging round's outcome and
+  /// detail ("no_partner: no partner found within the matchmaking window"), or that no answer
+  /// came (no round: no other peer seen; or the round timed out). Empty without a lone step.
+  std::string alone_reason;
 };
 
 /// Counters since the join.
