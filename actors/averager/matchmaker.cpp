@@ -110,6 +110,7 @@ std::vector<mm_effect> matchmaker::on_records(const std::vector<announcement>& r
   // whatever its own.
   auto current = leader_.empty() && !client() ? opts_.address : leader_;
   auto best = current;
+  bool first_poll = !polled_;
   polled_ = true;
   for (auto& rec : records) {
     if (rec.address.empty() || rec.address == opts_.address)
@@ -136,7 +137,29 @@ std::vector<mm_effect> matchmaker::on_records(const std::vector<announcement>& r
     switch_to(best, out);
   else if (opts_.family_groups)
     close_if_back(out);
+  if (first_poll && leader_.empty() && !client() && !closed_)
+    nudge(records, out);
   return out;
+}
+
+void matchmaker::nudge(const std::vector<announcement>& records, std::vector<mm_effect>& out) {
+  // The peers our first poll showed were announcing before we started: they may end their window
+  // before their next poll shows us, and a peer only asks smaller addresses, so those that would
+  // follow us never would (a newcomer with the smallest address, starting late in the others'
+  // window, stepped alone at every step: its next request started again just before theirs
+  // ended). Our join tells them we lead under the key; they follow us at once (`on_join`).
+  for (auto& rec : records) {
+    double bw = 0;
+    bool aux = false;
+    int64_t numel = 0;
+    if (rec.address.empty() || rec.address == opts_.address ||
+        !decode_announcement(rec.value, bw, aux, numel) || numel != numel_ ||
+        (bw > 0 && rec.address < opts_.address) ||
+        std::any_of(followers_.begin(), followers_.end(),
+                    [&](const messages::member_info& f) { return f.address == rec.address; }))
+      continue;
+    out.push_back(mm::send_join{rec.address, avg_join{key_, me(), numel_}, epoch_});
+  }
 }
 
 void matchmaker::refuse(const std::string& leader) {
@@ -311,6 +334,22 @@ std::vector<mm_effect> matchmaker::on_join(uint64_t ticket, const avg_join& j) {
     }
   }
   auto r = decide_join(j, out);
+  // A join from a peer that may lead and is smaller than our leader (ourselves when we lead): it
+  // leads under our key and found us announcing (`nudge`), maybe after our last poll. We follow
+  // it now, as if a poll had shown it (a refusal of it then is over: it leads now). Not after our
+  // window, like a poll's records: our leader's group may be on its way.
+  auto ours = leader_.empty() && !client() ? opts_.address : leader_;
+  if (r.verdict != avg_join_reply::accepted && phase_ == phase::matching && !closed_ &&
+      !window_over_ &&
+      j.group_key == key_ && j.numel == numel_ && j.member.bandwidth > 0 &&
+      std::isfinite(j.member.bandwidth) && !j.member.address.empty() &&
+      (ours.empty() || j.member.address < ours)) {
+    refused_.erase(j.member.address);
+    seen_.insert(j.member.address);
+    switch_to(j.member.address, out);
+    r = avg_join_reply{};
+    r.reason = "following you";
+  }
   out.insert(out.begin(), mm::answer_join{ticket, std::move(r)});
   return out;
 }

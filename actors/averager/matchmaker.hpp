@@ -13,7 +13,12 @@
 //      that has not refused it. When it sees a smaller one than its current leader it sends
 //      `avg_join` to it (and `avg_leave` to the old one; if it was leading, it sends `avg_leave`
 //      naming the new leader to its followers, who follow it there). A leader only ever switches
-//      to smaller addresses, so the choices converge on the smallest live peer.
+//      to smaller addresses, so the choices converge on the smallest live peer. A peer that leads
+//      after its first poll also sends `avg_join` to the peers that poll showed which would follow
+//      it (larger addresses, clients): they announced before it started and may end their window
+//      before their next poll shows it. A peer asked by a smaller one that may lead, under its
+//      key while it matches, follows it at once (answering "following you"), as if a poll had
+//      shown it.
 //   3. A leader accepts joins from larger addresses while it leads and is not full, redirects
 //      joiners to its own leader when it follows someone, and refuses otherwise. A refusal holds
 //      until the refusing peer announces itself anew (a later expiration in its record). The
@@ -222,6 +227,7 @@ private:
   bool previous_group_back() const;
   void close_if_back(std::vector<mm_effect>& out);
   void note_late(const avg_join& j);
+  void nudge(const std::vector<announcement>& records, std::vector<mm_effect>& out);
   std::string memory_key(const std::string& key) const;
 
   matchmaker_options opts_;
