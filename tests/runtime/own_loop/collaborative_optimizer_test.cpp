@@ -6,7 +6,9 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <limits>
+#include <thread>
 
 #include <torch/torch.h>
 
@@ -110,6 +112,29 @@ TEST_CASE("step reports a non-finite gradient as a failure and drops the batch")
   CHECK(collab.stats().samples == 2);
   CHECK(collab.parameters_digest() == before);
   CHECK(collab.step(0).outcome == own::step_outcome::accumulating); // a poll
+}
+
+TEST_CASE("a peer alone in the run steps on its own gradient and says why") {
+  torch::manual_seed(1);
+  torch::nn::Linear model(4, 2);
+  torch::optim::SGD sgd(model->parameters(), torch::optim::SGDOptions(1e-2));
+  own::options o;
+  o.target_batch_size = 2;
+  auto j = own::collaborative_optimizer::join(sgd, o);
+  REQUIRE_MESSAGE(j, (j ? "" : j.error().what));
+  auto& collab = **j;
+  model->forward(torch::ones({2, 4})).sum().backward();
+  auto s = collab.step(2);
+  for (int i = 0; i < 100 && s.outcome == own::step_outcome::accumulating; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    s = collab.step(0);
+  }
+  REQUIRE(s.outcome == own::step_outcome::stepped_alone);
+  CHECK(s.global_step == 1);
+  CHECK_FALSE(s.alone_reason.empty()); // no round: nobody else in the run
+  auto polled = collab.step(0);
+  CHECK(polled.outcome == own::step_outcome::accumulating);
+  CHECK(polled.alone_reason.empty());
 }
 
 } // namespace starling::test::runtime_own_loop_test
