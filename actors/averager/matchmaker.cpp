@@ -202,6 +202,14 @@ std::vector<mm_effect> matchmaker::on_join_reply(uint64_t epoch, const std::stri
     give_up(fmt::format("{} ({} ran it)", round_over_reason, leader), out);
     return out;
   }
+  if (r.verdict == avg_join_reply::refused && r.reason == closed_reason && !closed_ &&
+      r.wire_error.empty() && !opts_.family_groups && group_family(key_) != key_ &&
+      followers_.empty() && (leader_.empty() || leader_ == leader)) {
+    // The group under this key formed without us: we are late for this round. Stepping now
+    // keeps our next request in time for the others' next round (see `closed_reason`).
+    give_up(fmt::format("late for this round: {} answered '{}'", leader, r.reason), out);
+    return out;
+  }
   // A reply whose envelope was refused carries only the reason (wire_error).
   return on_join_failed(epoch, leader, r.wire_error.empty() ? r.reason : r.wire_error);
 }
@@ -268,10 +276,11 @@ avg_join_reply matchmaker::decide_join(const avg_join& j, std::vector<mm_effect>
     // The round we led last under that key ran without the joiner: it need not wait for it.
     r.reason = opts_.family_groups && !last_led_.empty() && j.group_key == last_led_
                    ? round_over_reason
-                   : "not matchmaking under this key";
+                 : j.group_key == formed_key_ ? closed_reason
+                                              : "not matchmaking under this key";
     note_late(j);
   } else if (closed_) {
-    r.reason = "group already closed";
+    r.reason = closed_reason;
     note_late(j);
   } else if (client()) {
     r.reason = "a client-mode peer leads no group";
@@ -385,6 +394,7 @@ void matchmaker::close_group(std::vector<mm_effect>& out) {
     return;
   closed_ = true;
   phase_ = phase::formed;
+  formed_key_ = key_;
   std::vector<messages::member_info> members = followers_;
   members.push_back(me());
   std::sort(members.begin(), members.end(),
@@ -409,6 +419,7 @@ std::vector<mm_effect> matchmaker::on_group(const avg_group& g) {
     return out;
   closed_ = true;
   phase_ = phase::formed;
+  formed_key_ = key_;
   members_ = g.members;
   out.push_back(mm::formed{g.group_id, g.members});
   return out;

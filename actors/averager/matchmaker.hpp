@@ -115,6 +115,14 @@ std::string group_family(const std::string& key);
 /// and the family's next round waits for it).
 inline constexpr const char* round_over_reason = "the round under this key is over";
 
+/// A leader's refusal of a join under the key of the last group it was in (the group formed
+/// without the joiner). Under a numbered key (one round: "p/grad/17") and without family groups
+/// the joiner gives up at once when it has nobody else (no follower): it was too late for that
+/// round, and waiting out its window would start its next request as late again, round after
+/// round (a newcomer locked out of every group of the others). Under a key that rounds reuse it
+/// waits as before: the leader may match under it again.
+inline constexpr const char* closed_reason = "group already closed";
+
 /// Timers a matchmaker sets.
 enum class mm_timer : uint8_t { poll, window_end, follow_deadline };
 
@@ -255,6 +263,8 @@ private:
   std::vector<messages::member_info> late_;
   /// The key of the last round whose group we led (late joins for it are remembered too).
   std::string last_led_;
+  /// The key of the last group this peer was in (led or followed).
+  std::string formed_key_;
   /// The group of this request once formed.
   std::vector<messages::member_info> members_;
   /// Remembered groups by key family (persistent groups).

@@ -439,6 +439,38 @@ TEST_CASE("a peer with the smallest address that starts after the others' last p
   }
 }
 
+TEST_CASE("a peer that asks a leader whose group under the key already closed gives up at once") {
+  // The mirror of the case above: p1 starts after p0 and p2 formed their group under a round's
+  // key (fresh groups). Its first poll shows p0, which refuses it: too late for this round.
+  // Waiting out its window would start its next request as late again (a newcomer in the middle
+  // of the addresses stepped alone twice in a row under load); it gives up at once instead.
+  // (Under a key that rounds reuse it waits: "a refusal holds until the leader announces itself
+  // anew".)
+  matchmaker_options o;
+  o.persistent_groups = false;
+  o.target_group_size = 8;
+  o.matchmaking_window = 500ms;
+  o.poll_interval = 62500us;
+  for (uint64_t seed = 1; seed <= 20; ++seed) {
+    CAPTURE(seed);
+    mm_net net(3, seed, o);
+    for (size_t i = 0; i < 3; ++i)
+      net.reveal_all(i);
+    net.start(0, 0ms, "p/grad/7");
+    net.start(2, 0ms, "p/grad/7");
+    net.start(1, 600ms, "p/grad/7");
+    net.run();
+    REQUIRE(net.result(0));
+    CHECK(net.result(0)->formed);
+    CHECK(net.result(0)->members == std::vector<std::string>{"p0", "p2"});
+    REQUIRE(net.result(1));
+    CHECK_FALSE(net.result(1)->formed);
+    CHECK_MESSAGE(net.result(1)->why.find("late for this round: p0 answered") != std::string::npos,
+                  net.result(1)->why);
+    CHECK(net.result(1)->at < nanos{600ms + o.matchmaking_window / 2});
+  }
+}
+
 TEST_CASE("a follower that leaves during matchmaking is not in the group") {
   matchmaker_options o;
   o.target_group_size = 8; // the leader waits for the window

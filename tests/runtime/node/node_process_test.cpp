@@ -221,7 +221,7 @@ TEST_CASE("starling run --set overrides values, a bad --set is one line, exit 2,
                          "export, hop_timeout, local_batch, max_inflight, microbatch, "
                          "microbatches_per_trainer, model, optimizer, preempt_every, "
                          "rebalance, restart_delay, sim, stages, target_batch, torch_threads, "
-                         "trainers)\n"},
+                         "trainers, volunteers)\n"},
     {"swarm.stages[1].peers[0]=1.5", "starling: error: --set swarm.stages[1].peers[0]=1.5: "
                                      "expected a speed in (0, 1], got \"1.5\"\n"},
     {"swarm.stages[2].peers[0]=1", "starling: error: --set swarm.stages[2].peers[0]=1: "
