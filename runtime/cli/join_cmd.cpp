@@ -287,10 +287,11 @@ int command_join(const join_command& cmd) {
   }
   std::fflush(stdout);
   if (client) {
-    overrides.push_back("node.client=true");
+    // (node.client is set on the loaded graph below: `--set` cannot add a key to a file without
+    // a `node:` section.)
     if (pkg.yaml.find("dedloc:") != std::string::npos)
       overrides.push_back("dedloc.mode=client");
-    else
+    else if (pkg.yaml.find("swarm:") == std::string::npos)
       fmt::print("note: this run's kind has no client mode; its peers may fail to reach this "
                  "node\n");
   }
@@ -304,6 +305,21 @@ int command_join(const join_command& cmd) {
   }
   set_log_level(parse_log_level(ex->log_level));
   auto& g = ex->graph;
+  g.node.client = client;
+  if (client && g.kind == "swarm") {
+    // Trainers send their microbatches to stage peers: a stage peer nobody can dial gets no
+    // work (and every trainer's request to it waits for its hop timeout), so the run takes none.
+    ndp->shutdown();
+    return join_fail(
+      cmd.client
+        ? std::string{"a SWARM run's volunteers serve a pipeline stage, which its trainers dial: "
+                      "join without --client"}
+        : fmt::format("a SWARM run's volunteers serve a pipeline stage, which its trainers dial, "
+                      "and {} could not reach this node at {}: open TCP port {} to this machine "
+                      "(or forward it, with --advertise) and join again",
+                      from, pkg.endpoint.empty() ? ndp->endpoint() : pkg.endpoint,
+                      ndp->port()));
+  }
   if (!cmd.http.empty())
     g.node.http = cmd.http;
   auto p = make_plan(g, run_mode::cluster, pkg.nodes, g.seed);

@@ -443,4 +443,63 @@ TEST_CASE("a joiner refuses a signed experiment served with another node count t
   joiner->shutdown();
 }
 
+TEST_CASE("starling join --client refuses a SWARM run's stage slot with one line, exit 2") {
+  // A SWARM volunteer serves a pipeline stage, which the trainers dial: in client mode it would
+  // get no work. The joiner says so after admission, before it claims a slot.
+  starling::testing::temp_dir dir{"starling-join-swarm"};
+  auto d = dir.path;
+  auth::authority_init_options ao;
+  ao.dir = d + "/auth";
+  ao.now_ns = unix_now_ns() - 60'000'000'000;
+  auto authority = auth::init_authority(ao);
+  REQUIRE(authority.ok());
+  for (auto n : {"n0", "v"}) {
+    auto k = auth::load_or_create_key(d + "/" + n + "/node.key", auth::key_role::node);
+    REQUIRE(k.ok());
+    auto t = auth::issue_token(
+        *authority, {k->key.public_key(), {"any"}, ao.now_ns, int64_t{3600} * 1'000'000'000, {}});
+    REQUIRE(t.ok());
+    REQUIRE(auth::write_file_atomically(d + "/" + n + ".token", t->file_text, 0600).ok());
+  }
+  auto config = d + "/swarm.yaml";
+  std::ofstream{config} << "experiment: {name: swarm-join, kind: swarm, seed: 5, duration: 60s}\n"
+                           "caf:\n"
+                           "  scheduler: {policy: sharing, max_threads: 2}\n"
+                           "swarm:\n"
+                           "  model: {layers: 2, width: 32, heads: 2, seq_len: 32}\n"
+                           "  data: {kind: text}\n"
+                           "  stages: [{peers: [1.0]}, {peers: [1.0]}]\n"
+                           "  trainers: 1\n"
+                           "  microbatch: 8\n"
+                           "  microbatches_per_trainer: 1000\n"
+                           "  preempt_every: 0s\n"
+                           "  rebalance: {every: 60s, threshold: 10}\n"
+                           "  volunteers: 1\n"
+                           "  eval_batches: 1\n"
+                           "  torch_threads: 1\n";
+  run_cli({"authority", "sign-experiment", config, "--authority", ao.dir, "--nodes", "1"});
+  auto nodes = starling::testing::start_nodes(1, [&](int) {
+    return std::vector<std::string>{STARLING_BINARY, "node", "--listen", "127.0.0.1:0",
+                                    "--config", config, "--index", "0", "--nodes", "1",
+                                    "--out", d + "/n0", "--authority", ao.dir + "/authority.pub",
+                                    "--token", d + "/n0.token", "--key", d + "/n0/node.key"};
+  });
+  REQUIRE(nodes.size() == 1);
+  auto ep0 = starling::testing::endpoint_of(nodes[0]->output());
+  subprocess client{{STARLING_BINARY, "join", ep0, "--token", d + "/v.token", "--key",
+                     d + "/v/node.key", "--listen", "127.0.0.1:0", "--client", "--out",
+                     d + "/v-out"}};
+  auto rc = client.wait_exit(60s);
+  while (client.read_line(0ms)) {
+  }
+  INFO(client.output());
+  CHECK(rc == 2);
+  CHECK(client.output().find("a SWARM run's volunteers serve a pipeline stage, which its trainers "
+                             "dial: join without --client")
+        != std::string::npos);
+  CHECK(client.output().find("holds slot") == std::string::npos);
+  nodes[0]->signal(SIGINT);
+  CHECK(nodes[0]->wait_exit(30s).has_value());
+}
+
 } // namespace starling::test::runtime_join_cluster_test
