@@ -408,6 +408,26 @@ TEST_CASE("a group persists across the rounds of one key family and waits for a 
   CHECK_FALSE(net.result(3)->formed);
 }
 
+namespace {
+
+/// Groups matched anew every round (own_loop --fresh-groups), a 0.5 s window polled 8 times.
+matchmaker_options fresh_groups() {
+  matchmaker_options o;
+  o.persistent_groups = false;
+  o.target_group_size = 8;
+  o.matchmaking_window = 500ms;
+  o.poll_interval = 62500us;
+  return o;
+}
+
+/// Every peer of `net` sees every announcement.
+void reveal_everything(mm_net& net, size_t peers) {
+  for (size_t i = 0; i < peers; ++i)
+    net.reveal_all(i);
+}
+
+} // namespace
+
 TEST_CASE("a peer with the smallest address that starts after the others' last poll of the "
           "window is in their group") {
   // Groups matched anew every step (own_loop --fresh-groups): p1 and p2 match from t = 0; p0, a
@@ -415,16 +435,11 @@ TEST_CASE("a peer with the smallest address that starts after the others' last p
   // poll. It leads nobody and cannot join them (a peer follows smaller addresses only): only
   // their polls could find it, and the window ended first. It stepped alone every step, its next
   // request starting again just before theirs ended (seen once in ~25 loaded suite runs).
-  matchmaker_options o;
-  o.persistent_groups = false;
-  o.target_group_size = 8;
-  o.matchmaking_window = 500ms;
-  o.poll_interval = 62500us;
+  auto o = fresh_groups();
   for (uint64_t seed = 1; seed <= 20; ++seed) {
     CAPTURE(seed);
     mm_net net(3, seed, o);
-    for (size_t i = 0; i < 3; ++i)
-      net.reveal_all(i);
+    reveal_everything(net, 3);
     net.start(1, 0ms);
     net.start(2, 0ms);
     net.start(0, 470ms);
@@ -446,16 +461,11 @@ TEST_CASE("a peer that asks a leader whose group under the key already closed gi
   // of the addresses stepped alone twice in a row under load); it gives up at once instead.
   // (Under a key that rounds reuse it waits: "a refusal holds until the leader announces itself
   // anew".)
-  matchmaker_options o;
-  o.persistent_groups = false;
-  o.target_group_size = 8;
-  o.matchmaking_window = 500ms;
-  o.poll_interval = 62500us;
+  auto o = fresh_groups();
   for (uint64_t seed = 1; seed <= 20; ++seed) {
     CAPTURE(seed);
     mm_net net(3, seed, o);
-    for (size_t i = 0; i < 3; ++i)
-      net.reveal_all(i);
+    reveal_everything(net, 3);
     net.start(0, 0ms, "p/grad/7");
     net.start(2, 0ms, "p/grad/7");
     net.start(1, 600ms, "p/grad/7");

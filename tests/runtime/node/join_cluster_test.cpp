@@ -210,6 +210,16 @@ TEST_CASE("starling join: a token and an endpoint are enough; an unsigned experi
       }
     }
   };
+  // Reads `p`'s progress lines until its partners credited it (60 s at most).
+  auto wait_credited = [&](subprocess& p, double& n, double& m) {
+    auto until = std::chrono::steady_clock::now() + 60s;
+    while (m <= 0 && std::chrono::steady_clock::now() < until) {
+      drain();
+      read_progress(p, n, m);
+      if (p.wait_exit(0ms))
+        break;
+    }
+  };
   auto deadline = std::chrono::steady_clock::now() + 90s;
   while ((accepted <= 0 || samples <= 0) && std::chrono::steady_clock::now() < deadline) {
     drain();
@@ -295,24 +305,12 @@ TEST_CASE("starling join: a token and an endpoint are enough; an unsigned experi
   // Its numbers count from when it took the slot (its predecessor's credits are the slot's
   // too): credited, and never more than it computed.
   double client_samples = 0, client_accepted = 0;
-  deadline = std::chrono::steady_clock::now() + 60s;
-  while (client_accepted <= 0 && std::chrono::steady_clock::now() < deadline) {
-    drain();
-    read_progress(client, client_samples, client_accepted);
-    if (client.wait_exit(0ms))
-      break;
-  }
+  wait_credited(client, client_samples, client_accepted);
   CHECK_MESSAGE(client_accepted > 0, "the client-mode volunteer was never credited:\n"
                                          << client.output());
   CHECK_FALSE(testing::loopback_port_accepts(client_port));
   double natted_samples = 0, natted_accepted = 0;
-  deadline = std::chrono::steady_clock::now() + 60s;
-  while (natted_accepted <= 0 && std::chrono::steady_clock::now() < deadline) {
-    drain();
-    read_progress(natted, natted_samples, natted_accepted);
-    if (natted.wait_exit(0ms))
-      break;
-  }
+  wait_credited(natted, natted_samples, natted_accepted);
   CHECK_MESSAGE(natted_accepted > 0, "the volunteer in client mode by the run's verdict was never "
                                      "credited:\n" << natted.output());
   CHECK_FALSE(testing::loopback_port_accepts(natted_port));
