@@ -51,7 +51,52 @@ struct board_state {
   /// Bans already handed to the node.
   std::set<std::string> enforced;
   bool colluders_known = false;
+  // -- a member's side of a peer coming back --------------------------------------------------
+  /// The state at the start of the step running, that step, and whom it expected.
+  std::string boundary;
+  uint64_t boundary_step = ~uint64_t{0};
+  std::vector<std::string> boundary_expected;
+  /// Offers made per (peer, first step asked): at most three boundaries each.
+  std::map<std::pair<std::string, uint64_t>, int> offered;
+  // -- this peer coming back --------------------------------------------------------------------
+  /// Whether `P/at` was read at the start (has the group started without this peer?), and the
+  /// highest step a member announced there.
+  bool at_known = false;
+  uint64_t group_at = 0;
+  bool rejoining = false;
+  uint64_t rejoin_from = 0;
+  uint64_t rejoins = 0;
+  board_clock::time_point rejoin_since = board_clock::now();
+  /// The offers seen for the latest step offered: their signature count, and since when.
+  uint64_t offer_step = ~uint64_t{0};
+  size_t offer_signers = 0;
+  board_clock::time_point offer_changed = board_clock::now();
 };
+
+/// How long the signatures offered for a state must stay unchanged before a peer coming back
+/// picks the state most of them sign.
+constexpr auto offer_settle = std::chrono::seconds(1);
+/// Bytes per chunk of a state on the DHT.
+constexpr size_t state_chunk_bytes = board_chunk_floats * sizeof(float);
+/// Members that store an offered state's bytes.
+constexpr size_t state_donors = 3;
+
+bool parse_decimal(const std::vector<char>& v, uint64_t& out) {
+  if (v.empty() || v.size() > 19)
+    return false;
+  out = 0;
+  for (char c : v) {
+    if (c < '0' || c > '9')
+      return false;
+    out = out * 10 + static_cast<uint64_t>(c - '0');
+  }
+  return true;
+}
+
+std::vector<char> decimal(uint64_t v) {
+  auto s = std::to_string(v);
+  return {s.begin(), s.end()};
+}
 
 } // namespace
 
@@ -144,40 +189,129 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
       st->polls_in_wait = 0;
     }
   };
+  // This peer is out of the running group without a ban (found silent, behind the others, or
+  // started after them): it asks for the state from step `from` on (see the header).
+  auto start_rejoin = [st, put, expires, finish](const std::string& why, uint64_t from) {
+    if (st->rejoins >= st->o.max_rejoins) {
+      if (st->o.on_left)
+        st->o.on_left(fmt::format("{}; it came back {} times already, and leaves", why,
+                                  st->rejoins));
+      finish("");
+      return;
+    }
+    ++st->rejoins;
+    st->rejoining = true;
+    st->rejoin_from = from;
+    st->rejoin_since = board_clock::now();
+    st->offer_step = ~uint64_t{0};
+    st->offer_signers = 0;
+    put(dht::make_subkey_put(st->o.prefix + "/rejoin", auth::to_hex(st->o.key->public_key()),
+                             decimal(from), expires()));
+    if (st->o.on_rejoin)
+      st->o.on_rejoin(fmt::format("{}: asking the group for its state (from step {} on)", why,
+                                  from),
+                      0);
+  };
+  // A member's side: offers its state at the start of the step running to every peer that
+  // asked to come back and that the membership rules expect in this step.
+  auto offer_state = [st, put, expires](const std::string& peer) {
+    auto pk = st->o.key->public_key();
+    auto x = st->boundary_step;
+    auto d = state_digest_of(st->boundary);
+    statement body{statement_kind::state_digest, st->o.core.group.run_id, x, pk, peer,
+                   digest_payload(d)};
+    auto signed_st = sign_statement(std::move(body), *st->o.key);
+    if (!signed_st)
+      return;
+    auto bytes = encode(*signed_st);
+    put(dht::make_subkey_put(fmt::format("{}/statesig.{}", st->o.prefix, auth::to_hex(peer)),
+                             fmt::format("{}.{}", x, auth::to_hex(pk)),
+                             std::vector<char>(bytes.begin(), bytes.end()), expires()));
+    // Three members store the bytes, in an order drawn from the peer and the step.
+    std::vector<std::pair<digest, std::string>> order;
+    for (auto& k : st->boundary_expected)
+      if (k != peer)
+        order.emplace_back(hash_bytes(peer + k + std::to_string(x)), k);
+    std::sort(order.begin(), order.end());
+    bool donor = false;
+    for (size_t i = 0; i < order.size() && i < state_donors; ++i)
+      donor = donor || order[i].second == pk;
+    if (!donor)
+      return;
+    auto& b = st->boundary;
+    size_t chunks = std::max<size_t>(1, (b.size() + state_chunk_bytes - 1) / state_chunk_bytes);
+    for (size_t c = 0; c < chunks; ++c) {
+      size_t begin = c * state_chunk_bytes;
+      size_t end = std::min(b.size(), begin + state_chunk_bytes);
+      put(dht::make_subkey_put(
+          fmt::format("{}/state{}", st->o.prefix, x),
+          fmt::format("{}.{}.{}.{}", auth::to_hex(pk), digest_hex(d), c, chunks),
+          std::vector<char>(b.begin() + static_cast<std::ptrdiff_t>(begin),
+                            b.begin() + static_cast<std::ptrdiff_t>(end)),
+          expires()));
+    }
+  };
+  auto check_requests = [self, st, offer_state] {
+    if (st->boundary.empty())
+      return;
+    auto step = st->boundary_step;
+    self->request(st->reader(), std::chrono::seconds(10), get_atom::value,
+                  st->o.prefix + "/rejoin")
+      .then(
+        [st, offer_state, step](const messages::dht_get_result& r) {
+          if (st->finished || st->rejoining || st->boundary_step != step)
+            return;
+          auto pk = st->o.key->public_key();
+          for (auto& rec : r.records) {
+            auto k = auth::from_hex(rec.subkey);
+            uint64_t from = 0;
+            if (!rec.has_subkey || !k || k->size() != 32 || *k == pk ||
+                !parse_decimal(rec.value, from) || step < from ||
+                !std::binary_search(st->boundary_expected.begin(), st->boundary_expected.end(),
+                                    *k))
+              continue;
+            auto& times = st->offered[{*k, from}];
+            if (times >= 3)
+              continue;
+            ++times;
+            offer_state(*k);
+          }
+        },
+        [](caf::error&) {});
+  };
   // Starts the next step, or ends the run.
-  auto next_step = [st, flush, finish, note_wait]() {
+  auto next_step = [st, flush, finish, note_wait, start_rejoin, check_requests]() {
     while (!st->finished) {
       if (st->steps_done >= st->o.steps || st->core->phase() == peer_phase::banned) {
         finish("");
         return;
       }
+      st->boundary = st->core->export_state();
+      st->boundary_step = st->core->step();
+      st->boundary_expected = st->core->expected();
       if (auto s = st->core->begin_step(); !s) {
         finish(s.what());
         return;
       }
       flush();
       note_wait();
-      if (st->core->phase() != peer_phase::idle && st->core->phase() != peer_phase::banned)
+      if (st->core->phase() != peer_phase::idle && st->core->phase() != peer_phase::banned) {
+        check_requests();
         return;
+      }
       // Out of the group without a ban: it was found silent, or in its view too few peers
-      // are left. Coming back needs a state download into the running group, which is not
-      // offered across processes yet.
+      // are left. It comes back through the state the group offers.
       auto rec = st->core->take_record();
-      if (st->o.on_left)
-        st->o.on_left(fmt::format(
-            "left the group at step {}: {}; rejoining a running group across processes is not "
-            "supported yet",
-            rec.step,
-            st->core->cooling_down()
-                ? "the others found this peer silent"
-                : "in this peer's view fewer than two peers are left (it found the others "
-                  "silent or banned)"));
-      finish("");
+      start_rejoin(fmt::format("out of the group at step {}: {}", rec.step,
+                               st->core->cooling_down()
+                                   ? "the others found this peer silent"
+                                   : "in this peer's view fewer than two peers are left"),
+                   rec.step + 1);
       return;
     }
   };
   // After a poll: advance when the wait is over or its deadline passed.
-  auto evaluate = [st, flush, finish, note_wait, next_step, enforce] {
+  auto evaluate = [st, flush, finish, note_wait, next_step, enforce, put, expires] {
     if (st->finished)
       return;
     // The deadline passes once its time is up and the board was read a few times since: a
@@ -202,13 +336,15 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
     if (st->o.on_step)
       st->o.on_step(rec, *st->core);
     enforce();
+    put(dht::make_subkey_put(st->o.prefix + "/at", auth::to_hex(st->o.key->public_key()),
+                             decimal(st->core->step()), expires()));
     next_step();
   };
-  auto poll_members = [self, st, finish, next_step] {
+  auto poll_members = [self, st, finish, next_step, start_rejoin] {
     self->request(st->reader(), std::chrono::seconds(10), get_atom::value,
                   st->o.prefix + "/members")
       .then(
-        [self, st, finish, next_step](const messages::dht_get_result& r) {
+        [self, st, finish, next_step, start_rejoin](const messages::dht_get_result& r) {
           st->busy = false;
           std::set<std::string> keys;
           for (auto& rec : r.records) {
@@ -259,6 +395,34 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
             if (!st->colluders_known)
               return;
           }
+          // Has the group started without this peer (a restart, or a start slower than a
+          // whole step)? Then it comes back through the state.
+          if (!st->at_known) {
+            st->busy = true;
+            self->request(st->reader(), std::chrono::seconds(10), get_atom::value,
+                          st->o.prefix + "/at")
+              .then(
+                [st](const messages::dht_get_result& a) {
+                  st->busy = false;
+                  auto pk = st->o.key->public_key();
+                  for (auto& rec : a.records) {
+                    auto k = auth::from_hex(rec.subkey);
+                    uint64_t at = 0;
+                    if (rec.has_subkey && k && *k != pk &&
+                        std::binary_search(st->members.begin(), st->members.end(), *k) &&
+                        parse_decimal(rec.value, at))
+                      st->group_at = std::max(st->group_at, at);
+                  }
+                  st->at_known = true;
+                },
+                [st](caf::error&) { st->busy = false; });
+            return;
+          }
+          if (st->group_at > 0) {
+            start_rejoin(fmt::format("the group is already at step {}", st->group_at),
+                         st->group_at);
+            return;
+          }
           auto core_o = st->o.core;
           if (st->o.calibrate) {
             auto tau = st->o.calibrate(st->members);
@@ -279,13 +443,13 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
         },
         [st](caf::error&) { st->busy = false; });
   };
-  auto poll_board = [self, st, evaluate] {
+  auto poll_board = [self, st, evaluate, start_rejoin] {
     auto step = st->core->step();
     self->request(st->reader(), std::chrono::seconds(10), get_atom::value,
                   fmt::format("{}/s{}", st->o.prefix, step))
       .then(
-        [self, st, evaluate, step](const messages::dht_get_result& r) {
-          if (st->finished || st->core->step() != step) {
+        [self, st, evaluate, step, start_rejoin](const messages::dht_get_result& r) {
+          if (st->finished || st->rejoining || st->core->step() != step) {
             st->busy = false;
             return;
           }
@@ -304,14 +468,12 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
               st->seen.insert(rec.subkey);
           }
           if (st->core->behind()) {
-            if (st->o.on_left)
-              st->o.on_left(fmt::format(
-                  "left the group at step {}: most peers went on to a later aggregation "
-                  "without this peer's view of who was silent; rejoining a running group "
-                  "across processes is not supported yet",
-                  step));
             st->busy = false;
-            self->send(self, stop_atom::value);
+            start_rejoin(fmt::format("behind the group at step {}: most peers went on to a "
+                                     "later aggregation without this peer's view of who was "
+                                     "silent",
+                                     step),
+                         step + 1);
             return;
           }
           // The data the core waits for, one DHT key at a time.
@@ -370,6 +532,139 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
         },
         [st](caf::error&) { st->busy = false; });
   };
+  // Coming back: reads the offers, takes the state most members sign (see the header).
+  auto poll_rejoin = [self, st, finish, next_step, put, expires] {
+    if (board_clock::now() - st->rejoin_since >= st->o.rejoin_deadline) {
+      st->busy = false;
+      if (st->o.on_left)
+        st->o.on_left(fmt::format(
+            "no state offered within {} s of asking to come back (the group ended, or this "
+            "peer is banned in its view)",
+            std::chrono::duration_cast<std::chrono::seconds>(st->o.rejoin_deadline).count()));
+      finish("");
+      return;
+    }
+    auto pk = st->o.key->public_key();
+    if (++st->ticks % 50 == 0) // again, in case the first put was lost
+      put(dht::make_subkey_put(st->o.prefix + "/rejoin", auth::to_hex(pk),
+                               decimal(st->rejoin_from), expires()));
+    self->request(st->reader(), std::chrono::seconds(10), get_atom::value,
+                  fmt::format("{}/statesig.{}", st->o.prefix, auth::to_hex(pk)))
+      .then(
+        [self, st, next_step, pk](const messages::dht_get_result& r) {
+          // step -> digest -> signers
+          std::map<uint64_t, std::map<digest, std::set<std::string>>> offers;
+          for (auto& rec : r.records) {
+            auto s = decode(std::string_view(rec.value.data(), rec.value.size()));
+            if (!s || s->body.kind != statement_kind::state_digest ||
+                s->body.run_id != st->o.core.group.run_id || s->body.slot != pk ||
+                s->body.signer == pk || s->body.step < st->rejoin_from ||
+                !std::binary_search(st->members.begin(), st->members.end(), s->body.signer))
+              continue;
+            auto d = digest_of_string(s->body.payload);
+            if (d)
+              offers[s->body.step][*d].insert(s->body.signer);
+          }
+          if (offers.empty()) {
+            st->busy = false;
+            return;
+          }
+          auto& [x, by] = *offers.rbegin();
+          size_t total = 0;
+          for (auto& [d, who] : by)
+            total += who.size();
+          if (x != st->offer_step || total != st->offer_signers) {
+            st->offer_step = x;
+            st->offer_signers = total;
+            st->offer_changed = board_clock::now();
+          }
+          if (board_clock::now() - st->offer_changed < offer_settle) {
+            st->busy = false;
+            return;
+          }
+          // The digest most members sign (a tie: wait for more).
+          const digest* best = nullptr;
+          size_t most = 0;
+          bool tie = false;
+          for (auto& [d, who] : by) {
+            if (who.size() > most) {
+              best = &d;
+              most = who.size();
+              tie = false;
+            } else if (who.size() == most) {
+              tie = true;
+            }
+          }
+          if (!best || tie) {
+            st->busy = false;
+            return;
+          }
+          auto want = *best;
+          auto signers = by.at(want);
+          self->request(st->reader(), std::chrono::seconds(10), get_atom::value,
+                        fmt::format("{}/state{}", st->o.prefix, x))
+            .then(
+              [st, next_step, x, want, signers](const messages::dht_get_result& got) {
+                st->busy = false;
+                if (st->finished || !st->rejoining)
+                  return;
+                // Chunks by sender, for the wanted digest only.
+                auto tail = "." + digest_hex(want) + ".";
+                std::map<std::string, std::map<size_t, const std::vector<char>*>> by_sender;
+                std::map<std::string, size_t> counts;
+                for (auto& rec : got.records) {
+                  if (!rec.has_subkey)
+                    continue;
+                  auto at = rec.subkey.find(tail);
+                  unsigned long c = 0, n = 0;
+                  if (at == std::string::npos ||
+                      std::sscanf(rec.subkey.c_str() + at + tail.size(), "%lu.%lu", &c, &n) !=
+                          2 ||
+                      n == 0 || c >= n || n > 65536)
+                    continue;
+                  auto sender = rec.subkey.substr(0, at);
+                  counts[sender] = n;
+                  by_sender[sender][c] = &rec.value;
+                }
+                for (auto& [sender, chunks] : by_sender) {
+                  if (chunks.size() != counts[sender])
+                    continue;
+                  std::string bytes;
+                  for (auto& [c, v] : chunks)
+                    bytes.append(v->begin(), v->end());
+                  if (state_digest_of(bytes) != want)
+                    continue;
+                  auto core = peer_core::resume(st->o.core, st->o.model, *st->o.key, st->members,
+                                                bytes);
+                  if (!core)
+                    continue;
+                  // Its signers must be more than half of the members that state expects
+                  // besides this peer.
+                  auto expected = (*core)->expected();
+                  auto pk = st->o.key->public_key();
+                  if (!std::binary_search(expected.begin(), expected.end(), pk))
+                    continue;
+                  size_t others = expected.size() - 1, signed_by = 0;
+                  for (auto& k : signers)
+                    signed_by += std::binary_search(expected.begin(), expected.end(), k) ? 1 : 0;
+                  if (2 * signed_by <= others)
+                    continue;
+                  st->core = std::move(*core);
+                  st->rejoining = false;
+                  st->steps_done = x;
+                  if (st->o.on_rejoin)
+                    st->o.on_rejoin(fmt::format("took the group's state at step {} (its digest "
+                                                "signed by {} of the {} other members expected)",
+                                                x, signed_by, others),
+                                    x);
+                  next_step();
+                  return;
+                }
+              },
+              [st](caf::error&) { st->busy = false; });
+        },
+        [st](caf::error&) { st->busy = false; });
+  };
   // Announce, then poll.
   auto announce = [st, put, expires] {
     auto pk = st->o.key->public_key();
@@ -401,12 +696,14 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
           });
     },
     [finish](stop_atom) { finish(""); },
-    [self, st, poll_members, poll_board, announce](tick_atom) {
+    [self, st, poll_members, poll_board, poll_rejoin, announce](tick_atom) {
       if (st->finished)
         return;
       if (!st->busy) {
         st->busy = true;
-        if (!st->core) {
+        if (st->rejoining) {
+          poll_rejoin();
+        } else if (!st->core) {
           if (++st->ticks % 50 == 0)
             announce(); // again, for a node that joined the DHT after the first put
           poll_members();

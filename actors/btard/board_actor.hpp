@@ -16,6 +16,27 @@
 //                          64 KiB record limit): addressed by the digest its sender committed
 //                          to, so a reader takes only bytes that match the commitment and
 //                          nobody can overwrite them with others.
+//   P/at                   sub-key = hex of a peer's key, value = the next step it takes
+//                          (decimal): a peer that starts after the group did sees it running;
+//   P/rejoin               sub-key = hex of a peer's key, value = the first step it asks to
+//                          come back at (decimal): a peer out of the running group (found
+//                          silent, behind the others, or restarted) asks for the state;
+//   P/statesig.<hex key>   sub-key = <step>.<hex of signer>, value = the signer's signed
+//                          `state_digest` of its state at the start of <step>, offered to
+//                          <key>: every member that expects that peer back at <step> signs
+//                          (the membership rules say who: not banned, cooled down);
+//   P/state<step>          sub-key = <hex of sender>.<hex of state digest>.<chunk>.<chunks>,
+//                          value = the exported state's bytes (48 KiB chunks), stored by three
+//                          of those members (the first three in an order drawn from the
+//                          peer's key and the step, so the same members are not always asked).
+// Coming back (issue 41, item 1: "download the state, then commit afresh"): the peer takes the
+// state whose digest more members sign than any other, once signatures stopped arriving for a
+// second, and only when its signers are more than half of the members that state expects
+// besides the peer itself. Honest members export identical bytes (they hold the same
+// parameters, randomness and membership), so a state signed by a Byzantine coalition wins only
+// when the coalition outnumbers the live honest members: BTARD's own assumption. The peer then
+// commits in that step like any member. A member the rules expect back but that does not come
+// in time is silent again, and silences count towards a ban as always.
 // Records are plain (not owner-signed): what authenticates them is the statement's signature
 // or the committed digest. A reader polls every `poll`; a phase whose wait is not over after
 // `phase_deadline` ends on the deadline (its missing markers are silences).
@@ -76,10 +97,18 @@ struct board_peer_options {
   /// Called once at the end: empty on success (every step ran, or this peer was banned, or it
   /// left the group: see `left`), else why the peer stopped.
   std::function<void(const std::string& error)> on_finish;
-  /// Called (before `on_finish`) when the peer finds itself out of the group while it is not
-  /// banned: the others found it silent and it would have to download the state to come back,
-  /// which a running group across processes does not offer yet. The argument says why.
+  /// Called (before `on_finish`) when the peer leaves the group for good while it is not
+  /// banned: it could not come back (no state offered within `rejoin_deadline`, or more than
+  /// `max_rejoins` times out). The argument says why.
   std::function<void(const std::string& why)> on_left;
+  /// Called when the peer starts coming back into the running group (it found itself out of
+  /// it, or it started after the group did: a restart), and when it took a state: the
+  /// argument says which, and `step` is the step it will take next (0 while it waits).
+  std::function<void(const std::string& what, uint64_t step)> on_rejoin;
+  /// How long a peer coming back waits for a state the group offers.
+  std::chrono::milliseconds rejoin_deadline{120000};
+  /// How often a peer may come back in one life before it leaves.
+  uint64_t max_rejoins = 5;
   /// Called when the node's gate took a ban (`enforce_bans`): the key, and how many admitted
   /// peers the gate removed.
   std::function<void(const std::string& key, uint64_t removed)> on_enforced;

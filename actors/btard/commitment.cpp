@@ -18,7 +18,7 @@ constexpr size_t sig_bytes = 64;
 
 bool known_kind(uint64_t k) {
   return k >= static_cast<uint64_t>(statement_kind::part_digest) &&
-         k <= static_cast<uint64_t>(statement_kind::phase_done);
+         k <= static_cast<uint64_t>(statement_kind::state_digest);
 }
 
 bool known_accusation(uint64_t k) {
@@ -36,6 +36,15 @@ status validate_payload(const statement& s) {
     if (s.payload.size() != digest_bytes)
       return fail(fmt::format("{} statement: payload is {} bytes, expected a {}-byte digest", name,
                               s.payload.size(), digest_bytes));
+    return {};
+  case statement_kind::state_digest:
+    if (s.payload.size() != digest_bytes)
+      return fail(fmt::format("{} statement: payload is {} bytes, expected a {}-byte digest", name,
+                              s.payload.size(), digest_bytes));
+    if (s.slot.size() != key_bytes)
+      return fail(fmt::format("{} statement: the slot is {} bytes, expected the {}-byte key of "
+                              "the peer it is offered to",
+                              name, s.slot.size(), key_bytes));
     return {};
   case statement_kind::projection: {
     auto p = parse_projection_payload(s.payload);
@@ -98,6 +107,8 @@ const char* kind_name(statement_kind k) {
     return "accusation";
   case statement_kind::phase_done:
     return "phase_done";
+  case statement_kind::state_digest:
+    return "state_digest";
   }
   return "unknown";
 }

@@ -67,6 +67,12 @@ enum class statement_kind : uint8_t {
   /// in different processes (peer_core.hpp) wait for every member's marker before deciding, so
   /// they decide on the same accusations.
   phase_done = 9,
+  /// The digest of the signer's state at the start of the statement's step (parameters,
+  /// momentum, shared randomness, membership: `peer_core::export_state`), offered to a peer
+  /// coming back into the running group (slot: that peer's 32-byte key). The rejoining peer
+  /// takes the state that more members sign than any other (board_actor.hpp). Never part of a
+  /// step's protocol: it is not offered to a peer's core.
+  state_digest = 10,
 };
 
 /// The kind's name, for errors and logs.

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "actors/btard/bytes.hpp"
+
 namespace starling::actors::btard {
 
 result<std::vector<part_range>> equal_parts(uint64_t size, size_t n) {
@@ -139,6 +141,120 @@ result<step_group> membership::regroup(const step_group& g, const std::set<std::
     if (!removed.count(key) && !banned_.count(key))
       members.push_back(key);
   return make_group(g.step, std::move(members), size, o_.min_members);
+}
+
+namespace {
+
+constexpr std::string_view membership_tag = "starling.btard.membership.v1";
+constexpr size_t membership_key_bytes = 32;
+constexpr uint64_t max_membership_entries = 65536;
+constexpr uint64_t max_reason_bytes = 1024;
+
+void put_key(std::string& out, const std::string& key) { out += key; }
+
+bool read_key(detail::reader& in, std::string& key) {
+  return in.raw(key, membership_key_bytes);
+}
+
+} // namespace
+
+std::string membership::encode() const {
+  std::string out(membership_tag);
+  detail::put_u64(out, active_from_.size());
+  for (auto& [k, from] : active_from_) {
+    put_key(out, k);
+    detail::put_u64(out, from);
+  }
+  detail::put_u64(out, cool_until_.size());
+  for (auto& [k, until] : cool_until_) {
+    put_key(out, k);
+    detail::put_u64(out, until);
+  }
+  detail::put_u64(out, silences_.size());
+  for (auto& [k, steps] : silences_) {
+    put_key(out, k);
+    detail::put_u64(out, steps.size());
+    for (auto t : steps)
+      detail::put_u64(out, t);
+  }
+  detail::put_u64(out, banned_.size());
+  for (auto& [k, why] : banned_) {
+    put_key(out, k);
+    auto reason = why.substr(0, max_reason_bytes);
+    detail::put_u64(out, reason.size());
+    out += reason;
+  }
+  return out;
+}
+
+result<membership> membership::decode(std::string_view bytes, membership_options o) {
+  if (bytes.substr(0, membership_tag.size()) != membership_tag)
+    return fail("membership state: not a starling membership (wrong tag)");
+  detail::reader in(bytes.substr(membership_tag.size()));
+  membership m(o);
+  auto count = [&](const char* table, uint64_t& n) -> status {
+    if (!in.le(n, 8))
+      return fail(fmt::format("membership state: truncated before the {} count", table));
+    if (n > max_membership_entries)
+      return fail(fmt::format("membership state: {} {} entries (at most {})", n, table,
+                              max_membership_entries));
+    return {};
+  };
+  auto truncated = [](const char* table) {
+    return fail(fmt::format("membership state: truncated in the {} table", table));
+  };
+  uint64_t n = 0;
+  if (auto st = count("joined", n); !st)
+    return fail(st.what());
+  for (uint64_t i = 0; i < n; ++i) {
+    std::string k;
+    uint64_t from = 0;
+    if (!read_key(in, k) || !in.le(from, 8))
+      return truncated("joined");
+    m.active_from_[k] = from;
+  }
+  if (auto st = count("cool-down", n); !st)
+    return fail(st.what());
+  for (uint64_t i = 0; i < n; ++i) {
+    std::string k;
+    uint64_t until = 0;
+    if (!read_key(in, k) || !in.le(until, 8))
+      return truncated("cool-down");
+    m.cool_until_[k] = until;
+  }
+  if (auto st = count("silence", n); !st)
+    return fail(st.what());
+  for (uint64_t i = 0; i < n; ++i) {
+    std::string k;
+    uint64_t steps = 0;
+    if (!read_key(in, k) || !in.le(steps, 8))
+      return truncated("silence");
+    if (steps > o.silences_to_ban)
+      return fail(fmt::format("membership state: {} silences kept for one peer (a ban comes at "
+                              "{})",
+                              steps, o.silences_to_ban));
+    auto& v = m.silences_[k];
+    for (uint64_t j = 0; j < steps; ++j) {
+      uint64_t t = 0;
+      if (!in.le(t, 8))
+        return truncated("silence");
+      v.push_back(t);
+    }
+  }
+  if (auto st = count("ban", n); !st)
+    return fail(st.what());
+  for (uint64_t i = 0; i < n; ++i) {
+    std::string k, why;
+    uint64_t len = 0;
+    if (!read_key(in, k) || !in.le(len, 8))
+      return truncated("ban");
+    if (len > max_reason_bytes || !in.raw(why, static_cast<size_t>(len)))
+      return fail("membership state: a ban's reason is too long or truncated");
+    m.banned_[k] = why;
+  }
+  if (in.left() != 0)
+    return fail(fmt::format("membership state: {} trailing bytes", in.left()));
+  return m;
 }
 
 } // namespace starling::actors::btard

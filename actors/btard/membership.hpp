@@ -28,6 +28,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/result.hpp"
@@ -121,6 +122,13 @@ public:
 
   /// Every banned key with its reason.
   const std::map<std::string, std::string>& banned() const { return banned_; }
+
+  /// The whole state (joins, cool-downs, silences, bans) as bytes, for a peer that comes back
+  /// into a running group (peer_core::export_state); the rules are not included.
+  std::string encode() const;
+  /// The state `encode` wrote, under the rules `o` (untrusted bytes: every field is checked;
+  /// keys are 32 bytes, reasons at most 1 KiB, at most 65,536 entries per table).
+  static result<membership> decode(std::string_view bytes, membership_options o);
 
 private:
   membership_options o_;

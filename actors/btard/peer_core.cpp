@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <tuple>
 #include <utility>
@@ -11,6 +12,7 @@
 #include <torch/torch.h>
 
 #include "actors/auth/identity.hpp"
+#include "actors/btard/bytes.hpp"
 #include "actors/btard/step_util.hpp"
 
 namespace starling::actors::btard {
@@ -1173,6 +1175,8 @@ struct peer_core::impl {
   }
 
   void offer(const signed_statement& s) {
+    if (s.body.kind == statement_kind::state_digest)
+      return; // offered to a peer coming back, never part of a step
     if (s.body.run_id != o.group.run_id || s.body.step != step ||
         phase == peer_phase::idle || phase == peer_phase::banned) {
       return; // another run's, or not this step's: nothing to do with it now
@@ -1229,6 +1233,108 @@ struct peer_core::impl {
     data[ref] = values;
   }
 };
+
+namespace {
+
+constexpr std::string_view state_tag = "starling.btard.state.v1";
+
+void put_floats(std::string& out, const std::vector<float>& v) {
+  detail::put_u64(out, v.size());
+  auto at = out.size();
+  out.resize(at + v.size() * sizeof(float));
+  if (!v.empty())
+    std::memcpy(&out[at], v.data(), v.size() * sizeof(float));
+}
+
+bool read_floats(detail::reader& in, std::vector<float>& v, uint64_t expected) {
+  uint64_t n = 0;
+  std::string raw;
+  if (!in.le(n, 8) || n != expected || !in.raw(raw, n * sizeof(float)))
+    return false;
+  v.resize(n);
+  if (n > 0)
+    std::memcpy(v.data(), raw.data(), raw.size());
+  return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
+} // namespace
+
+digest state_digest_of(std::string_view state) { return hash_bytes(state); }
+
+uint64_t state_step(std::string_view state) {
+  if (state.substr(0, state_tag.size()) != state_tag)
+    return 0;
+  detail::reader in(state.substr(state_tag.size()));
+  uint64_t len = 0, step = 0;
+  std::string run;
+  if (!in.le(len, 8) || len > max_run_id_bytes || !in.raw(run, len) || !in.le(step, 8))
+    return 0;
+  return step;
+}
+
+std::string peer_core::export_state() const {
+  auto& p = *p_;
+  std::string out(state_tag);
+  detail::put_u64(out, p.o.group.run_id.size());
+  out += p.o.group.run_id;
+  detail::put_u64(out, p.step);
+  detail::put_f64(out, p.o.group.tau);
+  out += digest_string(p.r_prev);
+  put_floats(out, p.params);
+  put_floats(out, p.velocity);
+  out += p.view.encode();
+  return out;
+}
+
+std::vector<std::string> peer_core::expected() const {
+  std::vector<std::string> out;
+  for (auto& k : p_->everyone) {
+    auto a = p_->view.absent(k, p_->step);
+    if (a == absence::none || a == absence::not_joined)
+      out.push_back(k);
+  }
+  return out;
+}
+
+result<std::unique_ptr<peer_core>> peer_core::resume(const peer_core_options& o,
+                                                     std::shared_ptr<const task> t,
+                                                     auth::key_pair key,
+                                                     std::vector<std::string> members,
+                                                     std::string_view state) {
+  if (state.substr(0, state_tag.size()) != state_tag)
+    return fail("not a BTARD peer state (wrong tag)");
+  detail::reader in(state.substr(state_tag.size()));
+  uint64_t len = 0, step = 0;
+  std::string run, r;
+  double tau = 0;
+  if (!in.le(len, 8) || len > max_run_id_bytes || !in.raw(run, len) || !in.le(step, 8) ||
+      !in.f64(tau) || !in.raw(r, digest_bytes))
+    return fail("a BTARD peer state is truncated in its header");
+  if (run != o.group.run_id)
+    return fail(fmt::format("the state is run '{}''s, not '{}''s", run, o.group.run_id));
+  if (!(tau > 0) || !std::isfinite(tau))
+    return fail(fmt::format("the state's tau {} is not a positive number", tau));
+  auto with_tau = o;
+  with_tau.group.tau = tau;
+  auto made = make(with_tau, std::move(t), std::move(key), std::move(members));
+  if (!made)
+    return made;
+  auto& p = *(*made)->p_;
+  if (!read_floats(in, p.params, p.t->dim()) || !read_floats(in, p.velocity, p.t->dim()))
+    return fail(fmt::format("the state's parameters or momentum are not {} finite values",
+                            p.t->dim()));
+  std::string rest;
+  (void)in.raw(rest, in.left());
+  auto view = membership::decode(rest, o.group.membership);
+  if (!view)
+    return fail(view.error().what);
+  if (auto why = view->ban_reason(p.pk))
+    return fail(fmt::format("the state says this peer is banned ({})", *why));
+  p.view = std::move(*view);
+  p.step = step;
+  p.r_prev = *digest_of_string(r);
+  return made;
+}
 
 peer_core::peer_core(std::unique_ptr<impl> p) : p_(std::move(p)) {}
 peer_core::~peer_core() = default;
@@ -1298,6 +1404,7 @@ const std::string& peer_core::key() const { return p_->pk; }
 const std::vector<float>& peer_core::params() const { return p_->params; }
 const std::map<std::string, std::string>& peer_core::bans() const { return p_->view.banned(); }
 const digest& peer_core::randomness() const { return p_->r_prev; }
+double peer_core::tau() const { return p_->o.group.tau; }
 uint64_t peer_core::refused() const { return p_->refused; }
 bool peer_core::behind() const { return p_->behind(); }
 bool peer_core::cooling_down() const {

@@ -50,6 +50,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "actors/btard/protocol.hpp"
@@ -117,6 +118,12 @@ struct peer_core_options {
 /// addressed by digest) and `part_not_committed` is data that does not match its digest.
 status validate(const peer_core_options& o);
 
+/// The digest a peer signs for an exported state (`statement_kind::state_digest`).
+digest state_digest_of(std::string_view state);
+
+/// The step an exported state starts (0 for bytes that are not a state).
+uint64_t state_step(std::string_view state);
+
 /// One BTARD peer driven phase by phase.
 class peer_core {
 public:
@@ -126,6 +133,16 @@ public:
                                                  std::shared_ptr<const task> t,
                                                  auth::key_pair key,
                                                  std::vector<std::string> members);
+  /// A peer coming back into a running group: `make`, then the state another peer exported at
+  /// the start of a step (`export_state`; untrusted bytes, checked field by field: the run, the
+  /// model's size, finite values, the membership). The peer starts that step when
+  /// `begin_step` is called. Fails as `make` does, on a malformed state, or when the state
+  /// says this peer is banned.
+  static result<std::unique_ptr<peer_core>> resume(const peer_core_options& o,
+                                                   std::shared_ptr<const task> t,
+                                                   auth::key_pair key,
+                                                   std::vector<std::string> members,
+                                                   std::string_view state);
   ~peer_core();
   peer_core(const peer_core&) = delete;
   peer_core& operator=(const peer_core&) = delete;
@@ -168,6 +185,8 @@ public:
   const std::vector<float>& params() const;
   /// Keys this peer has banned, with reasons.
   const std::map<std::string, std::string>& bans() const;
+  /// τ, CenteredClip's clipping radius (a resumed peer takes the group's).
+  double tau() const;
   /// The shared randomness the next step's seeds come from.
   const digest& randomness() const;
   /// Whether more than half of the current group already marked a phase of a later aggregation
@@ -179,6 +198,15 @@ public:
   bool cooling_down() const;
   /// Statements and data refused (bad, foreign, from banned signers), over the run.
   uint64_t refused() const;
+
+  /// Everything a peer needs to take the next step with the group (only while idle): the
+  /// step, τ, the shared randomness, the parameters, the momentum and the membership. Honest
+  /// peers export the same bytes at the same step, so a peer coming back takes the state that
+  /// most members sign (`state_digest`).
+  std::string export_state() const;
+  /// The keys the next step's group starts from (while idle): every member neither banned nor
+  /// cooling down at `step()`.
+  std::vector<std::string> expected() const;
 
 private:
   struct impl;

@@ -86,6 +86,10 @@ result<audit_writer> audit_writer::open(const std::string& path, const audit_hea
                {"synthetic", h.synthetic_when_absent},
                {"train_samples", h.train_samples}};
   j["r0"] = hex(bt::initial_randomness(h.run_id, h.seed));
+  if (h.r_resumed.size() == bt::digest_bytes) {
+    j["resumed_at"] = h.resumed_at;
+    j["r_resumed"] = to_hex(h.r_resumed);
+  }
   j["prev"] = "";
   if (auto st = w.line(j.dump()); !st)
     return fail(st.what());
@@ -272,6 +276,16 @@ struct checker {
     r_expected = bt::initial_randomness(h.run_id, h.seed);
     if (j.value("r0", "") != hex(r_expected))
       problem("r0 is not the run's initial randomness");
+    if (j.contains("resumed_at")) {
+      // A peer that came back: its chain starts from the state it took.
+      auto r = j.contains("r_resumed") ? digest_of(j.at("r_resumed")) : std::nullopt;
+      if (!j.at("resumed_at").is_number_unsigned() || !r)
+        problem("resumed_at or r_resumed is malformed");
+      else {
+        report.resumed_at = j.at("resumed_at").get<uint64_t>();
+        r_expected = *r;
+      }
+    }
     if (!recompute)
       return;
     if (!j.contains("task")) {
@@ -352,8 +366,9 @@ struct checker {
 
   void step(const json& j) {
     auto t = j.at("step").get<uint64_t>();
-    if (t != report.steps)
-      problem(fmt::format("step {} where step {} was expected", t, report.steps));
+    auto expected = report.steps + report.resumed_at.value_or(0);
+    if (t != expected)
+      problem(fmt::format("step {} where step {} was expected", t, expected));
     ++report.steps;
     auto r_prev = digest_of(j.at("r_prev"));
     if (!r_prev || *r_prev != r_expected)

@@ -22,6 +22,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,6 +60,11 @@ struct audit_header {
   std::string data_dir;
   bool synthetic_when_absent = false;
   uint64_t train_samples = 0;
+  /// For a peer that came back into a running group: the step its log starts at and the
+  /// shared randomness it took with the group's state (32 bytes). Empty: the log starts at
+  /// step 0 from the run's initial randomness.
+  uint64_t resumed_at = 0;
+  std::string r_resumed;
 };
 
 /// The folder beside an audit log where a run keeps θ_t of each step that had a gradient
@@ -98,6 +104,10 @@ struct audit_report {
   size_t bans = 0;
   /// Wrong-gradient verdicts whose re-check was recomputed (with `recompute`).
   size_t recomputed = 0;
+  /// Set for the log of a peer that came back into a running group: the step it starts at (its
+  /// chain starts from the randomness of the state the group signed; the steps before are in
+  /// the other peers' logs).
+  std::optional<uint64_t> resumed_at;
   /// Each problem with the line it is on; empty: the log checks.
   std::vector<std::string> problems;
 };

@@ -108,6 +108,11 @@ int cmd_audit(const std::string& file, bool recompute) {
              "checkpoints), {} bans\n",
              file, r.steps, r.attempts, r.statements, r.draws, r.checks, r.verdicts, r.recomputed,
              r.bans);
+  if (r.resumed_at)
+    fmt::print("  the peer came back into the running group at step {}: the chain starts from "
+               "the randomness of the state the group signed (the steps before are in the other "
+               "peers' logs)\n",
+               *r.resumed_at);
   return 0;
 }
 

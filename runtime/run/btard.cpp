@@ -145,6 +145,10 @@ public:
       enforced_[label(m, "key")].insert(m.source);
     } else if (m.kind == "btard_left") {
       peers_[m.source].left = true;
+    } else if (m.kind == "btard_rejoin") {
+      auto& p = peers_[m.source];
+      p.rejoined.push_back(static_cast<uint64_t>(m.value("step")));
+      p.done = false; // a restarted peer's process is a new life of the same peer
     } else if (m.kind == "btard_tau") {
       tau_ = m.value("tau");
     }
@@ -197,6 +201,12 @@ public:
                                                 : p.left ? "left (silent in the others' views)"
                                                          : "done")
                  : "gone (no word since its last step)";
+      if (!p.rejoined.empty()) {
+        std::string at;
+        for (auto s : p.rejoined)
+          at += fmt::format("{}{}", at.empty() ? "" : ", ", s + 1);
+        end += fmt::format("; came back at step {}", at);
+      }
       if (p.done && !p.error.empty())
         rc = 1;
       fmt::print("  {:<10} {:<18} {:>10} {}\n", p.peer, p.attack.empty() ? "none" : p.attack,
@@ -230,6 +240,8 @@ private:
     uint64_t last_step = 0;
     bool done = false, banned = false, left = false;
     std::string error, peer, attack;
+    /// Steps at which it came back into the group with the state the others signed.
+    std::vector<uint64_t> rejoined;
   };
   struct step_state {
     std::map<std::string, std::set<std::string>> digests;
@@ -361,22 +373,22 @@ caf::actor spawn_btard_peer(role_context& ctx, const btard_peer_role& r) {
   // The peer's audit log (`starling audit` re-checks it): every statement it read, its checks,
   // verdicts and bans, step by step.
   struct audit_state {
-    double tau = 0;
     std::string path;
     std::optional<btard::audit_writer> writer;
     bool failed = false;
+    /// Set when the peer came back into the running group: its next steps go to a new log
+    /// (`<name>.from-<step>.btard-audit.jsonl`) whose chain starts from the state it took.
+    bool resumed = false;
   };
   auto audit = std::make_shared<audit_state>();
-  audit->tau = o.group.tau;
   if (!ctx.node.run_dir().empty())
     audit->path = fmt::format("{}/{}.btard-audit.jsonl", ctx.node.run_dir(), ctx.name);
   if (o.tau_factor > 0)
-    bo.calibrate = [o, model, sink, source, audit](const std::vector<std::string>& members)
+    bo.calibrate = [o, model, sink, source](const std::vector<std::string>& members)
         -> result<std::optional<double>> {
       auto tau = btard::calibrate_tau(o, *model, members);
       if (!tau)
         return fail(tau.error().what);
-      audit->tau = *tau;
       caf::anon_send(sink, messages::metric_event{source, "btard_tau", {{"tau", *tau}}, {}});
       return std::optional<double>{*tau};
     };
@@ -387,11 +399,19 @@ caf::actor spawn_btard_peer(role_context& ctx, const btard_peer_role& r) {
     if (!audit->path.empty() && !audit->writer && !audit->failed && !rec.attempts.empty()) {
       auto g = o.group;
       g.rule = bt::aggregation_rule::btard;
-      g.tau = audit->tau;
+      g.tau = core.tau();
       auto h = btard::audit_header_of(o, g, model->dim(), rec.attempts.front().members);
+      auto path = audit->path;
+      if (audit->resumed) {
+        h.resumed_at = rec.step;
+        h.r_resumed = bt::digest_string(rec.r_prev);
+        auto suffix = std::string(".btard-audit.jsonl");
+        path = path.substr(0, path.size() - suffix.size()) +
+               fmt::format(".from-{}{}", rec.step, suffix);
+      }
       std::error_code ec;
-      std::filesystem::create_directories(std::filesystem::path(audit->path).parent_path(), ec);
-      auto w = btard::audit_writer::open(audit->path, h);
+      std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+      auto w = btard::audit_writer::open(path, h);
       if (w)
         audit->writer.emplace(std::move(*w));
       else {
@@ -447,6 +467,16 @@ caf::actor spawn_btard_peer(role_context& ctx, const btard_peer_role& r) {
   bo.on_left = [left, source](const std::string& why) {
     *left = why;
     fmt::print(stderr, "starling: {}: {}\n", source, why);
+  };
+  bo.on_rejoin = [sink, source, audit](const std::string& what, uint64_t step) {
+    fmt::print(stderr, "starling: {}: {}\n", source, what);
+    if (step == 0)
+      return;
+    // The log so far ends where the peer left; the steps from here go to a log of their own.
+    audit->writer.reset();
+    audit->resumed = true;
+    caf::anon_send(sink, messages::metric_event{source, "btard_rejoin",
+                                                {{"step", static_cast<double>(step)}}, {}});
   };
   bo.on_finish = [done, peer, banned_flag, left, sink, source](const std::string& error) {
     if (!left->empty())
@@ -530,7 +560,9 @@ void expand_btard(config_node& n, experiment_graph& g, const expand_context& ctx
     peers.type = "btard.peer";
     peers.replicas = o.peers;
     peers.options = cluster;
-    peers.restart.supervised = false; // a peer's key dies with it; it does not come back
+    // Unsupervised: a peer with a fresh key cannot come back as itself. A peer signing with its
+    // node's key comes back when the node restarts, through the state the group offers.
+    peers.restart.supervised = false;
     g.roles.push_back(peers);
     g.reporters.push_back([cluster] { return std::make_unique<btard_cluster_reporter>(cluster); });
     return;

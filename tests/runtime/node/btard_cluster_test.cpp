@@ -1,8 +1,11 @@
 // The `btard` kind across processes: four `starling node` processes, one BTARD peer each (signing
 // with its node's key), train one model with the DHT as the board. One peer (drawn from the seed) sends a part holding a NaN
 // at step 2 (committed to, so its proof is public): it is banned in that step. An honest peer's
-// process is SIGKILLed mid-run: it is silent at the next deadline, removed, and banned when it
-// stays silent after its cool-down. Every step's peers hold the same parameters (node 0's
+// process is SIGKILLed mid-run and started again at once (same key): it is silent at the
+// deadline, removed, and after its cool-down it comes back with the state the others sign,
+// commits afresh and takes every remaining step; it is never banned, and its new audit log
+// (starting where it came back) passes `starling audit`. Every step's peers hold the same
+// parameters (node 0's
 // reporter compares the digests every peer reports; the test reads them from metrics.jsonl
 // too), every ban reaches the honest nodes' gates (the attacker's node, restarted with its key,
 // is refused by the node it dials and exits 2; node 0's ledger shows that refusal through the
@@ -94,8 +97,8 @@ double value(const nlohmann::json& row, const std::string& key) {
 } // namespace
 
 TEST_CASE("btard across 4 starling node processes: a NaN part bans its sender in its step, a "
-          "SIGKILLed peer is removed at the deadline and banned after its cool-down, and every "
-          "step's peers hold the same parameters") {
+          "SIGKILLed and restarted peer is removed at the deadline and comes back with the "
+          "group's state after its cool-down, and every step's peers hold the same parameters") {
   starling::testing::temp_dir dir{"starling-btard-cluster"};
   auto config = write_config(dir.path);
   auto nodes = starling::testing::start_nodes(4, [&](int i) {
@@ -134,9 +137,18 @@ TEST_CASE("btard across 4 starling node processes: a NaN part bans its sender in
   for (auto& r : rows_of(metrics, "btard_step"))
     if (r.value("source", "") == "peer." + std::to_string(victim))
       victim_peer = label(r, "peer");
+  auto line_with = [](const std::string& text, const std::string& what) {
+    auto at = text.find(what);
+    return at == std::string::npos ? std::string{} : text.substr(at, text.find('\n', at) - at);
+  };
   nodes[static_cast<size_t>(victim)]->signal(SIGKILL);
   (void)nodes[static_cast<size_t>(victim)]->wait_exit(10s);
-  nodes[static_cast<size_t>(victim)].reset();
+  // The same node again (its key is in the same --out folder), joining through node 0.
+  nodes[static_cast<size_t>(victim)] = std::make_unique<subprocess>(std::vector<std::string>{
+      STARLING_BINARY, "node", "--listen", "127.0.0.1:0", "--config", config, "--index",
+      std::to_string(victim), "--nodes", "4", "--out", dir.path + "/n" + std::to_string(victim),
+      "--join",
+      starling::testing::endpoint_of(line_with(nodes[0]->output(), "listening on"))});
 
   // The attacker's node, banned at step 2, comes back with its key (the same --out folder)
   // through the honest node other than node 0: that node refuses it, and it says so and exits 2.
@@ -149,10 +161,6 @@ TEST_CASE("btard across 4 starling node processes: a NaN part bans its sender in
   int refuser = 6 - victim - attacker_node; // the honest node of 1..3 that is neither
   REQUIRE(refuser > 0);
   REQUIRE(refuser < 4);
-  auto line_with = [](const std::string& text, const std::string& what) {
-    auto at = text.find(what);
-    return at == std::string::npos ? std::string{} : text.substr(at, text.find('\n', at) - at);
-  };
   {
     auto& a = nodes[static_cast<size_t>(attacker_node)];
     a->signal(SIGKILL);
@@ -282,8 +290,19 @@ TEST_CASE("btard across 4 starling node processes: a NaN part bans its sender in
   }
   CHECK(digests.size() == 14);
   CHECK(bans_at[2].count(attacker_peer) == 1);
-  CHECK(bans_at[13].count(victim_peer) == 1);
-  CHECK(bans_at[13].size() == 2);
+  // The restarted peer came back after its cool-down, took the last step, and nobody banned it.
+  CHECK(bans_at[13].count(victim_peer) == 0);
+  CHECK(bans_at[13].size() == 1);
+  CHECK(last_step["peer." + std::to_string(victim)] == 13);
+  auto rejoins = rows_of(metrics, "btard_rejoin");
+  REQUIRE(rejoins.size() == 1);
+  CHECK(rejoins[0].value("source", "") == "peer." + std::to_string(victim));
+  CHECK(text.find("came back at step") != std::string::npos);
+  {
+    auto victim_out = nodes[static_cast<size_t>(victim)]->output();
+    CAPTURE(victim_out);
+    CHECK(victim_out.find("took the group's state at step") != std::string::npos);
+  }
 
   // Each live honest peer's audit log passes `starling audit`: signatures, the MPRNG chain,
   // validators, aggregate checks and every verdict's rule, from what that peer read.
@@ -293,8 +312,9 @@ TEST_CASE("btard across 4 starling node processes: a NaN part bans its sender in
     const std::string suffix = ".btard-audit.jsonl";
     if (name.size() < suffix.size() || name.substr(name.size() - suffix.size()) != suffix)
       continue;
-    if (name.rfind("peer." + std::to_string(victim) + ".", 0) == 0)
-      continue; // killed mid-step: its log ends where it died
+    bool resumed = name.find(".from-") != std::string::npos;
+    if (name.rfind("peer." + std::to_string(victim) + ".", 0) == 0 && !resumed)
+      continue; // killed mid-step: its first log ends where it died
     subprocess audit{{STARLING_BINARY, "audit", entry.path().string()}};
     std::string said;
     while (auto line = audit.read_line(5s))
@@ -303,9 +323,11 @@ TEST_CASE("btard across 4 starling node processes: a NaN part bans its sender in
     CAPTURE(said);
     REQUIRE(code);
     CHECK(*code == 0);
+    if (resumed)
+      CHECK(said.find("came back into the running group at step") != std::string::npos);
     ++audited;
   }
-  CHECK(audited == 3);
+  CHECK(audited == 4); // three from step 0, and the restarted peer's from where it came back
 }
 
 } // namespace starling::test::runtime_btard_cluster_test
