@@ -30,6 +30,8 @@
 #include <string_view>
 #include <utility>
 
+#include "actors/btard/commitment.hpp"
+#include "actors/btard/membership.hpp"
 #include "actors/auth/gatekeeper.hpp"
 #include "actors/auth/identity.hpp"
 #include "actors/auth/token.hpp"
@@ -311,7 +313,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   --size;
   const auto* bytes = reinterpret_cast<const char*>(data);
   std::string_view text(bytes, size);
-  switch (kind % 18) {
+  switch (kind % 20) {
     case 0: {
       wire_context ctx{context_options()};
       envelope(bytes, size, &ctx);
@@ -380,6 +382,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     case 17:
       gate_record(bytes, size);
+      break;
+    case 18:
+      // A BTARD statement read from the board: an accepted one is exactly its encoding.
+      if (auto s = actors::btard::decode(text); s.ok() && actors::btard::encode(*s) != text)
+        std::abort();
+      break;
+    case 19:
+      // A BTARD membership state (in a state offered to a peer coming back): an accepted one
+      // encodes to bytes that decode to the same encoding.
+      if (auto m = actors::btard::membership::decode(text, {}); m.ok()) {
+        auto again = actors::btard::membership::decode(m->encode(), {});
+        if (!again.ok() || again->encode() != m->encode())
+          std::abort();
+      }
       break;
   }
   return 0;

@@ -10,6 +10,8 @@
 #include <capnp/message.h>
 
 #include "actors/auth/gatekeeper.hpp"
+#include "actors/btard/commitment.hpp"
+#include "actors/btard/membership.hpp"
 #include "actors/auth/identity.hpp"
 #include "actors/auth/token.hpp"
 #include "actors/averager/chunk.hpp"
@@ -396,6 +398,27 @@ int main(int argc, char** argv) {
       save("experiment-package", 16, *b);
     save("experiment-signature", 16,
          runtime::format_experiment_signature({p.digest, p.nodes, p.signature}));
+  }
+  {
+    // BTARD: a signed statement of each digest-carrying kind, and a membership state.
+    namespace bt = starling::actors::btard;
+    auto k = auth::key_pair::from_test_seed(7);
+    bt::digest d{};
+    d[0] = 1;
+    for (auto kind : {bt::statement_kind::part_digest, bt::statement_kind::state_digest}) {
+      bt::statement st{kind, "fuzz-run", 3, k.public_key(),
+                       kind == bt::statement_kind::state_digest ? std::string(32, 'p')
+                                                                : bt::index_slot(0, 1),
+                       bt::digest_payload(d)};
+      if (auto s = bt::sign_statement(st, k); s.ok())
+        save(std::string("btard-") + bt::kind_name(kind), 18, bt::encode(*s));
+    }
+    bt::membership m;
+    (void)m.join(std::string(32, 'a'), 0);
+    (void)m.join(std::string(32, 'b'), 0);
+    (void)m.silent(std::string(32, 'b'), 2);
+    m.ban(std::string(32, 'c'), "wrong_gradient");
+    save("btard-membership", 19, m.encode());
   }
   return 0;
 }

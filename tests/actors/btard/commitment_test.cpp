@@ -131,8 +131,11 @@ TEST_CASE("validate names the field that is wrong") {
       {"long slot", [](btard::statement& s) { s.slot.assign(65, 's'); }, "slot"},
       {"short digest", [](btard::statement& s) { s.payload.pop_back(); }, "32-byte digest"},
       {"long payload", [](btard::statement& s) { s.payload.assign(1025, 'p'); }, "payload"},
-      {"unknown kind", [](btard::statement& s) { s.kind = static_cast<btard::statement_kind>(10); },
+      {"unknown kind", [](btard::statement& s) { s.kind = static_cast<btard::statement_kind>(11); },
        "unknown kind"},
+      {"state offered to no key",
+       [](btard::statement& s) { s.kind = btard::statement_kind::state_digest; },
+       "expected the 32-byte key"},
       {"projection size",
        [](btard::statement& s) {
          s.kind = btard::statement_kind::projection;

@@ -133,4 +133,49 @@ TEST_CASE("membership options are checked") {
   CHECK_FALSE(btard::validate(o));
 }
 
+TEST_CASE("the membership travels as bytes with a peer's state and keeps every rule") {
+  btard::membership_options o;
+  o.cool_down = 2;
+  o.silences_to_ban = 2;
+  o.silence_window = 10;
+  btard::membership m(o);
+  std::vector<std::string> k;
+  for (char c : {'a', 'b', 'c', 'd', 'e'})
+    k.push_back(std::string(32, c));
+  for (auto& key : k)
+    REQUIRE(m.join(key, 0));
+  CHECK_FALSE(m.silent(k[1], 3)); // cooling down until step 6, one silence kept
+  CHECK(m.ban(k[2], "wrong_gradient confirmed by recomputation"));
+  auto bytes = m.encode();
+  auto back = btard::membership::decode(bytes, o);
+  REQUIRE_MESSAGE(back, (back ? "" : back.error().what));
+  CHECK(back->encode() == bytes);
+  for (uint64_t step : {3u, 4u, 5u, 6u, 7u})
+    for (auto& key : k)
+      CHECK(back->absent(key, step) == m.absent(key, step));
+  CHECK(back->ban_reason(k[2]) == m.ban_reason(k[2]));
+  auto g = back->group(4, 100);
+  REQUIRE(g);
+  CHECK(g->members == std::vector<std::string>{k[0], k[3], k[4]});
+  // The silence kept: the next one within the window bans, as it would have before.
+  REQUIRE(back->join(k[1], 6));
+  CHECK(back->silent(k[1], 6));
+
+  // Untrusted bytes: every cut, a wrong tag and trailing bytes fail with a reason.
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    auto r = btard::membership::decode(bytes.substr(0, cut), o);
+    CHECK_FALSE(r);
+  }
+  CHECK_FALSE(btard::membership::decode("x" + bytes.substr(1), o));
+  auto trailing = btard::membership::decode(bytes + "!", o);
+  REQUIRE_FALSE(trailing);
+  CHECK(trailing.error().what.find("trailing") != std::string::npos);
+  // More silences kept for one peer than a ban takes: not a state the rules can produce.
+  btard::membership_options strict = o;
+  strict.silences_to_ban = 1;
+  strict.silence_window = 1;
+  CHECK(btard::membership::decode(back->encode(), o)); // k[1]: banned with its 2 silences
+  CHECK_FALSE(btard::membership::decode(back->encode(), strict));
+}
+
 } // namespace starling::test::btard_membership

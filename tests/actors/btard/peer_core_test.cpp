@@ -2,6 +2,9 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -249,6 +252,68 @@ TEST_CASE("a crashed peer is silent at the deadline, removed, and banned after r
   CHECK(banned);
   for (size_t i : live)
     CHECK(run.peers[i]->bans().size() == 1);
+}
+
+TEST_CASE("a crashed peer comes back after its cool-down with the state the others export, "
+          "takes every later step with them and is never banned") {
+  auto o = options(9);
+  o.membership.cool_down = 1;
+  o.membership.silences_to_ban = 2;
+  o.membership.silence_window = 10;
+  std::vector<btard::peer_core_options> specs(5);
+  board_run run(o, specs, 9);
+  auto ks = keys(specs.size(), 9);
+  std::vector<std::string> members;
+  for (auto& k : ks)
+    members.push_back(k.public_key());
+  run.crashed.insert(2);
+  (void)run.step(); // step 0: peer 2 is silent, removed, cooling down at step 1
+  for (size_t i : {0u, 1u, 3u, 4u}) {
+    CAPTURE(i);
+    CHECK(run.peers[i]->cooling_down() == false);
+    auto e = run.peers[i]->expected();
+    CHECK(std::find(e.begin(), e.end(), members[2]) == e.end());
+  }
+  (void)run.step(); // step 1: the others alone
+  // At step 2 the rules expect peer 2 again: every honest peer exports the same bytes.
+  auto state = run.peers[0]->export_state();
+  for (size_t i : {1u, 3u, 4u})
+    CHECK(run.peers[i]->export_state() == state);
+  CHECK(btard::state_step(state) == 2);
+  auto e = run.peers[0]->expected();
+  CHECK(std::find(e.begin(), e.end(), members[2]) != e.end());
+
+  // Bad states are refused with a reason: another run's, cut short, or with a non-finite value.
+  specs[2].group = o;
+  auto other = specs[2];
+  other.group.run_id = "another-run";
+  CHECK_FALSE(btard::peer_core::resume(other, tiny_task(), ks[2], members, state));
+  CHECK_FALSE(btard::peer_core::resume(specs[2], tiny_task(), ks[2], members,
+                                       state.substr(0, state.size() / 2)));
+  auto nan = state;
+  auto at = std::string("starling.btard.state.v1").size() + 8 + o.run_id.size() + 8 + 8 + 32 + 8;
+  float bad = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(&nan[at], &bad, sizeof(bad));
+  CHECK_FALSE(btard::peer_core::resume(specs[2], tiny_task(), ks[2], members, nan));
+
+  auto back = btard::peer_core::resume(specs[2], tiny_task(), ks[2], members, state);
+  REQUIRE_MESSAGE(back, (back ? "" : back.error().what));
+  CHECK((*back)->step() == 2);
+  CHECK((*back)->export_state() == state);
+  run.peers[2] = std::move(*back);
+  run.crashed.erase(2);
+  for (int s = 2; s < 7; ++s) {
+    CAPTURE(s);
+    auto recs = run.step();
+    for (size_t i = 0; i < specs.size(); ++i) {
+      REQUIRE(recs.count(i));
+      CHECK(recs[i].applied);
+      CHECK(recs[i].attempts.back().members.size() == 5);
+    }
+    same_params(run, {0, 1, 2, 3, 4});
+  }
+  for (size_t i = 0; i < specs.size(); ++i)
+    CHECK(run.peers[i]->bans().empty());
 }
 
 TEST_CASE("a peer that crashes in any phase of a step is removed; the others agree and stay") {

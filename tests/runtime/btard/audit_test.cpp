@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -32,8 +33,9 @@ std::string temp_dir() {
 }
 
 /// Writes the audit log of 8 steps of a 6-peer group with a sign-flip attacker (found by 3
-/// validators) and a projection liar at step 2.
-void write_log(const std::string& path) {
+/// validators) and a projection liar at step 2; from step `from` on when it is not 0 (the log of
+/// a peer that came back into the group then, starting from that step's randomness).
+void write_log(const std::string& path, int from = 0) {
   auto train = kernels::idx_source::make(
     std::make_shared<const kernels::image_set>(kernels::make_synthetic_images(256, 8, 10, 4, 0)));
   REQUIRE(train);
@@ -65,11 +67,21 @@ void write_log(const std::string& path) {
   h.sigmas = o.sigmas;
   auto g = bt::simulated_group::make(o, *t, specs, keys);
   REQUIRE(g);
-  auto w = rb::audit_writer::open(path, h);
-  REQUIRE(w);
+  std::optional<rb::audit_writer> w;
   for (int s = 0; s < 8; ++s) {
     auto rec = (*g)->step();
     REQUIRE(rec);
+    if (s < from)
+      continue;
+    if (!w) {
+      if (from > 0) {
+        h.resumed_at = static_cast<uint64_t>(from);
+        h.r_resumed = bt::digest_string(rec->r_prev);
+      }
+      auto opened = rb::audit_writer::open(path, h);
+      REQUIRE(opened);
+      w.emplace(std::move(*opened));
+    }
     REQUIRE(w->write(*rec));
   }
 }
@@ -160,6 +172,51 @@ TEST_CASE("an audit log checks, the same seed writes the same log, and tampering
   REQUIRE(empty);
   CHECK_FALSE(empty->problems.empty());
   CHECK_FALSE(rb::check_audit(dir + "/missing.jsonl"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the log of a peer that came back starts where it did, from the state's randomness") {
+  auto dir = temp_dir() + "-resumed";
+  std::filesystem::create_directories(dir);
+  auto a = dir + "/from-3.jsonl";
+  write_log(a, 3);
+  auto report = rb::check_audit(a);
+  REQUIRE(report);
+  for (auto& p : report->problems)
+    MESSAGE(p);
+  CHECK(report->problems.empty());
+  CHECK(report->steps == 5);
+  REQUIRE(report->resumed_at);
+  CHECK(*report->resumed_at == 3);
+  // Another randomness in the header: the first step's seeds no longer follow from it.
+  auto ls = lines_of(a);
+  auto j = nlohmann::json::parse(ls[0]);
+  auto r = j["r_resumed"].get<std::string>();
+  r[0] = r[0] == '0' ? '1' : '0';
+  j["r_resumed"] = r;
+  ls[0] = j.dump();
+  auto c = dir + "/tampered.jsonl";
+  write_lines(c, ls);
+  auto bad = rb::check_audit(c);
+  REQUIRE(bad);
+  REQUIRE_FALSE(bad->problems.empty());
+  auto says = [](const rb::audit_report& rep, const std::string& what) {
+    for (auto& p : rep.problems)
+      if (p.find(what) != std::string::npos)
+        return true;
+    return false;
+  };
+  CHECK(says(*bad, "r_prev is not the randomness"));
+  // A resumed step that is not the first step logged.
+  j = nlohmann::json::parse(lines_of(a)[0]);
+  j["resumed_at"] = 2;
+  ls = lines_of(a);
+  ls[0] = j.dump();
+  write_lines(c, ls);
+  auto early = rb::check_audit(c);
+  REQUIRE(early);
+  REQUIRE_FALSE(early->problems.empty());
+  CHECK(says(*early, "step 3 where step 2 was expected"));
   std::filesystem::remove_all(dir);
 }
 
