@@ -26,9 +26,11 @@
 //
 // `starling run` (with or without --sim) runs every rule in one process, side by side. Across
 // processes (`starling node`, cluster mode) the run is one BTARD group: role `btard.peer`, one
-// instance per peer placed over the nodes, each with a fresh key, meeting on the DHT
-// (actors/btard/board_actor.hpp); node 0's reporter prints each step once every peer that
-// took it agrees on the parameters, and ends the run when the live peers are done.
+// instance per peer placed over the nodes, each signing with its node's key (one peer per
+// node) or a key derived from it, meeting on the DHT (actors/btard/board_actor.hpp); a peer
+// out of the group (silent, behind, or on a restarted node) comes back with the state the
+// others sign. Node 0's reporter prints each step once every peer that took it agrees on the
+// parameters, and ends the run when the live peers are done.
 #include <algorithm>
 #include <filesystem>
 #include <map>
@@ -328,7 +330,10 @@ caf::actor spawn_btard_peer(role_context& ctx, const btard_peer_role& r) {
   bo.model = *t;
   // With one peer on this node, the peer signs with the node's key, so what its verdicts ban
   // is a node key: the node's gate and DHT refuse the banned node from then on. With several
-  // peers per node each has a fresh key, and the protocol alone enforces bans.
+  // peers per node each has a key derived from the node's (run name and instance index hashed
+  // with the node's seed): the protocol alone enforces bans (a gate ban would also refuse the
+  // node's honest peers), and a restarted node's peers keep their keys, so they come back
+  // through the state the group offers.
   size_t on_node = 0;
   for (auto& a : ctx.addresses_of(ctx.role.name))
     if (a.rfind(fmt::format("@{}/", ctx.node.index()), 0) == 0)
@@ -338,6 +343,9 @@ caf::actor spawn_btard_peer(role_context& ctx, const btard_peer_role& r) {
     bo.key = *node_key;
     bo.enforce_bans = true;
     bo.directory = ctx.node.node_directory();
+  } else if (node_key) {
+    bo.key = actors::auth::key_pair::from_seed(bt::hash_bytes(
+        fmt::format("starling.btard.peer-key\n{}\n{}\n{}", o.name, ctx.index, node_key->seed())));
   } else {
     bo.key = actors::auth::key_pair::generate();
   }
