@@ -36,8 +36,9 @@ struct board_state {
   // Where the core's current wait began.
   std::tuple<uint64_t, uint32_t, int> waiting{~uint64_t{0}, 0, -1};
   board_clock::time_point wait_since = board_clock::now();
-  /// Polls of the board completed since the wait began.
+  /// Polls of the board completed since the wait began, and deadline extensions in it.
   uint64_t polls_in_wait = 0;
+  uint64_t extensions = 0;
   uint64_t failed_puts = 0;
   uint64_t ticks = 0;
   /// Statement sub-keys of the current step already verified and offered: a poll returns every
@@ -187,6 +188,7 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
       st->waiting = now;
       st->wait_since = board_clock::now();
       st->polls_in_wait = 0;
+      st->extensions = 0;
     }
   };
   // This peer is out of the running group without a ban (found silent, behind the others, or
@@ -322,6 +324,17 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
                 st->polls_in_wait >= board_min_polls;
     if (!st->core->ready() && !late)
       return;
+    // Most of the group is past this wait: they read what this peer misses, which is late on
+    // this peer's board rather than silent. Wait again instead of splitting from them.
+    if (!st->core->ready() && st->core->majority_ahead() &&
+        st->extensions < st->o.max_extensions) {
+      ++st->extensions;
+      st->wait_since = board_clock::now();
+      st->polls_in_wait = 0;
+      if (st->o.on_extended)
+        st->o.on_extended(st->core->step(), st->extensions);
+      return;
+    }
     auto ended = st->core->advance();
     if (!ended) {
       finish(ended.error().what);

@@ -109,6 +109,12 @@ struct board_peer_options {
   std::chrono::milliseconds rejoin_deadline{120000};
   /// How often a peer may come back in one life before it leaves.
   uint64_t max_rejoins = 5;
+  /// How many times one wait's deadline is extended while most of the group marked a later
+  /// phase of the aggregation (peer_core::majority_ahead: a marker this peer misses is late on
+  /// its board, not silence).
+  uint64_t max_extensions = 3;
+  /// Called when a wait's deadline is extended (the step, and how many times in this wait).
+  std::function<void(uint64_t step, uint64_t times)> on_extended;
   /// Called when the node's gate took a ban (`enforce_bans`): the key, and how many admitted
   /// peers the gate removed.
   std::function<void(const std::string& key, uint64_t removed)> on_enforced;

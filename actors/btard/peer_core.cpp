@@ -1202,6 +1202,22 @@ struct peer_core::impl {
         later[at->first].insert(s.body.signer);
   }
 
+  bool majority_ahead() const {
+    if (phase == peer_phase::idle || phase == peer_phase::banned)
+      return false;
+    size_t ahead = 0;
+    for (auto& k : g.members) {
+      if (k == pk)
+        continue;
+      for (int q = static_cast<int>(phase) + 1; q <= static_cast<int>(peer_phase::check); ++q)
+        if (marker(k, static_cast<peer_phase>(q))) {
+          ++ahead;
+          break;
+        }
+    }
+    return 2 * ahead > n();
+  }
+
   /// Whether most of the group went on to a later aggregation of this step without this peer's
   /// view following: its view of who was silent differs from theirs.
   bool behind() const {
@@ -1407,6 +1423,7 @@ const digest& peer_core::randomness() const { return p_->r_prev; }
 double peer_core::tau() const { return p_->o.group.tau; }
 uint64_t peer_core::refused() const { return p_->refused; }
 bool peer_core::behind() const { return p_->behind(); }
+bool peer_core::majority_ahead() const { return p_->majority_ahead(); }
 bool peer_core::cooling_down() const {
   return p_->view.absent(p_->pk, p_->step) == absence::cooling_down;
 }

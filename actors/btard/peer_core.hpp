@@ -194,6 +194,13 @@ public:
   /// silent differs from theirs). Such a peer leaves rather than go on in a group of its own
   /// (a minority cannot fake it: it takes a majority's signed markers).
   bool behind() const;
+  /// Whether more than half of the current group already marked a later phase of this
+  /// aggregation than the one this peer waits for: they read every marker this peer still
+  /// misses (they could not have gone on otherwise), so a missing marker is late on this peer's
+  /// board, not silence. The driver extends the wait's deadline while this holds (a bounded
+  /// number of times), instead of calling those members silent in a view the majority does
+  /// not share. A Byzantine minority cannot make it hold.
+  bool majority_ahead() const;
   /// Whether this peer is cooling down in its own view (found silent) at the next step.
   bool cooling_down() const;
   /// Statements and data refused (bad, foreign, from banned signers), over the run.

@@ -476,6 +476,12 @@ caf::actor spawn_btard_peer(role_context& ctx, const btard_peer_role& r) {
     *left = why;
     fmt::print(stderr, "starling: {}: {}\n", source, why);
   };
+  bo.on_extended = [source](uint64_t step, uint64_t times) {
+    fmt::print(stderr,
+               "starling: {}: step {}: most of the group is past this wait (a marker is late on "
+               "this node's board, not silent): waiting again ({} of at most 3)\n",
+               source, step, times);
+  };
   bo.on_rejoin = [sink, source, audit](const std::string& what, uint64_t step) {
     fmt::print(stderr, "starling: {}: {}\n", source, what);
     if (step == 0)

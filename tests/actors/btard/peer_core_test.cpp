@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -52,6 +54,13 @@ struct board_run {
   std::map<size_t, std::pair<uint64_t, btard::peer_phase>> crash_at;
   /// Deadlines that passed (waits that ended without every marker).
   size_t deadlines = 0;
+  /// Statements a reader does not see (yet): a board whose replicas lag for that reader.
+  std::function<bool(size_t reader, const btard::signed_statement&)> hide;
+  /// As the DHT driver does (board_actor.cpp): a peer whose deadline comes while most of its
+  /// group is past the wait waits again, at most `max_extensions` times per wait; counted here.
+  size_t max_extensions = 0;
+  size_t extensions = 0;
+  std::map<std::tuple<size_t, uint64_t, uint32_t, int>, size_t> extended;
 
   board_run(const btard::group_options& o, std::vector<btard::peer_core_options> specs,
             uint64_t seed) {
@@ -101,7 +110,8 @@ struct board_run {
         if (!running(i))
           continue;
         for (auto& s : statements)
-          peers[i]->offer(s);
+          if (!hide || !hide(i, s))
+            peers[i]->offer(s);
         for (auto& ref : peers[i]->wanted()) {
           auto it = data.find(ref);
           if (it != data.end())
@@ -125,10 +135,22 @@ struct board_run {
             if (!earliest || at < *earliest)
               earliest = at;
           }
+        bool waited_again = false;
         for (size_t i = 0; i < peers.size(); ++i)
           if (running(i) && std::make_pair(peers[i]->attempt(),
-                                           static_cast<int>(peers[i]->phase())) == *earliest)
+                                           static_cast<int>(peers[i]->phase())) == *earliest) {
+            auto& times = extended[{i, peers[i]->step(), peers[i]->attempt(),
+                                    static_cast<int>(peers[i]->phase())}];
+            if (peers[i]->majority_ahead() && times < max_extensions) {
+              ++times;
+              ++extensions;
+              waited_again = true;
+              continue;
+            }
             go.push_back(i);
+          }
+        if (waited_again)
+          --deadlines; // no deadline passed: a wait began again
       }
       for (size_t i : go) {
         auto done = peers[i]->advance();
@@ -314,6 +336,38 @@ TEST_CASE("a crashed peer comes back after its cool-down with the state the othe
   }
   for (size_t i = 0; i < specs.size(); ++i)
     CHECK(run.peers[i]->bans().empty());
+}
+
+TEST_CASE("a marker one peer reads late while most of the group is past the wait: that peer "
+          "waits again instead of calling its signer silent, and the group stays one") {
+  // Peer 0's board misses peer 3's commit marker of step 1 for two of its deadlines (replicas
+  // that lag for one reader). The other four read it, go on and mark the next phase: peer 0
+  // sees most of its group past its wait and waits again; then the marker arrives.
+  // (Without waiting again — max_extensions 0 — peer 0 calls peer 3 silent at its deadline and
+  // redoes the aggregation without it while the others go on with it: the views split.)
+  auto o = options(11);
+  std::vector<btard::peer_core_options> specs(5);
+  board_run run(o, specs, 11);
+  run.max_extensions = 3;
+  auto late = run.peers[3]->key();
+  run.hide = [&](size_t reader, const btard::signed_statement& s) {
+    return reader == 0 && s.body.step == 1 && s.body.signer == late &&
+           s.body.kind == btard::statement_kind::phase_done &&
+           s.body.slot == btard::index_slot(0, static_cast<uint64_t>(btard::peer_phase::commit)) &&
+           run.extensions < 2;
+  };
+  (void)run.step();
+  auto recs = run.step();
+  CHECK(run.extensions == 2);
+  CHECK(run.deadlines == 0);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    CAPTURE(i);
+    REQUIRE(recs.count(i));
+    CHECK(recs[i].applied);
+    CHECK(recs[i].attempts.size() == 1);
+    CHECK(recs[i].attempts.front().silent.empty());
+  }
+  same_params(run, {0, 1, 2, 3, 4});
 }
 
 TEST_CASE("a peer that crashes in any phase of a step is removed; the others agree and stay") {
