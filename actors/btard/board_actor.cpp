@@ -651,15 +651,21 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
                                                 bytes);
                   if (!core)
                     continue;
-                  // Its signers must be more than half of the members that state expects
-                  // besides this peer.
+                  // The state must expect this peer back, and its signers must be more than
+                  // half of the members it says took the last step (peers coming back after a
+                  // cool-down, like this one, cannot sign).
                   auto expected = (*core)->expected();
+                  auto active = (*core)->active();
                   auto pk = st->o.key->public_key();
                   if (!std::binary_search(expected.begin(), expected.end(), pk))
                     continue;
-                  size_t others = expected.size() - 1, signed_by = 0;
+                  size_t others = active.size() - (std::binary_search(active.begin(),
+                                                                      active.end(), pk)
+                                                       ? 1
+                                                       : 0),
+                         signed_by = 0;
                   for (auto& k : signers)
-                    signed_by += std::binary_search(expected.begin(), expected.end(), k) ? 1 : 0;
+                    signed_by += std::binary_search(active.begin(), active.end(), k) ? 1 : 0;
                   if (2 * signed_by <= others)
                     continue;
                   st->core = std::move(*core);
@@ -667,7 +673,8 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
                   st->steps_done = x;
                   if (st->o.on_rejoin)
                     st->o.on_rejoin(fmt::format("took the group's state at step {} (its digest "
-                                                "signed by {} of the {} other members expected)",
+                                                "signed by {} of the {} members that took the "
+                                                "step before)",
                                                 x, signed_by, others),
                                     x);
                   next_step();

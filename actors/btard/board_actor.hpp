@@ -31,8 +31,8 @@
 //                          peer's key and the step, so the same members are not always asked).
 // Coming back (issue 41, item 1: "download the state, then commit afresh"): the peer takes the
 // state whose digest more members sign than any other, once signatures stopped arriving for a
-// second, and only when its signers are more than half of the members that state expects
-// besides the peer itself. Honest members export identical bytes (they hold the same
+// second, and only when its signers are more than half of the members that state says took the
+// step before (members coming back after a cool-down cannot sign). Honest members export identical bytes (they hold the same
 // parameters, randomness and membership), so a state signed by a Byzantine coalition wins only
 // when the coalition outnumbers the live honest members: BTARD's own assumption. The peer then
 // commits in that step like any member. A member the rules expect back but that does not come

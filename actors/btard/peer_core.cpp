@@ -1312,6 +1312,14 @@ std::vector<std::string> peer_core::expected() const {
   return out;
 }
 
+std::vector<std::string> peer_core::active() const {
+  std::vector<std::string> out;
+  for (auto& k : p_->everyone)
+    if (p_->view.absent(k, p_->step) == absence::none)
+      out.push_back(k);
+  return out;
+}
+
 result<std::unique_ptr<peer_core>> peer_core::resume(const peer_core_options& o,
                                                      std::shared_ptr<const task> t,
                                                      auth::key_pair key,

@@ -214,6 +214,9 @@ public:
   /// The keys the next step's group starts from (while idle): every member neither banned nor
   /// cooling down at `step()`.
   std::vector<std::string> expected() const;
+  /// Of those, the members that took the last step (while idle): joined, not coming back after
+  /// a cool-down. They are the ones who can sign a state offered to a peer coming back.
+  std::vector<std::string> active() const;
 
 private:
   struct impl;

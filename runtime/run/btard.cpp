@@ -34,6 +34,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <set>
 
 #include <caf/actor_system.hpp>
@@ -296,6 +298,26 @@ private:
   double tau_ = 0;
 };
 
+/// The task of a run's options, one per process: a node's peers share the loaded data set and
+/// model (the MLP task is a pure function of its immutable data, safe to call from the peers'
+/// threads at once). Each peer loading its own copy made a node of four peers start one peer
+/// every ~2.5 s (a Fashion-MNIST load each), which delayed the run's start and a restarted
+/// node's return by ~10 s.
+result<std::shared_ptr<const bt::task>> shared_task(const btard::experiment_options& o) {
+  static std::mutex lock;
+  static std::map<std::string, std::weak_ptr<const bt::task>> cache;
+  auto key = fmt::format("{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}", o.data_dir,
+                         o.synthetic_when_absent, o.seed, o.train_samples, o.eval_samples,
+                         o.model.hidden, o.model.batch, o.model.seed, o.model.eval_samples);
+  std::lock_guard<std::mutex> hold(lock);
+  if (auto t = cache[key].lock())
+    return t;
+  auto t = btard::make_task(o);
+  if (t)
+    cache[key] = *t;
+  return t;
+}
+
 caf::actor spawn_btard_peer(role_context& ctx, const btard_peer_role& r) {
   auto o = r.x;
   auto sink = ctx.node.metrics();
@@ -310,7 +332,7 @@ caf::actor spawn_btard_peer(role_context& ctx, const btard_peer_role& r) {
     caf::anon_send(sink, std::move(ev));
   };
   actors::vi::use_one_torch_thread();
-  auto t = btard::make_task(o);
+  auto t = shared_task(o);
   if (!t) {
     done("", t.error().what, false);
     return {};

@@ -304,6 +304,10 @@ TEST_CASE("a crashed peer comes back after its cool-down with the state the othe
   CHECK(btard::state_step(state) == 2);
   auto e = run.peers[0]->expected();
   CHECK(std::find(e.begin(), e.end(), members[2]) != e.end());
+  // Who can sign that state: the members that took step 1, not the one coming back.
+  auto active = run.peers[0]->active();
+  CHECK(active.size() == 4);
+  CHECK(std::find(active.begin(), active.end(), members[2]) == active.end());
 
   // Bad states are refused with a reason: another run's, cut short, or with a non-finite value.
   specs[2].group = o;
