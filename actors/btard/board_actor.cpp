@@ -57,6 +57,8 @@ struct board_state {
   std::string boundary;
   uint64_t boundary_step = ~uint64_t{0};
   std::vector<std::string> boundary_expected;
+  /// Those that took the step before (a peer among them is back: no more offers to it).
+  std::vector<std::string> boundary_active;
   /// Offers made per (peer, first step asked): at most three boundaries each.
   std::map<std::pair<std::string, uint64_t>, int> offered;
   // -- this peer coming back --------------------------------------------------------------------
@@ -270,8 +272,9 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
             if (!rec.has_subkey || !k || k->size() != 32 || *k == pk ||
                 !parse_decimal(rec.value, from) || step < from ||
                 !std::binary_search(st->boundary_expected.begin(), st->boundary_expected.end(),
-                                    *k))
-              continue;
+                                    *k) ||
+                std::binary_search(st->boundary_active.begin(), st->boundary_active.end(), *k))
+              continue; // not expected back here, or back already
             auto& times = st->offered[{*k, from}];
             if (times >= 3)
               continue;
@@ -291,6 +294,7 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
       st->boundary = st->core->export_state();
       st->boundary_step = st->core->step();
       st->boundary_expected = st->core->expected();
+      st->boundary_active = st->core->active();
       if (auto s = st->core->begin_step(); !s) {
         finish(s.what());
         return;
@@ -314,7 +318,7 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
   };
   // After a poll: advance when the wait is over or its deadline passed.
   auto evaluate = [st, flush, finish, note_wait, next_step, enforce, put, expires] {
-    if (st->finished)
+    if (st->finished || st->rejoining)
       return;
     // The deadline passes once its time is up and the board was read a few times since: a
     // peer whose own thread or DHT reads were slow (a dead node stalls lookups for an RPC
