@@ -39,6 +39,10 @@ struct board_state {
   /// Polls of the board completed since the wait began, and deadline extensions in it.
   uint64_t polls_in_wait = 0;
   uint64_t extensions = 0;
+  /// Since when (and in which step and aggregation) most of the group has been in a later
+  /// aggregation than this peer.
+  std::pair<uint64_t, uint32_t> behind_at{~uint64_t{0}, 0};
+  board_clock::time_point behind_since = board_clock::now();
   uint64_t failed_puts = 0;
   uint64_t ticks = 0;
   /// Statement sub-keys of the current step already verified and offered: a poll returns every
@@ -484,14 +488,25 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
             if (digest_hex(statement_digest(*s)) == rec.subkey)
               st->seen.insert(rec.subkey);
           }
+          // Most of the group is in a later aggregation. Usually they only reached their
+          // deadline first (waits start at different times) and removed whom this peer is
+          // about to remove at its own: it catches up then. Only when that does not happen
+          // within a phase deadline do the views differ, and it comes back with the state.
           if (st->core->behind()) {
-            st->busy = false;
-            start_rejoin(fmt::format("behind the group at step {}: most peers went on to a "
-                                     "later aggregation without this peer's view of who was "
-                                     "silent",
-                                     step),
-                         step + 1);
-            return;
+            std::pair<uint64_t, uint32_t> at{step, st->core->attempt()};
+            if (st->behind_at != at) {
+              st->behind_at = at;
+              st->behind_since = board_clock::now();
+            }
+            if (board_clock::now() - st->behind_since >= st->o.phase_deadline) {
+              st->busy = false;
+              start_rejoin(fmt::format("behind the group at step {}: most peers went on to a "
+                                       "later aggregation without this peer's view of who was "
+                                       "silent",
+                                       step),
+                           step + 1);
+              return;
+            }
           }
           // The data the core waits for, one DHT key at a time.
           std::map<std::string, std::vector<data_ref>> by_key;
