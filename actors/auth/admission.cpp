@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 namespace starling::actors::auth {
 
@@ -147,7 +148,18 @@ std::string handshake(admission& connector, admission& acceptor) {
 }
 
 checked<peer_info> admission::admit_acceptor(uint64_t session, std::string_view hello_bytes) {
-  return admit(session, hello_bytes);
+  auto p = admit(session, hello_bytes);
+  if (!p && p.error().why == reason::foreign_experiment)
+    if (auto h = decode_hello(hello_bytes); h && check_experiment_id(h->experiment).ok()) {
+      std::lock_guard<std::mutex> guard{mtx_};
+      foreign_acceptor_ = foreign_run{h->experiment, !h->token.empty()};
+    }
+  return p;
+}
+
+admission::foreign_run admission::take_foreign_acceptor() {
+  std::lock_guard<std::mutex> guard{mtx_};
+  return std::exchange(foreign_acceptor_, foreign_run{});
 }
 
 refusal admission::not_admitted(std::string_view sender, std::string_view what) {

@@ -91,6 +91,21 @@ public:
   /// admitted too, or refused (then this node does not go on).
   checked<peer_info> admit_acceptor(uint64_t session, std::string_view hello);
 
+  /// What the hello of an acceptor of another experiment said of its run.
+  struct foreign_run {
+    /// The experiment id its hello named (empty: no acceptor was refused for its experiment).
+    std::string experiment;
+    /// True when its hello showed a token: a closed run (its nodes admit token holders only).
+    bool closed = false;
+  };
+  /// What the hello of the last acceptor this node refused for naming another experiment than
+  /// this node's (`foreign_experiment`) said of its run. Not verified (the hello's signature is
+  /// checked after its experiment): what the node reached says of itself. A joiner of an open
+  /// run, which does not know the run's id before it is admitted, learns it from here and starts
+  /// its node again with it (runtime/cli/join_cmd). Taken: the next call says nothing until
+  /// another such acceptor is refused.
+  foreign_run take_foreign_acceptor();
+
   /// This node's hello answering `challenge` from the node of peer id `acceptor_peer_id`.
   std::string hello_for(std::string_view challenge, std::string_view acceptor_peer_id) const;
 
@@ -165,6 +180,8 @@ private:
   std::map<std::string, std::string, std::less<>> verified_bans_;
   /// Refusals of parties whose key was known.
   peer_refusal_tally refused_peers_;
+  /// See `take_foreign_acceptor`.
+  foreign_run foreign_acceptor_;
 };
 
 /// The whole exchange between two admissions in one process (simulations, tests): `connector`

@@ -389,15 +389,19 @@ int cli_main(int argc, char** argv) {
                    "the run kept (btard-checkpoints/ beside the log)");
 
   auto* joinc = app.add_subcommand(
-    "join", "Join a running run as a volunteer: admission with a token, the run's experiment "
-            "from the node reached (signed by its authority), an open slot, work; Ctrl-C leaves "
-            "gracefully");
+    "join", "Join a running run as a volunteer: admission (with a token in a closed run; "
+            "without one in an open run), the run's experiment from the node reached (signed by "
+            "its authority in a closed run; unsigned in an open one: you trust the node you "
+            "reached), an open slot, work; Ctrl-C leaves gracefully");
   join_command jc;
   joinc->add_option("endpoints", jc.endpoints, "HOST:PORT of nodes of the run, tried in turn")
     ->required();
-  joinc->add_option("--token", jc.token, "Your token file (from the run's owner)")->required();
+  joinc->add_option("--token", jc.token,
+                    "Your token file (from the run's owner); leave it out to join an open run "
+                    "(no authority, no token)");
   joinc->add_option("--key", jc.key,
-                    "The node key the token was issued for (default ~/.starling/node.key)");
+                    "The node key the token was issued for (default ~/.starling/node.key; "
+                    "joining an open run without one there makes a fresh key in the run folder)");
   joinc->add_flag("--client", jc.client,
                   "Client mode whatever the run says of this node's reachability (accept no "
                   "connection)");
@@ -409,7 +413,9 @@ int cli_main(int argc, char** argv) {
                     "HOST:PORT the run should dial, where a NAT forwards a port to --listen "
                     "(default: where it listens); the run checks it, and client mode follows "
                     "when it cannot reach it");
-  joinc->add_option("--out", jc.out, "Run folder (default runs/<timestamp>-join-<experiment>)");
+  joinc->add_option("--out", jc.out,
+                    "Run folder (default runs/<timestamp>-join-<experiment>; without a token "
+                    "runs/<timestamp>-join-open)");
 
   app.add_subcommand("version", "Print the version");
   auth_commands auth{app};

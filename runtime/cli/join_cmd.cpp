@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <optional>
 
@@ -27,6 +28,7 @@
 #include "runtime/log/log.hpp"
 #include "runtime/metrics/metrics.hpp"
 #include "runtime/node/address.hpp"
+#include "runtime/node/gate.hpp"
 #include "runtime/node/node.hpp"
 
 namespace starling::runtime {
@@ -113,7 +115,13 @@ std::string duration_text(std::chrono::nanoseconds d) {
   return fmt::format("{} s", t);
 }
 
-std::string join_refusal_hint(const std::string& line) {
+std::string join_refusal_hint(const std::string& line, bool with_token) {
+  if (!with_token && (line.find("disconnect_during_handshake") != std::string::npos ||
+                      line.find("unauthorized") != std::string::npos ||
+                      line.find("no_token") != std::string::npos ||
+                      line.find("admits token holders only") != std::string::npos))
+    return "the run is closed: get a token from its owner (starling key init, then the owner "
+           "runs starling token issue --peer-key YOUR_KEY.pub; join with --token FILE)";
   if (line.find("revoked") != std::string::npos)
     return "your token was revoked: ask the run's owner why, and for a new one";
   if (line.find("banned") != std::string::npos)
@@ -138,49 +146,69 @@ int command_join(const join_command& cmd) {
     if (!ep || ep->second == 0)
       return join_fail(fmt::format("join: expected HOST:PORT with a port in [1, 65535], got \"{}\"", e));
   }
-  if (cmd.token.empty())
-    return join_fail("join: --token FILE is required (starling key init on this machine, then the "
-               "run's owner runs starling token issue --peer-key YOUR_KEY.pub)");
-  // The token: whose run, signed by which authority, for which key, until when.
-  auto text = auth::read_small_file(cmd.token, 64 * 1024);
-  if (!text)
-    return join_fail("--token: " + text.error().what);
-  auto signed_token = auth::parse_token_file(*text, cmd.token);
-  if (!signed_token)
-    return join_fail("--token: " + signed_token.error().line());
-  auto tok = auth::decode_token(*signed_token);
-  if (!tok)
-    return join_fail("--token: " + tok.error().line());
+  // Without a token the run must be open: no authority, admission with a plain hello, its
+  // experiment accepted unsigned from the node reached. A closed run refuses such a joiner at
+  // its gate (said in one line with the fix, exit 2).
+  const bool open_join = cmd.token.empty();
+  std::optional<auth::token> tok;
   auto now = unix_now_ns();
-  if (tok->expires_at_ns <= now)
-    return join_fail(fmt::format("--token {}: your token expired {:.0f} min ago: ask the run's owner for "
-                           "a new one",
-                           cmd.token, static_cast<double>(now - tok->expires_at_ns) / 60e9));
+  if (!open_join) {
+    // The token: whose run, signed by which authority, for which key, until when.
+    auto text = auth::read_small_file(cmd.token, 64 * 1024);
+    if (!text)
+      return join_fail("--token: " + text.error().what);
+    auto signed_token = auth::parse_token_file(*text, cmd.token);
+    if (!signed_token)
+      return join_fail("--token: " + signed_token.error().line());
+    auto decoded = auth::decode_token(*signed_token);
+    if (!decoded)
+      return join_fail("--token: " + decoded.error().line());
+    tok = std::move(*decoded);
+    if (tok->expires_at_ns <= now)
+      return join_fail(fmt::format("--token {}: your token expired {:.0f} min ago: ask the run's "
+                                   "owner for a new one",
+                                   cmd.token, static_cast<double>(now - tok->expires_at_ns) / 60e9));
+  }
   auto key_file = cmd.key;
   if (key_file.empty()) {
     const char* home = std::getenv("HOME");
     key_file = std::string{home ? home : "."} + "/.starling/node.key";
   }
-  auto key = auth::load_secret_key_file(key_file, auth::key_role::node);
-  if (!key)
-    return join_fail(fmt::format("--key: {} (make one with starling key init --out {})", key.error().what,
-                           key_file));
-  if (key->public_key() != tok->peer_key)
+  // An open run's joiner without a key of its own (none given, none at the default path) gets
+  // a fresh one in its run folder; a key named with --key must exist.
+  std::error_code exists_ec;
+  const bool fresh_key =
+      open_join && cmd.key.empty() && !std::filesystem::exists(key_file, exists_ec);
+  std::optional<auth::key_pair> key;
+  if (!fresh_key) {
+    auto loaded = auth::load_secret_key_file(key_file, auth::key_role::node);
+    if (!loaded)
+      return join_fail(fmt::format("--key: {} (make one with starling key init --out {})",
+                                   loaded.error().what, key_file));
+    key = std::move(*loaded);
+  }
+  if (tok && key->public_key() != tok->peer_key)
     return join_fail(fmt::format("--token {} is for peer {}, not for the key {} (peer {}): use the key "
                            "the token was issued for (--key)",
                            cmd.token, auth::to_hex(auth::peer_id_of(tok->peer_key)).substr(0, 12),
                            key_file, auth::to_hex(key->peer_id()).substr(0, 12)));
-  auto out = cmd.out.empty() ? default_out_dir("join-" + tok->experiment) : cmd.out;
+  // Without a token the experiment's name is known only once a node of the run answered.
+  auto out = !cmd.out.empty() ? cmd.out
+             : tok          ? default_out_dir("join-" + tok->experiment)
+                            : default_out_dir("join-open");
   std::string why;
   if (!make_dirs(out, why))
     return join_fail(why);
   // The authority the token names is the one this volunteer trusts (the run's nodes check the
-  // token against their own: another authority's token is refused at the hello).
+  // token against their own: another authority's token is refused at the hello). An open run
+  // has none: the experiment is accepted unsigned from the node reached.
+  const std::string authority_key = tok ? tok->authority_key : std::string{};
   auto authority_file = out + "/authority.pub";
-  if (auto st = auth::write_public_key_file(authority_file, tok->authority_key,
-                                            auth::key_role::authority);
-      !st)
-    return join_fail(st.what());
+  if (tok)
+    if (auto st = auth::write_public_key_file(authority_file, tok->authority_key,
+                                              auth::key_role::authority);
+        !st)
+      return join_fail(st.what());
 
   // Signals first: the actor system's threads block them (signals.hpp). A first SIGINT is a
   // graceful leave, a second quits at once.
@@ -197,17 +225,85 @@ int command_join(const join_command& cmd) {
   // --client: nothing listens from the start (the run's gates probe no endpoint of it).
   no.client = cmd.client;
   no.advertise = cmd.advertise;
-  no.key_file = key_file;
-  no.authority = authority_file;
-  no.token = cmd.token;
-  no.experiment = tok->experiment;
+  if (tok) {
+    no.authority = authority_file;
+    no.token = cmd.token;
+    no.experiment = tok->experiment;
+  }
   // CAF's defaults until the run's file is here (its `caf:` section applies afterwards).
   caf_options fetch_caf;
+  // Which endpoints to try for admission and the experiment, in turn.
+  std::vector<std::string> tries = cmd.endpoints;
+  bool refused = false;
+  auto report = [&](const std::string& ep, const std::string& line) {
+    auto hint = join_refusal_hint(line, !open_join);
+    refused = refused || (hint.find("nothing answers") == std::string::npos && !hint.empty()) ||
+              line.find("refused") != std::string::npos;
+    fmt::print(stderr, "starling: {}: {}{}\n", ep, line, hint.empty() ? "" : " — " + hint);
+    std::fflush(stderr);
+  };
+  auto none_joined = [&] {
+    return join_fail(fmt::format("could not join through any of the {} endpoint{} given (above)",
+                                 cmd.endpoints.size(), cmd.endpoints.size() == 1 ? "" : "s"),
+                     refused ? 2 : 3);
+  };
+  if (open_join) {
+    // A hello names the run it is for, and an open run's name is its experiment's: a node in
+    // client mode (it claims no endpoint) asks the endpoints in turn with no name, and the first
+    // that answers names its run in its own hello (this node refuses it, having no name; see
+    // admission::take_foreign_acceptor). The volunteer's node then starts with that name.
+    // (Its key is a throwaway one: it never says hello.)
+    node_options probe_no = no;
+    probe_no.client = true;
+    probe_no.advertise.clear();
+    probe_no.key_file.clear();
+    auto probe = node::start(fetch_caf, probe_no, "volunteer", configure);
+    if (!probe)
+      return join_fail(probe.error().what);
+    for (size_t i = 0; i < cmd.endpoints.size() && no.experiment.empty(); ++i) {
+      auto& ep = cmd.endpoints[i];
+      auto asked = fetch_package(**probe, ep, std::chrono::seconds(20));
+      auto run = (*probe)->gate()->admission().take_foreign_acceptor();
+      if (run.closed) {
+        // Its hello shows a token: its gate would refuse this hello, which has none.
+        report(ep, fmt::format("a node of the closed run '{}' (its hello shows a token): it "
+                               "admits token holders only",
+                               run.experiment));
+      } else if (!run.experiment.empty()) {
+        no.experiment = run.experiment;
+        tries.assign(cmd.endpoints.begin() + static_cast<std::ptrdiff_t>(i),
+                     cmd.endpoints.end());
+      } else {
+        report(ep, asked ? std::string{"answered without naming its run"} : asked.error().what);
+      }
+    }
+    (*probe)->shutdown();
+    if (no.experiment.empty())
+      return none_joined();
+  }
+  if (fresh_key) {
+    // Made once a node of the run answered: a refused joiner leaves no key behind.
+    auto made_file = out + "/node.key";
+    auto made = auth::load_or_create_key(made_file, auth::key_role::node);
+    if (!made)
+      return join_fail(fmt::format("{} (no key at {} either: make one with starling key init)",
+                                   made.error().what, key_file));
+    fmt::print("{} {} (peer id {}): no key at {}; it is this run folder's own (keep it to come "
+               "back as the same peer, or make yours with starling key init)\n",
+               made->created ? "made a fresh node key" : "using the node key made earlier at",
+               made_file, auth::to_hex(made->key.peer_id()).substr(0, 12), key_file);
+    std::fflush(stdout);
+    key_file = made_file;
+  }
+  no.key_file = key_file;
   auto started = node::start(fetch_caf, no, "volunteer", configure);
   if (!started)
     return join_fail(started.error().what);
   std::unique_ptr<node> ndp = std::move(*started);
-  auto expiry = plan_token_expiry(std::chrono::nanoseconds{tok->expires_at_ns - now});
+  // No token, no expiry: an open run's volunteer leaves on SIGINT or at the run's end.
+  std::optional<token_expiry_plan> expiry;
+  if (tok)
+    expiry = plan_token_expiry(std::chrono::nanoseconds{tok->expires_at_ns - now});
   auto where = !ndp->listening()
                  ? "in client mode (listening nowhere), named " + ndp->endpoint()
                : cmd.advertise.empty()
@@ -215,35 +311,31 @@ int command_join(const join_command& cmd) {
                  : fmt::format("listening on {}:{}, advertised as {}",
                                no.listen.substr(0, no.listen.rfind(':')), ndp->port(),
                                ndp->endpoint());
-  fmt::print("volunteer {} (peer id {}) {}, token {} valid for {}\n", key_file,
-             auth::to_hex(ndp->peer_id()).substr(0, 12), where,
-             auth::to_hex(tok->id).substr(0, 12),
-             duration_text(std::chrono::nanoseconds{tok->expires_at_ns - now}));
+  if (tok)
+    fmt::print("volunteer {} (peer id {}) {}, token {} valid for {}\n", key_file,
+               auth::to_hex(ndp->peer_id()).substr(0, 12), where,
+               auth::to_hex(tok->id).substr(0, 12),
+               duration_text(std::chrono::nanoseconds{tok->expires_at_ns - now}));
+  else
+    fmt::print("volunteer {} (peer id {}) {}, no token: joining the open run '{}'\n", key_file,
+               auth::to_hex(ndp->peer_id()).substr(0, 12), where, no.experiment);
   std::fflush(stdout);
 
   // Admission and the experiment: the endpoints in turn.
   std::optional<fetched_experiment> got;
   std::string from;
-  bool refused = false;
-  for (auto& ep : cmd.endpoints) {
-    auto f = fetch_experiment(*ndp, ep, tok->authority_key, out, std::chrono::seconds(20));
+  for (auto& ep : tries) {
+    auto f = fetch_experiment(*ndp, ep, authority_key, out, std::chrono::seconds(20));
     if (f) {
       got = std::move(*f);
       from = ep;
       break;
     }
-    auto line = f.error().what;
-    auto hint = join_refusal_hint(line);
-    refused = refused || (hint.find("nothing answers") == std::string::npos && !hint.empty()) ||
-              line.find("refused") != std::string::npos;
-    fmt::print(stderr, "starling: {}: {}{}\n", ep, line, hint.empty() ? "" : " — " + hint);
-    std::fflush(stderr);
+    report(ep, f.error().what);
   }
   if (!got) {
     ndp->shutdown();
-    return join_fail(fmt::format("could not join through any of the {} endpoint{} given (above)",
-                                 cmd.endpoints.size(), cmd.endpoints.size() == 1 ? "" : "s"),
-                     refused ? 2 : 3);
+    return none_joined();
   }
   auto& pkg = got->package;
   auto yaml_file = out + "/experiment.yaml";
@@ -255,13 +347,19 @@ int command_join(const join_command& cmd) {
             0644);
         !st)
       return join_fail(st.what());
-  fmt::print("joined through {}: experiment digest {} ({}), {} node{}, {} named file{}; written "
-             "to {}\n",
-             from, auth::to_hex(pkg.digest).substr(0, 16),
-             pkg.signature.empty() ? "unsigned"
-                                   : "signed with its node count by the run's authority",
-             pkg.nodes, pkg.nodes == 1 ? "" : "s", pkg.files.size(),
-             pkg.files.size() == 1 ? "" : "s", yaml_file);
+  if (got->signature_checked)
+    fmt::print("joined through {}: experiment digest {} (signed with its node count by the run's "
+               "authority), {} node{}, {} named file{}; written to {}\n",
+               from, auth::to_hex(pkg.digest).substr(0, 16), pkg.nodes, pkg.nodes == 1 ? "" : "s",
+               pkg.files.size(), pkg.files.size() == 1 ? "" : "s", yaml_file);
+  else
+    fmt::print("joined an open run through {}: experiment '{}' digest {}, {} node{}, {} named "
+               "file{}, written to {}; its experiment is {} (no authority): you trust the node "
+               "you reached\n",
+               from, no.experiment, auth::to_hex(pkg.digest).substr(0, 16), pkg.nodes,
+               pkg.nodes == 1 ? "" : "s", pkg.files.size(), pkg.files.size() == 1 ? "" : "s",
+               yaml_file,
+               pkg.signature.empty() ? "unsigned" : "signed, but by no authority this joiner knows");
 
   // Reachability: the gate's verdict on the endpoint this node's hello claimed.
   auto overrides = pkg.sets;
@@ -305,6 +403,14 @@ int command_join(const join_command& cmd) {
   }
   set_log_level(parse_log_level(ex->log_level));
   auto& g = ex->graph;
+  if (open_join && g.name != no.experiment) {
+    // An open run's envelopes carry its experiment's name: a node that names its run one way
+    // and serves an experiment named another could not be worked with.
+    ndp->shutdown();
+    return join_fail(fmt::format("{} names its run '{}' and serves the experiment '{}': not an "
+                                 "open run's node this volunteer can work with",
+                                 from, no.experiment, g.name));
+  }
   g.node.client = client;
   if (client && g.kind == "swarm") {
     // Trainers send their microbatches to stage peers: a stage peer nobody can dial gets no
@@ -384,9 +490,10 @@ int command_join(const join_command& cmd) {
   // Stop on the first signal, or ahead of the token's expiry (warned before): the run's gates
   // refuse the token from its expiry on, so the leave is stored while they still admit it.
   auto stopped = signals.stopped();
-  auto expires = tok->expires_at_ns;
-  auto warn_at = expires - expiry.warn_before.count();
-  auto leave_at = expires - expiry.leave_before.count();
+  auto expires = tok ? tok->expires_at_ns : int64_t{0};
+  auto warn_at = expiry ? expires - expiry->warn_before.count() : int64_t{0};
+  auto leave_at = expiry ? expires - expiry->leave_before.count() : int64_t{0};
+  const bool expiring = expiry.has_value();
   auto warned = std::make_shared<bool>(false);
   auto expired = std::make_shared<bool>(false);
   cluster_settings s;
@@ -405,6 +512,8 @@ int command_join(const join_command& cmd) {
   s.stop = [=] {
     if (stopped())
       return true;
+    if (!expiring)
+      return false;
     auto t = unix_now_ns();
     if (!*warned && t >= warn_at) {
       *warned = true;

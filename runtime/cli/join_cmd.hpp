@@ -61,7 +61,8 @@ token_expiry_plan plan_token_expiry(std::chrono::nanoseconds left);
 std::string duration_text(std::chrono::nanoseconds d);
 
 /// The fix a volunteer needs for a refusal line of the run (`your token was revoked: ...`), or
-/// an empty string when the line names none.
-std::string join_refusal_hint(const std::string& line);
+/// an empty string when the line names none. `with_token` false: the volunteer joined without
+/// one, and a closed run's refusal says to get one (and how).
+std::string join_refusal_hint(const std::string& line, bool with_token = true);
 
 } // namespace starling::runtime

@@ -252,6 +252,7 @@ result<fetched_experiment> fetch_experiment(node& nd, const std::string& endpoin
           actors::auth::to_hex(pkg->digest).substr(0, 16), pkg->nodes, pkg->nodes == 1 ? "" : "s"));
   }
   fetched_experiment out;
+  out.signature_checked = !authority_key.empty();
   std::error_code ec;
   std::filesystem::create_directories(dir + "/files", ec);
   if (ec)

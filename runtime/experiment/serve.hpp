@@ -48,6 +48,9 @@ caf::actor spawn_experiment_server(caf::actor_system& sys, experiment_package pa
 struct fetched_experiment {
   /// The package (digest checked; in a closed run, signature checked).
   experiment_package package;
+  /// True when the signature was checked against the authority's key (a closed run); false
+  /// for an open run's experiment, accepted unsigned (a signature it carries is not checked).
+  bool signature_checked = false;
   /// The `--set` overrides that point each named file at its stored copy (`KEY=DIR/NAME`).
   std::vector<std::string> file_sets;
 };
@@ -63,7 +66,10 @@ result<experiment_package> fetch_package(node& nd, const std::string& endpoint,
 /// comes back as the failure's line), checks its digest, and in a closed run (`authority_key`
 /// not empty) its signature by that key over the digest and the node count it came with; then
 /// fetches each named file by digest into `dir` (checked: size and digest). `timeout` bounds
-/// each request.
+/// each request. An empty `authority_key` is an open run's joiner (no authority, no token): the
+/// experiment is accepted unsigned, as the node reached serves it (`signature_checked` false):
+/// the caller trusts that node and must say so; a joiner that holds a token always passes its
+/// authority's key, and an unsigned experiment is then refused.
 result<fetched_experiment> fetch_experiment(node& nd, const std::string& endpoint,
                                             const std::string& authority_key,
                                             const std::string& dir,
