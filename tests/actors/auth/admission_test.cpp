@@ -1,6 +1,7 @@
 // A node's admission on live connections: two nodes admit each other in one exchange, envelopes
 // of senders never admitted (or no longer) are refused on arrival, roles per payload kind, expiry,
-// revocation by a newer deny list, and a bound on handshakes left half-open.
+// revocation by a newer deny list, a bound on handshakes left half-open, and what a joiner
+// without the run's name learns from the acceptor it refused for it.
 #include <doctest/doctest.h>
 
 #include <random>
@@ -41,9 +42,9 @@ struct run {
 
   /// The admission of a node with `key` and `token` (empty `authority_key`: an open run).
   std::unique_ptr<admission> node(uint64_t seed, std::string token, bool open = false,
-                                  size_t max_refused_peers = 64) {
+                                  size_t max_refused_peers = 64, std::string experiment = "exp") {
     admission_options o;
-    o.trust = trust_anchor{open ? std::string{} : authority.public_key(), "exp"};
+    o.trust = trust_anchor{open ? std::string{} : authority.public_key(), std::move(experiment)};
     o.key = std::make_shared<const key_pair>(key_pair::from_test_seed(seed));
     o.token = std::move(token);
     o.protocol_version = messages::protocol_version;
@@ -114,6 +115,36 @@ TEST_CASE("a node without a token, with another's token or of an open run is ref
   // Two: the bare node's hello, and the open acceptor's hello that b checked as the connector.
   CHECK(b->refusals().of(reason::no_token) == 2);
   CHECK(b->refusals().of(reason::wrong_key) == 1);
+}
+
+TEST_CASE("a joiner without the run's name learns it, and whether the run is closed, from the "
+          "acceptor it refused for it") {
+  run r;
+  auto joiner = r.node(3, "", true, 64, "");
+  auto open_acceptor = r.node(6, "", true);
+  CHECK(joiner->take_foreign_acceptor().experiment.empty());
+  CHECK(handshake(*joiner, *open_acceptor)
+          .find("the node refused here: refused (foreign_experiment): hello for experiment "
+                "'exp'") == 0);
+  auto seen = joiner->take_foreign_acceptor();
+  CHECK(seen.experiment == "exp");
+  CHECK_FALSE(seen.closed);
+  // Taken: nothing more until another acceptor is refused for its experiment.
+  CHECK(joiner->take_foreign_acceptor().experiment.empty());
+  // With the name learned, both sides admit each other (an open run: a plain hello).
+  auto named = r.node(3, "", true, 64, "exp");
+  CHECK(handshake(*named, *open_acceptor).empty());
+  CHECK(named->take_foreign_acceptor().experiment.empty());
+  // A closed run's acceptor shows its token in its hello.
+  auto closed = r.node(2, r.token_for(key_pair::from_test_seed(2), {"any"}));
+  CHECK(handshake(*joiner, *closed).find("refused (foreign_experiment)") != std::string::npos);
+  seen = joiner->take_foreign_acceptor();
+  CHECK(seen.experiment == "exp");
+  CHECK(seen.closed);
+  // A refusal for another reason teaches nothing: the closed run refuses the named joiner's
+  // hello (no token), and the joiner had admitted the acceptor.
+  CHECK(handshake(*named, *closed).find("refused (no_token)") == 0);
+  CHECK(named->take_foreign_acceptor().experiment.empty());
 }
 
 TEST_CASE("an admitted peer is refused once its token expires or a newer deny list revokes it") {

@@ -253,6 +253,17 @@ TEST_CASE("a joiner's refusal lines name the fix") {
         std::string::npos);
   CHECK(join_refusal_hint("refused (expired): at ...").find("expired") != std::string::npos);
   CHECK(join_refusal_hint("something else").empty());
+  // Joined without a token: a closed run's refusals (TLS handshake, no token at the gate, a
+  // hello that shows a token) say to get one, and how.
+  for (auto line : {"system_error(disconnect_during_handshake)",
+                    "node 127.0.0.1:5: refused (no_token): this run admits token holders only",
+                    "a node of the closed run 'x' (its hello shows a token): it admits token "
+                    "holders only"}) {
+    auto hint = join_refusal_hint(line, false);
+    CHECK_MESSAGE(hint.find("the run is closed: get a token from its owner") == 0, line);
+    CHECK(hint.find("starling token issue --peer-key YOUR_KEY.pub") != std::string::npos);
+  }
+  CHECK(join_refusal_hint("cannot_connect_to_node", false).find("nothing answers") == 0);
 }
 
 } // namespace starling::test::runtime_package_test

@@ -1,7 +1,8 @@
 // `starling join` as a volunteer would run it: a closed dedloc run of two `starling node`
 // processes (node 1 serves the same experiment unsigned), a volunteer with only a key of its
 // own (`starling key init`) and a token issued for its public key file (`starling token issue
-// --peer-key`). Joining through node 1 alone is refused with one line (unsigned); joining
+// --peer-key`). Joining through node 1 alone is refused with one line (unsigned), and so is
+// joining without a token (the run is closed: the line says how to get one); joining
 // through node 1 then node 0 fetches the signed experiment from node 0, takes the open slot,
 // trains and is credited by its partners (its progress line says so); SIGINT makes it leave
 // gracefully (tombstone and slot release acknowledged) and node 0 hears of the leave. The slot
@@ -171,6 +172,28 @@ TEST_CASE("starling join: a token and an endpoint are enough; an unsigned experi
                   refused.output());
     CHECK(refused.output().find("could not join through any of the 1 endpoint") !=
           std::string::npos);
+  }
+  // 1b. No token at all (and no key: an empty HOME, set through /usr/bin/env): the run is closed,
+  //     so it refuses the joiner (its TLS handshake, before any hello): one line with the reason
+  //     and the fix, exit 2, and no key made for a run that never took it.
+  {
+    REQUIRE(std::filesystem::exists("/usr/bin/env"));
+    std::filesystem::create_directories(d + "/home");
+    subprocess bare{{"/usr/bin/env", "HOME=" + d + "/home", STARLING_BINARY, "join", ep0,
+                     "--listen", "127.0.0.1:0", "--out", d + "/b-out"}};
+    auto rc = bare.wait_exit(30s);
+    while (bare.read_line(0ms)) {
+    }
+    auto& o = bare.output();
+    CHECK_MESSAGE(rc == 2, o);
+    auto at = o.find("the run is closed: get a token from its owner (starling key init, then the "
+                     "owner runs starling token issue --peer-key YOUR_KEY.pub");
+    CHECK_MESSAGE(at != std::string::npos, o);
+    CHECK_MESSAGE(o.find("the run is closed", at + 1) == std::string::npos, o);
+    CHECK(o.find(ep0 + ": ") != std::string::npos);
+    CHECK(o.find("made a fresh node key") == std::string::npos);
+    CHECK(o.find("holds slot") == std::string::npos);
+    CHECK_FALSE(std::filesystem::exists(d + "/b-out/node.key"));
   }
   drain();
 

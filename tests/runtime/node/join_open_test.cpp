@@ -1,0 +1,170 @@
+// `starling join EP` into an OPEN run (no authority, no token): a one-node dedloc run started
+// without node.authority/node.token, and a volunteer with no token and no key of its own (its
+// HOME is an empty folder: no ~/.starling/node.key). The volunteer learns the run's name from the
+// node it reached, makes a fresh node key in its run folder (mode 0600), says in one line that
+// the run is open and its experiment unsigned, takes the open slot, is credited by its partners
+// and leaves gracefully on SIGINT with exit 0. (The closed run joined without a token is step 1b
+// of join_cluster_test.cpp, whose closed run is started there already.)
+#include <doctest/doctest.h>
+
+#include <sys/stat.h>
+
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "support/node_fixtures.hpp"
+#include "support/paths.hpp"
+#include "support/subprocess.hpp"
+
+namespace starling::test::runtime_join_open_test {
+
+using starling::testing::subprocess;
+using namespace std::chrono_literals;
+
+namespace {
+
+/// Two data-parallel peers on the run's one node and one open slot; summaries every second, so
+/// that the volunteer's credits show within seconds.
+std::string open_config_text() {
+  return "experiment: {name: join-open-test, kind: dedloc, seed: 7, duration: 3min}\n"
+         "caf:\n"
+         "  scheduler: {policy: sharing, max_threads: 2}\n"
+         "  middleman: {heartbeat_interval: 500ms, connection_timeout: 2s}\n"
+         "node: {ledger_every: 1s}\n"
+         "dedloc:\n"
+         "  peers: 2\n"
+         "  volunteers: 1\n"
+         "  width: 16\n"
+         "  microbatch: 16\n"
+         "  target_batch: 128\n"
+         "  compute_time: 20ms\n"
+         "  window: 500ms\n"
+         "  averager_timeout: 4s\n"
+         "  round_timeout: 6s\n"
+         "  record_lifetime: 6s\n"
+         "  eval_every: 0\n"
+         "  train_samples: 2000\n"
+         "  synthetic: true\n";
+}
+
+} // namespace
+
+TEST_CASE("starling join without a token joins an open run: a fresh key in its run folder, the "
+          "experiment accepted unsigned and said so, the slot, credits, a graceful leave") {
+  auto began = std::chrono::steady_clock::now();
+  starling::testing::temp_dir dir{"starling-join-open"};
+  auto d = dir.path;
+  auto config = d + "/run.yaml";
+  std::ofstream{config} << open_config_text();
+  auto nodes = starling::testing::start_nodes(1, [&](int) {
+    return std::vector<std::string>{STARLING_BINARY, "node",  "--listen", "127.0.0.1:0",
+                                    "--config",      config,  "--index",  "0",
+                                    "--nodes",       "1",     "--out",    d + "/n0"};
+  });
+  REQUIRE(nodes.size() == 1);
+  auto ep0 = starling::testing::endpoint_of(nodes[0]->output());
+  auto served = nodes[0]->wait_for("serves its experiment", 30s);
+  REQUIRE_MESSAGE(served, nodes[0]->output());
+  CHECK(served->find("an open run: unsigned") != std::string::npos);
+  CHECK(nodes[0]->output().find("this run is open") != std::string::npos);
+  auto drain = [&] {
+    while (nodes[0]->read_line(0ms)) {
+    }
+  };
+
+  // The volunteer's HOME holds no key: the subprocess helper passes no environment of its own,
+  // so /usr/bin/env sets HOME (and execs starling: the signals below reach it).
+  REQUIRE(std::filesystem::exists("/usr/bin/env"));
+  auto home = d + "/home";
+  std::filesystem::create_directories(home);
+  auto out = d + "/v-out";
+  auto joined_at = std::chrono::steady_clock::now();
+  subprocess vol{{"/usr/bin/env", "HOME=" + home, STARLING_BINARY, "join", ep0, "--listen",
+                  "127.0.0.1:0", "--out", out}};
+  auto made = vol.wait_for("made a fresh node key", 30s);
+  REQUIRE_MESSAGE(made, vol.output());
+  CHECK_MESSAGE(made->find(out + "/node.key") != std::string::npos, *made);
+  CHECK_MESSAGE(made->find("no key at " + home + "/.starling/node.key") != std::string::npos,
+                *made);
+  std::smatch m;
+  REQUIRE(std::regex_search(*made, m, std::regex{R"(\(peer id ([0-9a-f]{12})\))"}));
+  auto peer = m[1].str();
+  struct stat st {};
+  REQUIRE(::stat((out + "/node.key").c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  CHECK_FALSE(std::filesystem::exists(home + "/.starling"));
+  auto who = vol.wait_for("volunteer " + out + "/node.key", 30s);
+  REQUIRE_MESSAGE(who, vol.output());
+  CHECK_MESSAGE(who->find("(peer id " + peer + ")") != std::string::npos, *who);
+  CHECK_MESSAGE(who->find("no token: joining the open run 'join-open-test'") != std::string::npos,
+                *who);
+  auto joined = vol.wait_for("joined an open run through " + ep0, 30s);
+  REQUIRE_MESSAGE(joined, vol.output());
+  CHECK_MESSAGE(joined->find("experiment 'join-open-test'") != std::string::npos, *joined);
+  CHECK_MESSAGE(joined->find("its experiment is unsigned (no authority): you trust the node you "
+                             "reached") != std::string::npos,
+                *joined);
+  CHECK_MESSAGE(vol.wait_for("full mode", 10s), vol.output());
+  CHECK_MESSAGE(vol.wait_for("holds slot volunteers.0", 60s), vol.output());
+  // No token, no authority: nothing of either in its run folder.
+  CHECK_FALSE(std::filesystem::exists(out + "/authority.pub"));
+  std::ifstream written{out + "/experiment.yaml"};
+  std::string got((std::istreambuf_iterator<char>(written)), std::istreambuf_iterator<char>());
+  CHECK(got == open_config_text());
+
+  // Credited by its partners (the progress line follows the ledger): accepted > 0, never more
+  // than it computed.
+  std::regex progress{R"(your contribution: (\d+) samples, (\d+) accepted, uptime)"};
+  double samples = 0, accepted = 0;
+  int inconsistent = 0;
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (accepted <= 0 && std::chrono::steady_clock::now() < deadline) {
+    drain();
+    auto line = vol.read_line(500ms);
+    std::smatch x;
+    if (line && std::regex_search(*line, x, progress)) {
+      samples = std::stod(x[1]);
+      accepted = std::stod(x[2]);
+      inconsistent += accepted > samples ? 1 : 0;
+    }
+    if (vol.wait_exit(0ms))
+      break;
+  }
+  auto credited_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - joined_at).count();
+  REQUIRE_MESSAGE(accepted > 0, "the volunteer was never credited:\n" << vol.output());
+  CHECK(inconsistent == 0);
+
+  // SIGINT: a graceful leave, acknowledged, exit 0.
+  auto sigint_at = std::chrono::steady_clock::now();
+  vol.signal(SIGINT);
+  auto left = vol.wait_for("volunteer: left:", 60s);
+  REQUIRE_MESSAGE(left, vol.output());
+  CHECK_MESSAGE(left->find("tombstone stored on") != std::string::npos, *left);
+  CHECK_MESSAGE(left->find("released (stored on") != std::string::npos, *left);
+  CHECK(vol.wait_exit(30s) == 0);
+  auto leave_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - sigint_at).count();
+  // No token: no expiry plan, so no warning ever.
+  CHECK(vol.output().find("your token expires") == std::string::npos);
+  CHECK(vol.output().find("starling: error") == std::string::npos);
+
+  drain();
+  nodes[0]->signal(SIGINT);
+  CHECK(nodes[0]->wait_exit(60s) == 0);
+  MESSAGE(fmt::format("wall {:.1f} s; join to first credit {:.1f} s ({:.0f} samples, {:.0f} "
+                      "accepted); SIGINT to exit {:.1f} s",
+                      std::chrono::duration<double>(std::chrono::steady_clock::now() - began)
+                        .count(),
+                      credited_s, samples, accepted, leave_s));
+}
+
+} // namespace starling::test::runtime_join_open_test
