@@ -176,9 +176,10 @@ int command_join(const join_command& cmd) {
   }
   // An open run's joiner without a key of its own (none given, none at the default path) gets
   // a fresh one in its run folder; a key named with --key must exist.
+  // (A path that cannot be looked at is loaded below, and fails with why.)
   std::error_code exists_ec;
-  const bool fresh_key =
-      open_join && cmd.key.empty() && !std::filesystem::exists(key_file, exists_ec);
+  const bool fresh_key = open_join && cmd.key.empty() &&
+                         !std::filesystem::exists(key_file, exists_ec) && !exists_ec;
   std::optional<auth::key_pair> key;
   if (!fresh_key) {
     auto loaded = auth::load_secret_key_file(key_file, auth::key_role::node);
@@ -354,12 +355,12 @@ int command_join(const join_command& cmd) {
                pkg.files.size(), pkg.files.size() == 1 ? "" : "s", yaml_file);
   else
     fmt::print("joined an open run through {}: experiment '{}' digest {}, {} node{}, {} named "
-               "file{}, written to {}; its experiment is {} (no authority): you trust the node "
-               "you reached\n",
+               "file{}, written to {}; {} (no authority): you trust the node you reached\n",
                from, no.experiment, auth::to_hex(pkg.digest).substr(0, 16), pkg.nodes,
                pkg.nodes == 1 ? "" : "s", pkg.files.size(), pkg.files.size() == 1 ? "" : "s",
                yaml_file,
-               pkg.signature.empty() ? "unsigned" : "signed, but by no authority this joiner knows");
+               pkg.signature.empty() ? "its experiment is unsigned"
+                                     : "its experiment's signature is not checked");
 
   // Reachability: the gate's verdict on the endpoint this node's hello claimed.
   auto overrides = pkg.sets;

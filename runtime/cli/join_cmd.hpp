@@ -1,4 +1,4 @@
-// `starling join HOST:PORT [HOST:PORT ...] --token FILE`: a volunteer's one command. It needs no
+// `starling join HOST:PORT [HOST:PORT ...] [--token FILE]`: a volunteer's one command. It needs no
 // experiment file: admitted by the first endpoint that answers, it fetches the run's experiment
 // from there (runtime/experiment/serve.hpp; in a closed run only one the authority signed),
 // writes it to its run folder, learns whether the run reaches it (the gate's probe of the
@@ -9,6 +9,14 @@
 // settings and its run-wide `node:` ones (data endpoint, congestion control) apply to the
 // joiner: it fetched the experiment with CAF's defaults, so it starts its node again with them,
 // on the port the run checked.
+//
+// Without `--token` it joins an OPEN run (no authority): a hello names the run it is for, and the
+// joiner does not know an open run's name (its experiment's) before a node answered, so a
+// throwaway node that names none asks the endpoints in turn and learns it from the first
+// acceptor's own hello (`admission::take_foreign_acceptor`; one whose hello shows a token is a
+// closed run's, refused with the fix in one line). The experiment is then accepted unsigned
+// (`fetch_experiment` with no authority key), said in one line; without a key at the default
+// path a fresh one is made in the run folder; there is no expiry plan.
 #pragma once
 
 #include <chrono>
@@ -21,9 +29,10 @@ namespace starling::runtime {
 struct join_command {
   /// Nodes of the run to try, in turn.
   std::vector<std::string> endpoints;
-  /// The token file (`starling token issue --peer-key FILE.pub`).
+  /// The token file (`starling token issue --peer-key FILE.pub`); empty: an open run.
   std::string token;
-  /// The node key the token was issued for (default `$HOME/.starling/node.key`).
+  /// The node key the token was issued for (default `$HOME/.starling/node.key`; in an open run
+  /// without one there, `<out>/node.key`, made on first use).
   std::string key;
   /// Client mode whatever the run's verdict (accept no connection).
   bool client = false;
@@ -33,7 +42,8 @@ struct join_command {
   std::string listen;
   /// The endpoint the run should dial (a port forwarded to `listen`; empty: `listen`).
   std::string advertise;
-  /// Run folder (empty: runs/<time>-join-<experiment>).
+  /// Run folder (empty: runs/<time>-join-<experiment>, or runs/<time>-join-open without a
+  /// token).
   std::string out;
 };
 
