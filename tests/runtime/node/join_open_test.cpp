@@ -4,10 +4,15 @@
 // node it reached, makes a fresh node key in its run folder (mode 0600), says in one line that
 // the run is open and its experiment unsigned, takes the open slot, is credited by its partners
 // and leaves gracefully on SIGINT with exit 0. (The closed run joined without a token is step 1b
-// of join_cluster_test.cpp, whose closed run is started there already.)
+// of join_cluster_test.cpp, whose closed run is started there already.) Before the run: a --key
+// that does not exist is an error, and an endpoint where nothing listens is exit 3.
 #include <doctest/doctest.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <csignal>
@@ -62,6 +67,39 @@ TEST_CASE("starling join without a token joins an open run: a fresh key in its r
   auto began = std::chrono::steady_clock::now();
   starling::testing::temp_dir dir{"starling-join-open"};
   auto d = dir.path;
+  REQUIRE(std::filesystem::exists("/usr/bin/env"));
+  // Before any run: a --key that does not exist is an error (only the default path is made up
+  // for), and an endpoint where nothing listens (a port bound, never listened on) is exit 3 with
+  // the hint, no key made.
+  {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    auto dead = fmt::format("127.0.0.1:{}", ntohs(a.sin_port));
+    subprocess keyless{{STARLING_BINARY, "join", dead, "--key", d + "/none/node.key", "--out",
+                        d + "/k-out"}};
+    CHECK(keyless.wait_exit(30s) == 2);
+    while (keyless.read_line(0ms)) {
+    }
+    CHECK_MESSAGE(keyless.output().find("make one with starling key init --out " + d +
+                                        "/none/node.key") != std::string::npos,
+                  keyless.output());
+    std::filesystem::create_directories(d + "/empty-home");
+    subprocess nobody{{"/usr/bin/env", "HOME=" + d + "/empty-home", STARLING_BINARY, "join", dead,
+                       "--listen", "127.0.0.1:0", "--out", d + "/x-out"}};
+    CHECK(nobody.wait_exit(30s) == 3);
+    while (nobody.read_line(0ms)) {
+    }
+    CHECK_MESSAGE(nobody.output().find("nothing answers there") != std::string::npos,
+                  nobody.output());
+    CHECK_FALSE(std::filesystem::exists(d + "/x-out/node.key"));
+    ::close(fd);
+  }
   auto config = d + "/run.yaml";
   std::ofstream{config} << open_config_text();
   auto nodes = starling::testing::start_nodes(1, [&](int) {
@@ -80,9 +118,8 @@ TEST_CASE("starling join without a token joins an open run: a fresh key in its r
     }
   };
 
-  // The volunteer's HOME holds no key: the subprocess helper passes no environment of its own,
-  // so /usr/bin/env sets HOME (and execs starling: the signals below reach it).
-  REQUIRE(std::filesystem::exists("/usr/bin/env"));
+  // The volunteer's HOME holds no key (the subprocess helper passes no environment of its own:
+  // /usr/bin/env sets HOME, and execs starling, so the signals below reach it).
   auto home = d + "/home";
   std::filesystem::create_directories(home);
   auto out = d + "/v-out";
