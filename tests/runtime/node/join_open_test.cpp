@@ -5,7 +5,8 @@
 // the run is open and its experiment unsigned, takes the open slot, is credited by its partners
 // and leaves gracefully on SIGINT with exit 0. (The closed run joined without a token is step 1b
 // of join_cluster_test.cpp, whose closed run is started there already.) Before the run: a --key
-// that does not exist is an error, and an endpoint where nothing listens is exit 3.
+// that does not exist is an error, and an endpoint where nothing listens is exit 3. A closed
+// run without TLS is refused by the first node's hello (it shows a token), in one line.
 #include <doctest/doctest.h>
 
 #include <arpa/inet.h>
@@ -25,6 +26,8 @@
 
 #include <fmt/format.h>
 
+#include "actors/auth/authority.hpp"
+#include "actors/auth/identity.hpp"
 #include "support/node_fixtures.hpp"
 #include "support/paths.hpp"
 #include "support/subprocess.hpp"
@@ -33,6 +36,7 @@ namespace starling::test::runtime_join_open_test {
 
 using starling::testing::subprocess;
 using namespace std::chrono_literals;
+namespace auth = starling::actors::auth;
 
 namespace {
 
@@ -202,6 +206,63 @@ TEST_CASE("starling join without a token joins an open run: a fresh key in its r
                       std::chrono::duration<double>(std::chrono::steady_clock::now() - began)
                         .count(),
                       credited_s, samples, accepted, leave_s));
+}
+
+TEST_CASE("starling join without a token refuses a closed run without TLS by the acceptor's "
+          "hello (it shows a token): one line with the fix, exit 2, no key made") {
+  // With TLS (join_cluster_test's closed run) the handshake refuses the joiner first; without
+  // it the first node's hello is what says the run is closed.
+  starling::testing::temp_dir dir{"starling-join-closed-plain"};
+  auto d = dir.path;
+  REQUIRE(std::filesystem::exists("/usr/bin/env"));
+  auth::authority_init_options ao;
+  ao.dir = d + "/auth";
+  ao.experiment = "plain-closed";
+  ao.now_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                std::chrono::system_clock::now().time_since_epoch())
+                .count() -
+              60'000'000'000;
+  auto authority = auth::init_authority(ao);
+  REQUIRE(authority.ok());
+  auto k = auth::load_or_create_key(d + "/n0/node.key", auth::key_role::node);
+  REQUIRE(k.ok());
+  auto t = auth::issue_token(
+    *authority, {k->key.public_key(), {"any"}, ao.now_ns, int64_t{3600} * 1'000'000'000, {}});
+  REQUIRE(t.ok());
+  REQUIRE(auth::write_file_atomically(d + "/n0.token", t->file_text, 0600).ok());
+  // A bare node (no experiment) of the closed run, TLS off.
+  std::ofstream{d + "/node.yaml"} << "node: {tls: false}\n";
+  auto nodes = starling::testing::start_nodes(1, [&](int) {
+    return std::vector<std::string>{STARLING_BINARY, "node", "--listen", "127.0.0.1:0",
+                                    "--config", d + "/node.yaml", "--authority",
+                                    ao.dir + "/authority.pub", "--token", d + "/n0.token",
+                                    "--key", d + "/n0/node.key"};
+  });
+  REQUIRE(nodes.size() == 1);
+  auto ep0 = starling::testing::endpoint_of(nodes[0]->output());
+  auto closed = nodes[0]->wait_for("closed run plain-closed", 30s);
+  REQUIRE_MESSAGE(closed, nodes[0]->output());
+  CHECK(closed->find("NOT encrypted") != std::string::npos);
+  std::filesystem::create_directories(d + "/home");
+  subprocess joiner{{"/usr/bin/env", "HOME=" + d + "/home", STARLING_BINARY, "join", ep0,
+                     "--listen", "127.0.0.1:0", "--out", d + "/j-out"}};
+  auto rc = joiner.wait_exit(30s);
+  while (joiner.read_line(0ms)) {
+  }
+  auto& o = joiner.output();
+  CHECK_MESSAGE(rc == 2, o);
+  CHECK_MESSAGE(o.find(ep0 + ": a node of the closed run 'plain-closed' (its hello shows a "
+                       "token)") != std::string::npos,
+                o);
+  CHECK_MESSAGE(o.find("the run is closed: get a token from its owner (starling key init, then "
+                       "the owner runs starling token issue --peer-key YOUR_KEY.pub") !=
+                  std::string::npos,
+                o);
+  CHECK(o.find("made a fresh node key") == std::string::npos);
+  CHECK(o.find("joined") == std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(d + "/j-out/node.key"));
+  nodes[0]->signal(SIGINT);
+  CHECK(nodes[0]->wait_exit(30s).has_value());
 }
 
 } // namespace starling::test::runtime_join_open_test
