@@ -57,8 +57,7 @@ struct board_state {
   std::set<std::string> enforced;
   bool colluders_known = false;
   // -- a member's side of a peer coming back --------------------------------------------------
-  /// The state at the start of the step running, that step, and whom it expected.
-  std::string boundary;
+  /// The step running (its state is exported when a peer asks), and whom it expected.
   uint64_t boundary_step = ~uint64_t{0};
   std::vector<std::string> boundary_expected;
   /// Those that took the step before (a peer among them is back: no more offers to it).
@@ -225,7 +224,12 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
   auto offer_state = [st, put, expires](const std::string& peer) {
     auto pk = st->o.key->public_key();
     auto x = st->boundary_step;
-    auto d = state_digest_of(st->boundary);
+    // Exported only when asked (the parameters and momentum are copied), and only while the
+    // step runs: its state is still the one it began with.
+    if (st->core->step() != x || st->core->phase() == peer_phase::idle)
+      return;
+    auto b = st->core->export_state();
+    auto d = state_digest_of(b);
     statement body{statement_kind::state_digest, st->o.core.group.run_id, x, pk, peer,
                    digest_payload(d)};
     auto signed_st = sign_statement(std::move(body), *st->o.key);
@@ -246,7 +250,6 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
       donor = donor || order[i].second == pk;
     if (!donor)
       return;
-    auto& b = st->boundary;
     size_t chunks = std::max<size_t>(1, (b.size() + state_chunk_bytes - 1) / state_chunk_bytes);
     for (size_t c = 0; c < chunks; ++c) {
       size_t begin = c * state_chunk_bytes;
@@ -260,8 +263,6 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
     }
   };
   auto check_requests = [self, st, offer_state] {
-    if (st->boundary.empty())
-      return;
     auto step = st->boundary_step;
     self->request(st->reader(), std::chrono::seconds(10), get_atom::value,
                   st->o.prefix + "/rejoin")
@@ -280,7 +281,7 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
                 std::binary_search(st->boundary_active.begin(), st->boundary_active.end(), *k))
               continue; // not expected back here, or back already
             auto& times = st->offered[{*k, from}];
-            if (times >= 3)
+            if (times >= 3 || st->core->step() != step)
               continue;
             ++times;
             offer_state(*k);
@@ -295,7 +296,6 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
         finish("");
         return;
       }
-      st->boundary = st->core->export_state();
       st->boundary_step = st->core->step();
       st->boundary_expected = st->core->expected();
       st->boundary_active = st->core->active();

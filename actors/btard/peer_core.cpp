@@ -76,6 +76,10 @@ struct peer_core::impl {
   std::string pk;
   std::vector<std::string> everyone;
   membership view;
+  /// The membership as the running step began (before its cooled-down peers rejoined): what
+  /// `export_state` gives during a step, whose parameters, momentum and randomness change
+  /// only at its end.
+  std::string view_at_start;
   std::vector<float> params, velocity;
   digest r_prev{};
   uint64_t step = 0;
@@ -1086,6 +1090,7 @@ struct peer_core::impl {
     removed.clear();
     mprng_attempt = 0;
     a = 0;
+    view_at_start = view.encode();
     // Cooled-down peers are back (in every view alike: the membership rules are public).
     for (auto& k : everyone)
       if (view.absent(k, step) == absence::not_joined)
@@ -1298,7 +1303,8 @@ std::string peer_core::export_state() const {
   out += digest_string(p.r_prev);
   put_floats(out, p.params);
   put_floats(out, p.velocity);
-  out += p.view.encode();
+  out += p.phase == peer_phase::idle || p.phase == peer_phase::banned ? p.view.encode()
+                                                                      : p.view_at_start;
   return out;
 }
 

@@ -206,10 +206,11 @@ public:
   /// Statements and data refused (bad, foreign, from banned signers), over the run.
   uint64_t refused() const;
 
-  /// Everything a peer needs to take the next step with the group (only while idle): the
-  /// step, τ, the shared randomness, the parameters, the momentum and the membership. Honest
-  /// peers export the same bytes at the same step, so a peer coming back takes the state that
-  /// most members sign (`state_digest`).
+  /// Everything a peer needs to take the next step with the group: the step, τ, the shared
+  /// randomness, the parameters, the momentum and the membership, as they were when the step
+  /// (`step()`) began: while idle, the next step's; during a step, that step's start (nothing
+  /// but the membership changes before its end). Honest peers export the same bytes at the
+  /// same step, so a peer coming back takes the state that most members sign (`state_digest`).
   std::string export_state() const;
   /// The keys the next step's group starts from (while idle): every member neither banned nor
   /// cooling down at `step()`.
