@@ -18,6 +18,7 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <memory>
 #include <regex>
 #include <string>
@@ -29,6 +30,7 @@
 #include "actors/auth/identity.hpp"
 #include "runtime/experiment/package.hpp"
 #include "runtime/experiment/serve.hpp"
+#include "support/join_fixtures.hpp"
 #include "support/node_fixtures.hpp"
 #include "support/paths.hpp"
 #include "support/raw_socket.hpp"
@@ -60,28 +62,21 @@ std::string run_cli(const std::vector<std::string>& args, int want_rc = 0) {
   return p.output();
 }
 
-/// Two data-parallel peers and one open slot; summaries every second, so that a volunteer's
-/// credits show within seconds.
-std::string config_text() {
-  return "experiment: {name: join-test, kind: dedloc, seed: 5, duration: 3min}\n"
-         "caf:\n"
-         "  scheduler: {policy: sharing, max_threads: 2}\n"
-         "  middleman: {heartbeat_interval: 500ms, connection_timeout: 2s}\n"
-         "node: {ledger_every: 1s}\n"
-         "dedloc:\n"
-         "  peers: 2\n"
-         "  volunteers: 1\n"
-         "  width: 16\n"
-         "  microbatch: 16\n"
-         "  target_batch: 128\n"
-         "  compute_time: 20ms\n"
-         "  window: 500ms\n"
-         "  averager_timeout: 4s\n"
-         "  round_timeout: 6s\n"
-         "  record_lifetime: 6s\n"
-         "  eval_every: 0\n"
-         "  train_samples: 2000\n"
-         "  synthetic: true\n";
+std::string config_text() { return starling::testing::join_run_config("join-test", 5); }
+
+/// A node key `<d>/<name>/node.key` and a one-hour token `<d>/<name>.token` for each name.
+template <class Authority>
+void write_tokens(const Authority& authority, int64_t now_ns, const std::string& d,
+                  std::initializer_list<const char*> names) {
+  for (auto n : names) {
+    auto k = auth::load_or_create_key(d + "/" + n + "/node.key", auth::key_role::node);
+    REQUIRE(k.ok());
+    auto t = auth::issue_token(
+        authority, {k->key.public_key(), {"any"}, now_ns, int64_t{3600} * 1'000'000'000, {}});
+    REQUIRE(t.ok());
+    REQUIRE(auth::write_file_atomically(d + "/" + std::string(n) + ".token", t->file_text, 0600)
+                .ok());
+  }
 }
 
 } // namespace
@@ -98,14 +93,7 @@ TEST_CASE("starling join: a token and an endpoint are enough; an unsigned experi
   auto authority = auth::init_authority(ao);
   REQUIRE(authority.ok());
   // Tokens for the two nodes, and for a second volunteer (the refused attempt: a key of its own).
-  for (auto n : {"n0", "n1", "r"}) {
-    auto k = auth::load_or_create_key(d + "/" + n + "/node.key", auth::key_role::node);
-    REQUIRE(k.ok());
-    auto t = auth::issue_token(
-        *authority, {k->key.public_key(), {"any"}, ao.now_ns, int64_t{3600} * 1'000'000'000, {}});
-    REQUIRE(t.ok());
-    REQUIRE(auth::write_file_atomically(d + "/" + n + ".token", t->file_text, 0600).ok());
-  }
+  write_tokens(*authority, ao.now_ns, d, {"n0", "n1", "r"});
   auto config = d + "/run.yaml";
   std::filesystem::create_directories(d + "/unsigned");
   auto unsigned_config = d + "/unsigned/run.yaml";
@@ -177,15 +165,9 @@ TEST_CASE("starling join: a token and an endpoint are enough; an unsigned experi
   //     so it refuses the joiner (its TLS handshake, before any hello): one line with the reason
   //     and the fix, exit 2, and no key made for a run that never took it.
   {
-    REQUIRE(std::filesystem::exists("/usr/bin/env"));
-    std::filesystem::create_directories(d + "/home");
-    subprocess bare{{"/usr/bin/env", "HOME=" + d + "/home", STARLING_BINARY, "join", ep0,
-                     "--listen", "127.0.0.1:0", "--out", d + "/b-out"}};
-    auto rc = bare.wait_exit(30s);
-    while (bare.read_line(0ms)) {
-    }
-    auto& o = bare.output();
-    CHECK_MESSAGE(rc == 2, o);
+    auto bare = starling::testing::join_without_token(d + "/home", ep0, d + "/b-out");
+    auto& o = bare.output;
+    CHECK_MESSAGE(bare.rc == 2, o);
     auto at = o.find("the run is closed: get a token from its owner (starling key init, then the "
                      "owner runs starling token issue --peer-key YOUR_KEY.pub");
     CHECK_MESSAGE(at != std::string::npos, o);
@@ -474,14 +456,7 @@ TEST_CASE("starling join --client refuses a SWARM run's stage slot with one line
   ao.now_ns = unix_now_ns() - 60'000'000'000;
   auto authority = auth::init_authority(ao);
   REQUIRE(authority.ok());
-  for (auto n : {"n0", "v"}) {
-    auto k = auth::load_or_create_key(d + "/" + n + "/node.key", auth::key_role::node);
-    REQUIRE(k.ok());
-    auto t = auth::issue_token(
-        *authority, {k->key.public_key(), {"any"}, ao.now_ns, int64_t{3600} * 1'000'000'000, {}});
-    REQUIRE(t.ok());
-    REQUIRE(auth::write_file_atomically(d + "/" + n + ".token", t->file_text, 0600).ok());
-  }
+  write_tokens(*authority, ao.now_ns, d, {"n0", "v"});
   auto config = d + "/swarm.yaml";
   std::ofstream{config} << "experiment: {name: swarm-join, kind: swarm, seed: 5, duration: 60s}\n"
                            "caf:\n"

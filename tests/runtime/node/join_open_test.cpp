@@ -28,6 +28,7 @@
 
 #include "actors/auth/authority.hpp"
 #include "actors/auth/identity.hpp"
+#include "support/join_fixtures.hpp"
 #include "support/node_fixtures.hpp"
 #include "support/paths.hpp"
 #include "support/subprocess.hpp"
@@ -38,33 +39,6 @@ using starling::testing::subprocess;
 using namespace std::chrono_literals;
 namespace auth = starling::actors::auth;
 
-namespace {
-
-/// Two data-parallel peers on the run's one node and one open slot; summaries every second, so
-/// that the volunteer's credits show within seconds.
-std::string open_config_text() {
-  return "experiment: {name: join-open-test, kind: dedloc, seed: 7, duration: 3min}\n"
-         "caf:\n"
-         "  scheduler: {policy: sharing, max_threads: 2}\n"
-         "  middleman: {heartbeat_interval: 500ms, connection_timeout: 2s}\n"
-         "node: {ledger_every: 1s}\n"
-         "dedloc:\n"
-         "  peers: 2\n"
-         "  volunteers: 1\n"
-         "  width: 16\n"
-         "  microbatch: 16\n"
-         "  target_batch: 128\n"
-         "  compute_time: 20ms\n"
-         "  window: 500ms\n"
-         "  averager_timeout: 4s\n"
-         "  round_timeout: 6s\n"
-         "  record_lifetime: 6s\n"
-         "  eval_every: 0\n"
-         "  train_samples: 2000\n"
-         "  synthetic: true\n";
-}
-
-} // namespace
 
 TEST_CASE("starling join without a token joins an open run: a fresh key in its run folder, the "
           "experiment accepted unsigned and said so, the slot, credits, a graceful leave") {
@@ -105,7 +79,7 @@ TEST_CASE("starling join without a token joins an open run: a fresh key in its r
     ::close(fd);
   }
   auto config = d + "/run.yaml";
-  std::ofstream{config} << open_config_text();
+  std::ofstream{config} << starling::testing::join_run_config("join-open-test", 7);
   auto nodes = starling::testing::start_nodes(1, [&](int) {
     return std::vector<std::string>{STARLING_BINARY, "node",  "--listen", "127.0.0.1:0",
                                     "--config",      config,  "--index",  "0",
@@ -159,7 +133,7 @@ TEST_CASE("starling join without a token joins an open run: a fresh key in its r
   CHECK_FALSE(std::filesystem::exists(out + "/authority.pub"));
   std::ifstream written{out + "/experiment.yaml"};
   std::string got((std::istreambuf_iterator<char>(written)), std::istreambuf_iterator<char>());
-  CHECK(got == open_config_text());
+  CHECK(got == starling::testing::join_run_config("join-open-test", 7));
 
   // Credited by its partners (the progress line follows the ledger): accepted > 0, never more
   // than it computed.
@@ -243,14 +217,9 @@ TEST_CASE("starling join without a token refuses a closed run without TLS by the
   auto closed = nodes[0]->wait_for("closed run plain-closed", 30s);
   REQUIRE_MESSAGE(closed, nodes[0]->output());
   CHECK(closed->find("NOT encrypted") != std::string::npos);
-  std::filesystem::create_directories(d + "/home");
-  subprocess joiner{{"/usr/bin/env", "HOME=" + d + "/home", STARLING_BINARY, "join", ep0,
-                     "--listen", "127.0.0.1:0", "--out", d + "/j-out"}};
-  auto rc = joiner.wait_exit(30s);
-  while (joiner.read_line(0ms)) {
-  }
-  auto& o = joiner.output();
-  CHECK_MESSAGE(rc == 2, o);
+  auto joiner = starling::testing::join_without_token(d + "/home", ep0, d + "/j-out");
+  auto& o = joiner.output;
+  CHECK_MESSAGE(joiner.rc == 2, o);
   CHECK_MESSAGE(o.find(ep0 + ": a node of the closed run 'plain-closed' (its hello shows a "
                        "token)") != std::string::npos,
                 o);
