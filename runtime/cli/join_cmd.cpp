@@ -390,7 +390,10 @@ int command_join(const join_command& cmd) {
     // a `node:` section.)
     if (pkg.yaml.find("dedloc:") != std::string::npos)
       overrides.push_back("dedloc.mode=client");
-    else if (pkg.yaml.find("swarm:") == std::string::npos)
+    else if (pkg.yaml.find("swarm:") != std::string::npos)
+      fmt::print("client mode: the trainers reach this volunteer's stage over the connections it "
+                 "opens to every node of the run (nodes that start later too)\n");
+    else
       fmt::print("note: this run's kind has no client mode; its peers may fail to reach this "
                  "node\n");
   }
@@ -413,20 +416,6 @@ int command_join(const join_command& cmd) {
                                  from, no.experiment, g.name));
   }
   g.node.client = client;
-  if (client && g.kind == "swarm") {
-    // Trainers send their microbatches to stage peers: a stage peer nobody can dial gets no
-    // work (and every trainer's request to it waits for its hop timeout), so the run takes none.
-    ndp->shutdown();
-    return join_fail(
-      cmd.client
-        ? std::string{"a SWARM run's volunteers serve a pipeline stage, which its trainers dial: "
-                      "join without --client"}
-        : fmt::format("a SWARM run's volunteers serve a pipeline stage, which its trainers dial, "
-                      "and {} could not reach this node at {}: open TCP port {} to this machine "
-                      "(or forward it, with --advertise) and join again",
-                      from, pkg.endpoint.empty() ? ndp->endpoint() : pkg.endpoint,
-                      ndp->port()));
-  }
   if (!cmd.http.empty())
     g.node.http = cmd.http;
   auto p = make_plan(g, run_mode::cluster, pkg.nodes, g.seed);
@@ -469,7 +458,8 @@ int command_join(const join_command& cmd) {
     ndp = std::move(*again);
     if (client)
       fmt::print("the run's settings apply: {} (the node started again in client mode, named "
-                 "{}: nothing listens there)\n",
+                 "{} by its peer id: nothing listens, the run reaches it over the connections "
+                 "it opens)\n",
                  caf_settings_text(*ndp), ndp->endpoint());
     else
       fmt::print("the run's settings apply: {} (the node started again on {})\n",

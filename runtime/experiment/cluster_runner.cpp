@@ -35,6 +35,7 @@
 #include "runtime/log/log.hpp"
 #include "runtime/metrics/metrics.hpp"
 #include "runtime/node/address.hpp"
+#include "runtime/node/gate.hpp"
 #include "runtime/node/links.hpp"
 #include "runtime/node/node.hpp"
 #include "runtime/observe/ledger.hpp"
@@ -601,6 +602,73 @@ std::optional<uint32_t> leave_instances(caf::actor_system& sys, const caf::actor
   return least;
 }
 
+/// The run's nodes a volunteer watches: connections it opened (a down one counts as lost),
+/// shared with the down callbacks.
+struct watched_nodes {
+  std::mutex mtx;
+  std::set<std::string> live;
+  std::atomic<int> watched{0};
+  std::atomic<int> lost{0};
+};
+
+/// Opens a connection to `ep` and watches it; false when the node could not be joined.
+bool watch_node(node& nd, const std::shared_ptr<watched_nodes>& w, const std::string& ep) {
+  {
+    std::lock_guard<std::mutex> guard{w->mtx};
+    if (w->live.count(ep))
+      return true;
+  }
+  auto j = nd.join(ep, [w, ep](const std::string&, const std::string&) {
+    {
+      std::lock_guard<std::mutex> guard{w->mtx};
+      w->live.erase(ep);
+    }
+    ++w->lost;
+  });
+  if (!j)
+    return false;
+  std::lock_guard<std::mutex> guard{w->mtx};
+  w->live.insert(ep);
+  ++w->watched;
+  return true;
+}
+
+/// The endpoints in the run's node table, besides `own` and client-mode names (nothing can
+/// dial those).
+std::set<std::string> table_endpoints(caf::actor_system& sys, const caf::actor& dht,
+                                      const std::string& key, const std::string& own) {
+  std::set<std::string> out;
+  caf::scoped_actor self{sys};
+  self->request(dht, std::chrono::seconds(5), get_atom::value, key)
+    .receive(
+      [&](const messages::dht_get_result& r) {
+        for (auto& rec : r.records)
+          if (rec.has_subkey)
+            if (auto e = parse_entry(rec.value);
+                e && e->endpoint != own && !is_client_endpoint(e->endpoint))
+              out.insert(e->endpoint);
+      },
+      [](caf::error&) {});
+  return out;
+}
+
+/// A client-mode volunteer is reached only over connections it opened: every `period` it joins
+/// the nodes of the run's table it holds no connection to (started, or started again, after
+/// it). Detached: a join blocks for up to the node's connection timeout.
+caf::behavior client_rejoiner(caf::event_based_actor* self, node* nd,
+                              std::shared_ptr<watched_nodes> w, caf::actor dht, std::string key,
+                              caf::timespan period) {
+  self->delayed_send(self, period, tick_atom::value);
+  return {
+    [=](tick_atom) {
+      for (auto& ep : table_endpoints(self->system(), dht, key, nd->endpoint()))
+        if (watch_node(*nd, w, ep))
+          log(log_level::debug, "volunteer", "connected to {} (client mode)", ep);
+      self->delayed_send(self, period, tick_atom::value);
+    },
+  };
+}
+
 /// Uptime as `1h02m`, `3m05s` or `42 s`.
 std::string uptime_text(double s) {
   auto t = static_cast<int64_t>(s);
@@ -674,27 +742,17 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
   }
   // A volunteer watches the run's numbered nodes as the table lists them now: once all are
   // lost it says so instead of waiting for a run nobody serves.
-  auto watched = std::make_shared<std::atomic<int>>(0);
-  auto lost = std::make_shared<std::atomic<int>>(0);
+  // In client mode these connections are how the run reaches it: it also joins the nodes that
+  // start later.
+  auto watching = std::make_shared<watched_nodes>();
   if (s.volunteer && s.watch_nodes) {
-    std::set<std::string> endpoints(s.join.begin(), s.join.end());
-    {
-      caf::scoped_actor self{sys};
-      self->request(h.dht(), std::chrono::seconds(5), get_atom::value, nodes_key(g))
-        .receive(
-          [&](const messages::dht_get_result& r) {
-            for (auto& rec : r.records)
-              if (rec.has_subkey)
-                if (auto e = parse_entry(rec.value); e && e->endpoint != nd.endpoint())
-                  endpoints.insert(e->endpoint);
-          },
-          [](caf::error&) {});
-    }
-    for (auto& ep : endpoints) {
-      auto j = nd.join(ep, [lost](const std::string&, const std::string&) { ++*lost; });
-      if (j)
-        ++*watched;
-    }
+    auto endpoints = table_endpoints(sys, h.dht(), nodes_key(g), nd.endpoint());
+    endpoints.insert(s.join.begin(), s.join.end());
+    for (auto& ep : endpoints)
+      watch_node(nd, watching, ep);
+    if (!nd.listening())
+      h.adopt(sys.spawn<caf::detached>(client_rejoiner, &nd, watching, h.dht(), nodes_key(g),
+                                       caf::timespan{std::chrono::seconds(3)}));
   }
   std::shared_ptr<contribution> contrib;
   std::function<void(const metric_record&)> observe_own;
@@ -801,8 +859,9 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
                                                   "restart_node",
                                                   {{"incarnation", s.incarnation}},
                                                   {{"node", fmt::format("node{}", s.index)}}});
-  fmt::print("node{} of {}: {} role instance(s), {} fault action(s); listening on {}\n", s.index,
-             s.count, share.children.size(), p->faults_of(s.index).size(), nd.endpoint());
+  fmt::print("node{} of {}: {} role instance(s), {} fault action(s); {} {}\n", s.index, s.count,
+             share.children.size(), p->faults_of(s.index).size(),
+             nd.listening() ? "listening on" : "in client mode, named", nd.endpoint());
   std::fflush(stdout);
   bool done = false;
   bool stopped = false;
@@ -819,7 +878,7 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
         stopped = true;
         break;
       }
-      if (*watched > 0 && *lost >= *watched) {
+      if (watching->watched > 0 && watching->lost >= watching->watched) {
         gone = true;
         break;
       }
@@ -881,7 +940,7 @@ int run_cluster_node(const experiment_graph& g, const role_registry& registry, n
     } else if (gone) {
       fmt::print(stderr, "starling: error: every node of the run this volunteer knew is gone "
                          "({} of {} lost); nothing left to work with\n",
-                 lost->load(), watched->load());
+                 watching->lost.load(), watching->watched.load());
       rc = 3;
     } else if (stopped && s.volunteer && s.graceful_leave && !slot_name.empty()) {
       // The round in flight ends first (at most the round's deadline), then the tombstones, then

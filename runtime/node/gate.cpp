@@ -16,6 +16,35 @@ namespace starling::runtime {
 
 namespace auth = actors::auth;
 
+namespace {
+constexpr std::string_view client_suffix = ".client.invalid:1";
+} // namespace
+
+std::string client_endpoint(const std::string& peer_id) {
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  out.reserve(peer_id.size() * 2 + client_suffix.size());
+  for (unsigned char c : peer_id) {
+    out.push_back(hex[c >> 4]);
+    out.push_back(hex[c & 15]);
+  }
+  out.append(client_suffix);
+  return out;
+}
+
+bool is_client_endpoint(const std::string& endpoint) {
+  constexpr size_t hex_chars = 2 * auth::peer_id_bytes;
+  if (endpoint.size() != hex_chars + client_suffix.size()
+      || endpoint.compare(hex_chars, std::string::npos, client_suffix) != 0)
+    return false;
+  for (size_t i = 0; i < hex_chars; ++i) {
+    auto c = endpoint[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+      return false;
+  }
+  return true;
+}
+
 std::string_view to_string(claim_refusal r) {
   switch (r) {
     case claim_refusal::malformed:
@@ -61,8 +90,11 @@ bool node_gate::add_endpoint(const caf::node_id& n, const std::string& endpoint,
   if (nodes_.count(n) == 0)
     return false;
   auto i = endpoints_.find(endpoint);
-  if (i != endpoints_.end() && i->second.first != n)
-    return false; // the first live claim holds (the gate forgets it when that node goes)
+  // The first live claim holds (the gate forgets it when that node goes); a client-mode name is
+  // the key's, proven by the hello just passed: the latest node with that key takes it (a
+  // restarted client may say hello before its old connection's end is noticed).
+  if (i != endpoints_.end() && i->second.first != n && !is_client_endpoint(endpoint))
+    return false;
   endpoints_[endpoint] = {n, dir.address()};
   return true;
 }
@@ -342,6 +374,21 @@ caf::actor spawn_gate(caf::actor_system& sys, std::shared_ptr<node_gate> gate) {
         return admit(session, hello, their_gate, peer_id);
       },
       [=](hello_atom, uint64_t session, const std::string& hello, const caf::actor& their_gate,
+          const caf::actor& their_directory) -> std::string {
+        // A client-mode connector: nothing to probe. It goes by the name its proven key gives
+        // (`client_endpoint`), which nobody else can claim; this node reaches it through this
+        // connection under that name, and forgets it when the connection goes.
+        std::string peer_id;
+        auto refused = admit(session, hello, their_gate, peer_id);
+        auto sender = self->current_sender();
+        if (!refused.empty() || !sender)
+          return refused;
+        if (their_directory && their_directory.node() == sender->node()
+            && gate->add_endpoint(sender->node(), client_endpoint(peer_id), their_directory))
+          self->monitor(their_directory);
+        return refused;
+      },
+      [=](hello_atom, uint64_t session, const std::string& hello, const caf::actor& their_gate,
           const std::string& their_endpoint,
           const caf::actor& their_directory) -> caf::result<std::string> {
         std::string peer_id;
@@ -361,6 +408,12 @@ caf::actor spawn_gate(caf::actor_system& sys, std::shared_ptr<node_gate> gate) {
           return refused;
         }
         auto endpoint = ep->first + ":" + std::to_string(ep->second);
+        if (is_client_endpoint(endpoint)) {
+          // Such a name is given by a key's hello in client mode, never claimed.
+          refuse_claim(claimant, claim_refusal::malformed, endpoint,
+                       "a client-mode name (a peer id's), which no hello claims");
+          return refused;
+        }
         if (auto holder = gate->claimant_of(endpoint); holder && holder != claimant) {
           refuse_claim(claimant, claim_refusal::taken, endpoint,
                        "another live node's verified claim holds it");
@@ -497,10 +550,11 @@ void say_hello(caf::event_based_actor* self, caf::actor remote_dir,
               auto failed = [=](caf::error& e) { fail_with(self->system().render(e)); };
               // With this node's endpoint and directory: the acceptor reaches this node
               // through this connection instead of opening a second one. A node in client mode
-              // claims no endpoint (nothing listens there to probe).
+              // claims no endpoint (nothing listens there to probe): it gives its directory, and
+              // the acceptor reaches it under its peer id's name (`client_endpoint`).
               if (!gate->listening())
                 self->request(remote_gate, timeout, hello_atom::value, theirs, hello,
-                              gate->own_gate())
+                              gate->own_gate(), gate->own_directory())
                   .then(answered, failed);
               else
                 self->request(remote_gate, timeout, hello_atom::value, theirs, hello,

@@ -38,7 +38,9 @@ namespace starling::runtime {
 /// it; `(hello_atom, session, hello, connector's gate, its endpoint, its directory)` completes it
 /// too, and once the acceptor verified that the connector's node listens at that endpoint (the
 /// answer waits for it) it reaches the connector through this connection (see
-/// `node_gate::directory_at`).
+/// `node_gate::directory_at`); `(hello_atom, session, hello, connector's gate, its directory)`
+/// is a client-mode connector's: the acceptor reaches it through this connection under
+/// `client_endpoint(its peer id)`, with no probe.
 using hello_atom = caf::atom_constant<caf::atom("hello")>;
 /// `(deny_atom, signed deny list) -> serial in force`: installs a newer deny list (from anyone:
 /// only the authority can sign one) and passes it on to the gates of the nodes admitted both
@@ -66,6 +68,16 @@ enum class claim_refusal : uint8_t {
   /// was admitted with.
   other_key,
 };
+
+/// The endpoint a client-mode node goes by: `<hex of its peer id>.client.invalid:1`. Nothing
+/// listens there (`.invalid` never resolves, RFC 6761); the name is bound to the key the node's
+/// hellos prove, so no probe verifies it: a node the client connected to reaches it through that
+/// connection by this name (`node_gate::directory_at`), and any other node fails at once instead
+/// of dialing. Slot claims, stage records and averager addresses carry it like any endpoint: the
+/// others address a client-mode node by its peer id, not by where it is.
+std::string client_endpoint(const std::string& peer_id);
+/// True for a name `client_endpoint` makes.
+bool is_client_endpoint(const std::string& endpoint);
 
 /// Number of claim refusal reasons.
 inline constexpr size_t claim_refusal_count = static_cast<size_t>(claim_refusal::other_key) + 1;
@@ -107,7 +119,7 @@ public:
   /// between two nodes as redundant, and with caf_openssl that close took the first connection's
   /// route down with it (every handle of the other node failed as unreachable, and the two nodes
   /// kept reconnecting). False (nothing kept) when `n` is not admitted, `dir` is not on `n`, or
-  /// another live node's claim holds it.
+  /// another live node's claim holds it (a `client_endpoint` name goes to the latest node).
   bool add_endpoint(const caf::node_id& n, const std::string& endpoint, const caf::actor& dir);
   /// The node whose kept claim holds `endpoint` (none when no claim is kept).
   caf::node_id claimant_of(const std::string& endpoint) const;

@@ -157,6 +157,13 @@ caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directo
           then(dir);
           return;
         }
+      if (is_client_endpoint(ep)) {
+        rp.deliver(caf::make_error(caf::sec::cannot_connect_to_node,
+                                   "peer " + ep.substr(0, ep.find('.'))
+                                     + " is in client mode (it accepts no connections) and has "
+                                       "no connection open to this node"));
+        return;
+      }
       if (!mm) {
         rp.deliver(caf::make_error(caf::sec::runtime_error, "no middleman: cannot reach " + ep));
         return;
@@ -174,7 +181,7 @@ caf::actor spawn_cluster_resolver(caf::actor_system& sys, caf::actor own_directo
       // this wait when its hello passed and its claim of `ep` was verified). A dial of an
       // endpoint whose claim is being verified waits for the verification too.
       auto pending = gate && gate->claim_pending(ep);
-      if (gate && dirs->count(ep) == 0 && !gate->directory_at(ep)
+      if (gate && dirs->count(ep) == 0 && !gate->directory_at(ep) && !is_client_endpoint(ep)
           && (pending || (defer.count() > 0 && ep < own_endpoint))) {
         auto& w = (*waiting)[ep];
         w.push_back([=]() mutable { dial(ep, host, port, rp, then); });
@@ -592,6 +599,8 @@ caf::actor_system& node::system() {
 }
 
 std::string node::endpoint() const {
+  if (!listening_) // client mode: named by its peer id (gate.hpp)
+    return client_endpoint(peer_id_);
   if (!advertised_.empty())
     return advertised_;
   return fmt::format("{}:{}", host_, port_);

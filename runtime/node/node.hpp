@@ -78,7 +78,8 @@ public:
   /// False in client mode (`node_options::client`): the node accepts no connections.
   bool listening() const { return listening_; }
   /// `host:port` of this node: the advertised endpoint when there is one
-  /// (`node_options::advertise`), else where it listens.
+  /// (`node_options::advertise`), else where it listens; in client mode the name its peer id
+  /// gives (`client_endpoint`, gate.hpp), by which the nodes it connected to reach it.
   std::string endpoint() const;
   /// The node's name for logs.
   const std::string& name() const { return name_; }

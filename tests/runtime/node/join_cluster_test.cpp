@@ -266,13 +266,14 @@ TEST_CASE("starling join: a token and an endpoint are enough; an unsigned experi
   auto client_argv = join_argv({ep0}, "r", "c-out");
   client_argv.push_back("--client");
   subprocess client{client_argv};
-  // It listens nowhere from the start (its endpoint only names it): whatever the run does with
-  // it goes over the connections it opened.
+  // It listens nowhere from the start and goes by its peer id (`<hex>.client.invalid:1`):
+  // whatever the run does with it goes over the connections it opened.
   auto named = client.wait_for("in client mode (listening nowhere), named", 30s);
   REQUIRE_MESSAGE(named, client.output());
   std::smatch port_match;
-  REQUIRE(std::regex_search(*named, port_match, std::regex{R"(named 127\.0\.0\.1:(\d+),)"}));
-  auto client_port = static_cast<uint16_t>(std::stoul(port_match[1]));
+  REQUIRE(std::regex_search(*named, port_match,
+                            std::regex{R"(peer id ([0-9a-f]{12})\) in client mode \(listening nowhere\), named ([0-9a-f]{40})\.client\.invalid:1,)"}));
+  CHECK(std::string{port_match[2]}.rfind(port_match[1], 0) == 0);
   CHECK_MESSAGE(client.wait_for("client mode (--client)", 60s), client.output());
   CHECK_MESSAGE(client.wait_for("holds slot volunteers.0", 60s), client.output());
   // 4b. Meanwhile a volunteer whose advertised endpoint the run cannot reach (a port bound and
@@ -313,7 +314,6 @@ TEST_CASE("starling join: a token and an endpoint are enough; an unsigned experi
   wait_credited(client, client_samples, client_accepted);
   CHECK_MESSAGE(client_accepted > 0, "the client-mode volunteer was never credited:\n"
                                          << client.output());
-  CHECK_FALSE(testing::loopback_port_accepts(client_port));
   double natted_samples = 0, natted_accepted = 0;
   wait_credited(natted, natted_samples, natted_accepted);
   CHECK_MESSAGE(natted_accepted > 0, "the volunteer in client mode by the run's verdict was never "
@@ -446,9 +446,13 @@ TEST_CASE("a joiner refuses a signed experiment served with another node count t
   joiner->shutdown();
 }
 
-TEST_CASE("starling join --client refuses a SWARM run's stage slot with one line, exit 2") {
-  // A SWARM volunteer serves a pipeline stage, which the trainers dial: in client mode it would
-  // get no work. The joiner says so after admission, before it claims a slot.
+TEST_CASE("starling join --client serves a SWARM stage: the trainers reach it by its peer id, "
+          "over the connection it opened") {
+  // A client-mode node listens nowhere; it goes by the name its peer id gives
+  // (`<hex>.client.invalid:1`), and the run's node reaches it through the connection the
+  // volunteer opened. Its stage peer announces that name like any address: the trainer's
+  // microbatches cross the volunteer's own connection, and stage 1 (the bottleneck at a
+  // quarter speed) gets a second peer that really works.
   starling::testing::temp_dir dir{"starling-join-swarm"};
   auto d = dir.path;
   auth::authority_init_options ao;
@@ -464,12 +468,15 @@ TEST_CASE("starling join --client refuses a SWARM run's stage slot with one line
                            "swarm:\n"
                            "  model: {layers: 2, width: 32, heads: 2, seq_len: 32}\n"
                            "  data: {kind: text}\n"
-                           "  stages: [{peers: [1.0]}, {peers: [1.0]}]\n"
+                           "  stages: [{peers: [1.0]}, {peers: [0.25]}]\n"
                            "  trainers: 1\n"
                            "  microbatch: 8\n"
-                           "  microbatches_per_trainer: 1000\n"
+                           "  microbatches_per_trainer: 400\n"
+                           "  max_inflight: 4\n"
+                           "  target_batch: 0\n"
+                           "  local_batch: 16\n"
                            "  preempt_every: 0s\n"
-                           "  rebalance: {every: 60s, threshold: 10}\n"
+                           "  rebalance: {every: 60s, threshold: 10, report_every: 500ms}\n"
                            "  volunteers: 1\n"
                            "  eval_batches: 1\n"
                            "  torch_threads: 1\n";
@@ -485,17 +492,24 @@ TEST_CASE("starling join --client refuses a SWARM run's stage slot with one line
   subprocess client{{STARLING_BINARY, "join", ep0, "--token", d + "/v.token", "--key",
                      d + "/v/node.key", "--listen", "127.0.0.1:0", "--client", "--out",
                      d + "/v-out"}};
-  auto rc = client.wait_exit(60s);
-  while (client.read_line(0ms)) {
-  }
+  auto slot = client.wait_for("holds slot", 60s);
   INFO(client.output());
-  CHECK(rc == 2);
-  CHECK(client.output().find("a SWARM run's volunteers serve a pipeline stage, which its trainers "
-                             "dial: join without --client")
-        != std::string::npos);
-  CHECK(client.output().find("holds slot") == std::string::npos);
-  nodes[0]->signal(SIGINT);
-  CHECK(nodes[0]->wait_exit(30s).has_value());
+  REQUIRE(slot);
+  CHECK(client.output().find(".client.invalid:1 by its peer id") != std::string::npos);
+  // The trainer's 400 microbatches end the run; node 0's summary lists the volunteer's stage
+  // peer among stage 1's with its optimizer steps: the trainer's microbatches reached it.
+  auto rc0 = nodes[0]->wait_exit(120s);
+  auto& summary = nodes[0]->output();
+  INFO(summary);
+  CHECK(rc0 == 0);
+  CHECK(summary.find("3200 of 3200 requested") != std::string::npos);
+  CHECK(summary.find("volunteers placed (least throughput) volunteers.0 in stage 1") !=
+        std::string::npos);
+  std::smatch m;
+  REQUIRE(std::regex_search(summary, m,
+                            std::regex{R"([0-9a-f]{40}\.client\.invalid:1/s1v0g0 at step (\d+))"}));
+  CHECK(std::stoi(m[1]) > 0);
+  CHECK(client.wait_exit(30s).has_value());
 }
 
 } // namespace starling::test::runtime_join_cluster_test

@@ -9,6 +9,7 @@
 #include "messages/direct.hpp"
 #include "messages/tensor_msg.hpp"
 #include "messages/types.hpp"
+#include "runtime/node/gate.hpp"
 #include "runtime/node/node.hpp"
 
 namespace starling::test::runtime_node_test {
@@ -88,6 +89,54 @@ TEST_CASE("a node that shuts down is reported down by the node watching it") {
   // Bounded wait for an event, not a sleep: returns as soon as the callback fires.
   CHECK(cv.wait_for(g, 10s, [&] { return !lost.empty(); }));
   CHECK(lost == endpoint);
+}
+
+TEST_CASE("a client-mode node goes by its peer id: a node it joined reaches it through that "
+          "connection, any other fails at once") {
+  node_options na;
+  na.listen = "127.0.0.1:0";
+  auto a = node::start(fast_caf(), na, "a");
+  auto b = node::start(fast_caf(), na, "b");
+  node_options nc = na;
+  nc.client = true;
+  auto c = node::start(fast_caf(), nc, "c");
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  REQUIRE(c.ok());
+  // Nothing listens; the name is the peer id's, not a place.
+  CHECK_FALSE((*c)->listening());
+  CHECK((*c)->endpoint() == client_endpoint((*c)->peer_id()));
+  CHECK(is_client_endpoint((*c)->endpoint()));
+  CHECK_FALSE(is_client_endpoint((*a)->endpoint()));
+  auto upper = (*c)->endpoint();
+  upper[0] = upper[0] >= 'a' ? static_cast<char>(upper[0] - 32) : 'G';
+  CHECK_FALSE(is_client_endpoint(upper));
+  CHECK_FALSE(is_client_endpoint((*c)->endpoint().substr(2)));
+  CHECK_FALSE(is_client_endpoint("0.client.invalid:1"));
+  (*c)->register_actor("ponger", (*c)->system().spawn(ponger, "c"));
+  REQUIRE((*c)->join((*a)->endpoint(), [](const std::string&, const std::string&) {}).ok());
+  auto address = (*c)->endpoint() + "/ponger";
+  // Node a reaches c's actor by that name, over the connection c opened.
+  caf::scoped_actor self{(*a)->system()};
+  caf::actor peer;
+  self->request((*a)->resolver(), 5s, resolve_atom::value, address)
+    .receive([&](const caf::actor& h) { peer = h; },
+             [&](caf::error& e) { FAIL("resolve failed: " << (*a)->system().render(e)); });
+  REQUIRE(peer);
+  CHECK(peer.node() == (*c)->system().node());
+  ping_msg reply;
+  self->request(peer, 5s, ping_msg{1, "a"})
+    .receive([&](const ping_msg& m) { reply = m; },
+             [&](caf::error& e) { FAIL("ping failed: " << (*a)->system().render(e)); });
+  CHECK(reply.seq == 2);
+  CHECK(reply.origin == "c");
+  // Node b never heard from c: a clear error, no dial of a name nothing listens at.
+  caf::scoped_actor other{(*b)->system()};
+  std::string why;
+  other->request((*b)->resolver(), 5s, resolve_atom::value, address)
+    .receive([&](const caf::actor&) {}, [&](caf::error& e) { why = (*b)->system().render(e); });
+  CHECK(why.find("is in client mode (it accepts no connections) and has no connection open to "
+                 "this node") != std::string::npos);
 }
 
 TEST_CASE("listening on a bad address fails with a clear error") {
