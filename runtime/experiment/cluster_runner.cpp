@@ -654,16 +654,32 @@ std::set<std::string> table_endpoints(caf::actor_system& sys, const caf::actor& 
 
 /// A client-mode volunteer is reached only over connections it opened: every `period` it joins
 /// the nodes of the run's table it holds no connection to (started, or started again, after
-/// it). Detached: a join blocks for up to the node's connection timeout.
+/// it); one it could not join is left alone for ten periods (a dead node's record outlives it
+/// for a while). Detached: a join blocks for up to the node's connection timeout.
 caf::behavior client_rejoiner(caf::event_based_actor* self, node* nd,
                               std::shared_ptr<watched_nodes> w, caf::actor dht, std::string key,
                               caf::timespan period) {
+  auto failed = std::make_shared<std::map<std::string, caf::actor_clock::time_point>>();
   self->delayed_send(self, period, tick_atom::value);
   return {
     [=](tick_atom) {
-      for (auto& ep : table_endpoints(self->system(), dht, key, nd->endpoint()))
-        if (watch_node(*nd, w, ep))
-          log(log_level::debug, "volunteer", "connected to {} (client mode)", ep);
+      auto now = self->clock().now();
+      for (auto& ep : table_endpoints(self->system(), dht, key, nd->endpoint())) {
+        if (auto f = failed->find(ep); f != failed->end() && now < f->second)
+          continue;
+        {
+          std::lock_guard<std::mutex> guard{w->mtx};
+          if (w->live.count(ep))
+            continue;
+        }
+        if (watch_node(*nd, w, ep)) {
+          failed->erase(ep);
+          log(log_level::info, "volunteer", "client mode: connected to {}, which can reach this "
+                                            "node through it", ep);
+        } else {
+          (*failed)[ep] = now + period * 10;
+        }
+      }
       self->delayed_send(self, period, tick_atom::value);
     },
   };
