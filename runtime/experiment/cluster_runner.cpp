@@ -614,9 +614,12 @@ struct watched_nodes {
 /// Opens a connection to `ep` and watches it; false when the node could not be joined.
 bool watch_node(node& nd, const std::shared_ptr<watched_nodes>& w, const std::string& ep) {
   {
+    // Counted before the join: a connection lost as soon as it opened is never more lost
+    // than watched, nor left live.
     std::lock_guard<std::mutex> guard{w->mtx};
-    if (w->live.count(ep))
+    if (!w->live.insert(ep).second)
       return true;
+    ++w->watched;
   }
   auto j = nd.join(ep, [w, ep](const std::string&, const std::string&) {
     {
@@ -625,12 +628,12 @@ bool watch_node(node& nd, const std::shared_ptr<watched_nodes>& w, const std::st
     }
     ++w->lost;
   });
-  if (!j)
-    return false;
+  if (j)
+    return true;
   std::lock_guard<std::mutex> guard{w->mtx};
-  w->live.insert(ep);
-  ++w->watched;
-  return true;
+  w->live.erase(ep);
+  --w->watched;
+  return false;
 }
 
 /// The endpoints in the run's node table, besides `own` and client-mode names (nothing can
