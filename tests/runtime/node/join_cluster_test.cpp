@@ -324,6 +324,19 @@ TEST_CASE("starling join: a token and an endpoint are enough; an unsigned experi
   CHECK(natted.wait_exit(30s) == 0);
   ::close(unreachable_fd);
   CHECK(client_accepted <= client_samples);
+  // 4c. Node 1 is killed and started again (a new process on a new port): the client-mode
+  //     volunteer, which the run reaches only over connections it opened, connects to it again
+  //     by itself.
+  nodes[1]->signal(SIGKILL);
+  CHECK(nodes[1]->wait_exit(30s).has_value());
+  auto restart = argv_of(1);
+  restart.push_back("--join");
+  restart.push_back(ep0);
+  nodes[1] = std::make_unique<subprocess>(restart);
+  auto restarted = nodes[1]->wait_for("listening on", 60s);
+  REQUIRE_MESSAGE(restarted, nodes[1]->output());
+  auto ep1_again = starling::testing::endpoint_of(*restarted);
+  CHECK_MESSAGE(client.wait_for("client mode: connected to " + ep1_again, 30s), client.output());
   client.signal(SIGINT);
   CHECK_MESSAGE(client.wait_for("volunteer: left:", 30s), client.output());
   CHECK(client.wait_exit(30s) == 0);
