@@ -21,15 +21,7 @@ constexpr std::string_view client_suffix = ".client.invalid:1";
 } // namespace
 
 std::string client_endpoint(const std::string& peer_id) {
-  static const char* hex = "0123456789abcdef";
-  std::string out;
-  out.reserve(peer_id.size() * 2 + client_suffix.size());
-  for (unsigned char c : peer_id) {
-    out.push_back(hex[c >> 4]);
-    out.push_back(hex[c & 15]);
-  }
-  out.append(client_suffix);
-  return out;
+  return auth::to_hex(peer_id).append(client_suffix);
 }
 
 bool is_client_endpoint(const std::string& endpoint) {
