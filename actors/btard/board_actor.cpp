@@ -62,6 +62,8 @@ struct board_state {
   std::vector<std::string> boundary_expected;
   /// Those that took the step before (a peer among them is back: no more offers to it).
   std::vector<std::string> boundary_active;
+  /// Whether this step's first wait was extended for members coming back (at most once).
+  bool returning_grace = false;
   /// Offers made per (peer, first step asked): at most three boundaries each.
   std::map<std::pair<std::string, uint64_t>, int> offered;
   // -- this peer coming back --------------------------------------------------------------------
@@ -299,6 +301,7 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
       st->boundary_step = st->core->step();
       st->boundary_expected = st->core->expected();
       st->boundary_active = st->core->active();
+      st->returning_grace = false;
       if (auto s = st->core->begin_step(); !s) {
         finish(s.what());
         return;
@@ -341,6 +344,19 @@ caf::behavior board_peer(caf::event_based_actor* self, board_peer_options opts) 
       st->polls_in_wait = 0;
       if (st->o.on_extended)
         st->o.on_extended(st->core->step(), st->extensions);
+      return;
+    }
+    // A member coming back at this step (cooled down, expected by the membership rules) takes
+    // the state offered at the step's start, then commits: the download comes first. When only
+    // such members' commitments are missing, the first wait of the step runs one more deadline
+    // (once per step). Every honest peer holds the same membership, so each waits alike; a
+    // member that still does not come is silent as before.
+    if (!st->core->ready() && !st->returning_grace && st->core->only_coming_back_missing()) {
+      st->returning_grace = true;
+      st->wait_since = board_clock::now();
+      st->polls_in_wait = 0;
+      if (st->o.on_returning_wait)
+        st->o.on_returning_wait(st->core->step());
       return;
     }
     auto ended = st->core->advance();

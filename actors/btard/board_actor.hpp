@@ -36,7 +36,9 @@
 // parameters, randomness and membership), so a state signed by a Byzantine coalition wins only
 // when the coalition outnumbers the live honest members: BTARD's own assumption. The peer then
 // commits in that step like any member. A member the rules expect back but that does not come
-// in time is silent again, and silences count towards a ban as always.
+// in time is silent again, and silences count towards a ban as always. The step's first wait
+// (the commitments) runs one more phase deadline when only members coming back at that step
+// have not committed (once per step): they download the state before they can commit.
 // Records are plain (not owner-signed): what authenticates them is the statement's signature
 // or the committed digest. A reader polls every `poll`; a phase whose wait is not over after
 // `phase_deadline` ends on the deadline (its missing markers are silences).
@@ -115,6 +117,10 @@ struct board_peer_options {
   uint64_t max_extensions = 3;
   /// Called when a wait's deadline is extended (the step, and how many times in this wait).
   std::function<void(uint64_t step, uint64_t times)> on_extended;
+  /// Called when a step's first wait runs one more deadline because only members coming back
+  /// at this step (they download the state before they commit) have not committed
+  /// (`peer_core::only_coming_back_missing`).
+  std::function<void(uint64_t step)> on_returning_wait;
   /// Called when the node's gate took a ban (`enforce_bans`): the key, and how many admitted
   /// peers the gate removed.
   std::function<void(const std::string& key, uint64_t removed)> on_enforced;

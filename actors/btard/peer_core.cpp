@@ -80,6 +80,8 @@ struct peer_core::impl {
   /// `export_state` gives during a step, whose parameters, momentum and randomness change
   /// only at its end.
   std::string view_at_start;
+  /// The members that came back at this step's start (cooled down, joined again).
+  std::set<std::string> coming_back;
   std::vector<float> params, velocity;
   digest r_prev{};
   uint64_t step = 0;
@@ -1092,9 +1094,12 @@ struct peer_core::impl {
     a = 0;
     view_at_start = view.encode();
     // Cooled-down peers are back (in every view alike: the membership rules are public).
+    coming_back.clear();
     for (auto& k : everyone)
-      if (view.absent(k, step) == absence::not_joined)
+      if (view.absent(k, step) == absence::not_joined) {
         (void)view.join(k, step);
+        coming_back.insert(k);
+      }
     auto grouped = view.group(step, t->dim());
     if (!grouped) {
       end_step(false);
@@ -1205,6 +1210,19 @@ struct peer_core::impl {
     if (s.body.kind == statement_kind::phase_done)
       if (auto at = parse_index_slot(s.body.slot); at && at->first > a)
         later[at->first].insert(s.body.signer);
+  }
+
+  bool only_coming_back_missing() const {
+    if (phase != peer_phase::commit || a != 0)
+      return false;
+    bool any = false;
+    for (auto& k : g.members)
+      if (!marker(k, phase)) {
+        if (!coming_back.count(k))
+          return false;
+        any = true;
+      }
+    return any;
   }
 
   bool majority_ahead() const {
@@ -1438,6 +1456,7 @@ double peer_core::tau() const { return p_->o.group.tau; }
 uint64_t peer_core::refused() const { return p_->refused; }
 bool peer_core::behind() const { return p_->behind(); }
 bool peer_core::majority_ahead() const { return p_->majority_ahead(); }
+bool peer_core::only_coming_back_missing() const { return p_->only_coming_back_missing(); }
 bool peer_core::cooling_down() const {
   return p_->view.absent(p_->pk, p_->step) == absence::cooling_down;
 }

@@ -201,6 +201,12 @@ public:
   /// number of times), instead of calling those members silent in a view the majority does
   /// not share. A Byzantine minority cannot make it hold.
   bool majority_ahead() const;
+  /// Whether this peer waits for the step's commitments (the first phase of its first
+  /// aggregation) and the only members without a marker are coming back at this step (cooled
+  /// down and expected again: each takes the state the group offers before it can commit).
+  /// The driver gives that wait one more deadline, once per step: every honest peer holds the
+  /// same membership, so each waits alike.
+  bool only_coming_back_missing() const;
   /// Whether this peer is cooling down in its own view (found silent) at the next step.
   bool cooling_down() const;
   /// Statements and data refused (bad, foreign, from banned signers), over the run.

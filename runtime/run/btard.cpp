@@ -504,6 +504,12 @@ caf::actor spawn_btard_peer(role_context& ctx, const btard_peer_role& r) {
                "this node's board, not silent): waiting again ({} of at most 3)\n",
                source, step, times);
   };
+  bo.on_returning_wait = [source](uint64_t step) {
+    fmt::print(stderr,
+               "starling: {}: step {}: waiting one more deadline for the members coming back "
+               "(they take the state before they commit)\n",
+               source, step);
+  };
   bo.on_rejoin = [sink, source, audit](const std::string& what, uint64_t step) {
     fmt::print(stderr, "starling: {}: {}\n", source, what);
     if (step == 0)

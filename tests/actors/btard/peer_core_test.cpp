@@ -61,6 +61,11 @@ struct board_run {
   size_t max_extensions = 0;
   size_t extensions = 0;
   std::map<std::tuple<size_t, uint64_t, uint32_t, int>, size_t> extended;
+  /// As the DHT driver does: a step's first wait in which only members coming back are missing
+  /// runs one more deadline, once per peer and step (`only_coming_back_missing`); counted here.
+  bool coming_back_grace = false;
+  size_t graces = 0;
+  std::set<std::pair<size_t, uint64_t>> graced;
 
   board_run(const btard::group_options& o, std::vector<btard::peer_core_options> specs,
             uint64_t seed) {
@@ -144,6 +149,12 @@ struct board_run {
             if (peers[i]->majority_ahead() && times < max_extensions) {
               ++times;
               ++extensions;
+              waited_again = true;
+              continue;
+            }
+            if (coming_back_grace && peers[i]->only_coming_back_missing() &&
+                graced.insert({i, peers[i]->step()}).second) {
+              ++graces;
               waited_again = true;
               continue;
             }
@@ -340,6 +351,63 @@ TEST_CASE("a crashed peer comes back after its cool-down with the state the othe
   }
   for (size_t i = 0; i < specs.size(); ++i)
     CHECK(run.peers[i]->bans().empty());
+}
+
+TEST_CASE("a peer coming back commits late (it takes the state first): the others wait one "
+          "more deadline for it, once, and it is not silent; a member that is not coming back "
+          "gets no such wait") {
+  auto o = options(9);
+  o.membership.cool_down = 1;
+  o.membership.silences_to_ban = 3;
+  o.membership.silence_window = 10;
+  std::vector<btard::peer_core_options> specs(5);
+  board_run run(o, specs, 9);
+  run.coming_back_grace = true;
+  auto ks = keys(specs.size(), 9);
+  std::vector<std::string> members;
+  for (auto& k : ks)
+    members.push_back(k.public_key());
+  run.crashed.insert(2);
+  (void)run.step(); // step 0: peer 2 silent, cooling down at step 1
+  (void)run.step(); // step 1: the others alone (nobody comes back: no grace)
+  CHECK(run.graces == 0);
+  specs[2].group = o;
+  auto back =
+      btard::peer_core::resume(specs[2], tiny_task(), ks[2], members, run.peers[0]->export_state());
+  REQUIRE_MESSAGE(back, (back ? "" : back.error().what));
+  run.peers[2] = std::move(*back);
+  run.crashed.erase(2);
+  // Step 2: its commitments reach the board only after the others' first deadline.
+  run.hide = [&](size_t, const btard::signed_statement& st) {
+    return st.body.signer == members[2] && st.body.step == 2 && run.graces == 0;
+  };
+  auto deadlines_before = run.deadlines; // step 0's, for the crash
+  auto recs = run.step();
+  CHECK(run.graces == 4); // each of the four others waited once
+  CHECK(run.deadlines == deadlines_before);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    CAPTURE(i);
+    REQUIRE(recs.count(i));
+    CHECK(recs[i].applied);
+    CHECK(recs[i].attempts.size() == 1);
+    CHECK(recs[i].attempts.front().silent.empty());
+    CHECK(recs[i].attempts.front().members.size() == 5);
+  }
+  same_params(run, {0, 1, 2, 3, 4});
+  // Step 3: peer 4 crashes; it is not coming back, so nobody waits longer for it.
+  run.hide = nullptr;
+  run.crashed.insert(4);
+  deadlines_before = run.deadlines;
+  recs = run.step();
+  CHECK(run.graces == 4);
+  CHECK(run.deadlines > deadlines_before);
+  for (size_t i : {0u, 1u, 2u, 3u}) {
+    CAPTURE(i);
+    REQUIRE(recs.count(i));
+    CHECK(recs[i].applied);
+    CHECK(recs[i].attempts.front().silent == std::vector<std::string>{members[4]});
+  }
+  same_params(run, {0, 1, 2, 3});
 }
 
 TEST_CASE("a marker one peer reads late while most of the group is past the wait: that peer "
