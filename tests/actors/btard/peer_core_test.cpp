@@ -45,6 +45,22 @@ std::vector<key_pair> keys(size_t n, uint64_t seed) {
 /// Peers that meet only through a shared board: what one publishes, every other reads (all of
 /// it, every round, as readers that re-store would); a crashed peer publishes and reads nothing.
 /// When no live peer's wait is over, the deadline of those that have waited longest passes.
+/// The runs where a crashed peer comes back: a cool-down of one step, a window of 10 steps.
+btard::group_options comeback_options(uint64_t silences_to_ban) {
+  auto o = options(9);
+  o.membership.cool_down = 1;
+  o.membership.silences_to_ban = silences_to_ban;
+  o.membership.silence_window = 10;
+  return o;
+}
+
+std::vector<std::string> public_keys(const std::vector<key_pair>& ks) {
+  std::vector<std::string> out;
+  for (auto& k : ks)
+    out.push_back(k.public_key());
+  return out;
+}
+
 struct board_run {
   std::vector<std::unique_ptr<btard::peer_core>> peers;
   std::vector<btard::signed_statement> statements;
@@ -289,16 +305,11 @@ TEST_CASE("a crashed peer is silent at the deadline, removed, and banned after r
 
 TEST_CASE("a crashed peer comes back after its cool-down with the state the others export, "
           "takes every later step with them and is never banned") {
-  auto o = options(9);
-  o.membership.cool_down = 1;
-  o.membership.silences_to_ban = 2;
-  o.membership.silence_window = 10;
+  auto o = comeback_options(2);
   std::vector<btard::peer_core_options> specs(5);
   board_run run(o, specs, 9);
   auto ks = keys(specs.size(), 9);
-  std::vector<std::string> members;
-  for (auto& k : ks)
-    members.push_back(k.public_key());
+  auto members = public_keys(ks);
   run.crashed.insert(2);
   (void)run.step(); // step 0: peer 2 is silent, removed, cooling down at step 1
   for (size_t i : {0u, 1u, 3u, 4u}) {
@@ -356,17 +367,12 @@ TEST_CASE("a crashed peer comes back after its cool-down with the state the othe
 TEST_CASE("a peer coming back commits late (it takes the state first): the others wait one "
           "more deadline for it, once, and it is not silent; a member that is not coming back "
           "gets no such wait") {
-  auto o = options(9);
-  o.membership.cool_down = 1;
-  o.membership.silences_to_ban = 3;
-  o.membership.silence_window = 10;
+  auto o = comeback_options(3);
   std::vector<btard::peer_core_options> specs(5);
   board_run run(o, specs, 9);
   run.coming_back_grace = true;
   auto ks = keys(specs.size(), 9);
-  std::vector<std::string> members;
-  for (auto& k : ks)
-    members.push_back(k.public_key());
+  auto members = public_keys(ks);
   run.crashed.insert(2);
   (void)run.step(); // step 0: peer 2 silent, cooling down at step 1
   (void)run.step(); // step 1: the others alone (nobody comes back: no grace)
