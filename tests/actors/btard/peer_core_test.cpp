@@ -61,6 +61,18 @@ std::vector<std::string> public_keys(const std::vector<key_pair>& ks) {
   return out;
 }
 
+/// Every one of the `n` peers took the step in one aggregation of all `n`, nobody silent.
+void one_attempt_nobody_silent(std::map<size_t, btard::step_record>& recs, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    CAPTURE(i);
+    REQUIRE(recs.count(i));
+    CHECK(recs[i].applied);
+    CHECK(recs[i].attempts.size() == 1);
+    CHECK(recs[i].attempts.front().silent.empty());
+    CHECK(recs[i].attempts.front().members.size() == n);
+  }
+}
+
 struct board_run {
   std::vector<std::unique_ptr<btard::peer_core>> peers;
   std::vector<btard::signed_statement> statements;
@@ -391,14 +403,7 @@ TEST_CASE("a peer coming back commits late (it takes the state first): the other
   auto recs = run.step();
   CHECK(run.graces == 4); // each of the four others waited once
   CHECK(run.deadlines == deadlines_before);
-  for (size_t i = 0; i < specs.size(); ++i) {
-    CAPTURE(i);
-    REQUIRE(recs.count(i));
-    CHECK(recs[i].applied);
-    CHECK(recs[i].attempts.size() == 1);
-    CHECK(recs[i].attempts.front().silent.empty());
-    CHECK(recs[i].attempts.front().members.size() == 5);
-  }
+  one_attempt_nobody_silent(recs, specs.size());
   same_params(run, {0, 1, 2, 3, 4});
   // Step 3: peer 4 crashes; it is not coming back, so nobody waits longer for it.
   run.hide = nullptr;
@@ -438,13 +443,7 @@ TEST_CASE("a marker one peer reads late while most of the group is past the wait
   auto recs = run.step();
   CHECK(run.extensions == 2);
   CHECK(run.deadlines == 0);
-  for (size_t i = 0; i < specs.size(); ++i) {
-    CAPTURE(i);
-    REQUIRE(recs.count(i));
-    CHECK(recs[i].applied);
-    CHECK(recs[i].attempts.size() == 1);
-    CHECK(recs[i].attempts.front().silent.empty());
-  }
+  one_attempt_nobody_silent(recs, specs.size());
   same_params(run, {0, 1, 2, 3, 4});
 }
 
