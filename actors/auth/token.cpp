@@ -232,4 +232,17 @@ checked<std::string> parse_token_file(std::string_view text, std::string_view wh
   return out;
 }
 
+result<token_file> read_token_file(const std::string& path) {
+  auto text = read_small_file(path, 64 * 1024);
+  if (!text)
+    return fail(text.error().what);
+  auto signed_token = parse_token_file(*text, path);
+  if (!signed_token)
+    return fail(signed_token.error().line());
+  auto decoded = decode_token(*signed_token);
+  if (!decoded)
+    return fail(decoded.error().line());
+  return token_file{std::move(*text), std::move(*signed_token), std::move(*decoded)};
+}
+
 } // namespace starling::actors::auth

@@ -76,4 +76,15 @@ std::string format_token_file(std::string_view signed_token);
 /// The signed token of a token file's text (its first line); refusals are `malformed`.
 checked<std::string> parse_token_file(std::string_view text, std::string_view what);
 
+/// A token file as a node or a volunteer reads it: the file (at most 64 KiB), its signed token
+/// (`parse_token_file`) and that token decoded (`decode_token`: structure and ranges, not the
+/// signature). Fails with one line naming what is wrong.
+struct token_file {
+  /// The whole text (`starling token issue` appends certificates after the token).
+  std::string text;
+  std::string signed_token;
+  token content;
+};
+result<token_file> read_token_file(const std::string& path);
+
 } // namespace starling::actors::auth

@@ -154,16 +154,10 @@ int command_join(const join_command& cmd) {
   auto now = unix_now_ns();
   if (!open_join) {
     // The token: whose run, signed by which authority, for which key, until when.
-    auto text = auth::read_small_file(cmd.token, 64 * 1024);
-    if (!text)
-      return join_fail("--token: " + text.error().what);
-    auto signed_token = auth::parse_token_file(*text, cmd.token);
-    if (!signed_token)
-      return join_fail("--token: " + signed_token.error().line());
-    auto decoded = auth::decode_token(*signed_token);
-    if (!decoded)
-      return join_fail("--token: " + decoded.error().line());
-    tok = std::move(*decoded);
+    auto file = auth::read_token_file(cmd.token);
+    if (!file)
+      return join_fail("--token: " + file.error().what);
+    tok = std::move(file->content);
     if (tok->expires_at_ns <= now)
       return join_fail(fmt::format("--token {}: your token expired {:.0f} min ago: ask the run's "
                                    "owner for a new one",

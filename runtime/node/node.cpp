@@ -354,21 +354,16 @@ result<credentials> load_credentials(const node_options& opts) {
   auto authority = auth::load_public_key_file(opts.authority, auth::key_role::authority);
   if (!authority)
     return fail("node.authority: " + authority.error().what);
-  auto text = auth::read_small_file(opts.token, 64 * 1024);
-  if (!text)
-    return fail("node.token: " + text.error().what);
-  auto signed_token = auth::parse_token_file(*text, opts.token);
-  if (!signed_token)
-    return fail("node.token: " + signed_token.error().line());
-  auto t = auth::decode_token(*signed_token);
-  if (!t)
-    return fail("node.token: " + t.error().line());
-  c.token = *signed_token;
-  c.token_id = auth::to_hex(t->id);
-  c.experiment = t->experiment;
+  auto file = auth::read_token_file(opts.token);
+  if (!file)
+    return fail("node.token: " + file.error().what);
+  auto& t = file->content;
+  c.token = file->signed_token;
+  c.token_id = auth::to_hex(t.id);
+  c.experiment = t.experiment;
   c.trust.authority_key = *authority;
-  c.trust.experiment = t->experiment;
-  auto pems = auth::pem_certificates(*text);
+  c.trust.experiment = t.experiment;
+  auto pems = auth::pem_certificates(file->text);
   if (pems.size() >= 2) {
     c.node_cert = pems[0];
     c.ca_cert = pems[1];

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -38,6 +39,19 @@ inline std::string join_run_config(const std::string& name, uint64_t seed) {
          "  eval_every: 0\n"
          "  train_samples: 2000\n"
          "  synthetic: true\n";
+}
+
+/// SIGINT to a working volunteer: a graceful leave whose tombstone and slot release were
+/// stored, then exit 0. Returns the seconds from the signal to the exit.
+inline double graceful_leave(subprocess& vol) {
+  auto sigint_at = std::chrono::steady_clock::now();
+  vol.signal(SIGINT);
+  auto left = vol.wait_for("volunteer: left:", std::chrono::seconds(60));
+  REQUIRE_MESSAGE(left, vol.output());
+  CHECK_MESSAGE(left->find("tombstone stored on") != std::string::npos, *left);
+  CHECK_MESSAGE(left->find("released (stored on") != std::string::npos, *left);
+  CHECK(vol.wait_exit(std::chrono::seconds(30)) == 0);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - sigint_at).count();
 }
 
 /// How a joiner ended: its exit code (none: it did not end within the wait) and all it said.

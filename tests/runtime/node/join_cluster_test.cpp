@@ -239,15 +239,7 @@ TEST_CASE("starling join: a token and an endpoint are enough; an unsigned experi
   CHECK(accepted <= samples);
 
   // 3. SIGINT: a graceful leave, acknowledged, exit 0; node 0 hears of it.
-  auto sigint_at = std::chrono::steady_clock::now();
-  vol.signal(SIGINT);
-  auto left = vol.wait_for("volunteer: left:", 60s);
-  REQUIRE_MESSAGE(left, vol.output());
-  CHECK_MESSAGE(left->find("tombstone stored on") != std::string::npos, *left);
-  CHECK_MESSAGE(left->find("released (stored on") != std::string::npos, *left);
-  CHECK(vol.wait_exit(30s) == 0);
-  auto leave_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - sigint_at).count();
+  auto leave_s = starling::testing::graceful_leave(vol);
   bool heard = false;
   for (int i = 0; i < 50 && !heard; ++i) {
     drain();

@@ -159,15 +159,7 @@ TEST_CASE("starling join without a token joins an open run: a fresh key in its r
   CHECK(inconsistent == 0);
 
   // SIGINT: a graceful leave, acknowledged, exit 0.
-  auto sigint_at = std::chrono::steady_clock::now();
-  vol.signal(SIGINT);
-  auto left = vol.wait_for("volunteer: left:", 60s);
-  REQUIRE_MESSAGE(left, vol.output());
-  CHECK_MESSAGE(left->find("tombstone stored on") != std::string::npos, *left);
-  CHECK_MESSAGE(left->find("released (stored on") != std::string::npos, *left);
-  CHECK(vol.wait_exit(30s) == 0);
-  auto leave_s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - sigint_at).count();
+  auto leave_s = starling::testing::graceful_leave(vol);
   // No token: no expiry plan, so no warning ever.
   CHECK(vol.output().find("your token expires") == std::string::npos);
   CHECK(vol.output().find("starling: error") == std::string::npos);
